@@ -1,0 +1,358 @@
+//! `y = x · Wᵀ` for weights stored row-major as `[N, K]` (the Hugging Face `nn.Linear` layout) in
+//! f32, bf16 or f16.
+//!
+//! Prefill (several tokens) splits the output features into blocks of [`BLOCK_N`] rows; each
+//! rayon task widens its block of W to f32 once (cheap next to the `T·K` multiply-adds per weight)
+//! and runs a cache-blocked GEMM on it. Decode (one or two tokens) is bound by memory bandwidth, so
+//! it streams each weight row once through a SIMD dot product that widens bf16 in registers.
+
+use half::{bf16, f16};
+use onepass_tensor::{Tensor, View};
+use rayon::prelude::*;
+
+use super::sgemm::{sgemm, Mat};
+
+/// Output features handled per task in the GEMM path.
+const BLOCK_N: usize = 64;
+/// Below this many tokens the matrix-vector path is used.
+const GEMV_MAX_T: usize = 2;
+/// Output rows per task in the matrix-vector path.
+const GEMV_ROWS: usize = 256;
+
+/// `y[T, N] = x[T, K] · w[N, K]ᵀ`.
+///
+/// Panics if the buffers do not match the shapes (a programming error, never user input).
+pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
+    let (n, k) = weight_dims(w);
+    assert_eq!(x.len(), t * k, "matmul_t {}: x has {} values, want [{t}, {k}]", w.name(), x.len());
+    assert_eq!(y.len(), t * n, "matmul_t {}: y has {} values, want [{t}, {n}]", w.name(), y.len());
+    if t == 0 || n == 0 {
+        return;
+    }
+    if t <= GEMV_MAX_T {
+        gemv(x, t, k, n, w, y);
+    } else {
+        gemm_blocks(x, t, k, n, w, y);
+    }
+}
+
+/// Slow twin of [`matmul_t`]: one f64-accumulated dot product per output.
+pub fn matmul_t_reference(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
+    let (n, k) = weight_dims(w);
+    let wf = w.to_f32_vec();
+    for i in 0..t {
+        for j in 0..n {
+            let mut acc = 0.0f64;
+            for c in 0..k {
+                acc += x[i * k + c] as f64 * wf[j * k + c] as f64;
+            }
+            y[i * n + j] = acc as f32;
+        }
+    }
+}
+
+/// `out[i] = x · w[rows[i]]` for one activation vector `x[K]` and selected weight rows.
+pub fn dot_rows(x: &[f32], w: &Tensor, rows: &[u32], out: &mut [f32]) {
+    let (n, k) = weight_dims(w);
+    assert_eq!(x.len(), k);
+    assert_eq!(out.len(), rows.len());
+    let view = w.view();
+    for (o, &r) in out.iter_mut().zip(rows) {
+        let r = r as usize;
+        assert!(r < n, "dot_rows {}: row {r} of {n}", w.name());
+        *o = dot_row(&view, r, k, x);
+    }
+}
+
+fn weight_dims(w: &Tensor) -> (usize, usize) {
+    match w.shape() {
+        [n, k] => (*n, *k),
+        s => panic!("matmul weight {} must be 2-D, is {s:?}", w.name()),
+    }
+}
+
+fn gemv(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32]) {
+    let view = w.view();
+    let view = &view;
+    // Each task owns GEMV_ROWS consecutive outputs of every token: write them to a scratch block
+    // and scatter afterwards so that the weight rows are streamed exactly once.
+    let blocks: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(GEMV_ROWS))
+        .into_par_iter()
+        .map(|b| {
+            let r0 = b * GEMV_ROWS;
+            let r1 = (r0 + GEMV_ROWS).min(n);
+            let mut out = vec![0.0f32; t * (r1 - r0)];
+            for r in r0..r1 {
+                for i in 0..t {
+                    out[i * (r1 - r0) + (r - r0)] = dot_row(view, r, k, &x[i * k..(i + 1) * k]);
+                }
+            }
+            (r0, out)
+        })
+        .collect();
+    for (r0, out) in blocks {
+        let width = out.len() / t;
+        for i in 0..t {
+            y[i * n + r0..i * n + r0 + width].copy_from_slice(&out[i * width..(i + 1) * width]);
+        }
+    }
+}
+
+fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32]) {
+    let view = w.view();
+    let view = &view;
+    let nblocks = n.div_ceil(BLOCK_N);
+    // Every block writes a disjoint set of columns of y; compute into per-block buffers in
+    // parallel, then copy (a T·N copy is negligible next to the T·N·K product).
+    let parts: Vec<(usize, usize, Vec<f32>)> = (0..nblocks)
+        .into_par_iter()
+        .map_init(Vec::new, |scratch: &mut Vec<f32>, b| {
+            let r0 = b * BLOCK_N;
+            let r1 = (r0 + BLOCK_N).min(n);
+            let rows = r1 - r0;
+            let wb: &[f32] = match view {
+                View::F32(v) => &v[r0 * k..r1 * k],
+                View::BF16(v) => {
+                    scratch.resize(rows * k, 0.0);
+                    widen_bf16(&v[r0 * k..r1 * k], scratch);
+                    scratch
+                }
+                View::F16(v) => {
+                    scratch.resize(rows * k, 0.0);
+                    for (o, h) in scratch.iter_mut().zip(&v[r0 * k..r1 * k]) {
+                        *o = h.to_f32();
+                    }
+                    scratch
+                }
+            };
+            let mut out = vec![0.0f32; t * rows];
+            sgemm(&mut out, rows, Mat::rm(x, t, k), Mat::rm_t(wb, k, rows), false);
+            (r0, rows, out)
+        })
+        .collect();
+    for (r0, rows, out) in parts {
+        for i in 0..t {
+            y[i * n + r0..i * n + r0 + rows].copy_from_slice(&out[i * rows..(i + 1) * rows]);
+        }
+    }
+}
+
+/// Widens bf16 to f32 (exact: bf16 is the top half of an f32).
+pub fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+    for (o, h) in dst.iter_mut().zip(src) {
+        *o = f32::from_bits((h.to_bits() as u32) << 16);
+    }
+}
+
+fn dot_row(view: &View<'_>, r: usize, k: usize, x: &[f32]) -> f32 {
+    match view {
+        View::F32(v) => dot_f32(&v[r * k..(r + 1) * k], x),
+        View::BF16(v) => dot_bf16(&v[r * k..(r + 1) * k], x),
+        View::F16(v) => dot_f16(&v[r * k..(r + 1) * k], x),
+    }
+}
+
+/// Dot product of two f32 vectors with 16 independent accumulators.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the processor supports AVX-512F (checked above).
+            return unsafe { simd::dot_f32_avx512(a, b) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the processor supports AVX2 and FMA (checked above).
+            return unsafe { simd::dot_f32_avx2(a, b) };
+        }
+    }
+    dot_f32_portable(a, b)
+}
+
+fn dot_f32_portable(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let mut ca = a.chunks_exact(16);
+    let mut cb = b.chunks_exact(16);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..16 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s += x * y;
+    }
+    s
+}
+
+/// Dot product of a bf16 weight row with an f32 vector, widening in registers.
+pub fn dot_bf16(a: &[bf16], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the processor supports AVX-512F (checked above).
+            return unsafe { simd::dot_bf16_avx512(a, b) };
+        }
+    }
+    let mut acc = [0.0f32; 16];
+    let mut ca = a.chunks_exact(16);
+    let mut cb = b.chunks_exact(16);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..16 {
+            acc[l] += f32::from_bits((x[l].to_bits() as u32) << 16) * y[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s += x.to_f32() * y;
+    }
+    s
+}
+
+fn dot_f16(a: &[f16], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..8 {
+            acc[l] += x[l].to_f32() * y[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s += x.to_f32() * y;
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use half::bf16;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot_f32_avx512(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let mut acc0 = _mm512_setzero_ps();
+        let mut acc1 = _mm512_setzero_ps();
+        let mut i = 0;
+        while i + 32 <= n {
+            // SAFETY: i + 32 <= n keeps both loads inside the slices.
+            unsafe {
+                acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), _mm512_loadu_ps(b.as_ptr().add(i)), acc0);
+                acc1 = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(a.as_ptr().add(i + 16)),
+                    _mm512_loadu_ps(b.as_ptr().add(i + 16)),
+                    acc1,
+                );
+            }
+            i += 32;
+        }
+        let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        while i < n {
+            s += a[i] * b[i];
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n keeps both loads inside the slices.
+            unsafe {
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), acc0);
+                acc1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                    _mm256_loadu_ps(b.as_ptr().add(i + 8)),
+                    acc1,
+                );
+            }
+            i += 16;
+        }
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: lanes holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc0, acc1)) };
+        let mut s: f32 = lanes.iter().sum();
+        while i < n {
+            s += a[i] * b[i];
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot_bf16_avx512(a: &[bf16], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let pa = a.as_ptr() as *const u16;
+        let mut acc0 = _mm512_setzero_ps();
+        let mut acc1 = _mm512_setzero_ps();
+        let mut i = 0;
+        while i + 32 <= n {
+            // SAFETY: i + 32 <= n keeps the 2 x 16 bf16 and f32 loads inside the slices.
+            unsafe {
+                let h0 = _mm256_loadu_si256(pa.add(i) as *const __m256i);
+                let h1 = _mm256_loadu_si256(pa.add(i + 16) as *const __m256i);
+                let w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
+                let w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
+                acc0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(b.as_ptr().add(i)), acc0);
+                acc1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(b.as_ptr().add(i + 16)), acc1);
+            }
+            i += 32;
+        }
+        let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        while i < n {
+            s += a[i].to_f32() * b[i];
+            i += 1;
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 + seed as f32 * 7.3) * 0.618).sin()).collect()
+    }
+
+    fn check(t: usize, k: usize, n: usize, bf: bool) {
+        let x = pseudo(t * k, 1);
+        let wv = pseudo(n * k, 2);
+        let w = if bf { Tensor::from_f32_as_bf16("w", vec![n, k], &wv) } else { Tensor::from_f32("w", vec![n, k], &wv) };
+        let mut fast = vec![0.0; t * n];
+        let mut slow = vec![0.0; t * n];
+        matmul_t(&x, t, &w, &mut fast);
+        matmul_t_reference(&x, t, &w, &mut slow);
+        for (a, b) in fast.iter().zip(&slow) {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "t={t} k={k} n={n} bf16={bf}: {a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn fast_matches_reference_on_odd_shapes() {
+        for &(t, k, n) in &[(1, 63, 5), (2, 130, 257), (3, 17, 65), (7, 100, 129), (64, 33, 300), (65, 257, 70)] {
+            check(t, k, n, false);
+            check(t, k, n, true);
+        }
+    }
+
+    #[test]
+    fn dot_rows_reads_the_named_rows() {
+        let k = 37;
+        let wv = pseudo(10 * k, 3);
+        let w = Tensor::from_f32_as_bf16("w", vec![10, k], &wv);
+        let x = pseudo(k, 4);
+        let mut out = [0.0; 3];
+        dot_rows(&x, &w, &[9, 0, 4], &mut out);
+        let mut all = vec![0.0; 10];
+        matmul_t_reference(&x, 1, &w, &mut all);
+        for (o, r) in out.iter().zip([9, 0, 4]) {
+            assert!((o - all[r]).abs() < 1e-4);
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! CPU kernels (rayon across cores, AVX-512 / AVX2 where the processor has them).
+
+pub mod attention;
+pub mod deltanet;
+pub mod matmul;
+pub mod ops;
+pub(crate) mod sgemm;

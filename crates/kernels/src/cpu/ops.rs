@@ -1,0 +1,185 @@
+//! Element-wise and per-row ops: norms, activations, rotary embedding, the causal depthwise
+//! convolution of Gated DeltaNet, softmax.
+
+/// RMSNorm of every `dim`-wide row of `x` in place: `x * rsqrt(mean(x²) + eps) * gain`.
+/// `gain` is the effective multiplier (Qwen3.5 stores `w` and applies `1 + w`; the caller folds it).
+pub fn rms_norm(x: &mut [f32], gain: &[f32], eps: f32) {
+    let dim = gain.len();
+    for row in x.chunks_exact_mut(dim) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for (v, g) in row.iter_mut().zip(gain) {
+            *v = *v * inv * g;
+        }
+    }
+}
+
+/// RMSNorm into a separate output buffer.
+pub fn rms_norm_into(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
+    out.copy_from_slice(x);
+    rms_norm(out, gain, eps);
+}
+
+/// Gated RMSNorm of Gated DeltaNet, per `dim`-wide row: `norm(x) * weight * silu(z)`.
+/// x, z: [R, dim]
+pub fn rms_norm_gated(x: &mut [f32], z: &[f32], weight: &[f32], eps: f32) {
+    let dim = weight.len();
+    for (row, zr) in x.chunks_exact_mut(dim).zip(z.chunks_exact(dim)) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for ((v, w), g) in row.iter_mut().zip(weight).zip(zr) {
+            *v = *v * inv * w * silu(*g);
+        }
+    }
+}
+
+/// L2-normalises every `dim`-wide row: `x * rsqrt(sum(x²) + eps)`.
+pub fn l2_normalize(x: &mut [f32], dim: usize, eps: f32) {
+    for row in x.chunks_exact_mut(dim) {
+        let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
+        row.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// softplus with PyTorch's threshold (linear above 20).
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// SwiGLU in place: `gate = silu(gate) * up`.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
+/// Rotary tables for positions `[pos0, pos0 + t)`: cos/sin `[t, rot/2]` with `inv_freq[rot/2]`.
+pub fn rope_tables(pos0: usize, t: usize, inv_freq: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let half = inv_freq.len();
+    let mut cos = vec![0.0; t * half];
+    let mut sin = vec![0.0; t * half];
+    for i in 0..t {
+        let p = (pos0 + i) as f32;
+        for j in 0..half {
+            let a = p * inv_freq[j];
+            cos[i * half + j] = a.cos();
+            sin[i * half + j] = a.sin();
+        }
+    }
+    (cos, sin)
+}
+
+/// Applies rotary embedding in the "rotate half" layout to the first `2 * half` dims of every
+/// head. x: [T, H, D]; cos/sin: [T, half]
+pub fn apply_rope(x: &mut [f32], t: usize, heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
+    let half = cos.len() / t.max(1);
+    for i in 0..t {
+        let (c, s) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+        for h in 0..heads {
+            let v = &mut x[(i * heads + h) * d..(i * heads + h + 1) * d];
+            for j in 0..half {
+                let (a, b) = (v[j], v[j + half]);
+                v[j] = a * c[j] - b * s[j];
+                v[j + half] = b * c[j] + a * s[j];
+            }
+        }
+    }
+}
+
+/// Causal depthwise convolution with SiLU, continuing from `state`.
+/// x: [T, C] (overwritten with the output); weight: [C, K]; state: [K-1, C], the previous K-1
+/// inputs (oldest first), updated to the last K-1 inputs.
+pub fn causal_conv1d_silu(x: &mut [f32], t: usize, channels: usize, weight: &[f32], kernel: usize, state: &mut [f32]) {
+    let hist = kernel - 1;
+    assert_eq!(state.len(), hist * channels);
+    // Padded input: the history followed by the new tokens.
+    let mut xx = Vec::with_capacity((hist + t) * channels);
+    xx.extend_from_slice(state);
+    xx.extend_from_slice(&x[..t * channels]);
+    for i in 0..t {
+        let out = &mut x[i * channels..(i + 1) * channels];
+        for (c, o) in out.iter_mut().enumerate() {
+            let w = &weight[c * kernel..(c + 1) * kernel];
+            let mut acc = 0.0f32;
+            for j in 0..kernel {
+                acc += w[j] * xx[(i + j) * channels + c];
+            }
+            *o = silu(acc);
+        }
+    }
+    state.copy_from_slice(&xx[t * channels..]);
+}
+
+/// Numerically stable softmax of one row in place.
+pub fn softmax(x: &mut [f32]) {
+    let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        return;
+    }
+    let mut s = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        s += *v;
+    }
+    x.iter_mut().for_each(|v| *v /= s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conv_in_pieces_equals_conv_at_once() {
+        let (t, c, k) = (9, 5, 4);
+        let w: Vec<f32> = (0..c * k).map(|i| (i as f32 * 0.3).sin()).collect();
+        let x: Vec<f32> = (0..t * c).map(|i| (i as f32 * 0.7).cos()).collect();
+        let mut whole = x.clone();
+        let mut st = vec![0.0; (k - 1) * c];
+        causal_conv1d_silu(&mut whole, t, c, &w, k, &mut st);
+        let mut st2 = vec![0.0; (k - 1) * c];
+        let mut parts = Vec::new();
+        for (a, b) in [(0, 1), (1, 4), (4, 9)] {
+            let mut p = x[a * c..b * c].to_vec();
+            causal_conv1d_silu(&mut p, b - a, c, &w, k, &mut st2);
+            parts.extend(p);
+        }
+        assert_eq!(whole, parts);
+        assert_eq!(st, st2);
+        // First output only sees the first input (zero history) through the last tap.
+        let want = silu(w[k - 1] * x[0]);
+        assert!((whole[0] - want).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_half_apart() {
+        let inv = [1.0f32, 0.5];
+        let (c, s) = rope_tables(3, 1, &inv);
+        let mut x = vec![1.0, 0.0, 0.0, 0.0, 7.0];
+        apply_rope(&mut x, 1, 1, 5, &c, &s);
+        assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[2] - 3f32.sin()).abs() < 1e-6);
+        assert_eq!(x[4], 7.0);
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_keeps_masked_zero() {
+        let mut x = vec![1.0, 2.0, f32::NEG_INFINITY];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[2], 0.0);
+    }
+}

@@ -1,0 +1,16 @@
+//! The op set the Qwen3.5 hybrid models need.
+//!
+//! Models call these functions and never loop over weights themselves, so that a second backend
+//! (CUDA) can implement the same list and be tested op by op against this one. Every fast kernel
+//! here has a slow twin in the same module (`*_reference` or the recurrent form of the gated delta
+//! rule) and tests compare them on odd shapes. All arithmetic is f32; weights may be stored as
+//! bf16 or f16 and are widened on the fly.
+//!
+//! Layout convention: `/// x: [T, K]` means a row-major buffer, outermost dimension first.
+
+pub mod cpu;
+
+pub use cpu::attention::{causal_attention, causal_attention_reference, AttnShape};
+pub use cpu::deltanet::{gated_delta_chunked, gated_delta_recurrent, DeltaShape};
+pub use cpu::matmul::{dot_rows, matmul_t, matmul_t_reference};
+pub use cpu::ops::*;

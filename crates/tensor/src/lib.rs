@@ -1,0 +1,256 @@
+//! Shapes, dtypes and weight storage for onepass.
+//!
+//! This crate exists so that every other crate agrees on what a weight *is*: a named, shaped
+//! block of numbers in one element format, living either in a memory-mapped checkpoint file or
+//! in an owned buffer. It does no arithmetic; kernels read weights through the typed views here
+//! and dispatch on [`DType`] (a weight format belongs to the tensor, not to the model).
+
+use std::fmt;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+
+/// Element format of a stored tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    BF16,
+    F16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::BF16 | DType::F16 => 2,
+        }
+    }
+
+    /// The safetensors spelling (`F32`, `BF16`, `F16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::BF16 => "BF16",
+            DType::F16 => "F16",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where the bytes of a tensor live.
+#[derive(Clone)]
+enum Bytes {
+    /// A slice of a memory-mapped file (aligned to the element size).
+    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    /// An owned buffer of 32-bit words, so every element type is aligned.
+    Owned(Arc<Vec<u32>>, usize),
+}
+
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+            Bytes::Owned(words, len) => {
+                // SAFETY: a Vec<u32> is a valid, initialised byte buffer of 4 * words.len() bytes
+                // and `len` never exceeds that.
+                let all = unsafe {
+                    std::slice::from_raw_parts(words.as_ptr() as *const u8, words.len() * 4)
+                };
+                &all[..*len]
+            }
+        }
+    }
+}
+
+/// Typed view of a tensor's elements.
+pub enum View<'a> {
+    F32(&'a [f32]),
+    BF16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+/// A named tensor with a shape and an element format (outermost dimension first).
+#[derive(Clone)]
+pub struct Tensor {
+    name: String,
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: Bytes,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({} {} {:?})", self.name, self.dtype, self.shape)
+    }
+}
+
+/// Errors building a tensor from bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    #[error("tensor {name}: {len} bytes cannot hold {dtype} {shape:?} ({expected} bytes)")]
+    Size { name: String, dtype: DType, shape: Vec<usize>, len: usize, expected: usize },
+}
+
+fn element_count(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+impl Tensor {
+    /// A tensor over `len` bytes at `offset` of a mapped file. Copies into an owned buffer when
+    /// the bytes are not aligned to the element size.
+    pub fn mapped(
+        name: &str,
+        dtype: DType,
+        shape: Vec<usize>,
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Self, TensorError> {
+        let expected = element_count(&shape) * dtype.size();
+        if len != expected || offset + len > map.len() {
+            return Err(TensorError::Size {
+                name: name.to_string(),
+                dtype,
+                shape,
+                len,
+                expected,
+            });
+        }
+        let aligned = (map.as_ptr() as usize + offset) % dtype.size() == 0;
+        let bytes = if aligned {
+            Bytes::Mapped { map, offset, len }
+        } else {
+            owned_bytes(&map[offset..offset + len])
+        };
+        Ok(Tensor { name: name.to_string(), dtype, shape, bytes })
+    }
+
+    /// An owned f32 tensor.
+    pub fn from_f32(name: &str, shape: Vec<usize>, data: &[f32]) -> Self {
+        assert_eq!(element_count(&shape), data.len(), "tensor {name}: shape {shape:?} vs {} values", data.len());
+        let words: Vec<u32> = data.iter().map(|v| v.to_bits()).collect();
+        let len = words.len() * 4;
+        Tensor { name: name.to_string(), dtype: DType::F32, shape, bytes: Bytes::Owned(Arc::new(words), len) }
+    }
+
+    /// An owned bf16 tensor (values rounded to nearest even).
+    pub fn from_f32_as_bf16(name: &str, shape: Vec<usize>, data: &[f32]) -> Self {
+        assert_eq!(element_count(&shape), data.len(), "tensor {name}: shape {shape:?} vs {} values", data.len());
+        let halves: Vec<u16> = data.iter().map(|v| bf16::from_f32(*v).to_bits()).collect();
+        let mut raw = Vec::with_capacity(halves.len() * 2);
+        for h in halves {
+            raw.extend_from_slice(&h.to_le_bytes());
+        }
+        let bytes = owned_bytes(&raw);
+        Tensor { name: name.to_string(), dtype: DType::BF16, shape, bytes }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Shape, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn numel(&self) -> usize {
+        element_count(&self.shape)
+    }
+    /// Bytes of storage.
+    pub fn byte_len(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+    /// The raw little-endian bytes.
+    pub fn raw(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
+    /// Typed view of all elements.
+    pub fn view(&self) -> View<'_> {
+        let raw = self.bytes.as_slice();
+        let n = self.numel();
+        // SAFETY: construction guarantees the bytes are aligned to the element size and hold
+        // exactly `n` elements; f32/bf16/f16 have no invalid bit patterns.
+        unsafe {
+            match self.dtype {
+                DType::F32 => View::F32(std::slice::from_raw_parts(raw.as_ptr() as *const f32, n)),
+                DType::BF16 => View::BF16(std::slice::from_raw_parts(raw.as_ptr() as *const bf16, n)),
+                DType::F16 => View::F16(std::slice::from_raw_parts(raw.as_ptr() as *const f16, n)),
+            }
+        }
+    }
+
+    /// All elements converted to f32.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.numel()];
+        self.read_f32(0, &mut out);
+        out
+    }
+
+    /// Converts `out.len()` elements starting at flat index `start` to f32.
+    pub fn read_f32(&self, start: usize, out: &mut [f32]) {
+        let end = start + out.len();
+        match self.view() {
+            View::F32(v) => out.copy_from_slice(&v[start..end]),
+            View::BF16(v) => {
+                for (o, x) in out.iter_mut().zip(&v[start..end]) {
+                    *o = x.to_f32();
+                }
+            }
+            View::F16(v) => {
+                for (o, x) in out.iter_mut().zip(&v[start..end]) {
+                    *o = x.to_f32();
+                }
+            }
+        }
+    }
+
+    /// Same tensor with a new name (storage shared).
+    pub fn renamed(&self, name: &str) -> Self {
+        Tensor { name: name.to_string(), ..self.clone() }
+    }
+}
+
+fn owned_bytes(raw: &[u8]) -> Bytes {
+    let mut words = vec![0u32; raw.len().div_ceil(4)];
+    for (i, chunk) in raw.chunks(4).enumerate() {
+        let mut w = [0u8; 4];
+        w[..chunk.len()].copy_from_slice(chunk);
+        words[i] = u32::from_le_bytes(w);
+    }
+    Bytes::Owned(Arc::new(words), raw.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_round_trip_reads_back_rounded_values() {
+        let t = Tensor::from_f32_as_bf16("w", vec![2, 2], &[1.0, -2.5, 3.140625, 1.0e-3]);
+        assert_eq!(t.dtype(), DType::BF16);
+        assert_eq!(t.byte_len(), 8);
+        let back = t.to_f32_vec();
+        assert_eq!(back[0], 1.0);
+        assert_eq!(back[1], -2.5);
+        assert_eq!(back[2], 3.140625);
+        assert!((back[3] - 1.0e-3).abs() < 1.0e-5 && back[3] != 1.0e-3);
+    }
+
+    #[test]
+    fn read_f32_reads_a_window() {
+        let t = Tensor::from_f32("w", vec![3, 2], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        let mut row = [0.0; 2];
+        t.read_f32(2, &mut row);
+        assert_eq!(row, [2.0, 3.0]);
+    }
+}
