@@ -1,0 +1,11 @@
+//! System One without the model: everything decider-ai 1.10.0 does on the CPU around the forward pass.
+//!
+//! A `/v1/systemone` request goes body → [`request::parse_request`] (Python `json.loads` + pydantic `S1Req`)
+//! → [`render`] (render_state / render_question, the 422 catalogue) → [`rows`] (plan rows, tokenize, slots, usage)
+//! → the model reads the label logits at every slot → [`assemble`] (softmax at the slot's temperature,
+//! `format_answer`, Python `round` and float repr on the wire). Every rule cites `decider-contract Rx.y`
+//! (/work/shared/reference/decider-contract.md); docs/systemone.md walks the flow and lists deliberate divergences.
+
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod pyjson;
