@@ -1,0 +1,203 @@
+//! A small deterministic tokenizer for tiny test checkpoints.
+//!
+//! Tiny random Qwen3.5 checkpoints used in tests have vocabularies of a few hundred or thousand
+//! entries, far below the real 248,077. This module writes a `tokenizer.json` with the same
+//! pipeline as Qwen3.5 (NFC, Split(Qwen3.5 regex, Isolated), ByteLevel, `ignore_merges`) over a
+//! vocabulary that fits: ids 0..256 are the bytes (GPT-2 byte-to-unicode strings, id = byte
+//! value), then merges in a fixed order, then the five special tokens in the last five ids.
+//!
+//! Merge order: first the 229 uppercase pairs `AA`..`IU` (so a 255-entry label table exists as
+//! soon as `vocab_size >= 490`), then common English pieces, then the other uppercase pairs,
+//! lowercase pairs, space + letter, capitalised pairs, and lowercase trigrams.
+
+use std::collections::HashSet;
+
+use serde_json::{json, Map, Value};
+
+use crate::labels::{label_candidates, MAX_OPTIONS};
+use crate::pretokenizer::qwen3_5_pre_tokenizer_json;
+use crate::TokenizerError;
+
+/// The added tokens of a synthetic tokenizer, in id order; they take the last ids below vocab_size.
+pub const SYNTHETIC_SPECIAL_TOKENS: [&str; 5] = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+];
+
+/// Common English pieces, each built as (all but its last char, its last char); every prefix is
+/// an earlier entry or a single byte.
+const ENGLISH: &[&str] = &[
+    "th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te", "of", "ed",
+    "is", "it", "al", "ar", "st", "to", "nt", "ng", "se", "ha", "as", "ou", "io", "le", "ve", "co",
+    "me", "de", "hi", "ri", "ro", "ic", "ne", "ea", "ra", "ce", " t", " a", " s", " w", " o", " i",
+    " c", " b", " f", " p", " m", " h", " d", " th", " the", " an", " and", " in", " of", " to",
+    " is", " it", "ing", "the", "ion", "tio", "tion", "\n\n", "  ", "   ", "    ", ".\n", " (", "):",
+];
+
+/// The GPT-2 byte-to-unicode table: printable Latin-1 bytes map to themselves, the others to
+/// U+0100 onwards in byte order.
+pub fn byte_to_unicode() -> [char; 256] {
+    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let mut table = ['\0'; 256];
+    let mut shift = 0;
+    for b in 0..256u32 {
+        let c = if printable(b) {
+            b
+        } else {
+            shift += 1;
+            255 + shift
+        };
+        table[b as usize] = char::from_u32(c).unwrap_or('\u{FFFD}');
+    }
+    table
+}
+
+/// All merges the synthetic vocabulary can hold, in id order, as (left, right) raw text.
+fn merge_plan() -> Vec<(String, String)> {
+    let n_label_pairs = MAX_OPTIONS - 26;
+    let upper_pairs: Vec<String> = label_candidates().skip(26).collect();
+    let lower = || (b'a'..=b'z').map(char::from);
+    let upper = || (b'A'..=b'Z').map(char::from);
+
+    let mut wanted: Vec<String> = Vec::new();
+    wanted.extend(upper_pairs[..n_label_pairs].iter().cloned());
+    wanted.extend(ENGLISH.iter().map(|s| s.to_string()));
+    wanted.extend(upper_pairs[n_label_pairs..].iter().cloned());
+    wanted.extend(lower().flat_map(|a| lower().map(move |b| format!("{a}{b}"))));
+    wanted.extend(upper().chain(lower()).map(|a| format!(" {a}")));
+    wanted.extend(upper().flat_map(|a| lower().map(move |b| format!("{a}{b}"))));
+    wanted.extend(lower().flat_map(|a| lower().flat_map(move |b| lower().map(move |c| format!("{a}{b}{c}")))));
+
+    let mut have: HashSet<String> = HashSet::new();
+    let mut plan = Vec::new();
+    for s in wanted {
+        let Some((at, _)) = s.char_indices().last() else { continue };
+        let (left, right) = s.split_at(at);
+        // Single bytes are always tokens; a multi-char prefix must be an earlier merge.
+        let left_ok = left.len() == 1 || have.contains(left);
+        if left_ok && !have.contains(&s) {
+            plan.push((left.to_string(), right.to_string()));
+            have.insert(s);
+        }
+    }
+    plan
+}
+
+/// Smallest `vocab_size` [`synthetic_tokenizer_json`] accepts: the 256 bytes and 5 special tokens.
+pub const SYNTHETIC_MIN_VOCAB: usize = 256 + SYNTHETIC_SPECIAL_TOKENS.len();
+
+/// Largest `vocab_size` [`synthetic_tokenizer_json`] accepts (every planned merge used).
+pub fn synthetic_max_vocab() -> usize {
+    SYNTHETIC_MIN_VOCAB + merge_plan().len()
+}
+
+/// A deterministic byte-level BPE `tokenizer.json` with exactly `vocab_size` ids and the Qwen3.5
+/// pipeline. `vocab_size` must be in `SYNTHETIC_MIN_VOCAB..=synthetic_max_vocab()` (about 19,000);
+/// from 490 up its label table has all 255 entries.
+pub fn synthetic_tokenizer_json(vocab_size: usize) -> Result<String, TokenizerError> {
+    let plan = merge_plan();
+    let max = SYNTHETIC_MIN_VOCAB + plan.len();
+    if !(SYNTHETIC_MIN_VOCAB..=max).contains(&vocab_size) {
+        return Err(TokenizerError::SyntheticVocabSize {
+            vocab_size,
+            min: SYNTHETIC_MIN_VOCAB,
+            max,
+        });
+    }
+    let b2u = byte_to_unicode();
+    let mapped = |s: &str| s.bytes().map(|b| b2u[b as usize]).collect::<String>();
+
+    let mut vocab = Map::new();
+    for (b, c) in b2u.iter().enumerate() {
+        vocab.insert(c.to_string(), json!(b));
+    }
+    let n_merges = vocab_size - SYNTHETIC_MIN_VOCAB;
+    let mut merges = Vec::with_capacity(n_merges);
+    for (k, (left, right)) in plan.iter().take(n_merges).enumerate() {
+        let (l, r) = (mapped(left), mapped(right));
+        vocab.insert(format!("{l}{r}"), json!(256 + k));
+        merges.push(json!([l, r]));
+    }
+    let first_special = vocab_size - SYNTHETIC_SPECIAL_TOKENS.len();
+    let added: Vec<Value> = SYNTHETIC_SPECIAL_TOKENS
+        .iter()
+        .enumerate()
+        .map(|(k, content)| {
+            json!({
+                "id": first_special + k, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true
+            })
+        })
+        .collect();
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+    let doc = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": qwen3_5_pre_tokenizer_json(),
+        "post_processor": null,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": true,
+            "vocab": vocab, "merges": merges
+        }
+    });
+    Ok(doc.to_string())
+}
+
+/// A Qwen-style chat template (ChatML; a `<think>\n\n</think>\n\n` block when `enable_thinking`
+/// is false), small enough to read in a test.
+pub const SYNTHETIC_CHAT_TEMPLATE: &str = "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}";
+
+/// The `tokenizer_config.json` that goes with [`synthetic_tokenizer_json`].
+pub fn synthetic_tokenizer_config_json() -> String {
+    json!({
+        "tokenizer_class": "Qwen3_5Tokenizer",
+        "bos_token": null,
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": false,
+        "split_special_tokens": false,
+        "chat_template": SYNTHETIC_CHAT_TEMPLATE
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_table_matches_gpt2() {
+        let t = byte_to_unicode();
+        assert_eq!(t[b'A' as usize], 'A');
+        assert_eq!(t[b' ' as usize], 'Ġ');
+        assert_eq!(t[b'\n' as usize], 'Ċ');
+        assert_eq!(t[0], 'Ā');
+        assert_eq!(t[0xAD], 'Ń');
+        assert_eq!(t.iter().collect::<HashSet<_>>().len(), 256);
+    }
+
+    #[test]
+    fn every_planned_english_piece_is_used() {
+        let plan: HashSet<String> = merge_plan().into_iter().map(|(l, r)| l + &r).collect();
+        for s in ENGLISH {
+            assert!(plan.contains(*s), "{s:?} has no merge (its prefix comes later?)");
+        }
+        assert_eq!(merge_plan()[0], ("A".to_string(), "A".to_string()));
+    }
+
+    #[test]
+    fn vocab_size_bounds() {
+        assert!(synthetic_tokenizer_json(SYNTHETIC_MIN_VOCAB - 1).is_err());
+        assert!(synthetic_tokenizer_json(synthetic_max_vocab() + 1).is_err());
+        assert!(synthetic_tokenizer_json(SYNTHETIC_MIN_VOCAB).is_ok());
+        assert!(synthetic_max_vocab() > 19_000);
+    }
+}
