@@ -8,4 +8,10 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod error;
 pub mod pyjson;
+pub mod render;
+pub mod request;
+
+pub use error::{ApiError, LimitError, RenderError};
+pub use request::{parse_request, Request};

@@ -1,0 +1,206 @@
+//! The `/v1/systemone` body: Python `json.loads` (Starlette) then pydantic `S1Req` validation (FastAPI), with the
+//! reference's 400/422 bodies.
+
+use crate::error::ApiError;
+use crate::pyjson::{decode_body, obj, BodyError, Object, Value};
+
+/// A validated `/v1/systemone` request (`S1Req`, serve.py). Extra keys are ignored.
+// decider-contract R1.1.2
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Any JSON value, `null` included.
+    pub state: Value,
+    /// Question id → spec, in request order (a duplicated id keeps its first position, last spec).
+    pub questions: Object,
+    /// Ignored by the server.
+    pub model: Option<String>,
+    pub independent: bool,
+    /// Only consulted by the schema cache.
+    pub layout: Option<String>,
+    /// Image assets; onepass is text-only (see docs/systemone.md).
+    pub assets: Option<Object>,
+}
+
+/// Body bytes → [`Request`], or the reference's error answer.
+pub fn parse_request(body: &[u8]) -> Result<Request, ApiError> {
+    if body.is_empty() {
+        // FastAPI: an empty body is a missing body.
+        return Err(ApiError::validation(vec![error(
+            "missing",
+            vec![],
+            "Field required",
+            Value::Null,
+            None,
+        )]));
+    }
+    let v = match decode_body(body) {
+        Ok(v) => v,
+        Err(BodyError::Decode(e)) => {
+            // decider-contract R1.1.1: FastAPI's json_invalid error with Python's message and char offset.
+            let mut ctx = Object::new();
+            ctx.insert("error".into(), Value::Str(e.msg.clone()));
+            return Err(ApiError::validation(vec![obj([
+                ("type", Value::str("json_invalid")),
+                (
+                    "loc",
+                    Value::Array(vec![Value::str("body"), Value::from(e.pos)]),
+                ),
+                ("msg", Value::str("JSON decode error")),
+                ("input", Value::Object(Object::new())),
+                ("ctx", Value::Object(ctx)),
+            ])]));
+        }
+        Err(BodyError::Other(_)) => {
+            return Err(ApiError::detail(400, "There was an error parsing the body"))
+        }
+    };
+    validate(v)
+}
+
+/// pydantic `S1Req.model_validate` of a parsed body.
+pub fn validate(v: Value) -> Result<Request, ApiError> {
+    let Value::Object(body) = v else {
+        let mut ctx = Object::new();
+        ctx.insert("class_name".into(), Value::str("S1Req"));
+        return Err(ApiError::validation(vec![error(
+            "model_type",
+            vec![],
+            "Input should be a valid dictionary or instance of S1Req",
+            v,
+            Some(ctx),
+        )]));
+    };
+    let mut errors = Vec::new();
+    let state = match body.get("state") {
+        Some(s) => s.clone(),
+        None => {
+            errors.push(error(
+                "missing",
+                vec!["state"],
+                "Field required",
+                Value::Object(body.clone()),
+                None,
+            ));
+            Value::Null
+        }
+    };
+    let questions = match body.get("questions") {
+        Some(Value::Object(q)) => q.clone(),
+        Some(other) => {
+            errors.push(error(
+                "dict_type",
+                vec!["questions"],
+                "Input should be a valid dictionary",
+                other.clone(),
+                None,
+            ));
+            Object::new()
+        }
+        None => {
+            errors.push(error(
+                "missing",
+                vec!["questions"],
+                "Field required",
+                Value::Object(body.clone()),
+                None,
+            ));
+            Object::new()
+        }
+    };
+    let model = opt_str(&body, "model", &mut errors);
+    let independent = match body.get("independent") {
+        None => true,
+        Some(x) => match lax_bool(x) {
+            Ok(b) => b,
+            Err((kind, msg)) => {
+                errors.push(error(kind, vec!["independent"], msg, x.clone(), None));
+                true
+            }
+        },
+    };
+    let layout = opt_str(&body, "layout", &mut errors);
+    let assets = match body.get("assets") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(a)) => Some(a.clone()),
+        Some(other) => {
+            errors.push(error(
+                "dict_type",
+                vec!["assets"],
+                "Input should be a valid dictionary",
+                other.clone(),
+                None,
+            ));
+            None
+        }
+    };
+    if !errors.is_empty() {
+        return Err(ApiError::validation(errors));
+    }
+    Ok(Request {
+        state,
+        questions,
+        model,
+        independent,
+        layout,
+        assets,
+    })
+}
+
+fn opt_str(body: &Object, key: &str, errors: &mut Vec<Value>) -> Option<String> {
+    match body.get(key) {
+        None | Some(Value::Null) => None,
+        Some(Value::Str(s)) => Some(s.clone()),
+        Some(other) => {
+            errors.push(error(
+                "string_type",
+                vec![key],
+                "Input should be a valid string",
+                other.clone(),
+                None,
+            ));
+            None
+        }
+    }
+}
+
+/// pydantic's lax (python-mode) bool: bools; ints 0/1; floats 0.0/1.0; the strings
+/// `0 off f false n no 1 on t true y yes` in any case.
+// decider-contract R1.1.2
+fn lax_bool(v: &Value) -> Result<bool, (&'static str, &'static str)> {
+    const TYPE: (&str, &str) = ("bool_type", "Input should be a valid boolean");
+    const PARSE: (&str, &str) = (
+        "bool_parsing",
+        "Input should be a valid boolean, unable to interpret input",
+    );
+    match v {
+        Value::Bool(b) => Ok(*b),
+        Value::Int(d) => match d.parse::<i64>() {
+            Ok(0) => Ok(false),
+            Ok(1) => Ok(true),
+            Ok(_) => Err(PARSE),
+            Err(_) => Err(TYPE),
+        },
+        Value::Float(f) if *f == 0.0 => Ok(false),
+        Value::Float(f) if *f == 1.0 => Ok(true),
+        Value::Str(s) => match s.to_lowercase().as_str() {
+            "0" | "off" | "f" | "false" | "n" | "no" => Ok(false),
+            "1" | "on" | "t" | "true" | "y" | "yes" => Ok(true),
+            _ => Err(PARSE),
+        },
+        _ => Err(TYPE),
+    }
+}
+
+fn error(kind: &str, loc: Vec<&str>, msg: &str, input: Value, ctx: Option<Object>) -> Value {
+    let mut l = vec![Value::str("body")];
+    l.extend(loc.into_iter().map(Value::str));
+    let mut o = Object::new();
+    o.insert("type".into(), Value::str(kind));
+    o.insert("loc".into(), Value::Array(l));
+    o.insert("msg".into(), Value::str(msg));
+    o.insert("input".into(), input);
+    if let Some(c) = ctx {
+        o.insert("ctx".into(), Value::Object(c));
+    }
+    Value::Object(o)
+}
