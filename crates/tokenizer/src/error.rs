@@ -63,8 +63,14 @@ pub enum TokenizerError {
         source: TokenizersError,
     },
 
-    #[error("token id {id} at position {index} is not in the vocabulary (vocab_size {vocab_size})")]
-    UnknownId { id: u32, index: usize, vocab_size: usize },
+    #[error(
+        "token id {id} at position {index} is not in the vocabulary (vocab_size {vocab_size})"
+    )]
+    UnknownId {
+        id: u32,
+        index: usize,
+        vocab_size: usize,
+    },
 
     /// decider-contract R2.2.1: the vocabulary has fewer than 255 single-id labels.
     #[error(
@@ -75,14 +81,26 @@ pub enum TokenizerError {
 
     /// decider-contract R2.2.1: two labels share an id.
     #[error("label table: labels {first:?} and {second:?} both encode to id {id}")]
-    DuplicateLabel { first: String, second: String, id: u32 },
+    DuplicateLabel {
+        first: String,
+        second: String,
+        id: u32,
+    },
 
     /// decider-contract R2.2.1: the first ten labels must be the single letters A..J.
     #[error("label table: label {index} is {found:?}, expected {expected:?} (a single letter must be one id)")]
-    SingleLetterLabel { index: usize, found: String, expected: String },
+    SingleLetterLabel {
+        index: usize,
+        found: String,
+        expected: String,
+    },
 
     #[error("synthetic tokenizer: vocab_size {vocab_size} is out of range {min}..={max}")]
-    SyntheticVocabSize { vocab_size: usize, min: usize, max: usize },
+    SyntheticVocabSize {
+        vocab_size: usize,
+        min: usize,
+        max: usize,
+    },
 }
 
 /// Cut `text` to at most `n` characters for an error message.

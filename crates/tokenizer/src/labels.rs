@@ -93,7 +93,10 @@ mod tests {
         let c: Vec<String> = label_candidates().collect();
         assert_eq!(c.len(), 26 + 26 * 26);
         assert_eq!((c[0].as_str(), c[25].as_str()), ("A", "Z"));
-        assert_eq!((c[26].as_str(), c[27].as_str(), c[52].as_str()), ("AA", "AB", "BA"));
+        assert_eq!(
+            (c[26].as_str(), c[27].as_str(), c[52].as_str()),
+            ("AA", "AB", "BA")
+        );
         assert_eq!(c.last().map(String::as_str), Some("ZZ"));
     }
 
@@ -118,7 +121,13 @@ mod tests {
     fn too_few_and_duplicates_are_errors() {
         let few = LabelTable::build(|s| Ok(s.bytes().map(u32::from).collect()));
         assert!(
-            matches!(few, Err(TokenizerError::TooFewLabels { found: 26, needed: 255 })),
+            matches!(
+                few,
+                Err(TokenizerError::TooFewLabels {
+                    found: 26,
+                    needed: 255
+                })
+            ),
             "{few:?}"
         );
         // "C" gets the id of "A".
@@ -126,6 +135,9 @@ mod tests {
             let k = label_candidates().position(|c| c == s).unwrap_or(999);
             Ok(vec![if s == "C" { 0 } else { k as u32 }])
         });
-        assert!(matches!(&dup, Err(TokenizerError::DuplicateLabel { first, second, .. }) if first == "A" && second == "C"), "{dup:?}");
+        assert!(
+            matches!(&dup, Err(TokenizerError::DuplicateLabel { first, second, .. }) if first == "A" && second == "C"),
+            "{dup:?}"
+        );
     }
 }

@@ -30,8 +30,9 @@ pub use error::TokenizerError;
 pub use labels::{label_candidates, LabelTable, MAX_OPTIONS};
 pub use pretokenizer::{QWEN2_SPLIT_REGEX, QWEN3_5_SPLIT_REGEX};
 pub use synthetic::{
-    byte_to_unicode, synthetic_max_vocab, synthetic_tokenizer_config_json, synthetic_tokenizer_json,
-    SYNTHETIC_CHAT_TEMPLATE, SYNTHETIC_MIN_VOCAB, SYNTHETIC_SPECIAL_TOKENS,
+    byte_to_unicode, synthetic_max_vocab, synthetic_tokenizer_config_json,
+    synthetic_tokenizer_json, SYNTHETIC_CHAT_TEMPLATE, SYNTHETIC_MIN_VOCAB,
+    SYNTHETIC_SPECIAL_TOKENS,
 };
 
 use error::excerpt;
@@ -53,7 +54,10 @@ impl std::fmt::Debug for Tokenizer {
             .field("vocab_size", &self.vocab_size)
             .field("eos_id", &self.eos_id)
             .field("pad_id", &self.pad_id)
-            .field("chat_template", &self.chat_template.as_ref().map(|t| t.len()))
+            .field(
+                "chat_template",
+                &self.chat_template.as_ref().map(|t| t.len()),
+            )
             .field("regex_corrected", &self.regex_corrected)
             .finish()
     }
@@ -69,10 +73,11 @@ impl Tokenizer {
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.is_file() {
             let text = read(&config_path)?;
-            let value: Value = serde_json::from_str(&text).map_err(|source| TokenizerError::Config {
-                path: config_path.clone(),
-                source,
-            })?;
+            let value: Value =
+                serde_json::from_str(&text).map_err(|source| TokenizerError::Config {
+                    path: config_path.clone(),
+                    source,
+                })?;
             if !value.is_object() {
                 return Err(TokenizerError::ConfigValue {
                     key: "<root>".into(),
@@ -90,12 +95,21 @@ impl Tokenizer {
         } else {
             None
         };
-        Self::build(&json, &json_path.display().to_string(), config.as_ref(), jinja, model_type)
+        Self::build(
+            &json,
+            &json_path.display().to_string(),
+            config.as_ref(),
+            jinja,
+            model_type,
+        )
     }
 
     /// Load from the text of a `tokenizer.json`, with no `tokenizer_config.json`: no eos/pad ids,
     /// no chat template. The Qwen3.5 regex rule applies when `model_type` names a Qwen3.5 model.
-    pub fn from_json_str(json: &str, model_type: Option<&str>) -> Result<Tokenizer, TokenizerError> {
+    pub fn from_json_str(
+        json: &str,
+        model_type: Option<&str>,
+    ) -> Result<Tokenizer, TokenizerError> {
         Self::build(json, "<json string>", None, None, model_type)
     }
 
@@ -105,10 +119,11 @@ impl Tokenizer {
         config_json: &str,
         model_type: Option<&str>,
     ) -> Result<Tokenizer, TokenizerError> {
-        let config: Value = serde_json::from_str(config_json).map_err(|source| TokenizerError::Config {
-            path: "<tokenizer_config string>".into(),
-            source,
-        })?;
+        let config: Value =
+            serde_json::from_str(config_json).map_err(|source| TokenizerError::Config {
+                path: "<tokenizer_config string>".into(),
+                source,
+            })?;
         Self::build(json, "<json string>", Some(&config), None, model_type)
     }
 
@@ -128,14 +143,26 @@ impl Tokenizer {
         inner.with_padding(None);
         inner.with_truncation(None).map_err(load_err)?;
 
-        let tokenizer_class = config.and_then(|c| c.get("tokenizer_class")).and_then(Value::as_str);
+        let tokenizer_class = config
+            .and_then(|c| c.get("tokenizer_class"))
+            .and_then(Value::as_str);
         let mut regex_corrected = false;
         if pretokenizer::is_qwen3_5(model_type, tokenizer_class) {
             let model = model_type.or(tokenizer_class).unwrap_or("qwen3_5");
             let to_value = |v: Option<Value>| v.filter(|v| !v.is_null());
-            let normalizer = to_value(inner.get_normalizer().and_then(|n| serde_json::to_value(n).ok()));
-            let pre = to_value(inner.get_pre_tokenizer().and_then(|p| serde_json::to_value(p).ok()));
-            if let pretokenizer::Verdict::Correct(fixed) = pretokenizer::check(model, normalizer, pre)? {
+            let normalizer = to_value(
+                inner
+                    .get_normalizer()
+                    .and_then(|n| serde_json::to_value(n).ok()),
+            );
+            let pre = to_value(
+                inner
+                    .get_pre_tokenizer()
+                    .and_then(|p| serde_json::to_value(p).ok()),
+            );
+            if let pretokenizer::Verdict::Correct(fixed) =
+                pretokenizer::check(model, normalizer, pre)?
+            {
                 inner.with_pre_tokenizer(Some(fixed));
                 regex_corrected = true;
             }
@@ -194,19 +221,23 @@ impl Tokenizer {
 
     /// Token ids of `text`: no BOS/EOS, added-token strings become their ids, NFC elsewhere.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        let encoding = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|source| TokenizerError::Encode {
-                text: excerpt(text, 40),
-                source,
-            })?;
+        let encoding =
+            self.inner
+                .encode_fast(text, false)
+                .map_err(|source| TokenizerError::Encode {
+                    text: excerpt(text, 40),
+                    source,
+                })?;
         Ok(encoding.get_ids().to_vec())
     }
 
     /// Text of `ids`, special tokens included; invalid UTF-8 becomes U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
-        if let Some((index, &id)) = ids.iter().enumerate().find(|(_, &id)| self.inner.id_to_token(id).is_none()) {
+        if let Some((index, &id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| self.inner.id_to_token(id).is_none())
+        {
             return Err(TokenizerError::UnknownId {
                 id,
                 index,
@@ -215,7 +246,10 @@ impl Tokenizer {
         }
         self.inner
             .decode(ids, false)
-            .map_err(|source| TokenizerError::Decode { n: ids.len(), source })
+            .map_err(|source| TokenizerError::Decode {
+                n: ids.len(),
+                source,
+            })
     }
 
     /// The id of a vocabulary entry or added token, given in its stored form (byte-level
@@ -290,6 +324,9 @@ fn config_chat_template(config: &Value) -> Result<Option<String>, TokenizerError
                 None => Err(bad("the `default` entry has no string `template`".into())),
             }
         }
-        Some(other) => Err(bad(format!("expected a string, found {}", excerpt(&other.to_string(), 80)))),
+        Some(other) => Err(bad(format!(
+            "expected a string, found {}",
+            excerpt(&other.to_string(), 80)
+        ))),
     }
 }

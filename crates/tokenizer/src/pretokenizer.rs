@@ -72,7 +72,10 @@ pub fn check(
         found: describe(pre_tokenizer.as_ref()),
     };
     let pt = pre_tokenizer.as_ref().ok_or_else(refuse)?;
-    let steps = match (pt.get("type").and_then(Value::as_str), pt.get("pretokenizers")) {
+    let steps = match (
+        pt.get("type").and_then(Value::as_str),
+        pt.get("pretokenizers"),
+    ) {
         (Some("Sequence"), Some(Value::Array(steps))) if steps.len() == 2 => steps,
         _ => return Err(refuse()),
     };
@@ -132,14 +135,18 @@ mod tests {
     fn qwen2_regex_is_corrected() {
         let mut pt = qwen3_5_pre_tokenizer_json();
         pt["pretokenizers"][0]["pattern"]["Regex"] = json!(QWEN2_SPLIT_REGEX);
-        assert!(matches!(check("qwen3_5", nfc(), Some(pt)), Ok(Verdict::Correct(_))));
+        assert!(matches!(
+            check("qwen3_5", nfc(), Some(pt)),
+            Ok(Verdict::Correct(_))
+        ));
     }
 
     #[test]
     fn other_shapes_are_refused() {
         let mut other_regex = qwen3_5_pre_tokenizer_json();
         other_regex["pretokenizers"][0]["pattern"]["Regex"] = json!(r"\s+");
-        let byte_level_only = json!({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true});
+        let byte_level_only =
+            json!({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true});
         for pt in [Some(other_regex), Some(byte_level_only), None] {
             let err = check("qwen3_5", nfc(), pt).err();
             assert!(
@@ -148,7 +155,10 @@ mod tests {
             );
         }
         let err = check("qwen3_5", None, Some(qwen3_5_pre_tokenizer_json())).err();
-        assert!(matches!(err, Some(TokenizerError::UnrecognisedNormalizer { .. })), "{err:?}");
+        assert!(
+            matches!(err, Some(TokenizerError::UnrecognisedNormalizer { .. })),
+            "{err:?}"
+        );
     }
 
     #[test]

