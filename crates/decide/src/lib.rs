@@ -15,3 +15,10 @@ pub mod request;
 
 pub use error::{ApiError, LimitError, RenderError};
 pub use request::{parse_request, Request};
+pub mod assemble;
+pub mod config;
+pub mod rows;
+
+pub use assemble::{assemble, softmax};
+pub use config::{ConfigError, DecideConfig, Layout};
+pub use rows::{check_size, plan, Limits, Plan, Row};

@@ -1,0 +1,293 @@
+//! Token rows for the model: state-first plain layout (decider/prompt_fast.py `build_rows`), slots, usage.
+
+use crate::config::{DecideConfig, Layout};
+use crate::error::{ApiError, LimitError};
+use crate::pyjson::{obj, Value};
+use crate::render::{
+    plan_rows, render_questions, render_state, row_types, PlanEntry, PlanRow, QType,
+    RenderedQuestion,
+};
+use crate::request::Request;
+use onepass_tokenizer::{Tokenizer, TokenizerError};
+
+/// Option letters of the narrow rendering.
+pub const LETTERS: &[u8; 10] = b"ABCDEFGHIJ";
+/// Up to this many options a question block is one encoded string.
+pub const NARROW: usize = 10;
+pub const MAX_OPTIONS: usize = 255;
+
+/// Why rows could not be built (not a client error: the tokenizer or the layout failed).
+#[derive(Debug, thiserror::Error)]
+pub enum RowsError {
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    #[error("the chat layout is not implemented yet in onepass-decide (decider_config.json \"layout\": \"chat\")")]
+    ChatLayoutUnsupported,
+    #[error("2..255 options required, got {0}")]
+    Options(usize),
+}
+
+impl From<RowsError> for ApiError {
+    fn from(e: RowsError) -> Self {
+        ApiError::detail(500, e.to_string())
+    }
+}
+
+/// One token sequence fed to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// `[T]` token ids; no BOS.
+    pub ids: Vec<u32>,
+    /// Positions whose next-token label logits are read, in question order.
+    pub slots: Vec<usize>,
+    /// Options per slot (the readout uses label ids `[0, nopts)`).
+    pub nopts: Vec<usize>,
+    /// Answer type per slot (selects the temperature).
+    pub types: Vec<QType>,
+    /// Softmax temperature per slot.
+    pub temperatures: Vec<f64>,
+}
+
+/// A planned request: the rendered questions, how answers map onto rows, and the rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub rqs: Vec<(String, RenderedQuestion)>,
+    pub index: Vec<PlanEntry>,
+    pub rows: Vec<Row>,
+    /// Ids of `"Context:\n" + state` (after truncation) that open every row.
+    pub ctx_len: usize,
+    /// `usage.input_tokens` (decider-contract R4.5.1).
+    pub input_tokens: usize,
+}
+
+impl Plan {
+    /// Slots in row order, flattened: the order in which [`crate::assemble::assemble`] takes probabilities.
+    pub fn slot_count(&self) -> usize {
+        self.rows.iter().map(|r| r.slots.len()).sum()
+    }
+
+    /// `{"rows":[{"ids","slots","nopts"}],"usage":{"input_tokens"}}` — the `render` view of a plan.
+    pub fn to_value(&self) -> Value {
+        let ints =
+            |xs: &mut dyn Iterator<Item = usize>| Value::Array(xs.map(Value::from).collect());
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                obj([
+                    ("ids", ints(&mut r.ids.iter().map(|&i| i as usize))),
+                    ("slots", ints(&mut r.slots.iter().copied())),
+                    ("nopts", ints(&mut r.nopts.iter().copied())),
+                ])
+            })
+            .collect();
+        obj([
+            ("rows", Value::Array(rows)),
+            (
+                "usage",
+                obj([("input_tokens", Value::from(self.input_tokens))]),
+            ),
+        ])
+    }
+}
+
+/// Request → rows: render (422s), plan, tokenize, temperatures, usage. Uses `isolated_levels && independent`
+/// (decider-contract R1.8.4) and the state cap `cfg.max_state_tokens`.
+pub fn plan(req: &Request, tok: &Tokenizer, cfg: &DecideConfig) -> Result<Plan, ApiError> {
+    let rqs = render_questions(&req.questions)?;
+    let context = render_state(&req.state);
+    plan_rendered(rqs, &context, req.independent, tok, cfg).map_err(ApiError::from)
+}
+
+/// [`plan`] after rendering (the server's `prepare`).
+pub fn plan_rendered(
+    rqs: Vec<(String, RenderedQuestion)>,
+    context: &str,
+    independent: bool,
+    tok: &Tokenizer,
+    cfg: &DecideConfig,
+) -> Result<Plan, RowsError> {
+    if cfg.layout == Layout::Chat {
+        return Err(RowsError::ChatLayoutUnsupported);
+    }
+    let (flat, index) = plan_rows(&rqs, cfg.isolated_levels && independent);
+    let types = row_types(&rqs, &index);
+    let groups: Vec<Vec<(&PlanRow, QType)>> = if independent {
+        flat.iter()
+            .zip(types.iter().copied())
+            .map(|p| vec![p])
+            .collect()
+    } else if flat.is_empty() {
+        vec![]
+    } else {
+        vec![flat.iter().zip(types.iter().copied()).collect()]
+    };
+    let ctx = context_ids(tok, context, cfg.max_state_tokens)?;
+    let mut rows = Vec::with_capacity(groups.len());
+    for group in groups {
+        let multi = group.len() > 1;
+        let mut row = Row {
+            ids: ctx.clone(),
+            slots: vec![],
+            nopts: vec![],
+            types: vec![],
+            temperatures: vec![],
+        };
+        for (k, (q, t)) in group.into_iter().enumerate() {
+            let n = q.options.len();
+            if !(2..=MAX_OPTIONS).contains(&n) {
+                return Err(RowsError::Options(n));
+            }
+            row.ids
+                .extend(question_piece(tok, &q.question, &q.options, k, multi)?);
+            row.slots.push(row.ids.len() - 1); // decider-contract R2.3.2: slot = last id (" (")
+            row.nopts.push(n);
+            row.types.push(t);
+            row.temperatures.push(cfg.temperature.for_slot(t, n));
+        }
+        rows.push(row);
+    }
+    let input_tokens = unique_tokens(&rows.iter().map(|r| r.ids.as_slice()).collect::<Vec<_>>());
+    Ok(Plan {
+        rqs,
+        index,
+        rows,
+        ctx_len: ctx.len(),
+        input_tokens,
+    })
+}
+
+/// `encode("Context:\n" + state)[:max]` — one encode, header included in the cap.
+// decider-contract R2.3.1
+pub fn context_ids(
+    tok: &Tokenizer,
+    context: &str,
+    max_ctx_tokens: usize,
+) -> Result<Vec<u32>, TokenizerError> {
+    let mut ids = tok.encode(&format!("Context:\n{context}"))?;
+    ids.truncate(max_ctx_tokens);
+    Ok(ids)
+}
+
+/// One `\n\nQuestion…: text\nOptions:…\nAnswer…: (` block.
+// decider-contract R2.3.2, R2.3.4
+pub fn question_piece(
+    tok: &Tokenizer,
+    text: &str,
+    options: &[String],
+    k: usize,
+    multi: bool,
+) -> Result<Vec<u32>, TokenizerError> {
+    let num = if multi {
+        format!(" {}", k + 1)
+    } else {
+        String::new()
+    };
+    let head = format!("\n\nQuestion{num}: {text}\nOptions:");
+    let tail = format!("\nAnswer{num}: (");
+    if options.len() <= NARROW {
+        let mut s = head;
+        for (j, o) in options.iter().enumerate() {
+            s.push_str(&format!("\n({}) {o}", LETTERS[j] as char));
+        }
+        s.push_str(&tail);
+        return tok.encode(&s); // narrow: one encode of the whole block
+    }
+    let table = tok.label_table()?;
+    let mut piece = tok.encode(&head)?;
+    for (j, o) in options.iter().enumerate() {
+        piece.extend_from_slice(&table.open_ids);
+        piece.push(table.ids[j]); // the label is an id, never tokenized from text
+        piece.extend(tok.encode(&format!(") {o}"))?);
+    }
+    piece.extend(tok.encode(&tail)?);
+    Ok(piece)
+}
+
+/// `systemone.unique_tokens`: LCP of all rows (capped at the shortest row) counted once, plus every remainder.
+// decider-contract R4.5.1
+pub fn unique_tokens(rows: &[&[u32]]) -> usize {
+    if rows.len() < 2 {
+        return rows.iter().map(|r| r.len()).sum();
+    }
+    let short = rows.iter().map(|r| r.len()).min().unwrap_or(0);
+    let lcp = lcp_up_to(rows, short);
+    lcp + rows.iter().map(|r| r.len() - lcp).sum::<usize>()
+}
+
+/// `shared_prefix.common_prefix_len`: the LCP capped one token below the shortest row, so every slot stays in a suffix.
+// decider-contract R5.5.1
+pub fn common_prefix_len(rows: &[&[u32]]) -> usize {
+    let short = rows.iter().map(|r| r.len()).min().unwrap_or(0);
+    lcp_up_to(rows, short.saturating_sub(1))
+}
+
+fn lcp_up_to(rows: &[&[u32]], cap: usize) -> usize {
+    let Some(first) = rows.first() else { return 0 };
+    let mut n = 0;
+    while n < cap && rows.iter().all(|r| r[n] == first[n]) {
+        n += 1;
+    }
+    n
+}
+
+/// Request size limits (serve.py; `DECIDER_MAX_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_rows: usize,
+    pub max_row_tokens: usize,
+    pub max_request_tokens: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_rows: 1024,
+            max_row_tokens: 32768 + 4096,
+            max_request_tokens: 1 << 20,
+        }
+    }
+}
+
+/// serve.py `check_size`: rows, then the longest row, then the total (413).
+// decider-contract R1.9.1
+pub fn check_size(plan: &Plan, limits: &Limits) -> Result<(), LimitError> {
+    let n = plan.rows.len();
+    let total: usize = plan.rows.iter().map(|r| r.ids.len()).sum();
+    let longest = plan.rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
+    if n > limits.max_rows {
+        Err(LimitError::Rows {
+            rows: n,
+            max_rows: limits.max_rows,
+        })
+    } else if longest > limits.max_row_tokens {
+        Err(LimitError::RowTokens {
+            longest,
+            max_row_tokens: limits.max_row_tokens,
+        })
+    } else if total > limits.max_request_tokens {
+        Err(LimitError::RequestTokens {
+            total,
+            rows: n,
+            max_request_tokens: limits.max_request_tokens,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_helpers() {
+        let a: &[u32] = &[1, 2, 3, 4];
+        let b: &[u32] = &[1, 2, 3];
+        let c: &[u32] = &[1, 2, 3];
+        assert_eq!(unique_tokens(&[a, b, c]), 3 + 1);
+        assert_eq!(common_prefix_len(&[a, b, c]), 2);
+        assert_eq!(unique_tokens(&[]), 0);
+        assert_eq!(unique_tokens(&[a]), 4);
+    }
+}
