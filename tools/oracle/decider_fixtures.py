@@ -343,7 +343,7 @@ def main():
     for name, text in invalid_bodies():
         r, err = parse_http(text)
         assert err is not None, name
-        inv.append({"name": name, "body": text, **err})
+        inv.append({"name": name, "request": text, "status": err["status"], "response": err["body"]})
     for path, rows in (("render.jsonl", render_out), ("assemble.jsonl", assemble_out), ("invalid.jsonl", inv), ("pyjson.jsonl", pyjson_cases())):
         with open(os.path.join(a.out, path), "w") as f:
             for row in rows:

@@ -117,9 +117,9 @@ pub fn plan_rendered(
             .zip(types.iter().copied())
             .map(|p| vec![p])
             .collect()
-    } else if flat.is_empty() {
-        vec![]
     } else {
+        // Packed: always one row, even with no questions (the reference then reads a bare context row and counts
+        // its tokens in usage).
         vec![flat.iter().zip(types.iter().copied()).collect()]
     };
     let ctx = context_ids(tok, context, cfg.max_state_tokens)?;

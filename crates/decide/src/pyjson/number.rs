@@ -133,12 +133,12 @@ pub fn py_float(s: &str) -> Result<f64, FloatParseError> {
     let t: String = s
         .chars()
         .map(|c| {
-            if is_py_space(c) {
+            if (c as u32) < 127 {
+                c // ASCII stays as is: \x1c..\x1f are str.isspace() but not C isspace, so they stay and fail
+            } else if is_py_space(c) {
                 ' '
             } else if let Some(d) = py_decimal(c) {
                 char::from(b'0' + d as u8)
-            } else if c.is_ascii() {
-                c
             } else {
                 '?'
             }
