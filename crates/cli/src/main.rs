@@ -1,0 +1,342 @@
+//! The `onepass` command.
+//!
+//! Subcommands print machine-readable JSON on stdout (scripts depend on these shapes) and
+//! human-readable progress and errors on stderr; every error exits non-zero with a message.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use onepass_model::synth::{self, SynthSpec};
+use onepass_model::{Model, ModelConfig};
+use onepass_tensor::DType;
+use onepass_tokenizer::Tokenizer;
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(name = "onepass", version, about = "Decisions, log-probabilities and generation with Qwen3.5-family hybrid models")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Architecture, parameters, weight dtype and bytes, state bytes per token and per sequence.
+    Info {
+        /// A model folder, or a Hub repo id (ORG/NAME[@REV]) already in the Hugging Face cache.
+        #[arg(long)]
+        model: String,
+    },
+    /// Reads JSON Lines from stdin (one JSON string per line); writes one JSON array of ids per line.
+    Tokenize {
+        #[arg(long)]
+        model: String,
+    },
+    /// Prints {"logits": [[...], ...]}, one row per position (only the last with --last).
+    Logits {
+        #[arg(long)]
+        model: String,
+        /// Comma-separated token ids.
+        #[arg(long)]
+        ids: String,
+        /// Only the last position.
+        #[arg(long)]
+        last: bool,
+        /// Feed the sequence in chunks of this many tokens (default: all at once).
+        #[arg(long)]
+        chunk: Option<usize>,
+    },
+    /// Writes a deterministic synthetic checkpoint folder (config, weights, tokenizer files).
+    Synth {
+        /// One of the presets (see --list).
+        #[arg(long, required_unless_present = "list")]
+        preset: Option<String>,
+        /// Output folder.
+        #[arg(long, required_unless_present = "list")]
+        out: Option<PathBuf>,
+        /// Copy tokenizer.json / tokenizer_config.json from this folder instead of writing the
+        /// small synthetic tokenizer.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// Override the preset's weight dtype (f32, bf16, f16).
+        #[arg(long)]
+        dtype: Option<String>,
+        /// Override the preset's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// List the presets and exit.
+        #[arg(long)]
+        list: bool,
+    },
+    /// CPU prefill and decode throughput on one model; prints one JSON object.
+    Bench {
+        #[arg(long)]
+        model: String,
+        /// Prompt lengths to prefill.
+        #[arg(long, default_value = "128,512,2048", value_delimiter = ',')]
+        prompt_lens: Vec<usize>,
+        /// Tokens to decode after the first prompt (full-vocabulary logits each step).
+        #[arg(long, default_value_t = 32)]
+        decode: usize,
+        /// Repetitions per prompt length (the best is reported).
+        #[arg(long, default_value_t = 2)]
+        reps: usize,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Info { model } => info(&model),
+        Cmd::Tokenize { model } => tokenize(&model),
+        Cmd::Logits { model, ids, last, chunk } => logits(&model, &ids, last, chunk),
+        Cmd::Synth { preset, out, tokenizer, dtype, seed, list } => {
+            if list {
+                for p in synth::PRESETS {
+                    println!("{p}");
+                }
+                return Ok(());
+            }
+            let (Some(preset), Some(out)) = (preset, out) else { bail!("--preset and --out are required") };
+            synth_cmd(&preset, &out, tokenizer.as_deref(), dtype.as_deref(), seed)
+        }
+        Cmd::Bench { model, prompt_lens, decode, reps } => bench(&model, &prompt_lens, decode, reps),
+    }
+}
+
+fn model_dir(arg: &str) -> Result<PathBuf> {
+    Ok(onepass_formats::resolve_model_dir(arg)?)
+}
+
+fn load_model(arg: &str) -> Result<Model> {
+    let dir = model_dir(arg)?;
+    let t0 = Instant::now();
+    let m = Model::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    eprintln!("loaded {} in {:.2}s", dir.display(), t0.elapsed().as_secs_f64());
+    Ok(m)
+}
+
+fn load_tokenizer(arg: &str) -> Result<Tokenizer> {
+    let dir = model_dir(arg)?;
+    let model_type = ModelConfig::from_dir(&dir).ok().map(|c| c.model_type);
+    Ok(Tokenizer::from_dir(&dir, model_type.as_deref())?)
+}
+
+fn info(arg: &str) -> Result<()> {
+    let m = load_model(arg)?;
+    let i = m.info();
+    let c = m.text_config();
+    let out = json!({
+        "model_type": i.model_type,
+        "form": format!("{:?}", i.form).to_lowercase(),
+        "architecture": {
+            "layers": i.layers,
+            "gated_deltanet_layers": i.gdn_layers,
+            "attention_layers": i.attention_layers,
+            "layer_types": c.layer_types.iter().map(|k| match k {
+                onepass_model::LayerKind::GatedDeltaNet => "linear_attention",
+                onepass_model::LayerKind::Attention => "full_attention",
+            }).collect::<Vec<_>>(),
+            "hidden_size": i.hidden_size,
+            "intermediate_size": c.intermediate_size,
+            "attention_heads": c.num_attention_heads,
+            "kv_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim,
+            "rotary_dim": c.rotary_dim(),
+            "gdn_key_heads": c.linear_num_key_heads,
+            "gdn_value_heads": c.linear_num_value_heads,
+            "gdn_key_dim": c.linear_key_head_dim,
+            "gdn_value_dim": c.linear_value_head_dim,
+            "vocab_size": i.vocab_size,
+            "tie_word_embeddings": i.tied,
+            "max_position_embeddings": i.max_position_embeddings,
+        },
+        "parameters": i.parameters,
+        "weight_dtype": i.weight_dtypes.iter().map(|d| d.name()).collect::<Vec<_>>().join("+"),
+        "weight_bytes": i.weight_bytes,
+        "file_bytes": i.file_bytes,
+        "state_bytes_per_token": i.state_bytes_per_token,
+        "state_bytes_per_sequence": i.state_bytes_per_sequence,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+fn tokenize(arg: &str) -> Result<()> {
+    let tok = load_tokenizer(arg)?;
+    let stdin = std::io::stdin();
+    let mut out = std::io::BufWriter::new(std::io::stdout());
+    for (n, line) in stdin.lock().lines().enumerate() {
+        let line = line.context("reading stdin")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let text: String = serde_json::from_str(&line)
+            .with_context(|| format!("line {}: expected one JSON string per line", n + 1))?;
+        let ids = tok.encode(&text).with_context(|| format!("line {}", n + 1))?;
+        writeln!(out, "{}", serde_json::to_string(&ids)?)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    let ids: Vec<u32> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse::<u32>().with_context(|| format!("--ids: {x:?} is not a token id")))
+        .collect::<Result<_>>()?;
+    if ids.is_empty() {
+        bail!("--ids is empty: give at least one token id");
+    }
+    Ok(ids)
+}
+
+fn logits(arg: &str, ids: &str, last: bool, chunk: Option<usize>) -> Result<()> {
+    let ids = parse_ids(ids)?;
+    let m = load_model(arg)?;
+    let chunk = chunk.unwrap_or(ids.len()).max(1);
+    let mut state = m.new_state();
+    let mut hidden = Vec::new();
+    for piece in ids.chunks(chunk) {
+        hidden.extend(m.forward(&mut state, piece)?);
+    }
+    let h = m.hidden_size();
+    let rows = if last { &hidden[hidden.len() - h..] } else { &hidden[..] };
+    let logits = m.logits(rows);
+    let v = m.vocab_size();
+    let mut out = std::io::BufWriter::new(std::io::stdout());
+    write!(out, "{{\"logits\": [")?;
+    for (i, row) in logits.chunks_exact(v).enumerate() {
+        if i > 0 {
+            write!(out, ", ")?;
+        }
+        write!(out, "{}", serde_json::to_string(row)?)?;
+    }
+    writeln!(out, "]}}")?;
+    out.flush()?;
+    Ok(())
+}
+
+fn synth_cmd(preset: &str, out: &Path, tokenizer: Option<&Path>, dtype: Option<&str>, seed: Option<u64>) -> Result<()> {
+    let mut spec: SynthSpec = synth::preset(preset)
+        .with_context(|| format!("unknown preset {preset:?}; presets: {}", synth::PRESETS.join(", ")))?;
+    if let Some(d) = dtype {
+        spec.dtype = match d {
+            "f32" => DType::F32,
+            "bf16" => DType::BF16,
+            "f16" => DType::F16,
+            other => bail!("--dtype {other:?}: use f32, bf16 or f16"),
+        };
+    }
+    if let Some(s) = seed {
+        spec.seed = s;
+    }
+    let t0 = Instant::now();
+    let mut last = Instant::now();
+    synth::write_checkpoint(&spec, out, &mut |done, total| {
+        if last.elapsed().as_secs_f64() > 2.0 || done == total {
+            eprintln!("synth {preset}: {done}/{total} tensors");
+            last = Instant::now();
+        }
+    })?;
+    match tokenizer {
+        Some(src) => {
+            for f in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+                let from = src.join(f);
+                if from.is_file() {
+                    std::fs::copy(&from, out.join(f)).with_context(|| format!("copying {}", from.display()))?;
+                } else if f == "tokenizer.json" {
+                    bail!("{} has no tokenizer.json", src.display());
+                }
+            }
+        }
+        None => {
+            let vocab = spec.vocab_size.min(onepass_tokenizer::synthetic_max_vocab());
+            std::fs::write(out.join("tokenizer.json"), onepass_tokenizer::synthetic_tokenizer_json(vocab)?)?;
+            std::fs::write(out.join("tokenizer_config.json"), onepass_tokenizer::synthetic_tokenizer_config_json())?;
+        }
+    }
+    eprintln!("wrote {} in {:.1}s", out.display(), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize) -> Result<()> {
+    let m = load_model(arg)?;
+    let v = m.vocab_size() as u32;
+    let max_len = lens.iter().copied().max().unwrap_or(0);
+    // A fixed pseudo-random prompt (ids spread over the vocabulary).
+    let ids: Vec<u32> = (0..max_len as u64).map(|i| ((i * 2_654_435_761 + 12_345) % v as u64) as u32).collect();
+    let mut prefill = Vec::new();
+    for &len in lens {
+        let mut best = f64::INFINITY;
+        for _ in 0..reps.max(1) {
+            let mut st = m.new_state();
+            let t0 = Instant::now();
+            let h = m.forward(&mut st, &ids[..len])?;
+            let _last = m.logits(&h[h.len() - m.hidden_size()..]);
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        eprintln!("prefill {len}: {:.1} tok/s", len as f64 / best);
+        prefill.push(json!({"tokens": len, "seconds": best, "tokens_per_s": len as f64 / best}));
+    }
+    let first = lens.first().copied().unwrap_or(1).max(1);
+    let mut st = m.new_state();
+    let h = m.forward(&mut st, &ids[..first])?;
+    let mut next = argmax(&m.logits(&h[h.len() - m.hidden_size()..]));
+    let t0 = Instant::now();
+    for _ in 0..decode {
+        let h = m.forward(&mut st, &[next])?;
+        next = argmax(&m.logits(&h));
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!("decode: {:.2} tok/s", decode as f64 / secs);
+    let rss = peak_rss_bytes();
+    let info = m.info();
+    println!(
+        "{}",
+        json!({
+            "engine": "onepass",
+            "threads": rayon_threads(),
+            "prefill": prefill,
+            "decode": {"tokens": decode, "after": first, "seconds": secs, "tokens_per_s": decode as f64 / secs},
+            "weight_bytes": info.weight_bytes,
+            "file_bytes": info.file_bytes,
+            "peak_rss_bytes": rss,
+        })
+    );
+    Ok(())
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// Peak resident set size from /proc (Linux); None elsewhere.
+fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

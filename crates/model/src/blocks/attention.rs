@@ -1,0 +1,109 @@
+//! Gated softmax attention (Qwen3.5 `self_attn`).
+//!
+//! ```text
+//! q, gate = split_per_head(q_proj(x))        (each head: D query dims, then D gate dims)
+//! q = rope(q_norm(q)); k = rope(k_norm(k_proj(x))); v = v_proj(x)   (partial rotary: first R dims)
+//! o = softmax(q kᵀ / sqrt(D), causal) v      (grouped KV heads)
+//! out = o_proj(o * sigmoid(gate))
+//! ```
+
+use onepass_kernels::{apply_rope, causal_attention, matmul_t, rope_tables, sigmoid, AttnShape};
+use onepass_tensor::Tensor;
+
+use super::norm::RmsNorm;
+use super::Seg;
+use crate::config::TextConfig;
+use crate::state::{KvCache, LayerState};
+use crate::weights::Binder;
+use crate::ModelError;
+
+pub struct Attention {
+    /// q_proj: [H*2D, hidden]; k_proj, v_proj: [HKV*D, hidden]; o_proj: [hidden, H*D]
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    /// inv_freq: [R/2]
+    inv_freq: Vec<f32>,
+}
+
+impl Attention {
+    pub fn load(vb: &Binder, c: &TextConfig) -> Result<Self, ModelError> {
+        let (hid, h, kvh, d) = (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let rot = c.rotary_dim();
+        let inv_freq =
+            (0..rot / 2).map(|i| (1.0 / c.rope_theta.powf((2 * i) as f64 / rot as f64)) as f32).collect();
+        Ok(Attention {
+            q: vb.get("q_proj.weight", &[h * 2 * d, hid])?,
+            k: vb.get("k_proj.weight", &[kvh * d, hid])?,
+            v: vb.get("v_proj.weight", &[kvh * d, hid])?,
+            o: vb.get("o_proj.weight", &[hid, h * d])?,
+            q_norm: RmsNorm::load(&vb.pp("q_norm"), d, c.rms_norm_eps)?,
+            k_norm: RmsNorm::load(&vb.pp("k_norm"), d, c.rms_norm_eps)?,
+            heads: h,
+            kv_heads: kvh,
+            d,
+            inv_freq,
+        })
+    }
+
+    pub fn new_state(&self) -> LayerState {
+        LayerState::Attention(KvCache::default())
+    }
+
+    pub fn tensors(&self) -> [&Tensor; 4] {
+        [&self.q, &self.k, &self.v, &self.o]
+    }
+
+    /// x: [N, hidden] → [N, hidden]
+    pub fn forward(&self, x: &[f32], n: usize, segs: &[Seg], states: &mut [&mut LayerState]) -> Vec<f32> {
+        let (h, kvh, d) = (self.heads, self.kv_heads, self.d);
+        let mut qg = vec![0.0; n * h * 2 * d];
+        let mut k = vec![0.0; n * kvh * d];
+        let mut v = vec![0.0; n * kvh * d];
+        matmul_t(x, n, &self.q, &mut qg);
+        matmul_t(x, n, &self.k, &mut k);
+        matmul_t(x, n, &self.v, &mut v);
+        // De-interleave per head: q [N, H, D], gate [N, H*D].
+        let mut q = vec![0.0; n * h * d];
+        let mut gate = vec![0.0; n * h * d];
+        for (i, row) in qg.chunks_exact(2 * d).enumerate() {
+            q[i * d..(i + 1) * d].copy_from_slice(&row[..d]);
+            gate[i * d..(i + 1) * d].copy_from_slice(&row[d..]);
+        }
+        drop(qg);
+        self.q_norm.forward_inplace(&mut q);
+        self.k_norm.forward_inplace(&mut k);
+        let mut o = vec![0.0; n * h * d];
+        let scale = 1.0 / (d as f32).sqrt();
+        for (seg, st) in segs.iter().zip(states.iter_mut()) {
+            let LayerState::Attention(cache) = &mut **st else {
+                unreachable!("an attention layer always holds a KV cache")
+            };
+            let t = seg.len;
+            let (r0, r1) = (seg.start, seg.start + t);
+            let (cos, sin) = rope_tables(seg.pos, t, &self.inv_freq);
+            let qs = &mut q[r0 * h * d..r1 * h * d];
+            apply_rope(qs, t, h, d, &cos, &sin);
+            let ks = &mut k[r0 * kvh * d..r1 * kvh * d];
+            apply_rope(ks, t, kvh, d, &cos, &sin);
+            let past = cache.k.len() / (kvh * d);
+            cache.k.extend_from_slice(ks);
+            cache.v.extend_from_slice(&v[r0 * kvh * d..r1 * kvh * d]);
+            let sh = AttnShape { t, past, heads: h, kv_heads: kvh, head_dim: d };
+            causal_attention(sh, qs, &cache.k, &cache.v, scale, &mut o[r0 * h * d..r1 * h * d]);
+        }
+        for (x, g) in o.iter_mut().zip(&gate) {
+            *x *= sigmoid(*g);
+        }
+        let hid = x.len() / n.max(1);
+        let mut out = vec![0.0; n * hid];
+        matmul_t(&o, n, &self.o, &mut out);
+        out
+    }
+}

@@ -1,0 +1,157 @@
+//! Gated DeltaNet token mixer (Qwen3.5 `linear_attn`).
+//!
+//! ```text
+//! qkv = in_proj_qkv(x); z = in_proj_z(x); b = in_proj_b(x); a = in_proj_a(x)
+//! qkv = silu(causal_conv1d(qkv))             (depthwise, kernel K, continuing the conv history)
+//! q, k, v = split(qkv);  q, k = l2norm(q), l2norm(k);  q /= sqrt(DK)
+//! g = -exp(A_log) * softplus(a + dt_bias);   beta = sigmoid(b)
+//! o = gated_delta_rule(q, k, v, g, beta)     (chunked for prefill, recurrent for one token)
+//! out = out_proj(rmsnorm(o) * weight * silu(z))   (per value head)
+//! ```
+
+use onepass_kernels::{
+    causal_conv1d_silu, gated_delta_chunked, gated_delta_recurrent, l2_normalize, matmul_t, rms_norm_gated, sigmoid,
+    softplus, DeltaShape,
+};
+use onepass_tensor::Tensor;
+
+use super::Seg;
+use crate::config::TextConfig;
+use crate::state::{LayerState, RecurrentState};
+use crate::weights::Binder;
+use crate::ModelError;
+
+/// Tokens per chunk of the chunked gated delta rule.
+pub const CHUNK: usize = 64;
+
+pub struct GatedDeltaNet {
+    /// in_proj_qkv: [2*HK*DK + HV*DV, H]; in_proj_z: [HV*DV, H]; in_proj_a/b: [HV, H]
+    in_qkv: Tensor,
+    in_z: Tensor,
+    in_a: Tensor,
+    in_b: Tensor,
+    /// conv: [conv_dim, K]
+    conv: Vec<f32>,
+    /// -exp(A_log): [HV]
+    neg_a: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// norm weight: [DV] (applied as is, not 1 + w)
+    norm: Vec<f32>,
+    /// out_proj: [H, HV*DV]
+    out: Tensor,
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+    kernel: usize,
+    eps: f32,
+}
+
+impl GatedDeltaNet {
+    pub fn load(vb: &Binder, c: &TextConfig) -> Result<Self, ModelError> {
+        let (h, hk, hv, dk, dv) = (
+            c.hidden_size,
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        let conv_dim = c.gdn_conv_dim();
+        let kernel = c.linear_conv_kernel_dim;
+        let a_log = vb.get_f32("A_log", &[hv])?;
+        Ok(GatedDeltaNet {
+            in_qkv: vb.get("in_proj_qkv.weight", &[conv_dim, h])?,
+            in_z: vb.get("in_proj_z.weight", &[hv * dv, h])?,
+            in_a: vb.get("in_proj_a.weight", &[hv, h])?,
+            in_b: vb.get("in_proj_b.weight", &[hv, h])?,
+            conv: vb.get_f32("conv1d.weight", &[conv_dim, 1, kernel])?,
+            neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+            dt_bias: vb.get_f32("dt_bias", &[hv])?,
+            norm: vb.get_f32("norm.weight", &[dv])?,
+            out: vb.get("out_proj.weight", &[h, hv * dv])?,
+            hk,
+            hv,
+            dk,
+            dv,
+            kernel,
+            eps: c.rms_norm_eps,
+        })
+    }
+
+    pub fn new_state(&self) -> LayerState {
+        LayerState::Recurrent(RecurrentState {
+            conv: vec![0.0; (self.kernel - 1) * self.conv_dim()],
+            ssm: vec![0.0; self.hv * self.dk * self.dv],
+        })
+    }
+
+    fn conv_dim(&self) -> usize {
+        2 * self.hk * self.dk + self.hv * self.dv
+    }
+
+    pub fn tensors(&self) -> [&Tensor; 5] {
+        [&self.in_qkv, &self.in_z, &self.in_a, &self.in_b, &self.out]
+    }
+
+    /// Extra f32 parameters held outside tensors (conv, A, dt_bias, norm).
+    pub fn small_params(&self) -> usize {
+        self.conv.len() + self.neg_a.len() + self.dt_bias.len() + self.norm.len()
+    }
+
+    /// x: [N, H] (normed input of all segments) → [N, H]
+    pub fn forward(&self, x: &[f32], n: usize, segs: &[Seg], states: &mut [&mut LayerState]) -> Vec<f32> {
+        let (hk, hv, dk, dv) = (self.hk, self.hv, self.dk, self.dv);
+        let cd = self.conv_dim();
+        let mut qkv = vec![0.0; n * cd];
+        let mut z = vec![0.0; n * hv * dv];
+        let mut a = vec![0.0; n * hv];
+        let mut b = vec![0.0; n * hv];
+        matmul_t(x, n, &self.in_qkv, &mut qkv);
+        matmul_t(x, n, &self.in_z, &mut z);
+        matmul_t(x, n, &self.in_a, &mut a);
+        matmul_t(x, n, &self.in_b, &mut b);
+        let mut core = vec![0.0; n * hv * dv];
+        let scale = 1.0 / (dk as f32).sqrt();
+        for (seg, st) in segs.iter().zip(states.iter_mut()) {
+            let LayerState::Recurrent(st) = &mut **st else {
+                unreachable!("a Gated DeltaNet layer always holds a recurrent state")
+            };
+            let t = seg.len;
+            let rows = seg.start..seg.start + t;
+            let xs = &mut qkv[rows.start * cd..rows.end * cd];
+            causal_conv1d_silu(xs, t, cd, &self.conv, self.kernel, &mut st.conv);
+            // Split the conv output into q [T, HK, DK], k [T, HK, DK], v [T, HV, DV].
+            let mut q = Vec::with_capacity(t * hk * dk);
+            let mut k = Vec::with_capacity(t * hk * dk);
+            let mut v = Vec::with_capacity(t * hv * dv);
+            for row in xs.chunks_exact(cd) {
+                q.extend_from_slice(&row[..hk * dk]);
+                k.extend_from_slice(&row[hk * dk..2 * hk * dk]);
+                v.extend_from_slice(&row[2 * hk * dk..]);
+            }
+            l2_normalize(&mut q, dk, 1e-6);
+            l2_normalize(&mut k, dk, 1e-6);
+            q.iter_mut().for_each(|e| *e *= scale);
+            let mut g = vec![0.0; t * hv];
+            let mut beta = vec![0.0; t * hv];
+            for i in 0..t {
+                for h in 0..hv {
+                    let r = (rows.start + i) * hv + h;
+                    g[i * hv + h] = self.neg_a[h] * softplus(a[r] + self.dt_bias[h]);
+                    beta[i * hv + h] = sigmoid(b[r]);
+                }
+            }
+            let sh = DeltaShape { t, hk, hv, dk, dv };
+            let o = &mut core[rows.start * hv * dv..rows.end * hv * dv];
+            if t == 1 {
+                gated_delta_recurrent(sh, &q, &k, &v, &g, &beta, &mut st.ssm, o);
+            } else {
+                gated_delta_chunked(sh, &q, &k, &v, &g, &beta, &mut st.ssm, o, CHUNK);
+            }
+        }
+        rms_norm_gated(&mut core, &z, &self.norm, self.eps);
+        let mut out = vec![0.0; n * x.len() / n.max(1)];
+        matmul_t(&core, n, &self.out, &mut out);
+        out
+    }
+}

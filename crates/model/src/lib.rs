@@ -1,0 +1,34 @@
+//! Qwen3.5-family hybrid language models on the CPU.
+//!
+//! This crate turns a checkpoint folder into a runnable model: it reads `config.json`
+//! ([`config`]), binds every weight by its Hugging Face name with a declared shape
+//! ([`weights`]), and runs the forward pass ([`qwen3_5`]) over a [`SequenceState`] that holds
+//! everything a sequence needs to continue (attention KV, GDN conv and recurrent state, position).
+//! The blocks (Gated DeltaNet, gated attention, SwiGLU MLP, norms) live in [`blocks`] and call the
+//! op set in `onepass-kernels`; nothing here loops over weights directly.
+
+pub mod blocks;
+pub mod config;
+pub mod qwen3_5;
+pub mod state;
+pub mod synth;
+pub mod weights;
+
+pub use config::{LayerKind, ModelConfig, ModelForm, TextConfig};
+pub use qwen3_5::{Model, ModelInfo};
+pub use state::{LayerState, SequenceState};
+
+/// Errors loading or running a model. Messages name the file, tensor, shape or id at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("config: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Format(#[from] onepass_formats::FormatError),
+    #[error("weights: {0}")]
+    Weights(String),
+    #[error("input: {0}")]
+    Input(String),
+    #[error("{0}")]
+    Io(String),
+}

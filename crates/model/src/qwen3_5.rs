@@ -1,0 +1,290 @@
+//! The Qwen3.5 hybrid decoder, top to bottom.
+//!
+//! ```text
+//! x = embed_tokens[ids]                                   x: [N, H]
+//! for each layer:                                         (kind from config.layer_types)
+//!     x = x + mixer(input_layernorm(x))                   mixer = GatedDeltaNet | Attention
+//!     x = x + mlp(post_attention_layernorm(x))
+//! h = norm(x)                                             h: [N, H]
+//! logits = h · lm_headᵀ   (or only selected rows)         lm_head = embed_tokens when tied
+//! ```
+
+use std::path::Path;
+use std::sync::Arc;
+
+use onepass_formats::Checkpoint;
+use onepass_kernels::{dot_rows, matmul_t};
+use onepass_tensor::{DType, Tensor};
+
+use crate::blocks::attention::Attention;
+use crate::blocks::gated_deltanet::GatedDeltaNet;
+use crate::blocks::mlp::Mlp;
+use crate::blocks::norm::RmsNorm;
+use crate::blocks::Seg;
+use crate::config::{LayerKind, ModelConfig, ModelForm, TextConfig};
+use crate::state::{LayerState, SequenceState};
+use crate::weights::Binder;
+use crate::ModelError;
+
+enum Mixer {
+    GatedDeltaNet(GatedDeltaNet),
+    Attention(Attention),
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    mixer: Mixer,
+    post_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// A loaded model, ready to run.
+pub struct Model {
+    config: ModelConfig,
+    /// embed: [V, H]
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    /// lm_head: [V, H] (the embedding when tied)
+    lm_head: Tensor,
+    file_bytes: u64,
+}
+
+/// What `onepass info` reports.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub model_type: String,
+    pub form: ModelForm,
+    pub layers: usize,
+    pub gdn_layers: usize,
+    pub attention_layers: usize,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    pub parameters: usize,
+    pub weight_dtypes: Vec<DType>,
+    pub weight_bytes: usize,
+    pub file_bytes: u64,
+    pub tied: bool,
+    /// KV bytes each token adds.
+    pub state_bytes_per_token: usize,
+    /// Fixed bytes per sequence (GDN conv + recurrent state).
+    pub state_bytes_per_sequence: usize,
+    pub max_position_embeddings: usize,
+}
+
+impl Model {
+    /// Loads `dir/config.json` and the safetensors weights in `dir`.
+    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_dir(dir)?;
+        let ck = Arc::new(Checkpoint::open_dir(dir)?);
+        Self::from_checkpoint(config, ck)
+    }
+
+    pub fn from_checkpoint(config: ModelConfig, ck: Arc<Checkpoint>) -> Result<Self, ModelError> {
+        let c = &config.text;
+        let root = Binder::new(ck.clone());
+        let base = match config.form {
+            ModelForm::Text => root.pp("model"),
+            ModelForm::Composite => root.pp("model").pp("language_model"),
+        };
+        let embed = base.get("embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for (i, kind) in c.layer_types.iter().enumerate() {
+            let vb = base.pp("layers").pp(i);
+            let mixer = match kind {
+                LayerKind::GatedDeltaNet => Mixer::GatedDeltaNet(GatedDeltaNet::load(&vb.pp("linear_attn"), c)?),
+                LayerKind::Attention => Mixer::Attention(Attention::load(&vb.pp("self_attn"), c)?),
+            };
+            layers.push(Layer {
+                input_norm: RmsNorm::load(&vb.pp("input_layernorm"), c.hidden_size, c.rms_norm_eps)?,
+                mixer,
+                post_norm: RmsNorm::load(&vb.pp("post_attention_layernorm"), c.hidden_size, c.rms_norm_eps)?,
+                mlp: Mlp::load(&vb.pp("mlp"), c.hidden_size, c.intermediate_size)?,
+            });
+        }
+        let norm = RmsNorm::load(&base.pp("norm"), c.hidden_size, c.rms_norm_eps)?;
+        let lm_head = if c.tie_word_embeddings {
+            embed.renamed("lm_head.weight (tied to embed_tokens)")
+        } else {
+            root.get("lm_head.weight", &[c.vocab_size, c.hidden_size])?
+        };
+        // The multi-token-prediction head and the vision tower are not part of the text model.
+        root.finish(&["mtp.", "model.visual.", "visual."])?;
+        Ok(Model { config, embed, layers, norm, lm_head, file_bytes: ck.file_bytes() })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn text_config(&self) -> &TextConfig {
+        &self.config.text
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.config.text.vocab_size
+    }
+
+    pub fn hidden_size(&self) -> usize {
+        self.config.text.hidden_size
+    }
+
+    /// A fresh, empty sequence state.
+    pub fn new_state(&self) -> SequenceState {
+        SequenceState::new(
+            self.layers
+                .iter()
+                .map(|l| match &l.mixer {
+                    Mixer::GatedDeltaNet(m) => m.new_state(),
+                    Mixer::Attention(m) => m.new_state(),
+                })
+                .collect(),
+        )
+    }
+
+    /// Runs `ids` through the model, continuing `state`, and returns the final-normed hidden
+    /// states. → [T, H]
+    pub fn forward(&self, state: &mut SequenceState, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.forward_batch(&mut [(state, ids)])
+    }
+
+    /// Runs several sequences at once: the projections see all their tokens stacked, each token
+    /// mixer walks each sequence with its own state. → [ΣT, H], sequences in order.
+    pub fn forward_batch(&self, items: &mut [(&mut SequenceState, &[u32])]) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config.text;
+        let hid = c.hidden_size;
+        let mut segs = Vec::with_capacity(items.len());
+        let mut n = 0;
+        for (st, ids) in items.iter() {
+            self.check_input(st, ids)?;
+            segs.push(Seg { start: n, len: ids.len(), pos: st.pos });
+            n += ids.len();
+        }
+        // x: [N, H]
+        let mut x = vec![0.0f32; n * hid];
+        for (seg, (_, ids)) in segs.iter().zip(items.iter()) {
+            for (i, &id) in ids.iter().enumerate() {
+                let r = seg.start + i;
+                self.embed.read_f32(id as usize * hid, &mut x[r * hid..(r + 1) * hid]);
+            }
+        }
+        for (li, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(&x);
+            let mut states: Vec<&mut LayerState> = items.iter_mut().map(|(s, _)| &mut s.layers[li]).collect();
+            let mixed = match &layer.mixer {
+                Mixer::GatedDeltaNet(m) => m.forward(&h, n, &segs, &mut states),
+                Mixer::Attention(m) => m.forward(&h, n, &segs, &mut states),
+            };
+            add_assign(&mut x, &mixed);
+            let h = layer.post_norm.forward(&x);
+            let y = layer.mlp.forward(&h, n);
+            add_assign(&mut x, &y);
+        }
+        self.norm.forward_inplace(&mut x);
+        for (st, ids) in items.iter_mut() {
+            st.pos += ids.len();
+        }
+        Ok(x)
+    }
+
+    fn check_input(&self, st: &SequenceState, ids: &[u32]) -> Result<(), ModelError> {
+        let c = &self.config.text;
+        if ids.is_empty() {
+            return Err(ModelError::Input("empty token sequence".into()));
+        }
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= c.vocab_size) {
+            return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary (0..{})", c.vocab_size)));
+        }
+        if st.pos + ids.len() > c.max_position_embeddings {
+            return Err(ModelError::Input(format!(
+                "sequence of {} tokens exceeds max_position_embeddings {}",
+                st.pos + ids.len(),
+                c.max_position_embeddings
+            )));
+        }
+        if st.layers.len() != self.layers.len() {
+            return Err(ModelError::Input("sequence state belongs to another model".into()));
+        }
+        Ok(())
+    }
+
+    /// Full-vocabulary logits for hidden rows. hidden: [T, H] → [T, V]
+    pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
+        let hid = self.hidden_size();
+        let t = hidden.len() / hid;
+        let mut out = vec![0.0; t * self.vocab_size()];
+        matmul_t(hidden, t, &self.lm_head, &mut out);
+        out
+    }
+
+    /// Logits of selected vocabulary rows for one hidden vector (a decision reads at most a few
+    /// hundred label rows and never pays for the whole head). hidden: [H] → [rows.len()]
+    pub fn logits_rows(&self, hidden: &[f32], rows: &[u32]) -> Result<Vec<f32>, ModelError> {
+        if let Some(bad) = rows.iter().find(|&&r| r as usize >= self.vocab_size()) {
+            return Err(ModelError::Input(format!("vocabulary row {bad} is outside 0..{}", self.vocab_size())));
+        }
+        let mut out = vec![0.0; rows.len()];
+        dot_rows(hidden, &self.lm_head, rows, &mut out);
+        Ok(out)
+    }
+
+    /// Architecture, sizes and state costs.
+    pub fn info(&self) -> ModelInfo {
+        let c = &self.config.text;
+        let mut tensors: Vec<&Tensor> = vec![&self.embed];
+        if !c.tie_word_embeddings {
+            tensors.push(&self.lm_head);
+        }
+        let mut small = self.norm_params();
+        for l in &self.layers {
+            match &l.mixer {
+                Mixer::GatedDeltaNet(m) => {
+                    tensors.extend(m.tensors());
+                    small += m.small_params();
+                }
+                Mixer::Attention(m) => tensors.extend(m.tensors()),
+            }
+            tensors.extend(l.mlp.tensors());
+        }
+        let mut dtypes: Vec<DType> = Vec::new();
+        for t in &tensors {
+            if !dtypes.contains(&t.dtype()) {
+                dtypes.push(t.dtype());
+            }
+        }
+        let gdn = c.count(LayerKind::GatedDeltaNet);
+        let attn = c.count(LayerKind::Attention);
+        ModelInfo {
+            model_type: self.config.model_type.clone(),
+            form: self.config.form,
+            layers: c.num_hidden_layers,
+            gdn_layers: gdn,
+            attention_layers: attn,
+            hidden_size: c.hidden_size,
+            vocab_size: c.vocab_size,
+            parameters: tensors.iter().map(|t| t.numel()).sum::<usize>() + small,
+            weight_dtypes: dtypes,
+            weight_bytes: tensors.iter().map(|t| t.byte_len()).sum(),
+            file_bytes: self.file_bytes,
+            tied: c.tie_word_embeddings,
+            state_bytes_per_token: attn * 2 * c.num_key_value_heads * c.head_dim * 4,
+            state_bytes_per_sequence: gdn
+                * ((c.linear_conv_kernel_dim - 1) * c.gdn_conv_dim()
+                    + c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim)
+                * 4,
+            max_position_embeddings: c.max_position_embeddings,
+        }
+    }
+
+    fn norm_params(&self) -> usize {
+        let c = &self.config.text;
+        // final norm + two per layer + q/k norms per attention layer
+        c.hidden_size * (1 + 2 * c.num_hidden_layers) + c.count(LayerKind::Attention) * 2 * c.head_dim
+    }
+}
+
+fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}

@@ -1,0 +1,95 @@
+//! Bad input is an error with a message, never a panic.
+
+mod common;
+
+use onepass_model::Model;
+
+fn err(dir: &std::path::Path) -> String {
+    match Model::load(dir) {
+        Ok(_) => panic!("loading {} should fail", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn edit_config(dir: &std::path::Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).expect("read")).expect("json");
+    f(&mut v);
+    std::fs::write(&p, v.to_string()).expect("write");
+}
+
+#[test]
+fn token_ids_beyond_vocab_empty_input_and_long_sequences() {
+    let (_d, m) = common::load("tiny-gva");
+    let mut st = m.new_state();
+    let e = m.forward(&mut st, &[1, 320]).err().expect("id").to_string();
+    assert!(e.contains("token id 320") && e.contains("0..320"), "{e}");
+    let e = m.forward(&mut st, &[]).err().expect("empty").to_string();
+    assert!(e.contains("empty"), "{e}");
+    let long = vec![1u32; 4097];
+    let e = m.forward(&mut st, &long).err().expect("long").to_string();
+    assert!(e.contains("max_position_embeddings 4096"), "{e}");
+    // The failed calls left the state untouched.
+    assert_eq!(st.position(), 0);
+    let e = m.logits_rows(&vec![0.0; m.hidden_size()], &[400]).err().expect("row").to_string();
+    assert!(e.contains("row 400"), "{e}");
+}
+
+#[test]
+fn unknown_model_type_is_named() {
+    let d = common::synth_dir("tiny-gva");
+    edit_config(d.path(), |v| v["model_type"] = "mamba".into());
+    let e = err(d.path());
+    assert!(e.contains("\"mamba\""), "{e}");
+}
+
+#[test]
+fn missing_config_and_bad_json() {
+    let d = common::synth_dir("tiny-gva");
+    std::fs::write(d.path().join("config.json"), "{not json").expect("write");
+    assert!(err(d.path()).contains("invalid JSON"));
+    std::fs::remove_file(d.path().join("config.json")).expect("rm");
+    assert!(err(d.path()).contains("config.json"));
+}
+
+#[test]
+fn mis_shaped_tensor_is_named() {
+    let d = common::synth_dir("tiny-gva");
+    edit_config(d.path(), |v| v["intermediate_size"] = 100.into());
+    let e = err(d.path());
+    assert!(e.contains("model.layers.0.mlp.gate_proj.weight") && e.contains("[160, 64]"), "{e}");
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    // A tied checkpoint has no lm_head; declaring it untied must name the missing tensor.
+    let t = common::synth_dir("tiny-attn-first");
+    edit_config(t.path(), |v| v["tie_word_embeddings"] = false.into());
+    let e = err(t.path());
+    assert!(e.contains("missing tensor lm_head.weight"), "{e}");
+}
+
+#[test]
+fn unexpected_tensor_is_named() {
+    let d = common::synth_dir("tiny-gva");
+    // Declaring an untied checkpoint tied leaves its lm_head.weight unbound.
+    edit_config(d.path(), |v| v["tie_word_embeddings"] = true.into());
+    let e = err(d.path());
+    assert!(e.contains("unexpected tensor lm_head.weight"), "{e}");
+}
+
+#[test]
+fn truncated_weights_are_an_error() {
+    let d = common::synth_dir("tiny-gva");
+    let p = d.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).expect("read");
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).expect("truncate");
+    let e = err(d.path());
+    assert!(e.contains("truncated"), "{e}");
+}
+
+#[test]
+fn unreadable_folder_is_an_error() {
+    let e = err(std::path::Path::new("/nonexistent/onepass-model"));
+    assert!(e.contains("config.json"), "{e}");
+}
