@@ -1,0 +1,94 @@
+//! The library API end to end without a model: empty requests, 413 limits, the `render` view.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use onepass_decide::pyjson::dumps_compact;
+use onepass_decide::{assemble, check_size, parse_request, plan, ApiError, DecideConfig, Limits};
+use onepass_tokenizer::Tokenizer;
+use std::path::PathBuf;
+
+fn tok() -> Tokenizer {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/qwen3_5-tokenizer");
+    Tokenizer::from_dir(&dir, None).expect("run tools/setup-testdata.sh")
+}
+
+#[test]
+fn empty_questions_answer_without_model() {
+    // decider-contract R1.9.2
+    let req = parse_request(br#"{"state": "s", "questions": {}}"#).unwrap();
+    let p = plan(&req, &tok(), &DecideConfig::default()).unwrap();
+    assert_eq!(p.slot_count(), 0);
+    let resp = assemble(&p, &[], &DecideConfig::default().model_name).unwrap();
+    assert_eq!(
+        dumps_compact(&resp).unwrap(),
+        r#"{"model":"decider-dev","answers":{},"usage":{"input_tokens":0,"output_tokens":0}}"#
+    );
+}
+
+#[test]
+fn limits_are_413_in_reference_order() {
+    let req = parse_request(
+        br#"{"state": "s", "questions": {"a": {"instructions": "i", "criteria": ["x", "y"]}, "b": {"type": "noul", "instructions": "j"}}}"#,
+    )
+    .unwrap();
+    let p = plan(&req, &tok(), &DecideConfig::default()).unwrap();
+    assert!(check_size(&p, &Limits::default()).is_ok());
+    let e: ApiError = check_size(
+        &p,
+        &Limits {
+            max_rows: 1,
+            ..Limits::default()
+        },
+    )
+    .unwrap_err()
+    .into();
+    assert_eq!(e.status, 413);
+    assert_eq!(
+        e.message(),
+        Some("too many questions: the request expands to 2 scoring rows, the limit is 1 (DECIDER_MAX_ROWS)")
+    );
+    let longest = p.rows.iter().map(|r| r.ids.len()).max().unwrap();
+    let e = check_size(
+        &p,
+        &Limits {
+            max_row_tokens: longest - 1,
+            ..Limits::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e
+        .to_string()
+        .starts_with(&format!("too many tokens: one row has {longest} tokens")));
+    let total: usize = p.rows.iter().map(|r| r.ids.len()).sum();
+    let e = check_size(
+        &p,
+        &Limits {
+            max_request_tokens: total - 1,
+            ..Limits::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("too many tokens: the request has {total} tokens over 2 rows, the limit is {} (DECIDER_MAX_REQUEST_TOKENS)", total - 1)
+    );
+    let v = dumps_compact(&p.to_value()).unwrap();
+    assert!(
+        v.starts_with(r#"{"rows":[{"ids":[1905,25,"#)
+            && v.ends_with(&format!(
+                r#""usage":{{"input_tokens":{}}}}}"#,
+                p.input_tokens
+            )),
+        "{v}"
+    );
+}
+
+#[test]
+fn non_object_spec_is_a_422() {
+    let req = parse_request(br#"{"state": "s", "questions": {"q": "text"}}"#).unwrap();
+    let e = plan(&req, &tok(), &DecideConfig::default()).unwrap_err();
+    assert_eq!(e.http_body().0, 422);
+    assert_eq!(
+        e.message(),
+        Some("question 'q': a question must be a JSON object, got a string")
+    );
+}
