@@ -10,7 +10,7 @@
 //! soon as `vocab_size >= 490`), then common English pieces, then the other uppercase pairs,
 //! lowercase pairs, space + letter, capitalised pairs, and lowercase trigrams.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Map, Value};
 
@@ -27,8 +27,7 @@ pub const SYNTHETIC_SPECIAL_TOKENS: [&str; 5] = [
     "</think>",
 ];
 
-/// Common English pieces, each built as (all but its last char, its last char); every prefix is
-/// an earlier entry or a single byte.
+/// Common English pieces (a piece the merges so far cannot reduce to two tokens is skipped).
 const ENGLISH: &[&str] = &[
     "th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te", "of", "ed",
     "is", "it", "al", "ar", "st", "to", "nt", "ng", "se", "ha", "as", "ou", "io", "le", "ve", "co",
@@ -76,21 +75,42 @@ fn merge_plan() -> Vec<(String, String)> {
         lower().flat_map(|a| lower().flat_map(move |b| lower().map(move |c| format!("{a}{b}{c}")))),
     );
 
+    // A token is added only if plain BPE over the merges so far reduces it to two pieces; the
+    // new merge joins them. So every vocabulary entry is reachable by merges, and `ignore_merges`
+    // true (tiktoken, our tokenizer.json) and false (transformers' rebuilt Qwen3_5Tokenizer) give
+    // the same ids on every text.
+    let mut ranks: HashMap<(String, String), usize> = HashMap::new();
     let mut have: HashSet<String> = HashSet::new();
     let mut plan = Vec::new();
     for s in wanted {
-        let Some((at, _)) = s.char_indices().last() else {
+        if have.contains(&s) {
             continue;
-        };
-        let (left, right) = s.split_at(at);
-        // Single bytes are always tokens; a multi-char prefix must be an earlier merge.
-        let left_ok = left.len() == 1 || have.contains(left);
-        if left_ok && !have.contains(&s) {
-            plan.push((left.to_string(), right.to_string()));
+        }
+        if let [left, right] = &bpe(&s, &ranks)[..] {
+            ranks.insert((left.clone(), right.clone()), plan.len());
+            plan.push((left.clone(), right.clone()));
             have.insert(s);
         }
     }
     plan
+}
+
+/// Plain BPE (no whole-word lookup) of ASCII `text` over `ranks`: repeatedly join the adjacent
+/// pair with the lowest rank, leftmost first.
+fn bpe(text: &str, ranks: &HashMap<(String, String), usize>) -> Vec<String> {
+    let mut pieces: Vec<String> = text.chars().map(String::from).collect();
+    loop {
+        let best = (0..pieces.len().saturating_sub(1))
+            .filter_map(|i| {
+                ranks
+                    .get(&(pieces[i].clone(), pieces[i + 1].clone()))
+                    .map(|&r| (r, i))
+            })
+            .min();
+        let Some((_, i)) = best else { return pieces };
+        let right = pieces.remove(i + 1);
+        pieces[i].push_str(&right);
+    }
 }
 
 /// Smallest `vocab_size` [`synthetic_tokenizer_json`] accepts: the 256 bytes and 5 special tokens.
@@ -194,13 +214,23 @@ mod tests {
     #[test]
     fn every_planned_english_piece_is_used() {
         let plan: HashSet<String> = merge_plan().into_iter().map(|(l, r)| l + &r).collect();
-        for s in ENGLISH {
-            assert!(
-                plan.contains(*s),
-                "{s:?} has no merge (its prefix comes later?)"
-            );
-        }
+        let skipped: Vec<&str> = ENGLISH
+            .iter()
+            .copied()
+            .filter(|s| !plan.contains(*s))
+            .collect();
+        assert!(skipped.is_empty(), "no merge for {skipped:?}");
         assert_eq!(merge_plan()[0], ("A".to_string(), "A".to_string()));
+    }
+
+    #[test]
+    fn every_entry_is_reachable_by_merges() {
+        let mut ranks = HashMap::new();
+        for (k, (l, r)) in merge_plan().into_iter().enumerate() {
+            let whole = format!("{l}{r}");
+            ranks.insert((l, r), k);
+            assert_eq!(bpe(&whole, &ranks), [whole.clone()], "merge {k}");
+        }
     }
 
     #[test]
