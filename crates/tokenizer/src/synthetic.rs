@@ -229,7 +229,11 @@ mod tests {
         for (k, (l, r)) in merge_plan().into_iter().enumerate() {
             let whole = format!("{l}{r}");
             ranks.insert((l, r), k);
-            assert_eq!(bpe(&whole, &ranks), std::slice::from_ref(&whole), "merge {k}");
+            assert_eq!(
+                bpe(&whole, &ranks),
+                std::slice::from_ref(&whole),
+                "merge {k}"
+            );
         }
     }
 
