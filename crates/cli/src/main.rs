@@ -3,6 +3,8 @@
 //! Subcommands print machine-readable JSON on stdout (scripts depend on these shapes) and
 //! human-readable progress and errors on stderr; every error exits non-zero with a message.
 
+mod systemone;
+
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -85,6 +87,10 @@ enum Cmd {
         #[arg(long, default_value_t = 2)]
         reps: usize,
     },
+    /// Answers one /v1/systemone request body (file or `-`): prints the response JSON the server would send.
+    Systemone(systemone::SystemoneArgs),
+    /// Plans one /v1/systemone request without the model: prints {"rows":[{"ids","slots","nopts"}],"usage"}.
+    Render(systemone::RenderArgs),
 }
 
 fn main() {
@@ -111,6 +117,8 @@ fn run(cli: Cli) -> Result<()> {
             synth_cmd(&preset, &out, tokenizer.as_deref(), dtype.as_deref(), seed)
         }
         Cmd::Bench { model, prompt_lens, decode, reps } => bench(&model, &prompt_lens, decode, reps),
+        Cmd::Systemone(a) => systemone::systemone(a),
+        Cmd::Render(a) => systemone::render(a),
     }
 }
 

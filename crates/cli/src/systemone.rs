@@ -1,0 +1,129 @@
+//! `onepass systemone` and `onepass render`: one `/v1/systemone` request from a file (or stdin), answered as the
+//! server would (the response body on stdout), or only planned (ids, slots, nopts, usage) without the model.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use onepass_decide::pyjson::dumps_compact;
+use onepass_decide::{parse_request, ApiError, DecideConfig, Engine, EngineOptions};
+use onepass_model::ModelConfig;
+use onepass_tokenizer::Tokenizer;
+use serde_json::json;
+
+#[derive(Args)]
+pub struct SystemoneArgs {
+    /// A model folder (config.json, weights, tokenizer.json, optional decider_config.json), or a cached Hub repo id.
+    #[arg(long)]
+    model: String,
+    /// The request body (JSON); `-` reads stdin.
+    request: PathBuf,
+    /// Run every row whole instead of running each request's common prefix once and forking it.
+    #[arg(long)]
+    no_shared_prefix: bool,
+    /// Bytes of forked sequence state alive at once, in MiB.
+    #[arg(long, default_value_t = 2048)]
+    fork_budget_mb: usize,
+    /// Benchmarking: answer the request this many times after one load and write timings as JSON to stderr.
+    #[arg(long, default_value_t = 1, hide = true)]
+    repeat: usize,
+}
+
+#[derive(Args)]
+pub struct RenderArgs {
+    /// A model folder (only the tokenizer and decider_config.json are read).
+    #[arg(long)]
+    model: String,
+    /// The request body (JSON); `-` reads stdin.
+    request: PathBuf,
+}
+
+fn read_body(path: &Path) -> Result<Vec<u8>> {
+    if path == Path::new("-") {
+        let mut b = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut b)
+            .context("reading stdin")?;
+        Ok(b)
+    } else {
+        std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+    }
+}
+
+/// Print an answer body on stdout; an error answer goes to stderr and fails the command.
+fn answer(r: Result<onepass_decide::pyjson::Value, ApiError>) -> Result<()> {
+    match r {
+        Ok(v) => {
+            let s = dumps_compact(&v).context("response holds a non-finite number")?;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{s}")?;
+            out.flush()?;
+            Ok(())
+        }
+        Err(e) => {
+            let (status, _, body) = e.http_body();
+            bail!("HTTP {status}: {body}")
+        }
+    }
+}
+
+pub fn systemone(a: SystemoneArgs) -> Result<()> {
+    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let body = read_body(&a.request)?;
+    let opts = EngineOptions {
+        shared_prefix: !a.no_shared_prefix,
+        fork_budget_bytes: a.fork_budget_mb << 20,
+        ..EngineOptions::default()
+    };
+    let t0 = Instant::now();
+    let engine = Engine::load(&dir, opts).with_context(|| format!("loading {}", dir.display()))?;
+    let load_s = t0.elapsed().as_secs_f64();
+    if a.repeat <= 1 {
+        return answer(engine.system_one(&body));
+    }
+    let mut secs = Vec::with_capacity(a.repeat);
+    let mut last = None;
+    for _ in 0..a.repeat {
+        let t = Instant::now();
+        let r = engine.system_one(&body);
+        secs.push(t.elapsed().as_secs_f64());
+        last = Some(r);
+    }
+    let plan = parse_request(&body).and_then(|r| engine.plan(&r));
+    let (rows, tokens) = plan
+        .as_ref()
+        .map(|p| {
+            (
+                p.rows.len(),
+                p.rows.iter().map(|r| r.ids.len()).sum::<usize>(),
+            )
+        })
+        .unwrap_or((0, 0));
+    eprintln!(
+        "{}",
+        json!({
+            "engine": "onepass",
+            "shared_prefix": engine.options().shared_prefix,
+            "load_s": load_s,
+            "rows": rows,
+            "row_tokens": tokens,
+            "seconds": secs,
+        })
+    );
+    answer(last.unwrap_or_else(|| Err(ApiError::detail(500, "no run"))))
+}
+
+pub fn render(a: RenderArgs) -> Result<()> {
+    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let body = read_body(&a.request)?;
+    let model_type = ModelConfig::from_dir(&dir).ok().map(|c| c.model_type);
+    let tok = Tokenizer::from_dir(&dir, model_type.as_deref())?;
+    let cfg = DecideConfig::from_dir(&dir)?;
+    answer(
+        parse_request(&body)
+            .and_then(|r| onepass_decide::plan(&r, &tok, &cfg))
+            .map(|p| p.to_value()),
+    )
+}

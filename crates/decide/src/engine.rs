@@ -1,0 +1,323 @@
+//! The System One engine: a model, its tokenizer and its `decider_config.json`, answering `/v1/systemone` bodies.
+//!
+//! ```text
+//! body ──parse_request──▶ Request ──plan──▶ Plan ──check_size──▶ score ──▶ probs per slot ──assemble──▶ response
+//! ```
+//!
+//! [`Engine::score`] is the only part that runs the model. Rows of all plans passed to one call run together:
+//!
+//! 1. per plan, the longest common prefix of its rows, capped one token below the shortest row so every slot stays in
+//!    a suffix (`rows::common_prefix_len`, decider-contract R5.5.1), runs once;
+//! 2. its [`SequenceState`] is forked per row, at most as many live forks as `fork_budget_bytes` allows (R5.5.2);
+//! 3. the suffixes of all rows of all plans go through [`Model::forward_batch`] together (the projections see every
+//!    token stacked; each token mixer walks its own row);
+//! 4. at every slot the final-normed hidden state is projected onto the first `nopts` label rows only
+//!    ([`Model::logits_rows`], never the full head, R3.1.1) and `softmax` runs at the slot's temperature (R3.3).
+//!
+//! With `shared_prefix: false` every row runs whole from a fresh state. Both give the same probabilities up to f32
+//! reduction order (R5.5.3; `tests/answers.rs` checks it).
+
+use std::path::Path;
+
+use onepass_model::{Model, ModelError, SequenceState};
+use onepass_tokenizer::{Tokenizer, TokenizerError};
+
+use crate::assemble::{assemble, softmax};
+use crate::config::{ConfigError, DecideConfig};
+use crate::error::ApiError;
+use crate::pyjson::Value;
+use crate::request::{parse_request, Request};
+use crate::rows::{check_size, common_prefix_len, plan, Limits, Plan};
+
+/// Most tokens stacked into one `forward_batch` call (bounds activation memory: `[N, intermediate]` f32 buffers).
+/// A row longer than this still runs, alone; a shared prefix runs in pieces of this size.
+pub const MAX_BATCH_TOKENS: usize = 8192;
+
+/// How [`Engine::score`] runs rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOptions {
+    /// Bytes of forked sequence state alive at once (estimated as prefix state + KV of the suffix). At least one row
+    /// always runs. Default 2 GiB.
+    pub fork_budget_bytes: usize,
+    /// Run each plan's common prefix once and fork it per row (default true).
+    pub shared_prefix: bool,
+    /// Shortest common prefix worth sharing, in tokens (default 1).
+    pub min_shared_prefix: usize,
+    /// The 413 limits applied by [`Engine::system_one`].
+    pub limits: Limits,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            fork_budget_bytes: 2 << 30,
+            shared_prefix: true,
+            min_shared_prefix: 1,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Why the engine could not load or score (not a client error).
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("model: {0}")]
+    Model(#[from] ModelError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    #[error("decider_config.json: {0}")]
+    Config(#[from] ConfigError),
+    #[error("score: plan {plan} row {row}: {reason}")]
+    Row {
+        plan: usize,
+        row: usize,
+        reason: String,
+    },
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        ApiError::detail(500, e.to_string())
+    }
+}
+
+/// A loaded System One model. `Send + Sync`: share it in an `Arc` and call [`Engine::score`] from any thread.
+pub struct Engine {
+    model: Model,
+    tokenizer: Tokenizer,
+    config: DecideConfig,
+    opts: EngineOptions,
+    /// The 255 label ids (decider-contract §2.2); option `j` is read at `label_ids[j]`.
+    label_ids: Vec<u32>,
+}
+
+/// One row's work inside a `score` call: where its state comes from, the ids still to run, where its slots are.
+struct Job {
+    plan: usize,
+    row: usize,
+    /// Index into the call's shared prefix states, or `None` for a fresh state.
+    prefix: Option<usize>,
+    /// Tokens already covered by the prefix.
+    skip: usize,
+}
+
+impl Engine {
+    /// Loads `dir`: `config.json` + safetensors weights, `tokenizer.json` (+ config), `decider_config.json` (a missing
+    /// file means defaults, decider-contract R6.1).
+    pub fn load(dir: &Path, opts: EngineOptions) -> Result<Engine, EngineError> {
+        let model = Model::load(dir)?;
+        let tokenizer = Tokenizer::from_dir(dir, Some(&model.config().model_type))?;
+        let config = DecideConfig::from_dir(dir)?;
+        Engine::new(model, tokenizer, config, opts)
+    }
+
+    /// An engine from parts already loaded.
+    pub fn new(
+        model: Model,
+        tokenizer: Tokenizer,
+        config: DecideConfig,
+        opts: EngineOptions,
+    ) -> Result<Engine, EngineError> {
+        let label_ids = tokenizer.label_table()?.ids.clone();
+        if let Some(&bad) = label_ids
+            .iter()
+            .find(|&&id| id as usize >= model.vocab_size())
+        {
+            return Err(EngineError::Model(ModelError::Input(format!(
+                "label id {bad} is outside the model's vocabulary (0..{}); tokenizer and weights do not match",
+                model.vocab_size()
+            ))));
+        }
+        Ok(Engine {
+            model,
+            tokenizer,
+            config,
+            opts,
+            label_ids,
+        })
+    }
+
+    /// `"decider-" + str(version)` from `decider_config.json`.
+    pub fn model_name(&self) -> &str {
+        &self.config.model_name
+    }
+
+    pub fn config(&self) -> &DecideConfig {
+        &self.config
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.opts
+    }
+
+    /// Render and tokenize a request (422s and the chat-layout 500 come from here); no model work.
+    pub fn plan(&self, req: &Request) -> Result<Plan, ApiError> {
+        plan(req, &self.tokenizer, &self.config)
+    }
+
+    /// Probabilities for every slot of every plan: `[plan][slot in row order][option]`, each of length `nopts`.
+    pub fn score(&self, plans: &[&Plan]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        let per_token = self.model.info().state_bytes_per_token;
+        // 1. Shared prefixes, one per plan that has one worth running.
+        let mut prefixes: Vec<SequenceState> = Vec::new();
+        let mut jobs: Vec<Job> = Vec::new();
+        for (pi, p) in plans.iter().enumerate() {
+            let lcp = if self.opts.shared_prefix && p.rows.len() >= 2 {
+                let rows: Vec<&[u32]> = p.rows.iter().map(|r| r.ids.as_slice()).collect();
+                common_prefix_len(&rows)
+            } else {
+                0
+            };
+            let prefix = if lcp >= self.opts.min_shared_prefix.max(1) {
+                let mut st = self.model.new_state();
+                for piece in p.rows[0].ids[..lcp].chunks(MAX_BATCH_TOKENS) {
+                    self.model
+                        .forward(&mut st, piece)
+                        .map_err(|e| row_err(pi, 0, e))?;
+                }
+                prefixes.push(st);
+                Some(prefixes.len() - 1)
+            } else {
+                None
+            };
+            for (ri, r) in p.rows.iter().enumerate() {
+                if r.ids.is_empty() {
+                    return Err(EngineError::Row {
+                        plan: pi,
+                        row: ri,
+                        reason: "empty row".into(),
+                    });
+                }
+                jobs.push(Job {
+                    plan: pi,
+                    row: ri,
+                    prefix,
+                    skip: if prefix.is_some() { lcp } else { 0 },
+                });
+            }
+        }
+        let fresh_bytes = self.model.new_state().bytes();
+
+        // 2. Groups of jobs within the fork budget and the token cap, in order.
+        let mut out: Vec<Vec<Vec<f32>>> = plans
+            .iter()
+            .map(|p| vec![Vec::new(); p.slot_count()])
+            .collect();
+        let first_slot: Vec<Vec<usize>> = plans
+            .iter()
+            .map(|p| {
+                let mut acc = 0;
+                p.rows
+                    .iter()
+                    .map(|r| {
+                        let s = acc;
+                        acc += r.slots.len();
+                        s
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut start = 0;
+        while start < jobs.len() {
+            let mut end = start;
+            let (mut bytes, mut tokens) = (0usize, 0usize);
+            while end < jobs.len() {
+                let j = &jobs[end];
+                let suffix = plans[j.plan].rows[j.row].ids.len() - j.skip;
+                let base = j.prefix.map_or(fresh_bytes, |k| prefixes[k].bytes());
+                let b = base + suffix * per_token;
+                if end > start
+                    && (bytes + b > self.opts.fork_budget_bytes
+                        || tokens + suffix > MAX_BATCH_TOKENS)
+                {
+                    break;
+                }
+                bytes += b;
+                tokens += suffix;
+                end += 1;
+            }
+            let group = &jobs[start..end];
+            // 3. Fork, run every suffix together.
+            let mut states: Vec<SequenceState> = group
+                .iter()
+                .map(|j| {
+                    j.prefix
+                        .map_or_else(|| self.model.new_state(), |k| prefixes[k].clone())
+                })
+                .collect();
+            let mut items: Vec<(&mut SequenceState, &[u32])> = states
+                .iter_mut()
+                .zip(group)
+                .map(|(st, j)| (st, &plans[j.plan].rows[j.row].ids[j.skip..]))
+                .collect();
+            // hidden: [ΣT, H]
+            let hidden = self.model.forward_batch(&mut items).map_err(|e| {
+                let j = &group[0];
+                row_err(j.plan, j.row, e)
+            })?;
+            drop(items);
+            // 4. Readout at every slot.
+            let h = self.model.hidden_size();
+            let mut offset = 0;
+            for j in group {
+                let row = &plans[j.plan].rows[j.row];
+                for (k, &slot) in row.slots.iter().enumerate() {
+                    let nopts = row.nopts[k];
+                    if slot < j.skip || slot >= row.ids.len() || nopts > self.label_ids.len() {
+                        return Err(EngineError::Row {
+                            plan: j.plan,
+                            row: j.row,
+                            reason: format!(
+                                "slot {slot} with {nopts} options does not fit a row of {} ids (prefix {})",
+                                row.ids.len(),
+                                j.skip
+                            ),
+                        });
+                    }
+                    let r = offset + slot - j.skip;
+                    let logits = self
+                        .model
+                        .logits_rows(&hidden[r * h..(r + 1) * h], &self.label_ids[..nopts])
+                        .map_err(|e| row_err(j.plan, j.row, e))?;
+                    out[j.plan][first_slot[j.plan][j.row] + k] =
+                        softmax(&logits, nopts, row.temperatures[k]);
+                }
+                offset += row.ids.len() - j.skip;
+            }
+            start = end;
+        }
+        Ok(out)
+    }
+
+    /// The `/v1/systemone` answer for a request body: parse → plan → check_size → score → assemble.
+    pub fn system_one(&self, body: &[u8]) -> Result<Value, ApiError> {
+        let req = parse_request(body)?;
+        let plan = self.plan(&req)?;
+        check_size(&plan, &self.opts.limits)?;
+        let mut probs = self.score(&[&plan])?;
+        let probs = probs.pop().unwrap_or_default();
+        assemble(&plan, &probs, self.model_name()).map_err(|e| ApiError::detail(500, e.to_string()))
+    }
+}
+
+fn row_err(plan: usize, row: usize, e: ModelError) -> EngineError {
+    EngineError::Row {
+        plan,
+        row,
+        reason: e.to_string(),
+    }
+}
+
+#[allow(dead_code)]
+fn assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Engine>();
+}
