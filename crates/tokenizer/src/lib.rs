@@ -45,6 +45,8 @@ pub struct Tokenizer {
     pad_id: Option<u32>,
     chat_template: Option<String>,
     regex_corrected: bool,
+    /// transformers would build its `Qwen3_5Tokenizer` class for this folder.
+    transformers_class: bool,
     label_table: OnceLock<LabelTable>,
 }
 
@@ -176,6 +178,10 @@ impl Tokenizer {
             pad_id: None,
             chat_template: jinja,
             regex_corrected,
+            transformers_class: pretokenizer::transformers_builds_qwen3_5_class(
+                model_type,
+                tokenizer_class,
+            ),
             label_table: OnceLock::new(),
         };
         if let Some(config) = config {
@@ -280,6 +286,38 @@ impl Tokenizer {
     }
 
     /// Whether the Qwen2 split regex in `tokenizer.json` was replaced by the Qwen3.5 one (R2.1.2).
+    /// The tokenizer as decider-ai 1.10.0 sees it through transformers 5.24.
+    ///
+    /// For folders where transformers builds its `Qwen3_5Tokenizer` class (a `tokenizer_class` of
+    /// `Qwen3_5Tokenizer`, or `model_type` `qwen3_5` / `qwen3_5_moe*`, decider-contract R2.1.2),
+    /// that class rebuilds the BPE model from the vocabulary and merges without `ignore_merges`;
+    /// 201 whole vocabulary entries (CJK words such as 加拿大 alone as a pre-token) then tokenize
+    /// into several ids instead of one (tests/fixtures/tokenizer/transformers_diff.jsonl). System
+    /// One reproduces the reference, so it uses this view; `onepass tokenize` and generation use
+    /// the tokenizer.json as written (tiktoken parity). Other folders are returned unchanged.
+    pub fn transformers_compatible(&self) -> Tokenizer {
+        let mut inner = self.inner.clone();
+        if self.transformers_class {
+            if let tokenizers::ModelWrapper::BPE(bpe) = inner.get_model() {
+                if bpe.ignore_merges {
+                    let mut bpe = bpe.clone();
+                    bpe.ignore_merges = false;
+                    inner.with_model(bpe);
+                }
+            }
+        }
+        Tokenizer {
+            inner,
+            vocab_size: self.vocab_size,
+            eos_id: self.eos_id,
+            pad_id: self.pad_id,
+            chat_template: self.chat_template.clone(),
+            regex_corrected: self.regex_corrected,
+            transformers_class: self.transformers_class,
+            label_table: OnceLock::new(),
+        }
+    }
+
     pub fn regex_corrected(&self) -> bool {
         self.regex_corrected
     }

@@ -29,6 +29,17 @@ pub fn is_qwen3_5(model_type: Option<&str>, tokenizer_class: Option<&str>) -> bo
     by_model || tokenizer_class == Some("Qwen3_5Tokenizer")
 }
 
+/// Whether transformers 5.24's `AutoTokenizer` builds its `Qwen3_5Tokenizer` class for a folder:
+/// forced for these model types (not `qwen3_5_text`), else chosen by `tokenizer_class`
+/// (decider-contract R2.1.2).
+pub fn transformers_builds_qwen3_5_class(
+    model_type: Option<&str>,
+    tokenizer_class: Option<&str>,
+) -> bool {
+    let forced = matches!(model_type, Some(m) if m == "qwen3_5" || m.starts_with("qwen3_5_moe"));
+    forced || tokenizer_class == Some("Qwen3_5Tokenizer")
+}
+
 /// The pre-tokenizer every Qwen3.5 tokenizer.json should carry (R2.1.1).
 pub fn qwen3_5_pre_tokenizer_json() -> Value {
     json!({

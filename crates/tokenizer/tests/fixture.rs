@@ -47,14 +47,15 @@ fn ids_match_the_tiktoken_fixture() {
 
 /// The vocabulary entries on which transformers 5.24's `Qwen3_5Tokenizer` (what decider-ai's
 /// `AutoTokenizer` builds; it drops `ignore_merges`) differs from tiktoken. onepass follows
-/// tiktoken and the tokenizer.json (`ignore_merges: true`); this test pins that choice and keeps
-/// the size of the difference visible. See docs/tokenizer.md.
+/// tiktoken and the tokenizer.json (`ignore_merges: true`) by default, and reproduces transformers
+/// through `transformers_compatible()` (used by System One). See docs/tokenizer.md.
 #[test]
 fn whole_vocabulary_entries_follow_tiktoken_not_transformers() {
     let path = repo_root().join("tests/fixtures/tokenizer/transformers_diff.jsonl");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let tok = qwen3_5();
+    let compat = tok.transformers_compatible();
     let ids = |v: &serde_json::Value| -> Vec<u32> {
         v.as_array()
             .expect("ids")
@@ -69,6 +70,12 @@ fn whole_vocabulary_entries_follow_tiktoken_not_transformers() {
         let got = tok.encode(input).expect("encode");
         assert_eq!(got, ids(&row["ids"]), "{input:?}");
         assert_ne!(got, ids(&row["transformers_ids"]), "{input:?}");
+        let reference = compat.encode(input).expect("encode");
+        assert_eq!(
+            reference,
+            ids(&row["transformers_ids"]),
+            "transformers-compatible {input:?}"
+        );
         n += 1;
     }
     assert_eq!(n, 201);
