@@ -12,11 +12,13 @@ pub mod config;
 pub mod qwen3_5;
 pub mod state;
 pub mod synth;
+pub mod view;
 pub mod weights;
 
 pub use config::{LayerKind, ModelConfig, ModelForm, TextConfig};
 pub use qwen3_5::{Model, ModelInfo};
 pub use state::{LayerState, SequenceState};
+pub use view::{AttnView, GdnView, LayerView, MixerView, WeightsView};
 
 /// Errors loading or running a model. Messages name the file, tensor, shape or id at fault.
 #[derive(Debug, thiserror::Error)]

@@ -26,27 +26,27 @@ use crate::state::{LayerState, SequenceState};
 use crate::weights::Binder;
 use crate::ModelError;
 
-enum Mixer {
+pub(crate) enum Mixer {
     GatedDeltaNet(GatedDeltaNet),
     Attention(Attention),
 }
 
-struct Layer {
-    input_norm: RmsNorm,
-    mixer: Mixer,
-    post_norm: RmsNorm,
-    mlp: Mlp,
+pub(crate) struct Layer {
+    pub(crate) input_norm: RmsNorm,
+    pub(crate) mixer: Mixer,
+    pub(crate) post_norm: RmsNorm,
+    pub(crate) mlp: Mlp,
 }
 
 /// A loaded model, ready to run.
 pub struct Model {
     config: ModelConfig,
     /// embed: [V, H]
-    embed: Tensor,
-    layers: Vec<Layer>,
-    norm: RmsNorm,
+    pub(crate) embed: Tensor,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: RmsNorm,
     /// lm_head: [V, H] (the embedding when tied)
-    lm_head: Tensor,
+    pub(crate) lm_head: Tensor,
     file_bytes: u64,
 }
 

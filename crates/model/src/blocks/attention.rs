@@ -19,17 +19,17 @@ use crate::ModelError;
 
 pub struct Attention {
     /// q_proj: [H*2D, hidden]; k_proj, v_proj: [HKV*D, hidden]; o_proj: [hidden, H*D]
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    heads: usize,
-    kv_heads: usize,
-    d: usize,
+    pub(crate) q: Tensor,
+    pub(crate) k: Tensor,
+    pub(crate) v: Tensor,
+    pub(crate) o: Tensor,
+    pub(crate) q_norm: RmsNorm,
+    pub(crate) k_norm: RmsNorm,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) d: usize,
     /// inv_freq: [R/2]
-    inv_freq: Vec<f32>,
+    pub(crate) inv_freq: Vec<f32>,
 }
 
 impl Attention {

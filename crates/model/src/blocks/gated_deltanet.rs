@@ -26,25 +26,25 @@ pub const CHUNK: usize = 64;
 
 pub struct GatedDeltaNet {
     /// in_proj_qkv: [2*HK*DK + HV*DV, H]; in_proj_z: [HV*DV, H]; in_proj_a/b: [HV, H]
-    in_qkv: Tensor,
-    in_z: Tensor,
-    in_a: Tensor,
-    in_b: Tensor,
+    pub(crate) in_qkv: Tensor,
+    pub(crate) in_z: Tensor,
+    pub(crate) in_a: Tensor,
+    pub(crate) in_b: Tensor,
     /// conv: [conv_dim, K]
-    conv: Vec<f32>,
+    pub(crate) conv: Vec<f32>,
     /// -exp(A_log): [HV]
-    neg_a: Vec<f32>,
-    dt_bias: Vec<f32>,
+    pub(crate) neg_a: Vec<f32>,
+    pub(crate) dt_bias: Vec<f32>,
     /// norm weight: [DV] (applied as is, not 1 + w)
-    norm: Vec<f32>,
+    pub(crate) norm: Vec<f32>,
     /// out_proj: [H, HV*DV]
-    out: Tensor,
-    hk: usize,
-    hv: usize,
-    dk: usize,
-    dv: usize,
-    kernel: usize,
-    eps: f32,
+    pub(crate) out: Tensor,
+    pub(crate) hk: usize,
+    pub(crate) hv: usize,
+    pub(crate) dk: usize,
+    pub(crate) dv: usize,
+    pub(crate) kernel: usize,
+    pub(crate) eps: f32,
 }
 
 impl GatedDeltaNet {

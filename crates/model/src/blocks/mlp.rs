@@ -8,11 +8,11 @@ use crate::ModelError;
 
 pub struct Mlp {
     /// gate, up: [I, H]; down: [H, I]
-    gate: Tensor,
-    up: Tensor,
-    down: Tensor,
-    hidden: usize,
-    inter: usize,
+    pub(crate) gate: Tensor,
+    pub(crate) up: Tensor,
+    pub(crate) down: Tensor,
+    pub(crate) hidden: usize,
+    pub(crate) inter: usize,
 }
 
 impl Mlp {

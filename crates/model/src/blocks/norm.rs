@@ -8,8 +8,8 @@ use crate::ModelError;
 
 pub struct RmsNorm {
     /// gain: [dim] = 1 + stored weight
-    gain: Vec<f32>,
-    eps: f32,
+    pub(crate) gain: Vec<f32>,
+    pub(crate) eps: f32,
 }
 
 impl RmsNorm {
