@@ -1,0 +1,359 @@
+//! The engine against decider-ai 1.10.0's answers on CPU float32 (tests/fixtures/systemone/answers, made by
+//! tools/oracle/decider_answers.py): every answer field within 2e-4 of the reference, choices equal except near-ties,
+//! usage exact; on both synthetic checkpoints, with the shared prefix on and off. Also: shared prefix on, off, one
+//! fork per row and all requests in one `score` call give the same probabilities within 1e-5.
+//!
+//! Each checkpoint is regenerated once per test binary (`onepass_model::synth`) into a temp folder and must hash to
+//! what the oracle saw. Needs testdata/qwen3_5-tokenizer (tools/setup-testdata.sh).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use onepass_decide::pyjson::dumps_compact;
+use onepass_decide::{parse_request, Engine, EngineOptions, Plan};
+use onepass_model::synth;
+use serde_json::Value as J;
+use sha2::{Digest, Sha256};
+
+/// Answer fields (rounded to 4 places by the reference) and raw probabilities.
+const TOLERANCE: f64 = 2e-4;
+/// Shared prefix vs whole rows, f32 on the CPU.
+const SHARED_TOLERANCE: f32 = 1e-5;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fixtures() -> PathBuf {
+    root().join("tests/fixtures/systemone/answers")
+}
+
+fn manifest() -> &'static J {
+    static M: OnceLock<J> = OnceLock::new();
+    M.get_or_init(|| {
+        serde_json::from_str(
+            &std::fs::read_to_string(fixtures().join("manifest.json")).expect("manifest"),
+        )
+        .expect("manifest json")
+    })
+}
+
+struct Case {
+    name: String,
+    body: String,
+    response: J,
+    probs: Vec<Vec<f64>>,
+}
+
+fn cases(preset: &str) -> Vec<Case> {
+    let text =
+        std::fs::read_to_string(fixtures().join(format!("{preset}.jsonl"))).expect("fixture");
+    text.lines()
+        .map(|l| {
+            let v: J = serde_json::from_str(l).expect("jsonl");
+            Case {
+                name: v["name"].as_str().unwrap().into(),
+                body: v["body"].as_str().unwrap().into(),
+                response: serde_json::from_str(v["response"].as_str().unwrap()).unwrap(),
+                probs: v["probs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| {
+                        p.as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|x| x.as_f64().unwrap())
+                            .collect()
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The checkpoint folder of a preset: weights, the real tokenizer, the fixture's decider_config.json. Written once.
+fn checkpoint(preset: &'static str) -> &'static Path {
+    static DIRS: OnceLock<std::sync::Mutex<Vec<(&'static str, &'static tempfile::TempDir)>>> =
+        OnceLock::new();
+    let dirs = DIRS.get_or_init(Default::default);
+    let mut dirs = dirs.lock().unwrap();
+    if let Some((_, d)) = dirs.iter().find(|(p, _)| *p == preset) {
+        return d.path();
+    }
+    let entry = &manifest()["presets"][preset];
+    let dir: &'static tempfile::TempDir =
+        Box::leak(Box::new(tempfile::tempdir().expect("tempdir")));
+    synth::write_checkpoint(
+        &synth::preset(preset).expect("preset"),
+        dir.path(),
+        &mut |_, _| {},
+    )
+    .expect("synth");
+    let digest = format!(
+        "{:x}",
+        Sha256::digest(std::fs::read(dir.path().join("model.safetensors")).expect("weights"))
+    );
+    assert_eq!(
+        digest,
+        entry["model_safetensors_sha256"].as_str().unwrap(),
+        "{preset}: the synthetic checkpoint no longer matches the one the answers were made from; rerun tools/oracle/decider_answers.py"
+    );
+    let tok = root().join("testdata/qwen3_5-tokenizer");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok.join(f), dir.path().join(f))
+            .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
+    }
+    std::fs::write(
+        dir.path().join("decider_config.json"),
+        entry["decider_config"].as_str().unwrap(),
+    )
+    .unwrap();
+    dirs.push((preset, dir));
+    dir.path()
+}
+
+fn engine(preset: &'static str, opts: EngineOptions) -> Engine {
+    Engine::load(checkpoint(preset), opts).expect("engine")
+}
+
+#[derive(Default, Debug)]
+struct Worst {
+    field: f64,
+    prob: f64,
+    fields: usize,
+    near_ties: usize,
+}
+
+/// Top-2 gap of a reference answer's probabilities (rounded to 4 places by the reference).
+fn top2_gap(answer: &J) -> f64 {
+    let mut p: Vec<f64> = answer["probabilities"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    p.sort_by(|a, b| b.partial_cmp(a).unwrap());
+    p[0] - p.get(1).copied().unwrap_or(0.0)
+}
+
+/// Same keys in the same order, equal strings and integers, floats within TOLERANCE.
+fn compare(path: &str, got: &J, want: &J, w: &mut Worst) {
+    match (got, want) {
+        (J::Object(g), J::Object(r)) => {
+            let gk: Vec<&String> = g.keys().collect();
+            let rk: Vec<&String> = r.keys().collect();
+            assert_eq!(gk, rk, "{path}: keys");
+            for (k, rv) in r {
+                compare(&format!("{path}.{k}"), &g[k], rv, w);
+            }
+        }
+        (J::Number(g), J::Number(r)) if r.is_i64() && !path.contains("answers") => {
+            assert_eq!(g, r, "{path}: usage must be exact");
+        }
+        (J::Number(g), J::Number(r)) => {
+            let d = (g.as_f64().unwrap() - r.as_f64().unwrap()).abs();
+            // `score` is rounded to 2 places: a 2e-4 move in probabilities may cross one rounding boundary.
+            let tol = if path.ends_with(".score") {
+                0.01 + 1e-9
+            } else {
+                TOLERANCE + 1e-12
+            };
+            assert!(d <= tol, "{path}: {g} vs reference {r} (|diff| {d:e})");
+            if !path.ends_with(".score") {
+                w.field = w.field.max(d);
+            }
+            w.fields += 1;
+        }
+        _ => {
+            assert_eq!(got, want, "{path}");
+            w.fields += 1;
+        }
+    }
+}
+
+fn check_answers(preset: &'static str, shared_prefix: bool) {
+    let eng = engine(
+        preset,
+        EngineOptions {
+            shared_prefix,
+            ..EngineOptions::default()
+        },
+    );
+    let cases = cases(preset);
+    assert!(cases.len() >= 20, "{preset}: {} cases", cases.len());
+    let mut w = Worst::default();
+    for c in &cases {
+        let got = eng
+            .system_one(c.body.as_bytes())
+            .unwrap_or_else(|e| panic!("{preset} {}: {e}", c.name));
+        let got: J = serde_json::from_str(&dumps_compact(&got).unwrap()).unwrap();
+        // Choices: equal unless the reference's top two are within the tolerance.
+        for (id, ra) in c.response["answers"].as_object().unwrap() {
+            let ga = &got["answers"][id];
+            if ra["type"] == "choice" && ga["choice"] != ra["choice"] {
+                assert!(
+                    top2_gap(ra) < TOLERANCE + 1e-4,
+                    "{preset} {} {id}: choice {} vs {}",
+                    c.name,
+                    ga["choice"],
+                    ra["choice"]
+                );
+                w.near_ties += 1;
+                let mut ga = ga.clone();
+                ga["choice"] = ra["choice"].clone();
+                compare(
+                    &format!("{preset} {} answers.{id}", c.name),
+                    &ga,
+                    ra,
+                    &mut w,
+                );
+            } else {
+                compare(&format!("{preset} {} answers.{id}", c.name), ga, ra, &mut w);
+            }
+        }
+        let (gm, rm) = (&got["model"], &c.response["model"]);
+        assert_eq!(gm, rm, "{preset} {}: model", c.name);
+        compare(
+            &format!("{preset} {} usage", c.name),
+            &got["usage"],
+            &c.response["usage"],
+            &mut w,
+        );
+        // Raw probabilities per slot.
+        let plan = eng
+            .plan(&parse_request(c.body.as_bytes()).unwrap())
+            .unwrap();
+        let probs = eng.score(&[&plan]).unwrap().pop().unwrap();
+        assert_eq!(probs.len(), c.probs.len(), "{preset} {}: slots", c.name);
+        for (s, (g, r)) in probs.iter().zip(&c.probs).enumerate() {
+            // The reference reads all 255 labels with the tail masked to -inf: exact zeros past nopts.
+            assert!(
+                g.len() <= r.len() && r[g.len()..].iter().all(|&x| x == 0.0),
+                "{preset} {} slot {s}: options",
+                c.name
+            );
+            for (x, y) in g.iter().zip(r) {
+                let d = (*x as f64 - y).abs();
+                assert!(d <= TOLERANCE, "{preset} {} slot {s}: {x} vs {y}", c.name);
+                w.prob = w.prob.max(d);
+            }
+        }
+    }
+    eprintln!(
+        "{preset} shared_prefix={shared_prefix}: {} requests, {} fields, worst field |diff| {:e}, worst probability |diff| {:e}, near-tie choices {}",
+        cases.len(),
+        w.fields,
+        w.field,
+        w.prob,
+        w.near_ties
+    );
+}
+
+#[test]
+fn text_form_shared_prefix() {
+    check_answers("tiny-qwen-vocab", true);
+}
+
+#[test]
+fn text_form_whole_rows() {
+    check_answers("tiny-qwen-vocab", false);
+}
+
+#[test]
+fn composite_form_shared_prefix() {
+    check_answers("tiny-qwen-vocab-composite", true);
+}
+
+#[test]
+fn composite_form_whole_rows() {
+    check_answers("tiny-qwen-vocab-composite", false);
+}
+
+/// Shared prefix on/off, one fork at a time, and every request in one call (rows of different plans batched together)
+/// agree within 1e-5.
+#[test]
+fn shared_prefix_equals_whole_rows() {
+    for preset in ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"] {
+        let whole = engine(
+            preset,
+            EngineOptions {
+                shared_prefix: false,
+                ..EngineOptions::default()
+            },
+        );
+        let shared = engine(preset, EngineOptions::default());
+        let one_fork = engine(
+            preset,
+            EngineOptions {
+                fork_budget_bytes: 1,
+                ..EngineOptions::default()
+            },
+        );
+        let plans: Vec<Plan> = cases(preset)
+            .iter()
+            .map(|c| {
+                whole
+                    .plan(&parse_request(c.body.as_bytes()).unwrap())
+                    .unwrap()
+            })
+            .collect();
+        let refs: Vec<&Plan> = plans.iter().collect();
+        let base: Vec<Vec<Vec<f32>>> = refs
+            .iter()
+            .map(|p| whole.score(&[p]).unwrap().pop().unwrap())
+            .collect();
+        let mut worst = 0.0f32;
+        for (label, got) in [
+            ("whole rows, one call", whole.score(&refs).unwrap()),
+            ("shared prefix, one call", shared.score(&refs).unwrap()),
+            (
+                "one fork per group, one call",
+                one_fork.score(&refs).unwrap(),
+            ),
+            (
+                "shared prefix, per request",
+                refs.iter()
+                    .map(|p| shared.score(&[p]).unwrap().pop().unwrap())
+                    .collect(),
+            ),
+        ] {
+            assert_eq!(got.len(), base.len());
+            for (pi, (g, b)) in got.iter().zip(&base).enumerate() {
+                assert_eq!(g.len(), b.len(), "{preset} {label} plan {pi}");
+                for (gs, bs) in g.iter().zip(b) {
+                    for (x, y) in gs.iter().zip(bs) {
+                        let d = (x - y).abs();
+                        assert!(
+                            d <= SHARED_TOLERANCE,
+                            "{preset} {label} plan {pi}: {x} vs {y}"
+                        );
+                        worst = worst.max(d);
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "{preset}: shared prefix vs whole rows over {} plans: worst |diff| {worst:e}",
+            plans.len()
+        );
+    }
+}
+
+#[test]
+fn engine_is_send_sync_and_reports_config() {
+    fn is<T: Send + Sync>() {}
+    is::<Engine>();
+    let eng = engine("tiny-qwen-vocab-composite", EngineOptions::default());
+    assert_eq!(eng.model_name(), "decider-2.5");
+    assert!(!eng.config().isolated_levels);
+    assert_eq!(eng.tokenizer().label_table().unwrap().ids.len(), 255);
+    // A client error comes back as the reference's answer, before any model work.
+    let e = eng
+        .system_one(br#"{"state": "x", "questions": {"q": {"criteria": ["a"]}}}"#)
+        .unwrap_err();
+    assert_eq!(e.status, 422);
+    let e = eng.system_one(b"{").unwrap_err();
+    assert_eq!(e.status, 422);
+}
