@@ -15,7 +15,11 @@ pub enum ResolveError {
     #[error(
         "model {repo} is not in the Hugging Face cache at {cache} (looked for {looked}); download it on a machine with network access (e.g. `huggingface-cli download {repo}`) or pass a local folder"
     )]
-    NotCached { repo: String, cache: PathBuf, looked: PathBuf },
+    NotCached {
+        repo: String,
+        cache: PathBuf,
+        looked: PathBuf,
+    },
     #[error("model {repo}: {why}")]
     BadCache { repo: String, why: String },
 }
@@ -28,7 +32,9 @@ pub fn hub_cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("HF_HOME") {
         return PathBuf::from(p).join("hub");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("huggingface").join("hub")
 }
 
@@ -51,18 +57,30 @@ pub fn resolve_in_cache(arg: &str, cache: &Path) -> Result<PathBuf, ResolveError
     let parts: Vec<&str> = repo.split('/').collect();
     let valid = |s: &str| !s.is_empty() && s != "." && s != ".." && !s.contains('\\');
     if parts.len() != 2 || !parts.iter().all(|p| valid(p)) {
-        return Err(ResolveError::NotFound { arg: arg.to_string() });
+        return Err(ResolveError::NotFound {
+            arg: arg.to_string(),
+        });
     }
     let root = cache.join(format!("models--{}--{}", parts[0], parts[1]));
     let snapshots = root.join("snapshots");
     if !snapshots.is_dir() {
-        return Err(ResolveError::NotCached { repo: repo.to_string(), cache: cache.to_path_buf(), looked: root });
+        return Err(ResolveError::NotCached {
+            repo: repo.to_string(),
+            cache: cache.to_path_buf(),
+            looked: root,
+        });
     }
-    let bad = |why: String| ResolveError::BadCache { repo: repo.to_string(), why };
+    let bad = |why: String| ResolveError::BadCache {
+        repo: repo.to_string(),
+        why,
+    };
     let rev = rev.unwrap_or("main");
     let ref_file = root.join("refs").join(rev);
     let commit = if ref_file.is_file() {
-        std::fs::read_to_string(&ref_file).map_err(|e| bad(format!("cannot read {}: {e}", ref_file.display())))?.trim().to_string()
+        std::fs::read_to_string(&ref_file)
+            .map_err(|e| bad(format!("cannot read {}: {e}", ref_file.display())))?
+            .trim()
+            .to_string()
     } else if snapshots.join(rev).is_dir() {
         rev.to_string()
     } else {
@@ -86,7 +104,9 @@ pub fn resolve_in_cache(arg: &str, cache: &Path) -> Result<PathBuf, ResolveError
     };
     let dir = snapshots.join(&commit);
     if !dir.is_dir() {
-        return Err(bad(format!("refs/{rev} names snapshot {commit}, which is missing")));
+        return Err(bad(format!(
+            "refs/{rev} names snapshot {commit}, which is missing"
+        )));
     }
     Ok(dir)
 }
@@ -114,9 +134,13 @@ mod tests {
     #[test]
     fn missing_repo_and_bad_ids_are_clear_errors() {
         let cache = tempfile::tempdir().expect("tempdir");
-        let err = resolve_in_cache("Qwen/Nope", cache.path()).err().expect("fail").to_string();
+        let err = resolve_in_cache("Qwen/Nope", cache.path())
+            .expect_err("fail")
+            .to_string();
         assert!(err.contains("not in the Hugging Face cache"), "{err}");
-        let err = resolve_in_cache("../etc", cache.path()).err().expect("fail").to_string();
+        let err = resolve_in_cache("../etc", cache.path())
+            .expect_err("fail")
+            .to_string();
         assert!(err.contains("neither a local folder"), "{err}");
     }
 }

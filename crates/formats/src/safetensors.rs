@@ -16,13 +16,24 @@ use serde::Deserialize;
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: not a safetensors file: {why}")]
     Header { path: PathBuf, why: String },
     #[error("{path}: tensor {name}: {why}")]
-    Tensor { path: PathBuf, name: String, why: String },
+    Tensor {
+        path: PathBuf,
+        name: String,
+        why: String,
+    },
     #[error("{path}: unsupported dtype {dtype} for tensor {name} (onepass reads F32, BF16, F16)")]
-    DType { path: PathBuf, name: String, dtype: String },
+    DType {
+        path: PathBuf,
+        name: String,
+        dtype: String,
+    },
     #[error("{path}: {why}")]
     Index { path: PathBuf, why: String },
     #[error("no safetensors weights in {0} (expected model.safetensors or model.safetensors.index.json)")]
@@ -50,12 +61,18 @@ impl Checkpoint {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let files: Vec<PathBuf> = if index.is_file() {
-            shards_from_index(&index)?.into_iter().map(|f| dir.join(f)).collect()
+            shards_from_index(&index)?
+                .into_iter()
+                .map(|f| dir.join(f))
+                .collect()
         } else if single.is_file() {
             vec![single]
         } else {
             let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-                .map_err(|source| FormatError::Io { path: dir.to_path_buf(), source })?
+                .map_err(|source| FormatError::Io {
+                    path: dir.to_path_buf(),
+                    source,
+                })?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
                 .collect();
@@ -81,14 +98,25 @@ impl Checkpoint {
                 }
             }
         }
-        Ok(Checkpoint { tensors, files, file_bytes })
+        Ok(Checkpoint {
+            tensors,
+            files,
+            file_bytes,
+        })
     }
 
     /// Opens one safetensors file.
     pub fn open_file(path: &Path) -> Result<Self, FormatError> {
         let (found, len) = read_file(path)?;
-        let tensors = found.into_iter().map(|t| (t.name().to_string(), t)).collect();
-        Ok(Checkpoint { tensors, files: vec![path.to_path_buf()], file_bytes: len })
+        let tensors = found
+            .into_iter()
+            .map(|t| (t.name().to_string(), t))
+            .collect();
+        Ok(Checkpoint {
+            tensors,
+            files: vec![path.to_path_buf()],
+            file_bytes: len,
+        })
     }
 
     pub fn get(&self, name: &str) -> Option<&Tensor> {
@@ -113,14 +141,21 @@ impl Checkpoint {
 }
 
 fn shards_from_index(index: &Path) -> Result<Vec<String>, FormatError> {
-    let text = std::fs::read_to_string(index)
-        .map_err(|source| FormatError::Io { path: index.to_path_buf(), source })?;
-    let value: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| FormatError::Index { path: index.to_path_buf(), why: format!("invalid JSON: {e}") })?;
-    let map = value.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| FormatError::Index {
+    let text = std::fs::read_to_string(index).map_err(|source| FormatError::Io {
         path: index.to_path_buf(),
-        why: "no \"weight_map\" object".into(),
+        source,
     })?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| FormatError::Index {
+        path: index.to_path_buf(),
+        why: format!("invalid JSON: {e}"),
+    })?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| FormatError::Index {
+            path: index.to_path_buf(),
+            why: "no \"weight_map\" object".into(),
+        })?;
     let mut shards: Vec<String> = Vec::new();
     for (name, file) in map {
         let file = file.as_str().ok_or_else(|| FormatError::Index {
@@ -151,10 +186,16 @@ fn parse_dtype(s: &str) -> Option<DType> {
 }
 
 fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
-    let io = |source| FormatError::Io { path: path.to_path_buf(), source };
+    let io = |source| FormatError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
-    let header_err = |why: String| FormatError::Header { path: path.to_path_buf(), why };
+    let header_err = |why: String| FormatError::Header {
+        path: path.to_path_buf(),
+        why,
+    };
     if len < 8 {
         return Err(header_err(format!("{len} bytes is too short for a header")));
     }
@@ -172,8 +213,8 @@ fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
     let header_len = header_len as usize;
     let header = std::str::from_utf8(&map[8..8 + header_len])
         .map_err(|_| header_err("header is not UTF-8".into()))?;
-    let entries: BTreeMap<String, serde_json::Value> =
-        serde_json::from_str(header).map_err(|e| header_err(format!("header is not valid JSON: {e}")))?;
+    let entries: BTreeMap<String, serde_json::Value> = serde_json::from_str(header)
+        .map_err(|e| header_err(format!("header is not valid JSON: {e}")))?;
     let data_start = 8 + header_len;
     let data_len = map.len() - data_start;
     let mut out = Vec::with_capacity(entries.len());
@@ -181,8 +222,13 @@ fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
         if name == "__metadata__" {
             continue;
         }
-        let terr = |why: String| FormatError::Tensor { path: path.to_path_buf(), name: name.clone(), why };
-        let entry: Entry = serde_json::from_value(value).map_err(|e| terr(format!("bad header entry: {e}")))?;
+        let terr = |why: String| FormatError::Tensor {
+            path: path.to_path_buf(),
+            name: name.clone(),
+            why,
+        };
+        let entry: Entry =
+            serde_json::from_value(value).map_err(|e| terr(format!("bad header entry: {e}")))?;
         let dtype = parse_dtype(&entry.dtype).ok_or_else(|| FormatError::DType {
             path: path.to_path_buf(),
             name: name.clone(),
@@ -194,7 +240,10 @@ fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
                 "data range {begin}..{end} lies outside the {data_len} data bytes (file truncated?)"
             )));
         }
-        let numel = entry.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let numel = entry
+            .shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d));
         let expected = numel.and_then(|n| n.checked_mul(dtype.size()));
         if expected != Some(end - begin) {
             return Err(terr(format!(
@@ -205,20 +254,36 @@ fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
                 end - begin
             )));
         }
-        let t = Tensor::mapped(&name, dtype, entry.shape, map.clone(), data_start + begin, end - begin)
-            .map_err(|e| terr(e.to_string()))?;
+        let t = Tensor::mapped(
+            &name,
+            dtype,
+            entry.shape,
+            map.clone(),
+            data_start + begin,
+            end - begin,
+        )
+        .map_err(|e| terr(e.to_string()))?;
         out.push(t);
     }
     Ok((out, len))
 }
 
 /// Writes tensors to one safetensors file (header padded to 8 bytes, data in the given order).
-pub fn write_safetensors(path: &Path, tensors: &[Tensor], metadata: &[(&str, &str)]) -> Result<(), FormatError> {
-    let io = |source| FormatError::Io { path: path.to_path_buf(), source };
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[Tensor],
+    metadata: &[(&str, &str)],
+) -> Result<(), FormatError> {
+    let io = |source| FormatError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut header = serde_json::Map::new();
     if !metadata.is_empty() {
-        let meta: serde_json::Map<String, serde_json::Value> =
-            metadata.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect();
+        let meta: serde_json::Map<String, serde_json::Value> = metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
         header.insert("__metadata__".into(), meta.into());
     }
     let mut offset = 0usize;
@@ -239,7 +304,8 @@ pub fn write_safetensors(path: &Path, tensors: &[Tensor], metadata: &[(&str, &st
     }
     let file = File::create(path).map_err(io)?;
     let mut w = std::io::BufWriter::new(file);
-    w.write_all(&(text.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&(text.len() as u64).to_le_bytes())
+        .map_err(io)?;
     w.write_all(text.as_bytes()).map_err(io)?;
     for t in tensors {
         w.write_all(t.raw()).map_err(io)?;
@@ -281,8 +347,14 @@ mod tests {
         write_safetensors(&path, &sample(), &[]).expect("write");
         let bytes = std::fs::read(&path).expect("read");
         std::fs::write(&path, &bytes[..bytes.len() - 4]).expect("truncate");
-        let err = Checkpoint::open_dir(dir.path()).err().expect("must fail").to_string();
-        assert!(err.contains("tensor b") && err.contains("truncated"), "{err}");
+        let err = Checkpoint::open_dir(dir.path())
+            .err()
+            .expect("must fail")
+            .to_string();
+        assert!(
+            err.contains("tensor b") && err.contains("truncated"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -290,10 +362,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("model.safetensors");
         std::fs::write(&path, b"abc").expect("write");
-        let err = Checkpoint::open_dir(dir.path()).err().expect("must fail").to_string();
+        let err = Checkpoint::open_dir(dir.path())
+            .err()
+            .expect("must fail")
+            .to_string();
         assert!(err.contains("too short"), "{err}");
         std::fs::write(&path, [255u8; 64]).expect("write");
-        let err = Checkpoint::open_dir(dir.path()).err().expect("must fail").to_string();
+        let err = Checkpoint::open_dir(dir.path())
+            .err()
+            .expect("must fail")
+            .to_string();
         assert!(err.contains("header length"), "{err}");
     }
 
@@ -301,8 +379,18 @@ mod tests {
     fn sharded_folder_is_read_through_its_index() {
         let dir = tempfile::tempdir().expect("tempdir");
         let t = sample();
-        write_safetensors(&dir.path().join("model-00001-of-00002.safetensors"), &t[..1], &[]).expect("w1");
-        write_safetensors(&dir.path().join("model-00002-of-00002.safetensors"), &t[1..], &[]).expect("w2");
+        write_safetensors(
+            &dir.path().join("model-00001-of-00002.safetensors"),
+            &t[..1],
+            &[],
+        )
+        .expect("w1");
+        write_safetensors(
+            &dir.path().join("model-00002-of-00002.safetensors"),
+            &t[1..],
+            &[],
+        )
+        .expect("w2");
         std::fs::write(
             dir.path().join("model.safetensors.index.json"),
             r#"{"metadata":{},"weight_map":{"a.weight":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}"#,
@@ -316,7 +404,10 @@ mod tests {
     #[test]
     fn empty_folder_says_no_weights() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let err = Checkpoint::open_dir(dir.path()).err().expect("must fail").to_string();
+        let err = Checkpoint::open_dir(dir.path())
+            .err()
+            .expect("must fail")
+            .to_string();
         assert!(err.contains("no safetensors weights"), "{err}");
     }
 }

@@ -71,7 +71,8 @@ impl TextConfig {
     }
     /// `2 * key dim + value dim` of a GDN layer (the conv channels).
     pub fn gdn_conv_dim(&self) -> usize {
-        2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_num_value_heads * self.linear_value_head_dim
+        2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
     }
     pub fn count(&self, kind: LayerKind) -> usize {
         self.layer_types.iter().filter(|k| **k == kind).count()
@@ -91,8 +92,13 @@ impl ModelConfig {
     }
 
     pub fn from_json_str(text: &str) -> Result<Self, ModelError> {
-        let v: Value = serde_json::from_str(text).map_err(|e| ModelError::Config(format!("invalid JSON: {e}")))?;
-        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("").to_string();
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| ModelError::Config(format!("invalid JSON: {e}")))?;
+        let model_type = v
+            .get("model_type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         match model_type.as_str() {
             "qwen3_5_text" => Ok(ModelConfig { form: ModelForm::Text, text: parse_text(&v, None)?, model_type }),
             "qwen3_5" => {
@@ -122,7 +128,10 @@ fn req_usize(v: &Value, key: &str) -> Result<usize, ModelError> {
 fn opt_usize(v: &Value, key: &str, default: usize) -> Result<usize, ModelError> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(default),
-        Some(x) => x.as_u64().map(|x| x as usize).ok_or_else(|| ModelError::Config(format!("\"{key}\" must be an integer"))),
+        Some(x) => x
+            .as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| ModelError::Config(format!("\"{key}\" must be an integer"))),
     }
 }
 
@@ -144,16 +153,28 @@ fn parse_text(v: &Value, tie_override: Option<bool>) -> Result<TextConfig, Model
             .map(|t| match t.as_str() {
                 Some("linear_attention") => Ok(LayerKind::GatedDeltaNet),
                 Some("full_attention") => Ok(LayerKind::Attention),
-                _ => Err(ModelError::Config(format!("unknown layer type {t} in \"layer_types\""))),
+                _ => Err(ModelError::Config(format!(
+                    "unknown layer type {t} in \"layer_types\""
+                ))),
             })
             .collect::<Result<Vec<_>, _>>()?,
         Some(Value::Null) | None => {
             let interval = opt_usize(v, "full_attention_interval", 4)?.max(1);
             (0..num_hidden_layers)
-                .map(|i| if (i + 1) % interval == 0 { LayerKind::Attention } else { LayerKind::GatedDeltaNet })
+                .map(|i| {
+                    if (i + 1) % interval == 0 {
+                        LayerKind::Attention
+                    } else {
+                        LayerKind::GatedDeltaNet
+                    }
+                })
                 .collect()
         }
-        Some(other) => return Err(ModelError::Config(format!("\"layer_types\" must be a list, got {other}"))),
+        Some(other) => {
+            return Err(ModelError::Config(format!(
+                "\"layer_types\" must be a list, got {other}"
+            )))
+        }
     };
     if layer_types.len() != num_hidden_layers {
         return Err(ModelError::Config(format!(
@@ -162,28 +183,46 @@ fn parse_text(v: &Value, tie_override: Option<bool>) -> Result<TextConfig, Model
         )));
     }
     if v.get("attention_bias").and_then(Value::as_bool) == Some(true) {
-        return Err(ModelError::Config("attention_bias = true is not a Qwen3.5 configuration".into()));
+        return Err(ModelError::Config(
+            "attention_bias = true is not a Qwen3.5 configuration".into(),
+        ));
     }
     if let Some(act) = v.get("hidden_act").and_then(Value::as_str) {
         if act != "silu" {
-            return Err(ModelError::Config(format!("hidden_act {act:?} is not supported (Qwen3.5 uses silu)")));
+            return Err(ModelError::Config(format!(
+                "hidden_act {act:?} is not supported (Qwen3.5 uses silu)"
+            )));
         }
     }
     // RoPE: `rope_parameters` (transformers 5), else the older top-level keys / `rope_scaling`.
     let rp = v.get("rope_parameters").filter(|x| x.is_object());
     let rs = v.get("rope_scaling").filter(|x| x.is_object());
-    let pick = |key: &str| rp.and_then(|p| p.get(key)).or_else(|| v.get(key)).or_else(|| rs.and_then(|p| p.get(key)));
+    let pick = |key: &str| {
+        rp.and_then(|p| p.get(key))
+            .or_else(|| v.get(key))
+            .or_else(|| rs.and_then(|p| p.get(key)))
+    };
     if let Some(t) = pick("rope_type").and_then(Value::as_str) {
         if t != "default" {
-            return Err(ModelError::Config(format!("rope_type {t:?} is not supported (onepass implements \"default\")")));
+            return Err(ModelError::Config(format!(
+                "rope_type {t:?} is not supported (onepass implements \"default\")"
+            )));
         }
     }
-    let rope_theta = pick("rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0);
-    let partial_rotary_factor = pick("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(0.25);
+    let rope_theta = pick("rope_theta")
+        .and_then(Value::as_f64)
+        .unwrap_or(10_000.0);
+    let partial_rotary_factor = pick("partial_rotary_factor")
+        .and_then(Value::as_f64)
+        .unwrap_or(0.25);
     let mrope_section = pick("mrope_section").and_then(Value::as_array).map(|a| {
-        a.iter().map(|x| x.as_u64().unwrap_or(0) as usize).collect::<Vec<_>>()
+        a.iter()
+            .map(|x| x.as_u64().unwrap_or(0) as usize)
+            .collect::<Vec<_>>()
     });
-    let mrope_interleaved = pick("mrope_interleaved").and_then(Value::as_bool).unwrap_or(false);
+    let mrope_interleaved = pick("mrope_interleaved")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let cfg = TextConfig {
         vocab_size: req_usize(v, "vocab_size")?,
         hidden_size,
@@ -194,7 +233,9 @@ fn parse_text(v: &Value, tie_override: Option<bool>) -> Result<TextConfig, Model
         head_dim,
         rms_norm_eps: opt_f64(v, "rms_norm_eps").unwrap_or(1e-6) as f32,
         max_position_embeddings: opt_usize(v, "max_position_embeddings", 32768)?,
-        tie_word_embeddings: tie_override.or_else(|| v.get("tie_word_embeddings").and_then(Value::as_bool)).unwrap_or(false),
+        tie_word_embeddings: tie_override
+            .or_else(|| v.get("tie_word_embeddings").and_then(Value::as_bool))
+            .unwrap_or(false),
         linear_conv_kernel_dim: opt_usize(v, "linear_conv_kernel_dim", 4)?,
         linear_key_head_dim: opt_usize(v, "linear_key_head_dim", 128)?,
         linear_value_head_dim: opt_usize(v, "linear_value_head_dim", 128)?,
@@ -210,6 +251,7 @@ fn parse_text(v: &Value, tie_override: Option<bool>) -> Result<TextConfig, Model
     Ok(cfg)
 }
 
+#[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(x > 0.0)` also rejects NaN
 fn validate(c: &TextConfig) -> Result<(), ModelError> {
     let bad = |m: String| Err(ModelError::Config(m));
     for (name, x) in [
@@ -230,20 +272,26 @@ fn validate(c: &TextConfig) -> Result<(), ModelError> {
             return bad(format!("\"{name}\" must be positive"));
         }
     }
-    if c.num_attention_heads % c.num_key_value_heads != 0 {
+    if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return bad(format!(
             "num_attention_heads {} is not a multiple of num_key_value_heads {}",
             c.num_attention_heads, c.num_key_value_heads
         ));
     }
-    if c.linear_num_value_heads % c.linear_num_key_heads != 0 {
+    if !c
+        .linear_num_value_heads
+        .is_multiple_of(c.linear_num_key_heads)
+    {
         return bad(format!(
             "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
             c.linear_num_value_heads, c.linear_num_key_heads
         ));
     }
     if !(c.partial_rotary_factor > 0.0 && c.partial_rotary_factor <= 1.0) || c.rotary_dim() == 0 {
-        return bad(format!("partial_rotary_factor {} gives no rotary dims", c.partial_rotary_factor));
+        return bad(format!(
+            "partial_rotary_factor {} gives no rotary dims",
+            c.partial_rotary_factor
+        ));
     }
     if let Some(sec) = &c.mrope_section {
         let sum: usize = sec.iter().sum();
@@ -277,22 +325,28 @@ mod tests {
         let c = ModelConfig::from_json_str(TEXT).expect("parse");
         assert_eq!(c.form, ModelForm::Text);
         use LayerKind::*;
-        assert_eq!(c.text.layer_types, vec![GatedDeltaNet, GatedDeltaNet, GatedDeltaNet, Attention]);
+        assert_eq!(
+            c.text.layer_types,
+            vec![GatedDeltaNet, GatedDeltaNet, GatedDeltaNet, Attention]
+        );
         assert_eq!(c.text.rotary_dim(), 4);
     }
 
     #[test]
     fn unknown_model_type_and_bad_sections_are_named() {
-        let e = ModelConfig::from_json_str(&TEXT.replace("qwen3_5_text", "llama")).err().expect("fail");
+        let e =
+            ModelConfig::from_json_str(&TEXT.replace("qwen3_5_text", "llama")).expect_err("fail");
         assert!(e.to_string().contains("\"llama\""), "{e}");
-        let e = ModelConfig::from_json_str(&TEXT.replace("[1,1,0]", "[2,2,2]")).err().expect("fail");
+        let e = ModelConfig::from_json_str(&TEXT.replace("[1,1,0]", "[2,2,2]")).expect_err("fail");
         assert!(e.to_string().contains("mrope_section"), "{e}");
     }
 
     #[test]
     fn composite_reads_text_config_and_top_level_tie() {
         let inner = TEXT.replace("\"model_type\":\"qwen3_5_text\",", "");
-        let json = format!(r#"{{"model_type":"qwen3_5","tie_word_embeddings":true,"text_config":{inner}}}"#);
+        let json = format!(
+            r#"{{"model_type":"qwen3_5","tie_word_embeddings":true,"text_config":{inner}}}"#
+        );
         let c = ModelConfig::from_json_str(&json).expect("parse");
         assert_eq!(c.form, ModelForm::Composite);
         assert!(c.text.tie_word_embeddings);

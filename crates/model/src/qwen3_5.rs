@@ -92,13 +92,23 @@ impl Model {
         for (i, kind) in c.layer_types.iter().enumerate() {
             let vb = base.pp("layers").pp(i);
             let mixer = match kind {
-                LayerKind::GatedDeltaNet => Mixer::GatedDeltaNet(GatedDeltaNet::load(&vb.pp("linear_attn"), c)?),
+                LayerKind::GatedDeltaNet => {
+                    Mixer::GatedDeltaNet(GatedDeltaNet::load(&vb.pp("linear_attn"), c)?)
+                }
                 LayerKind::Attention => Mixer::Attention(Attention::load(&vb.pp("self_attn"), c)?),
             };
             layers.push(Layer {
-                input_norm: RmsNorm::load(&vb.pp("input_layernorm"), c.hidden_size, c.rms_norm_eps)?,
+                input_norm: RmsNorm::load(
+                    &vb.pp("input_layernorm"),
+                    c.hidden_size,
+                    c.rms_norm_eps,
+                )?,
                 mixer,
-                post_norm: RmsNorm::load(&vb.pp("post_attention_layernorm"), c.hidden_size, c.rms_norm_eps)?,
+                post_norm: RmsNorm::load(
+                    &vb.pp("post_attention_layernorm"),
+                    c.hidden_size,
+                    c.rms_norm_eps,
+                )?,
                 mlp: Mlp::load(&vb.pp("mlp"), c.hidden_size, c.intermediate_size)?,
             });
         }
@@ -110,7 +120,14 @@ impl Model {
         };
         // The multi-token-prediction head and the vision tower are not part of the text model.
         root.finish(&["mtp.", "model.visual.", "visual."])?;
-        Ok(Model { config, embed, layers, norm, lm_head, file_bytes: ck.file_bytes() })
+        Ok(Model {
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            file_bytes: ck.file_bytes(),
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -150,14 +167,21 @@ impl Model {
 
     /// Runs several sequences at once: the projections see all their tokens stacked, each token
     /// mixer walks each sequence with its own state. → [ΣT, H], sequences in order.
-    pub fn forward_batch(&self, items: &mut [(&mut SequenceState, &[u32])]) -> Result<Vec<f32>, ModelError> {
+    pub fn forward_batch(
+        &self,
+        items: &mut [(&mut SequenceState, &[u32])],
+    ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config.text;
         let hid = c.hidden_size;
         let mut segs = Vec::with_capacity(items.len());
         let mut n = 0;
         for (st, ids) in items.iter() {
             self.check_input(st, ids)?;
-            segs.push(Seg { start: n, len: ids.len(), pos: st.pos });
+            segs.push(Seg {
+                start: n,
+                len: ids.len(),
+                pos: st.pos,
+            });
             n += ids.len();
         }
         // x: [N, H]
@@ -165,12 +189,14 @@ impl Model {
         for (seg, (_, ids)) in segs.iter().zip(items.iter()) {
             for (i, &id) in ids.iter().enumerate() {
                 let r = seg.start + i;
-                self.embed.read_f32(id as usize * hid, &mut x[r * hid..(r + 1) * hid]);
+                self.embed
+                    .read_f32(id as usize * hid, &mut x[r * hid..(r + 1) * hid]);
             }
         }
         for (li, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x);
-            let mut states: Vec<&mut LayerState> = items.iter_mut().map(|(s, _)| &mut s.layers[li]).collect();
+            let mut states: Vec<&mut LayerState> =
+                items.iter_mut().map(|(s, _)| &mut s.layers[li]).collect();
             let mixed = match &layer.mixer {
                 Mixer::GatedDeltaNet(m) => m.forward(&h, n, &segs, &mut states),
                 Mixer::Attention(m) => m.forward(&h, n, &segs, &mut states),
@@ -193,7 +219,10 @@ impl Model {
             return Err(ModelError::Input("empty token sequence".into()));
         }
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= c.vocab_size) {
-            return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary (0..{})", c.vocab_size)));
+            return Err(ModelError::Input(format!(
+                "token id {bad} is outside the vocabulary (0..{})",
+                c.vocab_size
+            )));
         }
         if st.pos + ids.len() > c.max_position_embeddings {
             return Err(ModelError::Input(format!(
@@ -203,7 +232,9 @@ impl Model {
             )));
         }
         if st.layers.len() != self.layers.len() {
-            return Err(ModelError::Input("sequence state belongs to another model".into()));
+            return Err(ModelError::Input(
+                "sequence state belongs to another model".into(),
+            ));
         }
         Ok(())
     }
@@ -221,7 +252,10 @@ impl Model {
     /// hundred label rows and never pays for the whole head). hidden: [H] → [rows.len()]
     pub fn logits_rows(&self, hidden: &[f32], rows: &[u32]) -> Result<Vec<f32>, ModelError> {
         if let Some(bad) = rows.iter().find(|&&r| r as usize >= self.vocab_size()) {
-            return Err(ModelError::Input(format!("vocabulary row {bad} is outside 0..{}", self.vocab_size())));
+            return Err(ModelError::Input(format!(
+                "vocabulary row {bad} is outside 0..{}",
+                self.vocab_size()
+            )));
         }
         let mut out = vec![0.0; rows.len()];
         dot_rows(hidden, &self.lm_head, rows, &mut out);
@@ -279,7 +313,8 @@ impl Model {
     fn norm_params(&self) -> usize {
         let c = &self.config.text;
         // final norm + two per layer + q/k norms per attention layer
-        c.hidden_size * (1 + 2 * c.num_hidden_layers) + c.count(LayerKind::Attention) * 2 * c.head_dim
+        c.hidden_size * (1 + 2 * c.num_hidden_layers)
+            + c.count(LayerKind::Attention) * 2 * c.head_dim
     }
 }
 

@@ -81,7 +81,9 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
         vocab_size: 248_320,
         hidden_size: hidden,
         intermediate_size: inter,
-        layer_types: (0..24).map(|i| if (i + 1) % 4 == 0 { A } else { G }).collect(),
+        layer_types: (0..24)
+            .map(|i| if (i + 1) % 4 == 0 { A } else { G })
+            .collect(),
         write_interval: None,
         num_attention_heads: 8,
         num_key_value_heads: 2,
@@ -116,7 +118,12 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
             ..tiny
         },
         // The composite (Qwen3_5ForConditionalGeneration) layout with ignored extra tensors.
-        "tiny-composite" => SynthSpec { form: ModelForm::Composite, extra_ignored_tensors: true, seed: 3, ..tiny },
+        "tiny-composite" => SynthSpec {
+            form: ModelForm::Composite,
+            extra_ignored_tensors: true,
+            seed: 3,
+            ..tiny
+        },
         // bf16 weights, layer kinds derived from full_attention_interval, 6 layers.
         "tiny-bf16" => SynthSpec {
             layer_types: vec![G, G, A, G, G, A],
@@ -126,10 +133,18 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
             ..tiny
         },
         // The real Qwen3.5 vocabulary size, for tests that use the real tokenizer.
-        "tiny-qwen-vocab" => SynthSpec { vocab_size: 248_320, tie_word_embeddings: true, seed: 5, ..tiny },
-        "tiny-qwen-vocab-composite" => {
-            SynthSpec { vocab_size: 248_320, form: ModelForm::Composite, seed: 6, ..tiny }
-        }
+        "tiny-qwen-vocab" => SynthSpec {
+            vocab_size: 248_320,
+            tie_word_embeddings: true,
+            seed: 5,
+            ..tiny
+        },
+        "tiny-qwen-vocab-composite" => SynthSpec {
+            vocab_size: 248_320,
+            form: ModelForm::Composite,
+            seed: 6,
+            ..tiny
+        },
         "qwen3.5-0.8b" => big(1024, 3584),
         "qwen3.5-2b" => big(2048, 6144),
         _ => return None,
@@ -167,7 +182,7 @@ struct Spec {
 
 fn mrope_section(rot: usize) -> [usize; 3] {
     let h = rot / 2;
-    [(h + 2) / 3, (h + 1) / 3, h / 3]
+    [h.div_ceil(3), (h + 1) / 3, h / 3]
 }
 
 /// The `config.json` for a spec.
@@ -248,45 +263,117 @@ fn tensor_specs(s: &SynthSpec) -> Vec<Spec> {
         ModelForm::Composite => "model.language_model.".to_string(),
     };
     let mut out = Vec::new();
-    let mut add = |name: String, shape: Vec<usize>, init: Init, dtype: DType| out.push(Spec { name, shape, init, dtype });
+    let mut add = |name: String, shape: Vec<usize>, init: Init, dtype: DType| {
+        out.push(Spec {
+            name,
+            shape,
+            init,
+            dtype,
+        })
+    };
     let lin = |fan_in: usize| Init::Normal(1.0 / (fan_in as f32).sqrt());
     let gain = Init::Normal(0.1);
     let dt = s.dtype;
-    add(format!("{base}embed_tokens.weight"), vec![s.vocab_size, h], Init::Normal(0.3), dt);
-    let (hk, hv, dk, dv) = (s.linear_num_key_heads, s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim);
+    add(
+        format!("{base}embed_tokens.weight"),
+        vec![s.vocab_size, h],
+        Init::Normal(0.3),
+        dt,
+    );
+    let (hk, hv, dk, dv) = (
+        s.linear_num_key_heads,
+        s.linear_num_value_heads,
+        s.linear_key_head_dim,
+        s.linear_value_head_dim,
+    );
     let conv_dim = 2 * hk * dk + hv * dv;
     let (nh, kvh, d) = (s.num_attention_heads, s.num_key_value_heads, s.head_dim);
     for (i, kind) in s.layer_types.iter().enumerate() {
         let p = format!("{base}layers.{i}.");
         add(format!("{p}input_layernorm.weight"), vec![h], gain, dt);
-        add(format!("{p}post_attention_layernorm.weight"), vec![h], gain, dt);
+        add(
+            format!("{p}post_attention_layernorm.weight"),
+            vec![h],
+            gain,
+            dt,
+        );
         match kind {
             LayerKind::GatedDeltaNet => {
                 let q = format!("{p}linear_attn.");
-                add(format!("{q}in_proj_qkv.weight"), vec![conv_dim, h], lin(h), dt);
+                add(
+                    format!("{q}in_proj_qkv.weight"),
+                    vec![conv_dim, h],
+                    lin(h),
+                    dt,
+                );
                 add(format!("{q}in_proj_z.weight"), vec![hv * dv, h], lin(h), dt);
                 add(format!("{q}in_proj_a.weight"), vec![hv, h], lin(h), dt);
                 add(format!("{q}in_proj_b.weight"), vec![hv, h], lin(h), dt);
-                add(format!("{q}conv1d.weight"), vec![conv_dim, 1, s.conv_kernel], lin(s.conv_kernel), dt);
-                add(format!("{q}A_log"), vec![hv], Init::LogUniform(0.05, 1.0), DType::F32);
-                add(format!("{q}dt_bias"), vec![hv], Init::Uniform(-1.0, 1.0), DType::F32);
-                add(format!("{q}norm.weight"), vec![dv], Init::OnePlus(0.1), DType::F32);
-                add(format!("{q}out_proj.weight"), vec![h, hv * dv], lin(hv * dv), dt);
+                add(
+                    format!("{q}conv1d.weight"),
+                    vec![conv_dim, 1, s.conv_kernel],
+                    lin(s.conv_kernel),
+                    dt,
+                );
+                add(
+                    format!("{q}A_log"),
+                    vec![hv],
+                    Init::LogUniform(0.05, 1.0),
+                    DType::F32,
+                );
+                add(
+                    format!("{q}dt_bias"),
+                    vec![hv],
+                    Init::Uniform(-1.0, 1.0),
+                    DType::F32,
+                );
+                add(
+                    format!("{q}norm.weight"),
+                    vec![dv],
+                    Init::OnePlus(0.1),
+                    DType::F32,
+                );
+                add(
+                    format!("{q}out_proj.weight"),
+                    vec![h, hv * dv],
+                    lin(hv * dv),
+                    dt,
+                );
             }
             LayerKind::Attention => {
                 let q = format!("{p}self_attn.");
                 add(format!("{q}q_proj.weight"), vec![nh * 2 * d, h], lin(h), dt);
                 add(format!("{q}k_proj.weight"), vec![kvh * d, h], lin(h), dt);
                 add(format!("{q}v_proj.weight"), vec![kvh * d, h], lin(h), dt);
-                add(format!("{q}o_proj.weight"), vec![h, nh * d], lin(nh * d), dt);
+                add(
+                    format!("{q}o_proj.weight"),
+                    vec![h, nh * d],
+                    lin(nh * d),
+                    dt,
+                );
                 add(format!("{q}q_norm.weight"), vec![d], gain, dt);
                 add(format!("{q}k_norm.weight"), vec![d], gain, dt);
             }
         }
         let m = format!("{p}mlp.");
-        add(format!("{m}gate_proj.weight"), vec![s.intermediate_size, h], lin(h), dt);
-        add(format!("{m}up_proj.weight"), vec![s.intermediate_size, h], lin(h), dt);
-        add(format!("{m}down_proj.weight"), vec![h, s.intermediate_size], lin(s.intermediate_size), dt);
+        add(
+            format!("{m}gate_proj.weight"),
+            vec![s.intermediate_size, h],
+            lin(h),
+            dt,
+        );
+        add(
+            format!("{m}up_proj.weight"),
+            vec![s.intermediate_size, h],
+            lin(h),
+            dt,
+        );
+        add(
+            format!("{m}down_proj.weight"),
+            vec![h, s.intermediate_size],
+            lin(s.intermediate_size),
+            dt,
+        );
     }
     add(format!("{base}norm.weight"), vec![h], gain, dt);
     if !s.tie_word_embeddings {
@@ -308,7 +395,9 @@ fn mix(mut z: u64) -> u64 {
 }
 
 fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 fn unit(x: u64) -> f64 {
@@ -333,29 +422,44 @@ fn encode(spec: &Spec, seed: u64) -> Vec<u8> {
     let key = mix(seed ^ name_hash(&spec.name));
     let per = spec.dtype.size();
     let mut bytes = vec![0u8; n * per];
-    bytes.par_chunks_mut(per * 65536).enumerate().for_each(|(c, chunk)| {
-        for (j, out) in chunk.chunks_exact_mut(per).enumerate() {
-            let v = draw(spec.init, key, (c * 65536 + j) as u64);
-            match spec.dtype {
-                DType::F32 => out.copy_from_slice(&v.to_le_bytes()),
-                DType::BF16 => out.copy_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes()),
-                DType::F16 => out.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes()),
+    bytes
+        .par_chunks_mut(per * 65536)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            for (j, out) in chunk.chunks_exact_mut(per).enumerate() {
+                let v = draw(spec.init, key, (c * 65536 + j) as u64);
+                match spec.dtype {
+                    DType::F32 => out.copy_from_slice(&v.to_le_bytes()),
+                    DType::BF16 => {
+                        out.copy_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes())
+                    }
+                    DType::F16 => {
+                        out.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes())
+                    }
+                }
             }
-        }
-    });
+        });
     bytes
 }
 
 /// Writes `config.json` and `model.safetensors` for `spec` into `dir` (created if needed).
 /// `progress` is called with (tensors done, tensors total).
-pub fn write_checkpoint(spec: &SynthSpec, dir: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<(), ModelError> {
+pub fn write_checkpoint(
+    spec: &SynthSpec,
+    dir: &Path,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(), ModelError> {
     let io = |e: std::io::Error| ModelError::Io(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(io)?;
-    let cfg = serde_json::to_string_pretty(&config_json(spec)).map_err(|e| ModelError::Io(e.to_string()))?;
+    let cfg = serde_json::to_string_pretty(&config_json(spec))
+        .map_err(|e| ModelError::Io(e.to_string()))?;
     std::fs::write(dir.join("config.json"), cfg + "\n").map_err(io)?;
     let specs = tensor_specs(spec);
     let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), json!({"format": "pt", "generator": "onepass synth", "seed": spec.seed.to_string()}));
+    header.insert(
+        "__metadata__".into(),
+        json!({"format": "pt", "generator": "onepass synth", "seed": spec.seed.to_string()}),
+    );
     let mut offset = 0usize;
     for s in &specs {
         let len = s.shape.iter().product::<usize>() * s.dtype.size();
@@ -368,7 +472,8 @@ pub fn write_checkpoint(spec: &SynthSpec, dir: &Path, progress: &mut dyn FnMut(u
     }
     let path = dir.join("model.safetensors");
     let mut w = BufWriter::new(File::create(&path).map_err(io)?);
-    w.write_all(&(text.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&(text.len() as u64).to_le_bytes())
+        .map_err(io)?;
     w.write_all(text.as_bytes()).map_err(io)?;
     for (i, s) in specs.iter().enumerate() {
         w.write_all(&encode(s, spec.seed)).map_err(io)?;
@@ -377,4 +482,3 @@ pub fn write_checkpoint(spec: &SynthSpec, dir: &Path, progress: &mut dyn FnMut(u
     w.flush().map_err(io)?;
     Ok(())
 }
-

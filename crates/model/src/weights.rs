@@ -23,13 +23,25 @@ pub struct Binder {
 
 impl Binder {
     pub fn new(ck: Arc<Checkpoint>) -> Self {
-        Binder { ck, prefix: String::new(), used: Arc::new(Mutex::new(HashSet::new())) }
+        Binder {
+            ck,
+            prefix: String::new(),
+            used: Arc::new(Mutex::new(HashSet::new())),
+        }
     }
 
     /// The same checkpoint under `prefix.`.
     pub fn pp(&self, prefix: impl std::fmt::Display) -> Self {
-        let prefix = if self.prefix.is_empty() { prefix.to_string() } else { format!("{}.{prefix}", self.prefix) };
-        Binder { ck: self.ck.clone(), prefix, used: self.used.clone() }
+        let prefix = if self.prefix.is_empty() {
+            prefix.to_string()
+        } else {
+            format!("{}.{prefix}", self.prefix)
+        };
+        Binder {
+            ck: self.ck.clone(),
+            prefix,
+            used: self.used.clone(),
+        }
     }
 
     fn full(&self, name: &str) -> String {
@@ -43,9 +55,14 @@ impl Binder {
     /// The tensor `name` with exactly `shape`.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
         let full = self.full(name);
-        let t = self.ck.get(&full).ok_or_else(|| ModelError::Weights(format!("missing tensor {full} (expected shape {shape:?})")))?;
+        let t = self.ck.get(&full).ok_or_else(|| {
+            ModelError::Weights(format!("missing tensor {full} (expected shape {shape:?})"))
+        })?;
         if t.shape() != shape {
-            return Err(ModelError::Weights(format!("tensor {full} has shape {:?}, expected {shape:?}", t.shape())));
+            return Err(ModelError::Weights(format!(
+                "tensor {full} has shape {:?}, expected {shape:?}",
+                t.shape()
+            )));
         }
         if let Ok(mut u) = self.used.lock() {
             u.insert(full);
@@ -61,14 +78,24 @@ impl Binder {
     /// Errors if the checkpoint holds a tensor that was never bound and is not under one of the
     /// `ignored` prefixes.
     pub fn finish(&self, ignored: &[&str]) -> Result<(), ModelError> {
-        let used = self.used.lock().map_err(|_| ModelError::Weights("binder lock poisoned".into()))?;
-        let mut extra: Vec<&str> =
-            self.ck.names().filter(|n| !used.contains(*n) && !ignored.iter().any(|p| n.starts_with(p))).collect();
+        let used = self
+            .used
+            .lock()
+            .map_err(|_| ModelError::Weights("binder lock poisoned".into()))?;
+        let mut extra: Vec<&str> = self
+            .ck
+            .names()
+            .filter(|n| !used.contains(*n) && !ignored.iter().any(|p| n.starts_with(p)))
+            .collect();
         extra.sort();
         if let Some(first) = extra.first() {
             return Err(ModelError::Weights(format!(
                 "unexpected tensor {first}{} in the checkpoint (not part of this architecture)",
-                if extra.len() > 1 { format!(" and {} more", extra.len() - 1) } else { String::new() }
+                if extra.len() > 1 {
+                    format!(" and {} more", extra.len() - 1)
+                } else {
+                    String::new()
+                }
             )));
         }
         Ok(())

@@ -13,7 +13,8 @@ fn err(dir: &std::path::Path) -> String {
 
 fn edit_config(dir: &std::path::Path, f: impl FnOnce(&mut serde_json::Value)) {
     let p = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).expect("read")).expect("json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("read")).expect("json");
     f(&mut v);
     std::fs::write(&p, v.to_string()).expect("write");
 }
@@ -22,16 +23,19 @@ fn edit_config(dir: &std::path::Path, f: impl FnOnce(&mut serde_json::Value)) {
 fn token_ids_beyond_vocab_empty_input_and_long_sequences() {
     let (_d, m) = common::load("tiny-gva");
     let mut st = m.new_state();
-    let e = m.forward(&mut st, &[1, 320]).err().expect("id").to_string();
+    let e = m.forward(&mut st, &[1, 320]).expect_err("id").to_string();
     assert!(e.contains("token id 320") && e.contains("0..320"), "{e}");
-    let e = m.forward(&mut st, &[]).err().expect("empty").to_string();
+    let e = m.forward(&mut st, &[]).expect_err("empty").to_string();
     assert!(e.contains("empty"), "{e}");
     let long = vec![1u32; 4097];
-    let e = m.forward(&mut st, &long).err().expect("long").to_string();
+    let e = m.forward(&mut st, &long).expect_err("long").to_string();
     assert!(e.contains("max_position_embeddings 4096"), "{e}");
     // The failed calls left the state untouched.
     assert_eq!(st.position(), 0);
-    let e = m.logits_rows(&vec![0.0; m.hidden_size()], &[400]).err().expect("row").to_string();
+    let e = m
+        .logits_rows(&vec![0.0; m.hidden_size()], &[400])
+        .expect_err("row")
+        .to_string();
     assert!(e.contains("row 400"), "{e}");
 }
 
@@ -57,7 +61,10 @@ fn mis_shaped_tensor_is_named() {
     let d = common::synth_dir("tiny-gva");
     edit_config(d.path(), |v| v["intermediate_size"] = 100.into());
     let e = err(d.path());
-    assert!(e.contains("model.layers.0.mlp.gate_proj.weight") && e.contains("[160, 64]"), "{e}");
+    assert!(
+        e.contains("model.layers.0.mlp.gate_proj.weight") && e.contains("[160, 64]"),
+        "{e}"
+    );
 }
 
 #[test]

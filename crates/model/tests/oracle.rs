@@ -26,19 +26,33 @@ fn check_preset(preset: &str) {
         entry["model_safetensors_sha256"].as_str().expect("sha"),
         "{preset}: the synthetic checkpoint no longer matches the one the fixtures were made from; rerun tools/oracle/model_fixtures.py"
     );
-    let fx = Checkpoint::open_file(&common::repo_root().join(format!("tests/fixtures/logits/{preset}.safetensors")))
-        .expect("fixture");
+    let fx = Checkpoint::open_file(
+        &common::repo_root().join(format!("tests/fixtures/logits/{preset}.safetensors")),
+    )
+    .expect("fixture");
     let v = model.vocab_size();
     let mut checked = 0;
     let mut worst = 0.0f32;
     for len in man["lengths"].as_array().expect("lengths") {
         let len = len.as_u64().expect("len") as usize;
-        let ids: Vec<u32> = fx.get(&format!("ids.{len}")).expect("ids").to_f32_vec().iter().map(|x| *x as u32).collect();
-        let want = fx.get(&format!("logits.{len}")).expect("logits").to_f32_vec();
+        let ids: Vec<u32> = fx
+            .get(&format!("ids.{len}"))
+            .expect("ids")
+            .to_f32_vec()
+            .iter()
+            .map(|x| *x as u32)
+            .collect();
+        let want = fx
+            .get(&format!("logits.{len}"))
+            .expect("logits")
+            .to_f32_vec();
         let got = common::logits_chunked(&model, &ids, len);
         for p in 0..len {
             let d = common::rel_diff(&got[p * v..(p + 1) * v], &want[p * v..(p + 1) * v]);
-            assert!(d <= TOLERANCE, "{preset} length {len} position {p}: relative diff {d:e} > {TOLERANCE:e}");
+            assert!(
+                d <= TOLERANCE,
+                "{preset} length {len} position {p}: relative diff {d:e} > {TOLERANCE:e}"
+            );
             worst = worst.max(d);
             checked += 1;
         }

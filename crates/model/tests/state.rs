@@ -61,7 +61,10 @@ fn state_bytes_grow_with_attention_only() {
     let mut st = m.new_state();
     assert_eq!(st.bytes(), info.state_bytes_per_sequence);
     m.forward(&mut st, &[1, 2, 3, 4]).expect("forward");
-    assert_eq!(st.bytes(), info.state_bytes_per_sequence + 4 * info.state_bytes_per_token);
+    assert_eq!(
+        st.bytes(),
+        info.state_bytes_per_sequence + 4 * info.state_bytes_per_token
+    );
     assert_eq!(st.position(), 4);
 }
 
@@ -73,16 +76,24 @@ fn batched_segments_match_separate_runs() {
     let b = common::pseudo_ids(5, v, 2);
     let mut sa = m.new_state();
     let mut sb = m.new_state();
-    m.forward(&mut sb, &common::pseudo_ids(33, v, 9)).expect("history");
+    m.forward(&mut sb, &common::pseudo_ids(33, v, 9))
+        .expect("history");
     let mut sb_sep = sb.clone();
-    let both = m.forward_batch(&mut [(&mut sa, &a[..]), (&mut sb, &b[..])]).expect("batch");
+    let both = m
+        .forward_batch(&mut [(&mut sa, &a[..]), (&mut sb, &b[..])])
+        .expect("batch");
     let ha = m.forward(&mut m.new_state(), &a).expect("a");
     let hb = m.forward(&mut sb_sep, &b).expect("b");
     let h = m.hidden_size();
     let sep: Vec<f32> = ha.iter().chain(hb.iter()).copied().collect();
     assert_eq!(both.len(), sep.len());
     for (i, (x, y)) in both.iter().zip(&sep).enumerate() {
-        assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "row {} col {}: {x} vs {y}", i / h, i % h);
+        assert!(
+            (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+            "row {} col {}: {x} vs {y}",
+            i / h,
+            i % h
+        );
     }
 }
 

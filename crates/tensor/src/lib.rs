@@ -48,7 +48,11 @@ impl fmt::Display for DType {
 #[derive(Clone)]
 enum Bytes {
     /// A slice of a memory-mapped file (aligned to the element size).
-    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    Mapped {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    },
     /// An owned buffer of 32-bit words, so every element type is aligned.
     Owned(Arc<Vec<u32>>, usize),
 }
@@ -95,7 +99,13 @@ impl fmt::Debug for Tensor {
 #[derive(Debug, thiserror::Error)]
 pub enum TensorError {
     #[error("tensor {name}: {len} bytes cannot hold {dtype} {shape:?} ({expected} bytes)")]
-    Size { name: String, dtype: DType, shape: Vec<usize>, len: usize, expected: usize },
+    Size {
+        name: String,
+        dtype: DType,
+        shape: Vec<usize>,
+        len: usize,
+        expected: usize,
+    },
 }
 
 fn element_count(shape: &[usize]) -> usize {
@@ -123,33 +133,58 @@ impl Tensor {
                 expected,
             });
         }
-        let aligned = (map.as_ptr() as usize + offset) % dtype.size() == 0;
+        let aligned = (map.as_ptr() as usize + offset).is_multiple_of(dtype.size());
         let bytes = if aligned {
             Bytes::Mapped { map, offset, len }
         } else {
             owned_bytes(&map[offset..offset + len])
         };
-        Ok(Tensor { name: name.to_string(), dtype, shape, bytes })
+        Ok(Tensor {
+            name: name.to_string(),
+            dtype,
+            shape,
+            bytes,
+        })
     }
 
     /// An owned f32 tensor.
     pub fn from_f32(name: &str, shape: Vec<usize>, data: &[f32]) -> Self {
-        assert_eq!(element_count(&shape), data.len(), "tensor {name}: shape {shape:?} vs {} values", data.len());
+        assert_eq!(
+            element_count(&shape),
+            data.len(),
+            "tensor {name}: shape {shape:?} vs {} values",
+            data.len()
+        );
         let words: Vec<u32> = data.iter().map(|v| v.to_bits()).collect();
         let len = words.len() * 4;
-        Tensor { name: name.to_string(), dtype: DType::F32, shape, bytes: Bytes::Owned(Arc::new(words), len) }
+        Tensor {
+            name: name.to_string(),
+            dtype: DType::F32,
+            shape,
+            bytes: Bytes::Owned(Arc::new(words), len),
+        }
     }
 
     /// An owned bf16 tensor (values rounded to nearest even).
     pub fn from_f32_as_bf16(name: &str, shape: Vec<usize>, data: &[f32]) -> Self {
-        assert_eq!(element_count(&shape), data.len(), "tensor {name}: shape {shape:?} vs {} values", data.len());
+        assert_eq!(
+            element_count(&shape),
+            data.len(),
+            "tensor {name}: shape {shape:?} vs {} values",
+            data.len()
+        );
         let halves: Vec<u16> = data.iter().map(|v| bf16::from_f32(*v).to_bits()).collect();
         let mut raw = Vec::with_capacity(halves.len() * 2);
         for h in halves {
             raw.extend_from_slice(&h.to_le_bytes());
         }
         let bytes = owned_bytes(&raw);
-        Tensor { name: name.to_string(), dtype: DType::BF16, shape, bytes }
+        Tensor {
+            name: name.to_string(),
+            dtype: DType::BF16,
+            shape,
+            bytes,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -183,7 +218,9 @@ impl Tensor {
         unsafe {
             match self.dtype {
                 DType::F32 => View::F32(std::slice::from_raw_parts(raw.as_ptr() as *const f32, n)),
-                DType::BF16 => View::BF16(std::slice::from_raw_parts(raw.as_ptr() as *const bf16, n)),
+                DType::BF16 => {
+                    View::BF16(std::slice::from_raw_parts(raw.as_ptr() as *const bf16, n))
+                }
                 DType::F16 => View::F16(std::slice::from_raw_parts(raw.as_ptr() as *const f16, n)),
             }
         }
@@ -216,7 +253,10 @@ impl Tensor {
 
     /// Same tensor with a new name (storage shared).
     pub fn renamed(&self, name: &str) -> Self {
-        Tensor { name: name.to_string(), ..self.clone() }
+        Tensor {
+            name: name.to_string(),
+            ..self.clone()
+        }
     }
 }
 

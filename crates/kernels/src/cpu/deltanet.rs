@@ -65,8 +65,22 @@ impl HeadInputs<'_> {
     }
 }
 
-fn check(sh: DeltaShape, q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], state: &[f32], out: &[f32]) {
-    assert!(sh.hk > 0 && sh.hv % sh.hk == 0, "value heads {} must be a multiple of key heads {}", sh.hv, sh.hk);
+fn check(
+    sh: DeltaShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    state: &[f32],
+    out: &[f32],
+) {
+    assert!(
+        sh.hk > 0 && sh.hv.is_multiple_of(sh.hk),
+        "value heads {} must be a multiple of key heads {}",
+        sh.hv,
+        sh.hk
+    );
     assert_eq!(q.len(), sh.t * sh.hk * sh.dk);
     assert_eq!(k.len(), sh.t * sh.hk * sh.dk);
     assert_eq!(v.len(), sh.t * sh.hv * sh.dv);
@@ -88,7 +102,14 @@ pub fn gated_delta_recurrent(
     out: &mut [f32],
 ) {
     check(sh, q, k, v, g, beta, state, out);
-    let inp = HeadInputs { sh, q, k, v, g, beta };
+    let inp = HeadInputs {
+        sh,
+        q,
+        k,
+        v,
+        g,
+        beta,
+    };
     let (dk, dv, hv) = (sh.dk, sh.dv, sh.hv);
     let per_head: Vec<Vec<f32>> = state
         .par_chunks_mut(dk * dv)
@@ -155,7 +176,14 @@ pub fn gated_delta_chunked(
 ) {
     check(sh, q, k, v, g, beta, state, out);
     assert!(chunk > 0);
-    let inp = HeadInputs { sh, q, k, v, g, beta };
+    let inp = HeadInputs {
+        sh,
+        q,
+        k,
+        v,
+        g,
+        beta,
+    };
     let per_head: Vec<Vec<f32>> = state
         .par_chunks_mut(sh.dk * sh.dv)
         .enumerate()
@@ -205,8 +233,20 @@ fn chunked_head(inp: &HeadInputs<'_>, h: usize, s: &mut [f32], chunk: usize) -> 
             }
         }
         // kk = K Kᵀ, qk = Q Kᵀ (with unscaled q: recover by dividing e^γ out below).
-        sgemm(&mut kk, n, Mat::rm(&kc[..n * dk], n, dk), Mat::rm_t(&kc[..n * dk], dk, n), false);
-        sgemm(&mut qk, n, Mat::rm(&qc[..n * dk], n, dk), Mat::rm_t(&kc[..n * dk], dk, n), false);
+        sgemm(
+            &mut kk,
+            n,
+            Mat::rm(&kc[..n * dk], n, dk),
+            Mat::rm_t(&kc[..n * dk], dk, n),
+            false,
+        );
+        sgemm(
+            &mut qk,
+            n,
+            Mat::rm(&qc[..n * dk], n, dk),
+            Mat::rm_t(&kc[..n * dk], dk, n),
+            false,
+        );
         // Forward substitution: X_i = rhs_i − Σ_{j<i} A_ij X_j.
         for i in 1..n {
             let bi = inp.beta[(start + i) * hv + h];
@@ -226,7 +266,13 @@ fn chunked_head(inp: &HeadInputs<'_>, h: usize, s: &mut [f32], chunk: usize) -> 
         for i in 0..n {
             vnew[i * dv..(i + 1) * dv].copy_from_slice(&rhs[i * w..i * w + dv]);
         }
-        let wmat = Mat { data: &rhs[dv..], rows: n, cols: dk, rs: w, cs: 1 };
+        let wmat = Mat {
+            data: &rhs[dv..],
+            rows: n,
+            cols: dk,
+            rs: w,
+            cs: 1,
+        };
         let mut ws = vec![0.0f32; n * dv];
         sgemm(&mut ws, dv, wmat, Mat::rm(s, dk, dv), false);
         for (a, b) in vnew[..n * dv].iter_mut().zip(&ws) {
@@ -235,7 +281,11 @@ fn chunked_head(inp: &HeadInputs<'_>, h: usize, s: &mut [f32], chunk: usize) -> 
         // o = (e^γ q) S + M v', M_ij = (q_i·k_j) e^{γ_i−γ_j} for j ≤ i. qk holds e^{γ_i} q_i·k_j.
         for i in 0..n {
             for j in 0..n {
-                qk[i * n + j] = if j <= i { qk[i * n + j] * (-gamma[j]).exp() } else { 0.0 };
+                qk[i * n + j] = if j <= i {
+                    qk[i * n + j] * (-gamma[j]).exp()
+                } else {
+                    0.0
+                };
             }
         }
         // The e^{γ_i}·e^{−γ_j} split can overflow for long chunks with strong decay; recompute
@@ -251,12 +301,30 @@ fn chunked_head(inp: &HeadInputs<'_>, h: usize, s: &mut [f32], chunk: usize) -> 
             }
         }
         let o = &mut out[start * dv..(start + n) * dv];
-        sgemm(o, dv, Mat::rm(&qc[..n * dk], n, dk), Mat::rm(s, dk, dv), false);
-        sgemm(o, dv, Mat::rm(&qk[..n * n], n, n), Mat::rm(&vnew[..n * dv], n, dv), true);
+        sgemm(
+            o,
+            dv,
+            Mat::rm(&qc[..n * dk], n, dk),
+            Mat::rm(s, dk, dv),
+            false,
+        );
+        sgemm(
+            o,
+            dv,
+            Mat::rm(&qk[..n * n], n, n),
+            Mat::rm(&vnew[..n * dv], n, dv),
+            true,
+        );
         // S ← e^{γ_C} S + (e^{γ_C − γ} k)ᵀ v'
         let decay = glast.exp();
         s.iter_mut().for_each(|x| *x *= decay);
-        sgemm(s, dv, Mat::rm_t(&kd[..n * dk], dk, n), Mat::rm(&vnew[..n * dv], n, dv), true);
+        sgemm(
+            s,
+            dv,
+            Mat::rm_t(&kd[..n * dk], dk, n),
+            Mat::rm(&vnew[..n * dv], n, dv),
+            true,
+        );
         start += n;
     }
     out
@@ -277,7 +345,9 @@ mod tests {
     }
 
     fn rnd(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
                 x ^= x << 13;
@@ -296,26 +366,46 @@ mod tests {
         crate::l2_normalize(&mut k, dk, 1e-6);
         let scale = 1.0 / (dk as f32).sqrt();
         q.iter_mut().for_each(|x| *x *= scale);
-        let g = rnd(t * hv, 3).iter().map(|x| -0.5 * (x + 1.0) - 0.01).collect();
+        let g = rnd(t * hv, 3)
+            .iter()
+            .map(|x| -0.5 * (x + 1.0) - 0.01)
+            .collect();
         let beta = rnd(t * hv, 4).iter().map(|x| 0.5 * (x + 1.0)).collect();
-        Case { sh, q, k, v: rnd(t * hv * dv, 5), g, beta, s0: rnd(hv * dk * dv, 6) }
+        Case {
+            sh,
+            q,
+            k,
+            v: rnd(t * hv * dv, 5),
+            g,
+            beta,
+            s0: rnd(hv * dk * dv, 6),
+        }
     }
 
     #[test]
     fn chunked_matches_recurrent_on_odd_shapes() {
-        for &(t, hk, hv, dk, dv, chunk) in
-            &[(63, 1, 1, 60, 60, 64), (130, 2, 4, 16, 24, 64), (9, 3, 3, 8, 5, 4), (1, 1, 2, 7, 9, 64), (70, 2, 2, 32, 16, 7)]
-        {
+        for &(t, hk, hv, dk, dv, chunk) in &[
+            (63, 1, 1, 60, 60, 64),
+            (130, 2, 4, 16, 24, 64),
+            (9, 3, 3, 8, 5, 4),
+            (1, 1, 2, 7, 9, 64),
+            (70, 2, 2, 32, 16, 7),
+        ] {
             let c = case(t, hk, hv, dk, dv);
             let mut s_ref = c.s0.clone();
             let mut o_ref = vec![0.0; t * hv * dv];
-            gated_delta_recurrent(c.sh, &c.q, &c.k, &c.v, &c.g, &c.beta, &mut s_ref, &mut o_ref);
+            gated_delta_recurrent(
+                c.sh, &c.q, &c.k, &c.v, &c.g, &c.beta, &mut s_ref, &mut o_ref,
+            );
             let mut s = c.s0.clone();
             let mut o = vec![0.0; t * hv * dv];
             gated_delta_chunked(c.sh, &c.q, &c.k, &c.v, &c.g, &c.beta, &mut s, &mut o, chunk);
             let max_o = o_ref.iter().fold(1.0f32, |m, x| m.max(x.abs()));
             for (a, b) in o.iter().zip(&o_ref) {
-                assert!((a - b).abs() <= 2e-5 * max_o, "out t={t} hk={hk} hv={hv}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 2e-5 * max_o,
+                    "out t={t} hk={hk} hv={hv}: {a} vs {b}"
+                );
             }
             let max_s = s_ref.iter().fold(1.0f32, |m, x| m.max(x.abs()));
             for (a, b) in s.iter().zip(&s_ref) {
@@ -330,7 +420,9 @@ mod tests {
         c.g.iter_mut().for_each(|x| *x = -5.0);
         let mut s_ref = c.s0.clone();
         let mut o_ref = vec![0.0; 64 * 8];
-        gated_delta_recurrent(c.sh, &c.q, &c.k, &c.v, &c.g, &c.beta, &mut s_ref, &mut o_ref);
+        gated_delta_recurrent(
+            c.sh, &c.q, &c.k, &c.v, &c.g, &c.beta, &mut s_ref, &mut o_ref,
+        );
         let mut s = c.s0.clone();
         let mut o = vec![0.0; 64 * 8];
         gated_delta_chunked(c.sh, &c.q, &c.k, &c.v, &c.g, &c.beta, &mut s, &mut o, 64);

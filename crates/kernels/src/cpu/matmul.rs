@@ -24,8 +24,20 @@ const GEMV_ROWS: usize = 256;
 /// Panics if the buffers do not match the shapes (a programming error, never user input).
 pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
     let (n, k) = weight_dims(w);
-    assert_eq!(x.len(), t * k, "matmul_t {}: x has {} values, want [{t}, {k}]", w.name(), x.len());
-    assert_eq!(y.len(), t * n, "matmul_t {}: y has {} values, want [{t}, {n}]", w.name(), y.len());
+    assert_eq!(
+        x.len(),
+        t * k,
+        "matmul_t {}: x has {} values, want [{t}, {k}]",
+        w.name(),
+        x.len()
+    );
+    assert_eq!(
+        y.len(),
+        t * n,
+        "matmul_t {}: y has {} values, want [{t}, {n}]",
+        w.name(),
+        y.len()
+    );
     if t == 0 || n == 0 {
         return;
     }
@@ -126,7 +138,13 @@ fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32
                 }
             };
             let mut out = vec![0.0f32; t * rows];
-            sgemm(&mut out, rows, Mat::rm(x, t, k), Mat::rm_t(wb, k, rows), false);
+            sgemm(
+                &mut out,
+                rows,
+                Mat::rm(x, t, k),
+                Mat::rm_t(wb, k, rows),
+                false,
+            );
             (r0, rows, out)
         })
         .collect();
@@ -160,7 +178,8 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
             // SAFETY: the processor supports AVX-512F (checked above).
             return unsafe { simd::dot_f32_avx512(a, b) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
             // SAFETY: the processor supports AVX2 and FMA (checked above).
             return unsafe { simd::dot_f32_avx2(a, b) };
         }
@@ -238,7 +257,11 @@ mod simd {
         while i + 32 <= n {
             // SAFETY: i + 32 <= n keeps both loads inside the slices.
             unsafe {
-                acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), _mm512_loadu_ps(b.as_ptr().add(i)), acc0);
+                acc0 = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(a.as_ptr().add(i)),
+                    _mm512_loadu_ps(b.as_ptr().add(i)),
+                    acc0,
+                );
                 acc1 = _mm512_fmadd_ps(
                     _mm512_loadu_ps(a.as_ptr().add(i + 16)),
                     _mm512_loadu_ps(b.as_ptr().add(i + 16)),
@@ -264,7 +287,11 @@ mod simd {
         while i + 16 <= n {
             // SAFETY: i + 16 <= n keeps both loads inside the slices.
             unsafe {
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), acc0);
+                acc0 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(b.as_ptr().add(i)),
+                    acc0,
+                );
                 acc1 = _mm256_fmadd_ps(
                     _mm256_loadu_ps(a.as_ptr().add(i + 8)),
                     _mm256_loadu_ps(b.as_ptr().add(i + 8)),
@@ -317,25 +344,41 @@ mod tests {
     use super::*;
 
     fn pseudo(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| ((i as f32 + seed as f32 * 7.3) * 0.618).sin()).collect()
+        (0..n)
+            .map(|i| ((i as f32 + seed as f32 * 7.3) * 0.618).sin())
+            .collect()
     }
 
     fn check(t: usize, k: usize, n: usize, bf: bool) {
         let x = pseudo(t * k, 1);
         let wv = pseudo(n * k, 2);
-        let w = if bf { Tensor::from_f32_as_bf16("w", vec![n, k], &wv) } else { Tensor::from_f32("w", vec![n, k], &wv) };
+        let w = if bf {
+            Tensor::from_f32_as_bf16("w", vec![n, k], &wv)
+        } else {
+            Tensor::from_f32("w", vec![n, k], &wv)
+        };
         let mut fast = vec![0.0; t * n];
         let mut slow = vec![0.0; t * n];
         matmul_t(&x, t, &w, &mut fast);
         matmul_t_reference(&x, t, &w, &mut slow);
         for (a, b) in fast.iter().zip(&slow) {
-            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "t={t} k={k} n={n} bf16={bf}: {a} vs {b}");
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "t={t} k={k} n={n} bf16={bf}: {a} vs {b}"
+            );
         }
     }
 
     #[test]
     fn fast_matches_reference_on_odd_shapes() {
-        for &(t, k, n) in &[(1, 63, 5), (2, 130, 257), (3, 17, 65), (7, 100, 129), (64, 33, 300), (65, 257, 70)] {
+        for &(t, k, n) in &[
+            (1, 63, 5),
+            (2, 130, 257),
+            (3, 17, 65),
+            (7, 100, 129),
+            (64, 33, 300),
+            (65, 257, 70),
+        ] {
             check(t, k, n, false);
             check(t, k, n, true);
         }

@@ -89,7 +89,10 @@ pub fn rope_tables(pos0: usize, t: usize, inv_freq: &[f32]) -> (Vec<f32>, Vec<f3
 pub fn apply_rope(x: &mut [f32], t: usize, heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
     let half = cos.len() / t.max(1);
     for i in 0..t {
-        let (c, s) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+        let (c, s) = (
+            &cos[i * half..(i + 1) * half],
+            &sin[i * half..(i + 1) * half],
+        );
         for h in 0..heads {
             let v = &mut x[(i * heads + h) * d..(i * heads + h + 1) * d];
             for j in 0..half {
@@ -104,7 +107,14 @@ pub fn apply_rope(x: &mut [f32], t: usize, heads: usize, d: usize, cos: &[f32], 
 /// Causal depthwise convolution with SiLU, continuing from `state`.
 /// x: [T, C] (overwritten with the output); weight: [C, K]; state: [K-1, C], the previous K-1
 /// inputs (oldest first), updated to the last K-1 inputs.
-pub fn causal_conv1d_silu(x: &mut [f32], t: usize, channels: usize, weight: &[f32], kernel: usize, state: &mut [f32]) {
+pub fn causal_conv1d_silu(
+    x: &mut [f32],
+    t: usize,
+    channels: usize,
+    weight: &[f32],
+    kernel: usize,
+    state: &mut [f32],
+) {
     let hist = kernel - 1;
     assert_eq!(state.len(), hist * channels);
     // Padded input: the history followed by the new tokens.

@@ -13,11 +13,23 @@ pub(crate) struct Mat<'a> {
 impl<'a> Mat<'a> {
     /// A row-major `[rows, cols]` matrix.
     pub fn rm(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        Mat { data, rows, cols, rs: cols, cs: 1 }
+        Mat {
+            data,
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
     }
     /// The transpose of a row-major `[cols, rows]` buffer, seen as `[rows, cols]`.
     pub fn rm_t(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        Mat { data, rows, cols, rs: 1, cs: rows }
+        Mat {
+            data,
+            rows,
+            cols,
+            rs: 1,
+            cs: rows,
+        }
     }
     fn last_index(&self) -> usize {
         if self.rows == 0 || self.cols == 0 {
@@ -35,9 +47,18 @@ pub(crate) fn sgemm(dst: &mut [f32], dst_rs: usize, a: Mat<'_>, b: Mat<'_>, accu
     if m == 0 || n == 0 {
         return;
     }
-    assert!(a.data.len() > a.last_index() || k == 0, "sgemm: lhs buffer too small");
-    assert!(b.data.len() > b.last_index() || k == 0, "sgemm: rhs buffer too small");
-    assert!(dst.len() > (m - 1) * dst_rs + (n - 1), "sgemm: dst buffer too small");
+    assert!(
+        a.data.len() > a.last_index() || k == 0,
+        "sgemm: lhs buffer too small"
+    );
+    assert!(
+        b.data.len() > b.last_index() || k == 0,
+        "sgemm: rhs buffer too small"
+    );
+    assert!(
+        dst.len() > (m - 1) * dst_rs + (n - 1),
+        "sgemm: dst buffer too small"
+    );
     if k == 0 {
         if !accumulate {
             for r in 0..m {

@@ -34,10 +34,16 @@ pub struct Attention {
 
 impl Attention {
     pub fn load(vb: &Binder, c: &TextConfig) -> Result<Self, ModelError> {
-        let (hid, h, kvh, d) = (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let (hid, h, kvh, d) = (
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        );
         let rot = c.rotary_dim();
-        let inv_freq =
-            (0..rot / 2).map(|i| (1.0 / c.rope_theta.powf((2 * i) as f64 / rot as f64)) as f32).collect();
+        let inv_freq = (0..rot / 2)
+            .map(|i| (1.0 / c.rope_theta.powf((2 * i) as f64 / rot as f64)) as f32)
+            .collect();
         Ok(Attention {
             q: vb.get("q_proj.weight", &[h * 2 * d, hid])?,
             k: vb.get("k_proj.weight", &[kvh * d, hid])?,
@@ -61,7 +67,13 @@ impl Attention {
     }
 
     /// x: [N, hidden] → [N, hidden]
-    pub fn forward(&self, x: &[f32], n: usize, segs: &[Seg], states: &mut [&mut LayerState]) -> Vec<f32> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        segs: &[Seg],
+        states: &mut [&mut LayerState],
+    ) -> Vec<f32> {
         let (h, kvh, d) = (self.heads, self.kv_heads, self.d);
         let mut qg = vec![0.0; n * h * 2 * d];
         let mut k = vec![0.0; n * kvh * d];
@@ -95,8 +107,21 @@ impl Attention {
             let past = cache.k.len() / (kvh * d);
             cache.k.extend_from_slice(ks);
             cache.v.extend_from_slice(&v[r0 * kvh * d..r1 * kvh * d]);
-            let sh = AttnShape { t, past, heads: h, kv_heads: kvh, head_dim: d };
-            causal_attention(sh, qs, &cache.k, &cache.v, scale, &mut o[r0 * h * d..r1 * h * d]);
+            let sh = AttnShape {
+                t,
+                past,
+                heads: h,
+                kv_heads: kvh,
+                head_dim: d,
+            };
+            causal_attention(
+                sh,
+                qs,
+                &cache.k,
+                &cache.v,
+                scale,
+                &mut o[r0 * h * d..r1 * h * d],
+            );
         }
         for (x, g) in o.iter_mut().zip(&gate) {
             *x *= sigmoid(*g);

@@ -10,8 +10,8 @@
 //! ```
 
 use onepass_kernels::{
-    causal_conv1d_silu, gated_delta_chunked, gated_delta_recurrent, l2_normalize, matmul_t, rms_norm_gated, sigmoid,
-    softplus, DeltaShape,
+    causal_conv1d_silu, gated_delta_chunked, gated_delta_recurrent, l2_normalize, matmul_t,
+    rms_norm_gated, sigmoid, softplus, DeltaShape,
 };
 use onepass_tensor::Tensor;
 
@@ -99,7 +99,13 @@ impl GatedDeltaNet {
     }
 
     /// x: [N, H] (normed input of all segments) → [N, H]
-    pub fn forward(&self, x: &[f32], n: usize, segs: &[Seg], states: &mut [&mut LayerState]) -> Vec<f32> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        segs: &[Seg],
+        states: &mut [&mut LayerState],
+    ) -> Vec<f32> {
         let (hk, hv, dk, dv) = (self.hk, self.hv, self.dk, self.dv);
         let cd = self.conv_dim();
         let mut qkv = vec![0.0; n * cd];

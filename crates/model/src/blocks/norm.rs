@@ -15,7 +15,10 @@ pub struct RmsNorm {
 impl RmsNorm {
     pub fn load(vb: &Binder, dim: usize, eps: f32) -> Result<Self, ModelError> {
         let w = vb.get_f32("weight", &[dim])?;
-        Ok(RmsNorm { gain: w.iter().map(|x| 1.0 + x).collect(), eps })
+        Ok(RmsNorm {
+            gain: w.iter().map(|x| 1.0 + x).collect(),
+            eps,
+        })
     }
 
     /// x: [R, dim] → [R, dim]

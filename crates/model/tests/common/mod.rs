@@ -28,7 +28,11 @@ pub fn load(preset: &str) -> (tempfile::TempDir, Model) {
 pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / scale
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+        / scale
 }
 
 /// Runs `ids` in chunks of `chunk` and returns full logits [T, V].
