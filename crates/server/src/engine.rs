@@ -1,0 +1,40 @@
+//! What the server needs from a model: the tokenizer and config to plan requests, and one batched `score` call.
+//! A trait so tests can drive the HTTP layer with fakes (a slow engine, an engine that fails or panics);
+//! [`onepass_decide::Engine`] is the real implementation.
+
+use onepass_decide::{ApiError, DecideConfig, Engine, Plan, Request};
+use onepass_tokenizer::Tokenizer;
+
+/// Probabilities for every slot of every plan: `[plan][slot in row order][option]`.
+pub type Scores = Vec<Vec<Vec<f32>>>;
+
+/// The engine API the server is written against (the methods of [`onepass_decide::Engine`]).
+pub trait DecideEngine: Send + Sync + 'static {
+    /// `"decider-" + str(version)`.
+    fn model_name(&self) -> &str;
+    fn config(&self) -> &DecideConfig;
+    fn tokenizer(&self) -> &Tokenizer;
+    /// Render + rows, no model work.
+    fn plan(&self, req: &Request) -> Result<Plan, ApiError>;
+    /// One call for every plan's rows; an error fails every plan of the call (the batcher then retries them one by
+    /// one so a single bad request cannot fail its neighbours).
+    fn score(&self, plans: &[&Plan]) -> Result<Scores, String>;
+}
+
+impl DecideEngine for Engine {
+    fn model_name(&self) -> &str {
+        Engine::model_name(self)
+    }
+    fn config(&self) -> &DecideConfig {
+        Engine::config(self)
+    }
+    fn tokenizer(&self) -> &Tokenizer {
+        Engine::tokenizer(self)
+    }
+    fn plan(&self, req: &Request) -> Result<Plan, ApiError> {
+        Engine::plan(self, req)
+    }
+    fn score(&self, plans: &[&Plan]) -> Result<Scores, String> {
+        Engine::score(self, plans).map_err(|e| e.to_string())
+    }
+}

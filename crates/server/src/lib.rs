@@ -1,0 +1,386 @@
+//! The onepass HTTP server: decider-ai 1.10.0's serving API over axum, thin over `onepass-decide`.
+//!
+//! Routes: `POST /v1/systemone` (byte-exact with the reference), `POST /decide` (the plain form), `GET /v1/models`,
+//! `GET /health`, `GET /metrics` (Prometheus). A request is read (with a size cap), decompressed (zstd, gzip),
+//! parsed and planned on the blocking pool; the 413 checks and the 503 admission run before any model work
+//! (decider-contract R1.9.1); then its plan goes to the single batching worker ([`batcher`]), which scores every
+//! pending plan in one engine call. [`router`] builds the whole app around any [`DecideEngine`], so tests drive it
+//! without a socket; docs/server.md describes the routes, options and what differs from the reference.
+
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod batcher;
+pub mod body;
+pub mod decide_route;
+pub mod engine;
+pub mod metrics;
+
+pub use engine::{DecideEngine, Scores};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use batcher::{Admission, Batcher, Job};
+use metrics::Metrics;
+use onepass_decide::pyjson::{dumps_compact, obj, py_str, Object, Value};
+use onepass_decide::{assemble, check_size, parse_request, ApiError, DecideConfig, Layout, Limits, Plan};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+
+/// Everything `onepass serve` can set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerOptions {
+    /// 413 limits (`DECIDER_MAX_ROWS`, `DECIDER_MAX_ROW_TOKENS`, `DECIDER_MAX_REQUEST_TOKENS`).
+    pub limits: Limits,
+    /// `DECIDER_MAX_STATE_TOKENS`: cap on the ids of `"Context:\n" + state`.
+    pub max_state_tokens: usize,
+    /// `DECIDER_MAX_QUEUE_ROWS`: rows admitted and not yet answered (503 past it).
+    pub max_queue_rows: usize,
+    /// Most rows per engine call (a larger request still runs, alone).
+    pub max_batch_rows: usize,
+    /// Bearer token every route but `/health` requires; `None`: no auth.
+    pub api_key: Option<String>,
+    /// Cap on a request body, before and after decompression.
+    pub max_body_bytes: usize,
+    /// What `/health` reports as `"model"` (the `--model` argument, like `DECIDER_MODEL`).
+    pub model_id: String,
+    /// What `/health` reports as `"device"`.
+    pub device: String,
+    /// One stderr line per request.
+    pub log_requests: bool,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            limits: Limits::default(),
+            max_state_tokens: 32768,
+            max_queue_rows: 4096,
+            max_batch_rows: 64,
+            api_key: None,
+            max_body_bytes: 64 << 20,
+            model_id: String::new(),
+            device: "cpu".into(),
+            log_requests: true,
+        }
+    }
+}
+
+/// The shared state behind every route.
+pub struct App {
+    pub engine: Arc<dyn DecideEngine>,
+    /// The engine's config with the server's `max_state_tokens`.
+    pub cfg: DecideConfig,
+    pub opts: ServerOptions,
+    pub admission: Arc<Admission>,
+    pub batcher: Batcher,
+    pub metrics: Arc<Metrics>,
+    id_seed: u64,
+    seq: AtomicU64,
+}
+
+impl App {
+    /// Stop the batching worker after it has answered everything queued (call after the HTTP server has drained).
+    pub fn shutdown(&self) {
+        self.batcher.shutdown();
+    }
+}
+
+/// The app around `engine`: the router and its state (keep the state to call [`App::shutdown`]).
+pub fn router(engine: Arc<dyn DecideEngine>, opts: ServerOptions) -> std::io::Result<(Router, Arc<App>)> {
+    let metrics = Arc::new(Metrics::default());
+    let batcher = Batcher::start(engine.clone(), opts.max_batch_rows, metrics.clone())?;
+    let mut cfg = engine.config().clone();
+    cfg.max_state_tokens = opts.max_state_tokens;
+    let app = Arc::new(App {
+        engine,
+        cfg,
+        admission: Admission::new(opts.max_queue_rows),
+        batcher,
+        metrics,
+        id_seed: std::collections::hash_map::RandomState::new().build_hasher().finish(),
+        seq: AtomicU64::new(0),
+        opts,
+    });
+    let r = Router::new()
+        .route("/v1/systemone", post(systemone))
+        .route("/decide", post(decide))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_route))
+        .fallback(|| async { json_error(ApiError::detail(404, "Not Found")) })
+        .method_not_allowed_fallback(|| async { json_error(ApiError::detail(405, "Method Not Allowed")) })
+        .layer(middleware::from_fn_with_state(app.clone(), around))
+        .with_state(app.clone());
+    Ok((r, app))
+}
+
+/// What a route did, for the log line and the metrics (a response extension).
+#[derive(Debug, Clone, Copy, Default)]
+struct Work {
+    rows: u64,
+    tokens: u64,
+    decisions: u64,
+}
+
+const ROUTES: [&str; 5] = ["/v1/systemone", "/decide", "/v1/models", "/health", "/metrics"];
+
+/// Request id, auth, then (after the route) the id headers, metrics and the log line.
+async fn around(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let t0 = Instant::now();
+    let path = req.uri().path().to_string();
+    let route = ROUTES.iter().find(|r| **r == path).copied().unwrap_or("other");
+    let method = req.method().clone();
+    let rid = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            let n = app.seq.fetch_add(1, Ordering::Relaxed);
+            format!("{:012x}{:08x}", app.id_seed >> 16, n)
+        });
+    let mut resp = match authorized(&app, &path, req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => {
+            let mut r = json_error(e);
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            r
+        }
+    };
+    if let Ok(v) = HeaderValue::from_str(&rid) {
+        resp.headers_mut().insert("x-request-id", v.clone());
+        resp.headers_mut().insert("x-typesafe-request-id", v);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let status = resp.status().as_u16();
+    let work = resp.extensions().get::<Work>().copied().unwrap_or_default();
+    app.metrics.request(route, status, secs, work.rows, work.tokens, work.decisions);
+    if app.opts.log_requests {
+        eprintln!(
+            "onepass-server: id={rid} {method} {path} status={status} rows={} tokens={} latency_ms={:.1}",
+            work.rows,
+            work.tokens,
+            secs * 1e3
+        );
+    }
+    resp
+}
+
+/// `Authorization: Bearer <key>` when a key is set; `/health` stays open for probes.
+fn authorized(app: &App, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = app.opts.api_key.as_deref() else { return Ok(()) };
+    if path == "/health" {
+        return Ok(());
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    match given {
+        Some(t) if constant_time_eq(t.as_bytes(), key.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::detail(401, "invalid API key")),
+        None => Err(ApiError::detail(
+            401,
+            "missing API key: send the header Authorization: Bearer <key>",
+        )),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// An [`ApiError`] as Starlette writes it.
+fn json_error(e: ApiError) -> Response {
+    let (status, ctype, body) = e.http_body();
+    raw(status, ctype, body)
+}
+
+fn raw(status: u16, ctype: &'static str, body: String) -> Response {
+    let mut r = (StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+    r
+}
+
+/// A 200 JSON answer (compact, like Starlette's `JSONResponse`); a non-finite float is Starlette's plain 500.
+fn json_ok(v: &Value, work: Work) -> Response {
+    let mut r = match dumps_compact(v) {
+        Ok(s) => raw(200, "application/json", s),
+        Err(_) => raw(500, "text/plain; charset=utf-8", "Internal Server Error".into()),
+    };
+    r.extensions_mut().insert(work);
+    r
+}
+
+/// Read the body (capped), then undo its `Content-Encoding` on the blocking pool together with `then`.
+async fn with_body<T: Send + 'static>(
+    app: &Arc<App>,
+    headers: &HeaderMap,
+    body: Body,
+    then: impl FnOnce(&App, Vec<u8>) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let max = app.opts.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(body::too_large(max, false));
+    }
+    let raw = axum::body::to_bytes(body, max).await.map_err(|_| body::too_large(max, false))?;
+    let enc = headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().map(str::to_string).unwrap_or_else(|_| "?".into()));
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || {
+        let bytes = body::decode(enc.as_deref(), raw.to_vec(), max)?;
+        then(&app, bytes)
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::detail(500, format!("request preparation failed: {e}"))))
+}
+
+/// Reserve the plan's rows (503 when the queue is full) and score it on the batching worker.
+async fn score(app: &App, plan: Arc<Plan>) -> Result<Vec<Vec<f32>>, ApiError> {
+    let admitted = app.admission.admit(plan.rows.len()).map_err(|outstanding| {
+        ApiError::detail(
+            503,
+            format!(
+                "server busy: {outstanding} rows queued, the limit is {} (DECIDER_MAX_QUEUE_ROWS); retry later",
+                app.admission.max_rows
+            ),
+        )
+    })?;
+    let (tx, rx) = oneshot::channel();
+    app.batcher
+        .submit(Job { plan, reply: tx, admitted })
+        .map_err(|_| ApiError::detail(500, "the batching worker has stopped"))?;
+    match rx.await {
+        Ok(Ok(p)) => Ok(p),
+        Ok(Err(msg)) => Err(ApiError::detail(500, msg)),
+        Err(_) => Err(ApiError::detail(500, "the batching worker dropped the request")),
+    }
+}
+
+fn work_of(plan: &Plan, decisions: usize) -> Work {
+    Work {
+        rows: plan.rows.len() as u64,
+        tokens: plan.rows.iter().map(|r| r.ids.len() as u64).sum(),
+        decisions: decisions as u64,
+    }
+}
+
+/// `POST /v1/systemone` (serve.py `systemone`, decider-contract §5.1).
+async fn systemone(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let planned = with_body(&app, &headers, body, |app, bytes| {
+        let req = parse_request(&bytes)?;
+        if req.assets.as_ref().is_some_and(|a| !a.is_empty()) {
+            return Err(ApiError::detail(422, "this server was started without image support (DECIDER_IMAGES=1)"));
+        }
+        let plan = onepass_decide::plan(&req, app.engine.tokenizer(), &app.cfg)?;
+        check_size(&plan, &app.opts.limits)?;
+        Ok(Arc::new(plan))
+    })
+    .await;
+    let plan = match planned {
+        Ok(p) => p,
+        Err(e) => return json_error(e),
+    };
+    let probs = if plan.rows.is_empty() {
+        vec![]
+    } else {
+        match score(&app, plan.clone()).await {
+            Ok(p) => p,
+            Err(e) => return json_error(e),
+        }
+    };
+    match assemble(&plan, &probs, app.engine.model_name()) {
+        Ok(v) => json_ok(&v, work_of(&plan, plan.rqs.len())),
+        Err(e) => json_error(ApiError::detail(500, e.to_string())),
+    }
+}
+
+/// `POST /decide` (serve.py `decide`, decider-contract §5.2).
+async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let prepared = with_body(&app, &headers, body, |app, bytes| {
+        let prep = decide_route::prepare(&bytes, app.engine.tokenizer(), &app.cfg)?;
+        if let Some(plan) = &prep.plan {
+            check_size(plan, &app.opts.limits)?;
+        }
+        Ok(prep)
+    })
+    .await;
+    let prep = match prepared {
+        Ok(p) => p,
+        Err(e) => return json_error(e),
+    };
+    let Some(plan) = prep.plan else {
+        return json_ok(&Value::Object(Object::new()), Work::default());
+    };
+    let plan = Arc::new(plan);
+    match score(&app, plan.clone()).await {
+        Ok(p) => json_ok(&decide_route::format(&prep.questions, &p), work_of(&plan, prep.questions.len())),
+        Err(e) => json_error(e),
+    }
+}
+
+/// `GET /v1/models` (decider-contract §5.3).
+async fn models(State(app): State<Arc<App>>) -> Response {
+    let release = app
+        .cfg
+        .raw
+        .get("release_date")
+        .map(py_str)
+        .unwrap_or_else(|| "2026-09-17".into());
+    let m = obj([
+        ("name", Value::str(app.engine.model_name())),
+        (
+            "description",
+            Value::str("decider: one-pass typed decisions with calibrated probabilities"),
+        ),
+        ("release_date", Value::Str(release)),
+    ]);
+    json_ok(&obj([("models", Value::Array(vec![m]))]), Work::default())
+}
+
+/// `GET /health` (decider-contract §5.3): `ok` is "the batching worker runs".
+async fn health(State(app): State<Arc<App>>) -> Response {
+    let by_type: Object = onepass_decide::config::effective(&app.cfg.temperature)
+        .into_iter()
+        .map(|(q, v)| (q.as_str().to_string(), v))
+        .collect();
+    let v = obj([
+        ("ok", Value::Bool(app.batcher.alive())),
+        ("model", Value::str(app.opts.model_id.clone())),
+        ("device", Value::str(app.opts.device.clone())),
+        (
+            "layout",
+            Value::str(match app.cfg.layout {
+                Layout::Plain => "plain",
+                Layout::Chat => "chat",
+            }),
+        ),
+        ("temperature", Value::Float(app.cfg.temperature.t)),
+        ("temperature_by_type", Value::Object(by_type)),
+    ]);
+    json_ok(&v, Work::default())
+}
+
+/// `GET /metrics`: Prometheus text.
+async fn metrics_route(State(app): State<Arc<App>>) -> Response {
+    let text = app
+        .metrics
+        .render(app.admission.outstanding(), app.admission.max_rows, app.batcher.alive());
+    raw(200, "text/plain; version=0.0.4; charset=utf-8", text)
+}
