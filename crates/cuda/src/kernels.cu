@@ -1,0 +1,389 @@
+// onepass CUDA kernels, compiled at run time by NVRTC (see runtime.rs). No headers: bf16 is
+// handled as raw 16-bit words so that NVRTC needs no include path.
+//
+// Conventions: row-major buffers, outermost dimension first; `ld` is a row stride in elements.
+// Segment tables: seg[3*s + {0,1,2}] = {start row, rows, position of the first row}; tok[2*n + {0,1}]
+// = {segment, position} of stacked row n; state pointer tables hold one device address per segment.
+
+typedef unsigned short bf16_t;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((unsigned)x) << 16); }
+__device__ __forceinline__ bf16_t f2bf(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)0x7fc0;  // NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                              // round to nearest even
+    return (bf16_t)(u >> 16);
+}
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_f(float x) { return x * sigmoid_f(x); }
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    v = warp_sum(v);
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();
+    if (l == 0) part[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float s = (l < (int)(blockDim.x >> 5)) ? part[l] : 0.0f;
+        s = warp_sum(s);
+        if (l == 0) total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
+// x[n, :] = embed[ids[n], :]        embed: [V, H] bf16; x: [N, H] f32. grid N.
+extern "C" __global__ void embed_gather(const bf16_t* embed, const int* ids, float* x, int hid) {
+    int n = blockIdx.x;
+    const bf16_t* src = embed + (size_t)ids[n] * hid;
+    for (int c = threadIdx.x; c < hid; c += blockDim.x) x[(size_t)n * hid + c] = bf2f(src[c]);
+}
+
+// RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * gain. Writes bf16 (out_bf) or f32 (out_f).
+// x: [R, dim] stride ldx; out: [R, dim] stride ldo. grid R.
+extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, float eps, int dim,
+                                    bf16_t* out_bf, float* out_f, int ldo) {
+    int r = blockIdx.x;
+    const float* row = x + (size_t)r * ldx;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) s += row[c] * row[c];
+    s = block_sum(s);
+    float inv = 1.0f / sqrtf(s / dim + eps);
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float v = row[c] * inv * gain[c];
+        if (out_bf) out_bf[(size_t)r * ldo + c] = f2bf(v); else out_f[(size_t)r * ldo + c] = v;
+    }
+}
+
+// Gated RMSNorm of Gated DeltaNet per value head: norm(x) * w * silu(z), to bf16.
+// x: [N, HV, DV] f32; z: row n at z + n*ldz, [HV, DV]; out: [N, HV*DV] bf16. grid N*HV.
+extern "C" __global__ void rms_norm_gated(const float* x, const float* z, int ldz, const float* w, float eps,
+                                          int hv, int dv, bf16_t* out) {
+    int r = blockIdx.x, n = r / hv, h = r % hv;
+    const float* row = x + (size_t)r * dv;
+    const float* zr = z + (size_t)n * ldz + h * dv;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) s += row[c] * row[c];
+    s = block_sum(s);
+    float inv = 1.0f / sqrtf(s / dv + eps);
+    for (int c = threadIdx.x; c < dv; c += blockDim.x)
+        out[(size_t)r * dv + c] = f2bf(row[c] * inv * w[c] * silu_f(zr[c]));
+}
+
+// L2-normalises q and k heads of the conv output in place (q also times `scale`).
+// xc: [N, cd] with q heads at 0, k heads at hk*dk. grid (N, 2*hk).
+extern "C" __global__ void qk_l2norm(float* xc, int cd, int hk, int dk, float scale) {
+    int n = blockIdx.x, j = blockIdx.y;
+    float* row = xc + (size_t)n * cd + j * dk;  // q heads then k heads are contiguous
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < dk; c += blockDim.x) s += row[c] * row[c];
+    s = block_sum(s);
+    float inv = 1.0f / sqrtf(s + 1e-6f);
+    if (j < hk) inv *= scale;
+    for (int c = threadIdx.x; c < dk; c += blockDim.x) row[c] *= inv;
+}
+
+// g = neg_a * softplus(a + dt_bias), beta = sigmoid(b); a, b in the projection rows.
+// proj: [N, ld]; g, beta: [N, HV]. One thread per (n, h).
+extern "C" __global__ void gdn_gates(const float* proj, int ld, int off_a, int off_b, const float* neg_a,
+                                     const float* dt_bias, int hv, int rows, float* g, float* beta) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * hv) return;
+    int n = i / hv, h = i % hv;
+    float a = proj[(size_t)n * ld + off_a + h] + dt_bias[h];
+    float sp = a > 20.0f ? a : log1pf(expf(a));
+    g[i] = neg_a[h] * sp;
+    beta[i] = sigmoid_f(proj[(size_t)n * ld + off_b + h]);
+}
+
+// Depthwise causal conv1d + SiLU per segment, continuing the segment's conv state.
+// x: [N, ld] (channels 0..cd); out: [N, cd]; w: [cd, K] (K <= 8); states[s]: [K-1, cd] oldest first.
+// grid (ceil(cd/blockDim), nseg).
+extern "C" __global__ void conv1d_silu(const float* x, int ld, float* out, const float* w, int K, int cd,
+                                       const int* seg, const u64* states) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
+    if (c >= cd) return;
+    int start = seg[3 * s], len = seg[3 * s + 1];
+    float* st = (float*)states[s];
+    float h[8], wk[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        h[j] = (j < K - 1) ? st[(size_t)j * cd + c] : 0.0f;
+        wk[j] = (j < K) ? w[c * K + j] : 0.0f;
+    }
+    for (int t = 0; t < len; t++) {
+        float xt = x[(size_t)(start + t) * ld + c];
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 7; j++) if (j < K - 1) acc += wk[j] * h[j];
+        // the newest input meets the last tap
+#pragma unroll
+        for (int j = 0; j < 8; j++) if (j == K - 1) acc += wk[j] * xt;
+        out[(size_t)(start + t) * cd + c] = silu_f(acc);
+#pragma unroll
+        for (int j = 0; j < 7; j++) if (j < K - 2) h[j] = h[j + 1];
+#pragma unroll
+        for (int j = 0; j < 7; j++) if (j == K - 2) h[j] = xt;
+    }
+#pragma unroll
+    for (int j = 0; j < 7; j++) if (j < K - 1) st[(size_t)j * cd + c] = h[j];
+}
+
+// Chunked gated delta rule, one block per (value head, segment); the state S: [DK, DV] f32 lives in
+// shared memory for the whole segment. Per chunk of n <= C tokens with cumulative log decay gam:
+//   A_ij = b_i (k_i.k_j) e^(gam_i - gam_j) (j < i),  M_ij = (q_i.k_j) e^(gam_i - gam_j) (j <= i)
+//   r_i  = b_i (v_i - e^gam_i k_i S);   solve (I + A) v' = r by forward substitution (per column)
+//   o_i  = e^gam_i q_i S + sum_j M_ij v'_j;   S <- e^gam_n S + sum_i e^(gam_n - gam_i) k_i (x) v'_i
+// qkv: [N, ld] (q heads at 0, k at hk*dk, v at 2*hk*dk; q, k normalised); g, beta: [N, HV];
+// out: [N, HV, DV]; states[s]: [HV, DK, DV]. grid (hv, nseg); dynamic shared memory (see runtime.rs).
+extern "C" __global__ void gdn_chunked(const float* qkv, int ld, const float* g, const float* beta, float* out,
+                                       const int* seg, const u64* states, int hk, int hv, int dk, int dv, int C) {
+    extern __shared__ float sm[];
+    float* S = sm;                 // [dk, dv]
+    float* Q = S + dk * dv;        // [C, dk]
+    float* Kc = Q + C * dk;        // [C, dk]
+    float* A = Kc + C * dk;        // [C, C]
+    float* M = A + C * C;          // [C, C]
+    float* V = M + C * C;          // [C, dv]
+    float* gam = V + C * dv;       // [C]
+    float* bet = gam + C;          // [C]
+    int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    int start = seg[3 * s], len = seg[3 * s + 1];
+    int kh = h / (hv / hk);
+    float* Sg = (float*)states[s] + (size_t)h * dk * dv;
+    for (int i = tid; i < dk * dv; i += nt) S[i] = Sg[i];
+    for (int c0 = 0; c0 < len; c0 += C) {
+        int n = min(C, len - c0);
+        __syncthreads();
+        for (int i = tid; i < n * dk; i += nt) {
+            int t = i / dk, c = i % dk;
+            const float* row = qkv + (size_t)(start + c0 + t) * ld;
+            Q[i] = row[kh * dk + c];
+            Kc[i] = row[hk * dk + kh * dk + c];
+        }
+        for (int i = tid; i < n * dv; i += nt) {
+            int t = i / dv, j = i % dv;
+            V[i] = qkv[(size_t)(start + c0 + t) * ld + 2 * hk * dk + h * dv + j];
+        }
+        if (tid == 0) {
+            float acc = 0.0f;
+            for (int t = 0; t < n; t++) {
+                size_t r = (size_t)(start + c0 + t) * hv + h;
+                acc += g[r];
+                gam[t] = acc;
+                bet[t] = beta[r];
+            }
+        }
+        __syncthreads();
+        for (int i = tid; i < n * n; i += nt) {
+            int a = i / n, b = i % n;
+            float av = 0.0f, mv = 0.0f;
+            if (b <= a) {
+                float kk = 0.0f, qk = 0.0f;
+                for (int c = 0; c < dk; c++) {
+                    kk += Kc[a * dk + c] * Kc[b * dk + c];
+                    qk += Q[a * dk + c] * Kc[b * dk + c];
+                }
+                float d = expf(gam[a] - gam[b]);
+                if (b < a) av = bet[a] * kk * d;
+                mv = qk * d;
+            }
+            A[i] = av;
+            M[i] = mv;
+        }
+        for (int i = tid; i < n * dv; i += nt) {
+            int t = i / dv, j = i % dv;
+            float ks = 0.0f;
+            for (int c = 0; c < dk; c++) ks += Kc[t * dk + c] * S[c * dv + j];
+            V[i] = bet[t] * (V[i] - expf(gam[t]) * ks);
+        }
+        __syncthreads();
+        for (int j = tid; j < dv; j += nt) {
+            for (int a = 1; a < n; a++) {
+                float acc = V[a * dv + j];
+                for (int b = 0; b < a; b++) acc -= A[a * n + b] * V[b * dv + j];
+                V[a * dv + j] = acc;
+            }
+        }
+        __syncthreads();
+        for (int i = tid; i < n * dv; i += nt) {
+            int t = i / dv, j = i % dv;
+            float qs = 0.0f;
+            for (int c = 0; c < dk; c++) qs += Q[t * dk + c] * S[c * dv + j];
+            float o = expf(gam[t]) * qs;
+            for (int b = 0; b <= t; b++) o += M[t * n + b] * V[b * dv + j];
+            out[((size_t)(start + c0 + t) * hv + h) * dv + j] = o;
+        }
+        __syncthreads();
+        float gl = gam[n - 1], el = expf(gl);
+        for (int i = tid; i < dk * dv; i += nt) {
+            int c = i / dv, j = i % dv;
+            float acc = el * S[i];
+            for (int t = 0; t < n; t++) acc += Kc[t * dk + c] * expf(gl - gam[t]) * V[t * dv + j];
+            S[i] = acc;
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < dk * dv; i += nt) Sg[i] = S[i];
+}
+
+// One-token gated delta rule step for segments of exactly one row (decode). Each thread owns value
+// columns j of S (in global memory): S *= e^g; d = b (v_j - sum_c S_cj k_c); S_cj += k_c d; o_j = sum_c S_cj q_c.
+// grid (hv, nseg); shared memory 2*dk floats.
+extern "C" __global__ void gdn_step(const float* qkv, int ld, const float* g, const float* beta, float* out,
+                                    const int* seg, const u64* states, int hk, int hv, int dk, int dv) {
+    extern __shared__ float sm[];
+    float* q = sm;
+    float* k = sm + dk;
+    int h = blockIdx.x, s = blockIdx.y;
+    int row = seg[3 * s];
+    int kh = h / (hv / hk);
+    const float* xr = qkv + (size_t)row * ld;
+    for (int c = threadIdx.x; c < dk; c += blockDim.x) {
+        q[c] = xr[kh * dk + c];
+        k[c] = xr[hk * dk + kh * dk + c];
+    }
+    __syncthreads();
+    float decay = expf(g[(size_t)row * hv + h]), b = beta[(size_t)row * hv + h];
+    float* S = (float*)states[s] + (size_t)h * dk * dv;
+    for (int j = threadIdx.x; j < dv; j += blockDim.x) {
+        float kv = 0.0f;
+        for (int c = 0; c < dk; c++) kv += S[c * dv + j] * decay * k[c];
+        float d = (xr[2 * hk * dk + h * dv + j] - kv) * b;
+        float o = 0.0f;
+        for (int c = 0; c < dk; c++) {
+            float v = S[c * dv + j] * decay + k[c] * d;
+            S[c * dv + j] = v;
+            o += v * q[c];
+        }
+        out[((size_t)row * hv + h) * dv + j] = o;
+    }
+}
+
+// Attention inputs: per-head RMSNorm of q and k, partial rotary (rotate-half, first 2*half dims) at
+// each row's position; q to q_out, k and v appended to the segment's KV cache at that position.
+// proj: [N, ld] with per head h: q at h*2D, gate at h*2D + D; k at H*2D + kh*D; v at H*2D + HKV*D + kh*D.
+// q_out: [N, H, D]; kv[2*s], kv[2*s+1]: k, v caches [cap, HKV, D]. grid (N, H + HKV); D <= 1024.
+extern "C" __global__ void attn_prep(const float* proj, int ld, const float* qn, const float* kn, float eps,
+                                     const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
+                                     const u64* kv, float* q_out) {
+    __shared__ float xs[1024];
+    int n = blockIdx.x, j = blockIdx.y;
+    int s = tok[2 * n], pos = tok[2 * n + 1];
+    bool isq = j < H;
+    int kh = j - H;
+    const float* src = proj + (size_t)n * ld + (isq ? j * 2 * D : H * 2 * D + kh * D);
+    const float* gain = isq ? qn : kn;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) ss += src[c] * src[c];
+    ss = block_sum(ss);
+    float inv = 1.0f / sqrtf(ss / D + eps);
+    for (int c = threadIdx.x; c < D; c += blockDim.x) xs[c] = src[c] * inv * gain[c];
+    __syncthreads();
+    float* dst = isq ? q_out + ((size_t)n * H + j) * D : (float*)kv[2 * s] + ((size_t)pos * HKV + kh) * D;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        float v = xs[c];
+        if (c < 2 * half) {
+            int f = c < half ? c : c - half;
+            float ang = (float)pos * inv_freq[f];
+            float cs = cosf(ang), sn = sinf(ang);
+            v = c < half ? xs[c] * cs - xs[c + half] * sn : xs[c] * cs + xs[c - half] * sn;
+        }
+        dst[c] = v;
+    }
+    if (!isq) {
+        const float* vs = proj + (size_t)n * ld + H * 2 * D + HKV * D + kh * D;
+        float* vd = (float*)kv[2 * s + 1] + ((size_t)pos * HKV + kh) * D;
+        for (int c = threadIdx.x; c < D; c += blockDim.x) vd[c] = vs[c];
+    }
+}
+
+// Causal attention over the segment's KV cache (row n at position p sees keys 0..=p), grouped KV
+// heads, online softmax; the output times sigmoid(gate) goes to bf16 for o_proj.
+// One warp per (row, head): grid (ceil(N/4), H), block 128. q: [N, H, D]; out: [N, H*D]; D <= 512.
+extern "C" __global__ void attention(const float* q, const float* proj, int ld, const int* tok, const u64* kv,
+                                     int N, int H, int HKV, int D, float scale, bf16_t* out) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n = blockIdx.x * 4 + warp, h = blockIdx.y;
+    if (n >= N) return;
+    int s = tok[2 * n], pos = tok[2 * n + 1];
+    int kh = h / (H / HKV);
+    const float* K = (const float*)kv[2 * s];
+    const float* Vc = (const float*)kv[2 * s + 1];
+    const float* qr = q + ((size_t)n * H + h) * D;
+    float qv[16], acc[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        int c = lane + 32 * r;
+        qv[r] = c < D ? qr[c] : 0.0f;
+        acc[r] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int key = 0; key <= pos; key++) {
+        const float* kr = K + ((size_t)key * HKV + kh) * D;
+        float d = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            int c = lane + 32 * r;
+            if (c < D) d += qv[r] * kr[c];
+        }
+        d = warp_sum(d) * scale;
+        float mn = fmaxf(m, d);
+        float corr = expf(m - mn), p = expf(d - mn);
+        l = l * corr + p;
+        const float* vr = Vc + ((size_t)key * HKV + kh) * D;
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            int c = lane + 32 * r;
+            if (c < D) acc[r] = acc[r] * corr + p * vr[c];
+        }
+        m = mn;
+    }
+    const float* gate = proj + (size_t)n * ld + h * 2 * D + D;
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        int c = lane + 32 * r;
+        if (c < D) out[(size_t)n * H * D + h * D + c] = f2bf(acc[r] / l * sigmoid_f(gate[c]));
+    }
+}
+
+// SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] bf16.
+extern "C" __global__ void swiglu(const float* gu, int inter, int rows, bf16_t* out) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * inter) return;
+    size_t n = i / inter, c = i % inter;
+    out[i] = f2bf(silu_f(gu[n * 2 * inter + c]) * gu[n * 2 * inter + inter + c]);
+}
+
+// x += y (n values).
+extern "C" __global__ void add_inplace(float* x, const float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// f32 to bf16 (n values).
+extern "C" __global__ void to_bf16(const float* x, bf16_t* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2bf(x[i]);
+}
+
+// Label-row readout: out[p] = hidden[pairs[2p]] . head[pairs[2p+1]]. hidden: [N, H] f32; head: [V, H] bf16.
+// One warp per pair: grid ceil(P/4), block 128.
+extern "C" __global__ void rows_dot(const float* hidden, int hid, const int* pairs, int P, const bf16_t* head,
+                                    float* out) {
+    int p = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (p >= P) return;
+    const float* x = hidden + (size_t)pairs[2 * p] * hid;
+    const bf16_t* w = head + (size_t)pairs[2 * p + 1] * hid;
+    float d = 0.0f;
+    for (int c = lane; c < hid; c += 32) d += x[c] * bf2f(w[c]);
+    d = warp_sum(d);
+    if (lane == 0) out[p] = d;
+}

@@ -1,0 +1,260 @@
+//! One GPU: context, stream, cuBLAS handle, and the onepass kernels.
+//!
+//! The kernels (`kernels.cu`) are compiled by NVRTC to PTX for the device's compute capability
+//! (`compute_XY`) on first use and cached at `$XDG_CACHE_HOME/onepass/cuda/<hash>-compute_XY.ptx`
+//! (else `$HOME/.cache/...`), the hash (FNV-1a 64) covering the source, the arch and the NVRTC
+//! options; the driver's own cache then keeps the machine code it JIT-compiles from that PTX.
+//! Everything runs on one stream; the context's per-buffer event tracking is switched off (one
+//! stream needs none), so buffers are passed to kernels as raw device addresses.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, ValidAsZeroBits,
+};
+pub use cudarc::driver::PushKernelArg;
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use crate::{CudaError, DrvCtx};
+
+/// The kernel source (CUDA C, no headers).
+pub const KERNELS_CU: &str = include_str!("kernels.cu");
+
+const NVRTC_OPTS: &[&str] = &["--std=c++17"];
+
+/// The kernels by name.
+pub struct Kernels {
+    pub embed_gather: CudaFunction,
+    pub rms_norm: CudaFunction,
+    pub rms_norm_gated: CudaFunction,
+    pub qk_l2norm: CudaFunction,
+    pub gdn_gates: CudaFunction,
+    pub conv1d_silu: CudaFunction,
+    pub gdn_chunked: CudaFunction,
+    pub gdn_step: CudaFunction,
+    pub attn_prep: CudaFunction,
+    pub attention: CudaFunction,
+    pub swiglu: CudaFunction,
+    pub add_inplace: CudaFunction,
+    pub to_bf16: CudaFunction,
+    pub rows_dot: CudaFunction,
+}
+
+/// A device with the onepass kernels loaded.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub blas: CudaBlas,
+    pub k: Kernels,
+    pub name: String,
+    pub arch: String,
+    /// Largest dynamic shared memory one block may opt into (bytes).
+    pub max_smem: usize,
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for b in *p {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("onepass").join("cuda"))
+}
+
+/// PTX for `arch` (e.g. `compute_90`), from the disk cache or compiled now.
+pub fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
+    let key = fnv1a(&[KERNELS_CU.as_bytes(), arch.as_bytes(), NVRTC_OPTS.join(" ").as_bytes()]);
+    let path = cache_dir().map(|d| d.join(format!("{key:016x}-{arch}.ptx")));
+    if let Some(p) = &path {
+        if let Ok(src) = std::fs::read_to_string(p) {
+            return Ok(Ptx::from_src(src));
+        }
+    }
+    let arch_static: &'static str = Box::leak(arch.to_string().into_boxed_str());
+    let opts = CompileOptions {
+        arch: Some(arch_static),
+        options: NVRTC_OPTS.iter().map(|s| s.to_string()).collect(),
+        name: Some("onepass_kernels.cu".into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, opts)
+        .map_err(|e| CudaError::Compile { arch: arch.to_string(), msg: format!("{e:?}") })?;
+    if let Some(p) = &path {
+        // A cache that cannot be written only costs a recompile next time.
+        let src = ptx.to_src();
+        if let Some(dir) = p.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, src).is_ok() {
+            let _ = std::fs::rename(&tmp, p);
+        }
+    }
+    Ok(ptx)
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and loads the kernels.
+    pub fn new(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        let count = crate::probe()?;
+        if ordinal >= count {
+            return Err(CudaError::Unavailable(format!("device {ordinal} requested, {count} present")));
+        }
+        let ctx = CudaContext::new(ordinal).op("cuCtx create")?;
+        // SAFETY: every buffer and kernel of this backend uses the one stream below.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas { op: "create handle", err })?;
+        let (maj, min) = ctx.compute_capability().op("compute capability")?;
+        let arch = format!("compute_{maj}{min}");
+        let ptx = ptx_for(&arch)?;
+        let module = ctx.load_module(ptx).op("load module")?;
+        let f = |name: &'static str| module.load_function(name).op("load function");
+        let k = Kernels {
+            embed_gather: f("embed_gather")?,
+            rms_norm: f("rms_norm")?,
+            rms_norm_gated: f("rms_norm_gated")?,
+            qk_l2norm: f("qk_l2norm")?,
+            gdn_gates: f("gdn_gates")?,
+            conv1d_silu: f("conv1d_silu")?,
+            gdn_chunked: f("gdn_chunked")?,
+            gdn_step: f("gdn_step")?,
+            attn_prep: f("attn_prep")?,
+            attention: f("attention")?,
+            swiglu: f("swiglu")?,
+            add_inplace: f("add_inplace")?,
+            to_bf16: f("to_bf16")?,
+            rows_dot: f("rows_dot")?,
+        };
+        let max_smem = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .op("shared memory limit")? as usize;
+        k.gdn_chunked
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                max_smem as i32,
+            )
+            .op("gdn_chunked shared memory")?;
+        let name = ctx.name().op("device name")?;
+        Ok(Arc::new(Gpu { ctx, stream, blas, k, name, arch, max_smem }))
+    }
+
+    /// Uninitialised device memory for `n` values.
+    pub fn alloc<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
+        // SAFETY: callers write before they read (every kernel output is fully written).
+        unsafe { self.stream.alloc::<T>(n.max(1)) }.op("alloc")
+    }
+
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
+        self.stream.alloc_zeros::<T>(n.max(1)).op("alloc_zeros")
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        if host.is_empty() {
+            return self.alloc(1);
+        }
+        self.stream.clone_htod(host).op("upload")
+    }
+
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>, n: usize) -> Result<Vec<T>, CudaError> {
+        let mut out = vec![T::default(); n];
+        if n > 0 {
+            self.stream.memcpy_dtoh(&dev.slice(..n), &mut out).op("download")?;
+        }
+        Ok(out)
+    }
+
+    /// Copies `n` values between device buffers (at element offsets).
+    pub fn copy<T: DeviceRepr>(
+        &self,
+        src: &CudaSlice<T>,
+        src_off: usize,
+        dst: &mut CudaSlice<T>,
+        dst_off: usize,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let s = src.slice(src_off..src_off + n);
+        let mut d = dst.slice_mut(dst_off..dst_off + n);
+        self.stream.memcpy_dtod(&s, &mut d).op("copy")
+    }
+
+    pub fn sync(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().op("synchronize")
+    }
+
+    /// The raw device address of a buffer (valid while the buffer lives).
+    pub fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _guard) = s.device_ptr(&self.stream);
+        p
+    }
+
+    /// `y[T, N] (row stride ldy) = x[T, K] (bf16, row-major) · w[N, K]ᵀ (bf16) + beta · y`, f32
+    /// output, f32 accumulation (cuBLAS GemmEx).
+    pub fn gemm_bf16(&self, x: u64, t: usize, k: usize, w: u64, n: usize, y: u64, ldy: usize, beta: f32) -> Result<(), CudaError> {
+        if t == 0 || n == 0 {
+            return Ok(());
+        }
+        let alpha = 1.0f32;
+        // Column-major view: y_cm[n, t] = op(w)[n, k] · x_cm[k, t], with w_cm = [k, n] transposed.
+        // SAFETY: pointers are live device buffers of the stated shapes.
+        unsafe {
+            blas_result::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                t as i32,
+                k as i32,
+                &alpha as *const f32 as *const _,
+                w as *const _,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                x as *const _,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                &beta as *const f32 as *const _,
+                y as *mut _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                ldy as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|err| CudaError::Blas { op: "gemm bf16", err })
+    }
+}
+
+/// A launch configuration: `grid` blocks of `block` threads, `smem` bytes of dynamic shared memory.
+pub fn cfg(grid: (u32, u32), block: u32, smem: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (grid.0.max(1), grid.1.max(1), 1), block_dim: (block, 1, 1), shared_mem_bytes: smem }
+}
+
+/// Launches `func` with the listed arguments (each a `DeviceRepr` value: raw addresses as `u64`,
+/// sizes as `i32`, scalars as `f32`).
+#[macro_export]
+macro_rules! launch {
+    ($gpu:expr, $func:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
+        let gpu: &$crate::runtime::Gpu = $gpu;
+        let mut b = gpu.stream.launch_builder(&$func);
+        $( let v = $arg; $crate::runtime::PushKernelArg::arg(&mut b, &v); )*
+        // SAFETY: the arguments match the kernel's parameter list in kernels.cu.
+        unsafe { b.launch($cfg) }.map(|_| ()).map_err(|err| $crate::CudaError::Driver { op: stringify!($func), err })
+    }};
+}
+

@@ -1,0 +1,59 @@
+//! Shared helpers of the GPU tests: the environment switch, random data, tolerances.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use onepass_cuda::Gpu;
+
+/// The GPU, when `ONEPASS_CUDA_TESTS=1`; otherwise prints a note and returns None (CI has no GPU).
+pub fn gpu(test: &str) -> Option<Arc<Gpu>> {
+    if std::env::var("ONEPASS_CUDA_TESTS").as_deref() != Ok("1") {
+        eprintln!("{test}: skipped (set ONEPASS_CUDA_TESTS=1 on a machine with a CUDA GPU)");
+        return None;
+    }
+    Some(Gpu::new(0).expect("ONEPASS_CUDA_TESTS=1 but no usable CUDA GPU"))
+}
+
+/// Deterministic uniform values in [-1, 1).
+pub fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+pub fn bf16_round(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|x| half::bf16::from_f32(*x).to_f32()).collect()
+}
+
+pub fn to_bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect()
+}
+
+pub fn from_bf16_bits(v: &[u16]) -> Vec<f32> {
+    v.iter().map(|x| half::bf16::from_bits(*x).to_f32()).collect()
+}
+
+/// max |a - b| / max(1, max |b|); fails on NaN or a length mismatch.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length");
+    let scale = b.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+    let mut worst = 0.0f32;
+    for (x, y) in a.iter().zip(b) {
+        assert!(x.is_finite(), "non-finite GPU value {x}");
+        worst = worst.max((x - y).abs());
+    }
+    worst / scale
+}
+
+#[track_caller]
+pub fn check(name: &str, a: &[f32], b: &[f32], tol: f32) {
+    let e = rel_err(a, b);
+    eprintln!("{name}: max|diff|/max(1,max|ref|) = {e:.3e} (tolerance {tol:.0e})");
+    assert!(e <= tol, "{name}: {e:.3e} > {tol:.0e}");
+}

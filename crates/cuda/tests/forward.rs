@@ -1,0 +1,111 @@
+//! The whole GPU forward against the CPU model on the synthetic presets: a prefill, a segment batch
+//! over forked prefix states (different lengths, one of a single token), a one-token decode step
+//! over every segment, and label-row readout. Runs only with ONEPASS_CUDA_TESTS=1.
+//!
+//! Tolerance: max |logit_gpu − logit_cpu| / max(1, max |logit_cpu|) ≤ 2e-2 (GPU: bf16 weights and
+//! GEMM inputs; CPU: the checkpoint's dtype widened to f32).
+
+mod common;
+
+use common::*;
+use onepass_cuda::CudaModel;
+use onepass_model::{synth, Model};
+
+const LOGIT_TOL: f32 = 2e-2;
+
+fn load(preset: &str) -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    synth::write_checkpoint(&synth::preset(preset).expect("preset"), dir.path(), &mut |_, _| {}).expect("synth");
+    let m = Model::load(dir.path()).expect("load");
+    (dir, m)
+}
+
+fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    rnd(n, seed).iter().map(|x| (((x + 1.0) * 0.5 * vocab as f32) as usize).min(vocab - 1) as u32).collect()
+}
+
+#[test]
+fn forward_matches_cpu_on_presets() {
+    let Some(g) = gpu("forward_matches_cpu_on_presets") else { return };
+    for preset in ["tiny-gva", "tiny-attn-first", "tiny-bf16"] {
+        let (_dir, m) = load(preset);
+        let v = m.vocab_size();
+        let h = m.hidden_size();
+        let gm = CudaModel::with_gpu(&m, g.clone()).expect("upload");
+
+        // 1. One prefill of 130 tokens (three chunks, the last partial).
+        let seq = ids(130, v, 1);
+        let mut cs = m.new_state();
+        let want = m.logits(&m.forward(&mut cs, &seq).unwrap());
+        let mut gs = gm.new_state().unwrap();
+        let hid = gm.forward(&mut gs, &seq).unwrap();
+        check(&format!("{preset} prefill 130 logits"), &gm.logits(&hid).unwrap(), &want, LOGIT_TOL);
+
+        // 2. A shared prefix, forked; suffixes of 63, 1, 65 tokens in one batch.
+        let prefix = ids(40, v, 2);
+        let mut cp = m.new_state();
+        m.forward(&mut cp, &prefix).unwrap();
+        let mut gp = gm.new_state().unwrap();
+        gm.forward(&mut gp, &prefix).unwrap();
+        let sufs = [ids(63, v, 3), ids(1, v, 4), ids(65, v, 5)];
+        let mut cf = cp.fork(3);
+        let mut gf = gm.fork(&gp, 3).unwrap();
+        let want = {
+            let mut items: Vec<_> = cf.iter_mut().zip(&sufs).map(|(s, x)| (s, x.as_slice())).collect();
+            m.logits(&m.forward_batch(&mut items).unwrap())
+        };
+        let got_h = {
+            let mut items: Vec<_> = gf.iter_mut().zip(&sufs).map(|(s, x)| (s, x.as_slice())).collect();
+            gm.forward_batch(&mut items).unwrap()
+        };
+        check(&format!("{preset} batch over forks logits"), &gm.logits(&got_h).unwrap(), &want, LOGIT_TOL);
+
+        // 3. Label-row readout at chosen rows.
+        let cpu_hidden = {
+            let mut cf2 = cp.fork(3);
+            let mut items: Vec<_> = cf2.iter_mut().zip(&sufs).map(|(s, x)| (s, x.as_slice())).collect();
+            m.forward_batch(&mut items).unwrap()
+        };
+        let labels: Vec<u32> = vec![3, 17, 42, (v - 1) as u32];
+        let rows = [62usize, 63, 128];
+        let mut picks = Vec::new();
+        let mut want_rows = Vec::new();
+        for &r in &rows {
+            for &l in &labels {
+                picks.push((r, l));
+            }
+            want_rows.extend(m.logits_rows(&cpu_hidden[r * h..(r + 1) * h], &labels).unwrap());
+        }
+        check(&format!("{preset} label-row readout"), &gm.logits_rows(&got_h, &picks).unwrap(), &want_rows, LOGIT_TOL);
+
+        // 4. One decode token on every fork (the one-token gated delta step).
+        let step = [ids(1, v, 6), ids(1, v, 7), ids(1, v, 8)];
+        let want = {
+            let mut items: Vec<_> = cf.iter_mut().zip(&step).map(|(s, x)| (s, x.as_slice())).collect();
+            m.logits(&m.forward_batch(&mut items).unwrap())
+        };
+        let got = {
+            let mut items: Vec<_> = gf.iter_mut().zip(&step).map(|(s, x)| (s, x.as_slice())).collect();
+            gm.logits(&gm.forward_batch(&mut items).unwrap()).unwrap()
+        };
+        check(&format!("{preset} decode step logits"), &got, &want, LOGIT_TOL);
+        assert_eq!(gf[0].position(), 40 + 63 + 1);
+    }
+}
+
+#[test]
+fn fork_is_independent_and_deterministic() {
+    let Some(g) = gpu("fork_is_independent_and_deterministic") else { return };
+    let (_dir, m) = load("tiny-gva");
+    let gm = CudaModel::with_gpu(&m, g.clone()).expect("upload");
+    let v = m.vocab_size();
+    let mut base = gm.new_state().unwrap();
+    gm.forward(&mut base, &ids(70, v, 9)).unwrap();
+    let mut f = gm.fork(&base, 2).unwrap();
+    let x = ids(20, v, 10);
+    let a = gm.forward(&mut f[0], &x).unwrap().to_host(&g).unwrap();
+    // Advancing the original must not touch the fork's copy.
+    gm.forward(&mut base, &ids(5, v, 11)).unwrap();
+    let b = gm.forward(&mut f[1], &x).unwrap().to_host(&g).unwrap();
+    assert_eq!(a, b, "two forks continued with the same tokens must agree bit for bit");
+}
