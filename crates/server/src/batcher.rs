@@ -89,6 +89,13 @@ impl Job {
     fn rows(&self) -> usize {
         self.plan.rows.len()
     }
+
+    /// Release the rows, then reply (so a client that sees its answer also sees the queue without it).
+    fn answer(self, r: JobResult) {
+        let Job { reply, admitted, .. } = self;
+        drop(admitted);
+        let _ = reply.send(r);
+    }
 }
 
 /// The queue in front of the worker thread.
@@ -188,18 +195,18 @@ fn run(engine: &dyn DecideEngine, batch: Vec<Job>, metrics: &Metrics) {
     match result {
         Ok(scores) => {
             for (job, s) in batch.into_iter().zip(scores) {
-                let _ = job.reply.send(Ok(s));
+                job.answer(Ok(s));
             }
         }
         Err(e) if batch.len() == 1 => {
             for job in batch {
-                let _ = job.reply.send(Err(e.clone()));
+                job.answer(Err(e.clone()));
             }
         }
         Err(_) => {
             for job in batch {
                 let r = call(engine, std::slice::from_ref(&job)).map(|mut s| s.remove(0));
-                let _ = job.reply.send(r);
+                job.answer(r);
             }
         }
     }
