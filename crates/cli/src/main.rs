@@ -3,6 +3,7 @@
 //! Subcommands print machine-readable JSON on stdout (scripts depend on these shapes) and
 //! human-readable progress and errors on stderr; every error exits non-zero with a message.
 
+mod serve;
 mod systemone;
 
 use std::io::{BufRead, Write};
@@ -88,6 +89,8 @@ enum Cmd {
         reps: usize,
     },
     /// Answers one /v1/systemone request body (file or `-`): prints the response JSON the server would send.
+    /// HTTP server: decider-ai's /v1/systemone, /decide, /v1/models, /health, plus /metrics (docs/server.md).
+    Serve(serve::ServeArgs),
     Systemone(systemone::SystemoneArgs),
     /// Plans one /v1/systemone request without the model: prints {"rows":[{"ids","slots","nopts"}],"usage"}.
     Render(systemone::RenderArgs),
@@ -118,6 +121,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Bench { model, prompt_lens, decode, reps } => bench(&model, &prompt_lens, decode, reps),
         Cmd::Systemone(a) => systemone::systemone(a),
+        Cmd::Serve(a) => serve::serve(a),
         Cmd::Render(a) => systemone::render(a),
     }
 }

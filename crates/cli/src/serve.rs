@@ -1,0 +1,144 @@
+//! `onepass serve`: decider-ai's HTTP API (`/v1/systemone`, `/decide`, `/v1/models`, `/health`) plus `/metrics`,
+//! served by `onepass-server` over one loaded engine. See docs/server.md.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use onepass_decide::{Engine, EngineOptions, Limits};
+use onepass_server::ServerOptions;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A model folder, or a Hub repo id (ORG/NAME[@REV]) already in the Hugging Face cache.
+    #[arg(long)]
+    model: String,
+    /// Address to bind (127.0.0.1: this machine only).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to bind (0: any free port; the chosen one is printed).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Scoring rows per request [env DECIDER_MAX_ROWS, default 1024].
+    #[arg(long)]
+    max_rows: Option<usize>,
+    /// Tokens in one row [env DECIDER_MAX_ROW_TOKENS, default max-state-tokens + 4096].
+    #[arg(long)]
+    max_row_tokens: Option<usize>,
+    /// Sum of row lengths of one request [env DECIDER_MAX_REQUEST_TOKENS, default 1048576].
+    #[arg(long)]
+    max_request_tokens: Option<usize>,
+    /// Rows admitted and not yet answered, over all requests; 503 past it [env DECIDER_MAX_QUEUE_ROWS, default 4096].
+    #[arg(long)]
+    max_queue_rows: Option<usize>,
+    /// State tokens kept per row (`"Context:\n" + state` is cut there) [env DECIDER_MAX_STATE_TOKENS, default 32768].
+    #[arg(long)]
+    max_state_tokens: Option<usize>,
+    /// Most rows per engine call; a larger request still runs, alone.
+    #[arg(long, default_value_t = 64)]
+    max_batch_rows: usize,
+    /// Largest request body in bytes, before and after decompression.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_body_bytes: usize,
+    /// Require `Authorization: Bearer <key>` on every route but /health [env ONEPASS_API_KEY].
+    #[arg(long)]
+    api_key: Option<String>,
+    /// No per-request log lines on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// `--flag`, else the environment variable, else the default.
+fn setting(flag: Option<usize>, env: &str, default: usize) -> Result<usize> {
+    if let Some(v) = flag {
+        return Ok(v);
+    }
+    match std::env::var(env) {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .with_context(|| format!("{env}={s:?} is not a non-negative integer")),
+        Err(_) => Ok(default),
+    }
+}
+
+pub fn serve(a: ServeArgs) -> Result<()> {
+    let max_state_tokens = setting(a.max_state_tokens, "DECIDER_MAX_STATE_TOKENS", 32768)?;
+    let limits = Limits {
+        max_rows: setting(a.max_rows, "DECIDER_MAX_ROWS", 1024)?,
+        max_row_tokens: setting(a.max_row_tokens, "DECIDER_MAX_ROW_TOKENS", max_state_tokens + 4096)?,
+        max_request_tokens: setting(a.max_request_tokens, "DECIDER_MAX_REQUEST_TOKENS", 1 << 20)?,
+    };
+    let max_queue_rows = setting(a.max_queue_rows, "DECIDER_MAX_QUEUE_ROWS", 4096)?;
+    let api_key = a
+        .api_key
+        .or_else(|| std::env::var("ONEPASS_API_KEY").ok())
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty());
+    if a.max_batch_rows == 0 {
+        bail!("--max-batch-rows must be at least 1");
+    }
+    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let t0 = Instant::now();
+    let engine = Engine::load(&dir, EngineOptions { limits, ..EngineOptions::default() })
+        .with_context(|| format!("loading {}", dir.display()))?;
+    eprintln!(
+        "onepass serve: loaded {} ({}) in {:.2}s",
+        dir.display(),
+        engine.model_name(),
+        t0.elapsed().as_secs_f64()
+    );
+    let opts = ServerOptions {
+        limits,
+        max_state_tokens,
+        max_queue_rows,
+        max_batch_rows: a.max_batch_rows,
+        api_key,
+        max_body_bytes: a.max_body_bytes,
+        model_id: a.model.clone(),
+        device: "cpu".into(),
+        log_requests: !a.quiet,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let (app, state) = onepass_server::router(Arc::new(engine), opts)?;
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .with_context(|| format!("binding {}:{}", a.host, a.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!("onepass serve: listening on http://{addr}");
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("serving")?;
+        state.shutdown();
+        eprintln!("onepass serve: stopped");
+        Ok(())
+    })
+}
+
+/// SIGINT or SIGTERM: stop accepting, let in-flight requests finish.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("onepass serve: shutting down, draining in-flight requests");
+}

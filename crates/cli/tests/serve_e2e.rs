@@ -1,0 +1,130 @@
+//! `onepass serve` end to end: the real binary on a free port over a synthetic checkpoint with the real tokenizer;
+//! waits for /health, drives /v1/systemone (plain and zstd), /decide, /v1/models and /metrics over HTTP, then stops
+//! it with SIGTERM and checks a clean exit. Needs testdata/qwen3_5-tokenizer (tools/setup-testdata.sh).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const REQ: &str = r#"{"state":{"ticket":"My card was charged twice","tier":"gold"},"questions":{"topic":{"type":"choice","instructions":"What is the ticket about?","criteria":["billing","shipping","login"]},"urgent":{"type":"noul","instructions":"Is it urgent?"}}}"#;
+
+fn checkpoint() -> tempfile::TempDir {
+    let tok = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/qwen3_5-tokenizer");
+    assert!(
+        tok.join("tokenizer.json").is_file(),
+        "{} is missing: run tools/setup-testdata.sh to build the Qwen3.5 test tokenizer",
+        tok.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let spec = onepass_model::synth::preset("tiny-qwen-vocab").unwrap();
+    onepass_model::synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok.join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+/// One HTTP/1.1 request on a fresh connection → (status, lower-cased head, body).
+fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("response head");
+    let head = String::from_utf8_lossy(&raw[..split]).to_lowercase();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, head, raw[split + 4..].to_vec())
+}
+
+#[test]
+fn serve_end_to_end() {
+    let dir = checkpoint();
+    let want = {
+        let e = onepass_decide::Engine::load(dir.path(), Default::default()).unwrap();
+        onepass_decide::pyjson::dumps_compact(&e.system_one(REQ.as_bytes()).unwrap()).unwrap()
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_onepass"))
+        .args(["serve", "--model", dir.path().to_str().unwrap(), "--port", "0", "--max-queue-rows", "100"])
+        .env_remove("ONEPASS_API_KEY")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut log = Vec::new();
+    let addr = loop {
+        let line = rx.recv_timeout(Duration::from_secs(120)).expect("no 'listening on' line from onepass serve");
+        log.push(line.clone());
+        if let Some(a) = line.split("listening on http://").nth(1) {
+            break a.trim().to_string();
+        }
+    };
+    let t0 = Instant::now();
+    loop {
+        let (status, _, body) = http(&addr, "GET", "/health", &[], b"");
+        if status == 200 && body.starts_with(br#"{"ok":true"#) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "/health never became ok");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let json = [("content-type", "application/json")];
+    let (status, head, body) = http(&addr, "POST", "/v1/systemone", &json, REQ.as_bytes());
+    assert_eq!(status, 200);
+    assert_eq!(String::from_utf8(body).unwrap(), want);
+    assert!(head.contains("x-request-id: "), "{head}");
+    let z = zstd::encode_all(REQ.as_bytes(), 3).unwrap();
+    let (status, _, body) = http(
+        &addr,
+        "POST",
+        "/v1/systemone",
+        &[("content-type", "application/json"), ("content-encoding", "zstd"), ("x-request-id", "e2e-1")],
+        &z,
+    );
+    assert_eq!((status, String::from_utf8(body).unwrap()), (200, want));
+    let (status, _, body) = http(&addr, "POST", "/decide", &json, br#"{"context":"The cat sat.","schema":{"cat?":{"type":"bool"}}}"#);
+    assert_eq!(status, 200);
+    assert!(body.starts_with(br#"{"cat?":{"noul":"#));
+    let (status, _, body) = http(&addr, "GET", "/v1/models", &[], b"");
+    assert_eq!(status, 200);
+    assert!(body.starts_with(br#"{"models":[{"name":"decider-dev""#));
+    let (_, _, body) = http(&addr, "GET", "/metrics", &[], b"");
+    let metrics = String::from_utf8(body).unwrap();
+    assert!(metrics.contains(r#"onepass_requests_total{route="/v1/systemone",status="200"} 2"#), "{metrics}");
+
+    // SIGTERM: drains and exits 0.
+    let pid = child.id() as i32;
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "onepass serve did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    reader.join().unwrap();
+    log.extend(rx.try_iter());
+    assert!(status.success(), "exit status {status:?}; stderr:\n{}", log.join("\n"));
+    let log = log.join("\n");
+    assert!(log.contains("id=e2e-1 POST /v1/systemone status=200 rows=2"), "{log}");
+    assert!(log.contains("onepass serve: stopped"), "{log}");
+}
