@@ -3,6 +3,7 @@
 //! Subcommands print machine-readable JSON on stdout (scripts depend on these shapes) and
 //! human-readable progress and errors on stderr; every error exits non-zero with a message.
 
+mod device;
 mod serve;
 mod systemone;
 
@@ -51,6 +52,8 @@ enum Cmd {
         /// Feed the sequence in chunks of this many tokens (default: all at once).
         #[arg(long)]
         chunk: Option<usize>,
+        #[command(flatten)]
+        dev: device::DeviceArg,
     },
     /// Writes a deterministic synthetic checkpoint folder (config, weights, tokenizer files).
     Synth {
@@ -87,6 +90,8 @@ enum Cmd {
         /// Repetitions per prompt length (the best is reported).
         #[arg(long, default_value_t = 2)]
         reps: usize,
+        #[command(flatten)]
+        dev: device::DeviceArg,
     },
     /// Answers one /v1/systemone request body (file or `-`): prints the response JSON the server would send.
     /// HTTP server: decider-ai's /v1/systemone, /decide, /v1/models, /health, plus /metrics (docs/server.md).
@@ -108,7 +113,10 @@ fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Info { model } => info(&model),
         Cmd::Tokenize { model } => tokenize(&model),
-        Cmd::Logits { model, ids, last, chunk } => logits(&model, &ids, last, chunk),
+        Cmd::Logits { model, ids, last, chunk, dev } => match dev.resolve()? {
+            device::Device::Cpu => logits(&model, &ids, last, chunk),
+            device::Device::Cuda => device::logits_cuda(&load_model(&model)?, &parse_ids(&ids)?, last, chunk),
+        },
         Cmd::Synth { preset, out, tokenizer, dtype, seed, list } => {
             if list {
                 for p in synth::PRESETS {
@@ -119,7 +127,13 @@ fn run(cli: Cli) -> Result<()> {
             let (Some(preset), Some(out)) = (preset, out) else { bail!("--preset and --out are required") };
             synth_cmd(&preset, &out, tokenizer.as_deref(), dtype.as_deref(), seed)
         }
-        Cmd::Bench { model, prompt_lens, decode, reps } => bench(&model, &prompt_lens, decode, reps),
+        Cmd::Bench { model, prompt_lens, decode, reps, dev } => match dev.resolve()? {
+            device::Device::Cpu => bench(&model, &prompt_lens, decode, reps),
+            // System One-like request: 7 rows of 175 shared + 33 own tokens (406 unique).
+            device::Device::Cuda => {
+                device::bench_cuda(&load_model(&model)?, &prompt_lens, decode, reps, (7, 175, 33))
+            }
+        },
         Cmd::Systemone(a) => systemone::systemone(a),
         Cmd::Serve(a) => serve::serve(a),
         Cmd::Render(a) => systemone::render(a),

@@ -7,6 +7,7 @@
 
 typedef unsigned short bf16_t;
 typedef unsigned long long u64;
+typedef unsigned long long idx_t;
 
 __device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((unsigned)x) << 16); }
 __device__ __forceinline__ bf16_t f2bf(float f) {
@@ -42,8 +43,8 @@ __device__ float block_sum(float v) {
 // x[n, :] = embed[ids[n], :]        embed: [V, H] bf16; x: [N, H] f32. grid N.
 extern "C" __global__ void embed_gather(const bf16_t* embed, const int* ids, float* x, int hid) {
     int n = blockIdx.x;
-    const bf16_t* src = embed + (size_t)ids[n] * hid;
-    for (int c = threadIdx.x; c < hid; c += blockDim.x) x[(size_t)n * hid + c] = bf2f(src[c]);
+    const bf16_t* src = embed + (idx_t)ids[n] * hid;
+    for (int c = threadIdx.x; c < hid; c += blockDim.x) x[(idx_t)n * hid + c] = bf2f(src[c]);
 }
 
 // RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * gain. Writes bf16 (out_bf) or f32 (out_f).
@@ -51,14 +52,14 @@ extern "C" __global__ void embed_gather(const bf16_t* embed, const int* ids, flo
 extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, float eps, int dim,
                                     bf16_t* out_bf, float* out_f, int ldo) {
     int r = blockIdx.x;
-    const float* row = x + (size_t)r * ldx;
+    const float* row = x + (idx_t)r * ldx;
     float s = 0.0f;
     for (int c = threadIdx.x; c < dim; c += blockDim.x) s += row[c] * row[c];
     s = block_sum(s);
     float inv = 1.0f / sqrtf(s / dim + eps);
     for (int c = threadIdx.x; c < dim; c += blockDim.x) {
         float v = row[c] * inv * gain[c];
-        if (out_bf) out_bf[(size_t)r * ldo + c] = f2bf(v); else out_f[(size_t)r * ldo + c] = v;
+        if (out_bf) out_bf[(idx_t)r * ldo + c] = f2bf(v); else out_f[(idx_t)r * ldo + c] = v;
     }
 }
 
@@ -67,21 +68,21 @@ extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, 
 extern "C" __global__ void rms_norm_gated(const float* x, const float* z, int ldz, const float* w, float eps,
                                           int hv, int dv, bf16_t* out) {
     int r = blockIdx.x, n = r / hv, h = r % hv;
-    const float* row = x + (size_t)r * dv;
-    const float* zr = z + (size_t)n * ldz + h * dv;
+    const float* row = x + (idx_t)r * dv;
+    const float* zr = z + (idx_t)n * ldz + h * dv;
     float s = 0.0f;
     for (int c = threadIdx.x; c < dv; c += blockDim.x) s += row[c] * row[c];
     s = block_sum(s);
     float inv = 1.0f / sqrtf(s / dv + eps);
     for (int c = threadIdx.x; c < dv; c += blockDim.x)
-        out[(size_t)r * dv + c] = f2bf(row[c] * inv * w[c] * silu_f(zr[c]));
+        out[(idx_t)r * dv + c] = f2bf(row[c] * inv * w[c] * silu_f(zr[c]));
 }
 
 // L2-normalises q and k heads of the conv output in place (q also times `scale`).
 // xc: [N, cd] with q heads at 0, k heads at hk*dk. grid (N, 2*hk).
 extern "C" __global__ void qk_l2norm(float* xc, int cd, int hk, int dk, float scale) {
     int n = blockIdx.x, j = blockIdx.y;
-    float* row = xc + (size_t)n * cd + j * dk;  // q heads then k heads are contiguous
+    float* row = xc + (idx_t)n * cd + j * dk;  // q heads then k heads are contiguous
     float s = 0.0f;
     for (int c = threadIdx.x; c < dk; c += blockDim.x) s += row[c] * row[c];
     s = block_sum(s);
@@ -97,10 +98,10 @@ extern "C" __global__ void gdn_gates(const float* proj, int ld, int off_a, int o
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * hv) return;
     int n = i / hv, h = i % hv;
-    float a = proj[(size_t)n * ld + off_a + h] + dt_bias[h];
+    float a = proj[(idx_t)n * ld + off_a + h] + dt_bias[h];
     float sp = a > 20.0f ? a : log1pf(expf(a));
     g[i] = neg_a[h] * sp;
-    beta[i] = sigmoid_f(proj[(size_t)n * ld + off_b + h]);
+    beta[i] = sigmoid_f(proj[(idx_t)n * ld + off_b + h]);
 }
 
 // Depthwise causal conv1d + SiLU per segment, continuing the segment's conv state.
@@ -115,70 +116,82 @@ extern "C" __global__ void conv1d_silu(const float* x, int ld, float* out, const
     float h[8], wk[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        h[j] = (j < K - 1) ? st[(size_t)j * cd + c] : 0.0f;
+        h[j] = (j < K - 1) ? st[(idx_t)j * cd + c] : 0.0f;
         wk[j] = (j < K) ? w[c * K + j] : 0.0f;
     }
     for (int t = 0; t < len; t++) {
-        float xt = x[(size_t)(start + t) * ld + c];
+        float xt = x[(idx_t)(start + t) * ld + c];
         float acc = 0.0f;
 #pragma unroll
         for (int j = 0; j < 7; j++) if (j < K - 1) acc += wk[j] * h[j];
         // the newest input meets the last tap
 #pragma unroll
         for (int j = 0; j < 8; j++) if (j == K - 1) acc += wk[j] * xt;
-        out[(size_t)(start + t) * cd + c] = silu_f(acc);
+        out[(idx_t)(start + t) * cd + c] = silu_f(acc);
 #pragma unroll
         for (int j = 0; j < 7; j++) if (j < K - 2) h[j] = h[j + 1];
 #pragma unroll
         for (int j = 0; j < 7; j++) if (j == K - 2) h[j] = xt;
     }
 #pragma unroll
-    for (int j = 0; j < 7; j++) if (j < K - 1) st[(size_t)j * cd + c] = h[j];
+    for (int j = 0; j < 7; j++) if (j < K - 1) st[(idx_t)j * cd + c] = h[j];
 }
 
-// Chunked gated delta rule, one block per (value head, segment); the state S: [DK, DV] f32 lives in
-// shared memory for the whole segment. Per chunk of n <= C tokens with cumulative log decay gam:
+// Chunked gated delta rule, one block per (value head, segment, slice of DVS value columns): the
+// columns of the state are independent, so each block holds S[:, j0:j0+w] (f32, shared memory) for
+// the whole segment and recomputes the chunk's A and M. Per chunk of n <= C tokens with cumulative
+// log decay gam:
 //   A_ij = b_i (k_i.k_j) e^(gam_i - gam_j) (j < i),  M_ij = (q_i.k_j) e^(gam_i - gam_j) (j <= i)
 //   r_i  = b_i (v_i - e^gam_i k_i S);   solve (I + A) v' = r by forward substitution (per column)
 //   o_i  = e^gam_i q_i S + sum_j M_ij v'_j;   S <- e^gam_n S + sum_i e^(gam_n - gam_i) k_i (x) v'_i
 // qkv: [N, ld] (q heads at 0, k at hk*dk, v at 2*hk*dk; q, k normalised); g, beta: [N, HV];
-// out: [N, HV, DV]; states[s]: [HV, DK, DV]. grid (hv, nseg); dynamic shared memory (see runtime.rs).
+// out: [N, HV, DV]; states[s]: [HV, DK, DV]. grid (hv, nseg, ceil(dv/dvs)); dynamic shared memory
+// (see ops::gdn_chunked_smem). Q and K rows are padded to dk+1 floats (no bank conflicts in A, M).
 extern "C" __global__ void gdn_chunked(const float* qkv, int ld, const float* g, const float* beta, float* out,
-                                       const int* seg, const u64* states, int hk, int hv, int dk, int dv, int C) {
+                                       const int* seg, const u64* states, int hk, int hv, int dk, int dv, int C,
+                                       int dvs) {
     extern __shared__ float sm[];
-    float* S = sm;                 // [dk, dv]
-    float* Q = S + dk * dv;        // [C, dk]
-    float* Kc = Q + C * dk;        // [C, dk]
-    float* A = Kc + C * dk;        // [C, C]
+    int lk = dk + 1;
+    float* S = sm;                 // [dk, dvs]
+    float* Q = S + dk * dvs;       // [C, dk+1]
+    float* Kc = Q + C * lk;        // [C, dk+1]
+    float* A = Kc + C * lk;        // [C, C]
     float* M = A + C * C;          // [C, C]
-    float* V = M + C * C;          // [C, dv]
-    float* gam = V + C * dv;       // [C]
+    float* V = M + C * C;          // [C, dvs]
+    float* gam = V + C * dvs;      // [C]
     float* bet = gam + C;          // [C]
+    float* eg = bet + C;           // [C] e^gam
+    float* ed = eg + C;            // [C] e^(gam_n - gam)
     int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    int j0 = blockIdx.z * dvs, w = min(dvs, dv - j0);
     int start = seg[3 * s], len = seg[3 * s + 1];
     int kh = h / (hv / hk);
-    float* Sg = (float*)states[s] + (size_t)h * dk * dv;
-    for (int i = tid; i < dk * dv; i += nt) S[i] = Sg[i];
+    float* Sg = (float*)states[s] + (idx_t)h * dk * dv;
+    for (int i = tid; i < dk * w; i += nt) S[i] = Sg[(i / w) * dv + j0 + i % w];
     for (int c0 = 0; c0 < len; c0 += C) {
         int n = min(C, len - c0);
         __syncthreads();
         for (int i = tid; i < n * dk; i += nt) {
             int t = i / dk, c = i % dk;
-            const float* row = qkv + (size_t)(start + c0 + t) * ld;
-            Q[i] = row[kh * dk + c];
-            Kc[i] = row[hk * dk + kh * dk + c];
+            const float* row = qkv + (idx_t)(start + c0 + t) * ld;
+            Q[t * lk + c] = row[kh * dk + c];
+            Kc[t * lk + c] = row[hk * dk + kh * dk + c];
         }
-        for (int i = tid; i < n * dv; i += nt) {
-            int t = i / dv, j = i % dv;
-            V[i] = qkv[(size_t)(start + c0 + t) * ld + 2 * hk * dk + h * dv + j];
+        for (int i = tid; i < n * w; i += nt) {
+            int t = i / w, j = i % w;
+            V[i] = qkv[(idx_t)(start + c0 + t) * ld + 2 * hk * dk + h * dv + j0 + j];
         }
         if (tid == 0) {
             float acc = 0.0f;
             for (int t = 0; t < n; t++) {
-                size_t r = (size_t)(start + c0 + t) * hv + h;
+                idx_t r = (idx_t)(start + c0 + t) * hv + h;
                 acc += g[r];
                 gam[t] = acc;
                 bet[t] = beta[r];
+            }
+            for (int t = 0; t < n; t++) {
+                eg[t] = expf(gam[t]);
+                ed[t] = expf(acc - gam[t]);
             }
         }
         __syncthreads();
@@ -188,8 +201,9 @@ extern "C" __global__ void gdn_chunked(const float* qkv, int ld, const float* g,
             if (b <= a) {
                 float kk = 0.0f, qk = 0.0f;
                 for (int c = 0; c < dk; c++) {
-                    kk += Kc[a * dk + c] * Kc[b * dk + c];
-                    qk += Q[a * dk + c] * Kc[b * dk + c];
+                    float kb = Kc[b * lk + c];
+                    kk += Kc[a * lk + c] * kb;
+                    qk += Q[a * lk + c] * kb;
                 }
                 float d = expf(gam[a] - gam[b]);
                 if (b < a) av = bet[a] * kk * d;
@@ -198,40 +212,40 @@ extern "C" __global__ void gdn_chunked(const float* qkv, int ld, const float* g,
             A[i] = av;
             M[i] = mv;
         }
-        for (int i = tid; i < n * dv; i += nt) {
-            int t = i / dv, j = i % dv;
+        for (int i = tid; i < n * w; i += nt) {
+            int t = i / w, j = i % w;
             float ks = 0.0f;
-            for (int c = 0; c < dk; c++) ks += Kc[t * dk + c] * S[c * dv + j];
-            V[i] = bet[t] * (V[i] - expf(gam[t]) * ks);
+            for (int c = 0; c < dk; c++) ks += Kc[t * lk + c] * S[c * w + j];
+            V[i] = bet[t] * (V[i] - eg[t] * ks);
         }
         __syncthreads();
-        for (int j = tid; j < dv; j += nt) {
+        for (int j = tid; j < w; j += nt) {
             for (int a = 1; a < n; a++) {
-                float acc = V[a * dv + j];
-                for (int b = 0; b < a; b++) acc -= A[a * n + b] * V[b * dv + j];
-                V[a * dv + j] = acc;
+                float acc = V[a * w + j];
+                for (int b = 0; b < a; b++) acc -= A[a * n + b] * V[b * w + j];
+                V[a * w + j] = acc;
             }
         }
         __syncthreads();
-        for (int i = tid; i < n * dv; i += nt) {
-            int t = i / dv, j = i % dv;
+        for (int i = tid; i < n * w; i += nt) {
+            int t = i / w, j = i % w;
             float qs = 0.0f;
-            for (int c = 0; c < dk; c++) qs += Q[t * dk + c] * S[c * dv + j];
-            float o = expf(gam[t]) * qs;
-            for (int b = 0; b <= t; b++) o += M[t * n + b] * V[b * dv + j];
-            out[((size_t)(start + c0 + t) * hv + h) * dv + j] = o;
+            for (int c = 0; c < dk; c++) qs += Q[t * lk + c] * S[c * w + j];
+            float o = eg[t] * qs;
+            for (int b = 0; b <= t; b++) o += M[t * n + b] * V[b * w + j];
+            out[((idx_t)(start + c0 + t) * hv + h) * dv + j0 + j] = o;
         }
         __syncthreads();
-        float gl = gam[n - 1], el = expf(gl);
-        for (int i = tid; i < dk * dv; i += nt) {
-            int c = i / dv, j = i % dv;
+        float el = eg[n - 1];
+        for (int i = tid; i < dk * w; i += nt) {
+            int c = i / w, j = i % w;
             float acc = el * S[i];
-            for (int t = 0; t < n; t++) acc += Kc[t * dk + c] * expf(gl - gam[t]) * V[t * dv + j];
+            for (int t = 0; t < n; t++) acc += Kc[t * lk + c] * ed[t] * V[t * w + j];
             S[i] = acc;
         }
     }
     __syncthreads();
-    for (int i = tid; i < dk * dv; i += nt) Sg[i] = S[i];
+    for (int i = tid; i < dk * w; i += nt) Sg[(i / w) * dv + j0 + i % w] = S[i];
 }
 
 // One-token gated delta rule step for segments of exactly one row (decode). Each thread owns value
@@ -245,14 +259,14 @@ extern "C" __global__ void gdn_step(const float* qkv, int ld, const float* g, co
     int h = blockIdx.x, s = blockIdx.y;
     int row = seg[3 * s];
     int kh = h / (hv / hk);
-    const float* xr = qkv + (size_t)row * ld;
+    const float* xr = qkv + (idx_t)row * ld;
     for (int c = threadIdx.x; c < dk; c += blockDim.x) {
         q[c] = xr[kh * dk + c];
         k[c] = xr[hk * dk + kh * dk + c];
     }
     __syncthreads();
-    float decay = expf(g[(size_t)row * hv + h]), b = beta[(size_t)row * hv + h];
-    float* S = (float*)states[s] + (size_t)h * dk * dv;
+    float decay = expf(g[(idx_t)row * hv + h]), b = beta[(idx_t)row * hv + h];
+    float* S = (float*)states[s] + (idx_t)h * dk * dv;
     for (int j = threadIdx.x; j < dv; j += blockDim.x) {
         float kv = 0.0f;
         for (int c = 0; c < dk; c++) kv += S[c * dv + j] * decay * k[c];
@@ -263,7 +277,7 @@ extern "C" __global__ void gdn_step(const float* qkv, int ld, const float* g, co
             S[c * dv + j] = v;
             o += v * q[c];
         }
-        out[((size_t)row * hv + h) * dv + j] = o;
+        out[((idx_t)row * hv + h) * dv + j] = o;
     }
 }
 
@@ -279,7 +293,7 @@ extern "C" __global__ void attn_prep(const float* proj, int ld, const float* qn,
     int s = tok[2 * n], pos = tok[2 * n + 1];
     bool isq = j < H;
     int kh = j - H;
-    const float* src = proj + (size_t)n * ld + (isq ? j * 2 * D : H * 2 * D + kh * D);
+    const float* src = proj + (idx_t)n * ld + (isq ? j * 2 * D : H * 2 * D + kh * D);
     const float* gain = isq ? qn : kn;
     float ss = 0.0f;
     for (int c = threadIdx.x; c < D; c += blockDim.x) ss += src[c] * src[c];
@@ -287,7 +301,7 @@ extern "C" __global__ void attn_prep(const float* proj, int ld, const float* qn,
     float inv = 1.0f / sqrtf(ss / D + eps);
     for (int c = threadIdx.x; c < D; c += blockDim.x) xs[c] = src[c] * inv * gain[c];
     __syncthreads();
-    float* dst = isq ? q_out + ((size_t)n * H + j) * D : (float*)kv[2 * s] + ((size_t)pos * HKV + kh) * D;
+    float* dst = isq ? q_out + ((idx_t)n * H + j) * D : (float*)kv[2 * s] + ((idx_t)pos * HKV + kh) * D;
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
         float v = xs[c];
         if (c < 2 * half) {
@@ -299,8 +313,8 @@ extern "C" __global__ void attn_prep(const float* proj, int ld, const float* qn,
         dst[c] = v;
     }
     if (!isq) {
-        const float* vs = proj + (size_t)n * ld + H * 2 * D + HKV * D + kh * D;
-        float* vd = (float*)kv[2 * s + 1] + ((size_t)pos * HKV + kh) * D;
+        const float* vs = proj + (idx_t)n * ld + H * 2 * D + HKV * D + kh * D;
+        float* vd = (float*)kv[2 * s + 1] + ((idx_t)pos * HKV + kh) * D;
         for (int c = threadIdx.x; c < D; c += blockDim.x) vd[c] = vs[c];
     }
 }
@@ -317,7 +331,7 @@ extern "C" __global__ void attention(const float* q, const float* proj, int ld, 
     int kh = h / (H / HKV);
     const float* K = (const float*)kv[2 * s];
     const float* Vc = (const float*)kv[2 * s + 1];
-    const float* qr = q + ((size_t)n * H + h) * D;
+    const float* qr = q + ((idx_t)n * H + h) * D;
     float qv[16], acc[16];
 #pragma unroll
     for (int r = 0; r < 16; r++) {
@@ -325,9 +339,9 @@ extern "C" __global__ void attention(const float* q, const float* proj, int ld, 
         qv[r] = c < D ? qr[c] : 0.0f;
         acc[r] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
+    float m = __int_as_float(0xff800000), l = 0.0f;  // -inf
     for (int key = 0; key <= pos; key++) {
-        const float* kr = K + ((size_t)key * HKV + kh) * D;
+        const float* kr = K + ((idx_t)key * HKV + kh) * D;
         float d = 0.0f;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
@@ -338,7 +352,7 @@ extern "C" __global__ void attention(const float* q, const float* proj, int ld, 
         float mn = fmaxf(m, d);
         float corr = expf(m - mn), p = expf(d - mn);
         l = l * corr + p;
-        const float* vr = Vc + ((size_t)key * HKV + kh) * D;
+        const float* vr = Vc + ((idx_t)key * HKV + kh) * D;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
             int c = lane + 32 * r;
@@ -346,19 +360,19 @@ extern "C" __global__ void attention(const float* q, const float* proj, int ld, 
         }
         m = mn;
     }
-    const float* gate = proj + (size_t)n * ld + h * 2 * D + D;
+    const float* gate = proj + (idx_t)n * ld + h * 2 * D + D;
 #pragma unroll
     for (int r = 0; r < 16; r++) {
         int c = lane + 32 * r;
-        if (c < D) out[(size_t)n * H * D + h * D + c] = f2bf(acc[r] / l * sigmoid_f(gate[c]));
+        if (c < D) out[(idx_t)n * H * D + h * D + c] = f2bf(acc[r] / l * sigmoid_f(gate[c]));
     }
 }
 
 // SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] bf16.
 extern "C" __global__ void swiglu(const float* gu, int inter, int rows, bf16_t* out) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows * inter) return;
-    size_t n = i / inter, c = i % inter;
+    idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (idx_t)rows * inter) return;
+    idx_t n = i / inter, c = i % inter;
     out[i] = f2bf(silu_f(gu[n * 2 * inter + c]) * gu[n * 2 * inter + inter + c]);
 }
 
@@ -380,8 +394,8 @@ extern "C" __global__ void rows_dot(const float* hidden, int hid, const int* pai
                                     float* out) {
     int p = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (p >= P) return;
-    const float* x = hidden + (size_t)pairs[2 * p] * hid;
-    const bf16_t* w = head + (size_t)pairs[2 * p + 1] * hid;
+    const float* x = hidden + (idx_t)pairs[2 * p] * hid;
+    const bf16_t* w = head + (idx_t)pairs[2 * p + 1] * hid;
     float d = 0.0f;
     for (int c = lane; c < hid; c += 32) d += x[c] * bf2f(w[c]);
     d = warp_sum(d);

@@ -24,9 +24,15 @@ pub enum CudaError {
     #[error("CUDA is not available: {0}")]
     Unavailable(String),
     #[error("CUDA driver: {op}: {err}")]
-    Driver { op: &'static str, err: cudarc::driver::DriverError },
+    Driver {
+        op: &'static str,
+        err: cudarc::driver::DriverError,
+    },
     #[error("cuBLAS: {op}: {err}")]
-    Blas { op: &'static str, err: cudarc::cublas::result::CublasError },
+    Blas {
+        op: &'static str,
+        err: cudarc::cublas::result::CublasError,
+    },
     #[error("NVRTC compiling the onepass kernels for {arch}: {msg}")]
     Compile { arch: String, msg: String },
     #[error("{0}")]
@@ -62,13 +68,19 @@ pub fn probe() -> Result<usize, CudaError> {
         )
     };
     if !drv {
-        return Err(CudaError::Unavailable("libcuda (the NVIDIA driver) was not found".into()));
+        return Err(CudaError::Unavailable(
+            "libcuda (the NVIDIA driver) was not found".into(),
+        ));
     }
     if !rtc {
-        return Err(CudaError::Unavailable("libnvrtc was not found (set LD_LIBRARY_PATH to CUDA's lib64)".into()));
+        return Err(CudaError::Unavailable(
+            "libnvrtc was not found (set LD_LIBRARY_PATH to CUDA's lib64)".into(),
+        ));
     }
     if !blas {
-        return Err(CudaError::Unavailable("libcublas was not found (set LD_LIBRARY_PATH to CUDA's lib64)".into()));
+        return Err(CudaError::Unavailable(
+            "libcublas was not found (set LD_LIBRARY_PATH to CUDA's lib64)".into(),
+        ));
     }
     let n = cudarc::driver::result::init()
         .and_then(|_| cudarc::driver::result::device::get_count())

@@ -142,9 +142,17 @@ pub struct CudaModel {
 /// One layer's device state.
 enum LayerState {
     /// k, v: [cap, HKV, D] f32
-    Attn { k: CudaSlice<f32>, v: CudaSlice<f32>, cap: usize, row: usize },
+    Attn {
+        k: CudaSlice<f32>,
+        v: CudaSlice<f32>,
+        cap: usize,
+        row: usize,
+    },
     /// conv: [K-1, cd]; ssm: [HV, DK, DV] f32
-    Gdn { conv: CudaSlice<f32>, ssm: CudaSlice<f32> },
+    Gdn {
+        conv: CudaSlice<f32>,
+        ssm: CudaSlice<f32>,
+    },
 }
 
 /// The state of one sequence on the device.
@@ -180,13 +188,20 @@ impl CudaModel {
         let c = m.text_config();
         let w = m.weights();
         let embed = upload_stacked(g, &[w.embed])?;
-        let lm_head = if c.tie_word_embeddings { None } else { Some(upload_stacked(g, &[w.lm_head])?) };
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(upload_stacked(g, &[w.lm_head])?)
+        };
         let mut layers = Vec::with_capacity(w.layers.len());
         for (li, l) in w.layers.iter().enumerate() {
             let mixer = match &l.mixer {
                 MixerView::GatedDeltaNet(v) => {
                     if v.hv % v.hk != 0 {
-                        return Err(CudaError::Unsupported(format!("layer {li}: value heads {} not a multiple of key heads {}", v.hv, v.hk)));
+                        return Err(CudaError::Unsupported(format!(
+                            "layer {li}: value heads {} not a multiple of key heads {}",
+                            v.hv, v.hk
+                        )));
                     }
                     Mixer::Gdn(GdnLayer {
                         w_in: upload_stacked(g, &[v.in_qkv, v.in_z, v.in_a, v.in_b])?,
@@ -195,7 +210,12 @@ impl CudaModel {
                         neg_a: upload_f32(g, v.neg_a)?,
                         dt_bias: upload_f32(g, v.dt_bias)?,
                         norm: upload_f32(g, v.norm)?,
-                        d: GdnDims { hk: v.hk, hv: v.hv, dk: v.dk, dv: v.dv },
+                        d: GdnDims {
+                            hk: v.hk,
+                            hv: v.hv,
+                            dk: v.dk,
+                            dv: v.dv,
+                        },
                         kernel: v.kernel,
                         eps: v.eps,
                         cd: 2 * v.hk * v.dk + v.hv * v.dv,
@@ -206,8 +226,20 @@ impl CudaModel {
                     w_o: upload_stacked(g, &[v.o])?,
                     q_norm: upload_f32(g, v.q_norm)?,
                     k_norm: upload_f32(g, v.k_norm)?,
-                    inv_freq: upload_f32(g, if v.inv_freq.is_empty() { &[0.0] } else { v.inv_freq })?,
-                    a: AttnDims { heads: v.heads, kv_heads: v.kv_heads, head_dim: v.head_dim, half: v.inv_freq.len() },
+                    inv_freq: upload_f32(
+                        g,
+                        if v.inv_freq.is_empty() {
+                            &[0.0]
+                        } else {
+                            v.inv_freq
+                        },
+                    )?,
+                    a: AttnDims {
+                        heads: v.heads,
+                        kv_heads: v.kv_heads,
+                        head_dim: v.head_dim,
+                        half: v.inv_freq.len(),
+                    },
                     eps: v.eps,
                 }),
             };
@@ -221,9 +253,14 @@ impl CudaModel {
         }
         // The kinds must agree with the config (they are data, not inferred).
         for (li, (l, kind)) in layers.iter().zip(&c.layer_types).enumerate() {
-            let ok = matches!((&l.mixer, kind), (Mixer::Gdn(_), LayerKind::GatedDeltaNet) | (Mixer::Attn(_), LayerKind::Attention));
+            let ok = matches!(
+                (&l.mixer, kind),
+                (Mixer::Gdn(_), LayerKind::GatedDeltaNet) | (Mixer::Attn(_), LayerKind::Attention)
+            );
             if !ok {
-                return Err(CudaError::Unsupported(format!("layer {li}: mixer does not match layer_types")));
+                return Err(CudaError::Unsupported(format!(
+                    "layer {li}: mixer does not match layer_types"
+                )));
             }
         }
         let final_norm = upload_f32(g, w.final_norm)?;
@@ -264,9 +301,12 @@ impl CudaModel {
                     conv: g.zeros((m.kernel - 1) * m.cd)?,
                     ssm: g.zeros(m.d.hv * m.d.dk * m.d.dv)?,
                 },
-                Mixer::Attn(m) => {
-                    LayerState::Attn { k: g.zeros(1)?, v: g.zeros(1)?, cap: 0, row: m.a.kv_heads * m.a.head_dim }
-                }
+                Mixer::Attn(m) => LayerState::Attn {
+                    k: g.zeros(1)?,
+                    v: g.zeros(1)?,
+                    cap: 0,
+                    row: m.a.kv_heads * m.a.head_dim,
+                },
             });
         }
         Ok(CudaState { pos: 0, layers })
@@ -296,11 +336,19 @@ impl CudaModel {
                     let mut v2 = g.alloc(cap * row)?;
                     g.copy(k, 0, &mut k2, 0, used)?;
                     g.copy(v, 0, &mut v2, 0, used)?;
-                    LayerState::Attn { k: k2, v: v2, cap: *cap, row: *row }
+                    LayerState::Attn {
+                        k: k2,
+                        v: v2,
+                        cap: *cap,
+                        row: *row,
+                    }
                 }
             });
         }
-        Ok(CudaState { pos: st.pos, layers })
+        Ok(CudaState {
+            pos: st.pos,
+            layers,
+        })
     }
 
     fn reserve(&self, st: &mut CudaState, need: usize) -> Result<(), CudaError> {
@@ -329,10 +377,17 @@ impl CudaModel {
             return Err(bad("empty token sequence".into()));
         }
         if let Some(b) = ids.iter().find(|&&i| i as usize >= self.vocab) {
-            return Err(bad(format!("token id {b} is outside the vocabulary (0..{})", self.vocab)));
+            return Err(bad(format!(
+                "token id {b} is outside the vocabulary (0..{})",
+                self.vocab
+            )));
         }
         if st.pos + ids.len() > self.max_pos {
-            return Err(bad(format!("sequence of {} tokens exceeds max_position_embeddings {}", st.pos + ids.len(), self.max_pos)));
+            return Err(bad(format!(
+                "sequence of {} tokens exceeds max_position_embeddings {}",
+                st.pos + ids.len(),
+                self.max_pos
+            )));
         }
         if st.layers.len() != self.layers.len() {
             return Err(bad("sequence state belongs to another model".into()));
@@ -347,7 +402,10 @@ impl CudaModel {
 
     /// Runs several sequences at once (the projections see all tokens stacked, the mixers walk each
     /// segment with its own state). → hidden [ΣT, H] on the device, sequences in order.
-    pub fn forward_batch(&self, items: &mut [(&mut CudaState, &[u32])]) -> Result<CudaHidden, CudaError> {
+    pub fn forward_batch(
+        &self,
+        items: &mut [(&mut CudaState, &[u32])],
+    ) -> Result<CudaHidden, CudaError> {
         let g = &*self.gpu;
         let (hid, inter) = (self.hid, self.inter);
         let nseg = items.len();
@@ -374,7 +432,11 @@ impl CudaModel {
         ints.extend(&tok);
         let ints_d = g.upload(&ints)?;
         let ints_p = g.ptr(&ints_d);
-        let (ids_p, segs_p, tok_p) = (ints_p, ints_p + 4 * n as u64, ints_p + 4 * (n + 3 * nseg) as u64);
+        let (ids_p, segs_p, tok_p) = (
+            ints_p,
+            ints_p + 4 * n as u64,
+            ints_p + 4 * (n + 3 * nseg) as u64,
+        );
         // Per layer: state addresses of every segment. GDN: conv [S] | ssm [S]; attention: [S, 2] (k, v).
         let mut ptrs: Vec<u64> = Vec::with_capacity(self.layers.len() * 2 * nseg);
         for li in 0..self.layers.len() {
@@ -393,7 +455,8 @@ impl CudaModel {
         let ptrs_d = g.upload(&ptrs)?;
         let ptrs_p = g.ptr(&ptrs_d);
         // Scratch sized for the widest layer.
-        let (mut proj_w, mut mid_w, mut bf_w, mut q_w, mut gates_w) = (2 * inter, 0usize, hid.max(inter), 0usize, 0usize);
+        let (mut proj_w, mut mid_w, mut bf_w, mut q_w, mut gates_w) =
+            (2 * inter, 0usize, hid.max(inter), 0usize, 0usize);
         for l in &self.layers {
             match &l.mixer {
                 Mixer::Gdn(m) => {
@@ -414,11 +477,27 @@ impl CudaModel {
         let proj: CudaSlice<f32> = g.alloc(n * proj_w)?;
         let mid: CudaSlice<f32> = g.alloc(n * mid_w.max(q_w))?;
         let gates: CudaSlice<f32> = g.alloc(n * gates_w.max(1))?;
-        let (xp, hbp, pp, midp, gp) = (g.ptr(&x), g.ptr(&hb), g.ptr(&proj), g.ptr(&mid), g.ptr(&gates));
+        let (xp, hbp, pp, midp, gp) = (
+            g.ptr(&x),
+            g.ptr(&hb),
+            g.ptr(&proj),
+            g.ptr(&mid),
+            g.ptr(&gates),
+        );
         ops::embed_gather(g, self.embed.ptr, ids_p, xp, n, hid)?;
         let mut poff = 0usize;
         for l in &self.layers {
-            ops::rms_norm(g, xp, hid, l.in_norm.ptr, self.eps, n, hid, Out::Bf16(hbp), hid)?;
+            ops::rms_norm(
+                g,
+                xp,
+                hid,
+                l.in_norm.ptr,
+                self.eps,
+                n,
+                hid,
+                Out::Bf16(hbp),
+                hid,
+            )?;
             match &l.mixer {
                 Mixer::Gdn(m) => {
                     let d = m.d;
@@ -429,18 +508,45 @@ impl CudaModel {
                     g.gemm_bf16(hbp, n, hid, m.w_in.ptr, pw, pp, pw, 0.0)?;
                     // mid: conv output [N, cd] then core [N, HV*DV]
                     let core_p = midp + 4 * (n * m.cd) as u64;
-                    ops::conv1d_silu(g, pp, pw, midp, m.conv.ptr, m.kernel, m.cd, segs_p, conv_p, nseg)?;
+                    ops::conv1d_silu(
+                        g, pp, pw, midp, m.conv.ptr, m.kernel, m.cd, segs_p, conv_p, nseg,
+                    )?;
                     ops::qk_l2norm(g, midp, n, m.cd, d.hk, d.dk, 1.0 / (d.dk as f32).sqrt())?;
                     let beta_p = gp + 4 * (n * d.hv) as u64;
                     let z_off = m.cd;
                     let a_off = m.cd + d.hv * d.dv;
-                    ops::gdn_gates(g, pp, pw, a_off, a_off + d.hv, m.neg_a.ptr, m.dt_bias.ptr, d.hv, n, gp, beta_p)?;
+                    ops::gdn_gates(
+                        g,
+                        pp,
+                        pw,
+                        a_off,
+                        a_off + d.hv,
+                        m.neg_a.ptr,
+                        m.dt_bias.ptr,
+                        d.hv,
+                        n,
+                        gp,
+                        beta_p,
+                    )?;
                     if all_single {
                         ops::gdn_step(g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d)?;
                     } else {
-                        ops::gdn_chunked(g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, CHUNK)?;
+                        ops::gdn_chunked(
+                            g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, CHUNK,
+                        )?;
                     }
-                    ops::rms_norm_gated(g, core_p, pp + 4 * z_off as u64, pw, m.norm.ptr, m.eps, n, d.hv, d.dv, hbp)?;
+                    ops::rms_norm_gated(
+                        g,
+                        core_p,
+                        pp + 4 * z_off as u64,
+                        pw,
+                        m.norm.ptr,
+                        m.eps,
+                        n,
+                        d.hv,
+                        d.dv,
+                        hbp,
+                    )?;
                     g.gemm_bf16(hbp, n, d.hv * d.dv, m.w_out.ptr, hid, xp, hid, 1.0)?;
                 }
                 Mixer::Attn(m) => {
@@ -449,28 +555,69 @@ impl CudaModel {
                     let kv_p = ptrs_p + 8 * poff as u64;
                     poff += 2 * nseg;
                     g.gemm_bf16(hbp, n, hid, m.w_in.ptr, pw, pp, pw, 0.0)?;
-                    ops::attn_prep(g, pp, pw, m.q_norm.ptr, m.k_norm.ptr, m.eps, m.inv_freq.ptr, a, n, tok_p, kv_p, midp)?;
+                    ops::attn_prep(
+                        g,
+                        pp,
+                        pw,
+                        m.q_norm.ptr,
+                        m.k_norm.ptr,
+                        m.eps,
+                        m.inv_freq.ptr,
+                        a,
+                        n,
+                        tok_p,
+                        kv_p,
+                        midp,
+                    )?;
                     let scale = 1.0 / (a.head_dim as f32).sqrt();
                     ops::attention(g, midp, pp, pw, tok_p, kv_p, n, a, scale, hbp)?;
                     g.gemm_bf16(hbp, n, a.heads * a.head_dim, m.w_o.ptr, hid, xp, hid, 1.0)?;
                 }
             }
-            ops::rms_norm(g, xp, hid, l.post_norm.ptr, self.eps, n, hid, Out::Bf16(hbp), hid)?;
+            ops::rms_norm(
+                g,
+                xp,
+                hid,
+                l.post_norm.ptr,
+                self.eps,
+                n,
+                hid,
+                Out::Bf16(hbp),
+                hid,
+            )?;
             g.gemm_bf16(hbp, n, hid, l.w_gu.ptr, 2 * inter, pp, 2 * inter, 0.0)?;
             ops::swiglu(g, pp, inter, n, hbp)?;
             g.gemm_bf16(hbp, n, inter, l.w_down.ptr, hid, xp, hid, 1.0)?;
         }
         let out: CudaSlice<f32> = g.alloc(n * hid)?;
-        ops::rms_norm(g, xp, hid, self.final_norm.ptr, self.eps, n, hid, Out::F32(g.ptr(&out)), hid)?;
+        ops::rms_norm(
+            g,
+            xp,
+            hid,
+            self.final_norm.ptr,
+            self.eps,
+            n,
+            hid,
+            Out::F32(g.ptr(&out)),
+            hid,
+        )?;
         for (st, seq) in items.iter_mut() {
             st.pos += seq.len();
         }
         // The scratch buffers are freed in stream order when they drop here.
-        Ok(CudaHidden { buf: out, rows: n, hid })
+        Ok(CudaHidden {
+            buf: out,
+            rows: n,
+            hid,
+        })
     }
 
     /// Label-row readout: `out[i] = hidden[picks[i].0] · lm_head[picks[i].1]`.
-    pub fn logits_rows(&self, h: &CudaHidden, picks: &[(usize, u32)]) -> Result<Vec<f32>, CudaError> {
+    pub fn logits_rows(
+        &self,
+        h: &CudaHidden,
+        picks: &[(usize, u32)],
+    ) -> Result<Vec<f32>, CudaError> {
         let g = &*self.gpu;
         if picks.is_empty() {
             return Ok(Vec::new());
@@ -487,7 +634,15 @@ impl CudaModel {
         }
         let pd = g.upload(&pairs)?;
         let out: CudaSlice<f32> = g.alloc(picks.len())?;
-        ops::rows_dot(g, g.ptr(&h.buf), h.hid, g.ptr(&pd), picks.len(), self.head().ptr, g.ptr(&out))?;
+        ops::rows_dot(
+            g,
+            g.ptr(&h.buf),
+            h.hid,
+            g.ptr(&pd),
+            picks.len(),
+            self.head().ptr,
+            g.ptr(&out),
+        )?;
         g.download(&out, picks.len())
     }
 
@@ -497,7 +652,16 @@ impl CudaModel {
         let hb: CudaSlice<u16> = g.alloc(h.rows * h.hid)?;
         ops::to_bf16(g, g.ptr(&h.buf), g.ptr(&hb), h.rows * h.hid)?;
         let out: CudaSlice<f32> = g.alloc(h.rows * self.vocab)?;
-        g.gemm_bf16(g.ptr(&hb), h.rows, h.hid, self.head().ptr, self.vocab, g.ptr(&out), self.vocab, 0.0)?;
+        g.gemm_bf16(
+            g.ptr(&hb),
+            h.rows,
+            h.hid,
+            self.head().ptr,
+            self.vocab,
+            g.ptr(&out),
+            self.vocab,
+            0.0,
+        )?;
         g.download(&out, h.rows * self.vocab)
     }
 }

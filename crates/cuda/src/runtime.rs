@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
 };
-pub use cudarc::driver::PushKernelArg;
+pub use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use crate::{CudaError, DrvCtx};
@@ -76,7 +76,11 @@ fn cache_dir() -> Option<PathBuf> {
 
 /// PTX for `arch` (e.g. `compute_90`), from the disk cache or compiled now.
 pub fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
-    let key = fnv1a(&[KERNELS_CU.as_bytes(), arch.as_bytes(), NVRTC_OPTS.join(" ").as_bytes()]);
+    let key = fnv1a(&[
+        KERNELS_CU.as_bytes(),
+        arch.as_bytes(),
+        NVRTC_OPTS.join(" ").as_bytes(),
+    ]);
     let path = cache_dir().map(|d| d.join(format!("{key:016x}-{arch}.ptx")));
     if let Some(p) = &path {
         if let Ok(src) = std::fs::read_to_string(p) {
@@ -90,8 +94,11 @@ pub fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
         name: Some("onepass_kernels.cu".into()),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, opts)
-        .map_err(|e| CudaError::Compile { arch: arch.to_string(), msg: format!("{e:?}") })?;
+    let ptx =
+        cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, opts).map_err(|e| CudaError::Compile {
+            arch: arch.to_string(),
+            msg: format!("{e:?}"),
+        })?;
     if let Some(p) = &path {
         // A cache that cannot be written only costs a recompile next time.
         let src = ptx.to_src();
@@ -111,13 +118,18 @@ impl Gpu {
     pub fn new(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
         let count = crate::probe()?;
         if ordinal >= count {
-            return Err(CudaError::Unavailable(format!("device {ordinal} requested, {count} present")));
+            return Err(CudaError::Unavailable(format!(
+                "device {ordinal} requested, {count} present"
+            )));
         }
         let ctx = CudaContext::new(ordinal).op("cuCtx create")?;
         // SAFETY: every buffer and kernel of this backend uses the one stream below.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
-        let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas { op: "create handle", err })?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas {
+            op: "create handle",
+            err,
+        })?;
         let (maj, min) = ctx.compute_capability().op("compute capability")?;
         let arch = format!("compute_{maj}{min}");
         let ptx = ptx_for(&arch)?;
@@ -149,7 +161,15 @@ impl Gpu {
             )
             .op("gdn_chunked shared memory")?;
         let name = ctx.name().op("device name")?;
-        Ok(Arc::new(Gpu { ctx, stream, blas, k, name, arch, max_smem }))
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            blas,
+            k,
+            name,
+            arch,
+            max_smem,
+        }))
     }
 
     /// Uninitialised device memory for `n` values.
@@ -158,7 +178,10 @@ impl Gpu {
         unsafe { self.stream.alloc::<T>(n.max(1)) }.op("alloc")
     }
 
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>, CudaError> {
         self.stream.alloc_zeros::<T>(n.max(1)).op("alloc_zeros")
     }
 
@@ -169,10 +192,16 @@ impl Gpu {
         self.stream.clone_htod(host).op("upload")
     }
 
-    pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>, n: usize) -> Result<Vec<T>, CudaError> {
+    pub fn download<T: DeviceRepr + Default + Clone>(
+        &self,
+        dev: &CudaSlice<T>,
+        n: usize,
+    ) -> Result<Vec<T>, CudaError> {
         let mut out = vec![T::default(); n];
         if n > 0 {
-            self.stream.memcpy_dtoh(&dev.slice(..n), &mut out).op("download")?;
+            self.stream
+                .memcpy_dtoh(&dev.slice(..n), &mut out)
+                .op("download")?;
         }
         Ok(out)
     }
@@ -206,7 +235,17 @@ impl Gpu {
 
     /// `y[T, N] (row stride ldy) = x[T, K] (bf16, row-major) · w[N, K]ᵀ (bf16) + beta · y`, f32
     /// output, f32 accumulation (cuBLAS GemmEx).
-    pub fn gemm_bf16(&self, x: u64, t: usize, k: usize, w: u64, n: usize, y: u64, ldy: usize, beta: f32) -> Result<(), CudaError> {
+    pub fn gemm_bf16(
+        &self,
+        x: u64,
+        t: usize,
+        k: usize,
+        w: u64,
+        n: usize,
+        y: u64,
+        ldy: usize,
+        beta: f32,
+    ) -> Result<(), CudaError> {
         if t == 0 || n == 0 {
             return Ok(());
         }
@@ -236,13 +275,20 @@ impl Gpu {
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|err| CudaError::Blas { op: "gemm bf16", err })
+        .map_err(|err| CudaError::Blas {
+            op: "gemm bf16",
+            err,
+        })
     }
 }
 
 /// A launch configuration: `grid` blocks of `block` threads, `smem` bytes of dynamic shared memory.
 pub fn cfg(grid: (u32, u32), block: u32, smem: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: (grid.0.max(1), grid.1.max(1), 1), block_dim: (block, 1, 1), shared_mem_bytes: smem }
+    LaunchConfig {
+        grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: smem,
+    }
 }
 
 /// Launches `func` with the listed arguments (each a `DeviceRepr` value: raw addresses as `u64`,
@@ -254,7 +300,7 @@ macro_rules! launch {
         let mut b = gpu.stream.launch_builder(&$func);
         $( let v = $arg; $crate::runtime::PushKernelArg::arg(&mut b, &v); )*
         // SAFETY: the arguments match the kernel's parameter list in kernels.cu.
-        unsafe { b.launch($cfg) }.map(|_| ()).map_err(|err| $crate::CudaError::Driver { op: stringify!($func), err })
+        let lc: $crate::runtime::LaunchConfig = $cfg;
+        unsafe { b.launch(lc) }.map(|_| ()).map_err(|err| $crate::CudaError::Driver { op: stringify!($func), err })
     }};
 }
-

@@ -1,5 +1,6 @@
 //! Every CUDA op against its CPU twin in `onepass-kernels`, on odd shapes (T = 63, 65, 130; dims
 //! not multiples of 32; HV != HK), outputs and states. Runs only with ONEPASS_CUDA_TESTS=1.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -15,7 +16,9 @@ const BF16_TOL: f32 = 8e-3;
 
 #[test]
 fn rms_norms_match_cpu() {
-    let Some(g) = gpu("rms_norms_match_cpu") else { return };
+    let Some(g) = gpu("rms_norms_match_cpu") else {
+        return;
+    };
     let (rows, dim) = (65, 100);
     let x = rnd(rows * dim, 1);
     let gain: Vec<f32> = rnd(dim, 2).iter().map(|v| 1.0 + 0.5 * v).collect();
@@ -24,28 +27,85 @@ fn rms_norms_match_cpu() {
     let (xd, gd) = (g.upload(&x).unwrap(), g.upload(&gain).unwrap());
     let of = g.alloc::<f32>(rows * dim).unwrap();
     let ob = g.alloc::<u16>(rows * dim).unwrap();
-    ops::rms_norm(&g, g.ptr(&xd), dim, g.ptr(&gd), 1e-6, rows, dim, Out::F32(g.ptr(&of)), dim).unwrap();
-    ops::rms_norm(&g, g.ptr(&xd), dim, g.ptr(&gd), 1e-6, rows, dim, Out::Bf16(g.ptr(&ob)), dim).unwrap();
-    check("rms_norm f32", &g.download(&of, rows * dim).unwrap(), &want, F32_TOL);
-    check("rms_norm bf16", &from_bf16_bits(&g.download(&ob, rows * dim).unwrap()), &want, BF16_TOL);
+    ops::rms_norm(
+        &g,
+        g.ptr(&xd),
+        dim,
+        g.ptr(&gd),
+        1e-6,
+        rows,
+        dim,
+        Out::F32(g.ptr(&of)),
+        dim,
+    )
+    .unwrap();
+    ops::rms_norm(
+        &g,
+        g.ptr(&xd),
+        dim,
+        g.ptr(&gd),
+        1e-6,
+        rows,
+        dim,
+        Out::Bf16(g.ptr(&ob)),
+        dim,
+    )
+    .unwrap();
+    check(
+        "rms_norm f32",
+        &g.download(&of, rows * dim).unwrap(),
+        &want,
+        F32_TOL,
+    );
+    check(
+        "rms_norm bf16",
+        &from_bf16_bits(&g.download(&ob, rows * dim).unwrap()),
+        &want,
+        BF16_TOL,
+    );
 
     // Gated: x [N, HV, DV], z in rows of a wider projection.
     let (n, hv, dv, ldz) = (63, 3, 24, 100);
     let x = rnd(n * hv * dv, 3);
     let zfull = rnd(n * ldz, 4);
     let w = rnd(dv, 5);
-    let z: Vec<f32> = (0..n).flat_map(|i| zfull[i * ldz + 7..i * ldz + 7 + hv * dv].to_vec()).collect();
+    let z: Vec<f32> = (0..n)
+        .flat_map(|i| zfull[i * ldz + 7..i * ldz + 7 + hv * dv].to_vec())
+        .collect();
     let mut want = x.clone();
     cpu::rms_norm_gated(&mut want, &z, &w, 1e-6);
-    let (xd, zd, wd) = (g.upload(&x).unwrap(), g.upload(&zfull).unwrap(), g.upload(&w).unwrap());
+    let (xd, zd, wd) = (
+        g.upload(&x).unwrap(),
+        g.upload(&zfull).unwrap(),
+        g.upload(&w).unwrap(),
+    );
     let ob = g.alloc::<u16>(n * hv * dv).unwrap();
-    ops::rms_norm_gated(&g, g.ptr(&xd), g.ptr(&zd) + 4 * 7, ldz, g.ptr(&wd), 1e-6, n, hv, dv, g.ptr(&ob)).unwrap();
-    check("rms_norm_gated bf16", &from_bf16_bits(&g.download(&ob, n * hv * dv).unwrap()), &want, BF16_TOL);
+    ops::rms_norm_gated(
+        &g,
+        g.ptr(&xd),
+        g.ptr(&zd) + 4 * 7,
+        ldz,
+        g.ptr(&wd),
+        1e-6,
+        n,
+        hv,
+        dv,
+        g.ptr(&ob),
+    )
+    .unwrap();
+    check(
+        "rms_norm_gated bf16",
+        &from_bf16_bits(&g.download(&ob, n * hv * dv).unwrap()),
+        &want,
+        BF16_TOL,
+    );
 }
 
 #[test]
 fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
-    let Some(g) = gpu("l2norm_gates_swiglu_add_embed_readout_match_cpu") else { return };
+    let Some(g) = gpu("l2norm_gates_swiglu_add_embed_readout_match_cpu") else {
+        return;
+    };
     // q, k L2 norm in place inside conv rows [N, cd]; v untouched.
     let (n, hk, dk, hv, dv) = (65, 3, 60, 6, 20);
     let cd = 2 * hk * dk + hv * dv;
@@ -58,7 +118,12 @@ fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
     }
     let xd = g.upload(&x).unwrap();
     ops::qk_l2norm(&g, g.ptr(&xd), n, cd, hk, dk, scale).unwrap();
-    check("qk_l2norm", &g.download(&xd, n * cd).unwrap(), &want, F32_TOL);
+    check(
+        "qk_l2norm",
+        &g.download(&xd, n * cd).unwrap(),
+        &want,
+        F32_TOL,
+    );
 
     // Gates from a projection [N, ld].
     let ld = 50;
@@ -72,9 +137,29 @@ fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
             wb[i * hv + h] = cpu::sigmoid(p[i * ld + 3 + hv + h]);
         }
     }
-    let (pd, ad, dd) = (g.upload(&p).unwrap(), g.upload(&neg_a).unwrap(), g.upload(&dt).unwrap());
-    let (gd, bd) = (g.alloc::<f32>(n * hv).unwrap(), g.alloc::<f32>(n * hv).unwrap());
-    ops::gdn_gates(&g, g.ptr(&pd), ld, 3, 3 + hv, g.ptr(&ad), g.ptr(&dd), hv, n, g.ptr(&gd), g.ptr(&bd)).unwrap();
+    let (pd, ad, dd) = (
+        g.upload(&p).unwrap(),
+        g.upload(&neg_a).unwrap(),
+        g.upload(&dt).unwrap(),
+    );
+    let (gd, bd) = (
+        g.alloc::<f32>(n * hv).unwrap(),
+        g.alloc::<f32>(n * hv).unwrap(),
+    );
+    ops::gdn_gates(
+        &g,
+        g.ptr(&pd),
+        ld,
+        3,
+        3 + hv,
+        g.ptr(&ad),
+        g.ptr(&dd),
+        hv,
+        n,
+        g.ptr(&gd),
+        g.ptr(&bd),
+    )
+    .unwrap();
     check("gdn g", &g.download(&gd, n * hv).unwrap(), &wg, F32_TOL);
     check("gdn beta", &g.download(&bd, n * hv).unwrap(), &wb, F32_TOL);
 
@@ -90,7 +175,12 @@ fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
     let gud = g.upload(&gu).unwrap();
     let ob = g.alloc::<u16>(n * inter).unwrap();
     ops::swiglu(&g, g.ptr(&gud), inter, n, g.ptr(&ob)).unwrap();
-    check("swiglu bf16", &from_bf16_bits(&g.download(&ob, n * inter).unwrap()), &want, BF16_TOL);
+    check(
+        "swiglu bf16",
+        &from_bf16_bits(&g.download(&ob, n * inter).unwrap()),
+        &want,
+        BF16_TOL,
+    );
 
     // Residual add.
     let (a, b) = (rnd(1000, 11), rnd(1000, 12));
@@ -107,27 +197,56 @@ fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
     let idd = g.upload(&ids).unwrap();
     let xd = g.alloc::<f32>(n * hid).unwrap();
     ops::embed_gather(&g, g.ptr(&td), g.ptr(&idd), g.ptr(&xd), n, hid).unwrap();
-    let want: Vec<f32> = ids.iter().flat_map(|&i| table[i as usize * hid..(i as usize + 1) * hid].to_vec()).collect();
-    check("embed_gather", &g.download(&xd, n * hid).unwrap(), &want, 0.0);
+    let want: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| table[i as usize * hid..(i as usize + 1) * hid].to_vec())
+        .collect();
+    check(
+        "embed_gather",
+        &g.download(&xd, n * hid).unwrap(),
+        &want,
+        0.0,
+    );
     let hidden = rnd(n * hid, 14);
     let head = Tensor::from_f32("head", vec![v, hid], &table);
-    let picks: Vec<(usize, u32)> = (0..40).map(|i| ((i * 7) % n, ((i * 13) % v) as u32)).collect();
+    let picks: Vec<(usize, u32)> = (0..40)
+        .map(|i| ((i * 7) % n, ((i * 13) % v) as u32))
+        .collect();
     let mut want = Vec::new();
     for &(r, id) in &picks {
         let mut o = [0.0f32];
         cpu::dot_rows(&hidden[r * hid..(r + 1) * hid], &head, &[id], &mut o);
         want.push(o[0]);
     }
-    let pairs: Vec<i32> = picks.iter().flat_map(|&(r, id)| [r as i32, id as i32]).collect();
+    let pairs: Vec<i32> = picks
+        .iter()
+        .flat_map(|&(r, id)| [r as i32, id as i32])
+        .collect();
     let (hd, pd) = (g.upload(&hidden).unwrap(), g.upload(&pairs).unwrap());
     let od = g.alloc::<f32>(picks.len()).unwrap();
-    ops::rows_dot(&g, g.ptr(&hd), hid, g.ptr(&pd), picks.len(), g.ptr(&td), g.ptr(&od)).unwrap();
-    check("rows_dot", &g.download(&od, picks.len()).unwrap(), &want, F32_TOL);
+    ops::rows_dot(
+        &g,
+        g.ptr(&hd),
+        hid,
+        g.ptr(&pd),
+        picks.len(),
+        g.ptr(&td),
+        g.ptr(&od),
+    )
+    .unwrap();
+    check(
+        "rows_dot",
+        &g.download(&od, picks.len()).unwrap(),
+        &want,
+        F32_TOL,
+    );
 }
 
 #[test]
 fn gemm_bf16_matches_cpu() {
-    let Some(g) = gpu("gemm_bf16_matches_cpu") else { return };
+    let Some(g) = gpu("gemm_bf16_matches_cpu") else {
+        return;
+    };
     for &(t, k, n) in &[(63, 100, 130), (1, 64, 33), (130, 257, 65)] {
         let x = bf16_round(&rnd(t * k, 20));
         let w = bf16_round(&rnd(n * k, 21));
@@ -137,18 +256,35 @@ fn gemm_bf16_matches_cpu() {
         // beta = 1 accumulates into y.
         let y0 = rnd(t * n, 22);
         let want_acc: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
-        let (xd, wd) = (g.upload(&to_bf16_bits(&x)).unwrap(), g.upload(&to_bf16_bits(&w)).unwrap());
+        let (xd, wd) = (
+            g.upload(&to_bf16_bits(&x)).unwrap(),
+            g.upload(&to_bf16_bits(&w)).unwrap(),
+        );
         let yd = g.upload(&y0).unwrap();
-        g.gemm_bf16(g.ptr(&xd), t, k, g.ptr(&wd), n, g.ptr(&yd), n, 1.0).unwrap();
-        check(&format!("gemm bf16 t={t} k={k} n={n} (+y)"), &g.download(&yd, t * n).unwrap(), &want_acc, 1e-5);
-        g.gemm_bf16(g.ptr(&xd), t, k, g.ptr(&wd), n, g.ptr(&yd), n, 0.0).unwrap();
-        check(&format!("gemm bf16 t={t} k={k} n={n}"), &g.download(&yd, t * n).unwrap(), &want, 1e-5);
+        g.gemm_bf16(g.ptr(&xd), t, k, g.ptr(&wd), n, g.ptr(&yd), n, 1.0)
+            .unwrap();
+        check(
+            &format!("gemm bf16 t={t} k={k} n={n} (+y)"),
+            &g.download(&yd, t * n).unwrap(),
+            &want_acc,
+            1e-5,
+        );
+        g.gemm_bf16(g.ptr(&xd), t, k, g.ptr(&wd), n, g.ptr(&yd), n, 0.0)
+            .unwrap();
+        check(
+            &format!("gemm bf16 t={t} k={k} n={n}"),
+            &g.download(&yd, t * n).unwrap(),
+            &want,
+            1e-5,
+        );
     }
 }
 
 #[test]
 fn conv1d_silu_matches_cpu_per_segment() {
-    let Some(g) = gpu("conv1d_silu_matches_cpu_per_segment") else { return };
+    let Some(g) = gpu("conv1d_silu_matches_cpu_per_segment") else {
+        return;
+    };
     let (cd, k, ld) = (100, 4, 123);
     let lens = [63usize, 130, 1, 65];
     let n: usize = lens.iter().sum();
@@ -163,21 +299,49 @@ fn conv1d_silu_matches_cpu_per_segment() {
         segs.extend([start as i32, len as i32, 0]);
         let st0 = rnd((k - 1) * cd, 40 + s as u64);
         let mut st = st0.clone();
-        let mut xs: Vec<f32> = (start..start + len).flat_map(|r| x[r * ld..r * ld + cd].to_vec()).collect();
+        let mut xs: Vec<f32> = (start..start + len)
+            .flat_map(|r| x[r * ld..r * ld + cd].to_vec())
+            .collect();
         cpu::causal_conv1d_silu(&mut xs, len, cd, &w, k, &mut st);
         want_out[start * cd..(start + len) * cd].copy_from_slice(&xs);
         want_states.push(st);
         states.push(g.upload(&st0).unwrap());
         start += len;
     }
-    let (xd, wd, sd) = (g.upload(&x).unwrap(), g.upload(&w).unwrap(), g.upload(&segs).unwrap());
+    let (xd, wd, sd) = (
+        g.upload(&x).unwrap(),
+        g.upload(&w).unwrap(),
+        g.upload(&segs).unwrap(),
+    );
     let ptrs: Vec<u64> = states.iter().map(|s| g.ptr(s)).collect();
     let pd = g.upload(&ptrs).unwrap();
     let od = g.alloc::<f32>(n * cd).unwrap();
-    ops::conv1d_silu(&g, g.ptr(&xd), ld, g.ptr(&od), g.ptr(&wd), k, cd, g.ptr(&sd), g.ptr(&pd), lens.len()).unwrap();
-    check("conv1d_silu out", &g.download(&od, n * cd).unwrap(), &want_out, F32_TOL);
+    ops::conv1d_silu(
+        &g,
+        g.ptr(&xd),
+        ld,
+        g.ptr(&od),
+        g.ptr(&wd),
+        k,
+        cd,
+        g.ptr(&sd),
+        g.ptr(&pd),
+        lens.len(),
+    )
+    .unwrap();
+    check(
+        "conv1d_silu out",
+        &g.download(&od, n * cd).unwrap(),
+        &want_out,
+        F32_TOL,
+    );
     for (s, st) in states.iter().enumerate() {
-        check(&format!("conv1d_silu state {s}"), &g.download(st, (k - 1) * cd).unwrap(), &want_states[s], 0.0);
+        check(
+            &format!("conv1d_silu state {s}"),
+            &g.download(st, (k - 1) * cd).unwrap(),
+            &want_states[s],
+            0.0,
+        );
     }
 }
 
@@ -200,10 +364,25 @@ fn delta_case(d: GdnDims, lens: &[usize], seed: u64) -> DeltaCase {
         cpu::l2_normalize(&mut row[..2 * d.hk * d.dk], d.dk, 1e-6);
         row[..d.hk * d.dk].iter_mut().for_each(|v| *v *= scale);
     }
-    let g = rnd(n * d.hv, seed + 1).iter().map(|x| -0.5 * (x + 1.0) - 0.01).collect();
-    let beta = rnd(n * d.hv, seed + 2).iter().map(|x| 0.5 * (x + 1.0)).collect();
-    let s0 = (0..lens.len()).map(|s| rnd(d.hv * d.dk * d.dv, seed + 10 + s as u64)).collect();
-    DeltaCase { d, lens: lens.to_vec(), qkv, g, beta, s0 }
+    let g = rnd(n * d.hv, seed + 1)
+        .iter()
+        .map(|x| -0.5 * (x + 1.0) - 0.01)
+        .collect();
+    let beta = rnd(n * d.hv, seed + 2)
+        .iter()
+        .map(|x| 0.5 * (x + 1.0))
+        .collect();
+    let s0 = (0..lens.len())
+        .map(|s| rnd(d.hv * d.dk * d.dv, seed + 10 + s as u64))
+        .collect();
+    DeltaCase {
+        d,
+        lens: lens.to_vec(),
+        qkv,
+        g,
+        beta,
+        s0,
+    }
 }
 
 /// CPU reference per segment: outputs [N, HV, DV] and final states.
@@ -216,14 +395,33 @@ fn delta_cpu(c: &DeltaCase) -> (Vec<f32>, Vec<Vec<f32>>) {
     let mut start = 0;
     for (s, &t) in c.lens.iter().enumerate() {
         let rows = start..start + t;
-        let col = |a: usize, b: usize| -> Vec<f32> { rows.clone().flat_map(|r| c.qkv[r * cd + a..r * cd + b].to_vec()).collect() };
+        let col = |a: usize, b: usize| -> Vec<f32> {
+            rows.clone()
+                .flat_map(|r| c.qkv[r * cd + a..r * cd + b].to_vec())
+                .collect()
+        };
         let q = col(0, d.hk * d.dk);
         let k = col(d.hk * d.dk, 2 * d.hk * d.dk);
         let v = col(2 * d.hk * d.dk, cd);
-        let sh = cpu::DeltaShape { t, hk: d.hk, hv: d.hv, dk: d.dk, dv: d.dv };
+        let sh = cpu::DeltaShape {
+            t,
+            hk: d.hk,
+            hv: d.hv,
+            dk: d.dk,
+            dv: d.dv,
+        };
         let mut st = c.s0[s].clone();
         let o = &mut out[start * d.hv * d.dv..(start + t) * d.hv * d.dv];
-        cpu::gated_delta_recurrent(sh, &q, &k, &v, &c.g[start * d.hv..(start + t) * d.hv], &c.beta[start * d.hv..(start + t) * d.hv], &mut st, o);
+        cpu::gated_delta_recurrent(
+            sh,
+            &q,
+            &k,
+            &v,
+            &c.g[start * d.hv..(start + t) * d.hv],
+            &c.beta[start * d.hv..(start + t) * d.hv],
+            &mut st,
+            o,
+        );
         states.push(st);
         start += t;
     }
@@ -242,39 +440,107 @@ fn delta_gpu(g: &onepass_cuda::Gpu, c: &DeltaCase, step: bool) -> (Vec<f32>, Vec
     }
     let states: Vec<_> = c.s0.iter().map(|s| g.upload(s).unwrap()).collect();
     let ptrs: Vec<u64> = states.iter().map(|s| g.ptr(s)).collect();
-    let (xd, gd, bd) = (g.upload(&c.qkv).unwrap(), g.upload(&c.g).unwrap(), g.upload(&c.beta).unwrap());
+    let (xd, gd, bd) = (
+        g.upload(&c.qkv).unwrap(),
+        g.upload(&c.g).unwrap(),
+        g.upload(&c.beta).unwrap(),
+    );
     let (sd, pd) = (g.upload(&segs).unwrap(), g.upload(&ptrs).unwrap());
     let od = g.alloc::<f32>(n * d.hv * d.dv).unwrap();
     if step {
-        ops::gdn_step(g, g.ptr(&xd), cd, g.ptr(&gd), g.ptr(&bd), g.ptr(&od), g.ptr(&sd), g.ptr(&pd), c.lens.len(), d).unwrap();
+        ops::gdn_step(
+            g,
+            g.ptr(&xd),
+            cd,
+            g.ptr(&gd),
+            g.ptr(&bd),
+            g.ptr(&od),
+            g.ptr(&sd),
+            g.ptr(&pd),
+            c.lens.len(),
+            d,
+        )
+        .unwrap();
     } else {
-        ops::gdn_chunked(g, g.ptr(&xd), cd, g.ptr(&gd), g.ptr(&bd), g.ptr(&od), g.ptr(&sd), g.ptr(&pd), c.lens.len(), d, 64).unwrap();
+        ops::gdn_chunked(
+            g,
+            g.ptr(&xd),
+            cd,
+            g.ptr(&gd),
+            g.ptr(&bd),
+            g.ptr(&od),
+            g.ptr(&sd),
+            g.ptr(&pd),
+            c.lens.len(),
+            d,
+            64,
+        )
+        .unwrap();
     }
     let out = g.download(&od, n * d.hv * d.dv).unwrap();
-    let st = states.iter().map(|s| g.download(s, d.hv * d.dk * d.dv).unwrap()).collect();
+    let st = states
+        .iter()
+        .map(|s| g.download(s, d.hv * d.dk * d.dv).unwrap())
+        .collect();
     (out, st)
 }
 
 #[test]
 fn gated_delta_chunked_and_step_match_cpu() {
-    let Some(g) = gpu("gated_delta_chunked_and_step_match_cpu") else { return };
+    let Some(g) = gpu("gated_delta_chunked_and_step_match_cpu") else {
+        return;
+    };
     // Segments of 63, 65, 130 and 1 tokens; GVA (hv = 2 hk); dims not multiples of 32; and the
     // 0.8B shape (dk = dv = 128), whose chunk state needs the opt-in shared memory.
     for (d, lens) in [
-        (GdnDims { hk: 2, hv: 4, dk: 60, dv: 24 }, vec![63, 65, 130, 1]),
-        (GdnDims { hk: 1, hv: 3, dk: 16, dv: 40 }, vec![200]),
-        (GdnDims { hk: 2, hv: 2, dk: 128, dv: 128 }, vec![130, 7]),
+        (
+            GdnDims {
+                hk: 2,
+                hv: 4,
+                dk: 60,
+                dv: 24,
+            },
+            vec![63, 65, 130, 1],
+        ),
+        (
+            GdnDims {
+                hk: 1,
+                hv: 3,
+                dk: 16,
+                dv: 40,
+            },
+            vec![200],
+        ),
+        (
+            GdnDims {
+                hk: 2,
+                hv: 2,
+                dk: 128,
+                dv: 128,
+            },
+            vec![130, 7],
+        ),
     ] {
         let c = delta_case(d, &lens, 50);
         let (want_o, want_s) = delta_cpu(&c);
         let (o, s) = delta_gpu(&g, &c, false);
-        check(&format!("gdn_chunked out {d:?} {lens:?}"), &o, &want_o, 1e-4);
+        check(
+            &format!("gdn_chunked out {d:?} {lens:?}"),
+            &o,
+            &want_o,
+            1e-4,
+        );
         for (i, (a, b)) in s.iter().zip(&want_s).enumerate() {
             check(&format!("gdn_chunked state {i} {d:?}"), a, b, 1e-4);
         }
     }
     // The one-token step on three segments.
-    let d = GdnDims { hk: 2, hv: 6, dk: 60, dv: 36 };
+    let d = GdnDims {
+        hk: 2,
+        hv: 6,
+        dk: 60,
+        dv: 36,
+    };
     let c = delta_case(d, &[1, 1, 1], 60);
     let (want_o, want_s) = delta_cpu(&c);
     let (o, s) = delta_gpu(&g, &c, true);
@@ -286,8 +552,15 @@ fn gated_delta_chunked_and_step_match_cpu() {
 
 #[test]
 fn attention_prep_and_attention_match_cpu() {
-    let Some(g) = gpu("attention_prep_and_attention_match_cpu") else { return };
-    let a = AttnDims { heads: 4, kv_heads: 2, head_dim: 40, half: 10 };
+    let Some(g) = gpu("attention_prep_and_attention_match_cpu") else {
+        return;
+    };
+    let a = AttnDims {
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 40,
+        half: 10,
+    };
     let (h, kvh, dd) = (a.heads, a.kv_heads, a.head_dim);
     let ld = h * 2 * dd + 2 * kvh * dd;
     // (new tokens, past tokens already in the cache)
@@ -296,7 +569,9 @@ fn attention_prep_and_attention_match_cpu() {
     let proj = rnd(n * ld, 70).iter().map(|v| 2.0 * v).collect::<Vec<_>>();
     let qn: Vec<f32> = rnd(dd, 71).iter().map(|v| 1.0 + 0.3 * v).collect();
     let kn: Vec<f32> = rnd(dd, 72).iter().map(|v| 1.0 + 0.3 * v).collect();
-    let inv_freq: Vec<f32> = (0..a.half).map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / (2 * a.half) as f32)).collect();
+    let inv_freq: Vec<f32> = (0..a.half)
+        .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / (2 * a.half) as f32))
+        .collect();
     let eps = 1e-6;
     let mut tok = Vec::new();
     let mut caches = Vec::new();
@@ -315,10 +590,26 @@ fn attention_prep_and_attention_match_cpu() {
         }
         // CPU: norms, rope, cache append, attention, gate.
         let rows = start..start + t;
-        let mut q: Vec<f32> = rows.clone().flat_map(|r| (0..h).map(move |hh| (r, hh))).flat_map(|(r, hh)| proj[r * ld + hh * 2 * dd..r * ld + hh * 2 * dd + dd].to_vec()).collect();
-        let gate: Vec<f32> = rows.clone().flat_map(|r| (0..h).map(move |hh| (r, hh))).flat_map(|(r, hh)| proj[r * ld + hh * 2 * dd + dd..r * ld + (hh + 1) * 2 * dd].to_vec()).collect();
-        let mut k: Vec<f32> = rows.clone().flat_map(|r| proj[r * ld + h * 2 * dd..r * ld + h * 2 * dd + kvh * dd].to_vec()).collect();
-        let v: Vec<f32> = rows.clone().flat_map(|r| proj[r * ld + h * 2 * dd + kvh * dd..r * ld + ld].to_vec()).collect();
+        let mut q: Vec<f32> = rows
+            .clone()
+            .flat_map(|r| (0..h).map(move |hh| (r, hh)))
+            .flat_map(|(r, hh)| proj[r * ld + hh * 2 * dd..r * ld + hh * 2 * dd + dd].to_vec())
+            .collect();
+        let gate: Vec<f32> = rows
+            .clone()
+            .flat_map(|r| (0..h).map(move |hh| (r, hh)))
+            .flat_map(|(r, hh)| {
+                proj[r * ld + hh * 2 * dd + dd..r * ld + (hh + 1) * 2 * dd].to_vec()
+            })
+            .collect();
+        let mut k: Vec<f32> = rows
+            .clone()
+            .flat_map(|r| proj[r * ld + h * 2 * dd..r * ld + h * 2 * dd + kvh * dd].to_vec())
+            .collect();
+        let v: Vec<f32> = rows
+            .clone()
+            .flat_map(|r| proj[r * ld + h * 2 * dd + kvh * dd..r * ld + ld].to_vec())
+            .collect();
         cpu::rms_norm(&mut q, &qn, eps);
         cpu::rms_norm(&mut k, &kn, eps);
         let (cos, sin) = cpu::rope_tables(past, t, &inv_freq);
@@ -327,26 +618,91 @@ fn attention_prep_and_attention_match_cpu() {
         kc[past * kvh * dd..(past + t) * kvh * dd].copy_from_slice(&k);
         vc[past * kvh * dd..(past + t) * kvh * dd].copy_from_slice(&v);
         want_k.push(kc[..(past + t) * kvh * dd].to_vec());
-        let sh = cpu::AttnShape { t, past, heads: h, kv_heads: kvh, head_dim: dd };
+        let sh = cpu::AttnShape {
+            t,
+            past,
+            heads: h,
+            kv_heads: kvh,
+            head_dim: dd,
+        };
         let o = &mut want_o[start * h * dd..(start + t) * h * dd];
-        cpu::causal_attention_reference(sh, &q, &kc[..(past + t) * kvh * dd], &vc[..(past + t) * kvh * dd], 1.0 / (dd as f32).sqrt(), o);
+        cpu::causal_attention_reference(
+            sh,
+            &q,
+            &kc[..(past + t) * kvh * dd],
+            &vc[..(past + t) * kvh * dd],
+            1.0 / (dd as f32).sqrt(),
+            o,
+        );
         for (x, gv) in o.iter_mut().zip(&gate) {
             *x *= cpu::sigmoid(*gv);
         }
         want_q[start * h * dd..(start + t) * h * dd].copy_from_slice(&q);
         start += t;
     }
-    let ptrs: Vec<u64> = caches.iter().flat_map(|(k, v)| [g.ptr(k), g.ptr(v)]).collect();
-    let (pd, td, kvd) = (g.upload(&proj).unwrap(), g.upload(&tok).unwrap(), g.upload(&ptrs).unwrap());
-    let (qnd, knd, fd) = (g.upload(&qn).unwrap(), g.upload(&kn).unwrap(), g.upload(&inv_freq).unwrap());
+    let ptrs: Vec<u64> = caches
+        .iter()
+        .flat_map(|(k, v)| [g.ptr(k), g.ptr(v)])
+        .collect();
+    let (pd, td, kvd) = (
+        g.upload(&proj).unwrap(),
+        g.upload(&tok).unwrap(),
+        g.upload(&ptrs).unwrap(),
+    );
+    let (qnd, knd, fd) = (
+        g.upload(&qn).unwrap(),
+        g.upload(&kn).unwrap(),
+        g.upload(&inv_freq).unwrap(),
+    );
     let qd = g.alloc::<f32>(n * h * dd).unwrap();
-    ops::attn_prep(&g, g.ptr(&pd), ld, g.ptr(&qnd), g.ptr(&knd), eps, g.ptr(&fd), a, n, g.ptr(&td), g.ptr(&kvd), g.ptr(&qd)).unwrap();
-    check("attn_prep q (norm + rope)", &g.download(&qd, n * h * dd).unwrap(), &want_q, F32_TOL);
+    ops::attn_prep(
+        &g,
+        g.ptr(&pd),
+        ld,
+        g.ptr(&qnd),
+        g.ptr(&knd),
+        eps,
+        g.ptr(&fd),
+        a,
+        n,
+        g.ptr(&td),
+        g.ptr(&kvd),
+        g.ptr(&qd),
+    )
+    .unwrap();
+    check(
+        "attn_prep q (norm + rope)",
+        &g.download(&qd, n * h * dd).unwrap(),
+        &want_q,
+        F32_TOL,
+    );
     for (s, (kd, _)) in caches.iter().enumerate() {
         let m = want_k[s].len();
-        check(&format!("attn_prep k cache {s}"), &g.download(kd, m).unwrap(), &want_k[s], F32_TOL);
+        check(
+            &format!("attn_prep k cache {s}"),
+            &g.download(kd, m).unwrap(),
+            &want_k[s],
+            F32_TOL,
+        );
     }
     let od = g.alloc::<u16>(n * h * dd).unwrap();
-    ops::attention(&g, g.ptr(&qd), g.ptr(&pd), ld, g.ptr(&td), g.ptr(&kvd), n, a, 1.0 / (dd as f32).sqrt(), g.ptr(&od)).unwrap();
-    check("attention * sigmoid(gate) (bf16 out)", &from_bf16_bits(&g.download(&od, n * h * dd).unwrap()), &want_o, BF16_TOL);
+    ops::attention(
+        &g,
+        g.ptr(&qd),
+        g.ptr(&pd),
+        ld,
+        g.ptr(&td),
+        g.ptr(&kvd),
+        n,
+        a,
+        1.0 / (dd as f32).sqrt(),
+        g.ptr(&od),
+    )
+    .unwrap();
+    check(
+        "attention * sigmoid(gate) (bf16 out)",
+        &from_bf16_bits(&g.download(&od, n * h * dd).unwrap()),
+        &want_o,
+        BF16_TOL,
+    );
 }

@@ -16,7 +16,10 @@ pub fn gpu(test: &str) -> Option<Arc<Gpu>> {
 
 /// Deterministic uniform values in [-1, 1).
 pub fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+        | 1;
     (0..n)
         .map(|_| {
             x ^= x << 13;
@@ -28,15 +31,21 @@ pub fn rnd(n: usize, seed: u64) -> Vec<f32> {
 }
 
 pub fn bf16_round(v: &[f32]) -> Vec<f32> {
-    v.iter().map(|x| half::bf16::from_f32(*x).to_f32()).collect()
+    v.iter()
+        .map(|x| half::bf16::from_f32(*x).to_f32())
+        .collect()
 }
 
 pub fn to_bf16_bits(v: &[f32]) -> Vec<u16> {
-    v.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect()
+    v.iter()
+        .map(|x| half::bf16::from_f32(*x).to_bits())
+        .collect()
 }
 
 pub fn from_bf16_bits(v: &[u16]) -> Vec<f32> {
-    v.iter().map(|x| half::bf16::from_bits(*x).to_f32()).collect()
+    v.iter()
+        .map(|x| half::bf16::from_bits(*x).to_f32())
+        .collect()
 }
 
 /// max |a - b| / max(1, max |b|); fails on NaN or a length mismatch.
