@@ -66,7 +66,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let max_state_tokens = setting(a.max_state_tokens, "DECIDER_MAX_STATE_TOKENS", 32768)?;
     let limits = Limits {
         max_rows: setting(a.max_rows, "DECIDER_MAX_ROWS", 1024)?,
-        max_row_tokens: setting(a.max_row_tokens, "DECIDER_MAX_ROW_TOKENS", max_state_tokens + 4096)?,
+        max_row_tokens: setting(
+            a.max_row_tokens,
+            "DECIDER_MAX_ROW_TOKENS",
+            max_state_tokens + 4096,
+        )?,
         max_request_tokens: setting(a.max_request_tokens, "DECIDER_MAX_REQUEST_TOKENS", 1 << 20)?,
     };
     let max_queue_rows = setting(a.max_queue_rows, "DECIDER_MAX_QUEUE_ROWS", 4096)?;
@@ -80,8 +84,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     let dir = onepass_formats::resolve_model_dir(&a.model)?;
     let t0 = Instant::now();
-    let engine = Engine::load(&dir, EngineOptions { limits, ..EngineOptions::default() })
-        .with_context(|| format!("loading {}", dir.display()))?;
+    let engine = Engine::load(
+        &dir,
+        EngineOptions {
+            limits,
+            ..EngineOptions::default()
+        },
+    )
+    .with_context(|| format!("loading {}", dir.display()))?;
     eprintln!(
         "onepass serve: loaded {} ({}) in {:.2}s",
         dir.display(),

@@ -29,10 +29,19 @@ fn checkpoint() -> tempfile::TempDir {
 }
 
 /// One HTTP/1.1 request on a fresh connection → (status, lower-cased head, body).
-fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String, Vec<u8>) {
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -41,7 +50,10 @@ fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[
     s.write_all(body).unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("response head");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head");
     let head = String::from_utf8_lossy(&raw[..split]).to_lowercase();
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     (status, head, raw[split + 4..].to_vec())
@@ -55,7 +67,15 @@ fn serve_end_to_end() {
         onepass_decide::pyjson::dumps_compact(&e.system_one(REQ.as_bytes()).unwrap()).unwrap()
     };
     let mut child = Command::new(env!("CARGO_BIN_EXE_onepass"))
-        .args(["serve", "--model", dir.path().to_str().unwrap(), "--port", "0", "--max-queue-rows", "100"])
+        .args([
+            "serve",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--port",
+            "0",
+            "--max-queue-rows",
+            "100",
+        ])
         .env_remove("ONEPASS_API_KEY")
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -70,7 +90,9 @@ fn serve_end_to_end() {
     });
     let mut log = Vec::new();
     let addr = loop {
-        let line = rx.recv_timeout(Duration::from_secs(120)).expect("no 'listening on' line from onepass serve");
+        let line = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("no 'listening on' line from onepass serve");
         log.push(line.clone());
         if let Some(a) = line.split("listening on http://").nth(1) {
             break a.trim().to_string();
@@ -82,7 +104,10 @@ fn serve_end_to_end() {
         if status == 200 && body.starts_with(br#"{"ok":true"#) {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "/health never became ok");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "/health never became ok"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let json = [("content-type", "application/json")];
@@ -95,11 +120,21 @@ fn serve_end_to_end() {
         &addr,
         "POST",
         "/v1/systemone",
-        &[("content-type", "application/json"), ("content-encoding", "zstd"), ("x-request-id", "e2e-1")],
+        &[
+            ("content-type", "application/json"),
+            ("content-encoding", "zstd"),
+            ("x-request-id", "e2e-1"),
+        ],
         &z,
     );
     assert_eq!((status, String::from_utf8(body).unwrap()), (200, want));
-    let (status, _, body) = http(&addr, "POST", "/decide", &json, br#"{"context":"The cat sat.","schema":{"cat?":{"type":"bool"}}}"#);
+    let (status, _, body) = http(
+        &addr,
+        "POST",
+        "/decide",
+        &json,
+        br#"{"context":"The cat sat.","schema":{"cat?":{"type":"bool"}}}"#,
+    );
     assert_eq!(status, 200);
     assert!(body.starts_with(br#"{"cat?":{"noul":"#));
     let (status, _, body) = http(&addr, "GET", "/v1/models", &[], b"");
@@ -107,7 +142,10 @@ fn serve_end_to_end() {
     assert!(body.starts_with(br#"{"models":[{"name":"decider-dev""#));
     let (_, _, body) = http(&addr, "GET", "/metrics", &[], b"");
     let metrics = String::from_utf8(body).unwrap();
-    assert!(metrics.contains(r#"onepass_requests_total{route="/v1/systemone",status="200"} 2"#), "{metrics}");
+    assert!(
+        metrics.contains(r#"onepass_requests_total{route="/v1/systemone",status="200"} 2"#),
+        "{metrics}"
+    );
 
     // SIGTERM: drains and exits 0.
     let pid = child.id() as i32;
@@ -118,13 +156,23 @@ fn serve_end_to_end() {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "onepass serve did not exit after SIGTERM");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "onepass serve did not exit after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     reader.join().unwrap();
     log.extend(rx.try_iter());
-    assert!(status.success(), "exit status {status:?}; stderr:\n{}", log.join("\n"));
+    assert!(
+        status.success(),
+        "exit status {status:?}; stderr:\n{}",
+        log.join("\n")
+    );
     let log = log.join("\n");
-    assert!(log.contains("id=e2e-1 POST /v1/systemone status=200 rows=2"), "{log}");
+    assert!(
+        log.contains("id=e2e-1 POST /v1/systemone status=200 rows=2"),
+        "{log}"
+    );
     assert!(log.contains("onepass serve: stopped"), "{log}");
 }

@@ -92,7 +92,9 @@ impl Job {
 
     /// Release the rows, then reply (so a client that sees its answer also sees the queue without it).
     fn answer(self, r: JobResult) {
-        let Job { reply, admitted, .. } = self;
+        let Job {
+            reply, admitted, ..
+        } = self;
         drop(admitted);
         let _ = reply.send(r);
     }

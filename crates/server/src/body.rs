@@ -9,7 +9,11 @@ pub fn too_large(max: usize, after_decompression: bool) -> ApiError {
         413,
         format!(
             "request body too large: more than {max} bytes{} (--max-body-bytes)",
-            if after_decompression { " after decompression" } else { "" }
+            if after_decompression {
+                " after decompression"
+            } else {
+                ""
+            }
         ),
     )
 }
@@ -40,7 +44,9 @@ pub fn decode(encoding: Option<&str>, raw: Vec<u8>, max: usize) -> Result<Vec<u8
 
 fn read_capped(r: impl Read, max: usize, what: &str) -> Result<Vec<u8>, ApiError> {
     let mut out = Vec::new();
-    r.take(max as u64 + 1).read_to_end(&mut out).map_err(|e| bad(what, &e))?;
+    r.take(max as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| bad(what, &e))?;
     if out.len() > max {
         return Err(too_large(max, true));
     }
@@ -48,5 +54,8 @@ fn read_capped(r: impl Read, max: usize, what: &str) -> Result<Vec<u8>, ApiError
 }
 
 fn bad(what: &str, e: &std::io::Error) -> ApiError {
-    ApiError::detail(400, format!("the request body is not valid {what} data: {e}"))
+    ApiError::detail(
+        400,
+        format!("the request body is not valid {what} data: {e}"),
+    )
 }

@@ -5,8 +5,8 @@
 //! question text raw, options neutralised when `neutralize_none`) → answers keyed by question in schema order.
 
 use onepass_decide::pyjson::{
-    decode_body, dumps_compact, obj, py_float, py_repr, py_round, py_str, repr_str, BodyError, Object,
-    Value,
+    decode_body, dumps_compact, obj, py_float, py_repr, py_round, py_str, repr_str, BodyError,
+    Object, Value,
 };
 use onepass_decide::render::QType;
 use onepass_decide::rows::{context_ids, question_piece, unique_tokens, MAX_OPTIONS};
@@ -53,8 +53,8 @@ pub struct DecidePrep {
 /// Body → questions → one packed row. Errors are the reference's 422 bodies.
 pub fn prepare(body: &[u8], tok: &Tokenizer, cfg: &DecideConfig) -> Result<DecidePrep, ApiError> {
     let (context, schema) = validate_body(body)?;
-    let questions = schema_to_questions(&schema, neutralize_none(cfg))
-        .map_err(|m| ApiError::detail(422, m))?;
+    let questions =
+        schema_to_questions(&schema, neutralize_none(cfg)).map_err(|m| ApiError::detail(422, m))?;
     if questions.is_empty() {
         return Ok(DecidePrep {
             questions,
@@ -91,7 +91,10 @@ fn validate_body(body: &[u8]) -> Result<(String, Value), ApiError> {
             ctx.insert("error".into(), Value::Str(e.msg.clone()));
             return Err(ApiError::validation(vec![obj([
                 ("type", Value::str("json_invalid")),
-                ("loc", Value::Array(vec![Value::str("body"), Value::from(e.pos)])),
+                (
+                    "loc",
+                    Value::Array(vec![Value::str("body"), Value::from(e.pos)]),
+                ),
                 ("msg", Value::str("JSON decode error")),
                 ("input", Value::Object(Object::new())),
                 ("ctx", Value::Object(ctx)),
@@ -148,7 +151,10 @@ fn error(kind: &str, loc: &[&str], msg: &str, input: Value) -> Value {
 }
 
 /// `_check_schema` then `_schema_to_questions`, with `neutralize_options` when `neutralize`. `Err` is the 422 message.
-pub fn schema_to_questions(schema: &Value, neutralize: bool) -> Result<Vec<DecideQuestion>, String> {
+pub fn schema_to_questions(
+    schema: &Value,
+    neutralize: bool,
+) -> Result<Vec<DecideQuestion>, String> {
     let form = SCHEMA_FORM;
     let schema = match schema {
         Value::Null => return Err(format!("schema is required; {form}")),
@@ -164,7 +170,10 @@ pub fn schema_to_questions(schema: &Value, neutralize: bool) -> Result<Vec<Decid
                 spec.py_type_name()
             ));
         };
-        let t = spec.get("type").cloned().unwrap_or_else(|| Value::str("choice"));
+        let t = spec
+            .get("type")
+            .cloned()
+            .unwrap_or_else(|| Value::str("choice"));
         let (kind, options) = match t.as_str() {
             Some("choice") => {
                 let opts: Vec<String> = match spec.get("options") {
@@ -172,7 +181,9 @@ pub fn schema_to_questions(schema: &Value, neutralize: bool) -> Result<Vec<Decid
                         let strs: Option<Vec<String>> =
                             a.iter().map(|o| o.as_str().map(str::to_string)).collect();
                         strs.ok_or_else(|| {
-                            format!("{place}: \"options\" must be a non-empty list of strings; {form}")
+                            format!(
+                                "{place}: \"options\" must be a non-empty list of strings; {form}"
+                            )
                         })?
                     }
                     Some(Value::Object(m)) if !m.is_empty() => m.keys().cloned().collect(),
@@ -215,7 +226,9 @@ pub fn schema_to_questions(schema: &Value, neutralize: bool) -> Result<Vec<Decid
                             }
                         }
                         // `sorted(leg, key=float)`: stable; every key is finite here.
-                        keyed.sort_by(|a, b| a.1.partial_cmp(&b.1).unwrap_or(std::cmp::Ordering::Equal));
+                        keyed.sort_by(|a, b| {
+                            a.1.partial_cmp(&b.1).unwrap_or(std::cmp::Ordering::Equal)
+                        });
                         let labels = keyed
                             .iter()
                             .map(|(k, _, v)| format!("{k}: {}", py_str(v)))
@@ -241,7 +254,10 @@ pub fn schema_to_questions(schema: &Value, neutralize: bool) -> Result<Vec<Decid
             }
             Some("bool") => (FieldKind::Bool, vec!["no".to_string(), "yes".to_string()]),
             _ => {
-                return Err(format!("{place}: unknown field type {}; {form}", py_repr(&t)));
+                return Err(format!(
+                    "{place}: unknown field type {}; {form}",
+                    py_repr(&t)
+                ));
             }
         };
         if options.len() > MAX_OPTIONS {
@@ -274,7 +290,9 @@ pub fn neutralize_options(options: &[String]) -> (Vec<String>, Vec<String>) {
         .iter()
         .map(|o| {
             let key = o.trim_matches(is_py_strip).to_lowercase();
-            if key.starts_with("none of the above") || matches!(key.as_str(), "none" | "n/a" | "none of these") {
+            if key.starts_with("none of the above")
+                || matches!(key.as_str(), "none" | "n/a" | "none of these")
+            {
                 back = Some(o);
                 NEUTRAL_NONE.to_string()
             } else {
@@ -315,7 +333,8 @@ pub fn build_plan(
         temperatures: vec![],
     };
     for (k, q) in qs.iter().enumerate() {
-        row.ids.extend(question_piece(tok, &q.text, &q.options, k, multi)?);
+        row.ids
+            .extend(question_piece(tok, &q.text, &q.options, k, multi)?);
         row.slots.push(row.ids.len() - 1);
         let t = match q.kind {
             FieldKind::Bool => QType::Noul,
@@ -324,7 +343,8 @@ pub fn build_plan(
         };
         row.nopts.push(q.options.len());
         row.types.push(t);
-        row.temperatures.push(cfg.temperature.for_slot(t, q.options.len()));
+        row.temperatures
+            .push(cfg.temperature.for_slot(t, q.options.len()));
     }
     let input_tokens = unique_tokens(&[row.ids.as_slice()]);
     Ok(Plan {
@@ -340,7 +360,10 @@ pub fn build_plan(
 pub fn format(qs: &[DecideQuestion], probs: &[Vec<f32>]) -> Value {
     let mut o = Object::new();
     for (q, p) in qs.iter().zip(probs) {
-        let p: Vec<f64> = p[..q.options.len().min(p.len())].iter().map(|&x| x as f64).collect();
+        let p: Vec<f64> = p[..q.options.len().min(p.len())]
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
         let r4 = |x: f64| Value::Float(py_round(x, 4));
         let mut j = 0;
         for (i, &x) in p.iter().enumerate() {
@@ -367,7 +390,10 @@ pub fn format(qs: &[DecideQuestion], probs: &[Vec<f32>]) -> Value {
             }
             FieldKind::Scale { keys, legend } => {
                 // Python `sum(float(k) * pi ...)`: starts at int 0, left to right.
-                let score = keys.iter().zip(&p).fold(0.0f64, |a, ((_, k), &x)| a + k * x);
+                let score = keys
+                    .iter()
+                    .zip(&p)
+                    .fold(0.0f64, |a, ((_, k), &x)| a + k * x);
                 let mut probs = Object::new();
                 for ((k, _), &x) in keys.iter().zip(&p) {
                     probs.insert(k.clone(), r4(x));

@@ -27,7 +27,9 @@ use axum::Router;
 use batcher::{Admission, Batcher, Job};
 use metrics::Metrics;
 use onepass_decide::pyjson::{dumps_compact, obj, py_str, Object, Value};
-use onepass_decide::{assemble, check_size, parse_request, ApiError, DecideConfig, Layout, Limits, Plan};
+use onepass_decide::{
+    assemble, check_size, parse_request, ApiError, DecideConfig, Layout, Limits, Plan,
+};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -94,7 +96,10 @@ impl App {
 }
 
 /// The app around `engine`: the router and its state (keep the state to call [`App::shutdown`]).
-pub fn router(engine: Arc<dyn DecideEngine>, opts: ServerOptions) -> std::io::Result<(Router, Arc<App>)> {
+pub fn router(
+    engine: Arc<dyn DecideEngine>,
+    opts: ServerOptions,
+) -> std::io::Result<(Router, Arc<App>)> {
     let metrics = Arc::new(Metrics::default());
     let batcher = Batcher::start(engine.clone(), opts.max_batch_rows, metrics.clone())?;
     let mut cfg = engine.config().clone();
@@ -105,7 +110,9 @@ pub fn router(engine: Arc<dyn DecideEngine>, opts: ServerOptions) -> std::io::Re
         admission: Admission::new(opts.max_queue_rows),
         batcher,
         metrics,
-        id_seed: std::collections::hash_map::RandomState::new().build_hasher().finish(),
+        id_seed: std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish(),
         seq: AtomicU64::new(0),
         opts,
     });
@@ -116,7 +123,9 @@ pub fn router(engine: Arc<dyn DecideEngine>, opts: ServerOptions) -> std::io::Re
         .route("/health", get(health))
         .route("/metrics", get(metrics_route))
         .fallback(|| async { json_error(ApiError::detail(404, "Not Found")) })
-        .method_not_allowed_fallback(|| async { json_error(ApiError::detail(405, "Method Not Allowed")) })
+        .method_not_allowed_fallback(|| async {
+            json_error(ApiError::detail(405, "Method Not Allowed"))
+        })
         .layer(middleware::from_fn_with_state(app.clone(), around))
         .with_state(app.clone());
     Ok((r, app))
@@ -130,13 +139,23 @@ struct Work {
     decisions: u64,
 }
 
-const ROUTES: [&str; 5] = ["/v1/systemone", "/decide", "/v1/models", "/health", "/metrics"];
+const ROUTES: [&str; 5] = [
+    "/v1/systemone",
+    "/decide",
+    "/v1/models",
+    "/health",
+    "/metrics",
+];
 
 /// Request id, auth, then (after the route) the id headers, metrics and the log line.
 async fn around(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let t0 = Instant::now();
     let path = req.uri().path().to_string();
-    let route = ROUTES.iter().find(|r| **r == path).copied().unwrap_or("other");
+    let route = ROUTES
+        .iter()
+        .find(|r| **r == path)
+        .copied()
+        .unwrap_or("other");
     let method = req.method().clone();
     let rid = req
         .headers()
@@ -152,7 +171,8 @@ async fn around(State(app): State<Arc<App>>, req: Request, next: Next) -> Respon
         Ok(()) => next.run(req).await,
         Err(e) => {
             let mut r = json_error(e);
-            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             r
         }
     };
@@ -163,7 +183,8 @@ async fn around(State(app): State<Arc<App>>, req: Request, next: Next) -> Respon
     let secs = t0.elapsed().as_secs_f64();
     let status = resp.status().as_u16();
     let work = resp.extensions().get::<Work>().copied().unwrap_or_default();
-    app.metrics.request(route, status, secs, work.rows, work.tokens, work.decisions);
+    app.metrics
+        .request(route, status, secs, work.rows, work.tokens, work.decisions);
     if app.opts.log_requests {
         eprintln!(
             "onepass-server: id={rid} {method} {path} status={status} rows={} tokens={} latency_ms={:.1}",
@@ -177,7 +198,9 @@ async fn around(State(app): State<Arc<App>>, req: Request, next: Next) -> Respon
 
 /// `Authorization: Bearer <key>` when a key is set; `/health` stays open for probes.
 fn authorized(app: &App, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = app.opts.api_key.as_deref() else { return Ok(()) };
+    let Some(key) = app.opts.api_key.as_deref() else {
+        return Ok(());
+    };
     if path == "/health" {
         return Ok(());
     }
@@ -208,8 +231,13 @@ fn json_error(e: ApiError) -> Response {
 }
 
 fn raw(status: u16, ctype: &'static str, body: String) -> Response {
-    let mut r = (StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body).into_response();
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+    let mut r = (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        body,
+    )
+        .into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
     r
 }
 
@@ -217,7 +245,11 @@ fn raw(status: u16, ctype: &'static str, body: String) -> Response {
 fn json_ok(v: &Value, work: Work) -> Response {
     let mut r = match dumps_compact(v) {
         Ok(s) => raw(200, "application/json", s),
-        Err(_) => raw(500, "text/plain; charset=utf-8", "Internal Server Error".into()),
+        Err(_) => raw(
+            500,
+            "text/plain; charset=utf-8",
+            "Internal Server Error".into(),
+        ),
     };
     r.extensions_mut().insert(work);
     r
@@ -238,17 +270,26 @@ async fn with_body<T: Send + 'static>(
     if declared.is_some_and(|n| n > max as u64) {
         return Err(body::too_large(max, false));
     }
-    let raw = axum::body::to_bytes(body, max).await.map_err(|_| body::too_large(max, false))?;
-    let enc = headers
-        .get(header::CONTENT_ENCODING)
-        .map(|v| v.to_str().map(str::to_string).unwrap_or_else(|_| "?".into()));
+    let raw = axum::body::to_bytes(body, max)
+        .await
+        .map_err(|_| body::too_large(max, false))?;
+    let enc = headers.get(header::CONTENT_ENCODING).map(|v| {
+        v.to_str()
+            .map(str::to_string)
+            .unwrap_or_else(|_| "?".into())
+    });
     let app = app.clone();
     tokio::task::spawn_blocking(move || {
         let bytes = body::decode(enc.as_deref(), raw.to_vec(), max)?;
         then(&app, bytes)
     })
     .await
-    .unwrap_or_else(|e| Err(ApiError::detail(500, format!("request preparation failed: {e}"))))
+    .unwrap_or_else(|e| {
+        Err(ApiError::detail(
+            500,
+            format!("request preparation failed: {e}"),
+        ))
+    })
 }
 
 /// Reserve the plan's rows (503 when the queue is full) and score it on the batching worker.
@@ -264,12 +305,19 @@ async fn score(app: &App, plan: Arc<Plan>) -> Result<Vec<Vec<f32>>, ApiError> {
     })?;
     let (tx, rx) = oneshot::channel();
     app.batcher
-        .submit(Job { plan, reply: tx, admitted })
+        .submit(Job {
+            plan,
+            reply: tx,
+            admitted,
+        })
         .map_err(|_| ApiError::detail(500, "the batching worker has stopped"))?;
     match rx.await {
         Ok(Ok(p)) => Ok(p),
         Ok(Err(msg)) => Err(ApiError::detail(500, msg)),
-        Err(_) => Err(ApiError::detail(500, "the batching worker dropped the request")),
+        Err(_) => Err(ApiError::detail(
+            500,
+            "the batching worker dropped the request",
+        )),
     }
 }
 
@@ -286,7 +334,10 @@ async fn systemone(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
     let planned = with_body(&app, &headers, body, |app, bytes| {
         let req = parse_request(&bytes)?;
         if req.assets.as_ref().is_some_and(|a| !a.is_empty()) {
-            return Err(ApiError::detail(422, "this server was started without image support (DECIDER_IMAGES=1)"));
+            return Err(ApiError::detail(
+                422,
+                "this server was started without image support (DECIDER_IMAGES=1)",
+            ));
         }
         let plan = onepass_decide::plan(&req, app.engine.tokenizer(), &app.cfg)?;
         check_size(&plan, &app.opts.limits)?;
@@ -330,7 +381,10 @@ async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
     };
     let plan = Arc::new(plan);
     match score(&app, plan.clone()).await {
-        Ok(p) => json_ok(&decide_route::format(&prep.questions, &p), work_of(&plan, prep.questions.len())),
+        Ok(p) => json_ok(
+            &decide_route::format(&prep.questions, &p),
+            work_of(&plan, prep.questions.len()),
+        ),
         Err(e) => json_error(e),
     }
 }
@@ -379,8 +433,10 @@ async fn health(State(app): State<Arc<App>>) -> Response {
 
 /// `GET /metrics`: Prometheus text.
 async fn metrics_route(State(app): State<Arc<App>>) -> Response {
-    let text = app
-        .metrics
-        .render(app.admission.outstanding(), app.admission.max_rows, app.batcher.alive());
+    let text = app.metrics.render(
+        app.admission.outstanding(),
+        app.admission.max_rows,
+        app.batcher.alive(),
+    );
     raw(200, "text/plain; version=0.0.4; charset=utf-8", text)
 }

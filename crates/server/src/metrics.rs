@@ -42,7 +42,15 @@ impl Metrics {
     }
 
     /// One finished request: route template (or `other`), status, latency, rows and tokens scored.
-    pub fn request(&self, route: &str, status: u16, seconds: f64, rows: u64, tokens: u64, decisions: u64) {
+    pub fn request(
+        &self,
+        route: &str,
+        status: u16,
+        seconds: f64,
+        rows: u64,
+        tokens: u64,
+        decisions: u64,
+    ) {
         self.with(|m| {
             *m.requests.entry((route.to_string(), status)).or_default() += 1;
             if status >= 400 {

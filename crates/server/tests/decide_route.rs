@@ -31,7 +31,10 @@ async fn decide_matches_the_reference() {
             .collect())
     }));
     let (app, _state) = router(fake.clone(), quiet(ServerOptions::default())).unwrap();
-    let text = std::fs::read_to_string(common::root().join("crates/server/tests/fixtures/decide_route.jsonl")).unwrap();
+    let text = std::fs::read_to_string(
+        common::root().join("crates/server/tests/fixtures/decide_route.jsonl"),
+    )
+    .unwrap();
     let mut n = 0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let case: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -39,7 +42,12 @@ async fn decide_matches_the_reference() {
         fake.plans.lock().unwrap().clear();
         let r = post_json(&app, "/decide", body).await;
         let short: String = body.chars().take(120).collect();
-        assert_eq!(r.status, case["status"].as_u64().unwrap() as u16, "{short}: {}", r.text());
+        assert_eq!(
+            r.status,
+            case["status"].as_u64().unwrap() as u16,
+            "{short}: {}",
+            r.text()
+        );
         assert_eq!(r.text(), case["response"].as_str().unwrap(), "{short}");
         assert_eq!(
             r.headers["content-type"].to_str().unwrap(),
@@ -73,8 +81,15 @@ async fn decide_over_255_options_is_a_422() {
     let fake = Arc::new(FakeEngine::new(|p| Ok(uniform(p))));
     let (app, _state) = router(fake, quiet(ServerOptions::default())).unwrap();
     let opts: Vec<String> = (0..256).map(|i| format!("\"o{i}\"")).collect();
-    let body = format!("{{\"context\":\"x\",\"schema\":{{\"q\":{{\"options\":[{}]}}}}}}", opts.join(","));
+    let body = format!(
+        "{{\"context\":\"x\",\"schema\":{{\"q\":{{\"options\":[{}]}}}}}}",
+        opts.join(",")
+    );
     let r = post_json(&app, "/decide", &body).await;
     assert_eq!(r.status, 422);
-    assert!(r.text().contains("at most 255 options or levels, got 256"), "{}", r.text());
+    assert!(
+        r.text().contains("at most 255 options or levels, got 256"),
+        "{}",
+        r.text()
+    );
 }

@@ -17,7 +17,9 @@ use std::time::Duration;
 const REQ: &str = r#"{"state":{"ticket":"My card was charged twice for one order","tier":"gold"},"questions":{"topic":{"type":"choice","instructions":"What is the ticket about?","criteria":["billing","shipping","login"]},"urgent":{"type":"noul","instructions":"Is it urgent?"},"severity":{"type":"score","instructions":"How severe?","criteria":["minor","moderate","major"]}}}"#;
 
 fn expected(body: &str) -> String {
-    let v = real_engine().system_one(body.as_bytes()).expect("engine answer");
+    let v = real_engine()
+        .system_one(body.as_bytes())
+        .expect("engine answer");
     dumps_compact(&v).unwrap()
 }
 
@@ -32,20 +34,32 @@ async fn systemone_is_byte_equal_to_the_engine() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.headers["content-type"], "application/json");
     assert_eq!(r.text(), expected(REQ));
-    assert!(r.text().starts_with(r#"{"model":"decider-dev","answers":{"topic":{"type":"choice","choice":"#));
+    assert!(r
+        .text()
+        .starts_with(r#"{"model":"decider-dev","answers":{"topic":{"type":"choice","choice":"#));
     assert!(r.headers.contains_key("x-request-id"));
     // independent:false (one packed row) and the empty request
     let packed = REQ.replacen('{', r#"{"independent":false,"#, 1);
     let r = post_json(&app, "/v1/systemone", &packed).await;
     assert_eq!(r.text(), expected(&packed));
     let r = post_json(&app, "/v1/systemone", r#"{"state":null,"questions":{}}"#).await;
-    assert_eq!(r.text(), r#"{"model":"decider-dev","answers":{},"usage":{"input_tokens":0,"output_tokens":0}}"#);
+    assert_eq!(
+        r.text(),
+        r#"{"model":"decider-dev","answers":{},"usage":{"input_tokens":0,"output_tokens":0}}"#
+    );
 }
 
 #[tokio::test]
 async fn request_id_is_echoed() {
     let app = real_app(ServerOptions::default());
-    let r = call(&app, "GET", "/health", &[("x-request-id", "abc-123")], vec![]).await;
+    let r = call(
+        &app,
+        "GET",
+        "/health",
+        &[("x-request-id", "abc-123")],
+        vec![],
+    )
+    .await;
     assert_eq!(r.headers["x-request-id"], "abc-123");
     assert_eq!(r.headers["x-typesafe-request-id"], "abc-123");
     let a = call(&app, "GET", "/health", &[], vec![]).await;
@@ -55,7 +69,10 @@ async fn request_id_is_echoed() {
 
 #[tokio::test]
 async fn models_health_metrics_and_unknown_routes() {
-    let app = real_app(ServerOptions { model_id: "/models/tiny".into(), ..Default::default() });
+    let app = real_app(ServerOptions {
+        model_id: "/models/tiny".into(),
+        ..Default::default()
+    });
     let r = call(&app, "GET", "/v1/models", &[], vec![]).await;
     assert_eq!(
         r.text(),
@@ -67,9 +84,15 @@ async fn models_health_metrics_and_unknown_routes() {
         r#"{"ok":true,"model":"/models/tiny","device":"cpu","layout":"plain","temperature":1.0,"temperature_by_type":{"choice":1.0,"noul":1.0,"score":1.0}}"#
     );
     let r = call(&app, "GET", "/nope", &[], vec![]).await;
-    assert_eq!((r.status, r.text().as_str()), (404, r#"{"detail":"Not Found"}"#));
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (404, r#"{"detail":"Not Found"}"#)
+    );
     let r = call(&app, "GET", "/v1/systemone", &[], vec![]).await;
-    assert_eq!((r.status, r.text().as_str()), (405, r#"{"detail":"Method Not Allowed"}"#));
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (405, r#"{"detail":"Method Not Allowed"}"#)
+    );
     post_json(&app, "/v1/systemone", REQ).await;
     post_json(&app, "/v1/systemone", "{").await;
     let m = call(&app, "GET", "/metrics", &[], vec![]).await.text();
@@ -106,35 +129,78 @@ async fn bad_json_and_validation_are_the_reference_422s() {
         r.text(),
         r#"{"detail":[{"type":"missing","loc":["body","state"],"msg":"Field required","input":{"questions":[]}},{"type":"dict_type","loc":["body","questions"],"msg":"Input should be a valid dictionary","input":[]}]}"#
     );
-    let r = post_json(&app, "/v1/systemone", r#"{"state":1,"questions":{"q":{"type":"nope","instructions":"x"}}}"#).await;
-    assert_eq!((r.status, r.text().as_str()), (422, r#"{"detail":"unknown question type 'nope'"}"#));
-    let r = post_json(&app, "/v1/systemone", r#"{"state":1,"questions":{},"assets":{"a":{}}}"#).await;
+    let r = post_json(
+        &app,
+        "/v1/systemone",
+        r#"{"state":1,"questions":{"q":{"type":"nope","instructions":"x"}}}"#,
+    )
+    .await;
     assert_eq!(
         (r.status, r.text().as_str()),
-        (422, r#"{"detail":"this server was started without image support (DECIDER_IMAGES=1)"}"#)
+        (422, r#"{"detail":"unknown question type 'nope'"}"#)
+    );
+    let r = post_json(
+        &app,
+        "/v1/systemone",
+        r#"{"state":1,"questions":{},"assets":{"a":{}}}"#,
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (
+            422,
+            r#"{"detail":"this server was started without image support (DECIDER_IMAGES=1)"}"#
+        )
     );
 }
 
 #[tokio::test]
 async fn limits_are_413_in_the_reference_order() {
-    let limits = Limits { max_rows: 2, max_row_tokens: 40, max_request_tokens: 60 };
-    let app = real_app(ServerOptions { limits, ..Default::default() });
+    let limits = Limits {
+        max_rows: 2,
+        max_row_tokens: 40,
+        max_request_tokens: 60,
+    };
+    let app = real_app(ServerOptions {
+        limits,
+        ..Default::default()
+    });
     let r = post_json(&app, "/v1/systemone", REQ).await;
     assert_eq!(r.status, 413);
     assert_eq!(
         r.text(),
         r#"{"detail":"too many questions: the request expands to 3 scoring rows, the limit is 2 (DECIDER_MAX_ROWS)"}"#
     );
-    let long = format!(r#"{{"state":"{}","questions":{{"q":{{"type":"noul","instructions":"ok?"}}}}}}"#, "word ".repeat(60));
+    let long = format!(
+        r#"{{"state":"{}","questions":{{"q":{{"type":"noul","instructions":"ok?"}}}}}}"#,
+        "word ".repeat(60)
+    );
     let r = post_json(&app, "/v1/systemone", &long).await;
     assert_eq!(r.status, 413);
-    assert!(r.text().contains("per row (DECIDER_MAX_ROW_TOKENS)"), "{}", r.text());
+    assert!(
+        r.text().contains("per row (DECIDER_MAX_ROW_TOKENS)"),
+        "{}",
+        r.text()
+    );
     let two = r#"{"state":"a short state","questions":{"a":{"type":"noul","instructions":"one of two questions here?"},"b":{"type":"noul","instructions":"the other of the two questions?"}}}"#;
     let r = post_json(&app, "/v1/systemone", two).await;
     assert_eq!(r.status, 413, "{}", r.text());
-    assert!(r.text().contains("over 2 rows, the limit is 60 (DECIDER_MAX_REQUEST_TOKENS)"), "{}", r.text());
+    assert!(
+        r.text()
+            .contains("over 2 rows, the limit is 60 (DECIDER_MAX_REQUEST_TOKENS)"),
+        "{}",
+        r.text()
+    );
     // /decide: one row, same checks
-    let r = post_json(&app, "/decide", &format!(r#"{{"context":"{}","schema":{{"q":{{"type":"bool"}}}}}}"#, "word ".repeat(60))).await;
+    let r = post_json(
+        &app,
+        "/decide",
+        &format!(
+            r#"{{"context":"{}","schema":{{"q":{{"type":"bool"}}}}}}"#,
+            "word ".repeat(60)
+        ),
+    )
+    .await;
     assert_eq!(r.status, 413);
 }
 
@@ -149,7 +215,14 @@ async fn queue_full_is_a_503_and_rows_are_released() {
         }
         Ok(uniform(p))
     }));
-    let (app, state) = router(fake, quiet(ServerOptions { max_queue_rows: 4, ..Default::default() })).unwrap();
+    let (app, state) = router(
+        fake,
+        quiet(ServerOptions {
+            max_queue_rows: 4,
+            ..Default::default()
+        }),
+    )
+    .unwrap();
     let first = tokio::spawn({
         let app = app.clone();
         async move { post_json(&app, "/v1/systemone", REQ).await }
@@ -168,28 +241,57 @@ async fn queue_full_is_a_503_and_rows_are_released() {
     assert_eq!(state.admission.outstanding(), 0);
     assert_eq!(post_json(&app, "/v1/systemone", REQ).await.status, 200);
     // a request larger than the whole queue
-    let (app, _) = router(real_engine(), quiet(ServerOptions { max_queue_rows: 2, ..Default::default() })).unwrap();
+    let (app, _) = router(
+        real_engine(),
+        quiet(ServerOptions {
+            max_queue_rows: 2,
+            ..Default::default()
+        }),
+    )
+    .unwrap();
     let r = post_json(&app, "/v1/systemone", REQ).await;
     assert_eq!(
         (r.status, r.text().as_str()),
-        (503, r#"{"detail":"server busy: 0 rows queued, the limit is 2 (DECIDER_MAX_QUEUE_ROWS); retry later"}"#)
+        (
+            503,
+            r#"{"detail":"server busy: 0 rows queued, the limit is 2 (DECIDER_MAX_QUEUE_ROWS); retry later"}"#
+        )
     );
 }
 
 #[tokio::test]
 async fn api_key_is_required_when_set() {
-    let app = real_app(ServerOptions { api_key: Some("s3cret".into()), ..Default::default() });
+    let app = real_app(ServerOptions {
+        api_key: Some("s3cret".into()),
+        ..Default::default()
+    });
     let r = post_json(&app, "/v1/systemone", REQ).await;
     assert_eq!(r.status, 401);
     assert_eq!(r.headers["www-authenticate"], "Bearer");
-    assert_eq!(r.text(), r#"{"detail":"missing API key: send the header Authorization: Bearer <key>"}"#);
-    let r = call(&app, "GET", "/v1/models", &[("authorization", "Bearer nope")], vec![]).await;
-    assert_eq!((r.status, r.text().as_str()), (401, r#"{"detail":"invalid API key"}"#));
+    assert_eq!(
+        r.text(),
+        r#"{"detail":"missing API key: send the header Authorization: Bearer <key>"}"#
+    );
+    let r = call(
+        &app,
+        "GET",
+        "/v1/models",
+        &[("authorization", "Bearer nope")],
+        vec![],
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (401, r#"{"detail":"invalid API key"}"#)
+    );
     let r = call(
         &app,
         "POST",
         "/v1/systemone",
-        &[("authorization", "Bearer s3cret"), ("content-type", "application/json")],
+        &[
+            ("authorization", "Bearer s3cret"),
+            ("content-type", "application/json"),
+        ],
         REQ.as_bytes().to_vec(),
     )
     .await;
@@ -199,32 +301,82 @@ async fn api_key_is_required_when_set() {
 
 #[tokio::test]
 async fn zstd_and_gzip_bodies() {
-    let app = real_app(ServerOptions { max_body_bytes: 4096, ..Default::default() });
+    let app = real_app(ServerOptions {
+        max_body_bytes: 4096,
+        ..Default::default()
+    });
     let want = expected(REQ);
     let z = zstd::encode_all(REQ.as_bytes(), 3).unwrap();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(REQ.as_bytes()).unwrap();
     let gz = gz.finish().unwrap();
     for (enc, body) in [("zstd", z), ("gzip", gz)] {
-        let r = call(&app, "POST", "/v1/systemone", &[("content-encoding", enc), ("content-type", "application/json")], body).await;
+        let r = call(
+            &app,
+            "POST",
+            "/v1/systemone",
+            &[
+                ("content-encoding", enc),
+                ("content-type", "application/json"),
+            ],
+            body,
+        )
+        .await;
         assert_eq!(r.status, 200, "{enc}: {}", r.text());
         assert_eq!(r.text(), want, "{enc}");
     }
     // decompressed size capped; unknown codings and corrupt data refused
     let big = format!(r#"{{"state":"{}","questions":{{}}}}"#, "a".repeat(10_000));
-    let r = call(&app, "POST", "/v1/systemone", &[("content-encoding", "zstd")], zstd::encode_all(big.as_bytes(), 3).unwrap()).await;
+    let r = call(
+        &app,
+        "POST",
+        "/v1/systemone",
+        &[("content-encoding", "zstd")],
+        zstd::encode_all(big.as_bytes(), 3).unwrap(),
+    )
+    .await;
     assert_eq!(r.status, 413);
-    assert_eq!(r.text(), r#"{"detail":"request body too large: more than 4096 bytes after decompression (--max-body-bytes)"}"#);
+    assert_eq!(
+        r.text(),
+        r#"{"detail":"request body too large: more than 4096 bytes after decompression (--max-body-bytes)"}"#
+    );
     let r = call(&app, "POST", "/v1/systemone", &[], big.into_bytes()).await;
-    assert_eq!((r.status, r.text().as_str()), (413, r#"{"detail":"request body too large: more than 4096 bytes (--max-body-bytes)"}"#));
-    let r = call(&app, "POST", "/v1/systemone", &[("content-encoding", "br")], b"x".to_vec()).await;
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (
+            413,
+            r#"{"detail":"request body too large: more than 4096 bytes (--max-body-bytes)"}"#
+        )
+    );
+    let r = call(
+        &app,
+        "POST",
+        "/v1/systemone",
+        &[("content-encoding", "br")],
+        b"x".to_vec(),
+    )
+    .await;
     assert_eq!(r.status, 415);
-    let r = call(&app, "POST", "/v1/systemone", &[("content-encoding", "zstd")], b"not zstd".to_vec()).await;
+    let r = call(
+        &app,
+        "POST",
+        "/v1/systemone",
+        &[("content-encoding", "zstd")],
+        b"not zstd".to_vec(),
+    )
+    .await;
     assert_eq!(r.status, 400);
     // /decide takes compressed bodies too
     let d = r#"{"context":"The cat sat.","schema":{"cat?":{"type":"bool"}}}"#;
     let plain = post_json(&app, "/decide", d).await;
-    let r = call(&app, "POST", "/decide", &[("content-encoding", "zstd")], zstd::encode_all(d.as_bytes(), 1).unwrap()).await;
+    let r = call(
+        &app,
+        "POST",
+        "/decide",
+        &[("content-encoding", "zstd")],
+        zstd::encode_all(d.as_bytes(), 1).unwrap(),
+    )
+    .await;
     assert_eq!((r.status, r.text()), (200, plain.text()));
 }
 
@@ -248,7 +400,9 @@ async fn concurrent_requests_are_batched_and_equal_to_alone() {
     let mut tasks = vec![];
     for b in bodies.clone() {
         let app = app.clone();
-        tasks.push(tokio::spawn(async move { post_json(&app, "/v1/systemone", &b).await }));
+        tasks.push(tokio::spawn(async move {
+            post_json(&app, "/v1/systemone", &b).await
+        }));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for (t, want) in tasks.into_iter().zip(&alone) {
@@ -291,24 +445,39 @@ async fn engine_errors_and_panics_are_500s_for_the_affected_request_only() {
         Ok(uniform(plans))
     }));
     let (app, state) = router(fake, quiet(ServerOptions::default())).unwrap();
-    let body = |s: &str| format!(r#"{{"state":"{s}","questions":{{"q":{{"type":"noul","instructions":"ok?"}}}}}}"#);
+    let body = |s: &str| {
+        format!(r#"{{"state":"{s}","questions":{{"q":{{"type":"noul","instructions":"ok?"}}}}}}"#)
+    };
     let mut tasks = vec![];
     for s in ["fine", "boom boom boom", "well", "fail", "good to go"] {
         let app = app.clone();
         let b = body(s);
-        tasks.push(tokio::spawn(async move { post_json(&app, "/v1/systemone", &b).await }));
+        tasks.push(tokio::spawn(async move {
+            post_json(&app, "/v1/systemone", &b).await
+        }));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let got: Vec<_> = futures_join(tasks).await;
     assert_eq!(got[0].status, 200);
     assert_eq!(got[1].status, 500);
-    assert_eq!(got[1].text(), r#"{"detail":"the engine panicked: synthetic engine panic"}"#);
+    assert_eq!(
+        got[1].text(),
+        r#"{"detail":"the engine panicked: synthetic engine panic"}"#
+    );
     assert_eq!(got[2].status, 200);
-    assert_eq!((got[3].status, got[3].text().as_str()), (500, r#"{"detail":"synthetic engine error"}"#));
+    assert_eq!(
+        (got[3].status, got[3].text().as_str()),
+        (500, r#"{"detail":"synthetic engine error"}"#)
+    );
     assert_eq!(got[4].status, 200);
     assert_eq!(state.admission.outstanding(), 0);
     assert!(state.batcher.alive());
-    assert_eq!(post_json(&app, "/v1/systemone", &body("after")).await.status, 200);
+    assert_eq!(
+        post_json(&app, "/v1/systemone", &body("after"))
+            .await
+            .status,
+        200
+    );
 }
 
 async fn futures_join(tasks: Vec<tokio::task::JoinHandle<Resp>>) -> Vec<Resp> {

@@ -50,8 +50,10 @@ pub fn checkpoint() -> &'static Path {
 /// The real engine on the synthetic checkpoint, loaded once per test binary.
 pub fn real_engine() -> Arc<Engine> {
     static E: OnceLock<Arc<Engine>> = OnceLock::new();
-    E.get_or_init(|| Arc::new(Engine::load(checkpoint(), EngineOptions::default()).expect("engine")))
-        .clone()
+    E.get_or_init(|| {
+        Arc::new(Engine::load(checkpoint(), EngineOptions::default()).expect("engine"))
+    })
+    .clone()
 }
 
 type ScoreFn = dyn Fn(&[&Plan]) -> Result<Scores, String> + Send + Sync;
@@ -67,7 +69,9 @@ pub struct FakeEngine {
 }
 
 impl FakeEngine {
-    pub fn new(score: impl Fn(&[&Plan]) -> Result<Scores, String> + Send + Sync + 'static) -> FakeEngine {
+    pub fn new(
+        score: impl Fn(&[&Plan]) -> Result<Scores, String> + Send + Sync + 'static,
+    ) -> FakeEngine {
         static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
         FakeEngine {
             tok: TOK.get_or_init(|| Arc::new(tokenizer())).clone(),
@@ -107,13 +111,19 @@ impl DecideEngine for FakeEngine {
     }
     fn score(&self, plans: &[&Plan]) -> Result<Scores, String> {
         self.calls.lock().unwrap().push(plans.len());
-        self.plans.lock().unwrap().extend(plans.iter().map(|p| (*p).clone()));
+        self.plans
+            .lock()
+            .unwrap()
+            .extend(plans.iter().map(|p| (*p).clone()));
         (self.score)(plans)
     }
 }
 
 pub fn quiet(opts: ServerOptions) -> ServerOptions {
-    ServerOptions { log_requests: false, ..opts }
+    ServerOptions {
+        log_requests: false,
+        ..opts
+    }
 }
 
 /// A response: status, headers, body bytes.
@@ -130,18 +140,45 @@ impl Resp {
 }
 
 /// One request through the router, no socket.
-pub async fn call(router: &Router, method: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Resp {
+pub async fn call(
+    router: &Router,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Resp {
     let mut b = Request::builder().method(method).uri(path);
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
-    let resp = router.clone().oneshot(b.body(Body::from(body)).unwrap()).await.unwrap();
+    let resp = router
+        .clone()
+        .oneshot(b.body(Body::from(body)).unwrap())
+        .await
+        .unwrap();
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
-    Resp { status, headers, body }
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    Resp {
+        status,
+        headers,
+        body,
+    }
 }
 
 pub async fn post_json(router: &Router, path: &str, body: &str) -> Resp {
-    call(router, "POST", path, &[("content-type", "application/json")], body.as_bytes().to_vec()).await
+    call(
+        router,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.as_bytes().to_vec(),
+    )
+    .await
 }
