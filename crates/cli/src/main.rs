@@ -93,9 +93,9 @@ enum Cmd {
         #[command(flatten)]
         dev: device::DeviceArg,
     },
-    /// Answers one /v1/systemone request body (file or `-`): prints the response JSON the server would send.
     /// HTTP server: decider-ai's /v1/systemone, /decide, /v1/models, /health, plus /metrics (docs/server.md).
     Serve(serve::ServeArgs),
+    /// Answers one /v1/systemone request body (file or `-`): prints the response JSON the server would send.
     Systemone(systemone::SystemoneArgs),
     /// Plans one /v1/systemone request without the model: prints {"rows":[{"ids","slots","nopts"}],"usage"}.
     Render(systemone::RenderArgs),
