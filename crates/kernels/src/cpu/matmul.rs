@@ -1,7 +1,7 @@
 //! `y = x · Wᵀ` for weights stored row-major as `[N, K]` (the Hugging Face `nn.Linear` layout) in
 //! f32, bf16 or f16.
 //!
-//! Prefill (several tokens) splits the output features into blocks of [`BLOCK_N`] rows; each
+//! Prefill (several tokens) splits the output features into blocks of 64 to 512 rows; each
 //! rayon task widens its block of W to f32 once (cheap next to the `T·K` multiply-adds per weight)
 //! and runs a cache-blocked GEMM on it. Decode (one or two tokens) is bound by memory bandwidth, so
 //! it streams each weight row once through a SIMD dot product that widens bf16 in registers.
@@ -12,8 +12,11 @@ use rayon::prelude::*;
 
 use super::sgemm::{sgemm, Mat};
 
-/// Output features handled per task in the GEMM path.
-const BLOCK_N: usize = 64;
+/// Output features handled per task in the GEMM path: at least this many...
+const BLOCK_N_MIN: usize = 64;
+/// ...and at most this many (the GEMM repacks the activations once per block, so blocks should
+/// be large; rayon still needs several blocks per thread to balance).
+const BLOCK_N_MAX: usize = 512;
 /// Below this many tokens the matrix-vector path is used.
 const GEMV_MAX_T: usize = 2;
 /// Output rows per task in the matrix-vector path.
@@ -113,14 +116,16 @@ fn gemv(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32]) {
 fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32]) {
     let view = w.view();
     let view = &view;
-    let nblocks = n.div_ceil(BLOCK_N);
+    let per_thread = 4 * rayon::current_num_threads().max(1);
+    let block_n = n.div_ceil(per_thread).next_multiple_of(16).clamp(BLOCK_N_MIN, BLOCK_N_MAX);
+    let nblocks = n.div_ceil(block_n);
     // Every block writes a disjoint set of columns of y; compute into per-block buffers in
     // parallel, then copy (a T·N copy is negligible next to the T·N·K product).
     let parts: Vec<(usize, usize, Vec<f32>)> = (0..nblocks)
         .into_par_iter()
         .map_init(Vec::new, |scratch: &mut Vec<f32>, b| {
-            let r0 = b * BLOCK_N;
-            let r1 = (r0 + BLOCK_N).min(n);
+            let r0 = b * block_n;
+            let r1 = (r0 + block_n).min(n);
             let rows = r1 - r0;
             let wb: &[f32] = match view {
                 View::F32(v) => &v[r0 * k..r1 * k],
