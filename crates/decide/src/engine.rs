@@ -166,8 +166,8 @@ impl Engine {
     /// Probabilities for every slot of every plan: `[plan][slot in row order][option]`, each of length `nopts`.
     pub fn score(&self, plans: &[&Plan]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
         let per_token = self.model.info().state_bytes_per_token;
-        // 1. Shared prefixes, one per plan that has one worth running.
-        let mut prefixes: Vec<SequenceState> = Vec::new();
+        // 1. Shared prefixes, one per plan that has one worth running; all of them run batched together.
+        let mut shared: Vec<(usize, usize)> = Vec::new(); // (plan, lcp)
         let mut jobs: Vec<Job> = Vec::new();
         for (pi, p) in plans.iter().enumerate() {
             let lcp = if self.opts.shared_prefix && p.rows.len() >= 2 {
@@ -176,18 +176,10 @@ impl Engine {
             } else {
                 0
             };
-            let prefix = if lcp >= self.opts.min_shared_prefix.max(1) {
-                let mut st = self.model.new_state();
-                for piece in p.rows[0].ids[..lcp].chunks(MAX_BATCH_TOKENS) {
-                    self.model
-                        .forward(&mut st, piece)
-                        .map_err(|e| row_err(pi, 0, e))?;
-                }
-                prefixes.push(st);
-                Some(prefixes.len() - 1)
-            } else {
-                None
-            };
+            let prefix = (lcp >= self.opts.min_shared_prefix.max(1)).then(|| {
+                shared.push((pi, lcp));
+                shared.len() - 1
+            });
             for (ri, r) in p.rows.iter().enumerate() {
                 if r.ids.is_empty() {
                     return Err(EngineError::Row {
@@ -204,6 +196,7 @@ impl Engine {
                 });
             }
         }
+        let prefixes = self.run_prefixes(plans, &shared)?;
         let fresh_bytes = self.model.new_state().bytes();
 
         // 2. Groups of jobs within the fork budget and the token cap, in order.
@@ -295,6 +288,48 @@ impl Engine {
             start = end;
         }
         Ok(out)
+    }
+
+    /// Run `plans[p].rows[0].ids[..lcp]` for every `(p, lcp)`: prefixes stacked into `forward_batch` calls of at most
+    /// [`MAX_BATCH_TOKENS`]; a longer prefix runs alone, in pieces of that size. → one state per entry, in order.
+    fn run_prefixes(
+        &self,
+        plans: &[&Plan],
+        shared: &[(usize, usize)],
+    ) -> Result<Vec<SequenceState>, EngineError> {
+        let mut states: Vec<SequenceState> =
+            shared.iter().map(|_| self.model.new_state()).collect();
+        let mut start = 0;
+        while start < shared.len() {
+            let (p0, lcp0) = shared[start];
+            if lcp0 > MAX_BATCH_TOKENS {
+                for piece in plans[p0].rows[0].ids[..lcp0].chunks(MAX_BATCH_TOKENS) {
+                    self.model
+                        .forward(&mut states[start], piece)
+                        .map_err(|e| row_err(p0, 0, e))?;
+                }
+                start += 1;
+                continue;
+            }
+            let (mut end, mut tokens) = (start, 0);
+            while end < shared.len()
+                && shared[end].1 <= MAX_BATCH_TOKENS
+                && tokens + shared[end].1 <= MAX_BATCH_TOKENS
+            {
+                tokens += shared[end].1;
+                end += 1;
+            }
+            let mut items: Vec<(&mut SequenceState, &[u32])> = states[start..end]
+                .iter_mut()
+                .zip(&shared[start..end])
+                .map(|(st, &(p, lcp))| (st, &plans[p].rows[0].ids[..lcp]))
+                .collect();
+            self.model
+                .forward_batch(&mut items)
+                .map_err(|e| row_err(p0, 0, e))?;
+            start = end;
+        }
+        Ok(states)
     }
 
     /// The `/v1/systemone` answer for a request body: parse → plan → check_size → score → assemble.
