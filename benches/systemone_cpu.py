@@ -2,14 +2,15 @@
 request, same run.
 
     cargo build --release -p onepass
-    /root/ovenv/bin/python benches/systemone_cpu.py [--reps 10] [--whole-reps 3] [--decider-reps 3] [--work /tmp/onepass-bench]
+    /root/ovenv/bin/python benches/systemone_cpu.py [--rounds 3] [--reps 3] [--whole-reps 1] [--decider-reps 1] [--work DIR]
 
 Checkpoint: `onepass synth --preset qwen3.5-0.8b --tokenizer testdata/qwen3_5-tokenizer` (the Qwen3.5-0.8B shape, bf16,
 random weights; written once into --work) plus decider_config.json {"isolated_levels": true, "neutralize_none": false,
 "version": "bench"}. Request: a JSON state of 224 tokens ("Context:\\n" + state) and 5 questions (two Choice, one
 11-option Choice, one noul, one Score with 3 isolated levels) = 7 rows. onepass runs `onepass systemone --repeat N`
-(model loaded once, load excluded; the first run is a warm-up and is dropped); decider-ai runs
-`Decider(dir, device="cpu").system_one` in this process after one warm-up. Prints one JSON object (also written to
+(model loaded once, load excluded; the first run of each process is a warm-up and is dropped); decider-ai runs
+`Decider(dir, device="cpu").system_one` in this process after one warm-up. The engines take turns in --rounds rounds,
+so that load from other processes on a shared machine falls on all of them alike. Prints one JSON object (also written to
 --work/systemone_cpu.json) and a table with p50/p95 latency, requests/s and the ratios.
 """
 import argparse, json, os, platform, statistics, subprocess, sys, time, warnings
@@ -52,9 +53,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default="/tmp/onepass-bench")
     ap.add_argument("--onepass", default=os.path.join(ROOT, "target/release/onepass"))
-    ap.add_argument("--reps", type=int, default=10, help="onepass runs with the shared prefix")
-    ap.add_argument("--whole-reps", type=int, default=3, help="onepass runs with whole rows")
-    ap.add_argument("--decider-reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every engine")
+    ap.add_argument("--reps", type=int, default=3, help="onepass runs with the shared prefix per round")
+    ap.add_argument("--whole-reps", type=int, default=1, help="onepass runs with whole rows per round")
+    ap.add_argument("--decider-reps", type=int, default=1, help="decider-ai runs per round")
     a = ap.parse_args()
 
     model = os.path.join(a.work, "qwen3.5-0.8b")
@@ -100,33 +102,36 @@ def main():
              "row_tokens": [len(r["ids"]) for r in rows], "usage_input_tokens": req_plan["usage"]["input_tokens"]}
     print("request:", json.dumps(shape), file=sys.stderr)
 
-    results = {}
-    answers = {}
-    load_start = os.getloadavg()[0]
-    for name, reps, flags in [("onepass shared prefix", a.reps, []),
-                              ("onepass whole rows", a.whole_reps, ["--no-shared-prefix"])]:
-        out = subprocess.run([a.onepass, "systemone", "--model", model, "--repeat", str(reps + 1), *flags, req_path],
-                             check=True, capture_output=True, text=True)
-        timing = json.loads(out.stderr.strip().splitlines()[-1])
-        results[name] = summary(timing["seconds"][1:]) | {"load_s": timing["load_s"]}
-        answers[name] = json.loads(out.stdout)
-        print(name, json.dumps(results[name]), file=sys.stderr)
-
     import torch
     from decider.infer import Decider
     from importlib.metadata import version
     threads = torch.get_num_threads()
+    load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     dec = Decider(model, device="cpu")
-    load = time.perf_counter() - t0
+    dec_load = time.perf_counter() - t0
     dec.system_one(req["state"], req["questions"])  # warm-up
-    secs = []
-    for _ in range(a.decider_reps):
-        t = time.perf_counter()
-        ref = dec.system_one(req["state"], req["questions"])
-        secs.append(time.perf_counter() - t)
-    results["decider-ai"] = summary(secs) | {"load_s": load}
-    print("decider-ai", json.dumps(results["decider-ai"]), file=sys.stderr)
+
+    # Interleaved rounds, so that load from other processes on a shared machine hits every engine alike.
+    engines = [("onepass shared prefix", a.reps, []), ("onepass whole rows", a.whole_reps, ["--no-shared-prefix"])]
+    secs = {name: [] for name, _, _ in engines} | {"decider-ai": []}
+    loads = {}
+    answers = {}
+    for rnd in range(a.rounds):
+        for name, reps, flags in engines:
+            out = subprocess.run([a.onepass, "systemone", "--model", model, "--repeat", str(reps + 1), *flags, req_path],
+                                 check=True, capture_output=True, text=True)
+            timing = json.loads(out.stderr.strip().splitlines()[-1])
+            secs[name] += timing["seconds"][1:]  # the first run of a process is a warm-up
+            loads[name] = timing["load_s"]
+            answers[name] = json.loads(out.stdout)
+        for _ in range(a.decider_reps):
+            t = time.perf_counter()
+            ref = dec.system_one(req["state"], req["questions"])
+            secs["decider-ai"].append(time.perf_counter() - t)
+        print(f"round {rnd + 1}:", json.dumps({k: [round(x, 3) for x in v] for k, v in secs.items()}), file=sys.stderr)
+    loads["decider-ai"] = dec_load
+    results = {k: summary(v) | {"load_s": loads[k]} for k, v in secs.items()}
 
     def max_diff(x, y):
         if isinstance(x, dict):
