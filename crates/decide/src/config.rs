@@ -1,8 +1,10 @@
 //! `decider_config.json`: answer temperatures (decider/temperature.py), model name, isolated levels, prompt layout.
 //! Validation happens at load, with the reference's messages (the reference server fails to start).
 
+use crate::chat::{self, ChatTemplate};
 use crate::pyjson::{decode_body, py_float, py_repr, py_str, repr_str, Object, Value};
 use crate::render::QType;
+use onepass_tokenizer::Tokenizer;
 use std::path::Path;
 
 /// A `decider_config.json` the reference would refuse at load. Display is the reference's `ValueError` text.
@@ -61,6 +63,20 @@ pub enum Layout {
     Chat,
 }
 
+/// Where the questions go relative to the state (decider-contract R2.3 vs R2.4), orthogonal to [`Layout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// Context first (R2.3, chat R2.5.2): the reference server's `prepare` and the library's default on CPU.
+    #[default]
+    StateFirst,
+    /// Questions first (R2.4, chat R2.5.3), read at the **state-first** temperatures: the reference library's CPU
+    /// fallback for `system_one(layout="schema_first")` (decider-contract R5.7 caveat).
+    SchemaFirst,
+    /// Questions first, read at the schema temperatures (`temperature_schema_first*`): what the reference's schema
+    /// cache answers (library on CUDA; server from a question set's second request on).
+    SchemaFirstCached,
+}
+
 /// Everything onepass reads from `decider_config.json`, plus the port-side state cap.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecideConfig {
@@ -73,6 +89,15 @@ pub struct DecideConfig {
     /// `bool(isolated_levels)`.
     pub isolated_levels: bool,
     pub layout: Layout,
+    /// The chat template's ids (`Some` exactly when `layout` is `Chat` and [`DecideConfig::attach_chat`] ran).
+    pub chat: Option<ChatTemplate>,
+    /// Question/state order of the rows `plan` builds. Always `StateFirst` from a config file: the reference reads a
+    /// `schema_first` model state-first on CPU and for every first-seen question set (docs/systemone.md).
+    pub order: Order,
+    /// `bool(schema_first)`: the model asks for the schema cache (reported; onepass serves state-first).
+    pub schema_first: bool,
+    /// `bool(schema_first_trained)`.
+    pub schema_first_trained: bool,
     /// `DECIDER_MAX_STATE_TOKENS` (32768): cap on the ids of `"Context:\n" + state`.
     pub max_state_tokens: usize,
     /// The file as read (`{}` when absent).
@@ -89,17 +114,46 @@ impl Default for DecideConfig {
 impl DecideConfig {
     /// Read `<dir>/decider_config.json`; a missing or unreadable file is `{}` (decider-contract R6.1).
     pub fn from_dir(dir: &Path) -> Result<DecideConfig, ConfigError> {
-        let obj = std::fs::read(dir.join("decider_config.json"))
-            .ok()
-            .and_then(|b| decode_body(&b).ok())
-            .and_then(|v| match v {
-                Value::Object(o) => Some(o),
-                _ => None,
-            })
-            .unwrap_or_default();
-        DecideConfig::from_object(&obj, None)
+        DecideConfig::from_object(&read_config_object(dir), None)
     }
 
+    /// [`DecideConfig::from_dir`], then `DECIDER_LAYOUT` (`layout_override`, see [`with_layout`]), then the chat
+    /// template of `tok` when the layout is chat (its errors are load errors, decider-contract R2.5.1).
+    pub fn load(
+        dir: &Path,
+        tok: &Tokenizer,
+        layout_override: Option<&str>,
+    ) -> Result<DecideConfig, ConfigError> {
+        let obj = with_layout(&read_config_object(dir), layout_override)?;
+        let mut cfg = DecideConfig::from_object(&obj, None)?;
+        cfg.attach_chat(tok, Some(dir))?;
+        Ok(cfg)
+    }
+
+    /// Build and validate the chat template (`ChatTemplate(tok)`) when `layout` is `Chat`; a no-op otherwise.
+    /// `dir` is the tokenizer folder (its `tokenizer_config.json` names the special tokens the template sees).
+    pub fn attach_chat(&mut self, tok: &Tokenizer, dir: Option<&Path>) -> Result<(), ConfigError> {
+        self.chat = match self.layout {
+            Layout::Chat => Some(chat::load(tok, dir).map_err(|e| ConfigError(e.to_string()))?),
+            Layout::Plain => None,
+        };
+        Ok(())
+    }
+}
+
+/// `<dir>/decider_config.json` as an object; missing, unreadable or not an object → `{}`.
+fn read_config_object(dir: &Path) -> Object {
+    std::fs::read(dir.join("decider_config.json"))
+        .ok()
+        .and_then(|b| decode_body(&b).ok())
+        .and_then(|v| match v {
+            Value::Object(o) => Some(o),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+impl DecideConfig {
     /// Validate a parsed config. `temperature_override` is `DECIDER_TEMPERATURE` / `Decider(temperature=...)`: it
     /// replaces `temperature` and switches both maps off.
     pub fn from_object(
@@ -117,6 +171,10 @@ impl DecideConfig {
             temperature_schema,
             isolated_levels: cfg.get("isolated_levels").is_some_and(Value::truthy),
             layout: resolve_layout(cfg)?,
+            chat: None,
+            order: Order::StateFirst,
+            schema_first: cfg.get("schema_first").is_some_and(Value::truthy),
+            schema_first_trained: cfg.get("schema_first_trained").is_some_and(Value::truthy),
             max_state_tokens: 32768,
             raw: cfg.clone(),
         })
@@ -147,6 +205,27 @@ pub fn resolve_layout(cfg: &Object) -> Result<Layout, ConfigError> {
             py_repr(layout)
         ))),
     }
+}
+
+/// prompt.py `with_layout(cfg, layout)`: `DECIDER_LAYOUT`. `None` or `""` keeps `cfg`; `"plain"`/`"chat"` replace its
+/// layout (and drop `chat_template`); anything else is a load error.
+// decider-contract R6.3
+pub fn with_layout(cfg: &Object, layout: Option<&str>) -> Result<Object, ConfigError> {
+    let mut out = cfg.clone();
+    match layout {
+        None | Some("") => {}
+        Some(l @ ("plain" | "chat")) => {
+            out.shift_remove("chat_template");
+            out.insert("layout".into(), Value::str(l));
+        }
+        Some(other) => {
+            return Err(ConfigError(format!(
+                "layout {}: expected one of 'plain', 'chat'",
+                repr_str(other)
+            )))
+        }
+    }
+    Ok(out)
 }
 
 /// temperature.py `positive(value, where)`.

@@ -16,11 +16,13 @@ pub mod request;
 pub use error::{ApiError, LimitError, RenderError};
 pub use request::{parse_request, Request};
 pub mod assemble;
+pub mod chat;
 pub mod config;
 pub mod engine;
 pub mod rows;
 
 pub use assemble::{assemble, softmax};
-pub use config::{ConfigError, DecideConfig, Layout};
+pub use chat::{ChatError, ChatTemplate};
+pub use config::{ConfigError, DecideConfig, Layout, Order};
 pub use engine::{Engine, EngineError, EngineOptions};
 pub use rows::{check_size, plan, Limits, Plan, Row};

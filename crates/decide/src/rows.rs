@@ -1,6 +1,8 @@
-//! Token rows for the model: state-first plain layout (decider/prompt_fast.py `build_rows`), slots, usage.
+//! Token rows for the model: state-first (decider/prompt_fast.py `build_rows`) and schema-first
+//! (decider/prompt.py `build_schema_first`) rows, plain or chat layout; slots, temperatures, usage.
 
-use crate::config::{DecideConfig, Layout};
+use crate::chat::{self, ChatError, ChatTemplate};
+use crate::config::{DecideConfig, Layout, Order};
 use crate::error::{ApiError, LimitError};
 use crate::pyjson::{obj, Value};
 use crate::render::{
@@ -21,8 +23,8 @@ pub const MAX_OPTIONS: usize = 255;
 pub enum RowsError {
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),
-    #[error("the chat layout is not implemented yet in onepass-decide (decider_config.json \"layout\": \"chat\")")]
-    ChatLayoutUnsupported,
+    #[error("{0}")]
+    Chat(ChatError),
     #[error("2..255 options required, got {0}")]
     Options(usize),
 }
@@ -99,7 +101,9 @@ pub fn plan(req: &Request, tok: &Tokenizer, cfg: &DecideConfig) -> Result<Plan, 
     plan_rendered(rqs, &context, req.independent, tok, cfg).map_err(ApiError::from)
 }
 
-/// [`plan`] after rendering (the server's `prepare`).
+/// [`plan`] after rendering (the server's `prepare`; for schema-first, the library's `_system_one_items`).
+/// The layout is `cfg.layout` (plain or chat, with `cfg.chat`'s template; built here from `tok` if absent) and the
+/// order `cfg.order`.
 pub fn plan_rendered(
     rqs: Vec<(String, RenderedQuestion)>,
     context: &str,
@@ -107,9 +111,15 @@ pub fn plan_rendered(
     tok: &Tokenizer,
     cfg: &DecideConfig,
 ) -> Result<Plan, RowsError> {
-    if cfg.layout == Layout::Chat {
-        return Err(RowsError::ChatLayoutUnsupported);
-    }
+    let built;
+    let chat: Option<&ChatTemplate> = match (cfg.layout, &cfg.chat) {
+        (Layout::Plain, _) => None,
+        (Layout::Chat, Some(c)) => Some(c),
+        (Layout::Chat, None) => {
+            built = chat::load(tok, None).map_err(RowsError::Chat)?;
+            Some(&built)
+        }
+    };
     let (flat, index) = plan_rows(&rqs, cfg.isolated_levels && independent);
     let types = row_types(&rqs, &index);
     let groups: Vec<Vec<(&PlanRow, QType)>> = if independent {
@@ -122,39 +132,172 @@ pub fn plan_rendered(
         // its tokens in usage).
         vec![flat.iter().zip(types.iter().copied()).collect()]
     };
-    let ctx = context_ids(tok, context, cfg.max_state_tokens)?;
-    let mut rows = Vec::with_capacity(groups.len());
-    for group in groups {
-        let multi = group.len() > 1;
-        let mut row = Row {
-            ids: ctx.clone(),
-            slots: vec![],
-            nopts: vec![],
-            types: vec![],
-            temperatures: vec![],
-        };
-        for (k, (q, t)) in group.into_iter().enumerate() {
-            let n = q.options.len();
-            if !(2..=MAX_OPTIONS).contains(&n) {
-                return Err(RowsError::Options(n));
-            }
-            row.ids
-                .extend(question_piece(tok, &q.question, &q.options, k, multi)?);
-            row.slots.push(row.ids.len() - 1); // decider-contract R2.3.2: slot = last id (" (")
-            row.nopts.push(n);
-            row.types.push(t);
-            row.temperatures.push(cfg.temperature.for_slot(t, n));
+    for g in &groups {
+        if let Some((q, _)) = g
+            .iter()
+            .find(|(q, _)| !(2..=MAX_OPTIONS).contains(&q.options.len()))
+        {
+            return Err(RowsError::Options(q.options.len()));
         }
-        rows.push(row);
     }
+    let temps = match cfg.order {
+        Order::StateFirst | Order::SchemaFirst => &cfg.temperature,
+        Order::SchemaFirstCached => &cfg.temperature_schema,
+    };
+    let (rows, ctx_len) = match cfg.order {
+        Order::StateFirst => state_first_rows(tok, chat, context, &groups, cfg.max_state_tokens)?,
+        Order::SchemaFirst | Order::SchemaFirstCached => {
+            schema_first_rows(tok, chat, context, &groups, cfg.max_state_tokens)?
+        }
+    };
+    let rows = rows
+        .into_iter()
+        .zip(&groups)
+        .map(|((ids, slots), group)| Row {
+            ids,
+            slots,
+            nopts: group.iter().map(|(q, _)| q.options.len()).collect(),
+            types: group.iter().map(|(_, t)| *t).collect(),
+            temperatures: group
+                .iter()
+                .map(|(q, t)| temps.for_slot(*t, q.options.len()))
+                .collect(),
+        })
+        .collect::<Vec<_>>();
     let input_tokens = unique_tokens(&rows.iter().map(|r| r.ids.as_slice()).collect::<Vec<_>>());
     Ok(Plan {
         rqs,
         index,
         rows,
-        ctx_len: ctx.len(),
+        ctx_len,
         input_tokens,
     })
+}
+
+/// Ids and slots of one row.
+type RowIds = (Vec<u32>, Vec<usize>);
+
+/// State-first rows (prompt_fast.build_rows): plain R2.3 or chat R2.5.2. → rows and the shared leading ids
+/// (`[chat head +] "Context:\n" + state`).
+fn state_first_rows(
+    tok: &Tokenizer,
+    chat: Option<&ChatTemplate>,
+    context: &str,
+    groups: &[Vec<(&PlanRow, QType)>],
+    max_ctx_tokens: usize,
+) -> Result<(Vec<RowIds>, usize), TokenizerError> {
+    let mut ctx = chat.map_or_else(Vec::new, |c| c.head.clone());
+    ctx.extend(context_ids(tok, context, max_ctx_tokens)?); // the cap leaves the template out
+    let mut rows = Vec::with_capacity(groups.len());
+    for group in groups {
+        let multi = group.len() > 1;
+        let mut ids = ctx.clone();
+        let mut slots = Vec::with_capacity(group.len());
+        match chat {
+            None => {
+                for (k, (q, _)) in group.iter().enumerate() {
+                    ids.extend(question_piece(tok, &q.question, &q.options, k, multi)?);
+                    slots.push(ids.len() - 1); // decider-contract R2.3.2: slot = last id (" (")
+                }
+            }
+            Some(c) => {
+                // decider-contract R2.5.2: every question block (header and options encoded apart), the template
+                // tail, then every answer piece.
+                for (k, (q, _)) in group.iter().enumerate() {
+                    let num = numbering(k, multi);
+                    ids.extend(
+                        tok.encode(&format!("\n\nQuestion{num}: {}\nOptions:", q.question))?,
+                    );
+                    ids.extend(options_ids(tok, &q.options)?);
+                }
+                ids.extend_from_slice(&c.tail);
+                for k in 0..group.len() {
+                    ids.extend(c.answer_ids(tok, k, multi)?);
+                    slots.push(ids.len() - 1);
+                }
+            }
+        }
+        rows.push((ids, slots));
+    }
+    Ok((rows, ctx.len()))
+}
+
+/// Schema-first rows (prompt.build_schema_first): prefix = `[chat head +]` the question blocks, suffix =
+/// `"\n\nContext:\n"` + the state's own ids (only they are capped) + `[chat tail +]` the answer pieces.
+/// → rows and the shared leading ids (the chat head, or none).
+// decider-contract R2.4.1, R2.4.2, R2.5.3
+fn schema_first_rows(
+    tok: &Tokenizer,
+    chat: Option<&ChatTemplate>,
+    context: &str,
+    groups: &[Vec<(&PlanRow, QType)>],
+    max_ctx_tokens: usize,
+) -> Result<(Vec<RowIds>, usize), TokenizerError> {
+    let mut state = tok.encode("\n\nContext:\n")?;
+    let mut ctx = tok.encode(context)?;
+    ctx.truncate(max_ctx_tokens);
+    state.extend(ctx);
+    let mut rows = Vec::with_capacity(groups.len());
+    for group in groups {
+        let multi = group.len() > 1;
+        let mut ids = chat.map_or_else(Vec::new, |c| c.head.clone());
+        for (k, (q, _)) in group.iter().enumerate() {
+            let sep = if k > 0 { "\n\n" } else { "" };
+            let num = numbering(k, multi);
+            ids.extend(tok.encode(&format!("{sep}Question{num}: {}\nOptions:", q.question))?);
+            ids.extend(options_ids(tok, &q.options)?);
+        }
+        ids.extend_from_slice(&state);
+        let mut slots = Vec::with_capacity(group.len());
+        match chat {
+            Some(c) => {
+                ids.extend_from_slice(&c.tail);
+                for k in 0..group.len() {
+                    ids.extend(c.answer_ids(tok, k, multi)?);
+                    slots.push(ids.len() - 1);
+                }
+            }
+            None => {
+                for k in 0..group.len() {
+                    let sep = if k == 0 { "\n\n" } else { "\n" };
+                    let num = numbering(k, multi);
+                    ids.extend(tok.encode(&format!("{sep}Answer{num}: ("))?);
+                    slots.push(ids.len() - 1);
+                }
+            }
+        }
+        rows.push((ids, slots));
+    }
+    Ok((rows, chat.map_or(0, |c| c.head.len())))
+}
+
+/// `" k"` (1-based) in rows with several questions, else nothing.
+fn numbering(k: usize, multi: bool) -> String {
+    if multi {
+        format!(" {}", k + 1)
+    } else {
+        String::new()
+    }
+}
+
+/// prompt.py `_options_ids`: the option block on its own — one encode of `"\n(A) o…"` up to ten options, else per
+/// option `open_ids + [label id] + encode(") " + o)`.
+pub fn options_ids(tok: &Tokenizer, options: &[String]) -> Result<Vec<u32>, TokenizerError> {
+    if options.len() <= NARROW {
+        let mut s = String::new();
+        for (j, o) in options.iter().enumerate() {
+            s.push_str(&format!("\n({}) {o}", LETTERS[j] as char));
+        }
+        return tok.encode(&s);
+    }
+    let table = tok.label_table()?;
+    let mut out = Vec::new();
+    for (j, o) in options.iter().enumerate() {
+        out.extend_from_slice(&table.open_ids);
+        out.push(table.ids[j]);
+        out.extend(tok.encode(&format!(") {o}"))?);
+    }
+    Ok(out)
 }
 
 /// `encode("Context:\n" + state)[:max]` — one encode, header included in the cap.
