@@ -45,6 +45,8 @@ pub struct EngineOptions {
     pub min_shared_prefix: usize,
     /// The 413 limits applied by [`Engine::system_one`].
     pub limits: Limits,
+    /// `DECIDER_LAYOUT`: `"plain"` or `"chat"` replaces decider_config.json's prompt layout (decider-contract R6.3).
+    pub layout: Option<String>,
 }
 
 impl Default for EngineOptions {
@@ -54,6 +56,7 @@ impl Default for EngineOptions {
             shared_prefix: true,
             min_shared_prefix: 1,
             limits: Limits::default(),
+            layout: None,
         }
     }
 }
@@ -106,8 +109,11 @@ impl Engine {
     /// file means defaults, decider-contract R6.1).
     pub fn load(dir: &Path, opts: EngineOptions) -> Result<Engine, EngineError> {
         let model = Model::load(dir)?;
-        let tokenizer = Tokenizer::from_dir(dir, Some(&model.config().model_type))?;
-        let config = DecideConfig::from_dir(dir)?;
+        // The reference tokenizes through transformers (decider-contract R2.1.2): System One uses that view.
+        let tokenizer =
+            Tokenizer::from_dir(dir, Some(&model.config().model_type))?.transformers_compatible();
+        // The chat template (chat layout) is rendered and validated here: its errors are load errors (R2.5.1).
+        let config = DecideConfig::load(dir, &tokenizer, opts.layout.as_deref())?;
         Engine::new(model, tokenizer, config, opts)
     }
 
@@ -115,9 +121,12 @@ impl Engine {
     pub fn new(
         model: Model,
         tokenizer: Tokenizer,
-        config: DecideConfig,
+        mut config: DecideConfig,
         opts: EngineOptions,
     ) -> Result<Engine, EngineError> {
+        if config.chat.is_none() {
+            config.attach_chat(&tokenizer, None)?; // a chat-layout config built without its template
+        }
         let label_ids = tokenizer.label_table()?.ids.clone();
         if let Some(&bad) = label_ids
             .iter()
