@@ -46,6 +46,9 @@ pub struct ServeArgs {
     /// No per-request log lines on stderr.
     #[arg(long)]
     quiet: bool,
+    /// Prompt layout, `plain` or `chat`, replacing decider_config.json's [env DECIDER_LAYOUT; default: the config's].
+    #[arg(long)]
+    layout: Option<String>,
 }
 
 /// `--flag`, else the environment variable, else the default.
@@ -88,6 +91,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         &dir,
         EngineOptions {
             limits,
+            layout: a.layout.clone().or_else(|| std::env::var("DECIDER_LAYOUT").ok()),
             ..EngineOptions::default()
         },
     )

@@ -119,8 +119,10 @@ pub fn render(a: RenderArgs) -> Result<()> {
     let dir = onepass_formats::resolve_model_dir(&a.model)?;
     let body = read_body(&a.request)?;
     let model_type = ModelConfig::from_dir(&dir).ok().map(|c| c.model_type);
-    let tok = Tokenizer::from_dir(&dir, model_type.as_deref())?;
-    let cfg = DecideConfig::from_dir(&dir)?;
+    // The reference's view of the tokenizer (decider-contract R2.1.2); the chat layout honours DECIDER_LAYOUT (R6.3).
+    let tok = Tokenizer::from_dir(&dir, model_type.as_deref())?.transformers_compatible();
+    let layout = std::env::var("DECIDER_LAYOUT").ok();
+    let cfg = DecideConfig::load(&dir, &tok, layout.as_deref())?;
     answer(
         parse_request(&body)
             .and_then(|r| onepass_decide::plan(&r, &tok, &cfg))
