@@ -144,10 +144,20 @@ pub fn plan_rendered(
         Order::StateFirst | Order::SchemaFirst => &cfg.temperature,
         Order::SchemaFirstCached => &cfg.temperature_schema,
     };
+    let questions: Vec<Vec<Question<'_>>> = groups
+        .iter()
+        .map(|g| {
+            g.iter()
+                .map(|(q, _)| (q.question.as_str(), q.options.as_slice()))
+                .collect()
+        })
+        .collect();
     let (rows, ctx_len) = match cfg.order {
-        Order::StateFirst => state_first_rows(tok, chat, context, &groups, cfg.max_state_tokens)?,
+        Order::StateFirst => {
+            state_first_rows(tok, chat, context, &questions, cfg.max_state_tokens)?
+        }
         Order::SchemaFirst | Order::SchemaFirstCached => {
-            schema_first_rows(tok, chat, context, &groups, cfg.max_state_tokens)?
+            schema_first_rows(tok, chat, context, &questions, cfg.max_state_tokens)?
         }
     };
     let rows = rows
@@ -175,15 +185,18 @@ pub fn plan_rendered(
 }
 
 /// Ids and slots of one row.
-type RowIds = (Vec<u32>, Vec<usize>);
+pub type RowIds = (Vec<u32>, Vec<usize>);
+
+/// A question as the rows see it: the text and the option texts (in label order).
+pub type Question<'a> = (&'a str, &'a [String]);
 
 /// State-first rows (prompt_fast.build_rows): plain R2.3 or chat R2.5.2. → rows and the shared leading ids
 /// (`[chat head +] "Context:\n" + state`).
-fn state_first_rows(
+pub fn state_first_rows(
     tok: &Tokenizer,
     chat: Option<&ChatTemplate>,
     context: &str,
-    groups: &[Vec<(&PlanRow, QType)>],
+    groups: &[Vec<Question<'_>>],
     max_ctx_tokens: usize,
 ) -> Result<(Vec<RowIds>, usize), TokenizerError> {
     let mut ctx = chat.map_or_else(Vec::new, |c| c.head.clone());
@@ -195,20 +208,18 @@ fn state_first_rows(
         let mut slots = Vec::with_capacity(group.len());
         match chat {
             None => {
-                for (k, (q, _)) in group.iter().enumerate() {
-                    ids.extend(question_piece(tok, &q.question, &q.options, k, multi)?);
+                for (k, (text, options)) in group.iter().enumerate() {
+                    ids.extend(question_piece(tok, text, options, k, multi)?);
                     slots.push(ids.len() - 1); // decider-contract R2.3.2: slot = last id (" (")
                 }
             }
             Some(c) => {
                 // decider-contract R2.5.2: every question block (header and options encoded apart), the template
                 // tail, then every answer piece.
-                for (k, (q, _)) in group.iter().enumerate() {
+                for (k, (text, options)) in group.iter().enumerate() {
                     let num = numbering(k, multi);
-                    ids.extend(
-                        tok.encode(&format!("\n\nQuestion{num}: {}\nOptions:", q.question))?,
-                    );
-                    ids.extend(options_ids(tok, &q.options)?);
+                    ids.extend(tok.encode(&format!("\n\nQuestion{num}: {text}\nOptions:"))?);
+                    ids.extend(options_ids(tok, options)?);
                 }
                 ids.extend_from_slice(&c.tail);
                 for k in 0..group.len() {
@@ -226,11 +237,11 @@ fn state_first_rows(
 /// `"\n\nContext:\n"` + the state's own ids (only they are capped) + `[chat tail +]` the answer pieces.
 /// → rows and the shared leading ids (the chat head, or none).
 // decider-contract R2.4.1, R2.4.2, R2.5.3
-fn schema_first_rows(
+pub fn schema_first_rows(
     tok: &Tokenizer,
     chat: Option<&ChatTemplate>,
     context: &str,
-    groups: &[Vec<(&PlanRow, QType)>],
+    groups: &[Vec<Question<'_>>],
     max_ctx_tokens: usize,
 ) -> Result<(Vec<RowIds>, usize), TokenizerError> {
     let mut state = tok.encode("\n\nContext:\n")?;
@@ -241,11 +252,11 @@ fn schema_first_rows(
     for group in groups {
         let multi = group.len() > 1;
         let mut ids = chat.map_or_else(Vec::new, |c| c.head.clone());
-        for (k, (q, _)) in group.iter().enumerate() {
+        for (k, (text, options)) in group.iter().enumerate() {
             let sep = if k > 0 { "\n\n" } else { "" };
             let num = numbering(k, multi);
-            ids.extend(tok.encode(&format!("{sep}Question{num}: {}\nOptions:", q.question))?);
-            ids.extend(options_ids(tok, &q.options)?);
+            ids.extend(tok.encode(&format!("{sep}Question{num}: {text}\nOptions:"))?);
+            ids.extend(options_ids(tok, options)?);
         }
         ids.extend_from_slice(&state);
         let mut slots = Vec::with_capacity(group.len());

@@ -9,7 +9,7 @@ use onepass_decide::pyjson::{
     Object, Value,
 };
 use onepass_decide::render::QType;
-use onepass_decide::rows::{context_ids, question_piece, unique_tokens, MAX_OPTIONS};
+use onepass_decide::rows::{state_first_rows, unique_tokens, Question, MAX_OPTIONS};
 use onepass_decide::{ApiError, DecideConfig, Plan, Row};
 use onepass_tokenizer::Tokenizer;
 
@@ -323,19 +323,27 @@ pub fn build_plan(
     tok: &Tokenizer,
     cfg: &DecideConfig,
 ) -> Result<Plan, onepass_tokenizer::TokenizerError> {
-    let ctx = context_ids(tok, context, DECIDE_MAX_CTX_TOKENS)?;
-    let multi = qs.len() > 1;
+    // Plain or chat layout (the engine's config carries the chat template), decider-contract R2.6.1.
+    let group: Vec<Question<'_>> = qs
+        .iter()
+        .map(|q| (q.text.as_str(), q.options.as_slice()))
+        .collect();
+    let (mut rows, ctx_len) = state_first_rows(
+        tok,
+        cfg.chat.as_ref(),
+        context,
+        &[group],
+        DECIDE_MAX_CTX_TOKENS,
+    )?;
+    let (ids, slots) = rows.pop().unwrap_or_default();
     let mut row = Row {
-        ids: ctx.clone(),
-        slots: vec![],
+        ids,
+        slots,
         nopts: vec![],
         types: vec![],
         temperatures: vec![],
     };
-    for (k, q) in qs.iter().enumerate() {
-        row.ids
-            .extend(question_piece(tok, &q.text, &q.options, k, multi)?);
-        row.slots.push(row.ids.len() - 1);
+    for q in qs {
         let t = match q.kind {
             FieldKind::Bool => QType::Noul,
             FieldKind::Choice => QType::Choice,
@@ -351,7 +359,7 @@ pub fn build_plan(
         rqs: vec![],
         index: vec![],
         rows: vec![row],
-        ctx_len: ctx.len(),
+        ctx_len,
         input_tokens,
     })
 }
