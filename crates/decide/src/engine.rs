@@ -190,6 +190,9 @@ impl Engine {
                 shared.len() - 1
             });
             for (ri, r) in p.rows.iter().enumerate() {
+                if r.slots.is_empty() {
+                    continue; // nothing to read (`independent: false` without questions)
+                }
                 if r.ids.is_empty() {
                     return Err(EngineError::Row {
                         plan: pi,

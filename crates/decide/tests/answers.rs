@@ -356,4 +356,19 @@ fn engine_is_send_sync_and_reports_config() {
     assert_eq!(e.status, 422);
     let e = eng.system_one(b"{").unwrap_err();
     assert_eq!(e.status, 422);
+    // No questions: no model work, the reference's answers (decider-contract R1.9.2, R4.5.1).
+    let v = eng
+        .system_one(br#"{"state": "s", "questions": {}}"#)
+        .unwrap();
+    assert_eq!(
+        dumps_compact(&v).unwrap(),
+        r#"{"model":"decider-2.5","answers":{},"usage":{"input_tokens":0,"output_tokens":0}}"#
+    );
+    let v = eng
+        .system_one(br#"{"state": "s", "questions": {}, "independent": false}"#)
+        .unwrap();
+    assert!(dumps_compact(&v)
+        .unwrap()
+        .starts_with(r#"{"model":"decider-2.5","answers":{},"usage":{"input_tokens":"#));
+    assert!(eng.score(&[]).unwrap().is_empty());
 }
