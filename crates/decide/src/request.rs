@@ -23,8 +23,14 @@ pub struct Request {
 
 /// Body bytes → [`Request`], or the reference's error answer.
 pub fn parse_request(body: &[u8]) -> Result<Request, ApiError> {
+    validate(fastapi_json_body(body)?)
+}
+
+/// What FastAPI does with a JSON body before pydantic sees it: an empty body is a missing field
+/// (422), invalid JSON is the `json_invalid` 422 with Python's message and char offset, anything
+/// else unreadable is a 400. Shared by `/v1/systemone` and `/decide`.
+pub fn fastapi_json_body(body: &[u8]) -> Result<Value, ApiError> {
     if body.is_empty() {
-        // FastAPI: an empty body is a missing body.
         return Err(ApiError::validation(vec![error(
             "missing",
             vec![],
@@ -33,13 +39,13 @@ pub fn parse_request(body: &[u8]) -> Result<Request, ApiError> {
             None,
         )]));
     }
-    let v = match decode_body(body) {
-        Ok(v) => v,
+    match decode_body(body) {
+        Ok(v) => Ok(v),
         Err(BodyError::Decode(e)) => {
             // decider-contract R1.1.1: FastAPI's json_invalid error with Python's message and char offset.
             let mut ctx = Object::new();
             ctx.insert("error".into(), Value::Str(e.msg.clone()));
-            return Err(ApiError::validation(vec![obj([
+            Err(ApiError::validation(vec![obj([
                 ("type", Value::str("json_invalid")),
                 (
                     "loc",
@@ -48,13 +54,12 @@ pub fn parse_request(body: &[u8]) -> Result<Request, ApiError> {
                 ("msg", Value::str("JSON decode error")),
                 ("input", Value::Object(Object::new())),
                 ("ctx", Value::Object(ctx)),
-            ])]));
+            ])]))
         }
         Err(BodyError::Other(_)) => {
-            return Err(ApiError::detail(400, "There was an error parsing the body"))
+            Err(ApiError::detail(400, "There was an error parsing the body"))
         }
-    };
-    validate(v)
+    }
 }
 
 /// pydantic `S1Req.model_validate` of a parsed body.

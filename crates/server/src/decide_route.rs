@@ -5,8 +5,7 @@
 //! question text raw, options neutralised when `neutralize_none`) → answers keyed by question in schema order.
 
 use onepass_decide::pyjson::{
-    decode_body, dumps_compact, obj, py_float, py_repr, py_round, py_str, repr_str, BodyError,
-    Object, Value,
+    dumps_compact, obj, py_float, py_repr, py_round, py_str, repr_str, Object, Value,
 };
 use onepass_decide::render::QType;
 use onepass_decide::rows::{state_first_rows, unique_tokens, Question, MAX_OPTIONS};
@@ -76,34 +75,7 @@ fn neutralize_none(cfg: &DecideConfig) -> bool {
 
 /// FastAPI + pydantic `Req`: `context: str` required; `schema` (renamed to `schema_` by `Req.__init__`) any value.
 fn validate_body(body: &[u8]) -> Result<(String, Value), ApiError> {
-    if body.is_empty() {
-        return Err(ApiError::validation(vec![error(
-            "missing",
-            &[],
-            "Field required",
-            Value::Null,
-        )]));
-    }
-    let v = match decode_body(body) {
-        Ok(v) => v,
-        Err(BodyError::Decode(e)) => {
-            let mut ctx = Object::new();
-            ctx.insert("error".into(), Value::Str(e.msg.clone()));
-            return Err(ApiError::validation(vec![obj([
-                ("type", Value::str("json_invalid")),
-                (
-                    "loc",
-                    Value::Array(vec![Value::str("body"), Value::from(e.pos)]),
-                ),
-                ("msg", Value::str("JSON decode error")),
-                ("input", Value::Object(Object::new())),
-                ("ctx", Value::Object(ctx)),
-            ])]));
-        }
-        Err(BodyError::Other(_)) => {
-            return Err(ApiError::detail(400, "There was an error parsing the body"))
-        }
-    };
+    let v = onepass_decide::request::fastapi_json_body(body)?;
     let Value::Object(mut kw) = v else {
         return Err(ApiError::validation(vec![error(
             "model_attributes_type",
