@@ -194,3 +194,322 @@ pub fn bench_cuda(
     );
     Ok(())
 }
+
+/// GPU options of the commands that run System One.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CudaArgs {
+    /// GPU memory for sequence state and forward scratch, in MiB; a request past it fails alone (cuda only).
+    #[arg(long, default_value_t = 16384)]
+    pub gpu_memory_mb: usize,
+    /// GEMM arithmetic on the GPU: split (bf16 weights, f32 activations as two bf16 planes; the default),
+    /// bf16 (fastest, plain bf16 activations), f32 (f32 weights and GEMMs, no TF32; for checking).
+    #[arg(long, default_value = "split")]
+    pub gpu_precision: String,
+}
+
+impl CudaArgs {
+    pub fn options(&self) -> Result<onepass_cuda_engine::CudaOptions> {
+        use onepass_cuda::Precision;
+        let precision = match self.gpu_precision.as_str() {
+            "split" => Precision::Bf16Split,
+            "bf16" => Precision::Bf16,
+            "f32" => Precision::F32,
+            other => bail!("--gpu-precision {other:?}: expected split, bf16 or f32"),
+        };
+        Ok(onepass_cuda_engine::CudaOptions {
+            device: 0,
+            precision,
+            memory_budget_bytes: self.gpu_memory_mb << 20,
+        })
+    }
+}
+
+/// A System One engine on the resolved device.
+pub enum AnyEngine {
+    Cpu(onepass_decide::Engine),
+    Cuda(onepass_decide::Engine<onepass_cuda_engine::CudaBackend>),
+}
+
+impl AnyEngine {
+    pub fn load(
+        dir: &std::path::Path,
+        opts: onepass_decide::EngineOptions,
+        dev: Device,
+        cuda: &CudaArgs,
+    ) -> Result<AnyEngine> {
+        let t0 = Instant::now();
+        let e = match dev {
+            Device::Cpu => AnyEngine::Cpu(
+                onepass_decide::Engine::load(dir, opts)
+                    .with_context(|| format!("loading {}", dir.display()))?,
+            ),
+            Device::Cuda => AnyEngine::Cuda(
+                onepass_cuda_engine::load_engine(dir, opts, &cuda.options()?)
+                    .with_context(|| format!("loading {} onto the GPU", dir.display()))?,
+            ),
+        };
+        eprintln!(
+            "loaded {} on {} in {:.2}s",
+            dir.display(),
+            e.device(),
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(e)
+    }
+
+    pub fn device(&self) -> String {
+        match self {
+            AnyEngine::Cpu(e) => e.device(),
+            AnyEngine::Cuda(e) => e.device(),
+        }
+    }
+
+    /// For the server.
+    pub fn into_dyn(self) -> std::sync::Arc<dyn onepass_server::DecideEngine> {
+        match self {
+            AnyEngine::Cpu(e) => std::sync::Arc::new(e),
+            AnyEngine::Cuda(e) => std::sync::Arc::new(e),
+        }
+    }
+}
+
+/// Runs `$body` with `$e` bound to the concrete engine inside an [`AnyEngine`].
+#[macro_export]
+macro_rules! with_engine {
+    ($any:expr, $e:ident => $body:expr) => {
+        match $any {
+            $crate::device::AnyEngine::Cpu($e) => $body,
+            $crate::device::AnyEngine::Cuda($e) => $body,
+        }
+    };
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchSystemoneArgs {
+    /// A model folder with tokenizer.json (e.g. `onepass synth --preset qwen3.5-0.8b --tokenizer testdata/qwen3_5-tokenizer`).
+    #[arg(long)]
+    model: String,
+    #[command(flatten)]
+    dev: DeviceArg,
+    #[command(flatten)]
+    cuda: CudaArgs,
+    /// Requests timed per workload, one at a time (after 3 warm-up requests).
+    #[arg(long, default_value_t = 50)]
+    reps: usize,
+    /// Requests per engine call in the saturating load (what the server's batching worker hands `score`).
+    #[arg(long, default_value = "8,32", value_delimiter = ',')]
+    batch: Vec<usize>,
+    /// Engine calls timed per batch size.
+    #[arg(long, default_value_t = 10)]
+    batch_reps: usize,
+    /// Write the request bodies of the three workloads here (for benches/systemone_gpu_decider.py) and exit.
+    #[arg(long)]
+    write_requests: Option<std::path::PathBuf>,
+}
+
+/// The state of the System One workloads: `n` events of a customer (as benches/systemone_cpu.py).
+fn bench_state(n: usize) -> serde_json::Value {
+    let kinds = ["login", "purchase", "refund", "ticket"];
+    let ev: Vec<_> = (0..n)
+        .map(|d| json!({"t": format!("2026-09-{:02}", 1 + d % 28), "kind": kinds[d % 4], "amount": (d as f64 * 7.25 * 100.0).round() / 100.0}))
+        .collect();
+    json!({"customer": {"name": "Ana Sousa", "tier": "gold", "region": "north"}, "events": ev,
+           "note": "Asked twice about the late parcel and the refund."})
+}
+
+/// Five questions in 7 rows (the Score has 3 isolated levels); `extra` adds Choice questions, one row each.
+fn bench_questions(extra: usize) -> serde_json::Value {
+    let mut q = json!({
+        "intent": {"instructions": "What does the customer want now?", "criteria": ["refund", "upgrade", "information", "cancel"]},
+        "tier": {"instructions": "Customer tier", "criteria": {"bronze": null, "silver": null, "gold": "top tier"}},
+        "kind": {"instructions": "Most frequent event kind", "criteria": ["login", "purchase", "refund", "ticket", "visit",
+                 "call", "chat", "email", "return", "review", "other"]},
+        "vip": {"type": "noul", "instructions": "Should this go to the VIP desk?"},
+        "risk": {"type": "score", "instructions": "Churn risk", "criteria": ["low", "medium", "high"]},
+    });
+    for i in 0..extra {
+        q[format!("channel{i}")] = json!({"instructions": format!("Best channel for follow-up {i}"), "criteria": ["email", "phone", "chat"]});
+    }
+    q
+}
+
+/// Rows, unique tokens (shared prefix once + every suffix) and mean row length of a plan.
+fn plan_shape(p: &onepass_decide::Plan) -> (usize, usize, usize) {
+    let rows: Vec<&[u32]> = p.rows.iter().map(|r| r.ids.as_slice()).collect();
+    let lcp = onepass_decide::rows::common_prefix_len(&rows);
+    let total: usize = rows.iter().map(|r| r.len()).sum();
+    (
+        rows.len(),
+        lcp + total - lcp * rows.len(),
+        total / rows.len().max(1),
+    )
+}
+
+/// The three workloads of issue #4: (name, body, rows, unique tokens, mean row tokens).
+fn bench_workloads<B: onepass_decide::engine::Backend>(
+    e: &onepass_decide::Engine<B>,
+) -> Result<Vec<(String, Vec<u8>, usize, usize, usize)>> {
+    let mut out = Vec::new();
+    for (extra, target) in [(0usize, 406usize), (0, 912), (3, 3672)] {
+        let mut best: Option<(usize, Vec<u8>, (usize, usize, usize))> = None;
+        // Unique tokens grow with the events; find the count closest to the target (bisection, then neighbours).
+        let shape = |n: usize| -> Result<(Vec<u8>, (usize, usize, usize))> {
+            let body = serde_json::to_vec(
+                &json!({"state": bench_state(n), "questions": bench_questions(extra)}),
+            )?;
+            let req = onepass_decide::parse_request(&body)
+                .map_err(|e| anyhow::anyhow!("{:?}", e.http_body()))?;
+            let p = e
+                .plan(&req)
+                .map_err(|e| anyhow::anyhow!("{:?}", e.http_body()))?;
+            Ok((body, plan_shape(&p)))
+        };
+        let (mut lo, mut hi) = (0usize, 400usize);
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if shape(mid)?.1 .1 < target {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        for n in [lo, hi] {
+            let (body, s) = shape(n)?;
+            if best
+                .as_ref()
+                .is_none_or(|b| s.1.abs_diff(target) < b.2 .1.abs_diff(target))
+            {
+                best = Some((n, body, s));
+            }
+        }
+        let (_, body, (rows, unique, mean)) = best.context("no workload")?;
+        out.push((
+            format!("{rows} rows ~{mean} tokens, {unique} unique"),
+            body,
+            rows,
+            unique,
+            mean,
+        ));
+    }
+    Ok(out)
+}
+
+/// `onepass bench-systemone`: the System One workloads of issue #4 through the engine, one request at a time
+/// (p50/p95, requests/s, decisions/s), then a saturating load (many requests per `score` call, as the server's
+/// batching worker does). Prints a table on stderr and one JSON object on stdout.
+pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
+    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let dev = a.dev.resolve()?;
+    let opts = onepass_decide::EngineOptions::default();
+    if let Some(path) = &a.write_requests {
+        let e = onepass_decide::Engine::load(&dir, opts)?;
+        std::fs::create_dir_all(path)?;
+        for (i, (name, body, ..)) in bench_workloads(&e)?.into_iter().enumerate() {
+            std::fs::write(path.join(format!("workload{}.json", i + 1)), &body)?;
+            eprintln!("workload{}: {name}", i + 1);
+        }
+        return Ok(());
+    }
+    let any = AnyEngine::load(&dir, opts, dev, &a.cuda)?;
+    let device = any.device();
+    let report = with_engine!(&any, e => bench_engine(e, &a)?);
+    // Where the time goes: CUDA events after every op of 10 requests of the first workload.
+    let mut profile = Vec::new();
+    if let AnyEngine::Cuda(e) = &any {
+        let body = &bench_workloads(e)?[0].1;
+        let m = e.model().model();
+        m.profile_start();
+        for _ in 0..10 {
+            e.system_one(body)
+                .map_err(|err| anyhow::anyhow!("{:?}", err.http_body()))?;
+        }
+        let ops = m.profile_take()?;
+        let total: f64 = ops.iter().map(|o| o.1).sum();
+        eprintln!(
+            "GPU time per request of workload 1, by op (CUDA events, 10 requests): {:.2} ms",
+            total / 10.0
+        );
+        for (name, ms, count) in &ops {
+            eprintln!(
+                "  {name:<22} {:>8.3} ms {:>5.1}% {:>6} launches/request",
+                ms / 10.0,
+                100.0 * ms / total,
+                count / 10
+            );
+            profile
+                .push(json!({"op": name, "ms_per_request": ms / 10.0, "per_request": count / 10}));
+        }
+    }
+    println!(
+        "{}",
+        json!({"device": device, "model": dir.display().to_string(), "workloads": report, "profile": profile})
+    );
+    Ok(())
+}
+
+fn bench_engine<B: onepass_decide::engine::Backend>(
+    e: &onepass_decide::Engine<B>,
+    a: &BenchSystemoneArgs,
+) -> Result<Vec<serde_json::Value>> {
+    let mut report = Vec::new();
+    let answer = |body: &[u8]| -> Result<()> {
+        e.system_one(body)
+            .map(|_| ())
+            .map_err(|err| anyhow::anyhow!("{:?}", err.http_body()))
+    };
+    eprintln!(
+        "{:<36} {:>9} {:>9} {:>9} {:>12}",
+        "workload (one request at a time)", "p50 ms", "p95 ms", "req/s", "decisions/s"
+    );
+    for (name, body, rows, unique, mean) in bench_workloads(e)? {
+        let req = onepass_decide::parse_request(&body)
+            .map_err(|e| anyhow::anyhow!("{:?}", e.http_body()))?;
+        let plan = e
+            .plan(&req)
+            .map_err(|e| anyhow::anyhow!("{:?}", e.http_body()))?;
+        let decisions = plan.slot_count();
+        for _ in 0..3 {
+            answer(&body)?;
+        }
+        let mut t = Vec::with_capacity(a.reps);
+        for _ in 0..a.reps.max(1) {
+            let t0 = Instant::now();
+            answer(&body)?;
+            t.push(t0.elapsed().as_secs_f64());
+        }
+        t.sort_by(f64::total_cmp);
+        let (p50, p95) = (pct(&t, 0.5), pct(&t, 0.95));
+        let mean_s = t.iter().sum::<f64>() / t.len() as f64;
+        eprintln!(
+            "{name:<36} {:>9.2} {:>9.2} {:>9.1} {:>12.1}",
+            p50 * 1e3,
+            p95 * 1e3,
+            1.0 / mean_s,
+            decisions as f64 / mean_s
+        );
+        // Saturating load: `b` requests per engine call (render + plan included per request).
+        let mut sat = Vec::new();
+        for &b in &a.batch {
+            let plans: Vec<_> = (0..b).map(|_| plan.clone()).collect();
+            let refs: Vec<&onepass_decide::Plan> = plans.iter().collect();
+            e.score(&refs).map_err(|err| anyhow::anyhow!("{err}"))?;
+            let t0 = Instant::now();
+            for _ in 0..a.batch_reps.max(1) {
+                e.score(&refs).map_err(|err| anyhow::anyhow!("{err}"))?;
+            }
+            let secs = t0.elapsed().as_secs_f64() / a.batch_reps.max(1) as f64;
+            let rps = b as f64 / secs;
+            eprintln!(
+                "  {b:>3} requests per engine call         {:>9.2} ms/call {:>9.1} {:>12.1}",
+                secs * 1e3,
+                rps,
+                rps * decisions as f64
+            );
+            sat.push(json!({"requests_per_call": b, "ms_per_call": secs * 1e3, "requests_per_s": rps, "decisions_per_s": rps * decisions as f64}));
+        }
+        report.push(json!({"workload": name, "rows": rows, "unique_tokens": unique, "mean_row_tokens": mean,
+            "decisions": decisions, "p50_ms": p50 * 1e3, "p95_ms": p95 * 1e3, "requests_per_s": 1.0 / mean_s,
+            "decisions_per_s": decisions as f64 / mean_s, "saturating": sat}));
+    }
+    Ok(report)
+}

@@ -93,6 +93,8 @@ enum Cmd {
         #[command(flatten)]
         dev: device::DeviceArg,
     },
+    /// System One workloads of issue #4 through the engine (cpu or cuda): p50/p95, requests/s, decisions/s.
+    BenchSystemone(device::BenchSystemoneArgs),
     /// HTTP server: decider-ai's /v1/systemone, /decide, /v1/models, /health, plus /metrics (docs/server.md).
     Serve(serve::ServeArgs),
     /// Answers one /v1/systemone request body (file or `-`): prints the response JSON the server would send.
@@ -134,6 +136,7 @@ fn run(cli: Cli) -> Result<()> {
                 device::bench_cuda(&load_model(&model)?, &prompt_lens, decode, reps, (7, 175, 33))
             }
         },
+        Cmd::BenchSystemone(a) => device::bench_systemone(a),
         Cmd::Systemone(a) => systemone::systemone(a),
         Cmd::Serve(a) => serve::serve(a),
         Cmd::Render(a) => systemone::render(a),

@@ -3,9 +3,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use onepass_decide::{Engine, EngineOptions, Limits};
+use onepass_decide::{EngineOptions, Limits};
+
+use crate::device::{AnyEngine, CudaArgs, DeviceArg};
 use onepass_server::ServerOptions;
-use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -49,6 +50,10 @@ pub struct ServeArgs {
     /// Prompt layout, `plain` or `chat`, replacing decider_config.json's [env DECIDER_LAYOUT; default: the config's].
     #[arg(long)]
     layout: Option<String>,
+    #[command(flatten)]
+    dev: DeviceArg,
+    #[command(flatten)]
+    cuda: CudaArgs,
 }
 
 /// `--flag`, else the environment variable, else the default.
@@ -87,17 +92,23 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     let dir = onepass_formats::resolve_model_dir(&a.model)?;
     let t0 = Instant::now();
-    let engine = Engine::load(
+    let engine = AnyEngine::load(
         &dir,
         EngineOptions {
             limits,
-            layout: a.layout.clone().or_else(|| std::env::var("DECIDER_LAYOUT").ok()),
+            layout: a
+                .layout
+                .clone()
+                .or_else(|| std::env::var("DECIDER_LAYOUT").ok()),
             ..EngineOptions::default()
         },
-    )
-    .with_context(|| format!("loading {}", dir.display()))?;
+        a.dev.resolve()?,
+        &a.cuda,
+    )?;
+    let device = engine.device();
+    let engine = engine.into_dyn();
     eprintln!(
-        "onepass serve: loaded {} ({}) in {:.2}s",
+        "onepass serve: loaded {} ({}) on {device} in {:.2}s",
         dir.display(),
         engine.model_name(),
         t0.elapsed().as_secs_f64()
@@ -110,7 +121,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         api_key,
         max_body_bytes: a.max_body_bytes,
         model_id: a.model.clone(),
-        device: "cpu".into(),
+        device,
         log_requests: !a.quiet,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -118,7 +129,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let (app, state) = onepass_server::router(Arc::new(engine), opts)?;
+        let (app, state) = onepass_server::router(engine, opts)?;
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await
             .with_context(|| format!("binding {}:{}", a.host, a.port))?;

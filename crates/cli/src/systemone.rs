@@ -7,8 +7,11 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use onepass_decide::engine::Backend;
 use onepass_decide::pyjson::dumps_compact;
 use onepass_decide::{parse_request, ApiError, DecideConfig, Engine, EngineOptions};
+
+use crate::device::{AnyEngine, CudaArgs, DeviceArg};
 use onepass_model::ModelConfig;
 use onepass_tokenizer::Tokenizer;
 use serde_json::json;
@@ -29,6 +32,10 @@ pub struct SystemoneArgs {
     /// Benchmarking: answer the request this many times after one load and write timings as JSON to stderr.
     #[arg(long, default_value_t = 1, hide = true)]
     repeat: usize,
+    #[command(flatten)]
+    dev: DeviceArg,
+    #[command(flatten)]
+    cuda: CudaArgs,
 }
 
 #[derive(Args)]
@@ -78,8 +85,13 @@ pub fn systemone(a: SystemoneArgs) -> Result<()> {
         ..EngineOptions::default()
     };
     let t0 = Instant::now();
-    let engine = Engine::load(&dir, opts).with_context(|| format!("loading {}", dir.display()))?;
+    let any = AnyEngine::load(&dir, opts, a.dev.resolve()?, &a.cuda)?;
     let load_s = t0.elapsed().as_secs_f64();
+    crate::with_engine!(&any, e => run(e, &a, &body, load_s))
+}
+
+fn run<B: Backend>(engine: &Engine<B>, a: &SystemoneArgs, body: &[u8], load_s: f64) -> Result<()> {
+    let body = body.to_vec();
     if a.repeat <= 1 {
         return answer(engine.system_one(&body));
     }
@@ -105,6 +117,7 @@ pub fn systemone(a: SystemoneArgs) -> Result<()> {
         "{}",
         json!({
             "engine": "onepass",
+            "device": engine.device(),
             "shared_prefix": engine.options().shared_prefix,
             "load_s": load_s,
             "rows": rows,

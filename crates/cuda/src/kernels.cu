@@ -16,6 +16,14 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);                              // round to nearest even
     return (bf16_t)(u >> 16);
 }
+// A GEMM input value: bf16 (the fast default) or f32 (the exact mode), chosen per launch.
+__device__ __forceinline__ void store_act(void* out, idx_t i, float v, int f32out) {
+    if (f32out) ((float*)out)[i] = v; else ((bf16_t*)out)[i] = f2bf(v);
+}
+// A weight value: bf16 or f32 storage.
+__device__ __forceinline__ float load_w(const void* w, idx_t i, int f32w) {
+    return f32w ? ((const float*)w)[i] : bf2f(((const bf16_t*)w)[i]);
+}
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_f(float x) { return x * sigmoid_f(x); }
 __device__ __forceinline__ float warp_sum(float v) {
@@ -40,11 +48,11 @@ __device__ float block_sum(float v) {
     return total;
 }
 
-// x[n, :] = embed[ids[n], :]        embed: [V, H] bf16; x: [N, H] f32. grid N.
-extern "C" __global__ void embed_gather(const bf16_t* embed, const int* ids, float* x, int hid) {
+// x[n, :] = embed[ids[n], :]        embed: [V, H] bf16 (f32 if f32w); x: [N, H] f32. grid N.
+extern "C" __global__ void embed_gather(const void* embed, int f32w, const int* ids, float* x, int hid) {
     int n = blockIdx.x;
-    const bf16_t* src = embed + (idx_t)ids[n] * hid;
-    for (int c = threadIdx.x; c < hid; c += blockDim.x) x[(idx_t)n * hid + c] = bf2f(src[c]);
+    idx_t base = (idx_t)ids[n] * hid;
+    for (int c = threadIdx.x; c < hid; c += blockDim.x) x[(idx_t)n * hid + c] = load_w(embed, base + c, f32w);
 }
 
 // RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * gain. Writes bf16 (out_bf) or f32 (out_f).
@@ -64,9 +72,9 @@ extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, 
 }
 
 // Gated RMSNorm of Gated DeltaNet per value head: norm(x) * w * silu(z), to bf16.
-// x: [N, HV, DV] f32; z: row n at z + n*ldz, [HV, DV]; out: [N, HV*DV] bf16. grid N*HV.
+// x: [N, HV, DV] f32; z: row n at z + n*ldz, [HV, DV]; out: [N, HV*DV] bf16 (f32 if f32out). grid N*HV.
 extern "C" __global__ void rms_norm_gated(const float* x, const float* z, int ldz, const float* w, float eps,
-                                          int hv, int dv, bf16_t* out) {
+                                          int hv, int dv, void* out, int f32out) {
     int r = blockIdx.x, n = r / hv, h = r % hv;
     const float* row = x + (idx_t)r * dv;
     const float* zr = z + (idx_t)n * ldz + h * dv;
@@ -75,7 +83,7 @@ extern "C" __global__ void rms_norm_gated(const float* x, const float* z, int ld
     s = block_sum(s);
     float inv = 1.0f / sqrtf(s / dv + eps);
     for (int c = threadIdx.x; c < dv; c += blockDim.x)
-        out[(idx_t)r * dv + c] = f2bf(row[c] * inv * w[c] * silu_f(zr[c]));
+        store_act(out, (idx_t)r * dv + c, row[c] * inv * w[c] * silu_f(zr[c]), f32out);
 }
 
 // L2-normalises q and k heads of the conv output in place (q also times `scale`).
@@ -181,18 +189,22 @@ extern "C" __global__ void gdn_chunked(const float* qkv, int ld, const float* g,
             int t = i / w, j = i % w;
             V[i] = qkv[(idx_t)(start + c0 + t) * ld + 2 * hk * dk + h * dv + j0 + j];
         }
-        if (tid == 0) {
+        // Cumulative log decay: thread t sums g_0..g_t in order (the CPU's order), all t at once (n <= nt).
+        for (int t = tid; t < n; t += nt) {
+            idx_t r = (idx_t)(start + c0 + t) * hv + h;
+            ed[t] = g[r];
+            bet[t] = beta[r];
+        }
+        __syncthreads();
+        if (tid < n) {
             float acc = 0.0f;
-            for (int t = 0; t < n; t++) {
-                idx_t r = (idx_t)(start + c0 + t) * hv + h;
-                acc += g[r];
-                gam[t] = acc;
-                bet[t] = beta[r];
-            }
-            for (int t = 0; t < n; t++) {
-                eg[t] = expf(gam[t]);
-                ed[t] = expf(acc - gam[t]);
-            }
+            for (int t = 0; t <= tid; t++) acc += ed[t];
+            gam[tid] = acc;
+        }
+        __syncthreads();
+        if (tid < n) {
+            eg[tid] = expf(gam[tid]);
+            ed[tid] = expf(gam[n - 1] - gam[tid]);
         }
         __syncthreads();
         for (int i = tid; i < n * n; i += nt) {
@@ -219,11 +231,20 @@ extern "C" __global__ void gdn_chunked(const float* qkv, int ld, const float* g,
             V[i] = bet[t] * (V[i] - eg[t] * ks);
         }
         __syncthreads();
-        for (int j = tid; j < w; j += nt) {
-            for (int a = 1; a < n; a++) {
-                float acc = V[a * w + j];
-                for (int b = 0; b < a; b++) acc -= A[a * n + b] * V[b * w + j];
-                V[a * w + j] = acc;
+        // Forward substitution, 8 lanes per value column (each sums every 8th term, then a shuffle reduction).
+        {
+            int sub = tid & 7;
+            unsigned mask = 0xffu << (tid & 24);
+            for (int j = tid >> 3; j < w; j += nt >> 3) {
+                for (int a = 1; a < n; a++) {
+                    float part = 0.0f;
+                    for (int b = sub; b < a; b += 8) part += A[a * n + b] * V[b * w + j];
+                    part += __shfl_xor_sync(mask, part, 1);
+                    part += __shfl_xor_sync(mask, part, 2);
+                    part += __shfl_xor_sync(mask, part, 4);
+                    if (sub == 0) V[a * w + j] -= part;
+                    __syncwarp(mask);
+                }
             }
         }
         __syncthreads();
@@ -284,7 +305,10 @@ extern "C" __global__ void gdn_step(const float* qkv, int ld, const float* g, co
 // Attention inputs: per-head RMSNorm of q and k, partial rotary (rotate-half, first 2*half dims) at
 // each row's position; q to q_out, k and v appended to the segment's KV cache at that position.
 // proj: [N, ld] with per head h: q at h*2D, gate at h*2D + D; k at H*2D + kh*D; v at H*2D + HKV*D + kh*D.
-// q_out: [N, H, D]; kv[2*s], kv[2*s+1]: k, v caches [cap, HKV, D]. grid (N, H + HKV); D <= 1024.
+// q_out: [N, H, D]. KV table per segment (KV_ENTRIES addresses): own k, own v caches [cap, HKV, D], base k,
+// base v (a forked-from cache, read-only), base length. Position p < base lives at base row p, else at own
+// row p - base. grid (N, H + HKV); D <= 1024.
+#define KV_ENTRIES 5
 extern "C" __global__ void attn_prep(const float* proj, int ld, const float* qn, const float* kn, float eps,
                                      const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
                                      const u64* kv, float* q_out) {
@@ -301,7 +325,9 @@ extern "C" __global__ void attn_prep(const float* proj, int ld, const float* qn,
     float inv = 1.0f / sqrtf(ss / D + eps);
     for (int c = threadIdx.x; c < D; c += blockDim.x) xs[c] = src[c] * inv * gain[c];
     __syncthreads();
-    float* dst = isq ? q_out + ((idx_t)n * H + j) * D : (float*)kv[2 * s] + ((idx_t)pos * HKV + kh) * D;
+    const u64* kvs = kv + KV_ENTRIES * s;
+    int own = pos - (int)kvs[4];
+    float* dst = isq ? q_out + ((idx_t)n * H + j) * D : (float*)kvs[0] + ((idx_t)own * HKV + kh) * D;
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
         float v = xs[c];
         if (c < 2 * half) {
@@ -314,66 +340,83 @@ extern "C" __global__ void attn_prep(const float* proj, int ld, const float* qn,
     }
     if (!isq) {
         const float* vs = proj + (idx_t)n * ld + H * 2 * D + HKV * D + kh * D;
-        float* vd = (float*)kv[2 * s + 1] + ((idx_t)pos * HKV + kh) * D;
+        float* vd = (float*)kvs[1] + ((idx_t)own * HKV + kh) * D;
         for (int c = threadIdx.x; c < D; c += blockDim.x) vd[c] = vs[c];
     }
 }
 
-// Causal attention over the segment's KV cache (row n at position p sees keys 0..=p), grouped KV
-// heads, online softmax; the output times sigmoid(gate) goes to bf16 for o_proj.
-// One warp per (row, head): grid (ceil(N/4), H), block 128. q: [N, H, D]; out: [N, H*D]; D <= 512.
+// Causal attention over the segment's KV cache (row n at position p sees keys 0..=p; KV table as in
+// attn_prep), grouped KV heads, online softmax; the output times sigmoid(gate) goes to bf16 (f32 if f32out)
+// for o_proj. One warp per (row, head), keys processed 32 at a time (one key per lane for the scores,
+// then the warp accumulates the values): grid (ceil(N/4), H), block 128. q: [N, H, D]; out: [N, H*D]; D <= 512.
 extern "C" __global__ void attention(const float* q, const float* proj, int ld, const int* tok, const u64* kv,
-                                     int N, int H, int HKV, int D, float scale, bf16_t* out) {
+                                     int N, int H, int HKV, int D, float scale, void* out, int f32out) {
+    __shared__ float ps[4][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n = blockIdx.x * 4 + warp, h = blockIdx.y;
     if (n >= N) return;
     int s = tok[2 * n], pos = tok[2 * n + 1];
     int kh = h / (H / HKV);
-    const float* K = (const float*)kv[2 * s];
-    const float* Vc = (const float*)kv[2 * s + 1];
+    const u64* kvs = kv + KV_ENTRIES * s;
+    int base = (int)kvs[4];
     const float* qr = q + ((idx_t)n * H + h) * D;
-    float qv[16], acc[16];
+    float acc[16];
 #pragma unroll
-    for (int r = 0; r < 16; r++) {
-        int c = lane + 32 * r;
-        qv[r] = c < D ? qr[c] : 0.0f;
-        acc[r] = 0.0f;
-    }
+    for (int r = 0; r < 16; r++) acc[r] = 0.0f;
     float m = __int_as_float(0xff800000), l = 0.0f;  // -inf
-    for (int key = 0; key <= pos; key++) {
-        const float* kr = K + ((idx_t)key * HKV + kh) * D;
-        float d = 0.0f;
-#pragma unroll
-        for (int r = 0; r < 16; r++) {
-            int c = lane + 32 * r;
-            if (c < D) d += qv[r] * kr[c];
+    for (int k0 = 0; k0 <= pos; k0 += 32) {
+        int key = k0 + lane;
+        float d = __int_as_float(0xff800000);
+        if (key <= pos) {
+            const float* kr = key < base ? (const float*)kvs[2] + ((idx_t)key * HKV + kh) * D
+                                         : (const float*)kvs[0] + ((idx_t)(key - base) * HKV + kh) * D;
+            float a = 0.0f;
+            for (int c = 0; c < D; c += 4) {
+                float4 kv4 = *(const float4*)(kr + c);
+                float4 q4 = *(const float4*)(qr + c);
+                a += kv4.x * q4.x + kv4.y * q4.y + kv4.z * q4.z + kv4.w * q4.w;
+            }
+            d = a * scale;
         }
-        d = warp_sum(d) * scale;
-        float mn = fmaxf(m, d);
-        float corr = expf(m - mn), p = expf(d - mn);
-        l = l * corr + p;
-        const float* vr = Vc + ((idx_t)key * HKV + kh) * D;
+        float mx = d;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float mn = fmaxf(m, mx);
+        float corr = expf(m - mn);
+        float p = key <= pos ? expf(d - mn) : 0.0f;
+        l = l * corr + warp_sum(p);
+        ps[warp][lane] = p;
+        __syncwarp();
 #pragma unroll
-        for (int r = 0; r < 16; r++) {
-            int c = lane + 32 * r;
-            if (c < D) acc[r] = acc[r] * corr + p * vr[c];
+        for (int r = 0; r < 16; r++) acc[r] *= corr;
+        int cnt = min(32, pos + 1 - k0);
+        for (int i = 0; i < cnt; i++) {
+            int kk = k0 + i;
+            const float* vr = kk < base ? (const float*)kvs[3] + ((idx_t)kk * HKV + kh) * D
+                                        : (const float*)kvs[1] + ((idx_t)(kk - base) * HKV + kh) * D;
+            float pi = ps[warp][i];
+#pragma unroll
+            for (int r = 0; r < 16; r++) {
+                int c = lane + 32 * r;
+                if (c < D) acc[r] += pi * vr[c];
+            }
         }
+        __syncwarp();
         m = mn;
     }
     const float* gate = proj + (idx_t)n * ld + h * 2 * D + D;
 #pragma unroll
     for (int r = 0; r < 16; r++) {
         int c = lane + 32 * r;
-        if (c < D) out[(idx_t)n * H * D + h * D + c] = f2bf(acc[r] / l * sigmoid_f(gate[c]));
+        if (c < D) store_act(out, (idx_t)n * H * D + h * D + c, acc[r] / l * sigmoid_f(gate[c]), f32out);
     }
 }
 
-// SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] bf16.
-extern "C" __global__ void swiglu(const float* gu, int inter, int rows, bf16_t* out) {
+// SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] bf16 (f32 if f32out).
+extern "C" __global__ void swiglu(const float* gu, int inter, int rows, void* out, int f32out) {
     idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (idx_t)rows * inter) return;
     idx_t n = i / inter, c = i % inter;
-    out[i] = f2bf(silu_f(gu[n * 2 * inter + c]) * gu[n * 2 * inter + inter + c]);
+    store_act(out, i, silu_f(gu[n * 2 * inter + c]) * gu[n * 2 * inter + inter + c], f32out);
 }
 
 // x += y (n values).
@@ -382,22 +425,32 @@ extern "C" __global__ void add_inplace(float* x, const float* y, int n) {
     if (i < n) x[i] += y[i];
 }
 
+// f32 to two bf16 planes: hi = bf16(x), lo = bf16(x - hi), so hi + lo carries x to about 2^-16 relative (n values).
+extern "C" __global__ void split_bf16(const float* x, bf16_t* hi, bf16_t* lo, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        bf16_t h = f2bf(x[i]);
+        hi[i] = h;
+        lo[i] = f2bf(x[i] - bf2f(h));
+    }
+}
+
 // f32 to bf16 (n values).
 extern "C" __global__ void to_bf16(const float* x, bf16_t* y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2bf(x[i]);
 }
 
-// Label-row readout: out[p] = hidden[pairs[2p]] . head[pairs[2p+1]]. hidden: [N, H] f32; head: [V, H] bf16.
-// One warp per pair: grid ceil(P/4), block 128.
-extern "C" __global__ void rows_dot(const float* hidden, int hid, const int* pairs, int P, const bf16_t* head,
-                                    float* out) {
+// Label-row readout: out[p] = hidden[pairs[2p]] . head[pairs[2p+1]]. hidden: [N, H] f32; head: [V, H] bf16
+// (f32 if f32w). One warp per pair: grid ceil(P/4), block 128.
+extern "C" __global__ void rows_dot(const float* hidden, int hid, const int* pairs, int P, const void* head,
+                                    int f32w, float* out) {
     int p = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (p >= P) return;
     const float* x = hidden + (idx_t)pairs[2 * p] * hid;
-    const bf16_t* w = head + (idx_t)pairs[2 * p + 1] * hid;
+    idx_t w = (idx_t)pairs[2 * p + 1] * hid;
     float d = 0.0f;
-    for (int c = lane; c < hid; c += 32) d += x[c] * bf2f(w[c]);
+    for (int c = lane; c < hid; c += 32) d += x[c] * load_w(head, w + c, f32w);
     d = warp_sum(d);
     if (lane == 0) out[p] = d;
 }

@@ -15,7 +15,7 @@ pub mod model;
 pub mod ops;
 pub mod runtime;
 
-pub use model::{CudaHidden, CudaModel, CudaState};
+pub use model::{CudaHidden, CudaModel, CudaState, Precision};
 pub use runtime::Gpu;
 
 /// Errors of the CUDA backend. Messages name the op, library or shape at fault.
@@ -37,6 +37,13 @@ pub enum CudaError {
     Compile { arch: String, msg: String },
     #[error("{0}")]
     Unsupported(String),
+    #[error("GPU memory budget: {what} needs {need} bytes, {live} of {budget} in use")]
+    Budget {
+        what: String,
+        need: usize,
+        live: usize,
+        budget: usize,
+    },
     #[error(transparent)]
     Model(#[from] onepass_model::ModelError),
 }

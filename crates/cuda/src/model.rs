@@ -18,16 +18,32 @@
 //! Segment semantics are those of the CPU model: the projections see every token of every segment,
 //! the token mixers walk each segment with its own [`CudaState`].
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaEvent, CudaSlice};
 use half::bf16;
 use onepass_model::{LayerKind, MixerView, Model, ModelError};
 use onepass_tensor::{Tensor, View};
 
-use crate::ops::{self, AttnDims, GdnDims, Out};
+use crate::ops::{self, AttnDims, GdnDims, Out, KV_ENTRIES, W};
 use crate::runtime::Gpu;
 use crate::CudaError;
+
+/// The arithmetic of the projections (GEMMs) and their inputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// bf16 weights; each GEMM input (f32) split into two bf16 planes, hi + lo, and multiplied twice (two bf16
+    /// GEMMs, f32 accumulation): activations carried to about 2^-16 instead of bf16's 2^-8, at twice the GEMM
+    /// work. The default: on the synthetic checkpoints plain bf16 inputs miss the System One ship bar (docs/cuda.md).
+    #[default]
+    Bf16Split,
+    /// bf16 weights and GEMM inputs, f32 accumulation and everything else f32 (the fastest).
+    Bf16,
+    /// f32 weights and GEMM inputs, f32 GEMMs without TF32: the CPU model's arithmetic up to reduction
+    /// order. For checking the forward (tests hold it to 1e-4 of the CPU), not for speed.
+    F32,
+}
 
 /// Tokens per chunk of the chunked gated delta rule (as on the CPU).
 pub const CHUNK: usize = 64;
@@ -58,21 +74,101 @@ fn push_bf16(out: &mut Vec<u16>, t: &Tensor) {
     }
 }
 
-/// Uploads weights stacked by rows (all with the same column count) as one bf16 matrix.
-fn upload_stacked(g: &Gpu, parts: &[&Tensor]) -> Result<Dev<u16>, CudaError> {
+/// A weight matrix on the device, in the model's precision.
+struct Weight {
+    /// Owns the memory `w` points into.
+    _buf: WeightBuf,
+    w: W,
+}
+
+#[allow(dead_code)] // the variants own the memory `Weight::w` points into
+enum WeightBuf {
+    Bf16(CudaSlice<u16>),
+    F32(CudaSlice<f32>),
+}
+
+/// Uploads weights stacked by rows (all with the same column count) as one matrix: bf16, or f32 (the
+/// checkpoint's values exactly) in [`Precision::F32`].
+fn upload_stacked(g: &Gpu, parts: &[&Tensor], prec: Precision) -> Result<Weight, CudaError> {
     let total: usize = parts.iter().map(|t| t.numel()).sum();
-    let mut host = Vec::with_capacity(total);
-    for t in parts {
-        push_bf16(&mut host, t);
+    Ok(match prec {
+        Precision::Bf16 | Precision::Bf16Split => {
+            let mut host = Vec::with_capacity(total);
+            for t in parts {
+                push_bf16(&mut host, t);
+            }
+            let buf = g.upload(&host)?;
+            let w = W::Bf16(g.ptr(&buf));
+            Weight {
+                _buf: WeightBuf::Bf16(buf),
+                w,
+            }
+        }
+        Precision::F32 => {
+            let mut host = Vec::with_capacity(total);
+            for t in parts {
+                host.extend(t.to_f32_vec());
+            }
+            let buf = g.upload(&host)?;
+            let w = W::F32(g.ptr(&buf));
+            Weight {
+                _buf: WeightBuf::F32(buf),
+                w,
+            }
+        }
+    })
+}
+
+/// Bytes of sequence state (and forward scratch) alive on the device, against an optional budget.
+#[derive(Debug, Default)]
+struct Ledger {
+    live: AtomicUsize,
+    /// 0: no budget.
+    budget: AtomicUsize,
+}
+
+impl Ledger {
+    /// Counts `bytes` more, or fails (counting nothing) when that would pass the budget.
+    fn charge(self: &Arc<Self>, bytes: usize, what: &str) -> Result<Charge, CudaError> {
+        let budget = self.budget.load(Ordering::Relaxed);
+        let prev = self.live.fetch_add(bytes, Ordering::Relaxed);
+        if budget > 0 && prev + bytes > budget {
+            self.live.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(CudaError::Budget {
+                what: what.to_string(),
+                need: bytes,
+                live: prev,
+                budget,
+            });
+        }
+        Ok(Charge {
+            ledger: self.clone(),
+            bytes,
+        })
     }
-    Ok(Dev::new(g, g.upload(&host)?))
+}
+
+/// Bytes counted in a [`Ledger`] until dropped.
+struct Charge {
+    ledger: Arc<Ledger>,
+    bytes: usize,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.ledger.live.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 struct GdnLayer {
     /// w_in: [cd + HV*DV + 2*HV, H] = in_proj_qkv; in_proj_z; in_proj_a; in_proj_b
-    w_in: Dev<u16>,
+    w_in: Weight,
     /// w_out: [H, HV*DV]
-    w_out: Dev<u16>,
+    w_out: Weight,
+    /// Offsets (f32 values) of this layer's conv state [K-1, cd] and recurrent state [HV, DK, DV] in a
+    /// [`CudaState`]'s `rec` buffer.
+    conv_off: usize,
+    ssm_off: usize,
     conv: Dev<f32>,
     neg_a: Dev<f32>,
     dt_bias: Dev<f32>,
@@ -91,9 +187,9 @@ impl GdnLayer {
 
 struct AttnLayer {
     /// w_in: [H*2D + 2*HKV*D, hidden] = q_proj (q|gate per head); k_proj; v_proj
-    w_in: Dev<u16>,
+    w_in: Weight,
     /// w_o: [hidden, H*D]
-    w_o: Dev<u16>,
+    w_o: Weight,
     q_norm: Dev<f32>,
     k_norm: Dev<f32>,
     inv_freq: Dev<f32>,
@@ -118,18 +214,19 @@ struct Layer {
     post_norm: Dev<f32>,
     mixer: Mixer,
     /// w_gu: [2I, H] = gate; up
-    w_gu: Dev<u16>,
+    w_gu: Weight,
     /// w_down: [H, I]
-    w_down: Dev<u16>,
+    w_down: Weight,
 }
 
-/// A model on one GPU (weights bf16).
+/// A model on one GPU.
 pub struct CudaModel {
     gpu: Arc<Gpu>,
+    prec: Precision,
     /// embed: [V, H]
-    embed: Dev<u16>,
+    embed: Weight,
     /// lm_head: [V, H]; None when tied to the embedding.
-    lm_head: Option<Dev<u16>>,
+    lm_head: Option<Weight>,
     final_norm: Dev<f32>,
     eps: f32,
     layers: Vec<Layer>,
@@ -137,34 +234,57 @@ pub struct CudaModel {
     inter: usize,
     vocab: usize,
     max_pos: usize,
+    /// f32 values of every GDN layer's conv and recurrent state (one [`CudaState::rec`] buffer).
+    rec_len: usize,
+    /// Floats per position of every attention layer's KV cache (k or v), in layer order.
+    kv_rows: Vec<usize>,
+    ledger: Arc<Ledger>,
+    /// Events after each op while profiling (see [`CudaModel::profile_start`]).
+    prof: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
 }
 
-/// One layer's device state.
-enum LayerState {
-    /// k, v: [cap, HKV, D] f32
-    Attn {
-        k: CudaSlice<f32>,
-        v: CudaSlice<f32>,
-        cap: usize,
-        row: usize,
-    },
-    /// conv: [K-1, cd]; ssm: [HV, DK, DV] f32
-    Gdn {
-        conv: CudaSlice<f32>,
-        ssm: CudaSlice<f32>,
-    },
+/// K and V rows of one attention layer: [cap, HKV, D] f32 each.
+struct KvBuf {
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    _charge: Option<Charge>,
+}
+
+/// One attention layer's cache. Positions below `base.1` are read from `base` (the cache of the state this
+/// one was forked from, shared and never written through here); position `p` above lives in own row
+/// `p - base.1`. A fork therefore copies no KV rows.
+struct KvCache {
+    own: Arc<KvBuf>,
+    /// Own rows allocated.
+    cap: usize,
+    base: Option<(Arc<KvBuf>, usize)>,
+}
+
+impl KvCache {
+    fn base_len(&self) -> usize {
+        self.base.as_ref().map_or(0, |b| b.1)
+    }
 }
 
 /// The state of one sequence on the device.
 pub struct CudaState {
     pos: usize,
-    layers: Vec<LayerState>,
+    /// Every GDN layer's conv [K-1, cd] and recurrent [HV, DK, DV] state, f32, at the layer's offsets.
+    rec: CudaSlice<f32>,
+    /// One per attention layer, in layer order.
+    kv: Vec<KvCache>,
+    _charge: Charge,
 }
 
 impl CudaState {
     /// Tokens consumed so far.
     pub fn position(&self) -> usize {
         self.pos
+    }
+
+    /// Device bytes this state holds itself (a forked-from KV base it shares is not counted).
+    pub fn bytes(&self) -> usize {
+        4 * (self.rec.len() + self.kv.iter().map(|c| 2 * c.own.k.len()).sum::<usize>())
     }
 }
 
@@ -176,24 +296,32 @@ pub struct CudaHidden {
 }
 
 impl CudaModel {
-    /// Uploads a loaded CPU model's weights to device `ordinal`.
+    /// Uploads a loaded CPU model's weights to device `ordinal` (bf16).
     pub fn from_model(m: &Model, ordinal: usize) -> Result<Self, CudaError> {
         let gpu = Gpu::new(ordinal)?;
         Self::with_gpu(m, gpu)
     }
 
-    /// Uploads onto an opened GPU.
+    /// Uploads onto an opened GPU (bf16).
     pub fn with_gpu(m: &Model, gpu: Arc<Gpu>) -> Result<Self, CudaError> {
+        Self::with_precision(m, gpu, Precision::Bf16)
+    }
+
+    /// Uploads onto an opened GPU in the given precision.
+    pub fn with_precision(m: &Model, gpu: Arc<Gpu>, prec: Precision) -> Result<Self, CudaError> {
         let g = &*gpu;
         let c = m.text_config();
         let w = m.weights();
-        let embed = upload_stacked(g, &[w.embed])?;
+        let up = |parts: &[&Tensor]| upload_stacked(g, parts, prec);
+        let embed = up(&[w.embed])?;
         let lm_head = if c.tie_word_embeddings {
             None
         } else {
-            Some(upload_stacked(g, &[w.lm_head])?)
+            Some(up(&[w.lm_head])?)
         };
         let mut layers = Vec::with_capacity(w.layers.len());
+        let mut rec_len = 0usize;
+        let mut kv_rows = Vec::new();
         for (li, l) in w.layers.iter().enumerate() {
             let mixer = match &l.mixer {
                 MixerView::GatedDeltaNet(v) => {
@@ -203,9 +331,16 @@ impl CudaModel {
                             v.hv, v.hk
                         )));
                     }
+                    let cd = 2 * v.hk * v.dk + v.hv * v.dv;
+                    let conv_off = rec_len;
+                    let ssm_off = conv_off + (v.kernel - 1) * cd;
+                    // Each layer's state starts on a 16-byte boundary.
+                    rec_len = (ssm_off + v.hv * v.dk * v.dv).next_multiple_of(4);
                     Mixer::Gdn(GdnLayer {
-                        w_in: upload_stacked(g, &[v.in_qkv, v.in_z, v.in_a, v.in_b])?,
-                        w_out: upload_stacked(g, &[v.out])?,
+                        w_in: up(&[v.in_qkv, v.in_z, v.in_a, v.in_b])?,
+                        w_out: up(&[v.out])?,
+                        conv_off,
+                        ssm_off,
                         conv: upload_f32(g, v.conv)?,
                         neg_a: upload_f32(g, v.neg_a)?,
                         dt_bias: upload_f32(g, v.dt_bias)?,
@@ -218,37 +353,40 @@ impl CudaModel {
                         },
                         kernel: v.kernel,
                         eps: v.eps,
-                        cd: 2 * v.hk * v.dk + v.hv * v.dv,
+                        cd,
                     })
                 }
-                MixerView::Attention(v) => Mixer::Attn(AttnLayer {
-                    w_in: upload_stacked(g, &[v.q, v.k, v.v])?,
-                    w_o: upload_stacked(g, &[v.o])?,
-                    q_norm: upload_f32(g, v.q_norm)?,
-                    k_norm: upload_f32(g, v.k_norm)?,
-                    inv_freq: upload_f32(
-                        g,
-                        if v.inv_freq.is_empty() {
-                            &[0.0]
-                        } else {
-                            v.inv_freq
+                MixerView::Attention(v) => {
+                    kv_rows.push(v.kv_heads * v.head_dim);
+                    Mixer::Attn(AttnLayer {
+                        w_in: up(&[v.q, v.k, v.v])?,
+                        w_o: up(&[v.o])?,
+                        q_norm: upload_f32(g, v.q_norm)?,
+                        k_norm: upload_f32(g, v.k_norm)?,
+                        inv_freq: upload_f32(
+                            g,
+                            if v.inv_freq.is_empty() {
+                                &[0.0]
+                            } else {
+                                v.inv_freq
+                            },
+                        )?,
+                        a: AttnDims {
+                            heads: v.heads,
+                            kv_heads: v.kv_heads,
+                            head_dim: v.head_dim,
+                            half: v.inv_freq.len(),
                         },
-                    )?,
-                    a: AttnDims {
-                        heads: v.heads,
-                        kv_heads: v.kv_heads,
-                        head_dim: v.head_dim,
-                        half: v.inv_freq.len(),
-                    },
-                    eps: v.eps,
-                }),
+                        eps: v.eps,
+                    })
+                }
             };
             layers.push(Layer {
                 in_norm: upload_f32(g, l.input_norm)?,
                 post_norm: upload_f32(g, l.post_norm)?,
                 mixer,
-                w_gu: upload_stacked(g, &[l.mlp_gate, l.mlp_up])?,
-                w_down: upload_stacked(g, &[l.mlp_down])?,
+                w_gu: up(&[l.mlp_gate, l.mlp_up])?,
+                w_down: up(&[l.mlp_down])?,
             });
         }
         // The kinds must agree with the config (they are data, not inferred).
@@ -267,6 +405,7 @@ impl CudaModel {
         g.sync()?;
         Ok(CudaModel {
             gpu: gpu.clone(),
+            prec,
             embed,
             lm_head,
             final_norm,
@@ -276,6 +415,10 @@ impl CudaModel {
             inter: c.intermediate_size,
             vocab: c.vocab_size,
             max_pos: c.max_position_embeddings,
+            rec_len,
+            kv_rows,
+            ledger: Arc::default(),
+            prof: Mutex::new(None),
         })
     }
 
@@ -283,89 +426,230 @@ impl CudaModel {
         &self.gpu
     }
 
+    pub fn precision(&self) -> Precision {
+        self.prec
+    }
+
     pub fn hidden_size(&self) -> usize {
         self.hid
     }
 
-    fn head(&self) -> &Dev<u16> {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    /// Bytes of KV cache per token (all attention layers, k and v).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        8 * self.kv_rows.iter().sum::<usize>()
+    }
+
+    /// Bytes of one fresh state (the recurrent state of every GDN layer).
+    pub fn fresh_state_bytes(&self) -> usize {
+        4 * self.rec_len
+    }
+
+    /// Caps the device bytes of sequence state and forward scratch alive at once (0: no cap). Past it,
+    /// `new_state`, `fork` and `forward_batch` fail with [`CudaError::Budget`]; nothing is allocated.
+    pub fn set_memory_budget(&self, bytes: usize) {
+        self.ledger.budget.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes of state and scratch alive now (as counted against the budget).
+    pub fn memory_in_use(&self) -> usize {
+        self.ledger.live.load(Ordering::Relaxed)
+    }
+
+    fn head(&self) -> W {
+        self.lm_head.as_ref().unwrap_or(&self.embed).w
+    }
+
+    /// The activation (GEMM input) buffer at `p` in this model's precision.
+    fn act(&self, p: u64) -> Out {
+        match self.prec {
+            Precision::Bf16 => Out::Bf16(p),
+            Precision::F32 | Precision::Bf16Split => Out::F32(p),
+        }
+    }
+
+    /// `y = x · wᵀ + beta · y`; `x` as [`CudaModel::act`] wrote it. In [`Precision::Bf16Split`], `split` holds
+    /// room for the hi and lo planes of `x` ([2, T, K] bf16).
+    fn gemm(
+        &self,
+        x: u64,
+        t: usize,
+        k: usize,
+        w: &Weight,
+        n: usize,
+        y: u64,
+        ldy: usize,
+        beta: f32,
+        split: u64,
+    ) -> Result<(), CudaError> {
+        if self.prec != Precision::Bf16Split {
+            return self.gpu.gemm(x, t, k, w.w, n, y, ldy, beta);
+        }
+        let (hi, lo) = (split, split + 2 * (t * k) as u64);
+        ops::split_bf16(&self.gpu, x, hi, lo, t * k)?;
+        self.gpu.gemm(hi, t, k, w.w, n, y, ldy, beta)?;
+        self.gpu.gemm(lo, t, k, w.w, n, y, ldy, 1.0)
+    }
+
+    /// Starts recording one CUDA event after every op of the following forwards (for `profile_take`).
+    pub fn profile_start(&self) {
+        if let Ok(mut p) = self.prof.lock() {
+            *p = Some(Vec::new());
+        }
+    }
+
+    /// Stops recording; waits for the GPU; → (op, total ms, count) per op name, in first-seen order.
+    pub fn profile_take(&self) -> Result<Vec<(&'static str, f64, usize)>, CudaError> {
+        let marks = self
+            .prof
+            .lock()
+            .ok()
+            .and_then(|mut p| p.take())
+            .unwrap_or_default();
+        self.gpu.sync()?;
+        let mut out: Vec<(&'static str, f64, usize)> = Vec::new();
+        for w in marks.windows(2) {
+            if w[1].0 == "start" {
+                continue;
+            }
+            let ms = w[0]
+                .1
+                .elapsed_ms(&w[1].1)
+                .map_err(|err| CudaError::Driver {
+                    op: "event elapsed",
+                    err,
+                })? as f64;
+            match out.iter_mut().find(|e| e.0 == w[1].0) {
+                Some(e) => {
+                    e.1 += ms;
+                    e.2 += 1;
+                }
+                None => out.push((w[1].0, ms, 1)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records that the work queued so far ends op `name` (only while profiling).
+    fn mark(&self, name: &'static str) -> Result<(), CudaError> {
+        let Ok(mut p) = self.prof.lock() else {
+            return Ok(());
+        };
+        if let Some(v) = p.as_mut() {
+            let e = self
+                .gpu
+                .ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|err| CudaError::Driver { op: "event", err })?;
+            e.record(&self.gpu.stream)
+                .map_err(|err| CudaError::Driver {
+                    op: "event record",
+                    err,
+                })?;
+            v.push((name, e));
+        }
+        Ok(())
+    }
+
+    fn kv_buf(&self, rows: usize, row: usize) -> Result<KvBuf, CudaError> {
+        let charge = self.ledger.charge(8 * rows * row, "KV cache")?;
+        Ok(KvBuf {
+            k: self.gpu.alloc(rows * row)?,
+            v: self.gpu.alloc(rows * row)?,
+            _charge: Some(charge),
+        })
     }
 
     /// A fresh, empty sequence state.
     pub fn new_state(&self) -> Result<CudaState, CudaError> {
         let g = &*self.gpu;
-        let mut layers = Vec::with_capacity(self.layers.len());
-        for l in &self.layers {
-            layers.push(match &l.mixer {
-                Mixer::Gdn(m) => LayerState::Gdn {
-                    conv: g.zeros((m.kernel - 1) * m.cd)?,
-                    ssm: g.zeros(m.d.hv * m.d.dk * m.d.dv)?,
-                },
-                Mixer::Attn(m) => LayerState::Attn {
-                    k: g.zeros(1)?,
-                    v: g.zeros(1)?,
+        let charge = self.ledger.charge(4 * self.rec_len, "sequence state")?;
+        let rec = g.zeros(self.rec_len)?;
+        let kv = self
+            .kv_rows
+            .iter()
+            .map(|_| {
+                Ok(KvCache {
+                    own: Arc::new(self.kv_buf(0, 1)?),
                     cap: 0,
-                    row: m.a.kv_heads * m.a.head_dim,
-                },
-            });
-        }
-        Ok(CudaState { pos: 0, layers })
+                    base: None,
+                })
+            })
+            .collect::<Result<_, CudaError>>()?;
+        Ok(CudaState {
+            pos: 0,
+            rec,
+            kv,
+            _charge: charge,
+        })
     }
 
-    /// `n` independent device-side copies of `st` (the KV caches copied up to the position).
+    /// `n` independent device-side continuations of `st`: the recurrent state copied (one copy per fork),
+    /// the KV caches shared read-only (a fork appends to its own rows). Neither side sees the other's later
+    /// tokens.
     pub fn fork(&self, st: &CudaState, n: usize) -> Result<Vec<CudaState>, CudaError> {
-        (0..n).map(|_| self.copy_state(st)).collect()
+        let out = (0..n).map(|_| self.copy_state(st)).collect();
+        self.mark("fork")?;
+        out
     }
 
-    /// A deep device-side copy (snapshot); restore by using the copy in place of the original.
+    /// A device-side copy (snapshot); restore by using the copy in place of the original.
     pub fn copy_state(&self, st: &CudaState) -> Result<CudaState, CudaError> {
         let g = &*self.gpu;
-        let mut layers = Vec::with_capacity(st.layers.len());
-        for l in &st.layers {
-            layers.push(match l {
-                LayerState::Gdn { conv, ssm } => {
-                    let mut c2 = g.alloc(conv.len())?;
-                    g.copy(conv, 0, &mut c2, 0, conv.len())?;
-                    let mut s2 = g.alloc(ssm.len())?;
-                    g.copy(ssm, 0, &mut s2, 0, ssm.len())?;
-                    LayerState::Gdn { conv: c2, ssm: s2 }
-                }
-                LayerState::Attn { k, v, cap, row } => {
-                    let used = st.pos * row;
-                    let mut k2 = g.alloc(cap * row)?;
-                    let mut v2 = g.alloc(cap * row)?;
-                    g.copy(k, 0, &mut k2, 0, used)?;
-                    g.copy(v, 0, &mut v2, 0, used)?;
-                    LayerState::Attn {
-                        k: k2,
-                        v: v2,
-                        cap: *cap,
-                        row: *row,
+        let charge = self.ledger.charge(4 * self.rec_len, "sequence state")?;
+        let mut rec = g.alloc(self.rec_len)?;
+        g.copy(&st.rec, 0, &mut rec, 0, self.rec_len)?;
+        let mut kv = Vec::with_capacity(st.kv.len());
+        for (c, &row) in st.kv.iter().zip(&self.kv_rows) {
+            kv.push(match &c.base {
+                // The usual case: share everything this state holds.
+                None => KvCache {
+                    own: Arc::new(self.kv_buf(0, 1)?),
+                    cap: 0,
+                    base: Some((c.own.clone(), st.pos)),
+                },
+                // A fork of a fork: one level of sharing only, so copy base and own rows into a new cache.
+                Some((b, blen)) => {
+                    let cap = st.pos.next_multiple_of(256);
+                    let mut nb = self.kv_buf(cap, row)?;
+                    g.copy(&b.k, 0, &mut nb.k, 0, blen * row)?;
+                    g.copy(&b.v, 0, &mut nb.v, 0, blen * row)?;
+                    let own = (st.pos - blen) * row;
+                    g.copy(&c.own.k, 0, &mut nb.k, blen * row, own)?;
+                    g.copy(&c.own.v, 0, &mut nb.v, blen * row, own)?;
+                    KvCache {
+                        own: Arc::new(nb),
+                        cap,
+                        base: None,
                     }
                 }
             });
         }
         Ok(CudaState {
             pos: st.pos,
-            layers,
+            rec,
+            kv,
+            _charge: charge,
         })
     }
 
+    /// Grows the own KV rows of `st` to hold positions up to `need`.
     fn reserve(&self, st: &mut CudaState, need: usize) -> Result<(), CudaError> {
         let g = &*self.gpu;
         let pos = st.pos;
-        for l in st.layers.iter_mut() {
-            if let LayerState::Attn { k, v, cap, row } = l {
-                if need > *cap {
-                    let ncap = need.next_multiple_of(256).max(*cap * 2);
-                    let mut k2 = g.alloc(ncap * *row)?;
-                    let mut v2 = g.alloc(ncap * *row)?;
-                    g.copy(k, 0, &mut k2, 0, pos * *row)?;
-                    g.copy(v, 0, &mut v2, 0, pos * *row)?;
-                    *k = k2;
-                    *v = v2;
-                    *cap = ncap;
-                }
+        for (c, &row) in st.kv.iter_mut().zip(&self.kv_rows) {
+            let blen = c.base_len();
+            let rows = need - blen;
+            if rows > c.cap {
+                let ncap = rows.next_multiple_of(256).max(c.cap * 2);
+                let mut nb = self.kv_buf(ncap, row)?;
+                g.copy(&c.own.k, 0, &mut nb.k, 0, (pos - blen) * row)?;
+                g.copy(&c.own.v, 0, &mut nb.v, 0, (pos - blen) * row)?;
+                c.own = Arc::new(nb);
+                c.cap = ncap;
             }
         }
         Ok(())
@@ -389,7 +673,7 @@ impl CudaModel {
                 self.max_pos
             )));
         }
-        if st.layers.len() != self.layers.len() {
+        if st.kv.len() != self.kv_rows.len() || st.rec.len() != self.rec_len.max(1) {
             return Err(bad("sequence state belongs to another model".into()));
         }
         Ok(())
@@ -409,51 +693,70 @@ impl CudaModel {
         let g = &*self.gpu;
         let (hid, inter) = (self.hid, self.inter);
         let nseg = items.len();
-        // ints: ids [N] | segs [S, 3] | tok [N, 2]
-        let mut ids = Vec::new();
-        let mut segs = Vec::with_capacity(nseg * 3);
-        let mut tok = Vec::new();
-        for (si, (st, seq)) in items.iter_mut().enumerate() {
+        self.mark("start")?;
+        for (st, seq) in items.iter_mut() {
             self.check_input(st, seq)?;
-            self.reserve(st, st.pos + seq.len())?;
-            segs.extend([ids.len() as i32, seq.len() as i32, st.pos as i32]);
-            for (i, &id) in seq.iter().enumerate() {
-                tok.extend([si as i32, (st.pos + i) as i32]);
-                ids.push(id as i32);
+        }
+        for (st, seq) in items.iter_mut() {
+            let need = st.pos + seq.len();
+            self.reserve(st, need)?;
+        }
+        // One upload: the state address table (u64), then ids [N] | segs [S, 3] | tok [N, 2] (i32).
+        // Per layer: GDN conv [S] | ssm [S]; attention [S, KV_ENTRIES].
+        let mut ptrs: Vec<u64> = Vec::with_capacity(self.layers.len() * KV_ENTRIES * nseg);
+        let mut ai = 0;
+        for l in &self.layers {
+            match &l.mixer {
+                Mixer::Gdn(m) => {
+                    for (st, _) in items.iter() {
+                        ptrs.push(g.ptr(&st.rec) + 4 * m.conv_off as u64);
+                    }
+                    for (st, _) in items.iter() {
+                        ptrs.push(g.ptr(&st.rec) + 4 * m.ssm_off as u64);
+                    }
+                }
+                Mixer::Attn(_) => {
+                    for (st, _) in items.iter() {
+                        let c = &st.kv[ai];
+                        let (bk, bv, blen) = match &c.base {
+                            Some((b, len)) => (g.ptr(&b.k), g.ptr(&b.v), *len as u64),
+                            None => (0, 0, 0),
+                        };
+                        ptrs.extend([g.ptr(&c.own.k), g.ptr(&c.own.v), bk, bv, blen]);
+                    }
+                    ai += 1;
+                }
             }
         }
-        let n = ids.len();
+        let mut ints: Vec<i32> = Vec::new();
+        let mut segs = Vec::with_capacity(nseg * 3);
+        let mut tok = Vec::new();
+        for (si, (st, seq)) in items.iter().enumerate() {
+            segs.extend([ints.len() as i32, seq.len() as i32, st.pos as i32]);
+            for (i, &id) in seq.iter().enumerate() {
+                tok.extend([si as i32, (st.pos + i) as i32]);
+                ints.push(id as i32);
+            }
+        }
+        let n = ints.len();
         if n == 0 {
             return Err(CudaError::Model(ModelError::Input("empty batch".into())));
         }
         let all_single = items.iter().all(|(_, s)| s.len() == 1);
-        let mut ints = ids;
         ints.extend(&segs);
         ints.extend(&tok);
-        let ints_d = g.upload(&ints)?;
-        let ints_p = g.ptr(&ints_d);
+        let mut bytes: Vec<u8> = Vec::with_capacity(8 * ptrs.len() + 4 * ints.len());
+        bytes.extend(ptrs.iter().flat_map(|p| p.to_le_bytes()));
+        bytes.extend(ints.iter().flat_map(|i| i.to_le_bytes()));
+        let table = g.upload(&bytes)?;
+        let ptrs_p = g.ptr(&table);
+        let ints_p = ptrs_p + 8 * ptrs.len() as u64;
         let (ids_p, segs_p, tok_p) = (
             ints_p,
             ints_p + 4 * n as u64,
             ints_p + 4 * (n + 3 * nseg) as u64,
         );
-        // Per layer: state addresses of every segment. GDN: conv [S] | ssm [S]; attention: [S, 2] (k, v).
-        let mut ptrs: Vec<u64> = Vec::with_capacity(self.layers.len() * 2 * nseg);
-        for li in 0..self.layers.len() {
-            for (st, _) in items.iter() {
-                if let LayerState::Gdn { conv, .. } = &st.layers[li] {
-                    ptrs.push(g.ptr(conv));
-                }
-            }
-            for (st, _) in items.iter() {
-                match &st.layers[li] {
-                    LayerState::Gdn { ssm, .. } => ptrs.push(g.ptr(ssm)),
-                    LayerState::Attn { k, v, .. } => ptrs.extend([g.ptr(k), g.ptr(v)]),
-                }
-            }
-        }
-        let ptrs_d = g.upload(&ptrs)?;
-        let ptrs_p = g.ptr(&ptrs_d);
+        self.mark("upload")?;
         // Scratch sized for the widest layer.
         let (mut proj_w, mut mid_w, mut bf_w, mut q_w, mut gates_w) =
             (2 * inter, 0usize, hid.max(inter), 0usize, 0usize);
@@ -472,11 +775,22 @@ impl CudaModel {
                 }
             }
         }
+        let split_w = if self.prec == Precision::Bf16Split {
+            bf_w
+        } else {
+            0
+        };
+        let scratch = 4 * n * (2 * hid + bf_w + proj_w + mid_w.max(q_w) + gates_w.max(1) + split_w);
+        let _scratch = self.ledger.charge(scratch, "forward scratch")?;
         let x: CudaSlice<f32> = g.alloc(n * hid)?;
-        let hb: CudaSlice<u16> = g.alloc(n * bf_w)?;
+        // GEMM inputs: bf16 or f32 (allocated for the larger).
+        let hb: CudaSlice<f32> = g.alloc(n * bf_w)?;
         let proj: CudaSlice<f32> = g.alloc(n * proj_w)?;
         let mid: CudaSlice<f32> = g.alloc(n * mid_w.max(q_w))?;
         let gates: CudaSlice<f32> = g.alloc(n * gates_w.max(1))?;
+        // hi and lo bf16 planes of a GEMM input ([2, N, bf_w] bf16 = [N, bf_w] f32 of room).
+        let split: CudaSlice<f32> = g.alloc(n * split_w)?;
+        let sp = g.ptr(&split);
         let (xp, hbp, pp, midp, gp) = (
             g.ptr(&x),
             g.ptr(&hb),
@@ -484,20 +798,13 @@ impl CudaModel {
             g.ptr(&mid),
             g.ptr(&gates),
         );
-        ops::embed_gather(g, self.embed.ptr, ids_p, xp, n, hid)?;
+        let act = self.act(hbp);
+        ops::embed_gather(g, self.embed.w, ids_p, xp, n, hid)?;
+        self.mark("embed")?;
         let mut poff = 0usize;
         for l in &self.layers {
-            ops::rms_norm(
-                g,
-                xp,
-                hid,
-                l.in_norm.ptr,
-                self.eps,
-                n,
-                hid,
-                Out::Bf16(hbp),
-                hid,
-            )?;
+            ops::rms_norm(g, xp, hid, l.in_norm.ptr, self.eps, n, hid, act, hid)?;
+            self.mark("rms_norm")?;
             match &l.mixer {
                 Mixer::Gdn(m) => {
                     let d = m.d;
@@ -505,7 +812,8 @@ impl CudaModel {
                     let conv_p = ptrs_p + 8 * poff as u64;
                     let ssm_p = conv_p + 8 * nseg as u64;
                     poff += 2 * nseg;
-                    g.gemm_bf16(hbp, n, hid, m.w_in.ptr, pw, pp, pw, 0.0)?;
+                    self.gemm(hbp, n, hid, &m.w_in, pw, pp, pw, 0.0, sp)?;
+                    self.mark("gemm gdn in")?;
                     // mid: conv output [N, cd] then core [N, HV*DV]
                     let core_p = midp + 4 * (n * m.cd) as u64;
                     ops::conv1d_silu(
@@ -528,12 +836,15 @@ impl CudaModel {
                         gp,
                         beta_p,
                     )?;
+                    self.mark("conv, l2norm, gates")?;
                     if all_single {
                         ops::gdn_step(g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d)?;
+                        self.mark("gdn step")?;
                     } else {
                         ops::gdn_chunked(
                             g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, CHUNK,
                         )?;
+                        self.mark("gdn chunked")?;
                     }
                     ops::rms_norm_gated(
                         g,
@@ -545,16 +856,19 @@ impl CudaModel {
                         n,
                         d.hv,
                         d.dv,
-                        hbp,
+                        act,
                     )?;
-                    g.gemm_bf16(hbp, n, d.hv * d.dv, m.w_out.ptr, hid, xp, hid, 1.0)?;
+                    self.mark("gated norm")?;
+                    self.gemm(hbp, n, d.hv * d.dv, &m.w_out, hid, xp, hid, 1.0, sp)?;
+                    self.mark("gemm gdn out")?;
                 }
                 Mixer::Attn(m) => {
                     let a = m.a;
                     let pw = m.proj_width();
                     let kv_p = ptrs_p + 8 * poff as u64;
-                    poff += 2 * nseg;
-                    g.gemm_bf16(hbp, n, hid, m.w_in.ptr, pw, pp, pw, 0.0)?;
+                    poff += KV_ENTRIES * nseg;
+                    self.gemm(hbp, n, hid, &m.w_in, pw, pp, pw, 0.0, sp)?;
+                    self.mark("gemm attn in")?;
                     ops::attn_prep(
                         g,
                         pp,
@@ -569,25 +883,22 @@ impl CudaModel {
                         kv_p,
                         midp,
                     )?;
+                    self.mark("attn prep")?;
                     let scale = 1.0 / (a.head_dim as f32).sqrt();
-                    ops::attention(g, midp, pp, pw, tok_p, kv_p, n, a, scale, hbp)?;
-                    g.gemm_bf16(hbp, n, a.heads * a.head_dim, m.w_o.ptr, hid, xp, hid, 1.0)?;
+                    ops::attention(g, midp, pp, pw, tok_p, kv_p, n, a, scale, act)?;
+                    self.mark("attention")?;
+                    self.gemm(hbp, n, a.heads * a.head_dim, &m.w_o, hid, xp, hid, 1.0, sp)?;
+                    self.mark("gemm attn out")?;
                 }
             }
-            ops::rms_norm(
-                g,
-                xp,
-                hid,
-                l.post_norm.ptr,
-                self.eps,
-                n,
-                hid,
-                Out::Bf16(hbp),
-                hid,
-            )?;
-            g.gemm_bf16(hbp, n, hid, l.w_gu.ptr, 2 * inter, pp, 2 * inter, 0.0)?;
-            ops::swiglu(g, pp, inter, n, hbp)?;
-            g.gemm_bf16(hbp, n, inter, l.w_down.ptr, hid, xp, hid, 1.0)?;
+            ops::rms_norm(g, xp, hid, l.post_norm.ptr, self.eps, n, hid, act, hid)?;
+            self.mark("rms_norm")?;
+            self.gemm(hbp, n, hid, &l.w_gu, 2 * inter, pp, 2 * inter, 0.0, sp)?;
+            self.mark("gemm mlp gate|up")?;
+            ops::swiglu(g, pp, inter, n, act)?;
+            self.mark("swiglu")?;
+            self.gemm(hbp, n, inter, &l.w_down, hid, xp, hid, 1.0, sp)?;
+            self.mark("gemm mlp down")?;
         }
         let out: CudaSlice<f32> = g.alloc(n * hid)?;
         ops::rms_norm(
@@ -601,6 +912,7 @@ impl CudaModel {
             Out::F32(g.ptr(&out)),
             hid,
         )?;
+        self.mark("rms_norm")?;
         for (st, seq) in items.iter_mut() {
             st.pos += seq.len();
         }
@@ -612,7 +924,8 @@ impl CudaModel {
         })
     }
 
-    /// Label-row readout: `out[i] = hidden[picks[i].0] · lm_head[picks[i].1]`.
+    /// Label-row readout: `out[i] = hidden[picks[i].0] · lm_head[picks[i].1]`. One upload, one launch, one
+    /// download (the only synchronisation with the host).
     pub fn logits_rows(
         &self,
         h: &CudaHidden,
@@ -640,28 +953,46 @@ impl CudaModel {
             h.hid,
             g.ptr(&pd),
             picks.len(),
-            self.head().ptr,
+            self.head(),
             g.ptr(&out),
         )?;
-        g.download(&out, picks.len())
+        let r = g.download(&out, picks.len());
+        self.mark("readout")?;
+        r
     }
 
-    /// Full-vocabulary logits of every hidden row (bf16 GEMM; for tests and `onepass logits`). → [N, V]
+    /// Full-vocabulary logits of every hidden row (for tests and `onepass logits`). → [N, V]
     pub fn logits(&self, h: &CudaHidden) -> Result<Vec<f32>, CudaError> {
         let g = &*self.gpu;
-        let hb: CudaSlice<u16> = g.alloc(h.rows * h.hid)?;
-        ops::to_bf16(g, g.ptr(&h.buf), g.ptr(&hb), h.rows * h.hid)?;
         let out: CudaSlice<f32> = g.alloc(h.rows * self.vocab)?;
-        g.gemm_bf16(
-            g.ptr(&hb),
-            h.rows,
-            h.hid,
-            self.head().ptr,
-            self.vocab,
-            g.ptr(&out),
-            self.vocab,
-            0.0,
-        )?;
+        match self.prec {
+            Precision::Bf16 | Precision::Bf16Split => {
+                let hb: CudaSlice<u16> = g.alloc(h.rows * h.hid)?;
+                ops::to_bf16(g, g.ptr(&h.buf), g.ptr(&hb), h.rows * h.hid)?;
+                self.gpu.gemm(
+                    g.ptr(&hb),
+                    h.rows,
+                    h.hid,
+                    self.head(),
+                    self.vocab,
+                    g.ptr(&out),
+                    self.vocab,
+                    0.0,
+                )?;
+            }
+            Precision::F32 => {
+                self.gpu.gemm(
+                    g.ptr(&h.buf),
+                    h.rows,
+                    h.hid,
+                    self.head(),
+                    self.vocab,
+                    g.ptr(&out),
+                    self.vocab,
+                    0.0,
+                )?;
+            }
+        }
         g.download(&out, h.rows * self.vocab)
     }
 }

@@ -13,23 +13,50 @@ fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
 }
 
-/// x[n] = embed[ids[n]]. embed: [V, H] bf16; ids: [N] i32; x: [N, H] f32.
+/// A weight matrix on the device: its address and storage dtype (bf16, or f32 in the exact mode).
+#[derive(Clone, Copy, Debug)]
+pub enum W {
+    Bf16(u64),
+    F32(u64),
+}
+
+impl W {
+    fn parts(self) -> (u64, i32) {
+        match self {
+            W::Bf16(p) => (p, 0),
+            W::F32(p) => (p, 1),
+        }
+    }
+}
+
+/// x[n] = embed[ids[n]]. embed: [V, H]; ids: [N] i32; x: [N, H] f32.
 pub fn embed_gather(
     g: &Gpu,
-    embed: u64,
+    embed: W,
     ids: u64,
     x: u64,
     n: usize,
     hid: usize,
 ) -> Result<(), CudaError> {
-    launch!(g, g.k.embed_gather, cfg((n as u32, 1), ROW_THREADS, 0); embed, ids, x, hid as i32)
+    let (e, f32w) = embed.parts();
+    launch!(g, g.k.embed_gather, cfg((n as u32, 1), ROW_THREADS, 0); e, f32w, ids, x, hid as i32)
 }
 
 /// Output of a row op: bf16 (GEMM input) or f32.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub enum Out {
     Bf16(u64),
     F32(u64),
+}
+
+impl Out {
+    /// (address, 1 if f32) for the kernels' `out, f32out` parameters.
+    fn parts(self) -> (u64, i32) {
+        match self {
+            Out::Bf16(p) => (p, 0),
+            Out::F32(p) => (p, 1),
+        }
+    }
 }
 
 /// RMSNorm of `rows` rows of `dim`: x [R, dim] (stride ldx) → out [R, dim] (stride ldo).
@@ -51,7 +78,7 @@ pub fn rms_norm(
     launch!(g, g.k.rms_norm, cfg((rows as u32, 1), ROW_THREADS, 0); x, ldx as i32, gain, eps, dim as i32, ob, of, ldo as i32)
 }
 
-/// norm(x) * w * silu(z) per value head. x: [N, HV, DV] f32; z row n at z + n*ldz; out: [N, HV*DV] bf16.
+/// norm(x) * w * silu(z) per value head. x: [N, HV, DV] f32; z row n at z + n*ldz; out: [N, HV*DV].
 pub fn rms_norm_gated(
     g: &Gpu,
     x: u64,
@@ -62,9 +89,10 @@ pub fn rms_norm_gated(
     n: usize,
     hv: usize,
     dv: usize,
-    out: u64,
+    out: Out,
 ) -> Result<(), CudaError> {
-    launch!(g, g.k.rms_norm_gated, cfg(((n * hv) as u32, 1), 128, 0); x, z, ldz as i32, w, eps, hv as i32, dv as i32, out)
+    let (o, f32out) = out.parts();
+    launch!(g, g.k.rms_norm_gated, cfg(((n * hv) as u32, 1), 128, 0); x, z, ldz as i32, w, eps, hv as i32, dv as i32, o, f32out)
 }
 
 /// L2-normalises the q and k heads of xc [N, cd] in place (q times `scale`).
@@ -199,8 +227,13 @@ pub struct AttnDims {
     pub half: usize,
 }
 
+/// Addresses per segment in the KV table of [`attn_prep`] and [`attention`]: own k, own v (caches
+/// [cap, HKV, D] f32), base k, base v (the read-only cache of the state this one was forked from), base
+/// length (positions below it are read from the base, the rest from own rows `pos - base`).
+pub const KV_ENTRIES: usize = 5;
+
 /// q/k RMSNorm + partial RoPE; q to q_out [N, H, D]; k, v appended to each row's segment cache at
-/// its position. proj: [N, ld]; tok: [N, 2] i32 (segment, position); kv: [S, 2] cache addresses.
+/// its position. proj: [N, ld]; tok: [N, 2] i32 (segment, position); kv: [S, KV_ENTRIES].
 pub fn attn_prep(
     g: &Gpu,
     proj: u64,
@@ -225,7 +258,7 @@ pub fn attn_prep(
         proj, ld as i32, qn, kn, eps, inv_freq, a.half as i32, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, tok, kv, q_out)
 }
 
-/// Causal attention over the caches, times sigmoid(gate) (gate at h*2D + D of proj rows), to bf16 [N, H*D].
+/// Causal attention over the caches, times sigmoid(gate) (gate at h*2D + D of proj rows) → out [N, H*D].
 pub fn attention(
     g: &Gpu,
     q: u64,
@@ -236,21 +269,23 @@ pub fn attention(
     n: usize,
     a: AttnDims,
     scale: f32,
-    out: u64,
+    out: Out,
 ) -> Result<(), CudaError> {
-    if a.head_dim > 512 {
+    if a.head_dim > 512 || a.head_dim % 4 != 0 {
         return Err(CudaError::Unsupported(format!(
-            "head_dim {} (at most 512)",
+            "head_dim {} (a multiple of 4, at most 512)",
             a.head_dim
         )));
     }
+    let (o, f32out) = out.parts();
     launch!(g, g.k.attention, cfg((blocks(n, 4), a.heads as u32), 128, 0);
-        q, proj, ld as i32, tok, kv, n as i32, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, out)
+        q, proj, ld as i32, tok, kv, n as i32, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, f32out)
 }
 
-/// out [N, I] bf16 = silu(gu[:, :I]) * gu[:, I:].
-pub fn swiglu(g: &Gpu, gu: u64, inter: usize, n: usize, out: u64) -> Result<(), CudaError> {
-    launch!(g, g.k.swiglu, cfg((blocks(n * inter, 256), 1), 256, 0); gu, inter as i32, n as i32, out)
+/// out [N, I] = silu(gu[:, :I]) * gu[:, I:].
+pub fn swiglu(g: &Gpu, gu: u64, inter: usize, n: usize, out: Out) -> Result<(), CudaError> {
+    let (o, f32out) = out.parts();
+    launch!(g, g.k.swiglu, cfg((blocks(n * inter, 256), 1), 256, 0); gu, inter as i32, n as i32, o, f32out)
 }
 
 /// x += y.
@@ -263,6 +298,11 @@ pub fn to_bf16(g: &Gpu, x: u64, y: u64, n: usize) -> Result<(), CudaError> {
     launch!(g, g.k.to_bf16, cfg((blocks(n, 256), 1), 256, 0); x, y, n as i32)
 }
 
+/// f32 → hi, lo bf16 planes with hi + lo ≈ x (n values).
+pub fn split_bf16(g: &Gpu, x: u64, hi: u64, lo: u64, n: usize) -> Result<(), CudaError> {
+    launch!(g, g.k.split_bf16, cfg((blocks(n, 256), 1), 256, 0); x, hi, lo, n as i32)
+}
+
 /// out[p] = hidden[pairs[p].0] · head[pairs[p].1]. pairs: [P, 2] i32.
 pub fn rows_dot(
     g: &Gpu,
@@ -270,8 +310,9 @@ pub fn rows_dot(
     hid: usize,
     pairs: u64,
     p: usize,
-    head: u64,
+    head: W,
     out: u64,
 ) -> Result<(), CudaError> {
-    launch!(g, g.k.rows_dot, cfg((blocks(p, 4), 1), 128, 0); hidden, hid as i32, pairs, p as i32, head, out)
+    let (hd, f32w) = head.parts();
+    launch!(g, g.k.rows_dot, cfg((blocks(p, 4), 1), 128, 0); hidden, hid as i32, pairs, p as i32, hd, f32w, out)
 }

@@ -39,6 +39,7 @@ pub struct Kernels {
     pub swiglu: CudaFunction,
     pub add_inplace: CudaFunction,
     pub to_bf16: CudaFunction,
+    pub split_bf16: CudaFunction,
     pub rows_dot: CudaFunction,
 }
 
@@ -149,6 +150,7 @@ impl Gpu {
             swiglu: f("swiglu")?,
             add_inplace: f("add_inplace")?,
             to_bf16: f("to_bf16")?,
+            split_bf16: f("split_bf16")?,
             rows_dot: f("rows_dot")?,
         };
         let max_smem = ctx
@@ -246,9 +248,39 @@ impl Gpu {
         ldy: usize,
         beta: f32,
     ) -> Result<(), CudaError> {
+        self.gemm(x, t, k, crate::ops::W::Bf16(w), n, y, ldy, beta)
+    }
+
+    /// `y[T, N] (row stride ldy) = x[T, K] · w[N, K]ᵀ + beta · y`, f32 output and accumulation; x has
+    /// w's dtype. bf16: tensor cores; f32: cuBLAS's default math mode, so no TF32 (the exact mode).
+    pub fn gemm(
+        &self,
+        x: u64,
+        t: usize,
+        k: usize,
+        w: crate::ops::W,
+        n: usize,
+        y: u64,
+        ldy: usize,
+        beta: f32,
+    ) -> Result<(), CudaError> {
         if t == 0 || n == 0 {
             return Ok(());
         }
+        use blas_sys::cublasComputeType_t as C;
+        let (w, dt, compute) = match w {
+            crate::ops::W::Bf16(p) => (
+                p,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                C::CUBLAS_COMPUTE_32F,
+            ),
+            // Pedantic: plain f32 FMAs even where TF32 is allowed by the environment.
+            crate::ops::W::F32(p) => (
+                p,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                C::CUBLAS_COMPUTE_32F_PEDANTIC,
+            ),
+        };
         let alpha = 1.0f32;
         // Column-major view: y_cm[n, t] = op(w)[n, k] · x_cm[k, t], with w_cm = [k, n] transposed.
         // SAFETY: pointers are live device buffers of the stated shapes.
@@ -262,23 +294,20 @@ impl Gpu {
                 k as i32,
                 &alpha as *const f32 as *const _,
                 w as *const _,
-                blas_sys::cudaDataType::CUDA_R_16BF,
+                dt,
                 k as i32,
                 x as *const _,
-                blas_sys::cudaDataType::CUDA_R_16BF,
+                dt,
                 k as i32,
                 &beta as *const f32 as *const _,
                 y as *mut _,
                 blas_sys::cudaDataType::CUDA_R_32F,
                 ldy as i32,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                compute,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|err| CudaError::Blas {
-            op: "gemm bf16",
-            err,
-        })
+        .map_err(|err| CudaError::Blas { op: "gemm", err })
     }
 }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use onepass_cuda::ops::{self, AttnDims, GdnDims, Out};
+use onepass_cuda::ops::{self, AttnDims, GdnDims, Out, W};
 use onepass_kernels as cpu;
 use onepass_tensor::Tensor;
 
@@ -90,9 +90,29 @@ fn rms_norms_match_cpu() {
         n,
         hv,
         dv,
-        g.ptr(&ob),
+        Out::Bf16(g.ptr(&ob)),
     )
     .unwrap();
+    let of = g.alloc::<f32>(n * hv * dv).unwrap();
+    ops::rms_norm_gated(
+        &g,
+        g.ptr(&xd),
+        g.ptr(&zd) + 4 * 7,
+        ldz,
+        g.ptr(&wd),
+        1e-6,
+        n,
+        hv,
+        dv,
+        Out::F32(g.ptr(&of)),
+    )
+    .unwrap();
+    check(
+        "rms_norm_gated f32",
+        &g.download(&of, n * hv * dv).unwrap(),
+        &want,
+        F32_TOL,
+    );
     check(
         "rms_norm_gated bf16",
         &from_bf16_bits(&g.download(&ob, n * hv * dv).unwrap()),
@@ -174,7 +194,7 @@ fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
     }
     let gud = g.upload(&gu).unwrap();
     let ob = g.alloc::<u16>(n * inter).unwrap();
-    ops::swiglu(&g, g.ptr(&gud), inter, n, g.ptr(&ob)).unwrap();
+    ops::swiglu(&g, g.ptr(&gud), inter, n, Out::Bf16(g.ptr(&ob))).unwrap();
     check(
         "swiglu bf16",
         &from_bf16_bits(&g.download(&ob, n * inter).unwrap()),
@@ -196,7 +216,7 @@ fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
     let ids: Vec<i32> = (0..n as i32).map(|i| (i * 37) % v as i32).collect();
     let idd = g.upload(&ids).unwrap();
     let xd = g.alloc::<f32>(n * hid).unwrap();
-    ops::embed_gather(&g, g.ptr(&td), g.ptr(&idd), g.ptr(&xd), n, hid).unwrap();
+    ops::embed_gather(&g, W::Bf16(g.ptr(&td)), g.ptr(&idd), g.ptr(&xd), n, hid).unwrap();
     let want: Vec<f32> = ids
         .iter()
         .flat_map(|&i| table[i as usize * hid..(i as usize + 1) * hid].to_vec())
@@ -230,7 +250,7 @@ fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
         hid,
         g.ptr(&pd),
         picks.len(),
-        g.ptr(&td),
+        W::Bf16(g.ptr(&td)),
         g.ptr(&od),
     )
     .unwrap();
@@ -579,12 +599,20 @@ fn attention_prep_and_attention_match_cpu() {
     let mut want_o = vec![0.0; n * h * dd];
     let mut want_k = Vec::new();
     let mut start = 0;
+    // Segment 2 reads its first 100 positions from a base cache (a forked-from state), the rest from its own.
+    let bases = [0usize, 0, 100, 0];
+    let row = kvh * dd;
     for (s, &(t, past)) in segs_spec.iter().enumerate() {
         let cap = past + t + 3;
-        let mut kc = rnd(cap * kvh * dd, 80 + s as u64);
-        let mut vc = rnd(cap * kvh * dd, 90 + s as u64);
-        let (kd, vd) = (g.upload(&kc).unwrap(), g.upload(&vc).unwrap());
-        caches.push((kd, vd));
+        let mut kc = rnd(cap * row, 80 + s as u64);
+        let mut vc = rnd(cap * row, 90 + s as u64);
+        let b = bases[s] * row;
+        let (kd, vd) = (g.upload(&kc[b..]).unwrap(), g.upload(&vc[b..]).unwrap());
+        let (kb, vb) = (
+            g.upload(&kc[..b.max(1)]).unwrap(),
+            g.upload(&vc[..b.max(1)]).unwrap(),
+        );
+        caches.push((kd, vd, kb, vb));
         for i in 0..t {
             tok.extend([s as i32, (past + i) as i32]);
         }
@@ -642,7 +670,8 @@ fn attention_prep_and_attention_match_cpu() {
     }
     let ptrs: Vec<u64> = caches
         .iter()
-        .flat_map(|(k, v)| [g.ptr(k), g.ptr(v)])
+        .zip(bases)
+        .flat_map(|((k, v, kb, vb), b)| [g.ptr(k), g.ptr(v), g.ptr(kb), g.ptr(vb), b as u64])
         .collect();
     let (pd, td, kvd) = (
         g.upload(&proj).unwrap(),
@@ -676,12 +705,13 @@ fn attention_prep_and_attention_match_cpu() {
         &want_q,
         F32_TOL,
     );
-    for (s, (kd, _)) in caches.iter().enumerate() {
-        let m = want_k[s].len();
+    for (s, (kd, ..)) in caches.iter().enumerate() {
+        let b = bases[s] * row;
+        let m = want_k[s].len() - b;
         check(
-            &format!("attn_prep k cache {s}"),
+            &format!("attn_prep k cache {s} (base {})", bases[s]),
             &g.download(kd, m).unwrap(),
-            &want_k[s],
+            &want_k[s][b..],
             F32_TOL,
         );
     }
@@ -696,9 +726,29 @@ fn attention_prep_and_attention_match_cpu() {
         n,
         a,
         1.0 / (dd as f32).sqrt(),
-        g.ptr(&od),
+        Out::Bf16(g.ptr(&od)),
     )
     .unwrap();
+    let of = g.alloc::<f32>(n * h * dd).unwrap();
+    ops::attention(
+        &g,
+        g.ptr(&qd),
+        g.ptr(&pd),
+        ld,
+        g.ptr(&td),
+        g.ptr(&kvd),
+        n,
+        a,
+        1.0 / (dd as f32).sqrt(),
+        Out::F32(g.ptr(&of)),
+    )
+    .unwrap();
+    check(
+        "attention * sigmoid(gate) (f32 out)",
+        &g.download(&of, n * h * dd).unwrap(),
+        &want_o,
+        F32_TOL,
+    );
     check(
         "attention * sigmoid(gate) (bf16 out)",
         &from_bf16_bits(&g.download(&od, n * h * dd).unwrap()),

@@ -16,7 +16,11 @@
 //!
 //! With `shared_prefix: false` every row runs whole from a fresh state. Both give the same probabilities up to f32
 //! reduction order (R5.5.3; `tests/answers.rs` checks it).
+//!
+//! The model is any [`Backend`]: the CPU [`Model`] (the default), or a GPU one from another crate (`onepass-cuda-engine`);
+//! this crate never names a device.
 
+use std::fmt::Display;
 use std::path::Path;
 
 use onepass_model::{Model, ModelError, SequenceState};
@@ -84,9 +88,91 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// What [`Engine::score`] needs from a model: sequence states that fork, one forward over a batch of states, and the
+/// label-row readout. The CPU [`Model`] implements it below; a GPU backend lives in its own crate.
+pub trait Backend: Send + Sync {
+    /// One sequence's state (KV caches, conv and recurrent state).
+    type State: Send;
+    /// The final-normed hidden rows of one `forward_batch` call, `[ΣT, H]`, wherever they live.
+    type Hidden;
+    type Error: Display;
+    /// Where it runs, for logs and `/health` (`cpu`, `cuda:0 NVIDIA H200`).
+    fn device(&self) -> String;
+    fn vocab_size(&self) -> usize;
+    /// State bytes added per token (KV caches), for the fork budget.
+    fn state_bytes_per_token(&self) -> usize;
+    fn new_state(&self) -> Result<Self::State, Self::Error>;
+    /// Bytes `st` holds, for the fork budget.
+    fn state_bytes(&self, st: &Self::State) -> usize;
+    /// An independent continuation of `st`.
+    fn fork(&self, st: &Self::State) -> Result<Self::State, Self::Error>;
+    /// Runs every `(state, ids)` pair, continuing each state. → hidden rows of all pairs stacked, in order.
+    fn forward_batch(
+        &self,
+        items: &mut [(&mut Self::State, &[u32])],
+    ) -> Result<Self::Hidden, Self::Error>;
+    /// `out[i]` = the logits of hidden row `picks[i].0` at the vocabulary ids `picks[i].1` (label rows only). All
+    /// readouts of one forward come in one call.
+    fn label_logits(
+        &self,
+        h: &Self::Hidden,
+        picks: &[(usize, &[u32])],
+    ) -> Result<Vec<Vec<f32>>, Self::Error>;
+}
+
+impl Backend for Model {
+    type State = SequenceState;
+    /// hidden: [ΣT, H] f32
+    type Hidden = Vec<f32>;
+    type Error = ModelError;
+    fn device(&self) -> String {
+        "cpu".into()
+    }
+    fn vocab_size(&self) -> usize {
+        Model::vocab_size(self)
+    }
+    fn state_bytes_per_token(&self) -> usize {
+        self.info().state_bytes_per_token
+    }
+    fn new_state(&self) -> Result<SequenceState, ModelError> {
+        Ok(Model::new_state(self))
+    }
+    fn state_bytes(&self, st: &SequenceState) -> usize {
+        st.bytes()
+    }
+    fn fork(&self, st: &SequenceState) -> Result<SequenceState, ModelError> {
+        Ok(st.clone())
+    }
+    fn forward_batch(
+        &self,
+        items: &mut [(&mut SequenceState, &[u32])],
+    ) -> Result<Vec<f32>, ModelError> {
+        Model::forward_batch(self, items)
+    }
+    fn label_logits(
+        &self,
+        h: &Vec<f32>,
+        picks: &[(usize, &[u32])],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let d = self.hidden_size();
+        picks
+            .iter()
+            .map(|&(r, ids)| {
+                let row = h.get(r * d..(r + 1) * d).ok_or_else(|| {
+                    ModelError::Input(format!(
+                        "readout of row {r} of {} hidden rows",
+                        h.len() / d.max(1)
+                    ))
+                })?;
+                self.logits_rows(row, ids)
+            })
+            .collect()
+    }
+}
+
 /// A loaded System One model. `Send + Sync`: share it in an `Arc` and call [`Engine::score`] from any thread.
-pub struct Engine {
-    model: Model,
+pub struct Engine<B: Backend = Model> {
+    model: B,
     tokenizer: Tokenizer,
     config: DecideConfig,
     opts: EngineOptions,
@@ -116,14 +202,16 @@ impl Engine {
         let config = DecideConfig::load(dir, &tokenizer, opts.layout.as_deref())?;
         Engine::new(model, tokenizer, config, opts)
     }
+}
 
+impl<B: Backend> Engine<B> {
     /// An engine from parts already loaded.
     pub fn new(
-        model: Model,
+        model: B,
         tokenizer: Tokenizer,
         mut config: DecideConfig,
         opts: EngineOptions,
-    ) -> Result<Engine, EngineError> {
+    ) -> Result<Engine<B>, EngineError> {
         if config.chat.is_none() {
             config.attach_chat(&tokenizer, None)?; // a chat-layout config built without its template
         }
@@ -159,8 +247,13 @@ impl Engine {
         &self.tokenizer
     }
 
-    pub fn model(&self) -> &Model {
+    pub fn model(&self) -> &B {
         &self.model
+    }
+
+    /// Where the model runs ([`Backend::device`]).
+    pub fn device(&self) -> String {
+        self.model.device()
     }
 
     pub fn options(&self) -> &EngineOptions {
@@ -174,7 +267,7 @@ impl Engine {
 
     /// Probabilities for every slot of every plan: `[plan][slot in row order][option]`, each of length `nopts`.
     pub fn score(&self, plans: &[&Plan]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
-        let per_token = self.model.info().state_bytes_per_token;
+        let per_token = self.model.state_bytes_per_token();
         // 1. Shared prefixes, one per plan that has one worth running; all of them run batched together.
         let mut shared: Vec<(usize, usize)> = Vec::new(); // (plan, lcp)
         let mut jobs: Vec<Job> = Vec::new();
@@ -209,7 +302,10 @@ impl Engine {
             }
         }
         let prefixes = self.run_prefixes(plans, &shared)?;
-        let fresh_bytes = self.model.new_state().bytes();
+        let fresh_bytes = {
+            let st = self.model.new_state().map_err(|e| row_err(0, 0, e))?;
+            self.model.state_bytes(&st)
+        };
 
         // 2. Groups of jobs within the fork budget and the token cap, in order.
         let mut out: Vec<Vec<Vec<f32>>> = plans
@@ -237,7 +333,9 @@ impl Engine {
             while end < jobs.len() {
                 let j = &jobs[end];
                 let suffix = plans[j.plan].rows[j.row].ids.len() - j.skip;
-                let base = j.prefix.map_or(fresh_bytes, |k| prefixes[k].bytes());
+                let base = j
+                    .prefix
+                    .map_or(fresh_bytes, |k| self.model.state_bytes(&prefixes[k]));
                 let b = base + suffix * per_token;
                 if end > start
                     && (bytes + b > self.opts.fork_budget_bytes
@@ -251,14 +349,17 @@ impl Engine {
             }
             let group = &jobs[start..end];
             // 3. Fork, run every suffix together.
-            let mut states: Vec<SequenceState> = group
+            let mut states: Vec<B::State> = group
                 .iter()
                 .map(|j| {
-                    j.prefix
-                        .map_or_else(|| self.model.new_state(), |k| prefixes[k].clone())
+                    match j.prefix {
+                        None => self.model.new_state(),
+                        Some(k) => self.model.fork(&prefixes[k]),
+                    }
+                    .map_err(|e| row_err(j.plan, j.row, e))
                 })
-                .collect();
-            let mut items: Vec<(&mut SequenceState, &[u32])> = states
+                .collect::<Result<_, _>>()?;
+            let mut items: Vec<(&mut B::State, &[u32])> = states
                 .iter_mut()
                 .zip(group)
                 .map(|(st, j)| (st, &plans[j.plan].rows[j.row].ids[j.skip..]))
@@ -269,8 +370,8 @@ impl Engine {
                 row_err(j.plan, j.row, e)
             })?;
             drop(items);
-            // 4. Readout at every slot.
-            let h = self.model.hidden_size();
+            // 4. Readout at every slot: the label rows of every slot of the group in one call.
+            let mut picks: Vec<(usize, &[u32])> = Vec::new();
             let mut offset = 0;
             for j in group {
                 let row = &plans[j.plan].rows[j.row];
@@ -287,15 +388,22 @@ impl Engine {
                             ),
                         });
                     }
-                    let r = offset + slot - j.skip;
-                    let logits = self
-                        .model
-                        .logits_rows(&hidden[r * h..(r + 1) * h], &self.label_ids[..nopts])
-                        .map_err(|e| row_err(j.plan, j.row, e))?;
-                    out[j.plan][first_slot[j.plan][j.row] + k] =
-                        softmax(&logits, nopts, row.temperatures[k]);
+                    picks.push((offset + slot - j.skip, &self.label_ids[..nopts]));
                 }
                 offset += row.ids.len() - j.skip;
+            }
+            let logits = self.model.label_logits(&hidden, &picks).map_err(|e| {
+                let j = &group[0];
+                row_err(j.plan, j.row, e)
+            })?;
+            let mut logits = logits.into_iter();
+            for j in group {
+                let row = &plans[j.plan].rows[j.row];
+                for k in 0..row.slots.len() {
+                    let l = logits.next().unwrap_or_default();
+                    out[j.plan][first_slot[j.plan][j.row] + k] =
+                        softmax(&l, row.nopts[k], row.temperatures[k]);
+                }
             }
             start = end;
         }
@@ -308,16 +416,18 @@ impl Engine {
         &self,
         plans: &[&Plan],
         shared: &[(usize, usize)],
-    ) -> Result<Vec<SequenceState>, EngineError> {
-        let mut states: Vec<SequenceState> =
-            shared.iter().map(|_| self.model.new_state()).collect();
+    ) -> Result<Vec<B::State>, EngineError> {
+        let mut states: Vec<B::State> = shared
+            .iter()
+            .map(|&(p, _)| self.model.new_state().map_err(|e| row_err(p, 0, e)))
+            .collect::<Result<_, _>>()?;
         let mut start = 0;
         while start < shared.len() {
             let (p0, lcp0) = shared[start];
             if lcp0 > MAX_BATCH_TOKENS {
                 for piece in plans[p0].rows[0].ids[..lcp0].chunks(MAX_BATCH_TOKENS) {
                     self.model
-                        .forward(&mut states[start], piece)
+                        .forward_batch(&mut [(&mut states[start], piece)])
                         .map_err(|e| row_err(p0, 0, e))?;
                 }
                 start += 1;
@@ -331,7 +441,7 @@ impl Engine {
                 tokens += shared[end].1;
                 end += 1;
             }
-            let mut items: Vec<(&mut SequenceState, &[u32])> = states[start..end]
+            let mut items: Vec<(&mut B::State, &[u32])> = states[start..end]
                 .iter_mut()
                 .zip(&shared[start..end])
                 .map(|(st, &(p, lcp))| (st, &plans[p].rows[0].ids[..lcp]))
@@ -355,7 +465,7 @@ impl Engine {
     }
 }
 
-fn row_err(plan: usize, row: usize, e: ModelError) -> EngineError {
+fn row_err(plan: usize, row: usize, e: impl Display) -> EngineError {
     EngineError::Row {
         plan,
         row,

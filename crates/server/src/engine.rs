@@ -2,6 +2,7 @@
 //! A trait so tests can drive the HTTP layer with fakes (a slow engine, an engine that fails or panics);
 //! [`onepass_decide::Engine`] is the real implementation.
 
+use onepass_decide::engine::Backend;
 use onepass_decide::{ApiError, DecideConfig, Engine, Plan, Request};
 use onepass_tokenizer::Tokenizer;
 
@@ -21,7 +22,7 @@ pub trait DecideEngine: Send + Sync + 'static {
     fn score(&self, plans: &[&Plan]) -> Result<Scores, String>;
 }
 
-impl DecideEngine for Engine {
+impl<B: Backend + 'static> DecideEngine for Engine<B> {
     fn model_name(&self) -> &str {
         Engine::model_name(self)
     }

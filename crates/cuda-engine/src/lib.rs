@@ -1,0 +1,165 @@
+//! System One on the GPU.
+//!
+//! Why this crate exists: `onepass-decide` runs System One over any [`Backend`] and never names a device;
+//! `onepass-cuda` knows kernels and device state but nothing of decisions. This crate is the seam: [`CudaBackend`]
+//! is `onepass_cuda::CudaModel` as a [`Backend`], so [`Engine::score`](onepass_decide::Engine::score) runs each
+//! plan's shared prefix once on the GPU, forks its device state per row (recurrent state copied, KV caches shared),
+//! runs every suffix of every plan in one batched forward and reads only the label rows back.
+//!
+//! GPU memory for sequence state and forward scratch is bounded by [`CudaOptions::memory_budget_bytes`]: passing it
+//! fails that `score` call with an error (the server answers that request 500), it never aborts the process.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use onepass_cuda::{CudaError, CudaHidden, CudaModel, CudaState, Gpu, Precision};
+use onepass_decide::engine::Backend;
+use onepass_decide::{DecideConfig, Engine, EngineError, EngineOptions};
+use onepass_model::Model;
+use onepass_tokenizer::Tokenizer;
+
+/// How the GPU engine is set up.
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    /// Device ordinal.
+    pub device: usize,
+    pub precision: Precision,
+    /// Bytes of sequence state and forward scratch alive at once on the device (0: no cap).
+    pub memory_budget_bytes: usize,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            device: 0,
+            precision: Precision::default(),
+            memory_budget_bytes: 16 << 30,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaEngineError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
+
+/// A [`CudaModel`] as a System One [`Backend`].
+pub struct CudaBackend {
+    model: CudaModel,
+    /// One caller at a time on the stream's cuBLAS handle.
+    lock: Mutex<()>,
+}
+
+impl CudaBackend {
+    /// Uploads a loaded CPU model (which may be dropped afterwards).
+    pub fn new(m: &Model, o: &CudaOptions) -> Result<Self, CudaError> {
+        let gpu = Gpu::new(o.device)?;
+        let model = CudaModel::with_precision(m, gpu, o.precision)?;
+        model.set_memory_budget(o.memory_budget_bytes);
+        Ok(CudaBackend {
+            model,
+            lock: Mutex::new(()),
+        })
+    }
+
+    pub fn model(&self) -> &CudaModel {
+        &self.model
+    }
+
+    fn guard(&self) -> Result<std::sync::MutexGuard<'_, ()>, CudaError> {
+        let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.model
+            .gpu()
+            .ctx
+            .bind_to_thread()
+            .map_err(|err| CudaError::Driver {
+                op: "bind context",
+                err,
+            })?;
+        Ok(g)
+    }
+}
+
+/// Loads `dir` (weights, tokenizer, `decider_config.json`) into a System One engine on the GPU.
+pub fn load_engine(
+    dir: &Path,
+    opts: EngineOptions,
+    cuda: &CudaOptions,
+) -> Result<Engine<CudaBackend>, CudaEngineError> {
+    let m = Model::load(dir).map_err(EngineError::from)?;
+    let tokenizer =
+        Tokenizer::from_dir(dir, Some(&m.config().model_type)).map_err(EngineError::from)?;
+    let config = DecideConfig::from_dir(dir).map_err(EngineError::from)?;
+    let backend = CudaBackend::new(&m, cuda)?;
+    drop(m);
+    Ok(Engine::new(backend, tokenizer, config, opts)?)
+}
+
+impl Backend for CudaBackend {
+    type State = CudaState;
+    type Hidden = CudaHidden;
+    type Error = CudaError;
+
+    fn device(&self) -> String {
+        let g = self.model.gpu();
+        let prec = match self.model.precision() {
+            Precision::Bf16Split => "bf16 weights, split bf16 GEMM inputs",
+            Precision::Bf16 => "bf16",
+            Precision::F32 => "f32",
+        };
+        format!("cuda ({}, {prec})", g.name)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.vocab_size()
+    }
+
+    fn state_bytes_per_token(&self) -> usize {
+        self.model.kv_bytes_per_token()
+    }
+
+    fn new_state(&self) -> Result<CudaState, CudaError> {
+        let _g = self.guard()?;
+        self.model.new_state()
+    }
+
+    fn state_bytes(&self, st: &CudaState) -> usize {
+        st.bytes()
+    }
+
+    fn fork(&self, st: &CudaState) -> Result<CudaState, CudaError> {
+        let _g = self.guard()?;
+        self.model.copy_state(st)
+    }
+
+    fn forward_batch(
+        &self,
+        items: &mut [(&mut CudaState, &[u32])],
+    ) -> Result<CudaHidden, CudaError> {
+        let _g = self.guard()?;
+        self.model.forward_batch(items)
+    }
+
+    fn label_logits(
+        &self,
+        h: &CudaHidden,
+        picks: &[(usize, &[u32])],
+    ) -> Result<Vec<Vec<f32>>, CudaError> {
+        let _g = self.guard()?;
+        let flat: Vec<(usize, u32)> = picks
+            .iter()
+            .flat_map(|&(r, ids)| ids.iter().map(move |&id| (r, id)))
+            .collect();
+        let all = self.model.logits_rows(h, &flat)?;
+        let mut out = Vec::with_capacity(picks.len());
+        let mut at = 0;
+        for &(_, ids) in picks {
+            out.push(all[at..at + ids.len()].to_vec());
+            at += ids.len();
+        }
+        Ok(out)
+    }
+}
