@@ -114,6 +114,7 @@ def main():
 
     # Interleaved rounds, so that load from other processes on a shared machine hits every engine alike.
     engines = [("onepass shared prefix", a.reps, []), ("onepass whole rows", a.whole_reps, ["--no-shared-prefix"])]
+    engines = [e for e in engines if e[1] > 0]  # --whole-reps 0 leaves whole rows out
     secs = {name: [] for name, _, _ in engines} | {"decider-ai": []}
     loads = {}
     answers = {}
