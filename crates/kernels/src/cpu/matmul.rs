@@ -10,7 +10,7 @@ use half::{bf16, f16};
 use onepass_tensor::{Tensor, View};
 use rayon::prelude::*;
 
-use super::sgemm::{sgemm, Mat};
+use super::sgemm::{sgemm_raw, Mat};
 
 /// Output features handled per task in the GEMM path: at least this many...
 const BLOCK_N_MIN: usize = 64;
@@ -119,49 +119,60 @@ fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32
     let per_thread = 4 * rayon::current_num_threads().max(1);
     let block_n = n.div_ceil(per_thread).next_multiple_of(16).clamp(BLOCK_N_MIN, BLOCK_N_MAX);
     let nblocks = n.div_ceil(block_n);
-    // Every block writes a disjoint set of columns of y; compute into per-block buffers in
-    // parallel, then copy (a T·N copy is negligible next to the T·N·K product).
-    let parts: Vec<(usize, usize, Vec<f32>)> = (0..nblocks)
-        .into_par_iter()
-        .map_init(Vec::new, |scratch: &mut Vec<f32>, b| {
-            let r0 = b * block_n;
-            let r1 = (r0 + block_n).min(n);
-            let rows = r1 - r0;
-            let wb: &[f32] = match view {
-                View::F32(v) => &v[r0 * k..r1 * k],
-                View::BF16(v) => {
-                    scratch.resize(rows * k, 0.0);
-                    widen_bf16(&v[r0 * k..r1 * k], scratch);
-                    scratch
+    // Every block writes a disjoint set of columns of y, straight into y.
+    let dst = SharedMut(y.as_mut_ptr());
+    let dst = &dst;
+    (0..nblocks).into_par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, b| {
+        let r0 = b * block_n;
+        let r1 = (r0 + block_n).min(n);
+        let rows = r1 - r0;
+        let wb: &[f32] = match view {
+            View::F32(v) => &v[r0 * k..r1 * k],
+            View::BF16(v) => {
+                scratch.resize(rows * k, 0.0);
+                widen_bf16(&v[r0 * k..r1 * k], scratch);
+                scratch
+            }
+            View::F16(v) => {
+                scratch.resize(rows * k, 0.0);
+                for (o, h) in scratch.iter_mut().zip(&v[r0 * k..r1 * k]) {
+                    *o = h.to_f32();
                 }
-                View::F16(v) => {
-                    scratch.resize(rows * k, 0.0);
-                    for (o, h) in scratch.iter_mut().zip(&v[r0 * k..r1 * k]) {
-                        *o = h.to_f32();
-                    }
-                    scratch
-                }
-            };
-            let mut out = vec![0.0f32; t * rows];
-            sgemm(
-                &mut out,
-                rows,
-                Mat::rm(x, t, k),
-                Mat::rm_t(wb, k, rows),
-                false,
-            );
-            (r0, rows, out)
-        })
-        .collect();
-    for (r0, rows, out) in parts {
-        for i in 0..t {
-            y[i * n + r0..i * n + r0 + rows].copy_from_slice(&out[i * rows..(i + 1) * rows]);
-        }
-    }
+                scratch
+            }
+        };
+        // SAFETY: y is [t, n] (checked by matmul_t); this task writes only columns r0..r1 of each
+        // row, which no other task writes, and y outlives the parallel loop.
+        unsafe { sgemm_raw(dst.0.add(r0), n, Mat::rm(x, t, k), Mat::rm_t(wb, k, rows), false) };
+    });
 }
+
+/// A destination pointer shared by tasks that write disjoint elements.
+struct SharedMut(*mut f32);
+// SAFETY: only used for disjoint writes, see gemm_blocks.
+unsafe impl Sync for SharedMut {}
 
 /// Widens bf16 to f32 (exact: bf16 is the top half of an f32).
 pub fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the processor supports AVX2 (checked above).
+            return unsafe { widen_bf16_avx2(src, dst) };
+        }
+    }
+    widen_bf16_portable(src, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn widen_bf16_avx2(src: &[bf16], dst: &mut [f32]) {
+    // The same loop, compiled with AVX2 so it vectorises.
+    widen_bf16_portable(src, dst)
+}
+
+#[inline(always)]
+fn widen_bf16_portable(src: &[bf16], dst: &mut [f32]) {
     for (o, h) in dst.iter_mut().zip(src) {
         *o = f32::from_bits((h.to_bits() as u32) << 16);
     }

@@ -42,39 +42,47 @@ impl<'a> Mat<'a> {
 
 /// `dst[m, n] (row stride dst_rs) = (accumulate ? dst : 0) + a[m, k] · b[k, n]`, single-threaded.
 pub(crate) fn sgemm(dst: &mut [f32], dst_rs: usize, a: Mat<'_>, b: Mat<'_>, accumulate: bool) {
+    let (m, n) = (a.rows, b.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(dst.len() > (m - 1) * dst_rs + (n - 1), "sgemm: dst buffer too small");
+    // SAFETY: the assert keeps every destination index inside `dst`, which is uniquely borrowed.
+    unsafe { sgemm_raw(dst.as_mut_ptr(), dst_rs, a, b, accumulate) }
+}
+
+/// [`sgemm`] into a raw destination.
+///
+/// # Safety
+/// `dst + r * dst_rs + c` must be valid for writes for every `r < a.rows`, `c < b.cols`, and no
+/// other thread may touch those elements during the call.
+pub(crate) unsafe fn sgemm_raw(dst: *mut f32, dst_rs: usize, a: Mat<'_>, b: Mat<'_>, accumulate: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "sgemm: inner dimensions {k} vs {}", b.rows);
     if m == 0 || n == 0 {
         return;
     }
-    assert!(
-        a.data.len() > a.last_index() || k == 0,
-        "sgemm: lhs buffer too small"
-    );
-    assert!(
-        b.data.len() > b.last_index() || k == 0,
-        "sgemm: rhs buffer too small"
-    );
-    assert!(
-        dst.len() > (m - 1) * dst_rs + (n - 1),
-        "sgemm: dst buffer too small"
-    );
+    assert!(a.data.len() > a.last_index() || k == 0, "sgemm: lhs buffer too small");
+    assert!(b.data.len() > b.last_index() || k == 0, "sgemm: rhs buffer too small");
     if k == 0 {
         if !accumulate {
             for r in 0..m {
-                dst[r * dst_rs..r * dst_rs + n].fill(0.0);
+                for c in 0..n {
+                    // SAFETY: in bounds by the caller's contract.
+                    unsafe { *dst.add(r * dst_rs + c) = 0.0 };
+                }
             }
         }
         return;
     }
-    // SAFETY: the asserts above keep every index the gemm crate touches inside the three slices;
-    // dst is uniquely borrowed and does not alias the inputs.
+    // SAFETY: the asserts keep every input index inside its slice; the caller guarantees the
+    // destination, which does not alias the inputs (they are shared borrows).
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst,
             1,
             dst_rs as isize,
             accumulate,
