@@ -19,7 +19,7 @@ M=/tmp/q08
 if [[ $WHAT == *bench* ]]; then
   $B/onepass synth --preset qwen3.5-0.8b --out $M --tokenizer testdata/qwen3_5-tokenizer 2>&1 | tail -1
   echo '{"isolated_levels": true, "neutralize_none": false, "version": "bench"}' > $M/decider_config.json
-  for P in split bf16; do
+  for P in ${PRECS:-split bf16}; do
     $B/onepass bench-systemone --device cuda --gpu-precision $P --model $M --reps 30 --batch-reps 2 2>&1 >"$OUT/bench08-$P.json" | tee "$OUT/bench08-$P.log"
   done
 fi

@@ -269,6 +269,347 @@ extern "C" __global__ void gdn_chunked(const float* qkv, int ld, const float* g,
     for (int i = tid; i < dk * w; i += nt) Sg[(i / w) * dv + j0 + i % w] = S[i];
 }
 
+// Chunked gated delta rule in the WY form, in two launches: a parallel pre-pass over every chunk of every
+// (segment, value head), then a state pass per (value head, segment, slice of value columns) that only carries S.
+// Per chunk of n <= GDN_C tokens (gam, A, M as in gdn_chunked), with T = (I + A)^-1:
+//   U = T diag(b) V,  W = T diag(b e^gam) K      (so the chunk's v' = U - W S)
+//   o_t = e^gam_t q_t S + sum_{b<=t} M_tb v'_b,  S <- e^gam_last S + sum_t e^(gam_last - gam_t) k_t (x) v'_t
+// Scratch, indexed by stacked token row r and value head h: U [N, HV, DV], W [N, HV, DK], M [N, HV, GDN_C]
+// (row t of its chunk; zero past t), E [N, HV, 2] = (e^gam_t, e^(gam_last - gam_t)).
+#define GDN_C 64
+
+// dst[t * ldd + c] = rs[t] * src[t * lds + c] (rs null: 1) for t < n, c < w: 16 loads per thread in flight
+// before the first store (a loop of one load then one store waits a full memory latency per element).
+__device__ __forceinline__ void tile_load(float* __restrict__ dst, int ldd, const float* __restrict__ src, idx_t lds,
+                                          int n, int w, const float* rs) {
+    int total = n * w, nt = blockDim.x;
+    for (int i0 = threadIdx.x; i0 < total; i0 += 16 * nt) {
+        float v[16];
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            int i = i0 + u * nt;
+            v[u] = i < total ? src[(idx_t)(i / w) * lds + i % w] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            int i = i0 + u * nt;
+            if (i < total) {
+                int t = i / w;
+                dst[t * ldd + i % w] = rs ? rs[t] * v[u] : v[u];
+            }
+        }
+    }
+}
+
+// Pre-pass. grid (max chunks per segment, nseg, hv), block 256 (the 64x64 products as 4x4 tiles per thread);
+// dynamic shared memory (2*GDN_C*(dk+1) + GDN_C*GDN_C + 3*GDN_C) floats. The solve is one thread per column
+// of [U | W], its 64 unknowns in registers (rows past n have zero A rows and right-hand sides).
+extern "C" __global__ void __launch_bounds__(256) gdn_wy_prep(const float* __restrict__ qkv, int ld,
+                                                              const float* __restrict__ g,
+                                                              const float* __restrict__ beta, const int* seg, int hk,
+                                                              int hv, int dk, int dv, float* __restrict__ U,
+                                                              float* __restrict__ W, float* __restrict__ M,
+                                                              float* __restrict__ E) {
+    extern __shared__ float sm[];
+    int lk = dk + 1;
+    float* Q = sm;                 // [C, dk+1]
+    float* K = Q + GDN_C * lk;     // [C, dk+1]
+    float* A = K + GDN_C * lk;     // [C, C]
+    float* gam = A + GDN_C * GDN_C;
+    float* bet = gam + GDN_C;
+    float* eg = bet + GDN_C;
+    int ci = blockIdx.x, s = blockIdx.y, h = blockIdx.z, tid = threadIdx.x, nt = blockDim.x;
+    int start = seg[3 * s], len = seg[3 * s + 1];
+    int c0 = ci * GDN_C;
+    if (c0 >= len) return;
+    int n = min(GDN_C, len - c0), r0 = start + c0;
+    int kh = h / (hv / hk);
+    // Rows past n stay unset: every product that reads them is masked below.
+    tile_load(Q, lk, qkv + (idx_t)r0 * ld + kh * dk, ld, n, dk, nullptr);
+    tile_load(K, lk, qkv + (idx_t)r0 * ld + hk * dk + kh * dk, ld, n, dk, nullptr);
+    for (int t = tid; t < GDN_C; t += nt) {
+        float gv = 0.0f, bv = 0.0f;
+        if (t < n) {
+            idx_t r = (idx_t)(r0 + t) * hv + h;
+            gv = g[r];
+            bv = beta[r];
+        }
+        gam[t] = gv;  // g until the scan below
+        bet[t] = bv;
+    }
+    __syncthreads();
+    // Cumulative log decay: thread t sums g_0..g_t in order (the CPU's and gdn_chunked's order).
+    float cum = 0.0f;
+    if (tid < GDN_C)
+        for (int t = 0; t <= tid; t++) cum += gam[t];
+    __syncthreads();
+    if (tid < GDN_C) {
+        gam[tid] = cum;
+        eg[tid] = expf(cum);
+    }
+    __syncthreads();
+    if (tid < n) {
+        idx_t r = (idx_t)(r0 + tid) * hv + h;
+        E[2 * r] = eg[tid];
+        E[2 * r + 1] = expf(gam[n - 1] - gam[tid]);
+    }
+    // A and M: thread (ta, tb) owns rows ta + 16i, columns tb + 16j.
+    {
+        int ta = tid >> 4, tb = tid & 15;
+        float kk[4][4], qk[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) kk[i][j] = qk[i][j] = 0.0f;
+        for (int c = 0; c < dk; c++) {
+            float ka[4], qa[4], kb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                ka[i] = K[(ta + 16 * i) * lk + c];
+                qa[i] = Q[(ta + 16 * i) * lk + c];
+                kb[i] = K[(tb + 16 * i) * lk + c];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    kk[i][j] += ka[i] * kb[j];
+                    qk[i][j] += qa[i] * kb[j];
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int a = ta + 16 * i, b = tb + 16 * j;
+                bool live = a < n && b <= a;
+                float d = live ? expf(gam[a] - gam[b]) : 0.0f;
+                A[a * GDN_C + b] = (live && b < a) ? bet[a] * kk[i][j] * d : 0.0f;
+                if (a < n) M[((idx_t)(r0 + a) * hv + h) * GDN_C + b] = live ? qk[i][j] * d : 0.0f;
+            }
+    }
+    __syncthreads();
+    // Forward substitution (I + A) x = r for each column of [U | W].
+    for (int col = tid; col < dv + dk; col += nt) {
+        bool isu = col < dv;
+        float x[GDN_C];
+#pragma unroll
+        for (int t = 0; t < GDN_C; t++) {
+            float r = 0.0f;
+            if (t < n)
+                r = isu ? bet[t] * qkv[(idx_t)(r0 + t) * ld + 2 * hk * dk + h * dv + col]
+                        : bet[t] * eg[t] * K[t * lk + col - dv];
+            x[t] = r;
+        }
+#pragma unroll
+        for (int i = 1; i < GDN_C; i++) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < i; j++) acc += A[i * GDN_C + j] * x[j];
+            x[i] -= acc;
+        }
+#pragma unroll
+        for (int t = 0; t < GDN_C; t++) {
+            if (t < n) {
+                idx_t r = (idx_t)(r0 + t) * hv + h;
+                if (isu) U[r * dv + col] = x[t]; else W[r * dk + col - dv] = x[t];
+            }
+        }
+    }
+}
+
+// State pass. grid (hv, nseg, ceil(dv/dvs)), block 256, dvs in {8, 16, 32}; dynamic shared memory
+// (dk*dvs + GDN_C*(dk+1) + GDN_C*(GDN_C+1) + GDN_C*dvs + 2*GDN_C) floats. Per chunk, the block's S[:, j0:j0+dvs]
+// (shared memory) goes through v' = U - W S, o = e^gam Q S + M v', S <- e^gam_last S + (e^(gam_last-gam) K)^T v';
+// thread (rg, j) owns column j and rows rg, rg + 256/dvs, ... of each product. X holds W, then Q, then the
+// decayed K of the chunk in turn.
+template <int DVS>
+__device__ __forceinline__ void gdn_wy_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
+                                               const float* __restrict__ W, const float* __restrict__ M,
+                                               const float* __restrict__ E, float* __restrict__ out, const int* seg,
+                                               const u64* states, int hk, int hv, int dk, int dv, float* sm) {
+    const int dvs = DVS, NG = 256 / DVS;  // NG row groups; rows per thread: GDN_C / NG in v' and o, dk / NG in S
+    int lk = dk + 1, lm = GDN_C + 1;
+    float* S = sm;                  // [dk, dvs]
+    float* X = S + dk * dvs;        // [C, dk+1]
+    float* Ms = X + GDN_C * lk;     // [C, C+1]
+    float* Vp = Ms + GDN_C * lm;    // [C, dvs]
+    float* eg = Vp + GDN_C * dvs;   // [C]
+    float* ed = eg + GDN_C;         // [C]
+    int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    int j0 = blockIdx.z * dvs, w = min(dvs, dv - j0);
+    int start = seg[3 * s], len = seg[3 * s + 1];
+    int kh = h / (hv / hk);
+    float* Sg = (float*)states[s] + (idx_t)h * dk * dv;
+    for (int i = tid; i < dk * dvs; i += nt) {
+        int c = i / dvs, j = i % dvs;
+        S[i] = j < w ? Sg[(idx_t)c * dv + j0 + j] : 0.0f;
+    }
+    int j = tid % dvs, rg = tid / dvs;
+    bool jok = j < w;
+    for (int c0 = 0; c0 < len; c0 += GDN_C) {
+        int n = min(GDN_C, len - c0), r0 = start + c0;
+        __syncthreads();
+        tile_load(X, lk, W + ((idx_t)r0 * hv + h) * dk, (idx_t)hv * dk, n, dk, nullptr);
+        tile_load(Ms, lm, M + ((idx_t)r0 * hv + h) * GDN_C, (idx_t)hv * GDN_C, n, GDN_C, nullptr);
+        for (int t = tid; t < n; t += nt) {
+            idx_t r = (idx_t)(r0 + t) * hv + h;
+            eg[t] = E[2 * r];
+            ed[t] = E[2 * r + 1];
+        }
+        __syncthreads();
+        // v' = U - W S
+        {
+            const int RT = GDN_C / NG;
+            int t0 = rg;
+            float acc[RT];
+#pragma unroll
+            for (int i = 0; i < RT; i++) acc[i] = 0.0f;
+#pragma unroll 4
+            for (int c = 0; c < dk; c++) {
+                float sv = S[c * dvs + j];
+#pragma unroll
+                for (int i = 0; i < RT; i++) acc[i] += X[(t0 + i * NG) * lk + c] * sv;
+            }
+#pragma unroll
+            for (int i = 0; i < RT; i++) {
+                int t = t0 + i * NG;
+                if (t < n) Vp[t * dvs + j] = jok ? U[((idx_t)(r0 + t) * hv + h) * dv + j0 + j] - acc[i] : 0.0f;
+            }
+        }
+        __syncthreads();
+        tile_load(X, lk, qkv + (idx_t)r0 * ld + kh * dk, ld, n, dk, nullptr);
+        __syncthreads();
+        // o = e^gam Q S + M v'
+        {
+            const int RT = GDN_C / NG;
+            int t0 = rg;
+            float acc[RT];
+#pragma unroll
+            for (int i = 0; i < RT; i++) acc[i] = 0.0f;
+#pragma unroll 4
+            for (int c = 0; c < dk; c++) {
+                float sv = S[c * dvs + j];
+#pragma unroll
+                for (int i = 0; i < RT; i++) acc[i] += X[(t0 + i * NG) * lk + c] * sv;
+            }
+#pragma unroll
+            for (int i = 0; i < RT; i++) {
+                int t = t0 + i * NG;
+                if (t < n) {
+                    float o = eg[t] * acc[i];
+                    for (int b = 0; b <= t; b++) o += Ms[t * lm + b] * Vp[b * dvs + j];
+                    if (jok) out[((idx_t)(r0 + t) * hv + h) * dv + j0 + j] = o;
+                }
+            }
+        }
+        __syncthreads();
+        tile_load(X, lk, qkv + (idx_t)r0 * ld + hk * dk + kh * dk, ld, n, dk, ed);
+        __syncthreads();
+        // S <- e^gam_last S + Kd^T v'
+        float el = eg[n - 1];
+        const int RC = 128 / NG;  // rows of S per thread per pass (one pass when dk <= 128)
+        for (int cb = rg; cb < dk; cb += RC * NG) {
+            float acc[RC];
+#pragma unroll
+            for (int i = 0; i < RC; i++) acc[i] = 0.0f;
+#pragma unroll 2
+            for (int t = 0; t < n; t++) {
+                float vv = Vp[t * dvs + j];
+#pragma unroll
+                for (int i = 0; i < RC; i++) {
+                    int c = min(cb + i * NG, dk - 1);  // rows past dk compute a duplicate, never stored
+                    acc[i] += X[t * lk + c] * vv;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < RC; i++) {
+                int c = cb + i * NG;
+                if (c < dk) S[c * dvs + j] = el * S[c * dvs + j] + acc[i];
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < dk * dvs; i += nt) {
+        int c = i / dvs, jj = i % dvs;
+        if (jj < w) Sg[(idx_t)c * dv + j0 + jj] = S[i];
+    }
+}
+
+// State pass. grid (hv, nseg, ceil(dv/dvs)), block 256, dvs in {8, 16, 32}.
+extern "C" __global__ void __launch_bounds__(256) gdn_wy_state(const float* __restrict__ qkv, int ld,
+                                                               const float* __restrict__ U,
+                                                               const float* __restrict__ W,
+                                                               const float* __restrict__ M,
+                                                               const float* __restrict__ E, float* __restrict__ out,
+                                                               const int* seg, const u64* states,
+                                                               int hk, int hv, int dk, int dv, int dvs) {
+    extern __shared__ float sm[];
+    if (dvs == 8) gdn_wy_state_t<8>(qkv, ld, U, W, M, E, out, seg, states, hk, hv, dk, dv, sm);
+    else if (dvs == 16) gdn_wy_state_t<16>(qkv, ld, U, W, M, E, out, seg, states, hk, hv, dk, dv, sm);
+    else gdn_wy_state_t<32>(qkv, ld, U, W, M, E, out, seg, states, hk, hv, dk, dv, sm);
+}
+
+// The Gated DeltaNet mixer inputs of one token per block, parallel over tokens: depthwise causal conv1d + SiLU
+// (the K-1 inputs before the segment come from its conv state, which this kernel only reads), then the L2 norm
+// of each q and k head (q also times `scale`; one warp per head), then the gates g = neg_a * softplus(a +
+// dt_bias), beta = sigmoid(b). x: [N, ld] (channels 0..cd; a, b at off_a, off_b); out: [N, cd]; w: [cd, K];
+// g, beta: [N, HV]; tok: [N, 2]; states[s]: [K-1, cd]. grid N, block 256. gdn_conv_state then advances the states.
+extern "C" __global__ void gdn_conv_prep(const float* __restrict__ x, int ld, float* __restrict__ out,
+                                         const float* __restrict__ w, int K, int cd,
+                                         const int* seg, const int* tok, const u64* states, int hk, int dk,
+                                         float scale, int off_a, int off_b, const float* neg_a,
+                                         const float* dt_bias, int hv, float* g, float* beta) {
+    int n = blockIdx.x, tid = threadIdx.x;
+    int s = tok[2 * n];
+    int start = seg[3 * s], t = n - start;
+    const float* st = (const float*)states[s];
+#pragma unroll 4
+    for (int c = tid; c < cd; c += blockDim.x) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (j < K) {
+                int tau = t - (K - 1) + j;
+                float xv = tau >= 0 ? x[(idx_t)(start + tau) * ld + c] : st[(idx_t)(K - 1 + tau) * cd + c];
+                acc += w[c * K + j] * xv;
+            }
+        }
+        out[(idx_t)n * cd + c] = silu_f(acc);
+    }
+    __syncthreads();
+    int warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5;
+    for (int hh = warp; hh < 2 * hk; hh += nw) {
+        float* row = out + (idx_t)n * cd + hh * dk;
+        float ss = 0.0f;
+        for (int c = lane; c < dk; c += 32) ss += row[c] * row[c];
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss + 1e-6f);
+        if (hh < hk) inv *= scale;
+        for (int c = lane; c < dk; c += 32) row[c] *= inv;
+    }
+    for (int h = tid; h < hv; h += blockDim.x) {
+        float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
+        float sp = a > 20.0f ? a : log1pf(expf(a));
+        g[(idx_t)n * hv + h] = neg_a[h] * sp;
+        beta[(idx_t)n * hv + h] = sigmoid_f(x[(idx_t)n * ld + off_b + h]);
+    }
+}
+
+// Advances each segment's conv state past its rows: state row j (oldest first) becomes the input at segment time
+// len - (K-1) + j, from x or, for short segments, from the older state rows. grid (ceil(cd/256), nseg), block 256.
+extern "C" __global__ void gdn_conv_state(const float* x, int ld, int K, int cd, const int* seg, const u64* states) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
+    if (c >= cd) return;
+    int start = seg[3 * s], len = seg[3 * s + 1];
+    float* st = (float*)states[s];
+    for (int j = 0; j < K - 1; j++) {
+        int tau = len - (K - 1) + j;
+        // reads row len + j > j: not yet overwritten (rows advance in increasing j)
+        st[(idx_t)j * cd + c] = tau >= 0 ? x[(idx_t)(start + tau) * ld + c] : st[(idx_t)(len + j) * cd + c];
+    }
+}
+
 // One-token gated delta rule step for segments of exactly one row (decode). Each thread owns value
 // columns j of S (in global memory): S *= e^g; d = b (v_j - sum_c S_cj k_c); S_cj += k_c d; o_j = sum_c S_cj q_c.
 // grid (hv, nseg); shared memory 2*dk floats.
@@ -409,6 +750,168 @@ extern "C" __global__ void attention(const float* q, const float* proj, int ld, 
         int c = lane + 32 * r;
         if (c < D) store_act(out, (idx_t)n * H * D + h * D + c, acc[r] / l * sigmoid_f(gate[c]), f32out);
     }
+}
+
+// Tiled causal attention (the fast twin of `attention`, same result): one block per (tile of ATT_Q query rows
+// of one segment, head); keys and values come through shared memory ATT_K at a time and serve every query of
+// the tile. Scores are 2x2 register tiles per thread, the online softmax is one warp per query row, and the
+// output tile [ATT_Q, D] stays in registers (thread owns 8 rows x D/64 columns). q: [N, H, D]; seg: [S, 3];
+// KV table as in attn_prep; out: [N, H*D]. grid (ceil(longest segment / ATT_Q), nseg, H), block 256,
+// dynamic shared memory ((ATT_Q + 2*ATT_K) * (D+1) + ATT_Q*(ATT_K+1) + 3*ATT_Q) floats; D <= 512.
+#define ATT_Q 32
+#define ATT_K 32
+template <int CW>
+__device__ __forceinline__ void attention_tiled_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
+                                                  const int* seg, const u64* kv, int H, int HKV, int D, float scale,
+                                                  void* out, int f32out, float* sm) {
+    int ldd = D + 1;
+    float* Qs = sm;                       // [ATT_Q, D+1]
+    float* Ks = Qs + ATT_Q * ldd;         // [ATT_K, D+1]
+    float* Vs = Ks + ATT_K * ldd;         // [ATT_K, D+1]
+    float* P = Vs + ATT_K * ldd;          // [ATT_Q, ATT_K+1]
+    float* mrow = P + ATT_Q * (ATT_K + 1);
+    float* lrow = mrow + ATT_Q;
+    float* crow = lrow + ATT_Q;
+    int tile = blockIdx.x, s = blockIdx.y, h = blockIdx.z, tid = threadIdx.x;
+    int start = seg[3 * s], len = seg[3 * s + 1], pos0 = seg[3 * s + 2];
+    int t0 = tile * ATT_Q;
+    if (t0 >= len) return;
+    int nq = min(ATT_Q, len - t0);
+    int kh = h / (H / HKV);
+    const u64* kvs = kv + KV_ENTRIES * s;
+    int base = (int)kvs[4];
+    const float* kb = (const float*)kvs[2];
+    const float* vb = (const float*)kvs[3];
+    const float* ko = (const float*)kvs[0];
+    const float* vo = (const float*)kvs[1];
+    for (int i = tid; i < ATT_Q * D; i += 256) {
+        int r = i / D, c = i % D;
+        Qs[r * ldd + c] = r < nq ? q[((idx_t)(start + t0 + r) * H + h) * D + c] * scale : 0.0f;
+    }
+    if (tid < ATT_Q) {
+        mrow[tid] = __int_as_float(0xff800000);
+        lrow[tid] = 0.0f;
+    }
+    int orow = tid >> 6, ocol = tid & 63;  // rows orow + 4i (i < 8), columns ocol + 64k (k < CW, < D)
+    float acc[8][CW];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int k = 0; k < CW; k++) acc[i][k] = 0.0f;
+    int last = pos0 + t0 + nq - 1;  // the last key any row of the tile sees
+    int sq = tid >> 4, sk = tid & 15; // score tile: rows sq, sq+16; keys sk, sk+16
+    int warp = tid >> 5, lane = tid & 31;
+    for (int k0 = 0; k0 <= last; k0 += ATT_K) {
+        __syncthreads();
+        // 16 loads per thread in flight; keys past `last` are zeros (their p is 0, and 0 * garbage could be NaN).
+        for (int i0 = tid; i0 < ATT_K * D; i0 += 8 * 256) {
+            float xk[8], xv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int i = i0 + 256 * u;
+                int r = i / D, c = i % D, kp = k0 + r;
+                xk[u] = 0.0f;
+                xv[u] = 0.0f;
+                if (i < ATT_K * D && kp <= last) {
+                    bool inb = kp < base;
+                    idx_t off = ((idx_t)(inb ? kp : kp - base) * HKV + kh) * D + c;
+                    xk[u] = inb ? kb[off] : ko[off];
+                    xv[u] = inb ? vb[off] : vo[off];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int i = i0 + 256 * u;
+                if (i < ATT_K * D) {
+                    Ks[(i / D) * ldd + i % D] = xk[u];
+                    Vs[(i / D) * ldd + i % D] = xv[u];
+                }
+            }
+        }
+        __syncthreads();
+        {
+            float sc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+            for (int c = 0; c < D; c++) {
+                float qa = Qs[sq * ldd + c], qb = Qs[(sq + 16) * ldd + c];
+                float ka = Ks[sk * ldd + c], kb2 = Ks[(sk + 16) * ldd + c];
+                sc[0][0] += qa * ka;
+                sc[0][1] += qa * kb2;
+                sc[1][0] += qb * ka;
+                sc[1][1] += qb * kb2;
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    int r = sq + 16 * i, kk = sk + 16 * j;
+                    bool ok = r < nq && k0 + kk <= pos0 + t0 + r;
+                    P[r * (ATT_K + 1) + kk] = ok ? sc[i][j] : __int_as_float(0xff800000);
+                }
+        }
+        __syncthreads();
+        // Online softmax, one warp per row (lane = key).
+        for (int r = warp; r < ATT_Q; r += 8) {
+            float d = P[r * (ATT_K + 1) + lane];
+            float mx = d;
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float mo = mrow[r];
+            float mn = fmaxf(mo, mx);
+            float p = d == __int_as_float(0xff800000) ? 0.0f : expf(d - mn);
+            float ps = warp_sum(p);
+            P[r * (ATT_K + 1) + lane] = p;
+            __syncwarp();
+            if (lane == 0) {
+                float corr = mo == __int_as_float(0xff800000) ? 0.0f : expf(mo - mn);
+                crow[r] = corr;
+                lrow[r] = lrow[r] * corr + ps;
+                mrow[r] = mn;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float cr = crow[orow + 4 * i];
+#pragma unroll
+            for (int k = 0; k < CW; k++) acc[i][k] *= cr;
+        }
+        int nk = min(ATT_K, last + 1 - k0);
+        for (int kk = 0; kk < nk; kk++) {
+            float vv[CW];
+#pragma unroll
+            for (int k = 0; k < CW; k++) vv[k] = Vs[kk * ldd + min(ocol + 64 * k, D - 1)];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float p = P[(orow + 4 * i) * (ATT_K + 1) + kk];
+#pragma unroll
+                for (int k = 0; k < CW; k++) acc[i][k] += p * vv[k];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int r = orow + 4 * i;
+        if (r < nq) {
+            idx_t n = start + t0 + r;
+            const float* gate = proj + n * ld + h * 2 * D + D;
+            float inv = 1.0f / lrow[r];
+#pragma unroll
+            for (int k = 0; k < CW; k++) {
+                int c = ocol + 64 * k;
+                if (c < D) store_act(out, n * H * D + h * D + c, acc[i][k] * inv * sigmoid_f(gate[c]), f32out);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) attention_tiled(const float* __restrict__ q,
+                                                                  const float* __restrict__ proj, int ld,
+                                                                  const int* seg, const u64* kv, int H, int HKV,
+                                                                  int D, float scale, void* out, int f32out) {
+    extern __shared__ float sm[];
+    if (D <= 64) attention_tiled_t<1>(q, proj, ld, seg, kv, H, HKV, D, scale, out, f32out, sm);
+    else if (D <= 128) attention_tiled_t<2>(q, proj, ld, seg, kv, H, HKV, D, scale, out, f32out, sm);
+    else if (D <= 256) attention_tiled_t<4>(q, proj, ld, seg, kv, H, HKV, D, scale, out, f32out, sm);
+    else attention_tiled_t<8>(q, proj, ld, seg, kv, H, HKV, D, scale, out, f32out, sm);
 }
 
 // SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] bf16 (f32 if f32out).

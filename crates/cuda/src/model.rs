@@ -46,7 +46,7 @@ pub enum Precision {
 }
 
 /// Tokens per chunk of the chunked gated delta rule (as on the CPU).
-pub const CHUNK: usize = 64;
+pub const CHUNK: usize = ops::GDN_CHUNK;
 
 /// A device buffer with its address.
 struct Dev<T> {
@@ -743,6 +743,7 @@ impl CudaModel {
             return Err(CudaError::Model(ModelError::Input("empty batch".into())));
         }
         let all_single = items.iter().all(|(_, s)| s.len() == 1);
+        let max_len = items.iter().map(|(_, s)| s.len()).max().unwrap_or(0);
         ints.extend(&segs);
         ints.extend(&tok);
         let mut bytes: Vec<u8> = Vec::with_capacity(8 * ptrs.len() + 4 * ints.len());
@@ -760,6 +761,8 @@ impl CudaModel {
         // Scratch sized for the widest layer.
         let (mut proj_w, mut mid_w, mut bf_w, mut q_w, mut gates_w) =
             (2 * inter, 0usize, hid.max(inter), 0usize, 0usize);
+        // The WY pre-pass's U, W, M and decays of every chunk (none for one-token steps).
+        let mut wy_w = 0usize;
         for l in &self.layers {
             match &l.mixer {
                 Mixer::Gdn(m) => {
@@ -767,6 +770,7 @@ impl CudaModel {
                     mid_w = mid_w.max(m.cd + m.d.hv * m.d.dv);
                     bf_w = bf_w.max(m.d.hv * m.d.dv);
                     gates_w = gates_w.max(2 * m.d.hv);
+                    wy_w = wy_w.max(ops::gdn_wy_scratch(m.d));
                 }
                 Mixer::Attn(m) => {
                     proj_w = proj_w.max(m.proj_width());
@@ -780,7 +784,11 @@ impl CudaModel {
         } else {
             0
         };
-        let scratch = 4 * n * (2 * hid + bf_w + proj_w + mid_w.max(q_w) + gates_w.max(1) + split_w);
+        if all_single {
+            wy_w = 0;
+        }
+        let scratch =
+            4 * n * (2 * hid + bf_w + proj_w + mid_w.max(q_w) + gates_w.max(1) + split_w + wy_w);
         let _scratch = self.ledger.charge(scratch, "forward scratch")?;
         let x: CudaSlice<f32> = g.alloc(n * hid)?;
         // GEMM inputs: bf16 or f32 (allocated for the larger).
@@ -791,6 +799,8 @@ impl CudaModel {
         // hi and lo bf16 planes of a GEMM input ([2, N, bf_w] bf16 = [N, bf_w] f32 of room).
         let split: CudaSlice<f32> = g.alloc(n * split_w)?;
         let sp = g.ptr(&split);
+        let wy: CudaSlice<f32> = g.alloc(n * wy_w)?;
+        let wyp = g.ptr(&wy);
         let (xp, hbp, pp, midp, gp) = (
             g.ptr(&x),
             g.ptr(&hb),
@@ -816,23 +826,25 @@ impl CudaModel {
                     self.mark("gemm gdn in")?;
                     // mid: conv output [N, cd] then core [N, HV*DV]
                     let core_p = midp + 4 * (n * m.cd) as u64;
-                    ops::conv1d_silu(
-                        g, pp, pw, midp, m.conv.ptr, m.kernel, m.cd, segs_p, conv_p, nseg,
-                    )?;
-                    ops::qk_l2norm(g, midp, n, m.cd, d.hk, d.dk, 1.0 / (d.dk as f32).sqrt())?;
                     let beta_p = gp + 4 * (n * d.hv) as u64;
                     let z_off = m.cd;
                     let a_off = m.cd + d.hv * d.dv;
-                    ops::gdn_gates(
+                    ops::gdn_conv_prep(
                         g,
                         pp,
                         pw,
-                        a_off,
-                        a_off + d.hv,
-                        m.neg_a.ptr,
-                        m.dt_bias.ptr,
-                        d.hv,
+                        midp,
+                        m.conv.ptr,
+                        m.kernel,
+                        m.cd,
+                        segs_p,
+                        tok_p,
+                        conv_p,
+                        nseg,
                         n,
+                        d,
+                        1.0 / (d.dk as f32).sqrt(),
+                        (a_off, a_off + d.hv, m.neg_a.ptr, m.dt_bias.ptr),
                         gp,
                         beta_p,
                     )?;
@@ -841,8 +853,9 @@ impl CudaModel {
                         ops::gdn_step(g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d)?;
                         self.mark("gdn step")?;
                     } else {
-                        ops::gdn_chunked(
-                            g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, CHUNK,
+                        ops::gdn_chunked_wy(
+                            g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, n, max_len,
+                            wyp,
                         )?;
                         self.mark("gdn chunked")?;
                     }
@@ -885,7 +898,9 @@ impl CudaModel {
                     )?;
                     self.mark("attn prep")?;
                     let scale = 1.0 / (a.head_dim as f32).sqrt();
-                    ops::attention(g, midp, pp, pw, tok_p, kv_p, n, a, scale, act)?;
+                    ops::attention_tiled(
+                        g, midp, pp, pw, segs_p, kv_p, nseg, max_len, a, scale, act,
+                    )?;
                     self.mark("attention")?;
                     self.gemm(hbp, n, a.heads * a.head_dim, &m.w_o, hid, xp, hid, 1.0, sp)?;
                     self.mark("gemm attn out")?;

@@ -200,6 +200,170 @@ pub fn gdn_chunked(
         qkv, ld as i32, gg, beta, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, c as i32, dvs as i32)
 }
 
+/// Chunk length of the WY-form gated delta rule ([`gdn_chunked_wy`]; `GDN_C` in kernels.cu).
+pub const GDN_CHUNK: usize = 64;
+
+/// f32 values per stacked row of the scratch of [`gdn_chunked_wy`]: per value head U [DV], W [DK], M [chunk]
+/// and the two decays.
+pub fn gdn_wy_scratch(d: GdnDims) -> usize {
+    d.hv * (d.dv + d.dk + GDN_CHUNK + 2)
+}
+
+/// Shared memory of the two WY kernels (pre-pass, state pass with `dvs` value columns per block).
+fn gdn_wy_smem(d: GdnDims, dvs: usize) -> (usize, usize) {
+    let (c, lk) = (GDN_CHUNK, d.dk + 1);
+    (
+        4 * (2 * c * lk + c * c + 3 * c),
+        4 * (d.dk * dvs + c * lk + c * (c + 1) + c * dvs + 2 * c),
+    )
+}
+
+/// Chunked gated delta rule in the WY form (the fast twin of [`gdn_chunked`], same arguments and results):
+/// a pre-pass over every chunk of every (segment, value head) at once (decays, K·Kᵀ, Q·Kᵀ, the triangular
+/// solve for U and W), then a state pass per (value head, segment, slice of value columns) that carries S
+/// through the chunks in order. `rows`: N (stacked rows); `max_len`: the longest segment; `scratch`: room
+/// for `rows * gdn_wy_scratch(d)` f32.
+pub fn gdn_chunked_wy(
+    g: &Gpu,
+    qkv: u64,
+    ld: usize,
+    gg: u64,
+    beta: u64,
+    out: u64,
+    segs: u64,
+    states: u64,
+    nseg: usize,
+    d: GdnDims,
+    rows: usize,
+    max_len: usize,
+    scratch: u64,
+) -> Result<(), CudaError> {
+    gdn_wy_prep(g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch)?;
+    let dvs = gdn_wy_slice(d, nseg);
+    gdn_wy_state(g, qkv, ld, out, segs, states, nseg, d, rows, scratch, dvs)
+}
+
+/// Value columns per block of the WY state pass: the widest slice (32) unless that leaves the GPU mostly
+/// idle (fewer than 256 blocks), down to 8.
+pub fn gdn_wy_slice(d: GdnDims, nseg: usize) -> usize {
+    let mut dvs = 32;
+    while dvs > 8 && d.hv * nseg * d.dv.div_ceil(dvs) < 256 {
+        dvs /= 2;
+    }
+    dvs
+}
+
+/// Addresses of U, W, M, E in the WY scratch of `rows` stacked rows.
+fn gdn_wy_parts(d: GdnDims, rows: usize, scratch: u64) -> (u64, u64, u64, u64) {
+    let (n, hv) = (rows as u64, d.hv as u64);
+    let u = scratch;
+    let w = u + 4 * n * hv * d.dv as u64;
+    let m = w + 4 * n * hv * d.dk as u64;
+    let e = m + 4 * n * hv * GDN_CHUNK as u64;
+    (u, w, m, e)
+}
+
+fn gdn_wy_fits(g: &Gpu, d: GdnDims, dvs: usize) -> Result<(usize, usize), CudaError> {
+    let (smem_prep, smem_state) = gdn_wy_smem(d, dvs);
+    if smem_prep.max(smem_state) > g.max_smem {
+        return Err(CudaError::Unsupported(format!(
+            "gated delta head dims {}x{} do not fit the WY kernels' shared memory",
+            d.dk, d.dv
+        )));
+    }
+    Ok((smem_prep, smem_state))
+}
+
+/// The WY pre-pass alone (see [`gdn_chunked_wy`]): fills the scratch for every chunk.
+pub fn gdn_wy_prep(
+    g: &Gpu,
+    qkv: u64,
+    ld: usize,
+    gg: u64,
+    beta: u64,
+    segs: u64,
+    nseg: usize,
+    d: GdnDims,
+    rows: usize,
+    max_len: usize,
+    scratch: u64,
+) -> Result<(), CudaError> {
+    let (smem, _) = gdn_wy_fits(g, d, 8)?;
+    let (u, w, m, e) = gdn_wy_parts(d, rows, scratch);
+    let mut lc = cfg(
+        (max_len.div_ceil(GDN_CHUNK).max(1) as u32, nseg as u32),
+        256,
+        smem as u32,
+    );
+    lc.grid_dim.2 = d.hv as u32;
+    launch!(g, g.k.gdn_wy_prep, lc;
+        qkv, ld as i32, gg, beta, segs, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, u, w, m, e)
+}
+
+/// The WY state pass alone (see [`gdn_chunked_wy`]), `dvs` (8, 16 or 32) value columns per block.
+pub fn gdn_wy_state(
+    g: &Gpu,
+    qkv: u64,
+    ld: usize,
+    out: u64,
+    segs: u64,
+    states: u64,
+    nseg: usize,
+    d: GdnDims,
+    rows: usize,
+    scratch: u64,
+    dvs: usize,
+) -> Result<(), CudaError> {
+    if ![8, 16, 32].contains(&dvs) {
+        return Err(CudaError::Unsupported(format!(
+            "WY state slice {dvs} (8, 16 or 32)"
+        )));
+    }
+    let (_, smem) = gdn_wy_fits(g, d, dvs)?;
+    let (u, w, m, e) = gdn_wy_parts(d, rows, scratch);
+    let mut lc = cfg((d.hv as u32, nseg as u32), 256, smem as u32);
+    lc.grid_dim.2 = d.dv.div_ceil(dvs) as u32;
+    launch!(g, g.k.gdn_wy_state, lc;
+        qkv, ld as i32, u, w, m, e, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, dvs as i32)
+}
+
+/// The Gated DeltaNet mixer inputs, parallel over tokens (the fast twin of [`conv1d_silu`] + [`qk_l2norm`] +
+/// [`gdn_gates`]): conv1d + SiLU of channels 0..cd of x [N, ld] into out [N, cd] (the K-1 inputs before a
+/// segment from its conv state), q/k heads L2-normalised (q times `scale`), gates from columns off_a, off_b
+/// into gout, beta [N, HV]; then each segment's conv state advanced. tok: [N, 2]; segs: [S, 3];
+/// states: [S] addresses of [K-1, cd] f32.
+pub fn gdn_conv_prep(
+    g: &Gpu,
+    x: u64,
+    ld: usize,
+    out: u64,
+    w: u64,
+    kernel: usize,
+    cd: usize,
+    segs: u64,
+    tok: u64,
+    states: u64,
+    nseg: usize,
+    n: usize,
+    d: GdnDims,
+    scale: f32,
+    gates: (usize, usize, u64, u64),
+    gout: u64,
+    beta: u64,
+) -> Result<(), CudaError> {
+    if !(2..=8).contains(&kernel) {
+        return Err(CudaError::Unsupported(format!(
+            "conv kernel {kernel} (2..=8 supported)"
+        )));
+    }
+    let (off_a, off_b, neg_a, dt_bias) = gates;
+    launch!(g, g.k.gdn_conv_prep, cfg((n as u32, 1), 256, 0);
+        x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, d.hk as i32, d.dk as i32, scale,
+        off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
+    launch!(g, g.k.gdn_conv_state, cfg((blocks(cd, 256), nseg as u32), 256, 0);
+        x, ld as i32, kernel as i32, cd as i32, segs, states)
+}
+
 /// One-token gated delta step for segments of exactly one row.
 pub fn gdn_step(
     g: &Gpu,
@@ -271,7 +435,7 @@ pub fn attention(
     scale: f32,
     out: Out,
 ) -> Result<(), CudaError> {
-    if a.head_dim > 512 || a.head_dim % 4 != 0 {
+    if a.head_dim > 512 || !a.head_dim.is_multiple_of(4) {
         return Err(CudaError::Unsupported(format!(
             "head_dim {} (a multiple of 4, at most 512)",
             a.head_dim
@@ -280,6 +444,45 @@ pub fn attention(
     let (o, f32out) = out.parts();
     launch!(g, g.k.attention, cfg((blocks(n, 4), a.heads as u32), 128, 0);
         q, proj, ld as i32, tok, kv, n as i32, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, f32out)
+}
+
+/// Query rows and keys per tile of [`attention_tiled`] (`ATT_Q`, `ATT_K` in kernels.cu).
+const ATT_Q: usize = 32;
+const ATT_K: usize = 32;
+
+/// Tiled causal attention (the fast twin of [`attention`], same result): per (tile of 32 query rows of a
+/// segment, head), keys and values through shared memory 32 at a time. segs: [S, 3] i32; `max_len`: the
+/// longest segment; the rest as in [`attention`].
+pub fn attention_tiled(
+    g: &Gpu,
+    q: u64,
+    proj: u64,
+    ld: usize,
+    segs: u64,
+    kv: u64,
+    nseg: usize,
+    max_len: usize,
+    a: AttnDims,
+    scale: f32,
+    out: Out,
+) -> Result<(), CudaError> {
+    let ldd = a.head_dim + 1;
+    let smem = 4 * ((ATT_Q + 2 * ATT_K) * ldd + ATT_Q * (ATT_K + 1) + 3 * ATT_Q);
+    if a.head_dim > 512 || smem > g.max_smem {
+        return Err(CudaError::Unsupported(format!(
+            "head_dim {} (at most 512)",
+            a.head_dim
+        )));
+    }
+    let (o, f32out) = out.parts();
+    let mut lc = cfg(
+        (max_len.div_ceil(ATT_Q).max(1) as u32, nseg as u32),
+        256,
+        smem as u32,
+    );
+    lc.grid_dim.2 = a.heads as u32;
+    launch!(g, g.k.attention_tiled, lc;
+        q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, f32out)
 }
 
 /// out [N, I] = silu(gu[:, :I]) * gu[:, I:].

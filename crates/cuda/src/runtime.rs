@@ -33,9 +33,14 @@ pub struct Kernels {
     pub gdn_gates: CudaFunction,
     pub conv1d_silu: CudaFunction,
     pub gdn_chunked: CudaFunction,
+    pub gdn_wy_prep: CudaFunction,
+    pub gdn_wy_state: CudaFunction,
+    pub gdn_conv_prep: CudaFunction,
+    pub gdn_conv_state: CudaFunction,
     pub gdn_step: CudaFunction,
     pub attn_prep: CudaFunction,
     pub attention: CudaFunction,
+    pub attention_tiled: CudaFunction,
     pub swiglu: CudaFunction,
     pub add_inplace: CudaFunction,
     pub to_bf16: CudaFunction,
@@ -144,9 +149,14 @@ impl Gpu {
             gdn_gates: f("gdn_gates")?,
             conv1d_silu: f("conv1d_silu")?,
             gdn_chunked: f("gdn_chunked")?,
+            gdn_wy_prep: f("gdn_wy_prep")?,
+            gdn_wy_state: f("gdn_wy_state")?,
+            gdn_conv_prep: f("gdn_conv_prep")?,
+            gdn_conv_state: f("gdn_conv_state")?,
             gdn_step: f("gdn_step")?,
             attn_prep: f("attn_prep")?,
             attention: f("attention")?,
+            attention_tiled: f("attention_tiled")?,
             swiglu: f("swiglu")?,
             add_inplace: f("add_inplace")?,
             to_bf16: f("to_bf16")?,
@@ -156,12 +166,18 @@ impl Gpu {
         let max_smem = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .op("shared memory limit")? as usize;
-        k.gdn_chunked
-            .set_attribute(
+        for (kf, what) in [
+            (&k.gdn_chunked, "gdn_chunked shared memory"),
+            (&k.gdn_wy_prep, "gdn_wy_prep shared memory"),
+            (&k.gdn_wy_state, "gdn_wy_state shared memory"),
+            (&k.attention_tiled, "attention_tiled shared memory"),
+        ] {
+            kf.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 max_smem as i32,
             )
-            .op("gdn_chunked shared memory")?;
+            .op(what)?;
+        }
         let name = ctx.name().op("device name")?;
         Ok(Arc::new(Gpu {
             ctx,

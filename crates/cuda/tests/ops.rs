@@ -448,7 +448,15 @@ fn delta_cpu(c: &DeltaCase) -> (Vec<f32>, Vec<Vec<f32>>) {
     (out, states)
 }
 
-fn delta_gpu(g: &onepass_cuda::Gpu, c: &DeltaCase, step: bool) -> (Vec<f32>, Vec<Vec<f32>>) {
+/// Which GPU gated delta kernel [`delta_gpu`] runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Delta {
+    Step,
+    Chunked,
+    Wy,
+}
+
+fn delta_gpu(g: &onepass_cuda::Gpu, c: &DeltaCase, kind: Delta) -> (Vec<f32>, Vec<Vec<f32>>) {
     let d = c.d;
     let cd = 2 * d.hk * d.dk + d.hv * d.dv;
     let n: usize = c.lens.iter().sum();
@@ -467,7 +475,26 @@ fn delta_gpu(g: &onepass_cuda::Gpu, c: &DeltaCase, step: bool) -> (Vec<f32>, Vec
     );
     let (sd, pd) = (g.upload(&segs).unwrap(), g.upload(&ptrs).unwrap());
     let od = g.alloc::<f32>(n * d.hv * d.dv).unwrap();
-    if step {
+    if kind == Delta::Wy {
+        let max_len = c.lens.iter().copied().max().unwrap_or(0);
+        let scratch = g.alloc::<f32>(n * ops::gdn_wy_scratch(d)).unwrap();
+        ops::gdn_chunked_wy(
+            g,
+            g.ptr(&xd),
+            cd,
+            g.ptr(&gd),
+            g.ptr(&bd),
+            g.ptr(&od),
+            g.ptr(&sd),
+            g.ptr(&pd),
+            c.lens.len(),
+            d,
+            n,
+            max_len,
+            g.ptr(&scratch),
+        )
+        .unwrap();
+    } else if kind == Delta::Step {
         ops::gdn_step(
             g,
             g.ptr(&xd),
@@ -543,7 +570,7 @@ fn gated_delta_chunked_and_step_match_cpu() {
     ] {
         let c = delta_case(d, &lens, 50);
         let (want_o, want_s) = delta_cpu(&c);
-        let (o, s) = delta_gpu(&g, &c, false);
+        let (o, s) = delta_gpu(&g, &c, Delta::Chunked);
         check(
             &format!("gdn_chunked out {d:?} {lens:?}"),
             &o,
@@ -563,10 +590,166 @@ fn gated_delta_chunked_and_step_match_cpu() {
     };
     let c = delta_case(d, &[1, 1, 1], 60);
     let (want_o, want_s) = delta_cpu(&c);
-    let (o, s) = delta_gpu(&g, &c, true);
+    let (o, s) = delta_gpu(&g, &c, Delta::Step);
     check("gdn_step out", &o, &want_o, F32_TOL);
     for (i, (a, b)) in s.iter().zip(&want_s).enumerate() {
         check(&format!("gdn_step state {i}"), a, b, F32_TOL);
+    }
+}
+
+/// The WY-form kernels (pre-pass over all chunks, then the state pass) against the CPU recurrence and their
+/// slow twin `gdn_chunked`, outputs and final states: T = 1, 63, 65, 130, 200 in one batch; HV != HK;
+/// DK != DV (both ways, and not multiples of 32); the 0.8B head shape; strong decays (e^gam underflows).
+#[test]
+fn gated_delta_wy_matches_chunked_and_cpu() {
+    let Some(g) = gpu("gated_delta_wy_matches_chunked_and_cpu") else {
+        return;
+    };
+    let dims = |hk, hv, dk, dv| GdnDims { hk, hv, dk, dv };
+    let cases: Vec<(GdnDims, Vec<usize>, f32)> = vec![
+        (dims(2, 4, 60, 24), vec![1, 63, 65, 130, 200], 1.0),
+        (dims(1, 3, 16, 40), vec![200, 1], 1.0),
+        (dims(2, 6, 36, 100), vec![65, 130], 1.0),
+        (dims(2, 2, 128, 128), vec![130, 7, 64], 1.0),
+        (dims(2, 4, 128, 128), vec![1, 63, 65, 200], 1.0),
+        (dims(2, 4, 60, 24), vec![130, 63], 20.0),
+    ];
+    for (d, lens, gscale) in cases {
+        let mut c = delta_case(d, &lens, 70);
+        c.g.iter_mut().for_each(|v| *v *= gscale);
+        let (want_o, want_s) = delta_cpu(&c);
+        let (slow_o, slow_s) = delta_gpu(&g, &c, Delta::Chunked);
+        let (o, s) = delta_gpu(&g, &c, Delta::Wy);
+        let tag = format!("{d:?} {lens:?} g x{gscale}");
+        check(&format!("gdn wy out vs cpu {tag}"), &o, &want_o, 1e-4);
+        check(&format!("gdn wy out vs chunked {tag}"), &o, &slow_o, 1e-4);
+        for (i, ((a, b), c2)) in s.iter().zip(&want_s).zip(&slow_s).enumerate() {
+            check(&format!("gdn wy state {i} vs cpu {tag}"), a, b, 1e-4);
+            check(&format!("gdn wy state {i} vs chunked {tag}"), a, c2, 1e-4);
+        }
+    }
+}
+
+/// The token-parallel conv + L2 norm + gates kernel against its slow twins (conv1d_silu, qk_l2norm,
+/// gdn_gates), which the tests above hold to the CPU: outputs, gates and the advanced conv states, on
+/// segments of 1, 2, 63, 130 and 3 tokens (shorter and longer than the conv window) and K = 4 and 2.
+#[test]
+fn gdn_conv_prep_matches_slow_twins() {
+    let Some(g) = gpu("gdn_conv_prep_matches_slow_twins") else {
+        return;
+    };
+    for k in [4usize, 2] {
+        let d = GdnDims {
+            hk: 2,
+            hv: 6,
+            dk: 40,
+            dv: 20,
+        };
+        let cd = 2 * d.hk * d.dk + d.hv * d.dv;
+        let (off_a, off_b, ld) = (cd + 7, cd + 7 + d.hv, cd + 7 + 2 * d.hv + 3);
+        let lens = [1usize, 2, 63, 130, 3];
+        let n: usize = lens.iter().sum();
+        let x = rnd(n * ld, 90 + k as u64);
+        let w = rnd(cd * k, 91);
+        let neg_a: Vec<f32> = rnd(d.hv, 92).iter().map(|v| -(v + 1.5)).collect();
+        let dt = rnd(d.hv, 93);
+        let (mut segs, mut tok) = (Vec::new(), Vec::new());
+        let mut start = 0;
+        for (s, &len) in lens.iter().enumerate() {
+            segs.extend([start as i32, len as i32, 5]);
+            for i in 0..len {
+                tok.extend([s as i32, (5 + i) as i32]);
+            }
+            start += len;
+        }
+        let st0: Vec<Vec<f32>> = (0..lens.len())
+            .map(|s| rnd((k - 1) * cd, 100 + s as u64))
+            .collect();
+        let (xd, wd, sd, td) = (
+            g.upload(&x).unwrap(),
+            g.upload(&w).unwrap(),
+            g.upload(&segs).unwrap(),
+            g.upload(&tok).unwrap(),
+        );
+        let (nad, dtd) = (g.upload(&neg_a).unwrap(), g.upload(&dt).unwrap());
+        let scale = 1.0 / (d.dk as f32).sqrt();
+        let run = |fast: bool| {
+            let states: Vec<_> = st0.iter().map(|s| g.upload(s).unwrap()).collect();
+            let ptrs: Vec<u64> = states.iter().map(|s| g.ptr(s)).collect();
+            let pd = g.upload(&ptrs).unwrap();
+            let od = g.alloc::<f32>(n * cd).unwrap();
+            let gd = g.alloc::<f32>(n * d.hv).unwrap();
+            let bd = g.alloc::<f32>(n * d.hv).unwrap();
+            if fast {
+                ops::gdn_conv_prep(
+                    &g,
+                    g.ptr(&xd),
+                    ld,
+                    g.ptr(&od),
+                    g.ptr(&wd),
+                    k,
+                    cd,
+                    g.ptr(&sd),
+                    g.ptr(&td),
+                    g.ptr(&pd),
+                    lens.len(),
+                    n,
+                    d,
+                    scale,
+                    (off_a, off_b, g.ptr(&nad), g.ptr(&dtd)),
+                    g.ptr(&gd),
+                    g.ptr(&bd),
+                )
+                .unwrap();
+            } else {
+                ops::conv1d_silu(
+                    &g,
+                    g.ptr(&xd),
+                    ld,
+                    g.ptr(&od),
+                    g.ptr(&wd),
+                    k,
+                    cd,
+                    g.ptr(&sd),
+                    g.ptr(&pd),
+                    lens.len(),
+                )
+                .unwrap();
+                ops::qk_l2norm(&g, g.ptr(&od), n, cd, d.hk, d.dk, scale).unwrap();
+                ops::gdn_gates(
+                    &g,
+                    g.ptr(&xd),
+                    ld,
+                    off_a,
+                    off_b,
+                    g.ptr(&nad),
+                    g.ptr(&dtd),
+                    d.hv,
+                    n,
+                    g.ptr(&gd),
+                    g.ptr(&bd),
+                )
+                .unwrap();
+            }
+            let st: Vec<Vec<f32>> = states
+                .iter()
+                .map(|s| g.download(s, (k - 1) * cd).unwrap())
+                .collect();
+            (
+                g.download(&od, n * cd).unwrap(),
+                g.download(&gd, n * d.hv).unwrap(),
+                g.download(&bd, n * d.hv).unwrap(),
+                st,
+            )
+        };
+        let (o1, g1, b1, s1) = run(true);
+        let (o0, g0, b0, s0) = run(false);
+        check(&format!("gdn_conv_prep out K={k}"), &o1, &o0, F32_TOL);
+        check(&format!("gdn_conv_prep g K={k}"), &g1, &g0, F32_TOL);
+        check(&format!("gdn_conv_prep beta K={k}"), &b1, &b0, F32_TOL);
+        for (i, (a, b)) in s1.iter().zip(&s0).enumerate() {
+            check(&format!("gdn_conv_prep state {i} K={k}"), a, b, 0.0);
+        }
     }
 }
 
@@ -575,12 +758,28 @@ fn attention_prep_and_attention_match_cpu() {
     let Some(g) = gpu("attention_prep_and_attention_match_cpu") else {
         return;
     };
-    let a = AttnDims {
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 40,
-        half: 10,
-    };
+    // Odd head dims, then the Qwen3.5 attention shape (8 heads over 2 KV heads of 256, a quarter rotated).
+    for a in [
+        AttnDims {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 40,
+            half: 10,
+        },
+        AttnDims {
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 256,
+            half: 32,
+        },
+    ] {
+        attention_case(&g, a);
+    }
+}
+
+/// attn_prep, attention and attention_tiled (its fast twin) against the CPU on four segments: 63 new tokens
+/// after 5 cached, 65 fresh, 1 after 130 (the first 100 read from a base cache), 130 after 2.
+fn attention_case(g: &onepass_cuda::Gpu, a: AttnDims) {
     let (h, kvh, dd) = (a.heads, a.kv_heads, a.head_dim);
     let ld = h * 2 * dd + 2 * kvh * dd;
     // (new tokens, past tokens already in the cache)
@@ -685,7 +884,7 @@ fn attention_prep_and_attention_match_cpu() {
     );
     let qd = g.alloc::<f32>(n * h * dd).unwrap();
     ops::attn_prep(
-        &g,
+        g,
         g.ptr(&pd),
         ld,
         g.ptr(&qnd),
@@ -717,7 +916,7 @@ fn attention_prep_and_attention_match_cpu() {
     }
     let od = g.alloc::<u16>(n * h * dd).unwrap();
     ops::attention(
-        &g,
+        g,
         g.ptr(&qd),
         g.ptr(&pd),
         ld,
@@ -731,7 +930,7 @@ fn attention_prep_and_attention_match_cpu() {
     .unwrap();
     let of = g.alloc::<f32>(n * h * dd).unwrap();
     ops::attention(
-        &g,
+        g,
         g.ptr(&qd),
         g.ptr(&pd),
         ld,
@@ -744,7 +943,7 @@ fn attention_prep_and_attention_match_cpu() {
     )
     .unwrap();
     check(
-        "attention * sigmoid(gate) (f32 out)",
+        &format!("attention * sigmoid(gate) (f32 out) D={dd}"),
         &g.download(&of, n * h * dd).unwrap(),
         &want_o,
         F32_TOL,
@@ -755,4 +954,123 @@ fn attention_prep_and_attention_match_cpu() {
         &want_o,
         BF16_TOL,
     );
+    // The tiled twin reads segments from the segment table.
+    let mut segs = Vec::new();
+    let mut st = 0;
+    for &(t, past) in &segs_spec {
+        segs.extend([st as i32, t as i32, past as i32]);
+        st += t;
+    }
+    let sgd = g.upload(&segs).unwrap();
+    let max_len = segs_spec.iter().map(|s| s.0).max().unwrap();
+    let ot = g.alloc::<f32>(n * h * dd).unwrap();
+    ops::attention_tiled(
+        g,
+        g.ptr(&qd),
+        g.ptr(&pd),
+        ld,
+        g.ptr(&sgd),
+        g.ptr(&kvd),
+        segs_spec.len(),
+        max_len,
+        a,
+        1.0 / (dd as f32).sqrt(),
+        Out::F32(g.ptr(&ot)),
+    )
+    .unwrap();
+    let ot = g.download(&ot, n * h * dd).unwrap();
+    check(
+        &format!("attention_tiled (f32 out) D={dd}"),
+        &ot,
+        &want_o,
+        F32_TOL,
+    );
+    check(
+        &format!("attention_tiled vs attention D={dd}"),
+        &ot,
+        &g.download(&of, n * h * dd).unwrap(),
+        F32_TOL,
+    );
+}
+
+/// Not a test: with ONEPASS_CUDA_BENCH=1 (and ONEPASS_CUDA_TESTS=1), prints the time of the gated delta kernels
+/// (slow twin against the WY pair) on the Qwen3.5-0.8B head shape for the System One segment shapes.
+#[test]
+fn gated_delta_timings() {
+    if std::env::var("ONEPASS_CUDA_BENCH").as_deref() != Ok("1") {
+        return;
+    }
+    let Some(g) = gpu("gated_delta_timings") else {
+        return;
+    };
+    let d = GdnDims {
+        hk: 16,
+        hv: 16,
+        dk: 128,
+        dv: 128,
+    };
+    for lens in [vec![175], vec![33; 7], vec![3400], vec![33; 224]] {
+        let c = delta_case(d, &lens, 80);
+        let cd = 2 * d.hk * d.dk + d.hv * d.dv;
+        let n: usize = lens.iter().sum();
+        let mut segs = Vec::new();
+        let mut start = 0;
+        for &t in &lens {
+            segs.extend([start as i32, t as i32, 0]);
+            start += t;
+        }
+        let states: Vec<_> = c.s0.iter().map(|s| g.upload(s).unwrap()).collect();
+        let ptrs: Vec<u64> = states.iter().map(|s| g.ptr(s)).collect();
+        let (xd, gd, bd) = (
+            g.upload(&c.qkv).unwrap(),
+            g.upload(&c.g).unwrap(),
+            g.upload(&c.beta).unwrap(),
+        );
+        let (sd, pd) = (g.upload(&segs).unwrap(), g.upload(&ptrs).unwrap());
+        let od = g.alloc::<f32>(n * d.hv * d.dv).unwrap();
+        let scratch = g.alloc::<f32>(n * ops::gdn_wy_scratch(d)).unwrap();
+        let max_len = lens.iter().copied().max().unwrap();
+        let time = |what: &dyn Fn()| {
+            what();
+            g.sync().unwrap();
+            let reps = 20;
+            let t0 = std::time::Instant::now();
+            for _ in 0..reps {
+                what();
+            }
+            g.sync().unwrap();
+            t0.elapsed().as_secs_f64() * 1e3 / reps as f64
+        };
+        let (x, gp, bp, o, sp, pp, wy) = (
+            g.ptr(&xd),
+            g.ptr(&gd),
+            g.ptr(&bd),
+            g.ptr(&od),
+            g.ptr(&sd),
+            g.ptr(&pd),
+            g.ptr(&scratch),
+        );
+        let ns = lens.len();
+        let slow = time(&|| ops::gdn_chunked(&g, x, cd, gp, bp, o, sp, pp, ns, d, 64).unwrap());
+        let both = time(&|| {
+            ops::gdn_chunked_wy(&g, x, cd, gp, bp, o, sp, pp, ns, d, n, max_len, wy).unwrap()
+        });
+        let prep =
+            time(&|| ops::gdn_wy_prep(&g, x, cd, gp, bp, sp, ns, d, n, max_len, wy).unwrap());
+        let state: Vec<String> = [8, 16, 32]
+            .iter()
+            .map(|&dvs| {
+                let t =
+                    time(&|| ops::gdn_wy_state(&g, x, cd, o, sp, pp, ns, d, n, wy, dvs).unwrap());
+                format!("state(dvs {dvs}) {t:.3}")
+            })
+            .collect();
+        println!(
+            "gated delta 0.8B heads, segments {} x {} tokens: gdn_chunked {slow:.3} ms, WY {both:.3} ms (dvs {}) = prep {prep:.3} + {}",
+            lens.len(),
+            lens[0],
+            ops::gdn_wy_slice(d, ns),
+            state.join(", ")
+        );
+    }
 }
