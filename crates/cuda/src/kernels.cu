@@ -282,7 +282,27 @@ extern "C" __global__ void gdn_chunked(const float* qkv, int ld, const float* g,
 // before the first store (a loop of one load then one store waits a full memory latency per element).
 __device__ __forceinline__ void tile_load(float* __restrict__ dst, int ldd, const float* __restrict__ src, idx_t lds,
                                           int n, int w, const float* rs) {
-    int total = n * w, nt = blockDim.x;
+    int nt = blockDim.x;
+    if (w <= nt) {
+        // Thread owns column tid % w of every (nt / w)-th row: no division per element.
+        int rstep = nt / w, c = threadIdx.x % w, r0 = threadIdx.x / w;
+        if (r0 >= rstep) return;
+        for (int t0 = r0; t0 < n; t0 += 16 * rstep) {
+            float v[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                int t = t0 + u * rstep;
+                v[u] = t < n ? src[(idx_t)t * lds + c] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                int t = t0 + u * rstep;
+                if (t < n) dst[t * ldd + c] = rs ? rs[t] * v[u] : v[u];
+            }
+        }
+        return;
+    }
+    int total = n * w;
     for (int i0 = threadIdx.x; i0 < total; i0 += 16 * nt) {
         float v[16];
 #pragma unroll
@@ -441,10 +461,9 @@ __device__ __forceinline__ void gdn_wy_state_t(const float* __restrict__ qkv, in
     int start = seg[3 * s], len = seg[3 * s + 1];
     int kh = h / (hv / hk);
     float* Sg = (float*)states[s] + (idx_t)h * dk * dv;
-    for (int i = tid; i < dk * dvs; i += nt) {
-        int c = i / dvs, j = i % dvs;
-        S[i] = j < w ? Sg[(idx_t)c * dv + j0 + j] : 0.0f;
-    }
+    for (int i = tid; i < dk * dvs; i += nt)
+        if (i % dvs >= w) S[i] = 0.0f;  // columns past dv (the loads below fill the rest)
+    tile_load(S, dvs, Sg + j0, dv, dk, w, nullptr);
     int j = tid % dvs, rg = tid / dvs;
     bool jok = j < w;
     for (int c0 = 0; c0 < len; c0 += GDN_C) {
@@ -804,27 +823,35 @@ __device__ __forceinline__ void attention_tiled_t(const float* __restrict__ q, c
     for (int k0 = 0; k0 <= last; k0 += ATT_K) {
         __syncthreads();
         // 16 loads per thread in flight; keys past `last` are zeros (their p is 0, and 0 * garbage could be NaN).
-        for (int i0 = tid; i0 < ATT_K * D; i0 += 8 * 256) {
-            float xk[8], xv[8];
+        // Thread owns columns c0 + 256m of rows rr0 + rstep*u (no division per element).
+        {
+            int rstep = D >= 256 ? 1 : 256 / D;
+            int cc = D >= 256 ? tid : tid % D, rr0 = D >= 256 ? 0 : tid / D;
+            if (rr0 < rstep) {
+                for (int cm = cc; cm < D; cm += 256) {
+                    for (int r1 = rr0; r1 < ATT_K; r1 += 8 * rstep) {
+                        float xk[8], xv[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int i = i0 + 256 * u;
-                int r = i / D, c = i % D, kp = k0 + r;
-                xk[u] = 0.0f;
-                xv[u] = 0.0f;
-                if (i < ATT_K * D && kp <= last) {
-                    bool inb = kp < base;
-                    idx_t off = ((idx_t)(inb ? kp : kp - base) * HKV + kh) * D + c;
-                    xk[u] = inb ? kb[off] : ko[off];
-                    xv[u] = inb ? vb[off] : vo[off];
-                }
-            }
+                        for (int u = 0; u < 8; u++) {
+                            int r = r1 + u * rstep, kp = k0 + r;
+                            xk[u] = 0.0f;
+                            xv[u] = 0.0f;
+                            if (r < ATT_K && kp <= last) {
+                                bool inb = kp < base;
+                                idx_t off = ((idx_t)(inb ? kp : kp - base) * HKV + kh) * D + cm;
+                                xk[u] = inb ? kb[off] : ko[off];
+                                xv[u] = inb ? vb[off] : vo[off];
+                            }
+                        }
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int i = i0 + 256 * u;
-                if (i < ATT_K * D) {
-                    Ks[(i / D) * ldd + i % D] = xk[u];
-                    Vs[(i / D) * ldd + i % D] = xv[u];
+                        for (int u = 0; u < 8; u++) {
+                            int r = r1 + u * rstep;
+                            if (r < ATT_K) {
+                                Ks[r * ldd + cm] = xk[u];
+                                Vs[r * ldd + cm] = xv[u];
+                            }
+                        }
+                    }
                 }
             }
         }
