@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device run for System One on the GPU: op, forward and answer tests, then the System One benchmark with a
 # per-op profile. Logs under $OUT. Expects stripped release binaries in .devcarry/ (onepass, ops, forward, answers)
-# and testdata/qwen3_5-tokenizer carried; see docs/cuda.md. `$1` = what to run (default: tests bench).
+# and testdata/qwen3_5-tokenizer carried; see docs/cuda.md. `$1` = what to run (default: tests bench); PRECS = the
+# precisions of the 0.8B bench (default "split bf16"); ONEPASS_CUDA_BENCH=1 also prints the gated delta kernel timings.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
