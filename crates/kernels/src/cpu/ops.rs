@@ -121,16 +121,24 @@ pub fn causal_conv1d_silu(
     let mut xx = Vec::with_capacity((hist + t) * channels);
     xx.extend_from_slice(state);
     xx.extend_from_slice(&x[..t * channels]);
+    // Taps channel-contiguous ([K, C]) so the inner loop runs over channels and vectorises.
+    let mut taps = vec![0.0f32; kernel * channels];
+    for c in 0..channels {
+        for j in 0..kernel {
+            taps[j * channels + c] = weight[c * kernel + j];
+        }
+    }
     for i in 0..t {
         let out = &mut x[i * channels..(i + 1) * channels];
-        for (c, o) in out.iter_mut().enumerate() {
-            let w = &weight[c * kernel..(c + 1) * kernel];
-            let mut acc = 0.0f32;
-            for j in 0..kernel {
-                acc += w[j] * xx[(i + j) * channels + c];
+        out.fill(0.0);
+        for j in 0..kernel {
+            let tap = &taps[j * channels..(j + 1) * channels];
+            let inp = &xx[(i + j) * channels..(i + j + 1) * channels];
+            for ((o, w), v) in out.iter_mut().zip(tap).zip(inp) {
+                *o += w * v;
             }
-            *o = silu(acc);
         }
+        out.iter_mut().for_each(|o| *o = silu(*o));
     }
     state.copy_from_slice(&xx[t * channels..]);
 }
