@@ -439,10 +439,10 @@ extern "C" __global__ void __launch_bounds__(256) gdn_wy_prep(const float* __res
 }
 
 // State pass. grid (hv, nseg, ceil(dv/dvs)), block 256, dvs in {8, 16, 32}; dynamic shared memory
-// (dk*dvs + GDN_C*(dk+1) + GDN_C*(GDN_C+1) + GDN_C*dvs + 2*GDN_C) floats. Per chunk, the block's S[:, j0:j0+dvs]
+// (dk*dvs + 2*GDN_C*(dk+1) + GDN_C*(GDN_C+1) + GDN_C*dvs + 2*GDN_C) floats. Per chunk, the block's S[:, j0:j0+dvs]
 // (shared memory) goes through v' = U - W S, o = e^gam Q S + M v', S <- e^gam_last S + (e^(gam_last-gam) K)^T v';
-// thread (rg, j) owns column j and rows rg, rg + 256/dvs, ... of each product. X holds W, then Q, then the
-// decayed K of the chunk in turn.
+// thread (rg, j) owns column j and rows rg, rg + 256/dvs, ... of each product. W, M and Q load in one phase,
+// the decayed K (into W's buffer) in a second, overlapping the o product: three barriers per chunk.
 template <int DVS>
 __device__ __forceinline__ void gdn_wy_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
                                                const float* __restrict__ W, const float* __restrict__ M,
@@ -451,8 +451,9 @@ __device__ __forceinline__ void gdn_wy_state_t(const float* __restrict__ qkv, in
     const int dvs = DVS, NG = 256 / DVS;  // NG row groups; rows per thread: GDN_C / NG in v' and o, dk / NG in S
     int lk = dk + 1, lm = GDN_C + 1;
     float* S = sm;                  // [dk, dvs]
-    float* X = S + dk * dvs;        // [C, dk+1]
-    float* Ms = X + GDN_C * lk;     // [C, C+1]
+    float* X = S + dk * dvs;        // [C, dk+1]: W, then the decayed K
+    float* X2 = X + GDN_C * lk;     // [C, dk+1]: Q
+    float* Ms = X2 + GDN_C * lk;    // [C, C+1]
     float* Vp = Ms + GDN_C * lm;    // [C, dvs]
     float* eg = Vp + GDN_C * dvs;   // [C]
     float* ed = eg + GDN_C;         // [C]
@@ -471,6 +472,7 @@ __device__ __forceinline__ void gdn_wy_state_t(const float* __restrict__ qkv, in
         __syncthreads();
         tile_load(X, lk, W + ((idx_t)r0 * hv + h) * dk, (idx_t)hv * dk, n, dk, nullptr);
         tile_load(Ms, lm, M + ((idx_t)r0 * hv + h) * GDN_C, (idx_t)hv * GDN_C, n, GDN_C, nullptr);
+        tile_load(X2, lk, qkv + (idx_t)r0 * ld + kh * dk, ld, n, dk, nullptr);
         for (int t = tid; t < n; t += nt) {
             idx_t r = (idx_t)(r0 + t) * hv + h;
             eg[t] = E[2 * r];
@@ -497,8 +499,8 @@ __device__ __forceinline__ void gdn_wy_state_t(const float* __restrict__ qkv, in
             }
         }
         __syncthreads();
-        tile_load(X, lk, qkv + (idx_t)r0 * ld + kh * dk, ld, n, dk, nullptr);
-        __syncthreads();
+        // The decayed K for the S update goes into X (W is done) while the block computes o.
+        tile_load(X, lk, qkv + (idx_t)r0 * ld + hk * dk + kh * dk, ld, n, dk, ed);
         // o = e^gam Q S + M v'
         {
             const int RT = GDN_C / NG;
@@ -510,20 +512,19 @@ __device__ __forceinline__ void gdn_wy_state_t(const float* __restrict__ qkv, in
             for (int c = 0; c < dk; c++) {
                 float sv = S[c * dvs + j];
 #pragma unroll
-                for (int i = 0; i < RT; i++) acc[i] += X[(t0 + i * NG) * lk + c] * sv;
+                for (int i = 0; i < RT; i++) acc[i] += X2[(t0 + i * NG) * lk + c] * sv;
             }
 #pragma unroll
             for (int i = 0; i < RT; i++) {
                 int t = t0 + i * NG;
                 if (t < n) {
                     float o = eg[t] * acc[i];
+#pragma unroll 4
                     for (int b = 0; b <= t; b++) o += Ms[t * lm + b] * Vp[b * dvs + j];
                     if (jok) out[((idx_t)(r0 + t) * hv + h) * dv + j0 + j] = o;
                 }
             }
         }
-        __syncthreads();
-        tile_load(X, lk, qkv + (idx_t)r0 * ld + hk * dk + kh * dk, ld, n, dk, ed);
         __syncthreads();
         // S <- e^gam_last S + Kd^T v'
         float el = eg[n - 1];

@@ -214,7 +214,7 @@ fn gdn_wy_smem(d: GdnDims, dvs: usize) -> (usize, usize) {
     let (c, lk) = (GDN_CHUNK, d.dk + 1);
     (
         4 * (2 * c * lk + c * c + 3 * c),
-        4 * (d.dk * dvs + c * lk + c * (c + 1) + c * dvs + 2 * c),
+        4 * (d.dk * dvs + 2 * c * lk + c * (c + 1) + c * dvs + 2 * c),
     )
 }
 
