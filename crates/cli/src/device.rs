@@ -345,12 +345,16 @@ fn plan_shape(p: &onepass_decide::Plan) -> (usize, usize, usize) {
     )
 }
 
-/// The three workloads of issue #4: (name, body, rows, unique tokens, mean row tokens).
+/// One benchmark workload: (name, body, rows, unique tokens, mean row tokens).
+type Workload = (String, Vec<u8>, usize, usize, usize);
+
+/// The three workloads of issue #4.
 fn bench_workloads<B: onepass_decide::engine::Backend>(
     e: &onepass_decide::Engine<B>,
-) -> Result<Vec<(String, Vec<u8>, usize, usize, usize)>> {
+) -> Result<Vec<Workload>> {
     let mut out = Vec::new();
     for (extra, target) in [(0usize, 406usize), (0, 912), (3, 3672)] {
+        #[allow(clippy::type_complexity)]
         let mut best: Option<(usize, Vec<u8>, (usize, usize, usize))> = None;
         // Unique tokens grow with the events; find the count closest to the target (bisection, then neighbours).
         let shape = |n: usize| -> Result<(Vec<u8>, (usize, usize, usize))> {

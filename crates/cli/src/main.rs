@@ -140,7 +140,9 @@ fn run(cli: Cli) -> Result<()> {
             dev,
         } => match dev.resolve()? {
             device::Device::Cpu => logits(&model, &ids, last, chunk),
-            device::Device::Cuda => device::logits_cuda(&load_model(&model)?, &parse_ids(&ids)?, last, chunk),
+            device::Device::Cuda => {
+                device::logits_cuda(&load_model(&model)?, &parse_ids(&ids)?, last, chunk)
+            }
         },
         Cmd::Synth {
             preset,
@@ -170,7 +172,13 @@ fn run(cli: Cli) -> Result<()> {
         } => match dev.resolve()? {
             device::Device::Cpu => bench(&model, &prompt_lens, decode, reps),
             // System One-like request: 7 rows of 175 shared + 33 own tokens (406 unique).
-            device::Device::Cuda => device::bench_cuda(&load_model(&model)?, &prompt_lens, decode, reps, (7, 175, 33)),
+            device::Device::Cuda => device::bench_cuda(
+                &load_model(&model)?,
+                &prompt_lens,
+                decode,
+                reps,
+                (7, 175, 33),
+            ),
         },
         Cmd::BenchSystemone(a) => device::bench_systemone(a),
         Cmd::Systemone(a) => systemone::systemone(a),

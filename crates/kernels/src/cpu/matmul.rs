@@ -119,43 +119,56 @@ fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32
     let view = w.view();
     let view = &view;
     let per_thread = 4 * rayon::current_num_threads().max(1);
-    let block_n = n.div_ceil(per_thread).next_multiple_of(16).clamp(BLOCK_N_MIN, BLOCK_N_MAX);
+    let block_n = n
+        .div_ceil(per_thread)
+        .next_multiple_of(16)
+        .clamp(BLOCK_N_MIN, BLOCK_N_MAX);
     let nblocks = n.div_ceil(block_n);
     // Every block writes a disjoint set of columns of y, straight into y.
     let dst = SharedMut(y.as_mut_ptr());
     let dst = &dst;
-    (0..nblocks).into_par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, b| {
-        let r0 = b * block_n;
-        let r1 = (r0 + block_n).min(n);
-        let rows = r1 - r0;
-        #[cfg(target_arch = "x86_64")]
-        if let View::BF16(v) = view {
-            if k % 16 == 0 && std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: AVX-512F is present; y is [t, n] and this task writes only columns
-                // r0..r1, which no other task writes.
-                unsafe { simd::gemm_bf16_dot_avx512(x, t, k, v, r0, r1, dst.0, n) };
-                return;
-            }
-        }
-        let wb: &[f32] = match view {
-            View::F32(v) => &v[r0 * k..r1 * k],
-            View::BF16(v) => {
-                scratch.resize(rows * k, 0.0);
-                widen_bf16(&v[r0 * k..r1 * k], scratch);
-                scratch
-            }
-            View::F16(v) => {
-                scratch.resize(rows * k, 0.0);
-                for (o, h) in scratch.iter_mut().zip(&v[r0 * k..r1 * k]) {
-                    *o = h.to_f32();
+    (0..nblocks)
+        .into_par_iter()
+        .for_each_init(Vec::new, |scratch: &mut Vec<f32>, b| {
+            let r0 = b * block_n;
+            let r1 = (r0 + block_n).min(n);
+            let rows = r1 - r0;
+            #[cfg(target_arch = "x86_64")]
+            if let View::BF16(v) = view {
+                if k.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: AVX-512F is present; y is [t, n] and this task writes only columns
+                    // r0..r1, which no other task writes.
+                    unsafe { simd::gemm_bf16_dot_avx512(x, t, k, v, r0, r1, dst.0, n) };
+                    return;
                 }
-                scratch
             }
-        };
-        // SAFETY: y is [t, n] (checked by matmul_t); this task writes only columns r0..r1 of each
-        // row, which no other task writes, and y outlives the parallel loop.
-        unsafe { sgemm_raw(dst.0.add(r0), n, Mat::rm(x, t, k), Mat::rm_t(wb, k, rows), false) };
-    });
+            let wb: &[f32] = match view {
+                View::F32(v) => &v[r0 * k..r1 * k],
+                View::BF16(v) => {
+                    scratch.resize(rows * k, 0.0);
+                    widen_bf16(&v[r0 * k..r1 * k], scratch);
+                    scratch
+                }
+                View::F16(v) => {
+                    scratch.resize(rows * k, 0.0);
+                    for (o, h) in scratch.iter_mut().zip(&v[r0 * k..r1 * k]) {
+                        *o = h.to_f32();
+                    }
+                    scratch
+                }
+            };
+            // SAFETY: y is [t, n] (checked by matmul_t); this task writes only columns r0..r1 of each
+            // row, which no other task writes, and y outlives the parallel loop.
+            unsafe {
+                sgemm_raw(
+                    dst.0.add(r0),
+                    n,
+                    Mat::rm(x, t, k),
+                    Mat::rm_t(wb, k, rows),
+                    false,
+                )
+            };
+        });
 }
 
 /// A destination pointer shared by tasks that write disjoint elements.
@@ -355,7 +368,7 @@ mod simd {
         y: *mut f32,
         n: usize,
     ) {
-        debug_assert!(k % 16 == 0 && x.len() >= t * k && w.len() >= r1 * k);
+        debug_assert!(k.is_multiple_of(16) && x.len() >= t * k && w.len() >= r1 * k);
         let wp = w.as_ptr() as *const u16;
         let xp = x.as_ptr();
         // Token tiles keep their activations in L2 while every weight row of the block streams
@@ -377,8 +390,12 @@ mod simd {
                         unsafe {
                             let mut wv = [_mm512_setzero_ps(); 4];
                             for c in 0..nr {
-                                let h = _mm256_loadu_si256(wp.add((j + c) * k + kk) as *const __m256i);
-                                wv[c] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+                                let h =
+                                    _mm256_loadu_si256(wp.add((j + c) * k + kk) as *const __m256i);
+                                wv[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                                    _mm512_cvtepu16_epi32(h),
+                                    16,
+                                ));
                             }
                             for r in 0..mr {
                                 let xv = _mm512_loadu_ps(xp.add((i + r) * k + kk));
@@ -392,7 +409,9 @@ mod simd {
                     for r in 0..mr {
                         for c in 0..nr {
                             // SAFETY: (i + r, j + c) is inside y's [t, n].
-                            unsafe { *y.add((i + r) * n + j + c) = _mm512_reduce_add_ps(acc[r][c]) };
+                            unsafe {
+                                *y.add((i + r) * n + j + c) = _mm512_reduce_add_ps(acc[r][c])
+                            };
                         }
                     }
                     i += mr;

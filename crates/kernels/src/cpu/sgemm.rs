@@ -46,7 +46,10 @@ pub(crate) fn sgemm(dst: &mut [f32], dst_rs: usize, a: Mat<'_>, b: Mat<'_>, accu
     if m == 0 || n == 0 {
         return;
     }
-    assert!(dst.len() > (m - 1) * dst_rs + (n - 1), "sgemm: dst buffer too small");
+    assert!(
+        dst.len() > (m - 1) * dst_rs + (n - 1),
+        "sgemm: dst buffer too small"
+    );
     // SAFETY: the assert keeps every destination index inside `dst`, which is uniquely borrowed.
     unsafe { sgemm_raw(dst.as_mut_ptr(), dst_rs, a, b, accumulate) }
 }
@@ -56,14 +59,26 @@ pub(crate) fn sgemm(dst: &mut [f32], dst_rs: usize, a: Mat<'_>, b: Mat<'_>, accu
 /// # Safety
 /// `dst + r * dst_rs + c` must be valid for writes for every `r < a.rows`, `c < b.cols`, and no
 /// other thread may touch those elements during the call.
-pub(crate) unsafe fn sgemm_raw(dst: *mut f32, dst_rs: usize, a: Mat<'_>, b: Mat<'_>, accumulate: bool) {
+pub(crate) unsafe fn sgemm_raw(
+    dst: *mut f32,
+    dst_rs: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    accumulate: bool,
+) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "sgemm: inner dimensions {k} vs {}", b.rows);
     if m == 0 || n == 0 {
         return;
     }
-    assert!(a.data.len() > a.last_index() || k == 0, "sgemm: lhs buffer too small");
-    assert!(b.data.len() > b.last_index() || k == 0, "sgemm: rhs buffer too small");
+    assert!(
+        a.data.len() > a.last_index() || k == 0,
+        "sgemm: lhs buffer too small"
+    );
+    assert!(
+        b.data.len() > b.last_index() || k == 0,
+        "sgemm: rhs buffer too small"
+    );
     if k == 0 {
         if !accumulate {
             for r in 0..m {
