@@ -3,7 +3,6 @@
 //! The default is cuda when a usable GPU (driver, NVRTC, cuBLAS and a device) is present, else cpu;
 //! asking for cuda where there is none is an error that says what is missing.
 
-use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -70,17 +69,7 @@ pub fn logits_cuda(m: &Model, ids: &[u32], last: bool, chunk: Option<usize>) -> 
             rows.extend(l);
         }
     }
-    let mut out = std::io::BufWriter::new(std::io::stdout());
-    write!(out, "{{\"logits\": [")?;
-    for (i, row) in rows.chunks_exact(v).enumerate() {
-        if i > 0 {
-            write!(out, ", ")?;
-        }
-        write!(out, "{}", serde_json::to_string(row)?)?;
-    }
-    writeln!(out, "]}}")?;
-    out.flush()?;
-    Ok(())
+    crate::print_logits(&rows, v)
 }
 
 fn prompt(n: usize, vocab: u32, salt: u64) -> Vec<u32> {

@@ -300,11 +300,15 @@ fn logits(arg: &str, ids: &str, last: bool, chunk: Option<usize>) -> Result<()> 
     } else {
         &hidden[..]
     };
-    let logits = m.logits(rows);
-    let v = m.vocab_size();
+    print_logits(&m.logits(rows), m.vocab_size())
+}
+
+/// Writes `{"logits": [[...], ...]}` (one row of `vocab` values per position) to stdout: the
+/// `onepass logits` contract.
+pub(crate) fn print_logits(logits: &[f32], vocab: usize) -> Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout());
     write!(out, "{{\"logits\": [")?;
-    for (i, row) in logits.chunks_exact(v).enumerate() {
+    for (i, row) in logits.chunks_exact(vocab).enumerate() {
         if i > 0 {
             write!(out, ", ")?;
         }
