@@ -5,29 +5,14 @@
 use onepass_decide::pyjson::{self, dumps, float_repr, py_float, py_round, py_str, Value};
 use onepass_decide::render::strip_level_number;
 use onepass_decide::{assemble, parse_request, plan, DecideConfig};
-use onepass_tokenizer::Tokenizer;
 use serde_json::Value as J;
-use std::path::PathBuf;
-use std::sync::OnceLock;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+
+use common::{check_rows, root, tok, u32s};
 
 fn lines(name: &str) -> Vec<J> {
-    let text = std::fs::read_to_string(root().join("tests/fixtures/systemone").join(name))
-        .expect("fixture");
-    text.lines()
-        .map(|l| serde_json::from_str(l).expect("jsonl"))
-        .collect()
-}
-
-fn tok() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| {
-        Tokenizer::from_dir(&root().join("testdata/qwen3_5-tokenizer"), None)
-            .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer")
-    })
+    common::jsonl(&root().join("tests/fixtures/systemone").join(name))
 }
 
 /// The temperature configs of decider_fixtures.py TEMP_CONFIGS.
@@ -50,22 +35,6 @@ fn config(text: &str, isolated: bool) -> DecideConfig {
     let mut c = DecideConfig::from_object(&o, None).expect("valid config");
     c.isolated_levels = isolated;
     c
-}
-
-fn u32s(v: &J) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn usizes(v: &J) -> Vec<usize> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as usize)
-        .collect()
 }
 
 #[test]
@@ -102,26 +71,7 @@ fn render_fixtures() {
             continue;
         }
         let p = got.unwrap_or_else(|e| panic!("{name}: {e}"));
-        let rows = c["rows"].as_array().unwrap();
-        assert_eq!(p.rows.len(), rows.len(), "{name}: rows");
-        for (k, (r, w)) in p.rows.iter().zip(rows).enumerate() {
-            assert_eq!(r.ids, u32s(&w["ids"]), "{name}: row {k} ids");
-            assert_eq!(r.slots, usizes(&w["slots"]), "{name}: row {k} slots");
-            assert_eq!(r.nopts, usizes(&w["nopts"]), "{name}: row {k} nopts");
-            let types: Vec<&str> = r.types.iter().map(|t| t.as_str()).collect();
-            let want: Vec<&str> = w["types"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_str().unwrap())
-                .collect();
-            assert_eq!(types, want, "{name}: row {k} types");
-        }
-        assert_eq!(
-            p.input_tokens as u64,
-            c["input_tokens"].as_u64().unwrap(),
-            "{name}: usage"
-        );
+        check_rows(name, &p, c);
         for (cfg_name, cfg_text) in TEMP_CONFIGS {
             let q = plan(&parse_request(body).unwrap(), tok(), &config(cfg_text, iso)).unwrap();
             let got: Vec<f64> = q

@@ -12,29 +12,16 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+
+use common::{check_rows, root, tok, u32s};
 
 fn dir() -> PathBuf {
     root().join("tests/fixtures/systemone/layouts")
 }
 
 fn lines(name: &str) -> Vec<J> {
-    let text = std::fs::read_to_string(dir().join(name)).expect("fixture");
-    text.lines()
-        .map(|l| serde_json::from_str(l).expect("jsonl"))
-        .collect()
-}
-
-/// The tokenizer as the reference sees it through transformers (decider-contract R2.1.2).
-fn tok() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| {
-        Tokenizer::from_dir(&root().join("testdata/qwen3_5-tokenizer"), None)
-            .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer")
-            .transformers_compatible()
-    })
+    common::jsonl(&dir().join(name))
 }
 
 fn special(v: &J) -> SpecialTokens {
@@ -45,22 +32,6 @@ fn special(v: &J) -> SpecialTokens {
             .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
             .collect(),
     )
-}
-
-fn u32s(v: &J) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn usizes(v: &J) -> Vec<usize> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as usize)
-        .collect()
 }
 
 /// name → the reference's ChatTemplate (or its error) of that template.
@@ -95,29 +66,6 @@ fn temp_configs() -> Vec<(String, pyjson::Object)> {
             _ => panic!("config {k}"),
         })
         .collect()
-}
-
-fn check_rows(name: &str, plan: &Plan, case: &J) {
-    let want = case["rows"].as_array().unwrap();
-    assert_eq!(plan.rows.len(), want.len(), "{name}: row count");
-    for (k, (r, w)) in plan.rows.iter().zip(want).enumerate() {
-        assert_eq!(r.ids, u32s(&w["ids"]), "{name}: row {k} ids");
-        assert_eq!(r.slots, usizes(&w["slots"]), "{name}: row {k} slots");
-        assert_eq!(r.nopts, usizes(&w["nopts"]), "{name}: row {k} nopts");
-        let types: Vec<&str> = r.types.iter().map(|t| t.as_str()).collect();
-        let wt: Vec<&str> = w["types"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_str().unwrap())
-            .collect();
-        assert_eq!(types, wt, "{name}: row {k} types");
-    }
-    assert_eq!(
-        plan.input_tokens,
-        case["input_tokens"].as_u64().unwrap() as usize,
-        "{name}: usage"
-    );
 }
 
 fn temps_of(plan: &Plan) -> Vec<f64> {
