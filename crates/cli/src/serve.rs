@@ -50,6 +50,10 @@ pub struct ServeArgs {
     /// Prompt layout, `plain` or `chat`, replacing decider_config.json's [env DECIDER_LAYOUT; default: the config's].
     #[arg(long)]
     layout: Option<String>,
+    /// One temperature for every slot, replacing decider_config.json's temperature and its by-type / by-options maps
+    /// [env DECIDER_TEMPERATURE; default: the config's].
+    #[arg(long)]
+    temperature: Option<String>,
     #[command(flatten)]
     dev: DeviceArg,
     #[command(flatten)]
@@ -100,6 +104,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 .layout
                 .clone()
                 .or_else(|| std::env::var("DECIDER_LAYOUT").ok()),
+            temperature: a
+                .temperature
+                .clone()
+                .or_else(|| std::env::var("DECIDER_TEMPERATURE").ok()),
             ..EngineOptions::default()
         },
         a.dev.resolve()?,

@@ -79,9 +79,12 @@ fn answer(r: Result<onepass_decide::pyjson::Value, ApiError>) -> Result<()> {
 pub fn systemone(a: SystemoneArgs) -> Result<()> {
     let dir = onepass_formats::resolve_model_dir(&a.model)?;
     let body = read_body(&a.request)?;
+    // The same environment as `onepass serve` (decider-contract R6.3), so the body printed is the one it would send.
     let opts = EngineOptions {
         shared_prefix: !a.no_shared_prefix,
         fork_budget_bytes: a.fork_budget_mb << 20,
+        layout: std::env::var("DECIDER_LAYOUT").ok(),
+        temperature: std::env::var("DECIDER_TEMPERATURE").ok(),
         ..EngineOptions::default()
     };
     let t0 = Instant::now();
@@ -135,7 +138,8 @@ pub fn render(a: RenderArgs) -> Result<()> {
     // The reference's view of the tokenizer (decider-contract R2.1.2); the chat layout honours DECIDER_LAYOUT (R6.3).
     let tok = Tokenizer::from_dir(&dir, model_type.as_deref())?.transformers_compatible();
     let layout = std::env::var("DECIDER_LAYOUT").ok();
-    let cfg = DecideConfig::load(&dir, &tok, layout.as_deref())?;
+    let temperature = std::env::var("DECIDER_TEMPERATURE").ok();
+    let cfg = DecideConfig::load(&dir, &tok, layout.as_deref(), temperature.as_deref())?;
     answer(
         parse_request(&body)
             .and_then(|r| onepass_decide::plan(&r, &tok, &cfg))

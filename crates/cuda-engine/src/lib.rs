@@ -14,9 +14,8 @@ use std::sync::Mutex;
 
 use onepass_cuda::{CudaError, CudaHidden, CudaModel, CudaState, Gpu, Precision};
 use onepass_decide::engine::Backend;
-use onepass_decide::{DecideConfig, Engine, EngineError, EngineOptions};
+use onepass_decide::{Engine, EngineError, EngineOptions};
 use onepass_model::Model;
-use onepass_tokenizer::Tokenizer;
 
 /// How the GPU engine is set up.
 #[derive(Clone, Debug)]
@@ -90,12 +89,10 @@ pub fn load_engine(
     cuda: &CudaOptions,
 ) -> Result<Engine<CudaBackend>, CudaEngineError> {
     let m = Model::load(dir).map_err(EngineError::from)?;
-    let tokenizer =
-        Tokenizer::from_dir(dir, Some(&m.config().model_type)).map_err(EngineError::from)?;
-    let config = DecideConfig::from_dir(dir).map_err(EngineError::from)?;
+    let model_type = m.config().model_type.clone();
     let backend = CudaBackend::new(&m, cuda)?;
     drop(m);
-    Ok(Engine::new(backend, tokenizer, config, opts)?)
+    Ok(Engine::from_dir_with(dir, &model_type, backend, opts)?)
 }
 
 impl Backend for CudaBackend {

@@ -117,15 +117,18 @@ impl DecideConfig {
         DecideConfig::from_object(&read_config_object(dir), None)
     }
 
-    /// [`DecideConfig::from_dir`], then `DECIDER_LAYOUT` (`layout_override`, see [`with_layout`]), then the chat
-    /// template of `tok` when the layout is chat (its errors are load errors, decider-contract R2.5.1).
+    /// [`DecideConfig::from_dir`], then `DECIDER_LAYOUT` (`layout_override`, see [`with_layout`]) and
+    /// `DECIDER_TEMPERATURE` (`temperature_override`, a number as text, R3.2.1), then the chat template of `tok`
+    /// when the layout is chat (its errors are load errors, decider-contract R2.5.1).
     pub fn load(
         dir: &Path,
         tok: &Tokenizer,
         layout_override: Option<&str>,
+        temperature_override: Option<&str>,
     ) -> Result<DecideConfig, ConfigError> {
         let obj = with_layout(&read_config_object(dir), layout_override)?;
-        let mut cfg = DecideConfig::from_object(&obj, None)?;
+        let t = temperature_override.map(|t| Value::Str(t.to_string()));
+        let mut cfg = DecideConfig::from_object(&obj, t.as_ref())?;
         cfg.attach_chat(tok, Some(dir))?;
         Ok(cfg)
     }

@@ -51,6 +51,9 @@ pub struct EngineOptions {
     pub limits: Limits,
     /// `DECIDER_LAYOUT`: `"plain"` or `"chat"` replaces decider_config.json's prompt layout (decider-contract R6.3).
     pub layout: Option<String>,
+    /// `DECIDER_TEMPERATURE`: replaces decider_config.json's temperature and switches its by-type and by-options maps
+    /// off (decider-contract R3.2.1, R6.3). Validated at load.
+    pub temperature: Option<String>,
 }
 
 impl Default for EngineOptions {
@@ -61,6 +64,7 @@ impl Default for EngineOptions {
             min_shared_prefix: 1,
             limits: Limits::default(),
             layout: None,
+            temperature: None,
         }
     }
 }
@@ -195,12 +199,30 @@ impl Engine {
     /// file means defaults, decider-contract R6.1).
     pub fn load(dir: &Path, opts: EngineOptions) -> Result<Engine, EngineError> {
         let model = Model::load(dir)?;
-        // The reference tokenizes through transformers (decider-contract R2.1.2): System One uses that view.
-        let tokenizer =
-            Tokenizer::from_dir(dir, Some(&model.config().model_type))?.transformers_compatible();
-        // The chat template (chat layout) is rendered and validated here: its errors are load errors (R2.5.1).
-        let config = DecideConfig::load(dir, &tokenizer, opts.layout.as_deref())?;
-        Engine::new(model, tokenizer, config, opts)
+        let model_type = model.config().model_type.clone();
+        Engine::from_dir_with(dir, &model_type, model, opts)
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    /// An engine over `backend` with the tokenizer and `decider_config.json` of `dir`, loaded the way the reference
+    /// sees them: the tokenizer's transformers view (decider-contract R2.1.2), `DECIDER_LAYOUT` and
+    /// `DECIDER_TEMPERATURE` from `opts`, and the chat template rendered and validated (its errors are load errors,
+    /// R2.5.1). `model_type` is config.json's.
+    pub fn from_dir_with(
+        dir: &Path,
+        model_type: &str,
+        backend: B,
+        opts: EngineOptions,
+    ) -> Result<Engine<B>, EngineError> {
+        let tokenizer = Tokenizer::from_dir(dir, Some(model_type))?.transformers_compatible();
+        let config = DecideConfig::load(
+            dir,
+            &tokenizer,
+            opts.layout.as_deref(),
+            opts.temperature.as_deref(),
+        )?;
+        Engine::new(backend, tokenizer, config, opts)
     }
 }
 

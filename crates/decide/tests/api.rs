@@ -92,3 +92,33 @@ fn non_object_spec_is_a_422() {
         Some("question 'q': a question must be a JSON object, got a string")
     );
 }
+
+#[test]
+fn decider_temperature_overrides_the_config_and_its_maps() {
+    // decider-contract R3.2.1 / R6.3: the override replaces `temperature` and switches the by-type map off.
+    use onepass_decide::render::QType;
+    let dir = tempfile_dir();
+    std::fs::write(
+        dir.join("decider_config.json"),
+        r#"{"temperature": 1.3, "temperature_by_type": {"choice": 2.0, "noul": 3.0, "score": 4.0}}"#,
+    )
+    .unwrap();
+    let tk = tok();
+    let plain = DecideConfig::load(&dir, &tk, None, None).unwrap();
+    assert_eq!(plain.temperature.for_slot(QType::Noul, 2), 3.0);
+    let over = DecideConfig::load(&dir, &tk, None, Some("2.5")).unwrap();
+    for q in [QType::Choice, QType::Noul, QType::Score] {
+        assert_eq!(over.temperature.for_slot(q, 7), 2.5);
+    }
+    let err = DecideConfig::load(&dir, &tk, None, Some("-1"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("must be a finite number > 0"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn tempfile_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("onepass-decide-api-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

@@ -223,16 +223,16 @@ fn chat_layout_from_a_model_folder() {
     let tk = Tokenizer::from_dir(t.path(), None)
         .unwrap()
         .transformers_compatible();
-    let cfg = DecideConfig::load(t.path(), &tk, None).unwrap();
+    let cfg = DecideConfig::load(t.path(), &tk, None, None).unwrap();
     assert_eq!(cfg.layout, Layout::Chat);
     assert_eq!(cfg.chat.as_ref().unwrap().head, vec![248045, 846, 198]);
-    let plain = DecideConfig::load(t.path(), &tk, Some("plain")).unwrap();
+    let plain = DecideConfig::load(t.path(), &tk, Some("plain"), None).unwrap();
     assert_eq!((plain.layout, plain.chat.is_none()), (Layout::Plain, true));
-    let e = DecideConfig::load(t.path(), &tk, Some("state_first")).unwrap_err();
+    let e = DecideConfig::load(t.path(), &tk, Some("state_first"), None).unwrap_err();
     assert_eq!(e.0, "layout 'state_first': expected one of 'plain', 'chat'");
     // No template in the folder: the reference's load error.
     std::fs::remove_file(t.path().join("chat_template.jinja")).unwrap();
     let tk = Tokenizer::from_dir(t.path(), None).unwrap();
-    let e = DecideConfig::load(t.path(), &tk, None).unwrap_err();
+    let e = DecideConfig::load(t.path(), &tk, None, None).unwrap_err();
     assert!(e.0.contains("has no chat template"), "{e}");
 }
