@@ -224,10 +224,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// An [`ApiError`] as Starlette writes it.
+/// An [`ApiError`] as Starlette writes it. A 503 (queue full) also says when to retry, which the TypeSafe SDK
+/// honours (the reference sends no such header; clients that ignore it see the same response).
 fn json_error(e: ApiError) -> Response {
     let (status, ctype, body) = e.http_body();
-    raw(status, ctype, body)
+    let mut r = raw(status, ctype, body);
+    if status == 503 {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
 }
 
 fn raw(status: u16, ctype: &'static str, body: String) -> Response {

@@ -232,6 +232,7 @@ async fn queue_full_is_a_503_and_rows_are_released() {
     }
     let r = post_json(&app, "/v1/systemone", REQ).await;
     assert_eq!(r.status, 503);
+    assert_eq!(r.headers["retry-after"], "1");
     assert_eq!(
         r.text(),
         r#"{"detail":"server busy: 3 rows queued, the limit is 4 (DECIDER_MAX_QUEUE_ROWS); retry later"}"#
