@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use onepass_formats::Checkpoint;
-use onepass_kernels::{dot_rows, matmul_t};
+use onepass_kernels::{add_assign, dot_rows, matmul_t};
 use onepass_tensor::{DType, Tensor};
 
 use crate::blocks::attention::Attention;
@@ -315,11 +315,5 @@ impl Model {
         // final norm + two per layer + q/k norms per attention layer
         c.hidden_size * (1 + 2 * c.num_hidden_layers)
             + c.count(LayerKind::Attention) * 2 * c.head_dim
-    }
-}
-
-fn add_assign(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
     }
 }

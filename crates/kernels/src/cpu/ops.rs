@@ -1,17 +1,32 @@
 //! Element-wise and per-row ops: norms, activations, rotary embedding, the causal depthwise
 //! convolution of Gated DeltaNet, softmax.
+//!
+//! Rows are independent, so large inputs are split across threads by whole rows: every row is
+//! computed exactly as it would be alone, and results do not depend on the split.
+
+use rayon::prelude::*;
+
+/// Values per parallel task (about 64 KiB of f32).
+const PAR_CHUNK: usize = 16 * 1024;
+
+/// Rows of `dim` values per parallel task.
+fn rows_per_task(dim: usize) -> usize {
+    (PAR_CHUNK / dim.max(1)).max(1)
+}
 
 /// RMSNorm of every `dim`-wide row of `x` in place: `x * rsqrt(mean(x²) + eps) * gain`.
 /// `gain` is the effective multiplier (Qwen3.5 stores `w` and applies `1 + w`; the caller folds it).
 pub fn rms_norm(x: &mut [f32], gain: &[f32], eps: f32) {
     let dim = gain.len();
-    for row in x.chunks_exact_mut(dim) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for (v, g) in row.iter_mut().zip(gain) {
-            *v = *v * inv * g;
+    x.par_chunks_mut(dim * rows_per_task(dim)).for_each(|rows| {
+        for row in rows.chunks_exact_mut(dim) {
+            let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+            let inv = 1.0 / (ms + eps).sqrt();
+            for (v, g) in row.iter_mut().zip(gain) {
+                *v = *v * inv * g;
+            }
         }
-    }
+    });
 }
 
 /// RMSNorm into a separate output buffer.
@@ -24,21 +39,26 @@ pub fn rms_norm_into(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
 /// x, z: [R, dim]
 pub fn rms_norm_gated(x: &mut [f32], z: &[f32], weight: &[f32], eps: f32) {
     let dim = weight.len();
-    for (row, zr) in x.chunks_exact_mut(dim).zip(z.chunks_exact(dim)) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for ((v, w), g) in row.iter_mut().zip(weight).zip(zr) {
-            *v = *v * inv * w * silu(*g);
+    let n = dim * rows_per_task(dim);
+    x.par_chunks_mut(n).zip(z.par_chunks(n)).for_each(|(rows, zs)| {
+        for (row, zr) in rows.chunks_exact_mut(dim).zip(zs.chunks_exact(dim)) {
+            let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+            let inv = 1.0 / (ms + eps).sqrt();
+            for ((v, w), g) in row.iter_mut().zip(weight).zip(zr) {
+                *v = *v * inv * w * silu(*g);
+            }
         }
-    }
+    });
 }
 
 /// L2-normalises every `dim`-wide row: `x * rsqrt(sum(x²) + eps)`.
 pub fn l2_normalize(x: &mut [f32], dim: usize, eps: f32) {
-    for row in x.chunks_exact_mut(dim) {
-        let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
-        row.iter_mut().for_each(|v| *v *= inv);
-    }
+    x.par_chunks_mut(dim * rows_per_task(dim)).for_each(|rows| {
+        for row in rows.chunks_exact_mut(dim) {
+            let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
+            row.iter_mut().for_each(|v| *v *= inv);
+        }
+    });
 }
 
 #[inline]
@@ -63,9 +83,20 @@ pub fn softplus(x: f32) -> f32 {
 
 /// SwiGLU in place: `gate = silu(gate) * up`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = silu(*g) * u;
-    }
+    gate.par_chunks_mut(PAR_CHUNK).zip(up.par_chunks(PAR_CHUNK)).for_each(|(gs, us)| {
+        for (g, u) in gs.iter_mut().zip(us) {
+            *g = silu(*g) * u;
+        }
+    });
+}
+
+/// `x += y`, element-wise.
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
+    x.par_chunks_mut(PAR_CHUNK).zip(y.par_chunks(PAR_CHUNK)).for_each(|(xs, ys)| {
+        for (a, b) in xs.iter_mut().zip(ys) {
+            *a += b;
+        }
+    });
 }
 
 /// Rotary tables for positions `[pos0, pos0 + t)`: cos/sin `[t, rot/2]` with `inv_freq[rot/2]`.
@@ -128,8 +159,8 @@ pub fn causal_conv1d_silu(
             taps[j * channels + c] = weight[c * kernel + j];
         }
     }
-    for i in 0..t {
-        let out = &mut x[i * channels..(i + 1) * channels];
+    // Outputs read only the padded copy, so tokens are independent.
+    x[..t * channels].par_chunks_mut(channels).enumerate().for_each(|(i, out)| {
         out.fill(0.0);
         for j in 0..kernel {
             let tap = &taps[j * channels..(j + 1) * channels];
@@ -139,7 +170,7 @@ pub fn causal_conv1d_silu(
             }
         }
         out.iter_mut().for_each(|o| *o = silu(*o));
-    }
+    });
     state.copy_from_slice(&xx[t * channels..]);
 }
 
