@@ -40,15 +40,17 @@ pub fn rms_norm_into(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
 pub fn rms_norm_gated(x: &mut [f32], z: &[f32], weight: &[f32], eps: f32) {
     let dim = weight.len();
     let n = dim * rows_per_task(dim);
-    x.par_chunks_mut(n).zip(z.par_chunks(n)).for_each(|(rows, zs)| {
-        for (row, zr) in rows.chunks_exact_mut(dim).zip(zs.chunks_exact(dim)) {
-            let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-            let inv = 1.0 / (ms + eps).sqrt();
-            for ((v, w), g) in row.iter_mut().zip(weight).zip(zr) {
-                *v = *v * inv * w * silu(*g);
+    x.par_chunks_mut(n)
+        .zip(z.par_chunks(n))
+        .for_each(|(rows, zs)| {
+            for (row, zr) in rows.chunks_exact_mut(dim).zip(zs.chunks_exact(dim)) {
+                let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+                let inv = 1.0 / (ms + eps).sqrt();
+                for ((v, w), g) in row.iter_mut().zip(weight).zip(zr) {
+                    *v = *v * inv * w * silu(*g);
+                }
             }
-        }
-    });
+        });
 }
 
 /// L2-normalises every `dim`-wide row: `x * rsqrt(sum(x²) + eps)`.
@@ -83,20 +85,24 @@ pub fn softplus(x: f32) -> f32 {
 
 /// SwiGLU in place: `gate = silu(gate) * up`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    gate.par_chunks_mut(PAR_CHUNK).zip(up.par_chunks(PAR_CHUNK)).for_each(|(gs, us)| {
-        for (g, u) in gs.iter_mut().zip(us) {
-            *g = silu(*g) * u;
-        }
-    });
+    gate.par_chunks_mut(PAR_CHUNK)
+        .zip(up.par_chunks(PAR_CHUNK))
+        .for_each(|(gs, us)| {
+            for (g, u) in gs.iter_mut().zip(us) {
+                *g = silu(*g) * u;
+            }
+        });
 }
 
 /// `x += y`, element-wise.
 pub fn add_assign(x: &mut [f32], y: &[f32]) {
-    x.par_chunks_mut(PAR_CHUNK).zip(y.par_chunks(PAR_CHUNK)).for_each(|(xs, ys)| {
-        for (a, b) in xs.iter_mut().zip(ys) {
-            *a += b;
-        }
-    });
+    x.par_chunks_mut(PAR_CHUNK)
+        .zip(y.par_chunks(PAR_CHUNK))
+        .for_each(|(xs, ys)| {
+            for (a, b) in xs.iter_mut().zip(ys) {
+                *a += b;
+            }
+        });
 }
 
 /// Rotary tables for positions `[pos0, pos0 + t)`: cos/sin `[t, rot/2]` with `inv_freq[rot/2]`.
@@ -160,17 +166,20 @@ pub fn causal_conv1d_silu(
         }
     }
     // Outputs read only the padded copy, so tokens are independent.
-    x[..t * channels].par_chunks_mut(channels).enumerate().for_each(|(i, out)| {
-        out.fill(0.0);
-        for j in 0..kernel {
-            let tap = &taps[j * channels..(j + 1) * channels];
-            let inp = &xx[(i + j) * channels..(i + j + 1) * channels];
-            for ((o, w), v) in out.iter_mut().zip(tap).zip(inp) {
-                *o += w * v;
+    x[..t * channels]
+        .par_chunks_mut(channels)
+        .enumerate()
+        .for_each(|(i, out)| {
+            out.fill(0.0);
+            for j in 0..kernel {
+                let tap = &taps[j * channels..(j + 1) * channels];
+                let inp = &xx[(i + j) * channels..(i + j + 1) * channels];
+                for ((o, w), v) in out.iter_mut().zip(tap).zip(inp) {
+                    *o += w * v;
+                }
             }
-        }
-        out.iter_mut().for_each(|o| *o = silu(*o));
-    });
+            out.iter_mut().for_each(|o| *o = silu(*o));
+        });
     state.copy_from_slice(&xx[t * channels..]);
 }
 
