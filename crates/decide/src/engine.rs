@@ -182,6 +182,9 @@ pub struct Engine<B: Backend = Model> {
     opts: EngineOptions,
     /// The 255 label ids (decider-contract §2.2); option `j` is read at `label_ids[j]`.
     label_ids: Vec<u32>,
+    /// Bytes of a fresh state and KV bytes per token, for the fork budget (measured once at load).
+    fresh_state_bytes: usize,
+    state_bytes_per_token: usize,
 }
 
 /// One row's work inside a `score` call: where its state comes from, the ids still to run, where its slots are.
@@ -247,12 +250,21 @@ impl<B: Backend> Engine<B> {
                 model.vocab_size()
             ))));
         }
+        let fresh_state_bytes = {
+            let st = model
+                .new_state()
+                .map_err(|e| EngineError::Model(ModelError::Input(format!("new state: {e}"))))?;
+            model.state_bytes(&st)
+        };
+        let state_bytes_per_token = model.state_bytes_per_token();
         Ok(Engine {
             model,
             tokenizer,
             config,
             opts,
             label_ids,
+            fresh_state_bytes,
+            state_bytes_per_token,
         })
     }
 
@@ -289,7 +301,7 @@ impl<B: Backend> Engine<B> {
 
     /// Probabilities for every slot of every plan: `[plan][slot in row order][option]`, each of length `nopts`.
     pub fn score(&self, plans: &[&Plan]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
-        let per_token = self.model.state_bytes_per_token();
+        let per_token = self.state_bytes_per_token;
         // 1. Shared prefixes, one per plan that has one worth running; all of them run batched together.
         let mut shared: Vec<(usize, usize)> = Vec::new(); // (plan, lcp)
         let mut jobs: Vec<Job> = Vec::new();
@@ -324,10 +336,7 @@ impl<B: Backend> Engine<B> {
             }
         }
         let prefixes = self.run_prefixes(plans, &shared)?;
-        let fresh_bytes = {
-            let st = self.model.new_state().map_err(|e| row_err(0, 0, e))?;
-            self.model.state_bytes(&st)
-        };
+        let fresh_bytes = self.fresh_state_bytes;
 
         // 2. Groups of jobs within the fork budget and the token cap, in order.
         let mut out: Vec<Vec<Vec<f32>>> = plans
