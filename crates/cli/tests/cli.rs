@@ -39,6 +39,25 @@ fn run_ok(args: &[&str], model: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("stdout is one JSON value")
 }
 
+/// `onepass tokenize --model MODEL` with `input` on stdin.
+fn tokenize(model: &Path, input: &[u8]) -> std::process::Output {
+    let mut child = onepass()
+        .args(["tokenize", "--model"])
+        .arg(model)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .expect("write");
+    child.wait_with_output().expect("wait")
+}
+
 fn run_err(args: &[&str]) -> String {
     let out = onepass().args(args).output().expect("run");
     assert!(!out.status.success(), "{args:?} should fail");
@@ -91,21 +110,7 @@ fn logits_prints_one_row_per_position_or_the_last() {
 #[test]
 fn tokenize_reads_json_lines_and_writes_id_arrays() {
     let d = synth("tiny-gva");
-    let mut child = onepass()
-        .args(["tokenize", "--model"])
-        .arg(d.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"\"ab\"\n\"<|im_start|>\\n\"\n")
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
+    let out = tokenize(d.path(), b"\"ab\"\n\"<|im_start|>\\n\"\n");
     assert!(
         out.status.success(),
         "{}",
@@ -148,20 +153,7 @@ fn bad_input_is_a_message_and_a_non_zero_exit() {
         run_err(&["info", "--model", "nobody/nothing"]).contains("not in the Hugging Face cache")
     );
     assert!(run_err(&["synth", "--preset", "nope", "--out", "/tmp/x"]).contains("unknown preset"));
-    let mut child = onepass()
-        .args(["tokenize", "--model", m])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"not json\n")
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
+    let out = tokenize(d.path(), b"not json\n");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 1"));
 }
