@@ -91,28 +91,21 @@ fn weight_dims(w: &Tensor) -> (usize, usize) {
 fn gemv(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32]) {
     let view = w.view();
     let view = &view;
-    // Each task owns GEMV_ROWS consecutive outputs of every token: write them to a scratch block
-    // and scatter afterwards so that the weight rows are streamed exactly once.
-    let blocks: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(GEMV_ROWS))
-        .into_par_iter()
-        .map(|b| {
-            let r0 = b * GEMV_ROWS;
-            let r1 = (r0 + GEMV_ROWS).min(n);
-            let mut out = vec![0.0f32; t * (r1 - r0)];
-            for r in r0..r1 {
-                for i in 0..t {
-                    out[i * (r1 - r0) + (r - r0)] = dot_row(view, r, k, &x[i * k..(i + 1) * k]);
-                }
+    // Each task owns GEMV_ROWS consecutive outputs of every token and writes them straight into y,
+    // so the weight rows are streamed exactly once.
+    let dst = SharedMut(y.as_mut_ptr());
+    let dst = &dst;
+    (0..n.div_ceil(GEMV_ROWS)).into_par_iter().for_each(|b| {
+        let r0 = b * GEMV_ROWS;
+        let r1 = (r0 + GEMV_ROWS).min(n);
+        for r in r0..r1 {
+            for i in 0..t {
+                let v = dot_row(view, r, k, &x[i * k..(i + 1) * k]);
+                // SAFETY: y is [t, n] (checked by matmul_t); column r belongs to this task only.
+                unsafe { *dst.0.add(i * n + r) = v };
             }
-            (r0, out)
-        })
-        .collect();
-    for (r0, out) in blocks {
-        let width = out.len() / t;
-        for i in 0..t {
-            y[i * n + r0..i * n + r0 + width].copy_from_slice(&out[i * width..(i + 1) * width]);
         }
-    }
+    });
 }
 
 fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32]) {
@@ -173,7 +166,7 @@ fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32
 
 /// A destination pointer shared by tasks that write disjoint elements.
 struct SharedMut(*mut f32);
-// SAFETY: only used for disjoint writes, see gemm_blocks.
+// SAFETY: only used for disjoint writes, see gemv and gemm_blocks.
 unsafe impl Sync for SharedMut {}
 
 /// Widens bf16 to f32 (exact: bf16 is the top half of an f32).
