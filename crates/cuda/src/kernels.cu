@@ -16,9 +16,17 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);                              // round to nearest even
     return (bf16_t)(u >> 16);
 }
-// A GEMM input value: bf16 (the fast default) or f32 (the exact mode), chosen per launch.
-__device__ __forceinline__ void store_act(void* out, idx_t i, float v, int f32out) {
-    if (f32out) ((float*)out)[i] = v; else ((bf16_t*)out)[i] = f2bf(v);
+// A GEMM input value, its form chosen per launch by `mode`: 0 bf16, 1 f32 (the exact mode), negative: split
+// into two bf16 planes -mode values apart, hi = bf16(v) at i and lo = bf16(v - hi) at i - mode (hi + lo carries v
+// to about 2^-16 relative; the GEMM multiplies both planes).
+__device__ __forceinline__ void store_act(void* out, idx_t i, float v, int mode) {
+    if (mode == 1) {
+        ((float*)out)[i] = v;
+        return;
+    }
+    bf16_t h = f2bf(v);
+    ((bf16_t*)out)[i] = h;
+    if (mode < 0) ((bf16_t*)out)[i + (idx_t)(-(long long)mode)] = f2bf(v - bf2f(h));
 }
 // A weight value: bf16 or f32 storage.
 __device__ __forceinline__ float load_w(const void* w, idx_t i, int f32w) {
@@ -55,10 +63,10 @@ extern "C" __global__ void embed_gather(const void* embed, int f32w, const int* 
     for (int c = threadIdx.x; c < hid; c += blockDim.x) x[(idx_t)n * hid + c] = load_w(embed, base + c, f32w);
 }
 
-// RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * gain. Writes bf16 (out_bf) or f32 (out_f).
+// RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * gain, stored as `store_act` with `mode`.
 // x: [R, dim] stride ldx; out: [R, dim] stride ldo. grid R.
 extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, float eps, int dim,
-                                    bf16_t* out_bf, float* out_f, int ldo) {
+                                    void* out, int mode, int ldo) {
     int r = blockIdx.x;
     const float* row = x + (idx_t)r * ldx;
     float s = 0.0f;
@@ -67,7 +75,7 @@ extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, 
     float inv = 1.0f / sqrtf(s / dim + eps);
     for (int c = threadIdx.x; c < dim; c += blockDim.x) {
         float v = row[c] * inv * gain[c];
-        if (out_bf) out_bf[(idx_t)r * ldo + c] = f2bf(v); else out_f[(idx_t)r * ldo + c] = v;
+        store_act(out, (idx_t)r * ldo + c, v, mode);
     }
 }
 

@@ -463,16 +463,17 @@ impl CudaModel {
         self.lm_head.as_ref().unwrap_or(&self.embed).w
     }
 
-    /// The activation (GEMM input) buffer at `p` in this model's precision.
-    fn act(&self, p: u64) -> Out {
+    /// The activation (GEMM input) buffer at `p` for `rows` rows of `k` values, in this model's precision: in
+    /// [`Precision::Bf16Split`] the producer writes the hi and lo bf16 planes ([2, rows, k]) itself.
+    fn act(&self, p: u64, rows: usize, k: usize) -> Out {
         match self.prec {
             Precision::Bf16 => Out::Bf16(p),
-            Precision::F32 | Precision::Bf16Split => Out::F32(p),
+            Precision::F32 => Out::F32(p),
+            Precision::Bf16Split => Out::Split(p, rows * k),
         }
     }
 
-    /// `y = x · wᵀ + beta · y`; `x` as [`CudaModel::act`] wrote it. In [`Precision::Bf16Split`], `split` holds
-    /// room for the hi and lo planes of `x` ([2, T, K] bf16).
+    /// `y = x · wᵀ + beta · y`; `x` [T, K] as [`CudaModel::act`] wrote it (split: two GEMMs over its planes).
     fn gemm(
         &self,
         x: u64,
@@ -483,13 +484,11 @@ impl CudaModel {
         y: u64,
         ldy: usize,
         beta: f32,
-        split: u64,
     ) -> Result<(), CudaError> {
         if self.prec != Precision::Bf16Split {
             return self.gpu.gemm(x, t, k, w.w, n, y, ldy, beta);
         }
-        let (hi, lo) = (split, split + 2 * (t * k) as u64);
-        ops::split_bf16(&self.gpu, x, hi, lo, t * k)?;
+        let (hi, lo) = (x, x + 2 * (t * k) as u64);
         self.gpu.gemm(hi, t, k, w.w, n, y, ldy, beta)?;
         self.gpu.gemm(lo, t, k, w.w, n, y, ldy, 1.0)
     }
@@ -779,26 +778,18 @@ impl CudaModel {
                 }
             }
         }
-        let split_w = if self.prec == Precision::Bf16Split {
-            bf_w
-        } else {
-            0
-        };
         if all_single {
             wy_w = 0;
         }
         let scratch =
-            4 * n * (2 * hid + bf_w + proj_w + mid_w.max(q_w) + gates_w.max(1) + split_w + wy_w);
+            4 * n * (2 * hid + bf_w + proj_w + mid_w.max(q_w) + gates_w.max(1) + wy_w);
         let _scratch = self.ledger.charge(scratch, "forward scratch")?;
         let x: CudaSlice<f32> = g.alloc(n * hid)?;
-        // GEMM inputs: bf16 or f32 (allocated for the larger).
+        // GEMM inputs: bf16, two bf16 planes (split) or f32 (allocated for the larger).
         let hb: CudaSlice<f32> = g.alloc(n * bf_w)?;
         let proj: CudaSlice<f32> = g.alloc(n * proj_w)?;
         let mid: CudaSlice<f32> = g.alloc(n * mid_w.max(q_w))?;
         let gates: CudaSlice<f32> = g.alloc(n * gates_w.max(1))?;
-        // hi and lo bf16 planes of a GEMM input ([2, N, bf_w] bf16 = [N, bf_w] f32 of room).
-        let split: CudaSlice<f32> = g.alloc(n * split_w)?;
-        let sp = g.ptr(&split);
         let wy: CudaSlice<f32> = g.alloc(n * wy_w)?;
         let wyp = g.ptr(&wy);
         let (xp, hbp, pp, midp, gp) = (
@@ -808,12 +799,11 @@ impl CudaModel {
             g.ptr(&mid),
             g.ptr(&gates),
         );
-        let act = self.act(hbp);
         ops::embed_gather(g, self.embed.w, ids_p, xp, n, hid)?;
         self.mark("embed")?;
         let mut poff = 0usize;
         for l in &self.layers {
-            ops::rms_norm(g, xp, hid, l.in_norm.ptr, self.eps, n, hid, act, hid)?;
+            ops::rms_norm(g, xp, hid, l.in_norm.ptr, self.eps, n, hid, self.act(hbp, n, hid), hid)?;
             self.mark("rms_norm")?;
             match &l.mixer {
                 Mixer::Gdn(m) => {
@@ -822,7 +812,7 @@ impl CudaModel {
                     let conv_p = ptrs_p + 8 * poff as u64;
                     let ssm_p = conv_p + 8 * nseg as u64;
                     poff += 2 * nseg;
-                    self.gemm(hbp, n, hid, &m.w_in, pw, pp, pw, 0.0, sp)?;
+                    self.gemm(hbp, n, hid, &m.w_in, pw, pp, pw, 0.0)?;
                     self.mark("gemm gdn in")?;
                     // mid: conv output [N, cd] then core [N, HV*DV]
                     let core_p = midp + 4 * (n * m.cd) as u64;
@@ -869,10 +859,10 @@ impl CudaModel {
                         n,
                         d.hv,
                         d.dv,
-                        act,
+                        self.act(hbp, n, d.hv * d.dv),
                     )?;
                     self.mark("gated norm")?;
-                    self.gemm(hbp, n, d.hv * d.dv, &m.w_out, hid, xp, hid, 1.0, sp)?;
+                    self.gemm(hbp, n, d.hv * d.dv, &m.w_out, hid, xp, hid, 1.0)?;
                     self.mark("gemm gdn out")?;
                 }
                 Mixer::Attn(m) => {
@@ -880,7 +870,7 @@ impl CudaModel {
                     let pw = m.proj_width();
                     let kv_p = ptrs_p + 8 * poff as u64;
                     poff += KV_ENTRIES * nseg;
-                    self.gemm(hbp, n, hid, &m.w_in, pw, pp, pw, 0.0, sp)?;
+                    self.gemm(hbp, n, hid, &m.w_in, pw, pp, pw, 0.0)?;
                     self.mark("gemm attn in")?;
                     ops::attn_prep(
                         g,
@@ -899,20 +889,20 @@ impl CudaModel {
                     self.mark("attn prep")?;
                     let scale = 1.0 / (a.head_dim as f32).sqrt();
                     ops::attention_tiled(
-                        g, midp, pp, pw, segs_p, kv_p, nseg, max_len, a, scale, act,
+                        g, midp, pp, pw, segs_p, kv_p, nseg, max_len, a, scale, self.act(hbp, n, a.heads * a.head_dim),
                     )?;
                     self.mark("attention")?;
-                    self.gemm(hbp, n, a.heads * a.head_dim, &m.w_o, hid, xp, hid, 1.0, sp)?;
+                    self.gemm(hbp, n, a.heads * a.head_dim, &m.w_o, hid, xp, hid, 1.0)?;
                     self.mark("gemm attn out")?;
                 }
             }
-            ops::rms_norm(g, xp, hid, l.post_norm.ptr, self.eps, n, hid, act, hid)?;
+            ops::rms_norm(g, xp, hid, l.post_norm.ptr, self.eps, n, hid, self.act(hbp, n, hid), hid)?;
             self.mark("rms_norm")?;
-            self.gemm(hbp, n, hid, &l.w_gu, 2 * inter, pp, 2 * inter, 0.0, sp)?;
+            self.gemm(hbp, n, hid, &l.w_gu, 2 * inter, pp, 2 * inter, 0.0)?;
             self.mark("gemm mlp gate|up")?;
-            ops::swiglu(g, pp, inter, n, act)?;
+            ops::swiglu(g, pp, inter, n, self.act(hbp, n, inter))?;
             self.mark("swiglu")?;
-            self.gemm(hbp, n, inter, &l.w_down, hid, xp, hid, 1.0, sp)?;
+            self.gemm(hbp, n, inter, &l.w_down, hid, xp, hid, 1.0)?;
             self.mark("gemm mlp down")?;
         }
         let out: CudaSlice<f32> = g.alloc(n * hid)?;

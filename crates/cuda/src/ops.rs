@@ -42,19 +42,25 @@ pub fn embed_gather(
     launch!(g, g.k.embed_gather, cfg((n as u32, 1), ROW_THREADS, 0); e, f32w, ids, x, hid as i32)
 }
 
-/// Output of a row op: bf16 (GEMM input) or f32.
+/// Output of a row op: bf16 (GEMM input), f32, or f32 split into two bf16 planes (hi at the address, lo
+/// `plane` values after it; hi + lo carries the value to about 2^-16 relative).
 #[derive(Clone, Copy, Debug)]
 pub enum Out {
     Bf16(u64),
     F32(u64),
+    Split(u64, usize),
 }
 
 impl Out {
-    /// (address, 1 if f32) for the kernels' `out, f32out` parameters.
-    fn parts(self) -> (u64, i32) {
+    /// (address, mode) for the kernels' `out, mode` parameters (`store_act` in kernels.cu).
+    pub fn parts(self) -> (u64, i32) {
         match self {
             Out::Bf16(p) => (p, 0),
             Out::F32(p) => (p, 1),
+            Out::Split(p, plane) => {
+                debug_assert!(plane > 0 && plane < i32::MAX as usize);
+                (p, -(plane as i32))
+            }
         }
     }
 }
@@ -71,11 +77,8 @@ pub fn rms_norm(
     out: Out,
     ldo: usize,
 ) -> Result<(), CudaError> {
-    let (ob, of) = match out {
-        Out::Bf16(p) => (p, 0u64),
-        Out::F32(p) => (0u64, p),
-    };
-    launch!(g, g.k.rms_norm, cfg((rows as u32, 1), ROW_THREADS, 0); x, ldx as i32, gain, eps, dim as i32, ob, of, ldo as i32)
+    let (o, mode) = out.parts();
+    launch!(g, g.k.rms_norm, cfg((rows as u32, 1), ROW_THREADS, 0); x, ldx as i32, gain, eps, dim as i32, o, mode, ldo as i32)
 }
 
 /// norm(x) * w * silu(z) per value head. x: [N, HV, DV] f32; z row n at z + n*ldz; out: [N, HV*DV].

@@ -8,11 +8,12 @@
 //! stream needs none), so buffers are passed to kernels as raw device addresses.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
 };
 pub use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, Ptx};
@@ -20,7 +21,13 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 use crate::{CudaError, DrvCtx};
 
 /// The kernel source (CUDA C, no headers).
-pub const KERNELS_CU: &str = include_str!("kernels.cu");
+pub const KERNELS_CU: &str = concat!(
+    include_str!("kernels.cu"),
+    include_str!("gdn_tc.cu"),
+    include_str!("attn_tc.cu"),
+    include_str!("gdn_prep_tc.cu"),
+    include_str!("fused.cu"),
+);
 
 const NVRTC_OPTS: &[&str] = &["--std=c++17"];
 
@@ -58,6 +65,9 @@ pub struct Gpu {
     pub arch: String,
     /// Largest dynamic shared memory one block may opt into (bytes).
     pub max_smem: usize,
+    module: Arc<CudaModule>,
+    /// Functions looked up by name (see [`Gpu::function`]).
+    by_name: Mutex<HashMap<&'static str, CudaFunction>>,
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -187,7 +197,26 @@ impl Gpu {
             name,
             arch,
             max_smem,
+            module,
+            by_name: Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// A kernel of the module by name, loaded on first use, its dynamic shared memory limit raised to the
+    /// device's opt-in maximum. For kernels outside [`Kernels`] (the files after `kernels.cu`).
+    pub fn function(&self, name: &'static str) -> Result<CudaFunction, CudaError> {
+        let mut map = self.by_name.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = map.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.module.load_function(name).op("load function")?;
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            self.max_smem as i32,
+        )
+        .op("shared memory limit")?;
+        map.insert(name, f.clone());
+        Ok(f)
     }
 
     /// Uninitialised device memory for `n` values.

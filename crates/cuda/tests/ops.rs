@@ -63,6 +63,25 @@ fn rms_norms_match_cpu() {
         &want,
         BF16_TOL,
     );
+    // Split planes: hi + lo carries the f32 value to about 2^-16 relative (hi alone is the bf16 output).
+    let os = g.alloc::<u16>(2 * rows * dim).unwrap();
+    ops::rms_norm(
+        &g,
+        g.ptr(&xd),
+        dim,
+        g.ptr(&gd),
+        1e-6,
+        rows,
+        dim,
+        Out::Split(g.ptr(&os), rows * dim),
+        dim,
+    )
+    .unwrap();
+    let planes = from_bf16_bits(&g.download(&os, 2 * rows * dim).unwrap());
+    let (hi, lo) = planes.split_at(rows * dim);
+    let sum: Vec<f32> = hi.iter().zip(lo).map(|(h, l)| h + l).collect();
+    check("rms_norm split hi+lo", &sum, &want, 3e-5);
+    check("rms_norm split hi", hi, &want, BF16_TOL);
 
     // Gated: x [N, HV, DV], z in rows of a wider projection.
     let (n, hv, dv, ldz) = (63, 3, 24, 100);

@@ -1,0 +1,1 @@
+// Attention on tensor cores (mma.sync): see the functions below.

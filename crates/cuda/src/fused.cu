@@ -1,0 +1,1 @@
+// Fused element-wise kernels of the forward (norms, gates, split planes): see below.

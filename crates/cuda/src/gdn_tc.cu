@@ -1,0 +1,1 @@
+// Gated DeltaNet on tensor cores (mma.sync): see the functions below.

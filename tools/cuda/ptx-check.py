@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Compile crates/cuda/src/*.cu with NVRTC exactly as runtime.rs does (compute_90, --std=c++17), then
+assemble the PTX with ptxas for sm_90 and print each kernel's registers, spills and shared memory.
+
+Needs no GPU: NVRTC and ptxas come from the PyPI wheels nvidia-cuda-nvrtc / nvidia-cuda-nvcc (13.0):
+    pip download --no-deps -d /tmp/nvw 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-nvcc==13.0.*'
+    mkdir -p /opt/nvrtc && for w in /tmp/nvw/*.whl; do python3 -m zipfile -e $w /opt/nvrtc; done
+Usage: python3 tools/cuda/ptx-check.py [--root /opt/nvrtc] [--arch 90]
+"""
+import argparse, ctypes, os, pathlib, re, subprocess, sys, tempfile
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--root", default=os.environ.get("NVRTC_ROOT", "/opt/nvrtc"))
+ap.add_argument("--arch", default="90")
+ap.add_argument("--quiet", action="store_true", help="only errors, spills and the kernel count")
+a = ap.parse_args()
+lib = pathlib.Path(a.root) / "nvidia/cu13/lib/libnvrtc.so.13"
+if str(lib.parent) not in os.environ.get("LD_LIBRARY_PATH", ""):
+    # libnvrtc dlopens its builtins library by name.
+    os.environ["LD_LIBRARY_PATH"] = f"{lib.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+ptxas = pathlib.Path(a.root) / "nvidia/cu13/bin/ptxas"
+repo = pathlib.Path(__file__).resolve().parents[2]
+# The same order as runtime.rs's KERNELS_CU.
+order = [l.split('"')[1] for l in (repo / "crates/cuda/src/runtime.rs").read_text().splitlines()
+         if "include_str!(" in l and ".cu\"" in l]
+src = "".join((repo / "crates/cuda/src" / f).read_text() for f in order)
+nv = ctypes.CDLL(str(lib))
+prog = ctypes.c_void_p()
+assert nv.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"onepass_kernels.cu", 0, None, None) == 0
+opts = [f"--gpu-architecture=compute_{a.arch}".encode(), b"--std=c++17"]
+arr = (ctypes.c_char_p * len(opts))(*opts)
+rc = nv.nvrtcCompileProgram(prog, len(opts), arr)
+n = ctypes.c_size_t()
+nv.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+log = ctypes.create_string_buffer(n.value)
+nv.nvrtcGetProgramLog(prog, log)
+if log.value.strip():
+    print(log.value.decode())
+if rc != 0:
+    sys.exit(f"NVRTC failed ({rc})")
+nv.nvrtcGetPTXSize(prog, ctypes.byref(n))
+ptx = ctypes.create_string_buffer(n.value)
+nv.nvrtcGetPTX(prog, ptx)
+with tempfile.TemporaryDirectory() as d:
+    p = pathlib.Path(d) / "k.ptx"
+    p.write_bytes(ptx.value)
+    r = subprocess.run([str(ptxas), f"-arch=sm_{a.arch}", "-v", str(p), "-o", str(pathlib.Path(d) / "k.cubin")],
+                       capture_output=True, text=True)
+out = r.stderr + r.stdout
+if r.returncode != 0:
+    print(out)
+    sys.exit("ptxas failed")
+kern, bad = None, False
+count = 0
+for line in out.splitlines():
+    m = re.search(r"Compiling entry function '(\w+)'", line)
+    if m:
+        kern = m.group(1); count += 1
+        continue
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+    if m and (int(m.group(2)) or int(m.group(3))):
+        print(f"SPILL {kern}: {line.strip()}"); bad = True
+    m = re.search(r"Used (\d+) registers", line)
+    if m and not a.quiet:
+        print(f"{kern:28s} {line.split('info    : ')[-1].strip()}")
+print(f"{count} kernels assembled for sm_{a.arch}" + (" (spills above)" if bad else ""))
