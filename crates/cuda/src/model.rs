@@ -18,7 +18,7 @@
 //! Segment semantics are those of the CPU model: the projections see every token of every segment,
 //! the token mixers walk each segment with its own [`CudaState`].
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaEvent, CudaSlice};
@@ -219,6 +219,128 @@ struct Layer {
     w_down: Weight,
 }
 
+/// Forwards of at most this many token rows run in the persistent scratch (and may replay CUDA graphs); larger
+/// ones allocate their scratch per call (launch costs are small next to their work).
+const ARENA_ROWS: usize = 4096;
+/// Captured graphs kept (least recently captured dropped first).
+const GRAPHS_KEPT: usize = 64;
+
+/// What a forward's launches depend on besides the table's contents (graph key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Shape {
+    n: usize,
+    nseg: usize,
+    max_len: usize,
+    all_single: bool,
+}
+
+/// Values per token row of the forward scratch buffers.
+struct Widths {
+    proj: usize,
+    mid: usize,
+    act: usize,
+    gates: usize,
+    wy: usize,
+}
+
+/// One forward's device buffers (see [`CudaModel::scratch`]).
+struct Scratch {
+    rows: usize,
+    /// Bytes charged to the budget.
+    bytes: usize,
+    table_len: usize,
+    table: CudaSlice<u8>,
+    x: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    proj: CudaSlice<f32>,
+    mid: CudaSlice<f32>,
+    gates: CudaSlice<f32>,
+    wy: CudaSlice<f32>,
+    _charge: Charge,
+}
+
+/// Device addresses one forward's launches use.
+struct FwdPtrs {
+    ptrs: u64,
+    ids: u64,
+    segs: u64,
+    tok: u64,
+    x: u64,
+    act: u64,
+    proj: u64,
+    mid: u64,
+    gates: u64,
+    wy: u64,
+}
+
+impl Scratch {
+    fn ptrs(&self, m: &CudaModel, s: Shape) -> FwdPtrs {
+        let g = &*m.gpu;
+        let entries: usize = m
+            .layers
+            .iter()
+            .map(|l| match l.mixer {
+                Mixer::Gdn(_) => 2 * s.nseg,
+                Mixer::Attn(_) => KV_ENTRIES * s.nseg,
+            })
+            .sum();
+        let ptrs = g.ptr(&self.table);
+        let ids = ptrs + 8 * entries as u64;
+        FwdPtrs {
+            ptrs,
+            ids,
+            segs: ids + 4 * s.n as u64,
+            tok: ids + 4 * (s.n + 3 * s.nseg) as u64,
+            x: g.ptr(&self.x),
+            act: g.ptr(&self.act),
+            proj: g.ptr(&self.proj),
+            mid: g.ptr(&self.mid),
+            gates: g.ptr(&self.gates),
+            wy: g.ptr(&self.wy),
+        }
+    }
+}
+
+/// An instantiated graph. SAFETY of Send: graphs are only touched under [`CudaModel::graphs`]'s mutex (CUDA
+/// requires graph calls on one object to be serialised, not to stay on one thread).
+struct Graph(cudarc::driver::CudaGraph);
+unsafe impl Send for Graph {}
+
+/// Graphs by shape, and how often each shape was seen.
+#[derive(Default)]
+struct GraphCache {
+    graphs: Vec<(Shape, Graph)>,
+    seen: std::collections::HashMap<Shape, u32>,
+}
+
+impl GraphCache {
+    fn get(&self, s: &Shape) -> Option<&cudarc::driver::CudaGraph> {
+        self.graphs.iter().find(|(k, _)| k == s).map(|(_, g)| &g.0)
+    }
+
+    /// Counts one more sight of `s`. → sights so far
+    fn note(&mut self, s: Shape) -> u32 {
+        if self.seen.len() > 4096 {
+            self.seen.clear();
+        }
+        let c = self.seen.entry(s).or_insert(0);
+        *c += 1;
+        *c
+    }
+
+    fn insert(&mut self, s: Shape, g: cudarc::driver::CudaGraph) {
+        if self.graphs.len() >= GRAPHS_KEPT {
+            self.graphs.remove(0);
+        }
+        self.graphs.push((s, Graph(g)));
+    }
+
+    fn clear(&mut self) {
+        self.graphs.clear();
+        self.seen.clear();
+    }
+}
+
 /// A model on one GPU.
 pub struct CudaModel {
     gpu: Arc<Gpu>,
@@ -241,6 +363,13 @@ pub struct CudaModel {
     ledger: Arc<Ledger>,
     /// Events after each op while profiling (see [`CudaModel::profile_start`]).
     prof: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
+    /// Host nanoseconds spent queueing forwards (no forward waits for the GPU), see [`CudaModel::host_enqueue_ns`].
+    enqueue_ns: AtomicU64,
+    /// The persistent forward scratch (forwards of up to [`ARENA_ROWS`] rows).
+    arena: Mutex<Option<Scratch>>,
+    graphs: Mutex<GraphCache>,
+    /// CUDA graphs for repeated shapes (ONEPASS_CUDA_GRAPHS=0 turns them off; a failed capture too).
+    use_graphs: std::sync::atomic::AtomicBool,
 }
 
 /// K and V rows of one attention layer: [cap, HKV, D] f32 each.
@@ -419,6 +548,12 @@ impl CudaModel {
             kv_rows,
             ledger: Arc::default(),
             prof: Mutex::new(None),
+            enqueue_ns: AtomicU64::new(0),
+            arena: Mutex::new(None),
+            graphs: Mutex::new(GraphCache::default()),
+            use_graphs: std::sync::atomic::AtomicBool::new(
+                std::env::var("ONEPASS_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            ),
         })
     }
 
@@ -452,6 +587,15 @@ impl CudaModel {
     /// `new_state`, `fork` and `forward_batch` fail with [`CudaError::Budget`]; nothing is allocated.
     pub fn set_memory_budget(&self, bytes: usize) {
         self.ledger.budget.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes of the persistent forward scratch (kept between forwards of up to 4,096 rows; part of
+    /// [`CudaModel::memory_in_use`]).
+    pub fn scratch_reserved(&self) -> usize {
+        self.arena
+            .lock()
+            .map(|a| a.as_ref().map_or(0, |a| a.bytes))
+            .unwrap_or(0)
     }
 
     /// Bytes of state and scratch alive now (as counted against the budget).
@@ -491,6 +635,23 @@ impl CudaModel {
         let (hi, lo) = (x, x + 2 * (t * k) as u64);
         self.gpu.gemm(hi, t, k, w.w, n, y, ldy, beta)?;
         self.gpu.gemm(lo, t, k, w.w, n, y, ldy, 1.0)
+    }
+
+    /// Turns CUDA graphs for repeated forward shapes on or off (default: on unless ONEPASS_CUDA_GRAPHS=0).
+    pub fn set_graphs(&self, on: bool) {
+        self.use_graphs.store(on, Ordering::Relaxed);
+        self.graphs.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Whether forwards may replay CUDA graphs (off after a capture failed).
+    pub fn graphs_on(&self) -> bool {
+        self.use_graphs.load(Ordering::Relaxed)
+    }
+
+    /// Host nanoseconds spent inside `forward_batch` so far. The forward never waits for the GPU, so when this
+    /// grows as fast as the wall clock the host's kernel launches, not the GPU, bound the request.
+    pub fn host_enqueue_ns(&self) -> u64 {
+        self.enqueue_ns.load(Ordering::Relaxed)
     }
 
     /// Starts recording one CUDA event after every op of the following forwards (for `profile_take`).
@@ -689,8 +850,19 @@ impl CudaModel {
         &self,
         items: &mut [(&mut CudaState, &[u32])],
     ) -> Result<CudaHidden, CudaError> {
+        let t0 = std::time::Instant::now();
+        let r = self.forward_queue(items);
+        self.enqueue_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
+    }
+
+    fn forward_queue(
+        &self,
+        items: &mut [(&mut CudaState, &[u32])],
+    ) -> Result<CudaHidden, CudaError> {
         let g = &*self.gpu;
-        let (hid, inter) = (self.hid, self.inter);
+        let hid = self.hid;
         let nseg = items.len();
         self.mark("start")?;
         for (st, seq) in items.iter_mut() {
@@ -700,8 +872,65 @@ impl CudaModel {
             let need = st.pos + seq.len();
             self.reserve(st, need)?;
         }
-        // One upload: the state address table (u64), then ids [N] | segs [S, 3] | tok [N, 2] (i32).
-        // Per layer: GDN conv [S] | ssm [S]; attention [S, KV_ENTRIES].
+        let n: usize = items.iter().map(|(_, s)| s.len()).sum();
+        if n == 0 {
+            return Err(CudaError::Model(ModelError::Input("empty batch".into())));
+        }
+        let shape = Shape {
+            n,
+            nseg,
+            max_len: items.iter().map(|(_, s)| s.len()).max().unwrap_or(0),
+            all_single: items.iter().all(|(_, s)| s.len() == 1),
+        };
+        let table = self.table(items);
+        let out: CudaSlice<f32> = g.alloc(n * hid)?;
+        let _out_charge = self.ledger.charge(4 * n * hid, "forward scratch")?;
+        if n <= ARENA_ROWS {
+            // The persistent scratch: fixed addresses, so a repeated shape can replay a captured CUDA graph.
+            let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+            if arena
+                .as_ref()
+                .is_none_or(|a| a.rows < n || a.table_len < table.len())
+            {
+                let (rows, tl) = arena.as_ref().map_or((0, 0), |a| (a.rows, a.table_len));
+                *arena = None;
+                self.graphs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clear();
+                let rows = n.max(rows).next_power_of_two().clamp(256, ARENA_ROWS);
+                *arena = Some(self.scratch(rows, table.len().max(tl).next_power_of_two())?);
+            }
+            let a = arena
+                .as_ref()
+                .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
+            let p = a.ptrs(self, shape);
+            g.upload_into(&table, &a.table)?;
+            self.run_layers_graphed(&p, shape)?;
+            self.final_norm(p.x, n, &out)?;
+        } else {
+            let sc = self.scratch(n, table.len())?;
+            let p = sc.ptrs(self, shape);
+            g.upload_into(&table, &sc.table)?;
+            self.run_layers(&p, shape)?;
+            self.final_norm(p.x, n, &out)?;
+            // The scratch is freed in stream order when it drops here.
+        }
+        for (st, seq) in items.iter_mut() {
+            st.pos += seq.len();
+        }
+        Ok(CudaHidden {
+            buf: out,
+            rows: n,
+            hid,
+        })
+    }
+
+    /// The bytes of one forward's table: the state address table (u64), then ids [N] | segs [S, 3] | tok [N, 2]
+    /// (i32). Per layer: GDN conv [S] | ssm [S]; attention [S, KV_ENTRIES].
+    fn table(&self, items: &[(&mut CudaState, &[u32])]) -> Vec<u8> {
+        let g = &*self.gpu;
+        let nseg = items.len();
         let mut ptrs: Vec<u64> = Vec::with_capacity(self.layers.len() * KV_ENTRIES * nseg);
         let mut ai = 0;
         for l in &self.layers {
@@ -727,83 +956,171 @@ impl CudaModel {
                 }
             }
         }
-        let mut ints: Vec<i32> = Vec::new();
+        let mut ids: Vec<i32> = Vec::new();
         let mut segs = Vec::with_capacity(nseg * 3);
         let mut tok = Vec::new();
         for (si, (st, seq)) in items.iter().enumerate() {
-            segs.extend([ints.len() as i32, seq.len() as i32, st.pos as i32]);
+            segs.extend([ids.len() as i32, seq.len() as i32, st.pos as i32]);
             for (i, &id) in seq.iter().enumerate() {
                 tok.extend([si as i32, (st.pos + i) as i32]);
-                ints.push(id as i32);
+                ids.push(id as i32);
             }
         }
-        let n = ints.len();
-        if n == 0 {
-            return Err(CudaError::Model(ModelError::Input("empty batch".into())));
-        }
-        let all_single = items.iter().all(|(_, s)| s.len() == 1);
-        let max_len = items.iter().map(|(_, s)| s.len()).max().unwrap_or(0);
-        ints.extend(&segs);
-        ints.extend(&tok);
-        let mut bytes: Vec<u8> = Vec::with_capacity(8 * ptrs.len() + 4 * ints.len());
+        let mut bytes: Vec<u8> =
+            Vec::with_capacity(8 * ptrs.len() + 4 * (ids.len() * 3 + segs.len()));
         bytes.extend(ptrs.iter().flat_map(|p| p.to_le_bytes()));
-        bytes.extend(ints.iter().flat_map(|i| i.to_le_bytes()));
-        let table = g.upload(&bytes)?;
-        let ptrs_p = g.ptr(&table);
-        let ints_p = ptrs_p + 8 * ptrs.len() as u64;
-        let (ids_p, segs_p, tok_p) = (
-            ints_p,
-            ints_p + 4 * n as u64,
-            ints_p + 4 * (n + 3 * nseg) as u64,
-        );
-        self.mark("upload")?;
-        // Scratch sized for the widest layer.
-        let (mut proj_w, mut mid_w, mut bf_w, mut q_w, mut gates_w) =
-            (2 * inter, 0usize, hid.max(inter), 0usize, 0usize);
-        // The WY pre-pass's U, W, M and decays of every chunk (none for one-token steps).
-        let mut wy_w = 0usize;
+        for v in [&ids, &segs, &tok] {
+            bytes.extend(v.iter().flat_map(|i| i.to_le_bytes()));
+        }
+        bytes
+    }
+
+    /// Values per token row of each forward scratch buffer (the widest layer's).
+    fn widths(&self) -> Widths {
+        let mut w = Widths {
+            proj: 2 * self.inter,
+            mid: 0,
+            act: self.hid.max(self.inter),
+            gates: 1,
+            wy: 0,
+        };
         for l in &self.layers {
             match &l.mixer {
                 Mixer::Gdn(m) => {
-                    proj_w = proj_w.max(m.proj_width());
-                    mid_w = mid_w.max(m.cd + m.d.hv * m.d.dv);
-                    bf_w = bf_w.max(m.d.hv * m.d.dv);
-                    gates_w = gates_w.max(2 * m.d.hv);
-                    wy_w = wy_w.max(ops::gdn_wy_scratch(m.d));
+                    w.proj = w.proj.max(m.proj_width());
+                    w.mid = w.mid.max(m.cd + m.d.hv * m.d.dv);
+                    w.act = w.act.max(m.d.hv * m.d.dv);
+                    w.gates = w.gates.max(2 * m.d.hv);
+                    // The WY pre-pass's U, W, M and decays of every chunk.
+                    w.wy = w.wy.max(ops::gdn_wy_scratch(m.d));
                 }
                 Mixer::Attn(m) => {
-                    proj_w = proj_w.max(m.proj_width());
-                    bf_w = bf_w.max(m.a.heads * m.a.head_dim);
-                    q_w = q_w.max(m.a.heads * m.a.head_dim);
+                    w.proj = w.proj.max(m.proj_width());
+                    w.act = w.act.max(m.a.heads * m.a.head_dim);
+                    w.mid = w.mid.max(m.a.heads * m.a.head_dim);
                 }
             }
         }
-        if all_single {
-            wy_w = 0;
+        w
+    }
+
+    /// Scratch for forwards of up to `rows` token rows and a table of `table_len` bytes, charged to the budget.
+    fn scratch(&self, rows: usize, table_len: usize) -> Result<Scratch, CudaError> {
+        let g = &*self.gpu;
+        let w = self.widths();
+        let floats = rows * (self.hid + w.act + w.proj + w.mid + w.gates + w.wy);
+        let charge = self
+            .ledger
+            .charge(4 * floats + table_len, "forward scratch")?;
+        Ok(Scratch {
+            rows,
+            bytes: 4 * floats + table_len,
+            table_len,
+            table: g.alloc(table_len)?,
+            x: g.alloc(rows * self.hid)?,
+            // GEMM inputs: bf16, two bf16 planes (split) or f32 (allocated for the larger).
+            act: g.alloc(rows * w.act)?,
+            proj: g.alloc(rows * w.proj)?,
+            mid: g.alloc(rows * w.mid)?,
+            gates: g.alloc(rows * w.gates)?,
+            wy: g.alloc(rows * w.wy)?,
+            _charge: charge,
+        })
+    }
+
+    /// The layers of one forward, through a CUDA graph when this shape was seen before (the first sight runs
+    /// them directly, so one-off shapes never pay a capture; GEMM tuning also happens on that first run).
+    fn run_layers_graphed(&self, p: &FwdPtrs, s: Shape) -> Result<(), CudaError> {
+        let profiling = self.prof.lock().map(|p| p.is_some()).unwrap_or(false);
+        if profiling || !self.use_graphs.load(Ordering::Relaxed) {
+            return self.run_layers(p, s);
         }
-        let scratch =
-            4 * n * (2 * hid + bf_w + proj_w + mid_w.max(q_w) + gates_w.max(1) + wy_w);
-        let _scratch = self.ledger.charge(scratch, "forward scratch")?;
-        let x: CudaSlice<f32> = g.alloc(n * hid)?;
-        // GEMM inputs: bf16, two bf16 planes (split) or f32 (allocated for the larger).
-        let hb: CudaSlice<f32> = g.alloc(n * bf_w)?;
-        let proj: CudaSlice<f32> = g.alloc(n * proj_w)?;
-        let mid: CudaSlice<f32> = g.alloc(n * mid_w.max(q_w))?;
-        let gates: CudaSlice<f32> = g.alloc(n * gates_w.max(1))?;
-        let wy: CudaSlice<f32> = g.alloc(n * wy_w)?;
-        let wyp = g.ptr(&wy);
-        let (xp, hbp, pp, midp, gp) = (
-            g.ptr(&x),
-            g.ptr(&hb),
-            g.ptr(&proj),
-            g.ptr(&mid),
-            g.ptr(&gates),
-        );
+        let mut c = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(gr) = c.get(&s) {
+            return gr.launch().map_err(|err| CudaError::Driver {
+                op: "graph launch",
+                err,
+            });
+        }
+        if c.note(s) < 2 {
+            drop(c);
+            return self.run_layers(p, s);
+        }
+        let stream = &self.gpu.stream;
+        stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(|err| CudaError::Driver {
+                op: "begin capture",
+                err,
+            })?;
+        let r = self.run_layers(p, s);
+        let gr = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        match (r, gr) {
+            (Ok(()), Ok(Some(gr))) => {
+                gr.launch().map_err(|err| CudaError::Driver {
+                    op: "graph launch",
+                    err,
+                })?;
+                c.insert(s, gr);
+                Ok(())
+            }
+            // Something in the forward cannot be captured (nothing ran): no graphs from now on.
+            _ => {
+                self.use_graphs.store(false, Ordering::Relaxed);
+                c.clear();
+                drop(c);
+                self.run_layers(p, s)
+            }
+        }
+    }
+
+    /// `out = rms_norm(x) · final_norm` for `n` rows (f32).
+    fn final_norm(&self, x: u64, n: usize, out: &CudaSlice<f32>) -> Result<(), CudaError> {
+        let g = &*self.gpu;
+        ops::rms_norm(
+            g,
+            x,
+            self.hid,
+            self.final_norm.ptr,
+            self.eps,
+            n,
+            self.hid,
+            Out::F32(g.ptr(out)),
+            self.hid,
+        )?;
+        self.mark("rms_norm")
+    }
+
+    /// Every layer of one forward over the scratch at `p` (no allocation, no host synchronisation: capturable).
+    fn run_layers(&self, p: &FwdPtrs, s: Shape) -> Result<(), CudaError> {
+        let g = &*self.gpu;
+        let (hid, inter) = (self.hid, self.inter);
+        let Shape {
+            n,
+            nseg,
+            max_len,
+            all_single,
+        } = s;
+        let (xp, hbp, pp, midp, gp, wyp) = (p.x, p.act, p.proj, p.mid, p.gates, p.wy);
+        let (ptrs_p, ids_p, segs_p, tok_p) = (p.ptrs, p.ids, p.segs, p.tok);
+        self.mark("upload")?;
         ops::embed_gather(g, self.embed.w, ids_p, xp, n, hid)?;
         self.mark("embed")?;
         let mut poff = 0usize;
         for l in &self.layers {
-            ops::rms_norm(g, xp, hid, l.in_norm.ptr, self.eps, n, hid, self.act(hbp, n, hid), hid)?;
+            ops::rms_norm(
+                g,
+                xp,
+                hid,
+                l.in_norm.ptr,
+                self.eps,
+                n,
+                hid,
+                self.act(hbp, n, hid),
+                hid,
+            )?;
             self.mark("rms_norm")?;
             match &l.mixer {
                 Mixer::Gdn(m) => {
@@ -889,14 +1206,34 @@ impl CudaModel {
                     self.mark("attn prep")?;
                     let scale = 1.0 / (a.head_dim as f32).sqrt();
                     ops::attention_tiled(
-                        g, midp, pp, pw, segs_p, kv_p, nseg, max_len, a, scale, self.act(hbp, n, a.heads * a.head_dim),
+                        g,
+                        midp,
+                        pp,
+                        pw,
+                        segs_p,
+                        kv_p,
+                        nseg,
+                        max_len,
+                        a,
+                        scale,
+                        self.act(hbp, n, a.heads * a.head_dim),
                     )?;
                     self.mark("attention")?;
                     self.gemm(hbp, n, a.heads * a.head_dim, &m.w_o, hid, xp, hid, 1.0)?;
                     self.mark("gemm attn out")?;
                 }
             }
-            ops::rms_norm(g, xp, hid, l.post_norm.ptr, self.eps, n, hid, self.act(hbp, n, hid), hid)?;
+            ops::rms_norm(
+                g,
+                xp,
+                hid,
+                l.post_norm.ptr,
+                self.eps,
+                n,
+                hid,
+                self.act(hbp, n, hid),
+                hid,
+            )?;
             self.mark("rms_norm")?;
             self.gemm(hbp, n, hid, &l.w_gu, 2 * inter, pp, 2 * inter, 0.0)?;
             self.mark("gemm mlp gate|up")?;
@@ -905,28 +1242,7 @@ impl CudaModel {
             self.gemm(hbp, n, inter, &l.w_down, hid, xp, hid, 1.0)?;
             self.mark("gemm mlp down")?;
         }
-        let out: CudaSlice<f32> = g.alloc(n * hid)?;
-        ops::rms_norm(
-            g,
-            xp,
-            hid,
-            self.final_norm.ptr,
-            self.eps,
-            n,
-            hid,
-            Out::F32(g.ptr(&out)),
-            hid,
-        )?;
-        self.mark("rms_norm")?;
-        for (st, seq) in items.iter_mut() {
-            st.pos += seq.len();
-        }
-        // The scratch buffers are freed in stream order when they drop here.
-        Ok(CudaHidden {
-            buf: out,
-            rows: n,
-            hid,
-        })
+        Ok(())
     }
 
     /// Label-row readout: `out[i] = hidden[picks[i].0] · lm_head[picks[i].1]`. One upload, one launch, one

@@ -7,13 +7,14 @@
 //! Everything runs on one stream; the context's per-buffer event tracking is switched off (one
 //! stream needs none), so buffers are passed to kernels as raw device addresses.
 
-use std::path::PathBuf;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    ValidAsZeroBits,
 };
 pub use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, Ptx};
@@ -68,6 +69,8 @@ pub struct Gpu {
     module: Arc<CudaModule>,
     /// Functions looked up by name (see [`Gpu::function`]).
     by_name: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// GEMM path, cuBLASLt handle and workspace (made at first use), tuned algorithms ([`crate::gemm`]).
+    pub(crate) gemm_state: crate::gemm::GemmState,
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -141,7 +144,8 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal).op("cuCtx create")?;
         // SAFETY: every buffer and kernel of this backend uses the one stream below.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of our own: CUDA graphs cannot be captured on the legacy default stream.
+        let stream = ctx.new_stream().op("create stream")?;
         let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas {
             op: "create handle",
             err,
@@ -199,6 +203,7 @@ impl Gpu {
             max_smem,
             module,
             by_name: Mutex::new(HashMap::new()),
+            gemm_state: crate::gemm::GemmState::from_env(),
         }))
     }
 
@@ -237,6 +242,29 @@ impl Gpu {
             return self.alloc(1);
         }
         self.stream.clone_htod(host).op("upload")
+    }
+
+    /// Copies `host` into the start of an existing device buffer (stream-ordered).
+    pub fn upload_into<T: DeviceRepr>(
+        &self,
+        host: &[T],
+        dev: &CudaSlice<T>,
+    ) -> Result<(), CudaError> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        if host.len() > dev.len() {
+            return Err(CudaError::Unsupported(format!(
+                "upload of {} values into a buffer of {}",
+                host.len(),
+                dev.len()
+            )));
+        }
+        let dst = self.ptr(dev);
+        // SAFETY: `dst` is a live device buffer of at least `host.len()` values; the copy is ordered on our stream
+        // (pageable host memory is staged before the call returns, so `host` may go away after it).
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, host, self.stream.cu_stream()) }
+            .op("upload")
     }
 
     pub fn download<T: DeviceRepr + Default + Clone>(
@@ -297,7 +325,8 @@ impl Gpu {
     }
 
     /// `y[T, N] (row stride ldy) = x[T, K] · w[N, K]ᵀ + beta · y`, f32 output and accumulation; x has
-    /// w's dtype. bf16: tensor cores; f32: cuBLAS's default math mode, so no TF32 (the exact mode).
+    /// w's dtype. bf16: tensor cores through cuBLASLt, autotuned per shape (`ONEPASS_GEMM=ex`: cublasGemmEx);
+    /// f32: cublasGemmEx with `CUBLAS_COMPUTE_32F_PEDANTIC`, so no TF32 (the exact mode). See [`crate::gemm`].
     pub fn gemm(
         &self,
         x: u64,
@@ -309,50 +338,7 @@ impl Gpu {
         ldy: usize,
         beta: f32,
     ) -> Result<(), CudaError> {
-        if t == 0 || n == 0 {
-            return Ok(());
-        }
-        use blas_sys::cublasComputeType_t as C;
-        let (w, dt, compute) = match w {
-            crate::ops::W::Bf16(p) => (
-                p,
-                blas_sys::cudaDataType::CUDA_R_16BF,
-                C::CUBLAS_COMPUTE_32F,
-            ),
-            // Pedantic: plain f32 FMAs even where TF32 is allowed by the environment.
-            crate::ops::W::F32(p) => (
-                p,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                C::CUBLAS_COMPUTE_32F_PEDANTIC,
-            ),
-        };
-        let alpha = 1.0f32;
-        // Column-major view: y_cm[n, t] = op(w)[n, k] · x_cm[k, t], with w_cm = [k, n] transposed.
-        // SAFETY: pointers are live device buffers of the stated shapes.
-        unsafe {
-            blas_result::gemm_ex(
-                *self.blas.handle(),
-                blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                n as i32,
-                t as i32,
-                k as i32,
-                &alpha as *const f32 as *const _,
-                w as *const _,
-                dt,
-                k as i32,
-                x as *const _,
-                dt,
-                k as i32,
-                &beta as *const f32 as *const _,
-                y as *mut _,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                ldy as i32,
-                compute,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|err| CudaError::Blas { op: "gemm", err })
+        crate::gemm::gemm(self, x, t, k, w, n, y, ldy, beta)
     }
 }
 
