@@ -365,6 +365,8 @@ pub struct CudaModel {
     prof: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
     /// Host nanoseconds spent queueing forwards (no forward waits for the GPU), see [`CudaModel::host_enqueue_ns`].
     enqueue_ns: AtomicU64,
+    /// The own rows of every cache that has none yet (shared: a fork allocates no KV memory until it appends).
+    empty_kv: Arc<KvBuf>,
     /// The persistent forward scratch (forwards of up to [`ARENA_ROWS`] rows).
     arena: Mutex<Option<Scratch>>,
     graphs: Mutex<GraphCache>,
@@ -413,7 +415,8 @@ impl CudaState {
 
     /// Device bytes this state holds itself (a forked-from KV base it shares is not counted).
     pub fn bytes(&self) -> usize {
-        4 * (self.rec.len() + self.kv.iter().map(|c| 2 * c.own.k.len()).sum::<usize>())
+        let own = |c: &KvCache| if c.cap > 0 { 2 * c.own.k.len() } else { 0 };
+        4 * (self.rec.len() + self.kv.iter().map(own).sum::<usize>())
     }
 }
 
@@ -549,6 +552,11 @@ impl CudaModel {
             ledger: Arc::default(),
             prof: Mutex::new(None),
             enqueue_ns: AtomicU64::new(0),
+            empty_kv: Arc::new(KvBuf {
+                k: g.alloc(1)?,
+                v: g.alloc(1)?,
+                _charge: None,
+            }),
             arena: Mutex::new(None),
             graphs: Mutex::new(GraphCache::default()),
             use_graphs: std::sync::atomic::AtomicBool::new(
@@ -733,7 +741,7 @@ impl CudaModel {
             .iter()
             .map(|_| {
                 Ok(KvCache {
-                    own: Arc::new(self.kv_buf(0, 1)?),
+                    own: self.empty_kv.clone(),
                     cap: 0,
                     base: None,
                 })
@@ -767,7 +775,7 @@ impl CudaModel {
             kv.push(match &c.base {
                 // The usual case: share everything this state holds.
                 None => KvCache {
-                    own: Arc::new(self.kv_buf(0, 1)?),
+                    own: self.empty_kv.clone(),
                     cap: 0,
                     base: Some((c.own.clone(), st.pos)),
                 },

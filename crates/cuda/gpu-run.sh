@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device run over .devcarry/pack.tar.gz (made by crates/cuda/gpu-pack.sh): phases named in $1 (default
+# "tests bench"): tests (every GPU test executable, ONEPASS_CUDA_TESTS=1; ONEPASS_CUDA_BENCH=1 adds the kernel
+# timing tables), bench (System One on the 0.8B shape: split, bf16, split without CUDA graphs), b2b (the 2B shape),
+# decider (benches/gpu-decider.sh, the decider-ai side-by-side). Logs: $OUT/tests.log, $OUT/bench.log, $OUT/bench.jsonl.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+WHAT=${1:-"tests bench"}
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export XDG_CACHE_HOME=/tmp/xdg
+P=/tmp/op
+rm -rf $P && mkdir -p $P && tar -C $P -xzf .devcarry/pack.tar.gz --strip-components=1
+B=$P/bin TOK=$P/tokenizer
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
+if [[ $WHAT == *tests* ]]; then
+  for t in $(ls $B | grep -v '^onepass$'); do
+    echo "== $t" | tee -a "$OUT/tests.log"
+    ONEPASS_CUDA_TESTS=1 ONEPASS_CUDA_BENCH=${ONEPASS_CUDA_BENCH:-1} timeout ${TEST_TIMEOUT:-240} $B/$t --test-threads=1 --nocapture \
+      >>"$OUT/tests.log" 2>&1
+    echo "== $t exit $?" | tee -a "$OUT/tests.log"
+  done
+  grep -E "^test .*(ok|FAILED)$|panicked|^== " "$OUT/tests.log" | grep -v "exit 0" | head -80
+fi
+synth() {  # $1 preset, $2 folder
+  $B/onepass synth --preset "$1" --out "$2" --tokenizer $TOK 2>&1 | tail -1
+  echo '{"isolated_levels": true, "neutralize_none": false, "version": "bench"}' > "$2/decider_config.json"
+}
+bench() {  # label, then bench-systemone arguments
+  local label=$1; shift
+  echo "== $label: onepass bench-systemone $*" | tee -a "$OUT/bench.log"
+  timeout ${BENCH_TIMEOUT:-240} $B/onepass bench-systemone "$@" 2>>"$OUT/bench.log" >>"$OUT/bench.jsonl"
+  echo "== $label exit $?" >>"$OUT/bench.log"
+}
+if [[ $WHAT == *bench* ]]; then
+  synth qwen3.5-0.8b /tmp/q08
+  for P_ in ${PRECS:-split bf16}; do
+    bench "0.8B $P_" --device cuda --gpu-precision $P_ --model /tmp/q08 --reps 30 --batch-reps 2
+  done
+  if [[ $WHAT == *nograph* ]]; then
+    ONEPASS_CUDA_GRAPHS=0 bench "0.8B split, no CUDA graphs" --device cuda --gpu-precision split --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
+  fi
+  grep -vE "^\s+[a-z].* ms .*launches" "$OUT/bench.log" | tail -40
+fi
+if [[ $WHAT == *b2b* ]]; then
+  synth qwen3.5-2b /tmp/q2b
+  bench "2B split" --device cuda --model /tmp/q2b --reps 20 --batch 8 --batch-reps 2
+  tail -8 "$OUT/bench.log"
+fi
+if [[ $WHAT == *decider* ]]; then
+  ONEPASS_BIN=$B/onepass TOKENIZER=$TOK bash benches/gpu-decider.sh 2>&1 | tail -30
+fi
