@@ -1,1 +1,371 @@
-// Attention on tensor cores (mma.sync): see the functions below.
+
+// ---------------------------------------------------------------------------------------------------------------
+// Attention on tensor cores (attn_tc.cu; launcher crates/cuda/src/attn_tc.rs): the twin of `attention_tiled`
+// (same inputs, same result within f32 rounding) with Q·Kᵀ and P·V as mma.sync m16n8k8 TF32 products in 3xTF32
+// form (x = big + small, both TF32; acc += big·big + big·small + small·big), online softmax in f32.
+//
+// Work item: one block per (tile of query rows of a segment, KV head, split of the tile's keys). The block's 64
+// "rows" are (token, query head of the KV group) pairs, row r = token r / G, head kh*G + r % G (G = H / HKV), so
+// one K/V tile in shared memory serves every query head that reads it; warp w owns rows 16w..16w+15. Keys come
+// ATC_NK at a time (cp.async, K and V in separate groups so each loads under the other's product). A tile whose
+// keys are split over several blocks writes per-row partials (max, sum, unnormalised output) to a scratch and
+// `attention_tc_combine` merges them; a tile with one split writes the gated output directly.
+// ---------------------------------------------------------------------------------------------------------------
+#define ATC_M 64          // rows (token, head) per block: 4 warps x 16
+#define ATC_NK 16         // keys per shared-memory tile
+#define ATC_MIN_CHUNK 32  // fewest keys per split
+#define ATC_MAX_SPLITS 16
+#define ATC_MAX_HEADS 64
+
+// x = big + small: big = TF32(x) rounded to nearest (ties away, as cvt.rna; finite x), small = x - big exactly
+// in f32, passed as is (the tensor core reads its top 19 bits): |x - big - tf32(small)| <= 2^-21 |x|.
+__device__ __forceinline__ void atc_split(float x, unsigned& big, unsigned& small) {
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(x - __uint_as_float(big));
+}
+// c[16x8] += a[16x8] · b[8x8]. Fragments (g = lane >> 2, t = lane & 3): a0 (g, t), a1 (g+8, t), a2 (g, t+4),
+// a3 (g+8, t+4); b0 (k t, n g), b1 (k t+4, n g); c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1).
+__device__ __forceinline__ void atc_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 3xTF32: the small products first, the big one last.
+__device__ __forceinline__ void atc_mma3(float* c, const unsigned* ab, const unsigned* as, unsigned bb0,
+                                         unsigned bb1, unsigned bs0, unsigned bs1) {
+    atc_mma(c, as, bb0, bb1);
+    atc_mma(c, ab, bs0, bs1);
+    atc_mma(c, ab, bb0, bb1);
+}
+__device__ __forceinline__ unsigned atc_smem_addr(const void* p) {
+    unsigned long long s;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(p));
+    return (unsigned)s;
+}
+// 16 bytes global → shared, asynchronously; bytes = 0 writes zeros (nothing is read).
+__device__ __forceinline__ void atc_cp16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void atc_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most one committed group (the newest) is still in flight.
+__device__ __forceinline__ void atc_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// Keys per split and splits used for a tile that sees `nkeys` keys, with at most `ns` splits.
+__device__ __forceinline__ void atc_plan(int nkeys, int ns, int& chunk, int& used) {
+    int c = (nkeys + ns - 1) / ns;
+    c = (c + ATC_NK - 1) / ATC_NK * ATC_NK;
+    chunk = max(ATC_MIN_CHUNK, c);
+    used = (nkeys + chunk - 1) / chunk;
+}
+
+// Keys k0..k0+ATC_NK-1 of one KV head (K or V) into dst [ATC_NK, lds]: key p from the base cache when
+// p < base, else own row p - base; keys >= kend and columns >= D are zeros.
+__device__ __forceinline__ void atc_load_kv(float* dst, const float* own, const float* bas, int base, int k0,
+                                            int kend, int HKV, int kh, int D, int c4n, int lds, int tid) {
+    unsigned s0 = atc_smem_addr(dst);
+    for (int i = tid; i < ATC_NK * c4n; i += 128) {
+        int r = i / c4n, c = (i - r * c4n) * 4;
+        int kp = k0 + r;
+        bool ok = kp < kend && c < D;
+        const float* src = own;
+        if (ok)
+            src = kp < base ? bas + ((idx_t)kp * HKV + kh) * D + c : own + ((idx_t)(kp - base) * HKV + kh) * D + c;
+        atc_cp16(s0 + (unsigned)(r * lds + c) * 4u, src, ok ? 16 : 0);
+    }
+}
+
+template <int NT>  // NT: 8-column tiles of the padded head dim Dp = 8 NT >= D (columns D..Dp-1 are zeros)
+__device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
+                                               const int* seg, const u64* kv, int H, int HKV, int D, float scale,
+                                               void* out, int mode, int ns, int maxlen, int nseg,
+                                               float* __restrict__ scratch, float* sm) {
+    const int G = H / HKV, TQ = ATC_M / G;
+    const int Dp = NT * 8, lds = Dp + 4, c4n = Dp / 4;
+    float* Qs = sm;                 // [ATC_M, lds]
+    float* Ks = Qs + ATC_M * lds;   // [ATC_NK, lds]
+    float* Vs = Ks + ATC_NK * lds;  // [ATC_NK, lds]
+    // Longest tiles first (they see the most keys).
+    int tile = (int)(gridDim.x / ns) - 1 - (int)blockIdx.x / ns, split = (int)blockIdx.x % ns;
+    int s = blockIdx.y, kh = blockIdx.z;
+    int start = seg[3 * s], len = seg[3 * s + 1], pos0 = seg[3 * s + 2];
+    int t0 = tile * TQ;
+    if (t0 >= len) return;
+    int nq = min(TQ, len - t0);
+    int nkeys = pos0 + t0 + nq;  // keys 0..nkeys-1 are seen by some row of the tile
+    int chunk, used;
+    atc_plan(nkeys, ns, chunk, used);
+    if (split >= used) return;
+    int kbeg = split * chunk, kend = min(nkeys, kbeg + chunk);
+
+    const u64* kvs = kv + KV_ENTRIES * s;
+    const float* ko = (const float*)kvs[0];
+    const float* vo = (const float*)kvs[1];
+    const float* kb = (const float*)kvs[2];
+    const float* vb = (const float*)kvs[3];
+    int base = (int)kvs[4];
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
+
+    // Q tile (unscaled; the scale goes on the scores), then the first K and V tiles.
+    {
+        unsigned s0 = atc_smem_addr(Qs);
+        for (int i = tid; i < ATC_M * c4n; i += 128) {
+            int r = i / c4n, c = (i - r * c4n) * 4;
+            int t = r / G, hg = r - t * G;
+            bool ok = t < nq && c < D;
+            const float* src = q;
+            if (ok) src = q + ((idx_t)(start + t0 + t) * H + kh * G + hg) * D + c;
+            atc_cp16(s0 + (unsigned)(r * lds + c) * 4u, src, ok ? 16 : 0);
+        }
+    }
+    atc_load_kv(Ks, ko, kb, base, kbeg, kend, HKV, kh, D, c4n, lds, tid);
+    atc_commit();
+    atc_load_kv(Vs, vo, vb, base, kbeg, kend, HKV, kh, D, c4n, lds, tid);
+    atc_commit();
+
+    // This thread's rows r0 = 16 warp + g and r1 = r0 + 8, their positions (-1: not a row of the tile, sees
+    // nothing), and the last key any row of the warp sees.
+    int r0 = warp * 16 + g, r1 = r0 + 8;
+    int p0 = r0 / G < nq ? pos0 + t0 + r0 / G : -1;
+    int p1 = r1 / G < nq ? pos0 + t0 + r1 / G : -1;
+    bool wrows = (warp * 16) / G < nq;
+    int pw = pos0 + t0 + min((warp * 16 + 15) / G, nq - 1);
+    const float NEG = __int_as_float(0xff800000);  // -inf
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m0 = NEG, m1 = NEG, l0 = 0.0f, l1 = 0.0f;
+
+    for (int k0 = kbeg; k0 < kend; k0 += ATC_NK) {
+        bool next = k0 + ATC_NK < kend;
+        bool act = wrows && k0 <= pw;  // warp-uniform
+        atc_wait1();                   // Q and K(k0) have landed (V(k0) may be in flight)
+        __syncthreads();
+        float sc[ATC_NK / 8][4];
+        if (act) {
+            // S[16 x ATC_NK] = Q[16 x Dp] · K[ATC_NK x Dp]ᵀ, 8 head-dim columns per step; four independent
+            // accumulators per key tile (big·big and the cross terms, even and odd steps) keep the mma chains short.
+            float sa[2][ATC_NK / 8][4], sx[2][ATC_NK / 8][4];
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int j = 0; j < ATC_NK / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sa[u][j][e] = sx[u][j][e] = 0.0f;
+#pragma unroll 4
+            for (int kk = 0; kk < NT; kk += 2) {
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const float* qa = Qs + r0 * lds + (kk + u) * 8 + tg;
+                    unsigned ab[4], as[4];
+                    atc_split(qa[0], ab[0], as[0]);
+                    atc_split(qa[8 * lds], ab[1], as[1]);
+                    atc_split(qa[4], ab[2], as[2]);
+                    atc_split(qa[8 * lds + 4], ab[3], as[3]);
+#pragma unroll
+                    for (int j = 0; j < ATC_NK / 8; j++) {
+                        const float* kr = Ks + (j * 8 + g) * lds + (kk + u) * 8 + tg;
+                        unsigned bb0, bs0, bb1, bs1;
+                        atc_split(kr[0], bb0, bs0);
+                        atc_split(kr[4], bb1, bs1);
+                        atc_mma(sx[u][j], as, bb0, bb1);
+                        atc_mma(sx[u][j], ab, bs0, bs1);
+                        atc_mma(sa[u][j], ab, bb0, bb1);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < ATC_NK / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[j][e] = (sx[0][j][e] + sx[1][j][e]) + (sa[0][j][e] + sa[1][j][e]);
+        }
+        __syncthreads();  // every warp is done with Ks
+        if (next) atc_load_kv(Ks, ko, kb, base, k0 + ATC_NK, kend, HKV, kh, D, c4n, lds, tid);
+        atc_commit();
+        if (act) {
+            // Causal mask and scale; sc[j][e] is (row e < 2 ? r0 : r1, key k0 + 8j + 2tg + (e & 1)).
+            float mx0 = NEG, mx1 = NEG;
+#pragma unroll
+            for (int j = 0; j < ATC_NK / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + j * 8 + 2 * tg + (e & 1);
+                    int p = e < 2 ? p0 : p1;
+                    float x = key <= p && key < kend ? sc[j][e] * scale : NEG;
+                    sc[j][e] = x;
+                    if (e < 2) mx0 = fmaxf(mx0, x);
+                    else mx1 = fmaxf(mx1, x);
+                }
+            // A row lives in the 4 lanes of a quad.
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            // A row that has seen no key yet keeps max -inf: use 0 so that exp gives 0, not NaN.
+            float mu0 = mn0 == NEG ? 0.0f : mn0, mu1 = mn1 == NEG ? 0.0f : mn1;
+            float cr0 = expf(m0 - mu0), cr1 = expf(m1 - mu1);
+            float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATC_NK / 8; j++) {
+                sc[j][0] = expf(sc[j][0] - mu0);
+                sc[j][1] = expf(sc[j][1] - mu0);
+                sc[j][2] = expf(sc[j][2] - mu1);
+                sc[j][3] = expf(sc[j][3] - mu1);
+                s0 += sc[j][0] + sc[j][1];
+                s1 += sc[j][2] + sc[j][3];
+            }
+            s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+            s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+            l0 = l0 * cr0 + s0;
+            l1 = l1 * cr1 + s1;
+            m0 = mn0;
+            m1 = mn1;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                o[nt][0] *= cr0;
+                o[nt][1] *= cr0;
+                o[nt][2] *= cr1;
+                o[nt][3] *= cr1;
+            }
+        }
+        atc_wait1();  // V(k0) has landed (K(k0 + ATC_NK) may be in flight)
+        __syncthreads();
+        if (act) {
+            // O[16 x Dp] += P[16 x ATC_NK] · V[ATC_NK x Dp]. The score fragment is the A operand with its 8 keys
+            // permuted: A column t ↔ key 2t, column t+4 ↔ key 2t+1 (so a = c0, c2, c1, c3), and B reads V rows
+            // in the same order.
+#pragma unroll
+            for (int j = 0; j < ATC_NK / 8; j++) {
+                unsigned pb[4], ps[4];
+                atc_split(sc[j][0], pb[0], ps[0]);
+                atc_split(sc[j][2], pb[1], ps[1]);
+                atc_split(sc[j][1], pb[2], ps[2]);
+                atc_split(sc[j][3], pb[3], ps[3]);
+                const float* vr = Vs + (j * 8 + 2 * tg) * lds + g;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    unsigned bb0, bs0, bb1, bs1;
+                    atc_split(vr[nt * 8], bb0, bs0);
+                    atc_split(vr[lds + nt * 8], bb1, bs1);
+                    atc_mma3(o[nt], pb, ps, bb0, bb1, bs0, bs1);
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with Vs
+        if (next) atc_load_kv(Vs, vo, vb, base, k0 + ATC_NK, kend, HKV, kh, D, c4n, lds, tid);
+        atc_commit();
+    }
+
+    // o[nt][e] is (row e < 2 ? r0 : r1, column 8nt + 2tg + (e & 1)); D % 4 == 0, so c < D means c + 1 < D.
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int r = half ? r1 : r0;
+        if ((half ? p1 : p0) < 0) continue;
+        float m = half ? m1 : m0, l = half ? l1 : l0;
+        int t = r / G, h = kh * G + (r - t * G);
+        idx_t n = start + t0 + t;
+        if (used == 1) {
+            const float* gate = proj + n * ld + h * 2 * D + D;
+            float inv = 1.0f / l;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int c = nt * 8 + 2 * tg;
+                if (c < D) {
+                    idx_t oi = n * H * D + h * D + c;
+                    store_act(out, oi, o[nt][2 * half] * inv * sigmoid_f(gate[c]), mode);
+                    store_act(out, oi + 1, o[nt][2 * half + 1] * inv * sigmoid_f(gate[c + 1]), mode);
+                }
+            }
+        } else {
+            // Partial row ((split, segment, token), head): output [.., D] then (max, sum) after all outputs.
+            idx_t pr = (((idx_t)split * nseg + s) * maxlen + t0 + t) * H + h;
+            float* po = scratch + pr * D;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int c = nt * 8 + 2 * tg;
+                if (c < D) {
+                    po[c] = o[nt][2 * half];
+                    po[c + 1] = o[nt][2 * half + 1];
+                }
+            }
+            if (tg == 0) {
+                float* ml = scratch + (idx_t)ns * nseg * maxlen * H * D + pr * 2;
+                ml[0] = m;
+                ml[1] = l;
+            }
+        }
+    }
+}
+
+// q: [N, H, D]; proj: [N, ld] (gate of head h at h*2D + D); seg: [S, 3]; kv: [S, KV_ENTRIES]; out: [N, H*D] as `store_act`
+// with `mode`. ns: most key splits per tile; scratch: [ns, nseg, maxlen, H] x (D + 2) floats when ns > 1.
+// grid (ceil(maxlen / (ATC_M / G)) * ns, nseg, HKV), block 128, dynamic shared memory (ATC_M + 2 ATC_NK) *
+// (Dp + 4) floats, Dp = 64, 128 or 256 (the least >= D); D % 4 == 0, D <= 256, G = H / HKV <= 64.
+extern "C" __global__ void __launch_bounds__(128, 2)
+    attention_tc(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,
+                 int H, int HKV, int D, float scale, void* out, int mode, int ns, int maxlen, int nseg,
+                 float* __restrict__ scratch) {
+    extern __shared__ float atc_sm[];
+    if (D <= 64)
+        attention_tc_t<8>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch, atc_sm);
+    else if (D <= 128)
+        attention_tc_t<16>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch, atc_sm);
+    else
+        attention_tc_t<32>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch, atc_sm);
+}
+
+// Merges the key splits of `attention_tc`: per (token, head) o = Σ_j e^(m_j - M) o_j / Σ_j e^(m_j - M) l_j, times
+// sigmoid(gate). Tokens whose tile had one split were written by attention_tc and are skipped. grid (maxlen,
+// nseg), block 128, dynamic shared memory H * ATC_MAX_SPLITS floats; H <= ATC_MAX_HEADS, ns <= ATC_MAX_SPLITS.
+extern "C" __global__ void __launch_bounds__(128)
+    attention_tc_combine(const float* __restrict__ proj, int ld, const int* seg, int H, int HKV, int D, void* out,
+                         int mode, int ns, int maxlen, int nseg, const float* __restrict__ scratch) {
+    extern __shared__ float coef[];  // [H, ATC_MAX_SPLITS] (dynamic: Gpu::function opts every kernel into the
+                                     // device's whole shared memory, which fails for kernels with static arrays)
+    int t = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
+    int start = seg[3 * s], len = seg[3 * s + 1], pos0 = seg[3 * s + 2];
+    if (t >= len) return;
+    int TQ = ATC_M / (H / HKV);
+    int t0 = t / TQ * TQ;
+    int nkeys = pos0 + t0 + min(TQ, len - t0);
+    int chunk, used;
+    atc_plan(nkeys, ns, chunk, used);
+    if (used == 1) return;
+    const float* ml = scratch + (idx_t)ns * nseg * maxlen * H * D;
+    idx_t split_stride = (idx_t)nseg * maxlen * H;  // partial rows between splits
+    idx_t row0 = ((idx_t)s * maxlen + t) * H;       // partial row of (split 0, this token, head 0)
+    for (int h = tid; h < H; h += 128) {
+        float mj[ATC_MAX_SPLITS], lj[ATC_MAX_SPLITS];
+        float mx = __int_as_float(0xff800000);
+#pragma unroll
+        for (int j = 0; j < ATC_MAX_SPLITS; j++) {
+            bool ok = j < used;
+            mj[j] = ok ? ml[(j * split_stride + row0 + h) * 2] : __int_as_float(0xff800000);
+            lj[j] = ok ? ml[(j * split_stride + row0 + h) * 2 + 1] : 0.0f;
+            mx = fmaxf(mx, mj[j]);
+        }
+        float l = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATC_MAX_SPLITS; j++) {
+            mj[j] = expf(mj[j] - mx);  // a split where the row saw no key (or none at all): m = -inf, weight 0
+            l += mj[j] * lj[j];
+        }
+        float inv = 1.0f / l;
+#pragma unroll
+        for (int j = 0; j < ATC_MAX_SPLITS; j++) coef[h * ATC_MAX_SPLITS + j] = mj[j] * inv;
+    }
+    __syncthreads();
+    idx_t n = start + t;
+    for (int e = tid; e < H * D; e += 128) {
+        int h = e / D;
+        const float* src = scratch + (row0 + h) * D + (e - h * D);
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATC_MAX_SPLITS; j++)
+            if (j < used) acc += coef[h * ATC_MAX_SPLITS + j] * src[j * split_stride * D];
+        int c = e - h * D;
+        store_act(out, n * H * D + e, acc * sigmoid_f(proj[n * ld + h * 2 * D + D + c]), mode);
+    }
+}

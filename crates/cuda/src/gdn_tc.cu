@@ -1,1 +1,338 @@
 // Gated DeltaNet on tensor cores (mma.sync): see the functions below.
+//
+// gdn_tc_state_{8,16,32,64}: the state pass of the WY-form chunked gated delta rule (the tensor-core twin of
+// gdn_wy_state in kernels.cu: same scratch from gdn_wy_prep, same outputs). Per (value head h, segment s, slice of
+// BV value columns j0..j0+BV) the block carries S = state[h][:, j0:j0+BV] ([dk, BV], f32) through the segment's
+// chunks of GDN_C = 64 tokens; per chunk of n tokens (rows r0..r0+n):
+//   v' = U - W S                                  [64, BV]  (k = dk)
+//   o  = e^gam (Q S) + M v'                       [64, BV]  (k = dk, then k = 64, M lower triangular)
+//   S <- e^gam_last S + K^T (e^(gam_last - gam) v')   [dk, BV]  (k = n)
+// Every product runs on mma.sync.m16n8k8 TF32 with the 3xTF32 split (x = big + small, both TF32; acc += a_big b_big
+// into one accumulator, a_big b_small + a_small b_big into a second, summed in f32 at the end), which keeps the
+// products at f32 accuracy (the dropped small*small term is below 2^-22 relative); S itself stays f32.
+//
+// Why this shape:
+// - Block = 8 warps. Warps 0-3 own the 16-row tiles of v' (rows 16w..16w+15 of W S), warps 4-7 those of o (Q S,
+//   then + M v' on the same rows): both halves share the B operand S and run at once. In the update, warp w owns S
+//   rows 16w..16w+15 (dk <= 128) as mma C fragments in registers across the whole segment; after each update it
+//   mirrors them into shared memory (Ss), the B operand of the next chunk's W S and Q S.
+// - Shared memory: the chunk's W, Q, K, M tiles (cp.async, 16 bytes when aligned, zero-filled past n rows and dk
+//   columns so padded products add exact zeros), v' and e^(gam_last - gam) v' (the B operands of M v' and of the
+//   update; scaling v' instead of K leaves K as loaded), and Ss. Row strides are padded so every fragment load is
+//   conflict-free: A tiles read row-major (W, Q, M: stride = 4 mod 8), K^T and the B operands read down columns
+//   (K, v', Ss: stride = 8 * odd). U and the decays go straight from global memory into registers.
+// - Two barriers per chunk, loads overlapped: the next chunk's W and Q stream in during M v' and the update, its M
+//   and K during the next W S / Q S. The update accumulates K^T v' from zero and adds e^gam_last S in f32 (no long
+//   accumulation chains inside the tensor cores' adder).
+// - Grid (hv, nseg, ceil(dv / BV)), BV in {8, 16, 32, 64} chosen by the launcher (gdn_tc.rs) so small batches
+//   still fill the multiprocessors; one block (about 150 KB of shared memory at dk = 128) per multiprocessor.
+// Needs dk <= 128 (the launcher returns Unsupported otherwise). dk, dv, chunk lengths: anything (padding).
+
+static_assert(GDN_C == 64, "gdn_tc_state assumes chunks of 64 tokens");
+
+// x = big + small, both rounded to TF32 (the 3xTF32 split), with integer ops (round to nearest, ties away, as
+// cvt.rna.tf32.f32; the conversion instruction issues at a fraction of the ALU rate). x - big is exact in f32.
+__device__ __forceinline__ unsigned gtc_tf32_bits(unsigned u) { return (u + 0x1000u) & 0xffffe000u; }
+__device__ __forceinline__ void gtc_split(float x, unsigned& big, unsigned& small) {
+    big = gtc_tf32_bits(__float_as_uint(x));
+    small = gtc_tf32_bits(__float_as_uint(x - __uint_as_float(big)));
+}
+// c += a b, m16n8k8, a row-major 16x8, b column-major 8x8 (PTX ISA fragment layouts, g = lane / 4, t = lane % 4):
+// a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 (k t, n g), b1 (k t+4, n g);
+// c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1).
+__device__ __forceinline__ void gtc_mma(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// 3xTF32: hi += a_big b_big; lo += a_big b_small + a_small b_big.
+__device__ __forceinline__ void gtc_mma3(float (&hi)[4], float (&lo)[4], const unsigned (&ab)[4],
+                                         const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
+    gtc_mma(hi, ab, bb);
+    gtc_mma(lo, ab, bs);
+    gtc_mma(lo, as, bb);
+}
+// An A fragment from a row-major tile: p points at element (g, t) of the 16x8 block, ld its row stride.
+__device__ __forceinline__ void gtc_frag_a_row(const float* p, int ld, unsigned (&ab)[4], unsigned (&as)[4]) {
+    gtc_split(p[0], ab[0], as[0]);
+    gtc_split(p[8 * ld], ab[1], as[1]);
+    gtc_split(p[4], ab[2], as[2]);
+    gtc_split(p[8 * ld + 4], ab[3], as[3]);
+}
+// A B fragment from a row-major [k][n] tile: p points at element (k t, n g), ld its row stride.
+__device__ __forceinline__ void gtc_frag_b(const float* p, int ld, unsigned (&bb)[2], unsigned (&bs)[2]) {
+    gtc_split(p[0], bb[0], bs[0]);
+    gtc_split(p[4 * ld], bb[1], bs[1]);
+}
+
+__device__ __forceinline__ unsigned gtc_smem_addr(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+// cp.async of 16 / 4 bytes; the bytes past `bytes` are zero-filled (bytes 0: nothing read, all zero).
+__device__ __forceinline__ void gtc_cp16(float* dst, const float* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(gtc_smem_addr(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void gtc_cp4(float* dst, const float* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(gtc_smem_addr(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void gtc_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void gtc_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void gtc_wait_but_last() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// dst[t * ldd + c] = src[t * lds + c] for t < n, c < ws; zero for the rest of t < GDN_C, c < wd (cp.async, the
+// caller commits and waits). vec: 16-byte copies (src, lds and ws multiples of 4 floats, wd too); else 4-byte.
+// A thread copies one 16-byte (4-byte) column of every (256 / columns)-th row: one division per tile.
+__device__ __forceinline__ void gtc_tile(float* dst, int ldd, const float* src, idx_t lds, int n, int ws, int wd,
+                                         bool vec) {
+    const int e = vec ? 4 : 1, q = wd / e, step = blockDim.x / q;
+    const int t0 = threadIdx.x / q, c = (threadIdx.x - t0 * q) * e;
+    if (t0 >= step) return;
+    const bool cok = c < ws;
+    float* d = dst + t0 * ldd + c;
+    const float* p = src + (idx_t)t0 * lds + c;
+    const idx_t sstep = (idx_t)step * lds;
+    for (int t = t0; t < GDN_C; t += step, d += step * ldd, p += sstep) {
+        bool ok = cok && t < n;
+        if (vec) gtc_cp16(d, ok ? p : src, ok ? 16 : 0);
+        else gtc_cp4(d, ok ? p : src, ok ? 4 : 0);
+    }
+}
+
+// Row stride (floats) of a [*, BV] tile read down its columns by fragments: 8 * odd, so the four k rows of a
+// fragment load fall in four distinct groups of 8 banks.
+template <int BV>
+struct GtcLd {
+    static constexpr int v = ((BV + 8) / 8) % 2 ? BV + 8 : BV + 16;
+};
+
+// Shared memory (floats), in this order: W, Q [64][kp8 + 4]; K [64][dkp + 8]; M [64][68]; v', e v' [64][LDV];
+// S [dkp][LDV] (kp8, dkp: dk rounded up to 8, 16). Must match gdn_tc_smem in gdn_tc.rs.
+template <int BV>
+__device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
+                                               const float* __restrict__ W, const float* __restrict__ M,
+                                               const float* __restrict__ E, float* __restrict__ out, const int* seg,
+                                               const u64* states, int hk, int hv, int dk, int dv, int vec,
+                                               float* sm) {
+    constexpr int NT = BV / 8;  // n tiles of 8 value columns
+    constexpr int LDV = GtcLd<BV>::v;
+    constexpr int LDM = GDN_C + 4;
+    const int kp8 = (dk + 7) & ~7, dkp = (dk + 15) & ~15;
+    const int ldx = kp8 + 4, ldk = dkp + 8;
+    float* Wt = sm;                  // [C, ldx]   W of the chunk
+    float* Qt = Wt + GDN_C * ldx;    // [C, ldx]   Q
+    float* Kt = Qt + GDN_C * ldx;    // [C, ldk]   K
+    float* Mt = Kt + GDN_C * ldk;    // [C, LDM]   M
+    float* Vs = Mt + GDN_C * LDM;    // [C, LDV]   v'
+    float* Ve = Vs + GDN_C * LDV;    // [C, LDV]   e^(gam_last - gam) v'
+    float* Ss = Ve + GDN_C * LDV;    // [dkp, LDV] S (rows past dk and columns past w stay zero)
+
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
+    const int h = blockIdx.x, s = blockIdx.y, j0 = blockIdx.z * BV, w = min(BV, dv - j0);
+    const int start = seg[3 * s], len = seg[3 * s + 1];
+    const int kh = h / (hv / hk);
+    const bool vecb = vec != 0;
+    float* Sg = (float*)states[s] + (idx_t)h * dk * dv;
+    const float* Qg = qkv + kh * dk;
+    const float* Kg = qkv + hk * dk + kh * dk;
+    const idx_t ldw = (idx_t)hv * dk, ldmg = (idx_t)hv * GDN_C;
+
+    for (int i = threadIdx.x; i < dkp * BV; i += blockDim.x) {
+        int c = i / BV, j = i % BV;
+        Ss[c * LDV + j] = (c < dk && j < w) ? Sg[(idx_t)c * dv + j0 + j] : 0.0f;
+    }
+    if (len > 0) {
+        int n = min(GDN_C, len);
+        gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n, dk, kp8, vecb);
+        gtc_tile(Qt, ldx, Qg + (idx_t)start * ld, ld, n, dk, kp8, vecb);
+        gtc_commit();
+        gtc_tile(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, ldmg, n, GDN_C, GDN_C, vecb);
+        gtc_tile(Kt, ldk, Kg + (idx_t)start * ld, ld, n, dk, dkp, vecb);
+        gtc_commit();
+        gtc_wait_but_last();  // W, Q
+    }
+    __syncthreads();
+
+    // This warp's rows of S in the update (C fragments, kept across chunks): rows sm0 + g, sm0 + g + 8.
+    const int sm0 = 16 * wp;
+    const bool sown = sm0 < dkp;
+    float sacc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        int col = nt * 8 + 2 * tg;
+#pragma unroll
+        for (int i = 0; i < 4; i++) sacc[nt][i] = sown ? Ss[(sm0 + g + (i >> 1) * 8) * LDV + col + (i & 1)] : 0.0f;
+    }
+
+    // Rows of W S (warps 0-3, v') or Q S (warps 4-7, o) of this warp: m0 + g and m0 + g + 8.
+    const bool vwarp = wp < 4;
+    const int m0 = 16 * (wp & 3), ra = m0 + g, rb = m0 + g + 8;
+    const float* X = vwarp ? Wt : Qt;
+    for (int c0 = 0; c0 < len; c0 += GDN_C) {
+        const int n = min(GDN_C, len - c0), r0 = start + c0;
+        const bool more = c0 + GDN_C < len;
+        // From global memory, before the products: e^(gam_last - gam) (v' warps) or e^gam (o warps) of rows ra, rb,
+        // e^gam_last, and U (v' warps). Zero past n rows and w columns.
+        const int esel = vwarp ? 1 : 0;
+        const float ea = ra < n ? E[2 * ((idx_t)(r0 + ra) * hv + h) + esel] : 0.0f;
+        const float eb = rb < n ? E[2 * ((idx_t)(r0 + rb) * hv + h) + esel] : 0.0f;
+        const float el = E[2 * ((idx_t)(r0 + n - 1) * hv + h)];
+        float u[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int r = i < 2 ? ra : rb, col = nt * 8 + 2 * tg + (i & 1);
+                u[nt][i] = (vwarp && r < n && col < w) ? U[((idx_t)(r0 + r) * hv + h) * dv + j0 + col] : 0.0f;
+            }
+        }
+        float hi[NT][4], lo[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
+        // W S (warps 0-3) and Q S (warps 4-7), k over dk.
+        if (m0 < n) {
+            const float* xa = X + ra * ldx + tg;
+            const float* sb = Ss + tg * LDV + g;
+            for (int kk = 0; kk < kp8; kk += 8) {
+                unsigned ab[4], as[4];
+                gtc_frag_a_row(xa + kk, ldx, ab, as);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    unsigned bb[2], bs[2];
+                    gtc_frag_b(sb + kk * LDV + nt * 8, LDV, bb, bs);
+                    gtc_mma3(hi[nt], lo[nt], ab, as, bb, bs);
+                }
+            }
+        }
+        if (vwarp) {
+            // v' = U - W S (rows past n: exactly zero, as W and U are zero there), and e^(gam_last - gam) v'.
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int r = i < 2 ? ra : rb, col = nt * 8 + 2 * tg + (i & 1);
+                    float v = u[nt][i] - (hi[nt][i] + lo[nt][i]);
+                    Vs[r * LDV + col] = v;
+                    Ve[r * LDV + col] = (i < 2 ? ea : eb) * v;
+                }
+            }
+        } else {
+            // e^gam Q S, kept in u (dead in these warps) until M v' is added.
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) u[nt][i] = (i < 2 ? ea : eb) * (hi[nt][i] + lo[nt][i]);
+        }
+        gtc_wait_all();   // this chunk's M and K
+        __syncthreads();  // v' visible; W and Q tiles free
+        if (more) {
+            int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
+            gtc_tile(Wt, ldx, W + ((idx_t)rn * hv + h) * dk, ldw, nn, dk, kp8, vecb);
+            gtc_tile(Qt, ldx, Qg + (idx_t)rn * ld, ld, nn, dk, kp8, vecb);
+        }
+        gtc_commit();
+        // o = e^gam Q S + M v' (warps 4-7): M[t][b] is zero for b > t, so k stops at the tile's last row.
+        if (!vwarp && m0 < n) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
+            const int kend = min(m0 + 16, (n + 7) & ~7);
+            const float* ma = Mt + ra * LDM + tg;
+            const float* vb = Vs + tg * LDV + g;
+            for (int kk = 0; kk < kend; kk += 8) {
+                unsigned ab[4], as[4];
+                gtc_frag_a_row(ma + kk, LDM, ab, as);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    unsigned bb[2], bs[2];
+                    gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
+                    gtc_mma3(hi[nt], lo[nt], ab, as, bb, bs);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int r = i < 2 ? ra : rb, col = nt * 8 + 2 * tg + (i & 1);
+                    if (r < n && col < w)
+                        out[((idx_t)(r0 + r) * hv + h) * dv + j0 + col] = u[nt][i] + (hi[nt][i] + lo[nt][i]);
+                }
+            }
+        }
+        // S <- e^gam_last S + K^T (e v'): this warp's 16 rows of S, k over the chunk's tokens. A = K^T, read down
+        // K's columns: a0 = K[k t][row g], a1 = K[k t][row g+8], a2 = K[k t+4][row g], a3 = K[k t+4][row g+8].
+        if (sown) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
+            const int kend = (n + 7) & ~7;
+            const float* ka = Kt + tg * ldk + sm0 + g;
+            const float* vb = Ve + tg * LDV + g;
+            for (int kk = 0; kk < kend; kk += 8) {
+                const float* p = ka + kk * ldk;
+                unsigned ab[4], as[4];
+                gtc_split(p[0], ab[0], as[0]);
+                gtc_split(p[8], ab[1], as[1]);
+                gtc_split(p[4 * ldk], ab[2], as[2]);
+                gtc_split(p[4 * ldk + 8], ab[3], as[3]);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    unsigned bb[2], bs[2];
+                    gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
+                    gtc_mma3(hi[nt], lo[nt], ab, as, bb, bs);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int r = sm0 + g + (i >> 1) * 8, col = nt * 8 + 2 * tg + (i & 1);
+                    sacc[nt][i] = fmaf(el, sacc[nt][i], hi[nt][i] + lo[nt][i]);
+                    Ss[r * LDV + col] = sacc[nt][i];
+                }
+            }
+        }
+        gtc_wait_all();   // the next chunk's W and Q
+        __syncthreads();  // ... and the new S visible; M and K tiles free
+        if (more) {
+            int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
+            gtc_tile(Mt, LDM, M + ((idx_t)rn * hv + h) * GDN_C, ldmg, nn, GDN_C, GDN_C, vecb);
+            gtc_tile(Kt, ldk, Kg + (idx_t)rn * ld, ld, nn, dk, dkp, vecb);
+        }
+        gtc_commit();
+    }
+    if (sown) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int r = sm0 + g + (i >> 1) * 8, col = nt * 8 + 2 * tg + (i & 1);
+                if (r < dk && col < w) Sg[(idx_t)r * dv + j0 + col] = sacc[nt][i];
+            }
+        }
+    }
+}
+
+// State pass on tensor cores, BV value columns per block. grid (hv, nseg, ceil(dv / BV)), block 256, dynamic shared
+// memory from gdn_tc_smem (gdn_tc.rs). Arguments as gdn_wy_state's, plus vec (1: 16-byte tile copies are aligned).
+#define GDN_TC_STATE(BV)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 1) gdn_tc_state_##BV(                                          \
+        const float* __restrict__ qkv, int ld, const float* __restrict__ U, const float* __restrict__ W,             \
+        const float* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,           \
+        const u64* states, int hk, int hv, int dk, int dv, int vec) {                                                \
+        extern __shared__ float sm[];                                                                                \
+        gdn_tc_state_t<BV>(qkv, ld, U, W, M, E, out, seg, states, hk, hv, dk, dv, vec, sm);                          \
+    }
+GDN_TC_STATE(8)
+GDN_TC_STATE(16)
+GDN_TC_STATE(32)
+GDN_TC_STATE(64)
+#undef GDN_TC_STATE

@@ -11,6 +11,10 @@
 //! Dtypes: weights bf16 on the device; GEMM inputs bf16, GEMM outputs and everything else
 //! (residual stream, norms, conv, gated delta rule and its state, attention and its KV cache) f32.
 
+pub mod attn_tc;
+pub mod gdn_prep_tc;
+pub mod gdn_tc;
+pub mod gemm;
 pub mod model;
 pub mod ops;
 pub mod runtime;

@@ -1,0 +1,268 @@
+//! Causal attention on tensor cores (`attn_tc.cu`): the twin of [`crate::ops::attention_tiled`] with Q·Kᵀ and P·V as
+//! mma.sync TF32 products in 3xTF32 form (each f32 operand split into two TF32 parts, three products), so the
+//! result stays within f32 rounding of the CPU reference.
+//!
+//! One block per (tile of query rows of a segment, KV head, split of the tile's keys): the block's 64 rows are
+//! (token, query head of the KV group) pairs, so one K/V tile in shared memory serves all the query heads that
+//! read it. When a segment has few query tiles but many keys (suffixes over a long base cache, short prefixes),
+//! a tile's keys are split over several blocks (flash-decoding): each writes per-row partials (max, sum,
+//! unnormalised output) to a scratch and a second kernel merges them.
+
+use crate::launch;
+use crate::ops::{AttnDims, Out};
+use crate::runtime::{cfg, Gpu};
+use crate::CudaError;
+
+/// Rows (token, query head) per block (`ATC_M` in attn_tc.cu).
+const ROWS: usize = 64;
+/// Keys per shared-memory tile (`ATC_NK`).
+const KEYS: usize = 16;
+/// Most key splits per tile (`ATC_MAX_SPLITS`), most query heads (`ATC_MAX_HEADS`).
+pub const MAX_SPLITS: usize = 16;
+const MAX_HEADS: usize = 64;
+/// Blocks the split choice aims for: two resident blocks on each of 132 multiprocessors (H100, H200).
+const TARGET_BLOCKS: usize = 264;
+
+/// Tokens per query tile: 64 rows over the G = H / HKV query heads of a KV head.
+fn tile_tokens(a: AttnDims) -> usize {
+    ROWS / (a.heads / a.kv_heads.max(1)).max(1)
+}
+
+/// Key splits per tile [`attention_tc`] uses for `nseg` segments of at most `max_len` tokens: enough blocks
+/// to fill the device ([`TARGET_BLOCKS`]), at most [`MAX_SPLITS`]. The kernel uses fewer for tiles with few
+/// keys (at least 32 keys per split).
+pub fn attention_tc_splits(nseg: usize, max_len: usize, a: AttnDims) -> usize {
+    let blocks = max_len.div_ceil(tile_tokens(a)).max(1) * nseg.max(1) * a.kv_heads.max(1);
+    TARGET_BLOCKS.div_ceil(blocks).clamp(1, MAX_SPLITS)
+}
+
+/// Scratch (f32 values) of [`attention_tc_with`] with `splits` key splits: per (split, segment, token, head)
+/// the unnormalised output row [D] and (max, sum); none with one split.
+pub fn attention_tc_scratch_len(splits: usize, nseg: usize, max_len: usize, a: AttnDims) -> usize {
+    if splits <= 1 {
+        0
+    } else {
+        splits * nseg * max_len * a.heads * (a.head_dim + 2)
+    }
+}
+
+/// Scratch (f32 values) [`attention_tc`] needs for `nseg` segments of at most `max_len` tokens (0: pass any
+/// address).
+pub fn attention_tc_scratch(nseg: usize, max_len: usize, a: AttnDims) -> usize {
+    attention_tc_scratch_len(attention_tc_splits(nseg, max_len, a), nseg, max_len, a)
+}
+
+/// Head dim as the kernel pads it (its template width): 64, 128 or 256; the padding columns are zeros.
+fn padded_dim(d: usize) -> usize {
+    if d <= 64 {
+        64
+    } else if d <= 128 {
+        128
+    } else {
+        256
+    }
+}
+
+/// Dynamic shared memory of `attention_tc` (bytes): the Q tile [64, Dp + 4] and one K and one V tile
+/// [16, Dp + 4], Dp the padded head dim.
+fn smem(a: AttnDims) -> usize {
+    4 * (ROWS + 2 * KEYS) * (padded_dim(a.head_dim) + 4)
+}
+
+/// Causal attention over each segment's KV cache, times sigmoid(gate), on tensor cores: same inputs and result
+/// as [`crate::ops::attention_tiled`]. q: [N, H, D] (from [`crate::ops::attn_prep`]); proj: [N, ld] (gate of head h at
+/// h*2D + D); segs: [S, 3] i32 (start row, rows, position of the first row); kv: [S, KV_ENTRIES]
+/// ([`crate::ops::KV_ENTRIES`]); `max_len`: the longest segment; out: [N, H*D]. scratch: at least
+/// [`attention_tc_scratch`]`(nseg, max_len, a)` f32 values.
+pub fn attention_tc(
+    g: &Gpu,
+    q: u64,
+    proj: u64,
+    ld: usize,
+    segs: u64,
+    kv: u64,
+    nseg: usize,
+    max_len: usize,
+    a: AttnDims,
+    scale: f32,
+    out: Out,
+    scratch: u64,
+) -> Result<(), CudaError> {
+    let splits = attention_tc_splits(nseg, max_len, a);
+    attention_tc_with(
+        g, q, proj, ld, segs, kv, nseg, max_len, a, scale, out, scratch, splits,
+    )
+}
+
+/// [`attention_tc`] with at most `splits` key splits per tile (1..=[`MAX_SPLITS`]; 1: no scratch, no merge
+/// kernel); scratch: [`attention_tc_scratch_len`]`(splits, ..)` f32 values. For tests and benchmarks.
+pub fn attention_tc_with(
+    g: &Gpu,
+    q: u64,
+    proj: u64,
+    ld: usize,
+    segs: u64,
+    kv: u64,
+    nseg: usize,
+    max_len: usize,
+    a: AttnDims,
+    scale: f32,
+    out: Out,
+    scratch: u64,
+    splits: usize,
+) -> Result<(), CudaError> {
+    let d = a.head_dim;
+    let grp = a.heads / a.kv_heads.max(1);
+    if a.kv_heads == 0
+        || !a.heads.is_multiple_of(a.kv_heads)
+        || grp > ROWS
+        || a.heads > MAX_HEADS
+        || d == 0
+        || d > 256
+        || !d.is_multiple_of(4)
+        || smem(a) > g.max_smem
+    {
+        return Err(CudaError::Unsupported(format!(
+            "attention_tc: heads {} over kv_heads {}, head_dim {} (a multiple of 4, at most 256; at most {MAX_HEADS} heads)",
+            a.heads, a.kv_heads, d
+        )));
+    }
+    if !(1..=MAX_SPLITS).contains(&splits) {
+        return Err(CudaError::Unsupported(format!(
+            "attention_tc: {splits} key splits (1..={MAX_SPLITS})"
+        )));
+    }
+    if nseg == 0 || max_len == 0 {
+        return Ok(());
+    }
+    let (o, mode) = out.parts();
+    let tiles = max_len.div_ceil(tile_tokens(a));
+    let mut lc = cfg(((tiles * splits) as u32, nseg as u32), 128, smem(a) as u32);
+    lc.grid_dim.2 = a.kv_heads as u32;
+    let f = g.function("attention_tc")?;
+    launch!(g, f, lc;
+        q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, d as i32, scale, o, mode,
+        splits as i32, max_len as i32, nseg as i32, scratch)?;
+    if splits > 1 {
+        let f = g.function("attention_tc_combine")?;
+        launch!(g, f, cfg((max_len as u32, nseg as u32), 128, (4 * a.heads * MAX_SPLITS) as u32);
+            proj, ld as i32, segs, a.heads as i32, a.kv_heads as i32, d as i32, o, mode,
+            splits as i32, max_len as i32, nseg as i32, scratch)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fragment bookkeeping of `attention_tc`, emulated on the CPU: the m16n8k8 layouts, the P·V key
+    //! permutation and the 3xTF32 split.
+
+    /// m16n8k8 TF32 product of one warp from per-lane fragments, as the hardware defines it.
+    fn mma(c: &mut [[f32; 4]; 32], a: &[[f32; 4]; 32], b: &[[f32; 2]; 32]) {
+        let mut am = [[0f32; 8]; 16];
+        let mut bm = [[0f32; 8]; 8];
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            am[g][t] = a[lane][0];
+            am[g + 8][t] = a[lane][1];
+            am[g][t + 4] = a[lane][2];
+            am[g + 8][t + 4] = a[lane][3];
+            bm[t][g] = b[lane][0];
+            bm[t + 4][g] = b[lane][1];
+        }
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for e in 0..4 {
+                let (r, n) = (g + 8 * (e >> 1), 2 * t + (e & 1));
+                c[lane][e] += (0..8).map(|k| am[r][k] * bm[k][n]).sum::<f32>();
+            }
+        }
+    }
+
+    #[test]
+    fn score_fragment_feeds_pv_with_permuted_keys() {
+        // S [16 x 8] as the C fragment of Q·Kᵀ; V [8 keys x 8 columns]; P·V through the kernel's reindexing.
+        let s: Vec<f32> = (0..128)
+            .map(|i| ((i * 37 % 17) as f32) * 0.25 - 2.0)
+            .collect();
+        let v: Vec<f32> = (0..64)
+            .map(|i| ((i * 11 % 13) as f32) * 0.5 - 3.0)
+            .collect();
+        let mut c = [[0f32; 4]; 32];
+        let mut a = [[0f32; 4]; 32];
+        let mut b = [[0f32; 2]; 32];
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            // The score fragment: c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1).
+            let sc = [
+                s[g * 8 + 2 * t],
+                s[g * 8 + 2 * t + 1],
+                s[(g + 8) * 8 + 2 * t],
+                s[(g + 8) * 8 + 2 * t + 1],
+            ];
+            a[lane] = [sc[0], sc[2], sc[1], sc[3]];
+            // vr = Vs + (2t) * lds + g: b0 = V[2t][g], b1 = V[2t + 1][g].
+            b[lane] = [v[(2 * t) * 8 + g], v[(2 * t + 1) * 8 + g]];
+        }
+        mma(&mut c, &a, &b);
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for e in 0..4 {
+                let (r, n) = (g + 8 * (e >> 1), 2 * t + (e & 1));
+                let want: f32 = (0..8).map(|k| s[r * 8 + k] * v[k * 8 + n]).sum();
+                assert!((c[lane][e] - want).abs() < 1e-4, "P·V ({r}, {n})");
+            }
+        }
+    }
+
+    #[test]
+    fn q_k_fragments_give_scores() {
+        // Q [16 x 8] rows from shared memory at qa = Qs + r0*lds + tg; K [8 keys x 8] at Ks + g*lds + tg.
+        let qm: Vec<f32> = (0..128)
+            .map(|i| ((i * 7 % 19) as f32) * 0.1 - 0.9)
+            .collect();
+        let km: Vec<f32> = (0..64).map(|i| ((i * 5 % 23) as f32) * 0.1 - 1.1).collect();
+        let mut c = [[0f32; 4]; 32];
+        let mut a = [[0f32; 4]; 32];
+        let mut b = [[0f32; 2]; 32];
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            a[lane] = [
+                qm[g * 8 + t],
+                qm[(g + 8) * 8 + t],
+                qm[g * 8 + t + 4],
+                qm[(g + 8) * 8 + t + 4],
+            ];
+            b[lane] = [km[g * 8 + t], km[g * 8 + t + 4]];
+        }
+        mma(&mut c, &a, &b);
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for e in 0..4 {
+                let (r, key) = (g + 8 * (e >> 1), 2 * t + (e & 1));
+                let want: f32 = (0..8).map(|k| qm[r * 8 + k] * km[key * 8 + k]).sum();
+                assert!((c[lane][e] - want).abs() < 1e-4, "S ({r}, {key})");
+            }
+        }
+    }
+
+    /// cvt.rna.tf32.f32: round to 10 mantissa bits, ties away from zero.
+    fn tf32(x: f32) -> f32 {
+        f32::from_bits((x.to_bits() + 0x1000) & 0xffff_e000)
+    }
+
+    #[test]
+    fn three_tf32_products_keep_f32_accuracy() {
+        let mut worst = 0f64;
+        for i in 1..2000 {
+            let x = (i as f32 * 0.7123).sin() * 3.0;
+            let y = (i as f32 * 1.313).cos() * 0.01;
+            let (xb, yb) = (tf32(x), tf32(y));
+            let (xs, ys) = (tf32(x - xb), tf32(y - yb));
+            let p = xb as f64 * yb as f64 + xb as f64 * ys as f64 + xs as f64 * yb as f64;
+            let exact = x as f64 * y as f64;
+            worst = worst.max((p - exact).abs() / exact.abs().max(1e-30));
+        }
+        assert!(worst < 1e-6, "3xTF32 relative error {worst:e}");
+    }
+}

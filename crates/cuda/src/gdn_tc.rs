@@ -1,0 +1,140 @@
+//! The WY state pass of the chunked gated delta rule on tensor cores (`gdn_tc.cu`): the fast twin of
+//! [`ops::gdn_wy_state`], same scratch (from [`ops::gdn_wy_prep`]), same outputs. Every product of the pass
+//! (`v' = U − W S`, `o = e^γ Q S + M v'`, `S ← e^{γ_C} S + Kᵀ (e^{γ_C−γ} v')`) runs on `mma.sync` TF32 with
+//! the 3xTF32 split, so it keeps f32 accuracy; the recurrent state stays f32. Layout, grid and the reasons
+//! for them are at the top of `gdn_tc.cu`.
+
+use crate::launch;
+use crate::ops::{self, GdnDims, GDN_CHUNK};
+use crate::runtime::{cfg, Gpu};
+use crate::CudaError;
+
+/// Value columns per block that [`gdn_tc_state`] supports (one kernel each).
+pub const GDN_TC_SLICES: [usize; 4] = [8, 16, 32, 64];
+
+/// Largest key head dim of [`gdn_tc_state`] (8 warps of 16 state rows each).
+pub const GDN_TC_MAX_DK: usize = 128;
+
+/// Shared memory (bytes) of [`gdn_tc_state`] with `bv` value columns per block; mirrors the layout in
+/// `gdn_tc.cu`: W, Q [64, kp8 + 4]; K [64, dkp + 8]; M [64, 68]; v', e v' [64, ldv]; S [dkp, ldv], with
+/// kp8, dkp = dk rounded up to 8, 16 and ldv = bv + 8 (bv + 16 when (bv + 8) / 8 is even).
+pub fn gdn_tc_smem(d: GdnDims, bv: usize) -> usize {
+    let c = GDN_CHUNK;
+    let kp8 = d.dk.div_ceil(8) * 8;
+    let dkp = d.dk.div_ceil(16) * 16;
+    let ldv = if ((bv + 8) / 8) % 2 == 1 {
+        bv + 8
+    } else {
+        bv + 16
+    };
+    4 * (2 * c * (kp8 + 4) + c * (dkp + 8) + c * (c + 4) + 2 * c * ldv + dkp * ldv)
+}
+
+/// Whether [`gdn_tc_state`] runs these dims with `bv` value columns per block (else it returns
+/// [`CudaError::Unsupported`]).
+pub fn gdn_tc_supported(g: &Gpu, d: GdnDims, bv: usize) -> bool {
+    GDN_TC_SLICES.contains(&bv)
+        && d.dk > 0
+        && d.dk <= GDN_TC_MAX_DK
+        && d.dv > 0
+        && d.hk > 0
+        && d.hv.is_multiple_of(d.hk)
+        && gdn_tc_smem(d, bv) <= g.max_smem
+}
+
+/// Value columns per block: the widest slice (64) unless that leaves fewer than 264 blocks (two per
+/// multiprocessor of an H200's 132), down to 16. One segment of the 0.8B shape (16 heads of 128 columns)
+/// gets 16 (128 blocks), the 7 suffixes of a request 32, a batch of 32 requests 64.
+pub fn gdn_tc_slice(d: GdnDims, nseg: usize) -> usize {
+    let mut bv = 64;
+    while bv > 16 && d.hv * nseg * d.dv.div_ceil(bv) < 264 {
+        bv /= 2;
+    }
+    bv
+}
+
+/// Addresses of U, W, M, E in the WY scratch of `rows` stacked rows (the layout of `ops::gdn_wy_parts`:
+/// U [N, HV, DV], W [N, HV, DK], M [N, HV, 64], E [N, HV, 2]).
+fn wy_parts(d: GdnDims, rows: usize, scratch: u64) -> (u64, u64, u64, u64) {
+    let (n, hv) = (rows as u64, d.hv as u64);
+    let u = scratch;
+    let w = u + 4 * n * hv * d.dv as u64;
+    let m = w + 4 * n * hv * d.dk as u64;
+    let e = m + 4 * n * hv * GDN_CHUNK as u64;
+    (u, w, m, e)
+}
+
+/// The WY state pass on tensor cores: the drop-in twin of [`ops::gdn_wy_state`] (same arguments; `dvs`, the
+/// value columns per block, is 8, 16, 32 or 64, see [`gdn_tc_slice`]). qkv: [N, ld] (q, k, v of every row);
+/// out: [N, HV, DV]; segs: [S, 3] i32; states: [S] addresses of [HV, DK, DV] f32 (read, then overwritten);
+/// scratch: `rows * ops::gdn_wy_scratch(d)` f32 filled by [`ops::gdn_wy_prep`]. Needs DK ≤ 128.
+pub fn gdn_tc_state(
+    g: &Gpu,
+    qkv: u64,
+    ld: usize,
+    out: u64,
+    segs: u64,
+    states: u64,
+    nseg: usize,
+    d: GdnDims,
+    rows: usize,
+    scratch: u64,
+    dvs: usize,
+) -> Result<(), CudaError> {
+    if !gdn_tc_supported(g, d, dvs) {
+        return Err(CudaError::Unsupported(format!(
+            "tensor-core gated delta state pass: dims {d:?}, {dvs} value columns per block \
+             (dk 1..={GDN_TC_MAX_DK}, hv a multiple of hk, slices {GDN_TC_SLICES:?}, {} of {} bytes of shared memory)",
+            gdn_tc_smem(d, dvs.min(64)),
+            g.max_smem
+        )));
+    }
+    if nseg == 0 {
+        return Ok(());
+    }
+    let name = match dvs {
+        8 => "gdn_tc_state_8",
+        16 => "gdn_tc_state_16",
+        32 => "gdn_tc_state_32",
+        _ => "gdn_tc_state_64",
+    };
+    let f = g.function(name)?;
+    let (u, w, m, e) = wy_parts(d, rows, scratch);
+    // 16-byte tile copies need 16-byte aligned tile rows: W and M bases, q and k rows (ld) and heads (dk).
+    let vec = d.dk.is_multiple_of(4)
+        && ld.is_multiple_of(4)
+        && [qkv, w, m].iter().all(|a| a.is_multiple_of(16));
+    let mut lc = cfg((d.hv as u32, nseg as u32), 256, gdn_tc_smem(d, dvs) as u32);
+    lc.grid_dim.2 = d.dv.div_ceil(dvs) as u32;
+    launch!(g, f, lc;
+        qkv, ld as i32, u, w, m, e, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32,
+        vec as i32)
+}
+
+/// The chunked gated delta rule with the tensor-core state pass: [`ops::gdn_wy_prep`] + [`gdn_tc_state`]
+/// (slice from [`gdn_tc_slice`]); same arguments and results as [`ops::gdn_chunked_wy`], into which it falls
+/// back for dims the tensor-core pass does not take (DK > 128).
+pub fn gdn_tc_chunked(
+    g: &Gpu,
+    qkv: u64,
+    ld: usize,
+    gg: u64,
+    beta: u64,
+    out: u64,
+    segs: u64,
+    states: u64,
+    nseg: usize,
+    d: GdnDims,
+    rows: usize,
+    max_len: usize,
+    scratch: u64,
+) -> Result<(), CudaError> {
+    let dvs = gdn_tc_slice(d, nseg);
+    if !gdn_tc_supported(g, d, dvs) {
+        return ops::gdn_chunked_wy(
+            g, qkv, ld, gg, beta, out, segs, states, nseg, d, rows, max_len, scratch,
+        );
+    }
+    ops::gdn_wy_prep(g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch)?;
+    gdn_tc_state(g, qkv, ld, out, segs, states, nseg, d, rows, scratch, dvs)
+}
