@@ -370,6 +370,8 @@ pub struct CudaModel {
     /// The persistent forward scratch (forwards of up to [`ARENA_ROWS`] rows).
     arena: Mutex<Option<Scratch>>,
     graphs: Mutex<GraphCache>,
+    /// The gated delta rule on tensor cores (ONEPASS_GDN=wy: the f32 SIMT kernels).
+    gdn_tc: bool,
     /// CUDA graphs for repeated shapes (ONEPASS_CUDA_GRAPHS=0 turns them off; a failed capture too).
     use_graphs: std::sync::atomic::AtomicBool,
 }
@@ -559,6 +561,7 @@ impl CudaModel {
             }),
             arena: Mutex::new(None),
             graphs: Mutex::new(GraphCache::default()),
+            gdn_tc: std::env::var("ONEPASS_GDN").map_or(true, |v| v != "wy"),
             use_graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("ONEPASS_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
@@ -1084,6 +1087,42 @@ impl CudaModel {
         }
     }
 
+    /// The chunked gated delta rule: the WY pre-pass and the state pass on tensor cores (3xTF32, f32 state),
+    /// or the f32 SIMT kernels when `ONEPASS_GDN=wy` or the head dims are outside the tensor-core kernels'.
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_chunked(
+        &self,
+        qkv: u64,
+        ld: usize,
+        gg: u64,
+        beta: u64,
+        out: u64,
+        segs: u64,
+        states: u64,
+        nseg: usize,
+        d: GdnDims,
+        rows: usize,
+        max_len: usize,
+        scratch: u64,
+    ) -> Result<(), CudaError> {
+        let g = &*self.gpu;
+        let dvs = crate::gdn_tc::gdn_tc_slice(d, nseg);
+        if !self.gdn_tc || !crate::gdn_tc::gdn_tc_supported(g, d, dvs) {
+            return ops::gdn_chunked_wy(
+                g, qkv, ld, gg, beta, out, segs, states, nseg, d, rows, max_len, scratch,
+            );
+        }
+        match crate::gdn_prep_tc::gdn_tc_prep(
+            g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch,
+        ) {
+            Err(CudaError::Unsupported(_)) => {
+                ops::gdn_wy_prep(g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch)?
+            }
+            r => r?,
+        }
+        crate::gdn_tc::gdn_tc_state(g, qkv, ld, out, segs, states, nseg, d, rows, scratch, dvs)
+    }
+
     /// `out = rms_norm(x) · final_norm` for `n` rows (f32).
     fn final_norm(&self, x: u64, n: usize, out: &CudaSlice<f32>) -> Result<(), CudaError> {
         let g = &*self.gpu;
@@ -1168,9 +1207,8 @@ impl CudaModel {
                         ops::gdn_step(g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d)?;
                         self.mark("gdn step")?;
                     } else {
-                        ops::gdn_chunked_wy(
-                            g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, n, max_len,
-                            wyp,
+                        self.gdn_chunked(
+                            midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, n, max_len, wyp,
                         )?;
                         self.mark("gdn chunked")?;
                     }
