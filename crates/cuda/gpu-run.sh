@@ -11,6 +11,8 @@ export XDG_CACHE_HOME=/tmp/xdg
 P=/tmp/op
 rm -rf $P && mkdir -p $P && tar -C $P -xzf .devcarry/pack.tar.gz --strip-components=1
 B=$P/bin TOK=$P/tokenizer
+# The answer tests read the tokenizer where tools/setup-testdata.sh puts it.
+mkdir -p testdata && ln -sfn $TOK testdata/qwen3_5-tokenizer
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
 if [[ $WHAT == *tests* ]]; then
   for t in $(ls $B | grep -v '^onepass$'); do

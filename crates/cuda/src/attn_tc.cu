@@ -15,7 +15,6 @@
 #define ATC_NK 16         // keys per shared-memory tile
 #define ATC_MIN_CHUNK 32  // fewest keys per split
 #define ATC_MAX_SPLITS 16
-#define ATC_MAX_HEADS 64
 
 // x = big + small: big = TF32(x) rounded to nearest (ties away, as cvt.rna; finite x), small = x - big exactly
 // in f32, passed as is (the tensor core reads its top 19 bits): |x - big - tf32(small)| <= 2^-21 |x|.
@@ -318,54 +317,54 @@ extern "C" __global__ void __launch_bounds__(128, 2)
 
 // Merges the key splits of `attention_tc`: per (token, head) o = Σ_j e^(m_j - M) o_j / Σ_j e^(m_j - M) l_j, times
 // sigmoid(gate). Tokens whose tile had one split were written by attention_tc and are skipped. grid (maxlen,
-// nseg), block 128, dynamic shared memory H * ATC_MAX_SPLITS floats; H <= ATC_MAX_HEADS, ns <= ATC_MAX_SPLITS.
-extern "C" __global__ void __launch_bounds__(128)
+// nseg, H), block 64 (4 columns per thread); D % 4 == 0, D <= 256, ns <= ATC_MAX_SPLITS.
+extern "C" __global__ void __launch_bounds__(64)
     attention_tc_combine(const float* __restrict__ proj, int ld, const int* seg, int H, int HKV, int D, void* out,
                          int mode, int ns, int maxlen, int nseg, const float* __restrict__ scratch) {
-    extern __shared__ float coef[];  // [H, ATC_MAX_SPLITS] (dynamic: Gpu::function opts every kernel into the
-                                     // device's whole shared memory, which fails for kernels with static arrays)
-    int t = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
+    int t = blockIdx.x, s = blockIdx.y, h = blockIdx.z, c = 4 * threadIdx.x;
     int start = seg[3 * s], len = seg[3 * s + 1], pos0 = seg[3 * s + 2];
-    if (t >= len) return;
+    if (t >= len || c >= D) return;
     int TQ = ATC_M / (H / HKV);
     int t0 = t / TQ * TQ;
     int nkeys = pos0 + t0 + min(TQ, len - t0);
     int chunk, used;
     atc_plan(nkeys, ns, chunk, used);
     if (used == 1) return;
-    const float* ml = scratch + (idx_t)ns * nseg * maxlen * H * D;
-    idx_t split_stride = (idx_t)nseg * maxlen * H;  // partial rows between splits
-    idx_t row0 = ((idx_t)s * maxlen + t) * H;       // partial row of (split 0, this token, head 0)
-    for (int h = tid; h < H; h += 128) {
-        float mj[ATC_MAX_SPLITS], lj[ATC_MAX_SPLITS];
-        float mx = __int_as_float(0xff800000);
+    idx_t stride = (idx_t)nseg * maxlen * H;      // partial rows between splits
+    idx_t row = ((idx_t)s * maxlen + t) * H + h;  // partial row of (split 0, this token, this head)
+    const float* ml = scratch + (idx_t)ns * stride * D;
+    float w[ATC_MAX_SPLITS], lj[ATC_MAX_SPLITS];
+    float mx = __int_as_float(0xff800000);
 #pragma unroll
-        for (int j = 0; j < ATC_MAX_SPLITS; j++) {
-            bool ok = j < used;
-            mj[j] = ok ? ml[(j * split_stride + row0 + h) * 2] : __int_as_float(0xff800000);
-            lj[j] = ok ? ml[(j * split_stride + row0 + h) * 2 + 1] : 0.0f;
-            mx = fmaxf(mx, mj[j]);
-        }
-        float l = 0.0f;
-#pragma unroll
-        for (int j = 0; j < ATC_MAX_SPLITS; j++) {
-            mj[j] = expf(mj[j] - mx);  // a split where the row saw no key (or none at all): m = -inf, weight 0
-            l += mj[j] * lj[j];
-        }
-        float inv = 1.0f / l;
-#pragma unroll
-        for (int j = 0; j < ATC_MAX_SPLITS; j++) coef[h * ATC_MAX_SPLITS + j] = mj[j] * inv;
+    for (int j = 0; j < ATC_MAX_SPLITS; j++) {
+        bool ok = j < used;
+        w[j] = ok ? ml[(j * stride + row) * 2] : __int_as_float(0xff800000);
+        lj[j] = ok ? ml[(j * stride + row) * 2 + 1] : 0.0f;
+        mx = fmaxf(mx, w[j]);
     }
-    __syncthreads();
+    float l = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ATC_MAX_SPLITS; j++) {
+        w[j] = expf(w[j] - mx);  // a split where the row saw no key (or past `used`): m = -inf, weight 0
+        l += w[j] * lj[j];
+    }
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < ATC_MAX_SPLITS; j++) {
+        if (j < used) {
+            float4 v = *(const float4*)(scratch + (j * stride + row) * D + c);
+            acc.x += w[j] * v.x;
+            acc.y += w[j] * v.y;
+            acc.z += w[j] * v.z;
+            acc.w += w[j] * v.w;
+        }
+    }
+    float inv = 1.0f / l;
     idx_t n = start + t;
-    for (int e = tid; e < H * D; e += 128) {
-        int h = e / D;
-        const float* src = scratch + (row0 + h) * D + (e - h * D);
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < ATC_MAX_SPLITS; j++)
-            if (j < used) acc += coef[h * ATC_MAX_SPLITS + j] * src[j * split_stride * D];
-        int c = e - h * D;
-        store_act(out, n * H * D + e, acc * sigmoid_f(proj[n * ld + h * 2 * D + D + c]), mode);
-    }
+    const float* gate = proj + n * ld + h * 2 * D + D + c;
+    idx_t oi = n * H * D + h * D + c;
+    store_act(out, oi, acc.x * inv * sigmoid_f(gate[0]), mode);
+    store_act(out, oi + 1, acc.y * inv * sigmoid_f(gate[1]), mode);
+    store_act(out, oi + 2, acc.z * inv * sigmoid_f(gate[2]), mode);
+    store_act(out, oi + 3, acc.w * inv * sigmoid_f(gate[3]), mode);
 }

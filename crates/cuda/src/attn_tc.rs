@@ -7,6 +7,11 @@
 //! read it. When a segment has few query tiles but many keys (suffixes over a long base cache, short prefixes),
 //! a tile's keys are split over several blocks (flash-decoding): each writes per-row partials (max, sum,
 //! unnormalised output) to a scratch and a second kernel merges them.
+//!
+//! Measured on an H200 (`attention_tc_timings`, 0.8B shape, µs per call, attention_tiled → attention_tc): 175-token
+//! prefix 98 → 51; 7 × 33 over a 175 base 121 → 50; 3,400-token prefix 4,917 → 1,365; 10 × 30 over a 3,400 base
+//! 1,642 → 371. Still latency-bound: about 2,500 instructions per warp per 16-key tile (the TF32 splits are redone
+//! by every warp) at about 5 cycles each with two warps per scheduler.
 
 use crate::launch;
 use crate::ops::{AttnDims, Out};
@@ -17,9 +22,8 @@ use crate::CudaError;
 const ROWS: usize = 64;
 /// Keys per shared-memory tile (`ATC_NK`).
 const KEYS: usize = 16;
-/// Most key splits per tile (`ATC_MAX_SPLITS`), most query heads (`ATC_MAX_HEADS`).
+/// Most key splits per tile (`ATC_MAX_SPLITS`).
 pub const MAX_SPLITS: usize = 16;
-const MAX_HEADS: usize = 64;
 /// Blocks the split choice aims for: two resident blocks on each of 132 multiprocessors (H100, H200).
 const TARGET_BLOCKS: usize = 264;
 
@@ -116,14 +120,13 @@ pub fn attention_tc_with(
     if a.kv_heads == 0
         || !a.heads.is_multiple_of(a.kv_heads)
         || grp > ROWS
-        || a.heads > MAX_HEADS
         || d == 0
         || d > 256
         || !d.is_multiple_of(4)
         || smem(a) > g.max_smem
     {
         return Err(CudaError::Unsupported(format!(
-            "attention_tc: heads {} over kv_heads {}, head_dim {} (a multiple of 4, at most 256; at most {MAX_HEADS} heads)",
+            "attention_tc: heads {} over kv_heads {}, head_dim {} (a multiple of 4, at most 256; at most 64 query heads per KV head)",
             a.heads, a.kv_heads, d
         )));
     }
@@ -145,7 +148,9 @@ pub fn attention_tc_with(
         splits as i32, max_len as i32, nseg as i32, scratch)?;
     if splits > 1 {
         let f = g.function("attention_tc_combine")?;
-        launch!(g, f, cfg((max_len as u32, nseg as u32), 128, (4 * a.heads * MAX_SPLITS) as u32);
+        let mut lc = cfg((max_len as u32, nseg as u32), 64, 0);
+        lc.grid_dim.2 = a.heads as u32;
+        launch!(g, f, lc;
             proj, ld as i32, segs, a.heads as i32, a.kv_heads as i32, d as i32, o, mode,
             splits as i32, max_len as i32, nseg as i32, scratch)?;
     }
@@ -246,9 +251,14 @@ mod tests {
         }
     }
 
-    /// cvt.rna.tf32.f32: round to 10 mantissa bits, ties away from zero.
+    /// The kernel's big part: round to 10 mantissa bits, ties away from zero (as cvt.rna.tf32.f32).
     fn tf32(x: f32) -> f32 {
         f32::from_bits((x.to_bits() + 0x1000) & 0xffff_e000)
+    }
+
+    /// What the tensor core reads of an f32 passed as TF32 (the small part): the top 19 bits.
+    fn tf32_trunc(x: f32) -> f32 {
+        f32::from_bits(x.to_bits() & 0xffff_e000)
     }
 
     #[test]
@@ -258,7 +268,7 @@ mod tests {
             let x = (i as f32 * 0.7123).sin() * 3.0;
             let y = (i as f32 * 1.313).cos() * 0.01;
             let (xb, yb) = (tf32(x), tf32(y));
-            let (xs, ys) = (tf32(x - xb), tf32(y - yb));
+            let (xs, ys) = (tf32_trunc(x - xb), tf32_trunc(y - yb));
             let p = xb as f64 * yb as f64 + xb as f64 * ys as f64 + xs as f64 * yb as f64;
             let exact = x as f64 * y as f64;
             worst = worst.max((p - exact).abs() / exact.abs().max(1e-30));

@@ -42,12 +42,13 @@ pub fn gdn_tc_supported(g: &Gpu, d: GdnDims, bv: usize) -> bool {
         && gdn_tc_smem(d, bv) <= g.max_smem
 }
 
-/// Value columns per block: the widest slice (64) unless that leaves fewer than 264 blocks (two per
-/// multiprocessor of an H200's 132), down to 16. One segment of the 0.8B shape (16 heads of 128 columns)
-/// gets 16 (128 blocks), the 7 suffixes of a request 32, a batch of 32 requests 64.
+/// Value columns per block: the widest slice (64) unless that leaves fewer than 200 blocks, down to 16.
+/// Measured on an H200 (0.8B heads, 16 x 128 x 128; µs for 8 / 16 / 32 / 64 columns): one 175-token segment
+/// 36.6 / 24.9 / 31.4 / 46.3 (picks 16: 128 blocks), 7 x 33 tokens 87.6 / 60.0 / 51.4 / 44.3 (64: 224 blocks),
+/// 1 x 3,400 523.7 / 327.5 / 444.2 / 654.1 (16), 224 x 33 3462 / 2289 / 1752 / 1518 (64).
 pub fn gdn_tc_slice(d: GdnDims, nseg: usize) -> usize {
     let mut bv = 64;
-    while bv > 16 && d.hv * nseg * d.dv.div_ceil(bv) < 264 {
+    while bv > 16 && d.hv * nseg * d.dv.div_ceil(bv) < 200 {
         bv /= 2;
     }
     bv

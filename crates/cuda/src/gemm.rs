@@ -3,7 +3,7 @@
 //!
 //! Two paths, chosen by [`gemm`] (the body of [`Gpu::gemm`]):
 //!
-//! - **Lt** (default for bf16 weights): cuBLASLt with a 32 MiB workspace and per-shape autotuning. On the
+//! - **Lt** (`ONEPASS_GEMM=lt`): cuBLASLt with a 32 MiB workspace and per-shape autotuning. On the
 //!   first call of a key (T rounded up to [`t_bucket`], N, K, ldy, beta ≠ 0, dtype, the alignments of
 //!   the three pointers) the candidates ([`lt_candidates`]: up to 16 from `cublasLtMatmulAlgoGetHeuristic`,
 //!   plus split-K variants of the best four when the output has fewer 128×128 tiles than the GPU has SMs)
@@ -12,11 +12,16 @@
 //!   beta = 0 it writes `y`, which the chosen algorithm then overwrites). Another T of the same bucket
 //!   reuses the kept algorithm once `cublasLtMatmulAlgoCheck` accepts it for that T (workspace included),
 //!   else that T is tuned on its own.
-//! - **Ex**: `cublasGemmEx` with `CUBLAS_GEMM_DEFAULT` ([`gemm_ex`]): the f32 weights of
-//!   `Precision::F32` (`CUBLAS_COMPUTE_32F_PEDANTIC`, so never TF32), `ONEPASS_GEMM=ex`, and a GPU machine
-//!   without libcublasLt (opened at first use; a machine without CUDA never touches it).
+//! - **Ex** (the default): `cublasGemmEx` with `CUBLAS_GEMM_DEFAULT` ([`gemm_ex`]); always for the f32
+//!   weights of `Precision::F32` (`CUBLAS_COMPUTE_32F_PEDANTIC`, so never TF32) and on a GPU machine without
+//!   libcublasLt (opened at first use; a machine without CUDA never touches it).
 //!
-//! Environment: `ONEPASS_GEMM=lt|ex` (default `lt`); `ONEPASS_GEMM_LOG=1` prints each key's choice and
+//! Why Ex is the default (H200, 2026-11-30, `gemm_timings` in tests/gemm.rs): at the System One token counts
+//! (T = 175, 231) no Lt candidate beat GemmEx on any 0.8B projection (1.00x), and reusing a bucket's choice for
+//! another T lost up to 34% (mlp down at T = 231); at T = 3,400 and 7,392 tuning gained 1–13% per projection
+//! (1–5% per layer). Not worth a first-request tuning cost of 5–50 ms per key on a server.
+//!
+//! Environment: `ONEPASS_GEMM=lt|ex` (default `ex`); `ONEPASS_GEMM_LOG=1` prints each key's choice and
 //! the times of its candidates to stderr. The choice is made by timing, so two processes may pick
 //! different algorithms for a key and differ at rounding level; within a process a key's choice is fixed.
 //!
@@ -53,21 +58,21 @@ const DELAY_MEMSETS: usize = 6;
 /// Which path bf16 GEMMs take (`ONEPASS_GEMM`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// cuBLASLt, autotuned per shape (default).
+    /// cuBLASLt, autotuned per shape.
     Lt,
-    /// cublasGemmEx, `CUBLAS_GEMM_DEFAULT`.
+    /// cublasGemmEx, `CUBLAS_GEMM_DEFAULT` (default).
     Ex,
 }
 
 impl Mode {
-    /// `ONEPASS_GEMM`: `lt` (or unset) or `ex`; another value is reported on stderr and read as `lt`.
+    /// `ONEPASS_GEMM`: `ex` (or unset) or `lt`; another value is reported on stderr and read as `ex`.
     pub fn from_env() -> Mode {
         match std::env::var("ONEPASS_GEMM").as_deref() {
-            Ok("ex") => Mode::Ex,
-            Ok("lt") | Ok("") | Err(_) => Mode::Lt,
+            Ok("lt") => Mode::Lt,
+            Ok("ex") | Ok("") | Err(_) => Mode::Ex,
             Ok(other) => {
-                eprintln!("ONEPASS_GEMM={other}: expected lt or ex; using lt");
-                Mode::Lt
+                eprintln!("ONEPASS_GEMM={other}: expected lt or ex; using ex");
+                Mode::Ex
             }
         }
     }

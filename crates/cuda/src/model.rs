@@ -256,6 +256,10 @@ struct Scratch {
     mid: CudaSlice<f32>,
     gates: CudaSlice<f32>,
     wy: CudaSlice<f32>,
+    /// Partial results of the tensor-core attention's key splits (grown on demand).
+    attn: CudaSlice<f32>,
+    attn_len: usize,
+    _attn_charge: Option<Charge>,
     _charge: Charge,
 }
 
@@ -271,6 +275,7 @@ struct FwdPtrs {
     mid: u64,
     gates: u64,
     wy: u64,
+    attn: u64,
 }
 
 impl Scratch {
@@ -297,7 +302,21 @@ impl Scratch {
             mid: g.ptr(&self.mid),
             gates: g.ptr(&self.gates),
             wy: g.ptr(&self.wy),
+            attn: g.ptr(&self.attn),
         }
+    }
+
+    /// Makes room for `len` f32 values of attention split scratch. → whether the buffer moved
+    fn reserve_attn(&mut self, m: &CudaModel, len: usize) -> Result<bool, CudaError> {
+        if len <= self.attn_len {
+            return Ok(false);
+        }
+        let len = len.next_power_of_two();
+        self._attn_charge = None;
+        self._attn_charge = Some(m.ledger.charge(4 * len, "attention scratch")?);
+        self.attn = m.gpu.alloc(len)?;
+        self.attn_len = len;
+        Ok(true)
     }
 }
 
@@ -372,6 +391,8 @@ pub struct CudaModel {
     graphs: Mutex<GraphCache>,
     /// The gated delta rule on tensor cores (ONEPASS_GDN=wy: the f32 SIMT kernels).
     gdn_tc: bool,
+    /// Attention on tensor cores (ONEPASS_ATTN=tiled: the f32 SIMT kernel).
+    attn_tc: bool,
     /// CUDA graphs for repeated shapes (ONEPASS_CUDA_GRAPHS=0 turns them off; a failed capture too).
     use_graphs: std::sync::atomic::AtomicBool,
 }
@@ -562,6 +583,7 @@ impl CudaModel {
             arena: Mutex::new(None),
             graphs: Mutex::new(GraphCache::default()),
             gdn_tc: std::env::var("ONEPASS_GDN").map_or(true, |v| v != "wy"),
+            attn_tc: std::env::var("ONEPASS_ATTN").map_or(true, |v| v != "tiled"),
             use_graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("ONEPASS_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
@@ -665,7 +687,13 @@ impl CudaModel {
         self.enqueue_ns.load(Ordering::Relaxed)
     }
 
-    /// Starts recording one CUDA event after every op of the following forwards (for `profile_take`).
+    fn profiling(&self) -> bool {
+        self.prof.lock().map(|p| p.is_some()).unwrap_or(false)
+    }
+
+    /// Starts recording one CUDA event after every op of the following forwards (for `profile_take`). Each
+    /// forward then starts behind a ~20 ms busy wait on the GPU, so the events time the GPU's work and not the
+    /// host's launches (the wait itself is left out of the figures).
     pub fn profile_start(&self) {
         if let Ok(mut p) = self.prof.lock() {
             *p = Some(Vec::new());
@@ -875,6 +903,11 @@ impl CudaModel {
         let g = &*self.gpu;
         let hid = self.hid;
         let nseg = items.len();
+        if self.profiling() {
+            // Hold the GPU (~20 ms at 2 GHz) while this forward is queued: the events then time GPU work only.
+            let f = self.gpu.function("spin_wait")?;
+            crate::launch!(&*self.gpu, f, crate::runtime::cfg((1, 1), 1, 0); 40_000_000i64)?;
+        }
         self.mark("start")?;
         for (st, seq) in items.iter_mut() {
             self.check_input(st, seq)?;
@@ -913,14 +946,21 @@ impl CudaModel {
                 *arena = Some(self.scratch(rows, table.len().max(tl).next_power_of_two())?);
             }
             let a = arena
-                .as_ref()
+                .as_mut()
                 .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
+            if a.reserve_attn(self, self.attn_scratch(shape))? {
+                self.graphs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clear();
+            }
             let p = a.ptrs(self, shape);
             g.upload_into(&table, &a.table)?;
             self.run_layers_graphed(&p, shape)?;
             self.final_norm(p.x, n, &out)?;
         } else {
-            let sc = self.scratch(n, table.len())?;
+            let mut sc = self.scratch(n, table.len())?;
+            sc.reserve_attn(self, self.attn_scratch(shape))?;
             let p = sc.ptrs(self, shape);
             g.upload_into(&table, &sc.table)?;
             self.run_layers(&p, shape)?;
@@ -986,6 +1026,21 @@ impl CudaModel {
         bytes
     }
 
+    /// f32 values of key-split scratch the tensor-core attention needs for this shape (0 with `ONEPASS_ATTN=tiled`).
+    fn attn_scratch(&self, s: Shape) -> usize {
+        if !self.attn_tc {
+            return 0;
+        }
+        self.layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::Attn(m) => crate::attn_tc::attention_tc_scratch(s.nseg, s.max_len, m.a),
+                Mixer::Gdn(_) => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Values per token row of each forward scratch buffer (the widest layer's).
     fn widths(&self) -> Widths {
         let mut w = Widths {
@@ -1035,6 +1090,9 @@ impl CudaModel {
             mid: g.alloc(rows * w.mid)?,
             gates: g.alloc(rows * w.gates)?,
             wy: g.alloc(rows * w.wy)?,
+            attn: g.alloc(1)?,
+            attn_len: 0,
+            _attn_charge: None,
             _charge: charge,
         })
     }
@@ -1042,8 +1100,7 @@ impl CudaModel {
     /// The layers of one forward, through a CUDA graph when this shape was seen before (the first sight runs
     /// them directly, so one-off shapes never pay a capture; GEMM tuning also happens on that first run).
     fn run_layers_graphed(&self, p: &FwdPtrs, s: Shape) -> Result<(), CudaError> {
-        let profiling = self.prof.lock().map(|p| p.is_some()).unwrap_or(false);
-        if profiling || !self.use_graphs.load(Ordering::Relaxed) {
+        if self.profiling() || !self.use_graphs.load(Ordering::Relaxed) {
             return self.run_layers(p, s);
         }
         let mut c = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
@@ -1251,19 +1308,16 @@ impl CudaModel {
                     )?;
                     self.mark("attn prep")?;
                     let scale = 1.0 / (a.head_dim as f32).sqrt();
-                    ops::attention_tiled(
-                        g,
-                        midp,
-                        pp,
-                        pw,
-                        segs_p,
-                        kv_p,
-                        nseg,
-                        max_len,
-                        a,
-                        scale,
-                        self.act(hbp, n, a.heads * a.head_dim),
-                    )?;
+                    let out = self.act(hbp, n, a.heads * a.head_dim);
+                    if self.attn_tc {
+                        crate::attn_tc::attention_tc(
+                            g, midp, pp, pw, segs_p, kv_p, nseg, max_len, a, scale, out, p.attn,
+                        )?;
+                    } else {
+                        ops::attention_tiled(
+                            g, midp, pp, pw, segs_p, kv_p, nseg, max_len, a, scale, out,
+                        )?;
+                    }
                     self.mark("attention")?;
                     self.gemm(hbp, n, a.heads * a.head_dim, &m.w_o, hid, xp, hid, 1.0)?;
                     self.mark("gemm attn out")?;

@@ -208,16 +208,20 @@ impl Gpu {
     }
 
     /// A kernel of the module by name, loaded on first use, its dynamic shared memory limit raised to the
-    /// device's opt-in maximum. For kernels outside [`Kernels`] (the files after `kernels.cu`).
+    /// device's opt-in maximum (less its static shared memory). For kernels outside [`Kernels`] (the files after `kernels.cu`).
     pub fn function(&self, name: &'static str) -> Result<CudaFunction, CudaError> {
         let mut map = self.by_name.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = map.get(name) {
             return Ok(f.clone());
         }
         let f = self.module.load_function(name).op("load function")?;
+        // The opt-in maximum counts static shared memory too.
+        let fixed = f
+            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            .op("static shared memory")?;
         f.set_attribute(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            self.max_smem as i32,
+            (self.max_smem as i32 - fixed).max(0),
         )
         .op("shared memory limit")?;
         map.insert(name, f.clone());

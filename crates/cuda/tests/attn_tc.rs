@@ -346,9 +346,13 @@ fn attention_tc_timings() {
             attn_tc::attention_tc(&g, q, p, ld, sg, kv, nseg, t, a, scale, Out::Bf16(o), sc)
                 .unwrap()
         });
+        let one = time(&|| {
+            attn_tc::attention_tc_with(&g, q, p, ld, sg, kv, nseg, t, a, scale, Out::Bf16(o), 0, 1)
+                .unwrap()
+        });
         println!(
             "attention 0.8B heads, {nseg} x {t} tokens over a {base}-token base: attention_tiled {tiled:.1} µs, \
-             attention_tc {tc:.1} µs ({} key splits)",
+             attention_tc {tc:.1} µs ({} key splits; {one:.1} µs with none)",
             attn_tc::attention_tc_splits(nseg, t, a)
         );
     }
