@@ -236,6 +236,8 @@ struct Shape {
 
 /// Values per token row of the forward scratch buffers.
 struct Widths {
+    /// Split mode: the two halves of a residual GEMM's output ([2N, H]).
+    fold: usize,
     proj: usize,
     mid: usize,
     act: usize,
@@ -256,6 +258,7 @@ struct Scratch {
     mid: CudaSlice<f32>,
     gates: CudaSlice<f32>,
     wy: CudaSlice<f32>,
+    fold: CudaSlice<f32>,
     /// Partial results of the tensor-core attention's key splits (grown on demand).
     attn: CudaSlice<f32>,
     attn_len: usize,
@@ -275,6 +278,7 @@ struct FwdPtrs {
     mid: u64,
     gates: u64,
     wy: u64,
+    fold: u64,
     attn: u64,
 }
 
@@ -302,6 +306,7 @@ impl Scratch {
             mid: g.ptr(&self.mid),
             gates: g.ptr(&self.gates),
             wy: g.ptr(&self.wy),
+            fold: g.ptr(&self.fold),
             attn: g.ptr(&self.attn),
         }
     }
@@ -673,7 +678,10 @@ impl CudaModel {
     /// Turns CUDA graphs for repeated forward shapes on or off (default: on unless ONEPASS_CUDA_GRAPHS=0).
     pub fn set_graphs(&self, on: bool) {
         self.use_graphs.store(on, Ordering::Relaxed);
-        self.graphs.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.graphs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// Whether forwards may replay CUDA graphs (off after a capture failed).
@@ -957,14 +965,14 @@ impl CudaModel {
             let p = a.ptrs(self, shape);
             g.upload_into(&table, &a.table)?;
             self.run_layers_graphed(&p, shape)?;
-            self.final_norm(p.x, n, &out)?;
+            self.final_norm(&p, n, &out)?;
         } else {
             let mut sc = self.scratch(n, table.len())?;
             sc.reserve_attn(self, self.attn_scratch(shape))?;
             let p = sc.ptrs(self, shape);
             g.upload_into(&table, &sc.table)?;
             self.run_layers(&p, shape)?;
-            self.final_norm(p.x, n, &out)?;
+            self.final_norm(&p, n, &out)?;
             // The scratch is freed in stream order when it drops here.
         }
         for (st, seq) in items.iter_mut() {
@@ -1049,7 +1057,13 @@ impl CudaModel {
             act: self.hid.max(self.inter),
             gates: 1,
             wy: 0,
+            fold: 0,
         };
+        if self.prec == Precision::Bf16Split {
+            // One GEMM over both planes: gate|up writes 2N rows of 2I; residual GEMMs 2N rows of H.
+            w.proj = w.proj.max(4 * self.inter);
+            w.fold = 2 * self.hid;
+        }
         for l in &self.layers {
             match &l.mixer {
                 Mixer::Gdn(m) => {
@@ -1074,7 +1088,7 @@ impl CudaModel {
     fn scratch(&self, rows: usize, table_len: usize) -> Result<Scratch, CudaError> {
         let g = &*self.gpu;
         let w = self.widths();
-        let floats = rows * (self.hid + w.act + w.proj + w.mid + w.gates + w.wy);
+        let floats = rows * (self.hid + w.act + w.proj + w.mid + w.gates + w.wy + w.fold);
         let charge = self
             .ledger
             .charge(4 * floats + table_len, "forward scratch")?;
@@ -1090,6 +1104,7 @@ impl CudaModel {
             mid: g.alloc(rows * w.mid)?,
             gates: g.alloc(rows * w.gates)?,
             wy: g.alloc(rows * w.wy)?,
+            fold: g.alloc(rows * w.fold)?,
             attn: g.alloc(1)?,
             attn_len: 0,
             _attn_charge: None,
@@ -1181,20 +1196,51 @@ impl CudaModel {
     }
 
     /// `out = rms_norm(x) · final_norm` for `n` rows (f32).
-    fn final_norm(&self, x: u64, n: usize, out: &CudaSlice<f32>) -> Result<(), CudaError> {
-        let g = &*self.gpu;
-        ops::rms_norm(
-            g,
-            x,
-            self.hid,
-            self.final_norm.ptr,
-            self.eps,
-            n,
-            self.hid,
-            Out::F32(g.ptr(out)),
-            self.hid,
-        )?;
+    fn final_norm(&self, p: &FwdPtrs, n: usize, out: &CudaSlice<f32>) -> Result<(), CudaError> {
+        let o = Out::F32(self.gpu.ptr(out));
+        self.norm(p, n, self.final_norm.ptr, true, o)
+    }
+
+    /// RMSNorm of the residual x into `out`; in split mode, `pending` first adds the two halves of the last
+    /// residual GEMM's output (see [`CudaModel::gemm_residual`]).
+    fn norm(
+        &self,
+        p: &FwdPtrs,
+        n: usize,
+        gain: u64,
+        pending: bool,
+        out: Out,
+    ) -> Result<(), CudaError> {
+        let (g, hid) = (&*self.gpu, self.hid);
+        if pending && self.prec == Precision::Bf16Split {
+            ops::add2_rms_norm(
+                g,
+                p.x,
+                hid,
+                p.fold,
+                n * hid,
+                gain,
+                self.eps,
+                n,
+                hid,
+                out,
+                hid,
+            )?;
+        } else {
+            ops::rms_norm(g, p.x, hid, gain, self.eps, n, hid, out, hid)?;
+        }
         self.mark("rms_norm")
+    }
+
+    /// The residual update `x += act · wᵀ` (act: [T, K]). In split mode one GEMM over both planes writes its
+    /// two halves to the fold buffer and the next [`CudaModel::norm`] adds them to x (weights read once).
+    fn gemm_residual(&self, p: &FwdPtrs, t: usize, k: usize, w: &Weight) -> Result<(), CudaError> {
+        let hid = self.hid;
+        if self.prec == Precision::Bf16Split {
+            self.gpu.gemm(p.act, 2 * t, k, w.w, hid, p.fold, hid, 0.0)
+        } else {
+            self.gpu.gemm(p.act, t, k, w.w, hid, p.x, hid, 1.0)
+        }
     }
 
     /// Every layer of one forward over the scratch at `p` (no allocation, no host synchronisation: capturable).
@@ -1213,19 +1259,8 @@ impl CudaModel {
         ops::embed_gather(g, self.embed.w, ids_p, xp, n, hid)?;
         self.mark("embed")?;
         let mut poff = 0usize;
-        for l in &self.layers {
-            ops::rms_norm(
-                g,
-                xp,
-                hid,
-                l.in_norm.ptr,
-                self.eps,
-                n,
-                hid,
-                self.act(hbp, n, hid),
-                hid,
-            )?;
-            self.mark("rms_norm")?;
+        for (li, l) in self.layers.iter().enumerate() {
+            self.norm(p, n, l.in_norm.ptr, li > 0, self.act(hbp, n, hid))?;
             match &l.mixer {
                 Mixer::Gdn(m) => {
                     let d = m.d;
@@ -1282,7 +1317,7 @@ impl CudaModel {
                         self.act(hbp, n, d.hv * d.dv),
                     )?;
                     self.mark("gated norm")?;
-                    self.gemm(hbp, n, d.hv * d.dv, &m.w_out, hid, xp, hid, 1.0)?;
+                    self.gemm_residual(p, n, d.hv * d.dv, &m.w_out)?;
                     self.mark("gemm gdn out")?;
                 }
                 Mixer::Attn(m) => {
@@ -1319,27 +1354,24 @@ impl CudaModel {
                         )?;
                     }
                     self.mark("attention")?;
-                    self.gemm(hbp, n, a.heads * a.head_dim, &m.w_o, hid, xp, hid, 1.0)?;
+                    self.gemm_residual(p, n, a.heads * a.head_dim, &m.w_o)?;
                     self.mark("gemm attn out")?;
                 }
             }
-            ops::rms_norm(
-                g,
-                xp,
-                hid,
-                l.post_norm.ptr,
-                self.eps,
-                n,
-                hid,
-                self.act(hbp, n, hid),
-                hid,
-            )?;
-            self.mark("rms_norm")?;
-            self.gemm(hbp, n, hid, &l.w_gu, 2 * inter, pp, 2 * inter, 0.0)?;
-            self.mark("gemm mlp gate|up")?;
-            ops::swiglu(g, pp, inter, n, self.act(hbp, n, inter))?;
+            self.norm(p, n, l.post_norm.ptr, true, self.act(hbp, n, hid))?;
+            if self.prec == Precision::Bf16Split {
+                // gate|up over both planes at once (2N rows), summed inside the SwiGLU.
+                let gu = 2 * inter;
+                self.gpu.gemm(hbp, 2 * n, hid, l.w_gu.w, gu, pp, gu, 0.0)?;
+                self.mark("gemm mlp gate|up")?;
+                ops::swiglu2(g, pp, inter, n, n * gu, self.act(hbp, n, inter))?;
+            } else {
+                self.gemm(hbp, n, hid, &l.w_gu, 2 * inter, pp, 2 * inter, 0.0)?;
+                self.mark("gemm mlp gate|up")?;
+                ops::swiglu(g, pp, inter, n, self.act(hbp, n, inter))?;
+            }
             self.mark("swiglu")?;
-            self.gemm(hbp, n, inter, &l.w_down, hid, xp, hid, 1.0)?;
+            self.gemm_residual(p, n, inter, &l.w_down)?;
             self.mark("gemm mlp down")?;
         }
         Ok(())

@@ -522,3 +522,37 @@ pub fn rows_dot(
     let (hd, f32w) = head.parts();
     launch!(g, g.k.rows_dot, cfg((blocks(p, 4), 1), 128, 0); hidden, hid as i32, pairs, p as i32, hd, f32w, out)
 }
+
+/// `x += f[..R] + f[R..]` (f: [2R, dim], the second half `lo` values after the first), then [`rms_norm`] of x:
+/// the split-mode residual update, fused into the norm that reads it.
+pub fn add2_rms_norm(
+    g: &Gpu,
+    x: u64,
+    ldx: usize,
+    f: u64,
+    lo: usize,
+    gain: u64,
+    eps: f32,
+    rows: usize,
+    dim: usize,
+    out: Out,
+    ldo: usize,
+) -> Result<(), CudaError> {
+    let (o, mode) = out.parts();
+    let k = g.function("add2_rms_norm")?;
+    launch!(g, k, cfg((rows as u32, 1), ROW_THREADS, 0); x, ldx as i32, f, lo as i64, gain, eps, dim as i32, o, mode, ldo as i32)
+}
+
+/// [`swiglu`] of `gu[..N] + gu[N..]` (gu: [2N, 2I], the second half `lo` values after the first).
+pub fn swiglu2(
+    g: &Gpu,
+    gu: u64,
+    inter: usize,
+    n: usize,
+    lo: usize,
+    out: Out,
+) -> Result<(), CudaError> {
+    let (o, mode) = out.parts();
+    let k = g.function("swiglu2")?;
+    launch!(g, k, cfg((blocks(n * inter, 256), 1), 256, 0); gu, inter as i32, n as i32, lo as i64, o, mode)
+}

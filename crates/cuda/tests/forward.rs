@@ -269,7 +269,11 @@ fn graph_replays_equal_direct_runs() {
             let h = gm.forward_batch(&mut items).unwrap();
             out.push(gm.logits(&h).unwrap());
         }
-        assert_eq!(gm.graphs_on(), graphs, "a capture failed and turned graphs off");
+        assert_eq!(
+            gm.graphs_on(),
+            graphs,
+            "a capture failed and turned graphs off"
+        );
         out
     };
     let direct = run(false);

@@ -1093,3 +1093,75 @@ fn gated_delta_timings() {
         );
     }
 }
+
+/// The split-mode consumers of a GEMM run over both planes: `add2_rms_norm` (x += f[..R] + f[R..], then RMSNorm,
+/// x updated in place) and `swiglu2` (SwiGLU of gu[..N] + gu[N..]), against the CPU on the summed inputs.
+#[test]
+fn split_halves_fold_into_norm_and_swiglu() {
+    let Some(g) = gpu("split_halves_fold_into_norm_and_swiglu") else {
+        return;
+    };
+    let (rows, dim) = (37, 100);
+    let x = rnd(rows * dim, 31);
+    let f = rnd(2 * rows * dim, 32);
+    let gain: Vec<f32> = rnd(dim, 33).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let summed: Vec<f32> = (0..rows * dim)
+        .map(|i| x[i] + (f[i] + f[i + rows * dim]))
+        .collect();
+    let mut want = summed.clone();
+    cpu::rms_norm(&mut want, &gain, 1e-6);
+    let (xd, fd, gd) = (
+        g.upload(&x).unwrap(),
+        g.upload(&f).unwrap(),
+        g.upload(&gain).unwrap(),
+    );
+    let of = g.alloc::<f32>(rows * dim).unwrap();
+    ops::add2_rms_norm(
+        &g,
+        g.ptr(&xd),
+        dim,
+        g.ptr(&fd),
+        rows * dim,
+        g.ptr(&gd),
+        1e-6,
+        rows,
+        dim,
+        Out::F32(g.ptr(&of)),
+        dim,
+    )
+    .unwrap();
+    check(
+        "add2_rms_norm residual",
+        &g.download(&xd, rows * dim).unwrap(),
+        &summed,
+        F32_TOL,
+    );
+    check(
+        "add2_rms_norm out",
+        &g.download(&of, rows * dim).unwrap(),
+        &want,
+        F32_TOL,
+    );
+
+    let (n, inter) = (29, 70);
+    let gu = rnd(2 * n * 2 * inter, 34);
+    let half = n * 2 * inter;
+    let mut want = Vec::with_capacity(n * inter);
+    for r in 0..n {
+        let row: Vec<f32> = (0..2 * inter)
+            .map(|c| gu[r * 2 * inter + c] + gu[half + r * 2 * inter + c])
+            .collect();
+        let mut a = row[..inter].to_vec();
+        cpu::swiglu(&mut a, &row[inter..]);
+        want.extend(a);
+    }
+    let gud = g.upload(&gu).unwrap();
+    let of = g.alloc::<f32>(n * inter).unwrap();
+    ops::swiglu2(&g, g.ptr(&gud), inter, n, half, Out::F32(g.ptr(&of))).unwrap();
+    check(
+        "swiglu2 f32",
+        &g.download(&of, n * inter).unwrap(),
+        &want,
+        F32_TOL,
+    );
+}
