@@ -40,3 +40,74 @@ extern "C" __global__ void swiglu2(const float* __restrict__ gu, int inter, int 
     float gate = r[c] + r[c + lo], up = r[inter + c] + r[inter + c + lo];
     store_act(out, i, silu_f(gate) * up, mode);
 }
+
+// The Gated DeltaNet mixer inputs, one warp per channel group of one token: the q and k heads (dk channels each,
+// L2-normalised; q also times `scale`) and the v channels in groups of 128; depthwise causal conv1d + SiLU as
+// gdn_conv_prep (the K-1 inputs before a segment from its conv state, taps summed in the same order), the norms
+// with the same per-lane order and shuffle reduction (so the result equals gdn_conv_prep's bit for bit), and the
+// gates (block y 0, warp 0). Many small blocks instead of one block per token: every load of a warp in flight
+// at once. grid (N, ceil(groups / 4)), block 128; needs dk <= 256. gdn_conv_state then advances the states.
+extern "C" __global__ void gdn_conv_prep_w(const float* __restrict__ x, int ld, float* __restrict__ out,
+                                           const float* __restrict__ w, int K, int cd, const int* seg,
+                                           const int* tok, const u64* states, int hk, int dk, float scale,
+                                           int off_a, int off_b, const float* neg_a, const float* dt_bias, int hv,
+                                           float* g, float* beta) {
+    int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int s = tok[2 * n];
+    int start = seg[3 * s], t = n - start;
+    const float* st = (const float*)states[s];
+    if (blockIdx.y == 0 && warp == 0) {
+        for (int h = lane; h < hv; h += 32) {
+            float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
+            float sp = a > 20.0f ? a : log1pf(expf(a));
+            g[(idx_t)n * hv + h] = neg_a[h] * sp;
+            beta[(idx_t)n * hv + h] = sigmoid_f(x[(idx_t)n * ld + off_b + h]);
+        }
+    }
+    int grp = blockIdx.y * 4 + warp;
+    int nqk = 2 * hk, vch = cd - nqk * dk;
+    int c0, size;
+    bool norm = grp < nqk;
+    if (norm) {
+        c0 = grp * dk;
+        size = dk;
+    } else {
+        int vg = grp - nqk;
+        c0 = nqk * dk + vg * 128;
+        if (vg * 128 >= vch) return;
+        size = min(128, vch - vg * 128);
+    }
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int cc = lane + 32 * i;
+        v[i] = 0.0f;
+        if (cc < size) {
+            int c = c0 + cc;
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (j < K) {
+                    int tau = t - (K - 1) + j;
+                    float xv = tau >= 0 ? x[(idx_t)(start + tau) * ld + c] : st[(idx_t)(K - 1 + tau) * cd + c];
+                    acc += w[c * K + j] * xv;
+                }
+            }
+            v[i] = silu_f(acc);
+        }
+    }
+    float mul = 1.0f;
+    if (norm) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (lane + 32 * i < size) ss += v[i] * v[i];
+        ss = warp_sum(ss);
+        mul = 1.0f / sqrtf(ss + 1e-6f);
+        if (grp < hk) mul *= scale;
+    }
+    float* o = out + (idx_t)n * cd + c0;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (lane + 32 * i < size) o[lane + 32 * i] = norm ? v[i] * mul : v[i];
+}

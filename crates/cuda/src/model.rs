@@ -632,7 +632,7 @@ impl CudaModel {
     pub fn scratch_reserved(&self) -> usize {
         self.arena
             .lock()
-            .map(|a| a.as_ref().map_or(0, |a| a.bytes))
+            .map(|a| a.as_ref().map_or(0, |a| a.bytes + 4 * a.attn_len))
             .unwrap_or(0)
     }
 

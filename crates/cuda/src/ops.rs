@@ -360,9 +360,18 @@ pub fn gdn_conv_prep(
         )));
     }
     let (off_a, off_b, neg_a, dt_bias) = gates;
-    launch!(g, g.k.gdn_conv_prep, cfg((n as u32, 1), 256, 0);
-        x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, d.hk as i32, d.dk as i32, scale,
-        off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
+    if d.dk <= 256 && cd >= 2 * d.hk * d.dk {
+        // One warp per channel group (fused.cu gdn_conv_prep_w): the same arithmetic, far more parallel.
+        let groups = 2 * d.hk + (cd - 2 * d.hk * d.dk).div_ceil(128);
+        let f = g.function("gdn_conv_prep_w")?;
+        launch!(g, f, cfg((n as u32, groups.div_ceil(4) as u32), 128, 0);
+            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, d.hk as i32, d.dk as i32, scale,
+            off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
+    } else {
+        launch!(g, g.k.gdn_conv_prep, cfg((n as u32, 1), 256, 0);
+            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, d.hk as i32, d.dk as i32, scale,
+            off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
+    }
     launch!(g, g.k.gdn_conv_state, cfg((blocks(cd, 256), nseg as u32), 256, 0);
         x, ld as i32, kernel as i32, cd as i32, segs, states)
 }
