@@ -2,7 +2,8 @@
 # One device run over .devcarry/pack.tar.gz (made by crates/cuda/gpu-pack.sh): phases named in $1 (default
 # "tests bench"): tests (every GPU test executable, ONEPASS_CUDA_TESTS=1; ONEPASS_CUDA_BENCH=1 adds the kernel
 # timing tables), bench (System One on the 0.8B shape: split, bf16, split without CUDA graphs), b2b (the 2B shape),
-# decider (benches/gpu-decider.sh, the decider-ai side-by-side). Logs: $OUT/tests.log, $OUT/bench.log, $OUT/bench.jsonl.
+# decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
+# load through `onepass serve --device cuda`). Logs: $OUT/tests.log, $OUT/bench.log, $OUT/bench.jsonl, $OUT/http.*.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 WHAT=${1:-"tests bench"}
@@ -47,6 +48,18 @@ if [[ $WHAT == *b2b* ]]; then
   synth qwen3.5-2b /tmp/q2b
   bench "2B split" --device cuda --model /tmp/q2b --reps 20 --batch 8 --batch-reps 2
   tail -8 "$OUT/bench.log"
+fi
+if [[ $WHAT == *http* ]]; then
+  [[ -f /tmp/q08/config.json ]] || synth qwen3.5-0.8b /tmp/q08
+  $B/onepass bench-systemone --device cpu --model /tmp/q08 --write-requests /tmp/q08-req 2>&1 | tail -3
+  # workload, decisions per request, concurrency levels, seconds per level, rows per engine call
+  for spec in "1 7 1,8,32,64 10 512" "3 10 1,8,32 8 64"; do
+    set -- $spec
+    echo "== http: workload$1, concurrency $3" | tee -a "$OUT/http.log"
+    timeout 200 python3 benches/http_load.py --onepass $B/onepass --model /tmp/q08 --body /tmp/q08-req/workload$1.json \
+      --decisions $2 --concurrency $3 --seconds $4 -- --device cuda --max-batch-rows $5 >>"$OUT/http.jsonl" 2>>"$OUT/http.log"
+  done
+  grep -E "in flight|==" "$OUT/http.log"
 fi
 if [[ $WHAT == *decider* ]]; then
   ONEPASS_BIN=$B/onepass TOKENIZER=$TOK bash benches/gpu-decider.sh 2>&1 | tail -30
