@@ -44,17 +44,6 @@ pub fn gdn_tc_prep_slices(d: GdnDims, blocks: usize, sms: usize) -> usize {
     tiles.div_ceil(tiles.div_ceil(s))
 }
 
-/// Addresses of U [N, HV, DV], W [N, HV, DK], M [N, HV, 64], E [N, HV, 2] in the WY scratch of `rows` stacked
-/// rows (the layout of `ops::gdn_wy_scratch` / `gdn_wy_parts`).
-fn parts(d: GdnDims, rows: usize, scratch: u64) -> (u64, u64, u64, u64) {
-    let (n, hv) = (rows as u64, d.hv as u64);
-    let u = scratch;
-    let w = u + 4 * n * hv * d.dv as u64;
-    let m = w + 4 * n * hv * d.dk as u64;
-    let e = m + 4 * n * hv * GDN_CHUNK as u64;
-    (u, w, m, e)
-}
-
 /// The WY pre-pass on tensor cores, a drop-in for [`crate::ops::gdn_wy_prep`]: qkv [N, ld] (q | k | v, q and k
 /// L2-normalised), gg, beta [N, HV], segs [S, 3]; fills U, W, M, E of every token row of every segment in
 /// `scratch` (room for `rows * ops::gdn_wy_scratch(d)` f32). `max_len`: the longest segment. The column slices
@@ -128,7 +117,7 @@ pub fn gdn_tc_prep_sliced(
         return Ok(());
     }
     let f = g.function("gdn_tc_prep")?;
-    let (u, w, m, e) = parts(d, rows, scratch);
+    let (u, w, m, e) = crate::ops::gdn_wy_parts(d, rows, scratch);
     let mut lc = cfg(
         (max_len.div_ceil(GDN_CHUNK) as u32, nseg as u32),
         THREADS,

@@ -54,17 +54,6 @@ pub fn gdn_tc_slice(d: GdnDims, nseg: usize) -> usize {
     bv
 }
 
-/// Addresses of U, W, M, E in the WY scratch of `rows` stacked rows (the layout of `ops::gdn_wy_parts`:
-/// U [N, HV, DV], W [N, HV, DK], M [N, HV, 64], E [N, HV, 2]).
-fn wy_parts(d: GdnDims, rows: usize, scratch: u64) -> (u64, u64, u64, u64) {
-    let (n, hv) = (rows as u64, d.hv as u64);
-    let u = scratch;
-    let w = u + 4 * n * hv * d.dv as u64;
-    let m = w + 4 * n * hv * d.dk as u64;
-    let e = m + 4 * n * hv * GDN_CHUNK as u64;
-    (u, w, m, e)
-}
-
 /// The WY state pass on tensor cores: the drop-in twin of [`ops::gdn_wy_state`] (same arguments; `dvs`, the
 /// value columns per block, is 8, 16, 32 or 64, see [`gdn_tc_slice`]). qkv: [N, ld] (q, k, v of every row);
 /// out: [N, HV, DV]; segs: [S, 3] i32; states: [S] addresses of [HV, DK, DV] f32 (read, then overwritten);
@@ -100,7 +89,7 @@ pub fn gdn_tc_state(
         _ => "gdn_tc_state_64",
     };
     let f = g.function(name)?;
-    let (u, w, m, e) = wy_parts(d, rows, scratch);
+    let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
     // 16-byte tile copies need 16-byte aligned tile rows: W and M bases, q and k rows (ld) and heads (dk).
     let vec = d.dk.is_multiple_of(4)
         && ld.is_multiple_of(4)
@@ -112,9 +101,10 @@ pub fn gdn_tc_state(
         vec as i32)
 }
 
-/// The chunked gated delta rule with the tensor-core state pass: [`ops::gdn_wy_prep`] + [`gdn_tc_state`]
-/// (slice from [`gdn_tc_slice`]); same arguments and results as [`ops::gdn_chunked_wy`], into which it falls
-/// back for dims the tensor-core pass does not take (DK > 128).
+/// The chunked gated delta rule on tensor cores: [`crate::gdn_prep_tc::gdn_tc_prep`] (or [`ops::gdn_wy_prep`] for
+/// dims it does not take) + [`gdn_tc_state`] (slice from [`gdn_tc_slice`]); same arguments and results as
+/// [`ops::gdn_chunked_wy`], into which it falls back for dims the tensor-core state pass does not take (DK > 128).
+/// The forward's path (`CudaModel`, unless `ONEPASS_GDN=wy`).
 pub fn gdn_tc_chunked(
     g: &Gpu,
     qkv: u64,
@@ -136,6 +126,13 @@ pub fn gdn_tc_chunked(
             g, qkv, ld, gg, beta, out, segs, states, nseg, d, rows, max_len, scratch,
         );
     }
-    ops::gdn_wy_prep(g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch)?;
+    match crate::gdn_prep_tc::gdn_tc_prep(
+        g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch,
+    ) {
+        Err(CudaError::Unsupported(_)) => {
+            ops::gdn_wy_prep(g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch)?
+        }
+        r => r?,
+    }
     gdn_tc_state(g, qkv, ld, out, segs, states, nseg, d, rows, scratch, dvs)
 }

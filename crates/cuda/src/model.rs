@@ -1178,21 +1178,15 @@ impl CudaModel {
         scratch: u64,
     ) -> Result<(), CudaError> {
         let g = &*self.gpu;
-        let dvs = crate::gdn_tc::gdn_tc_slice(d, nseg);
-        if !self.gdn_tc || !crate::gdn_tc::gdn_tc_supported(g, d, dvs) {
-            return ops::gdn_chunked_wy(
+        if self.gdn_tc {
+            crate::gdn_tc::gdn_tc_chunked(
                 g, qkv, ld, gg, beta, out, segs, states, nseg, d, rows, max_len, scratch,
-            );
+            )
+        } else {
+            ops::gdn_chunked_wy(
+                g, qkv, ld, gg, beta, out, segs, states, nseg, d, rows, max_len, scratch,
+            )
         }
-        match crate::gdn_prep_tc::gdn_tc_prep(
-            g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch,
-        ) {
-            Err(CudaError::Unsupported(_)) => {
-                ops::gdn_wy_prep(g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch)?
-            }
-            r => r?,
-        }
-        crate::gdn_tc::gdn_tc_state(g, qkv, ld, out, segs, states, nseg, d, rows, scratch, dvs)
     }
 
     /// `out = rms_norm(x) · final_norm` for `n` rows (f32).

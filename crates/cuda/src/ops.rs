@@ -257,7 +257,7 @@ pub fn gdn_wy_slice(d: GdnDims, nseg: usize) -> usize {
 }
 
 /// Addresses of U, W, M, E in the WY scratch of `rows` stacked rows.
-fn gdn_wy_parts(d: GdnDims, rows: usize, scratch: u64) -> (u64, u64, u64, u64) {
+pub fn gdn_wy_parts(d: GdnDims, rows: usize, scratch: u64) -> (u64, u64, u64, u64) {
     let (n, hv) = (rows as u64, d.hv as u64);
     let u = scratch;
     let w = u + 4 * n * hv * d.dv as u64;
