@@ -735,8 +735,8 @@ pub fn gemm_ex(
     .map_err(|err| CudaError::Blas { op: "gemm", err })
 }
 
-/// The body of [`Gpu::gemm`]: bf16 through the autotuned Lt path unless `ONEPASS_GEMM=ex` or cuBLASLt
-/// is missing; f32 (the exact mode) and K = 0 through GemmEx.
+/// The body of [`Gpu::gemm`]: bf16 through GemmEx, or through the autotuned Lt path with `ONEPASS_GEMM=lt` (GemmEx
+/// when cuBLASLt is missing); f32 (the exact mode) and K = 0 always through GemmEx.
 pub fn gemm(
     g: &Gpu,
     x: u64,

@@ -331,7 +331,7 @@ impl Gpu {
     }
 
     /// `y[T, N] (row stride ldy) = x[T, K] · w[N, K]ᵀ + beta · y`, f32 output and accumulation; x has
-    /// w's dtype. bf16: tensor cores through cuBLASLt, autotuned per shape (`ONEPASS_GEMM=ex`: cublasGemmEx);
+    /// w's dtype. bf16: tensor cores through cublasGemmEx (`ONEPASS_GEMM=lt`: cuBLASLt, autotuned per shape);
     /// f32: cublasGemmEx with `CUBLAS_COMPUTE_32F_PEDANTIC`, so no TF32 (the exact mode). See [`crate::gemm`].
     pub fn gemm(
         &self,
