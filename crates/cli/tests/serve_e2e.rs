@@ -1,6 +1,7 @@
 //! `onepass serve` end to end: the real binary on a free port over a synthetic checkpoint with the real tokenizer;
 //! waits for /health, drives /v1/systemone (plain and zstd), /decide, /v1/models and /metrics over HTTP, then stops
-//! it with SIGTERM and checks a clean exit. Needs testdata/qwen3_5-tokenizer (tools/setup-testdata.sh).
+//! it with SIGTERM and checks a clean exit; a second test sends SIGTERM with requests in flight and checks that each
+//! is still answered in full. Needs testdata/qwen3_5-tokenizer (tools/setup-testdata.sh).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -59,6 +60,100 @@ fn http(
     (status, head, raw[split + 4..].to_vec())
 }
 
+/// `onepass serve` on a free port, its stderr collected.
+struct Server {
+    child: std::process::Child,
+    addr: String,
+    rx: mpsc::Receiver<String>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    log: Vec<String>,
+}
+
+impl Server {
+    /// Starts the server over `dir` and waits until /health answers ok.
+    fn start(dir: &std::path::Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_onepass"))
+            .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
+            .args(extra)
+            .env_remove("ONEPASS_API_KEY")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel::<String>();
+        let stderr = child.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut log = Vec::new();
+        let addr = loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(120))
+                .expect("no 'listening on' line from onepass serve");
+            log.push(line.clone());
+            if let Some(a) = line.split("listening on http://").nth(1) {
+                break a.trim().to_string();
+            }
+        };
+        let t0 = Instant::now();
+        loop {
+            let (status, _, body) = http(&addr, "GET", "/health", &[], b"");
+            if status == 200 && body.starts_with(br#"{"ok":true"#) {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "/health never became ok"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server {
+            child,
+            addr,
+            rx,
+            reader: Some(reader),
+            log,
+        }
+    }
+
+    /// Sends SIGTERM (no wait).
+    fn term(&self) {
+        let pid = self.child.id() as i32;
+        // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    }
+
+    /// SIGTERM, then waits for a clean exit (status 0 within 30 s). → the whole stderr
+    fn stop(&mut self) -> String {
+        self.term();
+        self.wait()
+    }
+
+    /// Waits for the exit after a SIGTERM and checks it is clean. → the whole stderr
+    fn wait(&mut self) -> String {
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "onepass serve did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if let Some(r) = self.reader.take() {
+            r.join().unwrap();
+        }
+        self.log.extend(self.rx.try_iter());
+        let log = self.log.join("\n");
+        assert!(status.success(), "exit status {status:?}; stderr:\n{log}");
+        log
+    }
+}
+
 #[test]
 fn serve_end_to_end() {
     let dir = checkpoint();
@@ -66,50 +161,8 @@ fn serve_end_to_end() {
         let e = onepass_decide::Engine::load(dir.path(), Default::default()).unwrap();
         onepass_decide::pyjson::dumps_compact(&e.system_one(REQ.as_bytes()).unwrap()).unwrap()
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_onepass"))
-        .args([
-            "serve",
-            "--model",
-            dir.path().to_str().unwrap(),
-            "--port",
-            "0",
-            "--max-queue-rows",
-            "100",
-        ])
-        .env_remove("ONEPASS_API_KEY")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel::<String>();
-    let stderr = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut log = Vec::new();
-    let addr = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("no 'listening on' line from onepass serve");
-        log.push(line.clone());
-        if let Some(a) = line.split("listening on http://").nth(1) {
-            break a.trim().to_string();
-        }
-    };
-    let t0 = Instant::now();
-    loop {
-        let (status, _, body) = http(&addr, "GET", "/health", &[], b"");
-        if status == 200 && body.starts_with(br#"{"ok":true"#) {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "/health never became ok"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut srv = Server::start(dir.path(), &["--max-queue-rows", "100"]);
+    let addr = srv.addr.clone();
     let json = [("content-type", "application/json")];
     let (status, head, body) = http(&addr, "POST", "/v1/systemone", &json, REQ.as_bytes());
     assert_eq!(status, 200);
@@ -148,31 +201,84 @@ fn serve_end_to_end() {
     );
 
     // SIGTERM: drains and exits 0.
-    let pid = child.id() as i32;
-    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "onepass serve did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    reader.join().unwrap();
-    log.extend(rx.try_iter());
-    assert!(
-        status.success(),
-        "exit status {status:?}; stderr:\n{}",
-        log.join("\n")
-    );
-    let log = log.join("\n");
+    let log = srv.stop();
     assert!(
         log.contains("id=e2e-1 POST /v1/systemone status=200 rows=2"),
         "{log}"
     );
     assert!(log.contains("onepass serve: stopped"), "{log}");
+}
+
+/// SIGTERM while requests are in flight: every admitted request still gets its full, correct answer, then the
+/// server exits 0. Four requests of 40 rows over a ~2,300-token state run one engine call each (each over the
+/// 64-row batch cap together), so the last answers arrive well after the signal; the test checks that at least
+/// one did (else it proved nothing) and that all four equal the engine's own answer.
+#[test]
+fn sigterm_drains_requests_in_flight() {
+    let dir = checkpoint();
+    let notes: Vec<String> = (0..230)
+        .map(|i| format!("event{i} happened at the store and the customer asked about parcel {i}"))
+        .collect();
+    let questions: serde_json::Map<String, serde_json::Value> = (0..40)
+        .map(|i| {
+            (
+                format!("q{i}"),
+                serde_json::json!({"type": "choice", "instructions": format!("Which option {i}?"), "criteria": ["a", "b", "c"]}),
+            )
+        })
+        .collect();
+    let bodies: Vec<Vec<u8>> = (0..4)
+        .map(|k| {
+            serde_json::to_vec(&serde_json::json!({
+                "state": {"notes": notes.join(" "), "request": k},
+                "questions": questions,
+            }))
+            .unwrap()
+        })
+        .collect();
+    let want: Vec<String> = {
+        let e = onepass_decide::Engine::load(dir.path(), Default::default()).unwrap();
+        bodies
+            .iter()
+            .map(|b| onepass_decide::pyjson::dumps_compact(&e.system_one(b).unwrap()).unwrap())
+            .collect()
+    };
+    let mut srv = Server::start(dir.path(), &["--quiet"]);
+    let (tx, rx) = mpsc::channel();
+    let clients: Vec<_> = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(k, b)| {
+            let (addr, tx) = (srv.addr.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let (status, _, body) = http(
+                    &addr,
+                    "POST",
+                    "/v1/systemone",
+                    &[("content-type", "application/json")],
+                    &b,
+                );
+                tx.send((k, status, String::from_utf8(body).unwrap(), Instant::now()))
+                    .unwrap();
+            })
+        })
+        .collect();
+    // Let the requests reach the server, then stop it with all of them admitted.
+    std::thread::sleep(Duration::from_millis(150));
+    let signalled = Instant::now();
+    srv.term();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let log = srv.wait();
+    let answers: Vec<_> = rx.try_iter().collect();
+    assert_eq!(answers.len(), 4, "{log}");
+    for (k, status, body, _) in &answers {
+        assert_eq!((*status, body), (200, &want[*k]), "request {k}; {log}");
+    }
+    assert!(
+        answers.iter().any(|a| a.3 > signalled),
+        "every answer came before the signal: nothing was in flight (make the requests heavier)"
+    );
+    assert!(log.contains("draining in-flight requests"), "{log}");
 }
