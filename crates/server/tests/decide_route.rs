@@ -17,9 +17,9 @@ fn oracle_probs(k: usize, n: usize) -> Vec<f32> {
     w.iter().map(|x| (x / s) as f32).collect()
 }
 
-#[tokio::test]
-async fn decide_matches_the_reference() {
-    let fake = Arc::new(FakeEngine::new(|plans| {
+/// A fake engine answering with the oracle's fixed probabilities.
+fn oracle_engine() -> FakeEngine {
+    FakeEngine::new(|plans| {
         Ok(plans
             .iter()
             .map(|p| {
@@ -29,10 +29,16 @@ async fn decide_matches_the_reference() {
                     .collect()
             })
             .collect())
-    }));
+    })
+}
+
+/// Every case of a fixture file: status, body bytes, content type, and the packed row the engine was handed.
+async fn check_cases(fake: Arc<FakeEngine>, fixture: &str) -> usize {
     let (app, _state) = router(fake.clone(), quiet(ServerOptions::default())).unwrap();
     let text = std::fs::read_to_string(
-        common::root().join("crates/server/tests/fixtures/decide_route.jsonl"),
+        common::root()
+            .join("crates/server/tests/fixtures")
+            .join(fixture),
     )
     .unwrap();
     let mut n = 0;
@@ -73,7 +79,39 @@ async fn decide_matches_the_reference() {
         }
         n += 1;
     }
+    n
+}
+
+#[tokio::test]
+async fn decide_matches_the_reference() {
+    let n = check_cases(Arc::new(oracle_engine()), "decide_route.jsonl").await;
     assert!(n >= 40, "only {n} cases");
+}
+
+/// The chat layout (a model whose decider_config.json says "layout": "chat"), with the Qwen3-style template of the
+/// layout fixtures: the reference's rows wrap the packed question block in the template, and the 1536-id context
+/// cap applies to the context alone (fixtures/decide_route_chat.jsonl, `decide_route.py --chat`).
+#[tokio::test]
+async fn decide_chat_layout_matches_the_reference() {
+    let t = tempfile::tempdir().unwrap();
+    let src = tokenizer_dir();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), t.path().join(f)).unwrap();
+    }
+    std::fs::copy(
+        common::root().join("tests/fixtures/systemone/layouts/templates/qwen3_style.jinja"),
+        t.path().join("chat_template.jinja"),
+    )
+    .unwrap();
+    let tok = onepass_tokenizer::Tokenizer::from_dir(t.path(), None)
+        .unwrap()
+        .transformers_compatible();
+    let mut fake = oracle_engine();
+    fake.cfg.layout = onepass_decide::config::Layout::Chat;
+    fake.cfg.attach_chat(&tok, Some(t.path())).unwrap();
+    fake.tok = Arc::new(tok);
+    let n = check_cases(Arc::new(fake), "decide_route_chat.jsonl").await;
+    assert!(n >= 12, "only {n} cases");
 }
 
 #[tokio::test]

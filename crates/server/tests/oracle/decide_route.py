@@ -8,6 +8,11 @@ w_j = 1 + ((5 j + 3 k) % 7) (crates/server/tests/decide_route.rs computes the sa
 
 Run (fastapi 0.165.0, starlette 1.10.0, pydantic 2.14.4, Python 3.11.7, decider-ai 1.10.0 + transformers importable):
     python crates/server/tests/oracle/decide_route.py > crates/server/tests/fixtures/decide_route.jsonl
+    python crates/server/tests/oracle/decide_route.py --chat > crates/server/tests/fixtures/decide_route_chat.jsonl
+
+--chat: the chat layout (serve.CHAT = prompt.chat_template(tok), as start-up sets it for a model whose
+decider_config.json says "layout": "chat"), with tests/fixtures/systemone/layouts/templates/qwen3_style.jinja installed
+as the tokenizer's chat_template, over the bodies that reach the model (the 1536-id context cap included).
 """
 import json, os, sys, types
 import torch
@@ -83,6 +88,27 @@ BODIES = [
     b'{"schema_":{"b":{"type":"bool"}},"context":"x","schema":{"a":{"type":"bool"}}}',
     b'{"context":"x","schema":{"dup":{"type":"bool"},"dup":{"type":"choice","options":["p","q"]}}}',
 ]
+if "--chat" in sys.argv:
+    import shutil, tempfile
+    from decider.prompt import chat_template
+    d = tempfile.mkdtemp()
+    src = os.path.join(ROOT, "testdata/qwen3_5-tokenizer")
+    shutil.copy(os.path.join(src, "tokenizer.json"), d)
+    cfg = json.load(open(os.path.join(src, "tokenizer_config.json"), encoding="utf-8"))
+    cfg["chat_template"] = open(os.path.join(ROOT, "tests/fixtures/systemone/layouts/templates/qwen3_style.jinja"),
+                                encoding="utf-8").read()
+    json.dump(cfg, open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8"))
+    S.eng = types.SimpleNamespace(tok=AutoTokenizer.from_pretrained(d))
+    S.CHAT = chat_template(S.eng.tok)
+    S.LAYOUT = "chat"
+    LONG2 = "The parcel was late again and the customer asked for a refund. " * 300
+    BODIES = [b for b in BODIES if b.startswith(b'{"context":"The cat') or b.startswith(b'{"context":"caf')
+              or b.startswith(b'{"context":""') or b'"Wide?"' in b or b'"Level?"' in b or b'"Long?"' in b
+              or b'"Which?"' in b] + [
+        json.dumps({"context": LONG2, "schema": {"Refund?": {"type": "bool"},
+                                                 "Mood?": {"type": "scale", "legend": {"1": "calm", "5": "angry"}}}}).encode(),
+        json.dumps({"context": "x" * 9000, "schema": {"Short?": {"type": "choice", "options": ["a", "b"]}}}).encode(),
+    ]
 for body in BODIES:
     SEEN.clear()
     r = client.post("/decide", content=body, headers={"content-type": "application/json"})
