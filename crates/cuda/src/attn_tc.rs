@@ -98,6 +98,20 @@ pub fn attention_tc(
     )
 }
 
+/// Whether [`attention_tc`] takes these dims: query heads a multiple of the KV heads (at most 64 per KV head), head
+/// dim a multiple of 4 and at most 256, its tiles within the device's shared memory. The forward falls back to
+/// [`crate::ops::attention_tiled`] otherwise.
+pub fn attention_tc_supported(g: &Gpu, a: AttnDims) -> bool {
+    let d = a.head_dim;
+    a.kv_heads > 0
+        && a.heads.is_multiple_of(a.kv_heads)
+        && a.heads / a.kv_heads <= ROWS
+        && d > 0
+        && d <= 256
+        && d.is_multiple_of(4)
+        && smem(a) <= g.max_smem
+}
+
 /// [`attention_tc`] with at most `splits` key splits per tile (1..=[`MAX_SPLITS`]; 1: no scratch, no merge
 /// kernel); scratch: [`attention_tc_scratch_len`]`(splits, ..)` f32 values. For tests and benchmarks.
 pub fn attention_tc_with(
@@ -116,15 +130,7 @@ pub fn attention_tc_with(
     splits: usize,
 ) -> Result<(), CudaError> {
     let d = a.head_dim;
-    let grp = a.heads / a.kv_heads.max(1);
-    if a.kv_heads == 0
-        || !a.heads.is_multiple_of(a.kv_heads)
-        || grp > ROWS
-        || d == 0
-        || d > 256
-        || !d.is_multiple_of(4)
-        || smem(a) > g.max_smem
-    {
+    if !attention_tc_supported(g, a) {
         return Err(CudaError::Unsupported(format!(
             "attention_tc: heads {} over kv_heads {}, head_dim {} (a multiple of 4, at most 256; at most 64 query heads per KV head)",
             a.heads, a.kv_heads, d

@@ -1042,7 +1042,10 @@ impl CudaModel {
         self.layers
             .iter()
             .map(|l| match &l.mixer {
-                Mixer::Attn(m) => crate::attn_tc::attention_tc_scratch(s.nseg, s.max_len, m.a),
+                Mixer::Attn(m) if crate::attn_tc::attention_tc_supported(&self.gpu, m.a) => {
+                    crate::attn_tc::attention_tc_scratch(s.nseg, s.max_len, m.a)
+                }
+                Mixer::Attn(_) => 0,
                 Mixer::Gdn(_) => 0,
             })
             .max()
@@ -1338,7 +1341,7 @@ impl CudaModel {
                     self.mark("attn prep")?;
                     let scale = 1.0 / (a.head_dim as f32).sqrt();
                     let out = self.act(hbp, n, a.heads * a.head_dim);
-                    if self.attn_tc {
+                    if self.attn_tc && crate::attn_tc::attention_tc_supported(g, a) {
                         crate::attn_tc::attention_tc(
                             g, midp, pp, pw, segs_p, kv_p, nseg, max_len, a, scale, out, p.attn,
                         )?;
