@@ -5,6 +5,7 @@ assemble the PTX with ptxas for sm_90 and print each kernel's registers, spills 
 Needs no GPU: NVRTC and ptxas come from the PyPI wheels nvidia-cuda-nvrtc / nvidia-cuda-nvcc (13.0):
     pip download --no-deps -d /tmp/nvw 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-nvcc==13.0.*'
     mkdir -p /opt/nvrtc && for w in /tmp/nvw/*.whl; do python3 -m zipfile -e $w /opt/nvrtc; done
+    chmod +x /opt/nvrtc/nvidia/cu13/bin/*      # zipfile drops the executable bits
 Usage: python3 tools/cuda/ptx-check.py [--root /opt/nvrtc] [--arch 90]
 """
 import argparse, ctypes, os, pathlib, re, subprocess, sys, tempfile
@@ -20,6 +21,8 @@ if str(lib.parent) not in os.environ.get("LD_LIBRARY_PATH", ""):
     os.environ["LD_LIBRARY_PATH"] = f"{lib.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"
     os.execv(sys.executable, [sys.executable] + sys.argv)
 ptxas = pathlib.Path(a.root) / "nvidia/cu13/bin/ptxas"
+if not lib.is_file() or not ptxas.is_file():
+    sys.exit(f"no NVRTC / ptxas under {a.root}: see this script's docstring for the two wheels")
 repo = pathlib.Path(__file__).resolve().parents[2]
 # The same order as runtime.rs's KERNELS_CU.
 order = [l.split('"')[1] for l in (repo / "crates/cuda/src/runtime.rs").read_text().splitlines()
