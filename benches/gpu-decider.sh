@@ -5,7 +5,9 @@
 #   run(command="bash benches/gpu-decider.sh", carry=[".devcarry/wheels", <onepass + tokenizer, below>], timeout_s=600)
 #
 # Inputs (git-ignored, carried):
-# - .devcarry/wheels/*.whl: decider-ai 1.10.0 and flash-linear-attention 0.6.0 (fla-core + flash-linear-attention, the
+# - .devcarry/wheels/*.whl (fetch here: pip download --no-deps -d .devcarry/wheels decider-ai==1.10.0
+#   flash-linear-attention==0.6.0 fla-core==0.6.0; and -d .devcarry/wheels/alt flash-linear-attention==0.5.2
+#   fla-core==0.5.2): decider-ai 1.10.0 and flash-linear-attention 0.6.0 (fla-core + flash-linear-attention, the
 #   Gated DeltaNet kernels transformers' Qwen3.5 model calls on CUDA when `import fla` works). The machine's torch 2.11,
 #   transformers 5.17 (has models/qwen3_5), triton 3.6, tokenizers, huggingface_hub, numpy, jinja2, einops are used as
 #   they are. .devcarry/wheels/alt/: flash-linear-attention 0.5.2, tried only when 0.6.0 fails its smoke test.
