@@ -14,12 +14,7 @@ Arguments after `--` go to `onepass serve`. Prints a JSON object last (one line)
 """
 import argparse, http.client, json, re, subprocess, sys, threading, time, urllib.parse
 
-
-def pct(xs, q):
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+from percentile import pct  # benches/percentile.py: nearest rank, as onepass
 
 
 def client(host, port, body, stop, lat, errs, lock):

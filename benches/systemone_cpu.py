@@ -15,6 +15,8 @@ so that load from other processes on a shared machine falls on all of them alike
 """
 import argparse, json, os, platform, statistics, subprocess, sys, time, warnings
 
+from percentile import pct  # benches/percentile.py: nearest rank, as onepass
+
 warnings.filterwarnings("ignore")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATE_TOKENS = 224
@@ -35,13 +37,6 @@ QUESTIONS = {
     "vip": {"type": "noul", "instructions": "Should this go to the VIP desk?"},
     "risk": {"type": "score", "instructions": "Churn risk", "criteria": ["low", "medium", "high"]},
 }
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def summary(secs):
@@ -68,20 +63,22 @@ def main():
 
     # The state whose "Context:\n" + state is exactly STATE_TOKENS tokens (the rows' common prefix).
     def plan(req):
+        """The request's file, its `onepass render` plan, and the length of the rows' common prefix."""
         path = os.path.join(a.work, "request.json")
         with open(path, "w") as f:
             json.dump(req, f)
         out = subprocess.run([a.onepass, "render", "--model", model, path], check=True, capture_output=True, text=True)
-        return path, json.loads(out.stdout)
-
-    req = None
-    for n in range(1, 40):
-        r = {"state": state_of(n), "questions": QUESTIONS}
-        path, p = plan(r)
+        p = json.loads(out.stdout)
         ids = [row["ids"] for row in p["rows"]]
         lcp = 0
         while all(len(x) > lcp and x[lcp] == ids[0][lcp] for x in ids):
             lcp += 1
+        return path, p, lcp
+
+    req = None
+    for n in range(1, 40):
+        r = {"state": state_of(n), "questions": QUESTIONS}
+        path, p, lcp = plan(r)
         if lcp >= STATE_TOKENS:
             break
         req, req_path, req_plan, req_lcp = r, path, p, lcp
@@ -89,11 +86,7 @@ def main():
     for extra in range(0, 80):
         r = json.loads(json.dumps(req))
         r["state"]["note"] += " ok" * extra
-        path, p = plan(r)
-        ids = [row["ids"] for row in p["rows"]]
-        lcp = 0
-        while all(len(x) > lcp and x[lcp] == ids[0][lcp] for x in ids):
-            lcp += 1
+        path, p, lcp = plan(r)
         if lcp >= STATE_TOKENS:
             req, req_path, req_plan, req_lcp = r, path, p, lcp
             break

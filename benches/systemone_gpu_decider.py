@@ -34,11 +34,7 @@ they can be compared with onepass's.
 """
 import argparse, asyncio, contextlib, glob, json, os, statistics, sys, time, traceback, types
 
-
-def pct(xs, q):
-    """Nearest rank, as onepass bench-systemone (sorted[round((n - 1) * q)])."""
-    xs = sorted(xs)
-    return xs[int(round((len(xs) - 1) * q))]
+from percentile import pct  # benches/percentile.py: nearest rank, as onepass
 
 
 def summarize(secs, decisions):

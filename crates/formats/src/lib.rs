@@ -10,4 +10,4 @@ pub mod hub;
 pub mod safetensors;
 
 pub use hub::{resolve_model_dir, ResolveError};
-pub use safetensors::{write_safetensors, Checkpoint, FormatError};
+pub use safetensors::{safetensors_header, write_safetensors, Checkpoint, FormatError};

@@ -268,6 +268,40 @@ fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
     Ok((out, len))
 }
 
+/// The bytes a safetensors file starts with for `tensors` (name, dtype, shape), whose data follow
+/// back to back in this order: the 8-byte little-endian header length, then the JSON header
+/// (`__metadata__` first when there is any) padded with spaces so the data start at a multiple of 8.
+pub fn safetensors_header<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, DType, &'a [usize])>,
+    metadata: &[(&str, &str)],
+) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    if !metadata.is_empty() {
+        let meta: serde_json::Map<String, serde_json::Value> = metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
+        header.insert("__metadata__".into(), meta.into());
+    }
+    let mut offset = 0usize;
+    for (name, dtype, shape) in tensors {
+        let len = shape.iter().product::<usize>() * dtype.size();
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": dtype.name(), "shape": shape, "data_offsets": [offset, offset + len]}),
+        );
+        offset += len;
+    }
+    let mut text = serde_json::Value::Object(header).to_string();
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    let mut bytes = Vec::with_capacity(8 + text.len());
+    bytes.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(text.as_bytes());
+    bytes
+}
+
 /// Writes tensors to one safetensors file (header padded to 8 bytes, data in the given order).
 pub fn write_safetensors(
     path: &Path,
@@ -278,35 +312,13 @@ pub fn write_safetensors(
         path: path.to_path_buf(),
         source,
     };
-    let mut header = serde_json::Map::new();
-    if !metadata.is_empty() {
-        let meta: serde_json::Map<String, serde_json::Value> = metadata
-            .iter()
-            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
-            .collect();
-        header.insert("__metadata__".into(), meta.into());
-    }
-    let mut offset = 0usize;
-    for t in tensors {
-        let len = t.byte_len();
-        header.insert(
-            t.name().to_string(),
-            serde_json::json!({"dtype": t.dtype().name(), "shape": t.shape(), "data_offsets": [offset, offset + len]}),
-        );
-        offset += len;
-    }
-    let mut text = serde_json::to_string(&header).map_err(|e| FormatError::Header {
-        path: path.to_path_buf(),
-        why: e.to_string(),
-    })?;
-    while (8 + text.len()) % 8 != 0 {
-        text.push(' ');
-    }
+    let header = safetensors_header(
+        tensors.iter().map(|t| (t.name(), t.dtype(), t.shape())),
+        metadata,
+    );
     let file = File::create(path).map_err(io)?;
     let mut w = std::io::BufWriter::new(file);
-    w.write_all(&(text.len() as u64).to_le_bytes())
-        .map_err(io)?;
-    w.write_all(text.as_bytes()).map_err(io)?;
+    w.write_all(&header).map_err(io)?;
     for t in tensors {
         w.write_all(t.raw()).map_err(io)?;
     }

@@ -14,6 +14,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
+use onepass_formats::safetensors_header;
 use onepass_tensor::DType;
 use rayon::prelude::*;
 use serde_json::{json, Value};
@@ -455,26 +456,20 @@ pub fn write_checkpoint(
         .map_err(|e| ModelError::Io(e.to_string()))?;
     std::fs::write(dir.join("config.json"), cfg + "\n").map_err(io)?;
     let specs = tensor_specs(spec);
-    let mut header = serde_json::Map::new();
-    header.insert(
-        "__metadata__".into(),
-        json!({"format": "pt", "generator": "onepass synth", "seed": spec.seed.to_string()}),
+    let seed = spec.seed.to_string();
+    let header = safetensors_header(
+        specs
+            .iter()
+            .map(|s| (s.name.as_str(), s.dtype, s.shape.as_slice())),
+        &[
+            ("format", "pt"),
+            ("generator", "onepass synth"),
+            ("seed", &seed),
+        ],
     );
-    let mut offset = 0usize;
-    for s in &specs {
-        let len = s.shape.iter().product::<usize>() * s.dtype.size();
-        header.insert(s.name.clone(), json!({"dtype": s.dtype.name(), "shape": s.shape, "data_offsets": [offset, offset + len]}));
-        offset += len;
-    }
-    let mut text = serde_json::to_string(&header).map_err(|e| ModelError::Io(e.to_string()))?;
-    while (8 + text.len()) % 8 != 0 {
-        text.push(' ');
-    }
     let path = dir.join("model.safetensors");
     let mut w = BufWriter::new(File::create(&path).map_err(io)?);
-    w.write_all(&(text.len() as u64).to_le_bytes())
-        .map_err(io)?;
-    w.write_all(text.as_bytes()).map_err(io)?;
+    w.write_all(&header).map_err(io)?;
     for (i, s) in specs.iter().enumerate() {
         w.write_all(&encode(s, spec.seed)).map_err(io)?;
         progress(i + 1, specs.len());

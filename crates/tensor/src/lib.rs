@@ -173,11 +173,10 @@ impl Tensor {
             "tensor {name}: shape {shape:?} vs {} values",
             data.len()
         );
-        let halves: Vec<u16> = data.iter().map(|v| bf16::from_f32(*v).to_bits()).collect();
-        let mut raw = Vec::with_capacity(halves.len() * 2);
-        for h in halves {
-            raw.extend_from_slice(&h.to_le_bytes());
-        }
+        let raw: Vec<u8> = data
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect();
         let bytes = owned_bytes(&raw);
         Tensor {
             name: name.to_string(),

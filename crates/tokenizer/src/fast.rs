@@ -28,7 +28,6 @@ use std::sync::OnceLock;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use regex_syntax::hir::{Class, HirKind};
-use serde_json::Value;
 use tokenizers::{
     Model, ModelWrapper, NormalizedString, Normalizer, OffsetReferential, OffsetType,
     PreTokenizedString, PreTokenizer,
@@ -49,7 +48,7 @@ pub(crate) struct QwenFast {
     added: AhoCorasick,
     /// Token id of each `added` pattern.
     added_ids: Vec<u32>,
-    byte_chars: [char; 256],
+    byte_chars: &'static [char; 256],
 }
 
 impl QwenFast {
@@ -58,20 +57,10 @@ impl QwenFast {
     /// model, added tokens matched on raw text only, no post-processing that could add ids, no
     /// truncation or padding.
     pub(crate) fn new(inner: &tokenizers::Tokenizer) -> Option<QwenFast> {
-        let to_value = |v: Option<Value>| v.filter(|v| !v.is_null());
-        let normalizer = to_value(
-            inner
-                .get_normalizer()
-                .and_then(|n| serde_json::to_value(n).ok()),
-        );
+        let (normalizer, pre) = pretokenizer::pipeline_json(inner);
         if normalizer != Some(serde_json::json!({"type": "NFC"})) {
             return None;
         }
-        let pre = to_value(
-            inner
-                .get_pre_tokenizer()
-                .and_then(|p| serde_json::to_value(p).ok()),
-        );
         if !matches!(pretokenizer::check("", normalizer, pre), Ok(Verdict::Ok)) {
             return None;
         }
@@ -114,10 +103,7 @@ impl QwenFast {
             .match_kind(MatchKind::LeftmostLongest)
             .build(added.iter().map(|(_, content)| content))
             .ok()?;
-        let byte_chars = crate::byte_to_unicode();
-        if !byte_level_agrees(&byte_chars) {
-            return None;
-        }
+        let byte_chars = byte_chars()?;
         SplitScanner::get()?;
         Some(QwenFast {
             added: matcher,
@@ -143,7 +129,7 @@ impl QwenFast {
             bpe,
             normalizer: inner.get_normalizer(),
             scanner,
-            byte_chars: &self.byte_chars,
+            byte_chars: self.byte_chars,
             ids: Vec::with_capacity(text.len() / 2 + 1),
             word: String::new(),
         };
@@ -220,6 +206,18 @@ impl Encoder<'_> {
 /// UTF-8 byte below 0xCC) is always NFC: no character there decomposes or combines.
 pub(crate) fn is_nfc_fast(text: &str) -> bool {
     text.bytes().all(|b| b < 0xCC) || is_nfc_quick(text.chars()) == IsNormalized::Yes
+}
+
+/// The GPT-2 byte alphabet, once it is checked to be the one `tokenizers`' ByteLevel uses (checked
+/// on first use; `None` if it is not).
+fn byte_chars() -> Option<&'static [char; 256]> {
+    static CHARS: OnceLock<Option<[char; 256]>> = OnceLock::new();
+    CHARS
+        .get_or_init(|| {
+            let chars = crate::byte_to_unicode();
+            byte_level_agrees(&chars).then_some(chars)
+        })
+        .as_ref()
 }
 
 /// Whether `byte_chars` is the alphabet `tokenizers`' ByteLevel pre-tokenizer maps bytes to, on

@@ -159,17 +159,7 @@ impl Tokenizer {
         let mut regex_corrected = false;
         if pretokenizer::is_qwen3_5(model_type, tokenizer_class) {
             let model = model_type.or(tokenizer_class).unwrap_or("qwen3_5");
-            let to_value = |v: Option<Value>| v.filter(|v| !v.is_null());
-            let normalizer = to_value(
-                inner
-                    .get_normalizer()
-                    .and_then(|n| serde_json::to_value(n).ok()),
-            );
-            let pre = to_value(
-                inner
-                    .get_pre_tokenizer()
-                    .and_then(|p| serde_json::to_value(p).ok()),
-            );
+            let (normalizer, pre) = pretokenizer::pipeline_json(&inner);
             if let pretokenizer::Verdict::Correct(fixed) =
                 pretokenizer::check(model, normalizer, pre)?
             {
@@ -343,7 +333,8 @@ impl Tokenizer {
             chat_template: self.chat_template.clone(),
             regex_corrected: self.regex_corrected,
             transformers_class: self.transformers_class,
-            fast: fast::QwenFast::new(&inner),
+            // `ignore_merges` is all that changed, and the fast path hands it to the BPE model.
+            fast: self.fast.clone(),
             inner,
             label_table: OnceLock::new(),
         }

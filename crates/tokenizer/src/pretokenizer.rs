@@ -51,6 +51,24 @@ pub fn qwen3_5_pre_tokenizer_json() -> Value {
     })
 }
 
+/// The normalizer and pre-tokenizer of a loaded tokenizer as their `tokenizer.json` values, the
+/// form [`check`] reads (`None` when absent).
+pub(crate) fn pipeline_json(inner: &tokenizers::Tokenizer) -> (Option<Value>, Option<Value>) {
+    let value = |v: Option<Value>| v.filter(|v| !v.is_null());
+    (
+        value(
+            inner
+                .get_normalizer()
+                .and_then(|n| serde_json::to_value(n).ok()),
+        ),
+        value(
+            inner
+                .get_pre_tokenizer()
+                .and_then(|p| serde_json::to_value(p).ok()),
+        ),
+    )
+}
+
 /// What [`check`] decided about a Qwen3.5 tokenizer's pipeline.
 #[derive(Debug)]
 pub enum Verdict {

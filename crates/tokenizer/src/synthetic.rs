@@ -11,6 +11,7 @@
 //! lowercase pairs, space + letter, capitalised pairs, and lowercase trigrams.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
 
 use serde_json::{json, Map, Value};
 
@@ -57,8 +58,14 @@ pub fn byte_to_unicode() -> [char; 256] {
     table
 }
 
-/// All merges the synthetic vocabulary can hold, in id order, as (left, right) raw text.
-fn merge_plan() -> Vec<(String, String)> {
+/// All merges the synthetic vocabulary can hold, in id order, as (left, right) raw text. Planned
+/// once per process (about 19,000 merges).
+fn merge_plan() -> &'static [(String, String)] {
+    static PLAN: OnceLock<Vec<(String, String)>> = OnceLock::new();
+    PLAN.get_or_init(plan_merges)
+}
+
+fn plan_merges() -> Vec<(String, String)> {
     let n_label_pairs = MAX_OPTIONS - 26;
     let upper_pairs: Vec<String> = label_candidates().skip(26).collect();
     let lower = || (b'a'..=b'z').map(char::from);
@@ -213,7 +220,10 @@ mod tests {
 
     #[test]
     fn every_planned_english_piece_is_used() {
-        let plan: HashSet<String> = merge_plan().into_iter().map(|(l, r)| l + &r).collect();
+        let plan: HashSet<String> = merge_plan()
+            .iter()
+            .map(|(l, r)| format!("{l}{r}"))
+            .collect();
         let skipped: Vec<&str> = ENGLISH
             .iter()
             .copied()
@@ -226,9 +236,9 @@ mod tests {
     #[test]
     fn every_entry_is_reachable_by_merges() {
         let mut ranks = HashMap::new();
-        for (k, (l, r)) in merge_plan().into_iter().enumerate() {
+        for (k, (l, r)) in merge_plan().iter().enumerate() {
             let whole = format!("{l}{r}");
-            ranks.insert((l, r), k);
+            ranks.insert((l.clone(), r.clone()), k);
             assert_eq!(
                 bpe(&whole, &ranks),
                 std::slice::from_ref(&whole),

@@ -5,6 +5,7 @@
 
 use rayon::prelude::*;
 
+use super::ops::softmax;
 use super::sgemm::{sgemm, Mat};
 
 /// Queries per task.
@@ -72,18 +73,8 @@ pub fn causal_attention(
             for r in 0..nq {
                 let visible = past + i0 + r + 1;
                 let row = &mut scores[r * keys..(r + 1) * keys];
-                let mut m = f32::NEG_INFINITY;
-                for x in row[..visible].iter_mut() {
-                    *x *= scale;
-                    m = m.max(*x);
-                }
-                let mut sum = 0.0f32;
-                for x in row[..visible].iter_mut() {
-                    *x = (*x - m).exp();
-                    sum += *x;
-                }
-                let inv = 1.0 / sum;
-                row[..visible].iter_mut().for_each(|x| *x *= inv);
+                row[..visible].iter_mut().for_each(|x| *x *= scale);
+                softmax(&mut row[..visible]);
                 row[visible..].fill(0.0);
             }
             let vm = Mat {

@@ -205,6 +205,7 @@ fn chunked_head(inp: &HeadInputs<'_>, h: usize, s: &mut [f32], chunk: usize) -> 
     let mut kk = vec![0.0f32; cap * cap]; // [C, C]
     let mut qk = vec![0.0f32; cap * cap]; // [C, C]
     let mut vnew = vec![0.0f32; cap * dv]; // [C, DV]
+    let mut ws = vec![0.0f32; cap * dv]; // [C, DV] W S
     let mut gamma = vec![0.0f32; cap];
     let w = dv + dk;
     let mut start = 0;
@@ -273,7 +274,6 @@ fn chunked_head(inp: &HeadInputs<'_>, h: usize, s: &mut [f32], chunk: usize) -> 
             rs: w,
             cs: 1,
         };
-        let mut ws = vec![0.0f32; n * dv];
         sgemm(&mut ws, dv, wmat, Mat::rm(s, dk, dv), false);
         for (a, b) in vnew[..n * dv].iter_mut().zip(&ws) {
             *a -= b;

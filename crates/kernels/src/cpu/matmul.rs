@@ -482,6 +482,10 @@ mod tests {
             (7, 100, 129),
             (64, 33, 300),
             (65, 257, 70),
+            // K a multiple of 16: bf16 takes the AVX-512 register-blocked kernel where there is
+            // one (partial 4 x 4 tiles; 300 tokens span two token tiles).
+            (5, 48, 131),
+            (300, 16, 9),
         ] {
             check(t, k, n, false);
             check(t, k, n, true);

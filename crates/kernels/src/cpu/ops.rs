@@ -194,7 +194,8 @@ pub fn softmax(x: &mut [f32]) {
         *v = (*v - m).exp();
         s += *v;
     }
-    x.iter_mut().for_each(|v| *v /= s);
+    let inv = 1.0 / s;
+    x.iter_mut().for_each(|v| *v *= inv);
 }
 
 #[cfg(test)]
