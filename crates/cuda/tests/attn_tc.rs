@@ -6,15 +6,10 @@
 
 mod common;
 
+use common::attn::{attn_prepped, ATTN_08B, ATTN_ODD, SEGS};
 use common::*;
 use onepass_cuda::attn_tc;
 use onepass_cuda::ops::{self, AttnDims, Out};
-use onepass_kernels as cpu;
-
-/// f32 tolerance (f32 on both sides, different summation orders; 3xTF32 products).
-const F32_TOL: f32 = 2e-5;
-/// Outputs rounded to bf16 (8 bits of mantissa).
-const BF16_TOL: f32 = 8e-3;
 
 #[test]
 fn attention_tc_matches_cpu_and_tiled() {
@@ -22,160 +17,29 @@ fn attention_tc_matches_cpu_and_tiled() {
         return;
     };
     // Odd head dims, then the Qwen3.5 attention shape (8 heads over 2 KV heads of 256, a quarter rotated).
-    for a in [
-        AttnDims {
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 40,
-            half: 10,
-        },
-        AttnDims {
-            heads: 8,
-            kv_heads: 2,
-            head_dim: 256,
-            half: 32,
-        },
-    ] {
+    for a in [ATTN_ODD, ATTN_08B] {
         attention_tc_case(&g, a);
     }
 }
 
-/// As `attention_case` in tests/ops.rs: attn_prep on four segments (63 new tokens after 5 cached, 65 fresh,
-/// 1 after 130 of which the first 100 come from a base cache, 130 after 2), the CPU reference, then
-/// attention_tiled and attention_tc on the q and caches attn_prep wrote.
+/// As `attention_case` in tests/ops.rs: attn_prep on the four segments of `common::attn` (63 new tokens after 5
+/// cached, 65 fresh, 1 after 130 of which the first 100 come from a base cache, 130 after 2), the CPU reference,
+/// then attention_tiled and attention_tc on the q and caches attn_prep wrote.
 fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
-    let (h, kvh, dd) = (a.heads, a.kv_heads, a.head_dim);
-    let ld = h * 2 * dd + 2 * kvh * dd;
-    // (new tokens, past tokens already in the cache)
-    let segs_spec = [(63usize, 5usize), (65, 0), (1, 130), (130, 2)];
-    let n: usize = segs_spec.iter().map(|s| s.0).sum();
-    let proj = rnd(n * ld, 70).iter().map(|v| 2.0 * v).collect::<Vec<_>>();
-    let qn: Vec<f32> = rnd(dd, 71).iter().map(|v| 1.0 + 0.3 * v).collect();
-    let kn: Vec<f32> = rnd(dd, 72).iter().map(|v| 1.0 + 0.3 * v).collect();
-    let inv_freq: Vec<f32> = (0..a.half)
-        .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / (2 * a.half) as f32))
-        .collect();
-    let eps = 1e-6;
-    let mut tok = Vec::new();
-    let mut caches = Vec::new();
-    let mut want_o = vec![0.0; n * h * dd];
-    let mut start = 0;
-    // Segment 2 reads its first 100 positions from a base cache (a forked-from state), the rest from its own.
-    let bases = [0usize, 0, 100, 0];
-    let row = kvh * dd;
-    for (s, &(t, past)) in segs_spec.iter().enumerate() {
-        let cap = past + t + 3;
-        let mut kc = rnd(cap * row, 80 + s as u64);
-        let mut vc = rnd(cap * row, 90 + s as u64);
-        let b = bases[s] * row;
-        let (kd, vd) = (g.upload(&kc[b..]).unwrap(), g.upload(&vc[b..]).unwrap());
-        let (kb, vb) = (
-            g.upload(&kc[..b.max(1)]).unwrap(),
-            g.upload(&vc[..b.max(1)]).unwrap(),
-        );
-        caches.push((kd, vd, kb, vb));
-        for i in 0..t {
-            tok.extend([s as i32, (past + i) as i32]);
-        }
-        // CPU: norms, rope, cache append, attention, gate.
-        let rows = start..start + t;
-        let mut q: Vec<f32> = rows
-            .clone()
-            .flat_map(|r| (0..h).map(move |hh| (r, hh)))
-            .flat_map(|(r, hh)| proj[r * ld + hh * 2 * dd..r * ld + hh * 2 * dd + dd].to_vec())
-            .collect();
-        let gate: Vec<f32> = rows
-            .clone()
-            .flat_map(|r| (0..h).map(move |hh| (r, hh)))
-            .flat_map(|(r, hh)| {
-                proj[r * ld + hh * 2 * dd + dd..r * ld + (hh + 1) * 2 * dd].to_vec()
-            })
-            .collect();
-        let mut k: Vec<f32> = rows
-            .clone()
-            .flat_map(|r| proj[r * ld + h * 2 * dd..r * ld + h * 2 * dd + kvh * dd].to_vec())
-            .collect();
-        let v: Vec<f32> = rows
-            .clone()
-            .flat_map(|r| proj[r * ld + h * 2 * dd + kvh * dd..r * ld + ld].to_vec())
-            .collect();
-        cpu::rms_norm(&mut q, &qn, eps);
-        cpu::rms_norm(&mut k, &kn, eps);
-        let (cos, sin) = cpu::rope_tables(past, t, &inv_freq);
-        cpu::apply_rope(&mut q, t, h, dd, &cos, &sin);
-        cpu::apply_rope(&mut k, t, kvh, dd, &cos, &sin);
-        kc[past * kvh * dd..(past + t) * kvh * dd].copy_from_slice(&k);
-        vc[past * kvh * dd..(past + t) * kvh * dd].copy_from_slice(&v);
-        let sh = cpu::AttnShape {
-            t,
-            past,
-            heads: h,
-            kv_heads: kvh,
-            head_dim: dd,
-        };
-        let o = &mut want_o[start * h * dd..(start + t) * h * dd];
-        cpu::causal_attention_reference(
-            sh,
-            &q,
-            &kc[..(past + t) * kvh * dd],
-            &vc[..(past + t) * kvh * dd],
-            1.0 / (dd as f32).sqrt(),
-            o,
-        );
-        for (x, gv) in o.iter_mut().zip(&gate) {
-            *x *= cpu::sigmoid(*gv);
-        }
-        start += t;
-    }
-    let ptrs: Vec<u64> = caches
-        .iter()
-        .zip(bases)
-        .flat_map(|((k, v, kb, vb), b)| [g.ptr(k), g.ptr(v), g.ptr(kb), g.ptr(vb), b as u64])
-        .collect();
-    let (pd, td, kvd) = (
-        g.upload(&proj).unwrap(),
-        g.upload(&tok).unwrap(),
-        g.upload(&ptrs).unwrap(),
-    );
-    let (qnd, knd, fd) = (
-        g.upload(&qn).unwrap(),
-        g.upload(&kn).unwrap(),
-        g.upload(&inv_freq).unwrap(),
-    );
-    let qd = g.alloc::<f32>(n * h * dd).unwrap();
-    ops::attn_prep(
-        g,
-        g.ptr(&pd),
-        ld,
-        g.ptr(&qnd),
-        g.ptr(&knd),
-        eps,
-        g.ptr(&fd),
-        a,
-        n,
-        g.ptr(&td),
-        g.ptr(&kvd),
-        g.ptr(&qd),
-    )
-    .unwrap();
-    let mut segs = Vec::new();
-    let mut st = 0;
-    for &(t, past) in &segs_spec {
-        segs.extend([st as i32, t as i32, past as i32]);
-        st += t;
-    }
-    let sgd = g.upload(&segs).unwrap();
-    let nseg = segs_spec.len();
-    let max_len = segs_spec.iter().map(|s| s.0).max().unwrap();
+    let (h, dd) = (a.heads, a.head_dim);
+    let r = attn_prepped(g, a);
+    let (ld, n, max_len, want_o) = (r.ld, r.n, r.max_len, &r.want_o);
+    let (pd, kvd, sgd, qd) = (&r.proj, &r.kv, &r.segs, &r.q);
+    let nseg = SEGS.len();
     let scale = 1.0 / (dd as f32).sqrt();
     let ot = g.alloc::<f32>(n * h * dd).unwrap();
     ops::attention_tiled(
         g,
-        g.ptr(&qd),
-        g.ptr(&pd),
+        g.ptr(qd),
+        g.ptr(pd),
         ld,
-        g.ptr(&sgd),
-        g.ptr(&kvd),
+        g.ptr(sgd),
+        g.ptr(kvd),
         nseg,
         max_len,
         a,
@@ -187,7 +51,7 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
     check(
         &format!("attention_tiled (f32 out) D={dd}"),
         &tiled,
-        &want_o,
+        want_o,
         F32_TOL,
     );
     let auto = attn_tc::attention_tc_splits(nseg, max_len, a);
@@ -198,11 +62,11 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
         let run = |out: Out| {
             attn_tc::attention_tc_with(
                 g,
-                g.ptr(&qd),
-                g.ptr(&pd),
+                g.ptr(qd),
+                g.ptr(pd),
                 ld,
-                g.ptr(&sgd),
-                g.ptr(&kvd),
+                g.ptr(sgd),
+                g.ptr(kvd),
                 nseg,
                 max_len,
                 a,
@@ -221,7 +85,7 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
         check(
             &format!("attention_tc (f32 out) D={dd} splits {splits}"),
             &got,
-            &want_o,
+            want_o,
             F32_TOL,
         );
         check(
@@ -233,7 +97,7 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
         check(
             &format!("attention_tc (bf16 out) D={dd} splits {splits}"),
             &from_bf16_bits(&g.download(&ob, n * h * dd).unwrap()),
-            &want_o,
+            want_o,
             BF16_TOL,
         );
     }
@@ -244,11 +108,11 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
     let of = g.alloc::<f32>(n * h * dd).unwrap();
     attn_tc::attention_tc(
         g,
-        g.ptr(&qd),
-        g.ptr(&pd),
+        g.ptr(qd),
+        g.ptr(pd),
         ld,
-        g.ptr(&sgd),
-        g.ptr(&kvd),
+        g.ptr(sgd),
+        g.ptr(kvd),
         nseg,
         max_len,
         a,
@@ -260,7 +124,7 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
     check(
         &format!("attention_tc (launcher's splits {auto}) D={dd}"),
         &g.download(&of, n * h * dd).unwrap(),
-        &want_o,
+        want_o,
         F32_TOL,
     );
 }
@@ -271,18 +135,10 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
 /// over a 3,400-token base.
 #[test]
 fn attention_tc_timings() {
-    if std::env::var("ONEPASS_CUDA_BENCH").as_deref() != Ok("1") {
-        return;
-    }
-    let Some(g) = gpu("attention_tc_timings") else {
+    let Some(g) = bench_gpu("attention_tc_timings") else {
         return;
     };
-    let a = AttnDims {
-        heads: 8,
-        kv_heads: 2,
-        head_dim: 256,
-        half: 32,
-    };
+    let a = ATTN_08B;
     let (h, kvh, dd) = (a.heads, a.kv_heads, a.head_dim);
     let ld = h * 2 * dd + 2 * kvh * dd;
     let row = kvh * dd;
@@ -328,17 +184,7 @@ fn attention_tc_timings() {
             g.ptr(&od),
             g.ptr(&scratch),
         );
-        let time = |what: &dyn Fn()| {
-            what();
-            g.sync().unwrap();
-            let reps = 20;
-            let t0 = std::time::Instant::now();
-            for _ in 0..reps {
-                what();
-            }
-            g.sync().unwrap();
-            t0.elapsed().as_secs_f64() * 1e6 / reps as f64
-        };
+        let time = |what: &dyn Fn()| per_call_us(&g, what);
         let tiled = time(&|| {
             ops::attention_tiled(&g, q, p, ld, sg, kv, nseg, t, a, scale, Out::Bf16(o)).unwrap()
         });

@@ -105,22 +105,8 @@ fn check_forward(fails: &mut Vec<String>, preset: &str, m: &Model, gm: &CudaMode
         let sufs = [ids(63, v, 3), ids(1, v, 4), ids(65, v, 5)];
         let mut cf = cp.fork(3);
         let mut gf = gm.fork(&gp, 3).unwrap();
-        let want = {
-            let mut items: Vec<_> = cf
-                .iter_mut()
-                .zip(&sufs)
-                .map(|(s, x)| (s, x.as_slice()))
-                .collect();
-            m.logits(&m.forward_batch(&mut items).unwrap())
-        };
-        let got_h = {
-            let mut items: Vec<_> = gf
-                .iter_mut()
-                .zip(&sufs)
-                .map(|(s, x)| (s, x.as_slice()))
-                .collect();
-            gm.forward_batch(&mut items).unwrap()
-        };
+        let want = m.logits(&m.forward_batch(&mut pairs(&mut cf, &sufs)).unwrap());
+        let got_h = gm.forward_batch(&mut pairs(&mut gf, &sufs)).unwrap();
         soft(
             fails,
             &format!("{preset} batch over forks logits"),
@@ -132,12 +118,7 @@ fn check_forward(fails: &mut Vec<String>, preset: &str, m: &Model, gm: &CudaMode
         // 3. Label-row readout at chosen rows.
         let cpu_hidden = {
             let mut cf2 = cp.fork(3);
-            let mut items: Vec<_> = cf2
-                .iter_mut()
-                .zip(&sufs)
-                .map(|(s, x)| (s, x.as_slice()))
-                .collect();
-            m.forward_batch(&mut items).unwrap()
+            m.forward_batch(&mut pairs(&mut cf2, &sufs)).unwrap()
         };
         let labels: Vec<u32> = vec![3, 17, 42, (v - 1) as u32];
         let rows = [62usize, 63, 128];
@@ -162,22 +143,10 @@ fn check_forward(fails: &mut Vec<String>, preset: &str, m: &Model, gm: &CudaMode
 
         // 4. One decode token on every fork (the one-token gated delta step).
         let step = [ids(1, v, 6), ids(1, v, 7), ids(1, v, 8)];
-        let want = {
-            let mut items: Vec<_> = cf
-                .iter_mut()
-                .zip(&step)
-                .map(|(s, x)| (s, x.as_slice()))
-                .collect();
-            m.logits(&m.forward_batch(&mut items).unwrap())
-        };
-        let got = {
-            let mut items: Vec<_> = gf
-                .iter_mut()
-                .zip(&step)
-                .map(|(s, x)| (s, x.as_slice()))
-                .collect();
-            gm.logits(&gm.forward_batch(&mut items).unwrap()).unwrap()
-        };
+        let want = m.logits(&m.forward_batch(&mut pairs(&mut cf, &step)).unwrap());
+        let got = gm
+            .logits(&gm.forward_batch(&mut pairs(&mut gf, &step)).unwrap())
+            .unwrap();
         soft(
             fails,
             &format!("{preset} decode step logits"),
@@ -187,6 +156,15 @@ fn check_forward(fails: &mut Vec<String>, preset: &str, m: &Model, gm: &CudaMode
         );
         assert_eq!(gf[0].position(), 40 + 63 + 1);
     }
+}
+
+/// The (state, tokens) items of a batch call: state i continues with `seqs[i]`.
+fn pairs<'a, S>(states: &'a mut [S], seqs: &'a [Vec<u32>]) -> Vec<(&'a mut S, &'a [u32])> {
+    states
+        .iter_mut()
+        .zip(seqs)
+        .map(|(s, x)| (s, x.as_slice()))
+        .collect()
 }
 
 /// Like `check`, but records the failure and carries on (every preset and case gets measured).
@@ -252,21 +230,11 @@ fn graph_replays_equal_direct_runs() {
                 ids(1, vocab, 300 + rep),
                 ids(70, vocab, 400 + rep),
             ];
-            let mut items: Vec<(&mut onepass_cuda::CudaState, &[u32])> = forks
-                .iter_mut()
-                .zip(&seqs)
-                .map(|(f, s)| (f, s.as_slice()))
-                .collect();
-            let h = gm.forward_batch(&mut items).unwrap();
+            let h = gm.forward_batch(&mut pairs(&mut forks, &seqs)).unwrap();
             out.push(gm.logits(&h).unwrap());
             // One-token steps on every fork (the decode shape).
             let one: Vec<Vec<u32>> = (0..3).map(|i| ids(1, vocab, 500 + 10 * rep + i)).collect();
-            let mut items: Vec<(&mut onepass_cuda::CudaState, &[u32])> = forks
-                .iter_mut()
-                .zip(&one)
-                .map(|(f, s)| (f, s.as_slice()))
-                .collect();
-            let h = gm.forward_batch(&mut items).unwrap();
+            let h = gm.forward_batch(&mut pairs(&mut forks, &one)).unwrap();
             out.push(gm.logits(&h).unwrap());
         }
         assert_eq!(

@@ -6,96 +6,13 @@
 
 mod common;
 
+use common::delta::{
+    bench_lens, cols, delta_case, delta_cpu, dims, wy_cases, DeltaCase, DeltaDev, HEADS_08B,
+};
 use common::*;
 use onepass_cuda::gdn_tc;
-use onepass_cuda::ops::{self, GdnDims};
+use onepass_cuda::ops;
 use onepass_cuda::{CudaError, Gpu};
-use onepass_kernels as cpu;
-
-struct DeltaCase {
-    d: GdnDims,
-    lens: Vec<usize>,
-    /// qkv: [N, cd] (q, k normalised; q scaled)
-    qkv: Vec<f32>,
-    g: Vec<f32>,
-    beta: Vec<f32>,
-    s0: Vec<Vec<f32>>,
-}
-
-/// The inputs of tests/ops.rs's gated delta tests: L2-normalised q and k (q times 1/sqrt(dk)), decays in
-/// [-1.01, -0.01), beta in [0, 1), non-zero initial states.
-fn delta_case(d: GdnDims, lens: &[usize], seed: u64) -> DeltaCase {
-    let n: usize = lens.iter().sum();
-    let cd = 2 * d.hk * d.dk + d.hv * d.dv;
-    let mut qkv = rnd(n * cd, seed);
-    let scale = 1.0 / (d.dk as f32).sqrt();
-    for row in qkv.chunks_exact_mut(cd) {
-        cpu::l2_normalize(&mut row[..2 * d.hk * d.dk], d.dk, 1e-6);
-        row[..d.hk * d.dk].iter_mut().for_each(|v| *v *= scale);
-    }
-    let g = rnd(n * d.hv, seed + 1)
-        .iter()
-        .map(|x| -0.5 * (x + 1.0) - 0.01)
-        .collect();
-    let beta = rnd(n * d.hv, seed + 2)
-        .iter()
-        .map(|x| 0.5 * (x + 1.0))
-        .collect();
-    let s0 = (0..lens.len())
-        .map(|s| rnd(d.hv * d.dk * d.dv, seed + 10 + s as u64))
-        .collect();
-    DeltaCase {
-        d,
-        lens: lens.to_vec(),
-        qkv,
-        g,
-        beta,
-        s0,
-    }
-}
-
-/// CPU reference per segment: outputs [N, HV, DV] and final states.
-fn delta_cpu(c: &DeltaCase) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let d = c.d;
-    let cd = 2 * d.hk * d.dk + d.hv * d.dv;
-    let n: usize = c.lens.iter().sum();
-    let mut out = vec![0.0; n * d.hv * d.dv];
-    let mut states = Vec::new();
-    let mut start = 0;
-    for (s, &t) in c.lens.iter().enumerate() {
-        let rows = start..start + t;
-        let col = |a: usize, b: usize| -> Vec<f32> {
-            rows.clone()
-                .flat_map(|r| c.qkv[r * cd + a..r * cd + b].to_vec())
-                .collect()
-        };
-        let q = col(0, d.hk * d.dk);
-        let k = col(d.hk * d.dk, 2 * d.hk * d.dk);
-        let v = col(2 * d.hk * d.dk, cd);
-        let sh = cpu::DeltaShape {
-            t,
-            hk: d.hk,
-            hv: d.hv,
-            dk: d.dk,
-            dv: d.dv,
-        };
-        let mut st = c.s0[s].clone();
-        let o = &mut out[start * d.hv * d.dv..(start + t) * d.hv * d.dv];
-        cpu::gated_delta_recurrent(
-            sh,
-            &q,
-            &k,
-            &v,
-            &c.g[start * d.hv..(start + t) * d.hv],
-            &c.beta[start * d.hv..(start + t) * d.hv],
-            &mut st,
-            o,
-        );
-        states.push(st);
-        start += t;
-    }
-    (out, states)
-}
 
 /// Which state pass [`delta_gpu`] runs after `ops::gdn_wy_prep`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -108,92 +25,49 @@ enum Pass {
     TcChunked,
 }
 
-/// The device copies of a case: inputs, segment table, state pointer table, output and scratch.
-struct DeltaDev {
-    qkv: cudarc::driver::CudaSlice<f32>,
-    g: cudarc::driver::CudaSlice<f32>,
-    beta: cudarc::driver::CudaSlice<f32>,
-    segs: cudarc::driver::CudaSlice<i32>,
-    states: Vec<cudarc::driver::CudaSlice<f32>>,
-    ptrs: cudarc::driver::CudaSlice<u64>,
+/// A case's device copies (inputs, segment table, states and their table), its output and the WY scratch.
+struct TcDev {
+    inp: DeltaDev,
     out: cudarc::driver::CudaSlice<f32>,
     scratch: cudarc::driver::CudaSlice<f32>,
-    n: usize,
-    cd: usize,
-    max_len: usize,
 }
 
-fn upload(g: &Gpu, c: &DeltaCase) -> DeltaDev {
+fn upload(g: &Gpu, c: &DeltaCase) -> TcDev {
     let d = c.d;
-    let n: usize = c.lens.iter().sum();
-    let mut segs = Vec::new();
-    let mut start = 0;
-    for &t in &c.lens {
-        segs.extend([start as i32, t as i32, 0]);
-        start += t;
-    }
-    let states: Vec<_> = c.s0.iter().map(|s| g.upload(s).unwrap()).collect();
-    let ptrs: Vec<u64> = states.iter().map(|s| g.ptr(s)).collect();
-    DeltaDev {
-        qkv: g.upload(&c.qkv).unwrap(),
-        g: g.upload(&c.g).unwrap(),
-        beta: g.upload(&c.beta).unwrap(),
-        segs: g.upload(&segs).unwrap(),
-        ptrs: g.upload(&ptrs).unwrap(),
-        states,
+    let n = c.rows();
+    TcDev {
+        inp: DeltaDev::upload(g, c),
         out: g.zeros::<f32>(n * d.hv * d.dv).unwrap(),
         scratch: g.alloc::<f32>(n * ops::gdn_wy_scratch(d)).unwrap(),
-        n,
-        cd: 2 * d.hk * d.dk + d.hv * d.dv,
-        max_len: c.lens.iter().copied().max().unwrap_or(0),
     }
 }
 
 /// Runs `pass` once on a case's device copies (the states are overwritten in place).
-fn run(g: &Gpu, c: &DeltaCase, dev: &DeltaDev, pass: Pass) -> Result<(), CudaError> {
+fn run(g: &Gpu, c: &DeltaCase, dev: &TcDev, pass: Pass) -> Result<(), CudaError> {
     let d = c.d;
-    let ns = c.lens.len();
-    let (x, gp, bp, o, sp, pp, wy) = (
-        g.ptr(&dev.qkv),
-        g.ptr(&dev.g),
-        g.ptr(&dev.beta),
-        g.ptr(&dev.out),
-        g.ptr(&dev.segs),
-        g.ptr(&dev.ptrs),
-        g.ptr(&dev.scratch),
-    );
+    let (ns, n, cd, ml) = (c.lens.len(), c.rows(), cols(d), c.max_len());
+    let p = dev.inp.ptrs(g);
+    let (o, wy) = (g.ptr(&dev.out), g.ptr(&dev.scratch));
     match pass {
         Pass::TcChunked => gdn_tc::gdn_tc_chunked(
-            g,
-            x,
-            dev.cd,
-            gp,
-            bp,
-            o,
-            sp,
-            pp,
-            ns,
-            d,
-            dev.n,
-            dev.max_len,
-            wy,
+            g, p.x, cd, p.g, p.beta, o, p.segs, p.states, ns, d, n, ml, wy,
         ),
         Pass::Wy | Pass::Tc(_) => {
-            ops::gdn_wy_prep(g, x, dev.cd, gp, bp, sp, ns, d, dev.n, dev.max_len, wy)?;
+            ops::gdn_wy_prep(g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy)?;
             match pass {
                 Pass::Tc(dvs) => {
-                    gdn_tc::gdn_tc_state(g, x, dev.cd, o, sp, pp, ns, d, dev.n, wy, dvs)
+                    gdn_tc::gdn_tc_state(g, p.x, cd, o, p.segs, p.states, ns, d, n, wy, dvs)
                 }
                 _ => ops::gdn_wy_state(
                     g,
-                    x,
-                    dev.cd,
+                    p.x,
+                    cd,
                     o,
-                    sp,
-                    pp,
+                    p.segs,
+                    p.states,
                     ns,
                     d,
-                    dev.n,
+                    n,
                     wy,
                     ops::gdn_wy_slice(d, ns),
                 ),
@@ -207,17 +81,8 @@ fn delta_gpu(g: &Gpu, c: &DeltaCase, pass: Pass) -> (Vec<f32>, Vec<Vec<f32>>) {
     let dev = upload(g, c);
     run(g, c, &dev, pass).unwrap();
     let d = c.d;
-    let out = g.download(&dev.out, dev.n * d.hv * d.dv).unwrap();
-    let st = dev
-        .states
-        .iter()
-        .map(|s| g.download(s, d.hv * d.dk * d.dv).unwrap())
-        .collect();
-    (out, st)
-}
-
-fn dims(hk: usize, hv: usize, dk: usize, dv: usize) -> GdnDims {
-    GdnDims { hk, hv, dk, dv }
+    let out = g.download(&dev.out, c.rows() * d.hv * d.dv).unwrap();
+    (out, dev.inp.download_states(g, d))
 }
 
 /// The tensor-core state pass at every slice width (and through `gdn_tc_chunked`) against the CPU recurrence and
@@ -233,21 +98,15 @@ fn gdn_tc_state_matches_cpu_and_wy() {
     let many: Vec<usize> = (0..40)
         .map(|i| [1, 33, 64, 65, 7, 130, 2, 128][i % 8])
         .collect();
-    let cases: Vec<(GdnDims, Vec<usize>, f32)> = vec![
-        (dims(2, 4, 60, 24), vec![1, 63, 65, 130, 200], 1.0),
-        (dims(1, 3, 16, 40), vec![200, 1], 1.0),
-        (dims(2, 6, 36, 100), vec![65, 130], 1.0),
-        (dims(2, 2, 128, 128), vec![130, 7, 64], 1.0),
-        (dims(2, 4, 128, 128), vec![1, 63, 65, 200], 1.0),
-        (dims(2, 4, 60, 24), vec![130, 63], 20.0),
+    let mut cases = wy_cases();
+    cases.extend([
         (dims(2, 2, 128, 128), vec![200, 3], 20.0),
         (dims(1, 2, 30, 25), vec![70, 1, 129], 1.0),
         (dims(1, 1, 36, 25), vec![65, 3], 1.0),
         (dims(2, 4, 64, 72), many, 1.0),
-    ];
+    ]);
     for (d, lens, gscale) in cases {
-        let mut c = delta_case(d, &lens, 70);
-        c.g.iter_mut().for_each(|v| *v *= gscale);
+        let c = delta_case(d, &lens, 70).decays_x(gscale);
         let (want_o, want_s) = delta_cpu(&c);
         let (wy_o, wy_s) = delta_gpu(&g, &c, Pass::Wy);
         let short: Vec<usize> = lens.iter().copied().take(8).collect();
@@ -314,49 +173,32 @@ fn gdn_tc_state_rejects_unsupported_dims() {
 /// and the launcher's pick), and the pre-pass they share.
 #[test]
 fn gdn_tc_timings() {
-    if std::env::var("ONEPASS_CUDA_BENCH").as_deref() != Ok("1") {
-        return;
-    }
-    let Some(g) = gpu("gdn_tc_timings") else {
+    let Some(g) = bench_gpu("gdn_tc_timings") else {
         return;
     };
-    let d = dims(16, 16, 128, 128);
+    let d = HEADS_08B;
     println!(
         "| segments | prep | wy_state (its slice) | wy 8 / 16 / 32 | tc 8 / 16 / 32 / 64 | tc (its slice) | speed-up |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
-    for lens in [vec![175], vec![33; 7], vec![3400], vec![33; 224]] {
+    for lens in bench_lens() {
         let c = delta_case(d, &lens, 80);
         let dev = upload(&g, &c);
-        let ns = lens.len();
-        let time = |what: &dyn Fn()| {
-            what();
-            g.sync().unwrap();
-            let reps = 20;
-            let t0 = std::time::Instant::now();
-            for _ in 0..reps {
-                what();
-            }
-            g.sync().unwrap();
-            t0.elapsed().as_secs_f64() * 1e6 / reps as f64
-        };
-        let (x, gp, bp, o, sp, pp, wy) = (
-            g.ptr(&dev.qkv),
-            g.ptr(&dev.g),
-            g.ptr(&dev.beta),
-            g.ptr(&dev.out),
-            g.ptr(&dev.segs),
-            g.ptr(&dev.ptrs),
-            g.ptr(&dev.scratch),
-        );
-        let prep = time(&|| {
-            ops::gdn_wy_prep(&g, x, dev.cd, gp, bp, sp, ns, d, dev.n, dev.max_len, wy).unwrap()
-        });
+        let (ns, n, cd, ml) = (lens.len(), c.rows(), cols(d), c.max_len());
+        let time = |what: &dyn Fn()| per_call_us(&g, what);
+        let p = dev.inp.ptrs(&g);
+        let (o, wy) = (g.ptr(&dev.out), g.ptr(&dev.scratch));
+        let prep =
+            time(&|| ops::gdn_wy_prep(&g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy).unwrap());
         let wy_at = |dvs: usize| {
-            time(&|| ops::gdn_wy_state(&g, x, dev.cd, o, sp, pp, ns, d, dev.n, wy, dvs).unwrap())
+            time(&|| {
+                ops::gdn_wy_state(&g, p.x, cd, o, p.segs, p.states, ns, d, n, wy, dvs).unwrap()
+            })
         };
         let tc_at = |dvs: usize| {
-            time(&|| gdn_tc::gdn_tc_state(&g, x, dev.cd, o, sp, pp, ns, d, dev.n, wy, dvs).unwrap())
+            time(&|| {
+                gdn_tc::gdn_tc_state(&g, p.x, cd, o, p.segs, p.states, ns, d, n, wy, dvs).unwrap()
+            })
         };
         let (wy_pick, tc_pick) = (ops::gdn_wy_slice(d, ns), gdn_tc::gdn_tc_slice(d, ns));
         let wy_best = wy_at(wy_pick);

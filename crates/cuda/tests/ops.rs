@@ -4,15 +4,14 @@
 
 mod common;
 
+use common::attn::{attn_prepped, ATTN_08B, ATTN_ODD, BASES, SEGS};
+use common::delta::{
+    bench_lens, cols, delta_case, delta_cpu, dims, wy_cases, DeltaCase, DeltaDev, HEADS_08B,
+};
 use common::*;
 use onepass_cuda::ops::{self, AttnDims, GdnDims, Out, W};
 use onepass_kernels as cpu;
 use onepass_tensor::Tensor;
-
-/// f32 tolerance (f32 on both sides, different summation orders).
-const F32_TOL: f32 = 2e-5;
-/// Outputs rounded to bf16 (8 bits of mantissa).
-const BF16_TOL: f32 = 8e-3;
 
 #[test]
 fn rms_norms_match_cpu() {
@@ -25,32 +24,13 @@ fn rms_norms_match_cpu() {
     let mut want = x.clone();
     cpu::rms_norm(&mut want, &gain, 1e-6);
     let (xd, gd) = (g.upload(&x).unwrap(), g.upload(&gain).unwrap());
+    let norm = |out: Out| {
+        ops::rms_norm(&g, g.ptr(&xd), dim, g.ptr(&gd), 1e-6, rows, dim, out, dim).unwrap()
+    };
     let of = g.alloc::<f32>(rows * dim).unwrap();
     let ob = g.alloc::<u16>(rows * dim).unwrap();
-    ops::rms_norm(
-        &g,
-        g.ptr(&xd),
-        dim,
-        g.ptr(&gd),
-        1e-6,
-        rows,
-        dim,
-        Out::F32(g.ptr(&of)),
-        dim,
-    )
-    .unwrap();
-    ops::rms_norm(
-        &g,
-        g.ptr(&xd),
-        dim,
-        g.ptr(&gd),
-        1e-6,
-        rows,
-        dim,
-        Out::Bf16(g.ptr(&ob)),
-        dim,
-    )
-    .unwrap();
+    norm(Out::F32(g.ptr(&of)));
+    norm(Out::Bf16(g.ptr(&ob)));
     check(
         "rms_norm f32",
         &g.download(&of, rows * dim).unwrap(),
@@ -65,18 +45,7 @@ fn rms_norms_match_cpu() {
     );
     // Split planes: hi + lo carries the f32 value to about 2^-16 relative (hi alone is the bf16 output).
     let os = g.alloc::<u16>(2 * rows * dim).unwrap();
-    ops::rms_norm(
-        &g,
-        g.ptr(&xd),
-        dim,
-        g.ptr(&gd),
-        1e-6,
-        rows,
-        dim,
-        Out::Split(g.ptr(&os), rows * dim),
-        dim,
-    )
-    .unwrap();
+    norm(Out::Split(g.ptr(&os), rows * dim));
     let planes = from_bf16_bits(&g.download(&os, 2 * rows * dim).unwrap());
     let (hi, lo) = planes.split_at(rows * dim);
     let sum: Vec<f32> = hi.iter().zip(lo).map(|(h, l)| h + l).collect();
@@ -98,34 +67,15 @@ fn rms_norms_match_cpu() {
         g.upload(&zfull).unwrap(),
         g.upload(&w).unwrap(),
     );
+    // z starts 7 columns into each row.
+    let z7 = g.ptr(&zd) + 4 * 7;
+    let gated = |out: Out| {
+        ops::rms_norm_gated(&g, g.ptr(&xd), z7, ldz, g.ptr(&wd), 1e-6, n, hv, dv, out).unwrap()
+    };
     let ob = g.alloc::<u16>(n * hv * dv).unwrap();
-    ops::rms_norm_gated(
-        &g,
-        g.ptr(&xd),
-        g.ptr(&zd) + 4 * 7,
-        ldz,
-        g.ptr(&wd),
-        1e-6,
-        n,
-        hv,
-        dv,
-        Out::Bf16(g.ptr(&ob)),
-    )
-    .unwrap();
+    gated(Out::Bf16(g.ptr(&ob)));
     let of = g.alloc::<f32>(n * hv * dv).unwrap();
-    ops::rms_norm_gated(
-        &g,
-        g.ptr(&xd),
-        g.ptr(&zd) + 4 * 7,
-        ldz,
-        g.ptr(&wd),
-        1e-6,
-        n,
-        hv,
-        dv,
-        Out::F32(g.ptr(&of)),
-    )
-    .unwrap();
+    gated(Out::F32(g.ptr(&of)));
     check(
         "rms_norm_gated f32",
         &g.download(&of, n * hv * dv).unwrap(),
@@ -384,89 +334,6 @@ fn conv1d_silu_matches_cpu_per_segment() {
     }
 }
 
-struct DeltaCase {
-    d: GdnDims,
-    lens: Vec<usize>,
-    /// qkv: [N, cd] (q, k normalised; q scaled)
-    qkv: Vec<f32>,
-    g: Vec<f32>,
-    beta: Vec<f32>,
-    s0: Vec<Vec<f32>>,
-}
-
-fn delta_case(d: GdnDims, lens: &[usize], seed: u64) -> DeltaCase {
-    let n: usize = lens.iter().sum();
-    let cd = 2 * d.hk * d.dk + d.hv * d.dv;
-    let mut qkv = rnd(n * cd, seed);
-    let scale = 1.0 / (d.dk as f32).sqrt();
-    for row in qkv.chunks_exact_mut(cd) {
-        cpu::l2_normalize(&mut row[..2 * d.hk * d.dk], d.dk, 1e-6);
-        row[..d.hk * d.dk].iter_mut().for_each(|v| *v *= scale);
-    }
-    let g = rnd(n * d.hv, seed + 1)
-        .iter()
-        .map(|x| -0.5 * (x + 1.0) - 0.01)
-        .collect();
-    let beta = rnd(n * d.hv, seed + 2)
-        .iter()
-        .map(|x| 0.5 * (x + 1.0))
-        .collect();
-    let s0 = (0..lens.len())
-        .map(|s| rnd(d.hv * d.dk * d.dv, seed + 10 + s as u64))
-        .collect();
-    DeltaCase {
-        d,
-        lens: lens.to_vec(),
-        qkv,
-        g,
-        beta,
-        s0,
-    }
-}
-
-/// CPU reference per segment: outputs [N, HV, DV] and final states.
-fn delta_cpu(c: &DeltaCase) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let d = c.d;
-    let cd = 2 * d.hk * d.dk + d.hv * d.dv;
-    let n: usize = c.lens.iter().sum();
-    let mut out = vec![0.0; n * d.hv * d.dv];
-    let mut states = Vec::new();
-    let mut start = 0;
-    for (s, &t) in c.lens.iter().enumerate() {
-        let rows = start..start + t;
-        let col = |a: usize, b: usize| -> Vec<f32> {
-            rows.clone()
-                .flat_map(|r| c.qkv[r * cd + a..r * cd + b].to_vec())
-                .collect()
-        };
-        let q = col(0, d.hk * d.dk);
-        let k = col(d.hk * d.dk, 2 * d.hk * d.dk);
-        let v = col(2 * d.hk * d.dk, cd);
-        let sh = cpu::DeltaShape {
-            t,
-            hk: d.hk,
-            hv: d.hv,
-            dk: d.dk,
-            dv: d.dv,
-        };
-        let mut st = c.s0[s].clone();
-        let o = &mut out[start * d.hv * d.dv..(start + t) * d.hv * d.dv];
-        cpu::gated_delta_recurrent(
-            sh,
-            &q,
-            &k,
-            &v,
-            &c.g[start * d.hv..(start + t) * d.hv],
-            &c.beta[start * d.hv..(start + t) * d.hv],
-            &mut st,
-            o,
-        );
-        states.push(st);
-        start += t;
-    }
-    (out, states)
-}
-
 /// Which GPU gated delta kernel [`delta_gpu`] runs.
 #[derive(Clone, Copy, PartialEq)]
 enum Delta {
@@ -477,35 +344,22 @@ enum Delta {
 
 fn delta_gpu(g: &onepass_cuda::Gpu, c: &DeltaCase, kind: Delta) -> (Vec<f32>, Vec<Vec<f32>>) {
     let d = c.d;
-    let cd = 2 * d.hk * d.dk + d.hv * d.dv;
-    let n: usize = c.lens.iter().sum();
-    let mut segs = Vec::new();
-    let mut start = 0;
-    for &t in &c.lens {
-        segs.extend([start as i32, t as i32, 0]);
-        start += t;
-    }
-    let states: Vec<_> = c.s0.iter().map(|s| g.upload(s).unwrap()).collect();
-    let ptrs: Vec<u64> = states.iter().map(|s| g.ptr(s)).collect();
-    let (xd, gd, bd) = (
-        g.upload(&c.qkv).unwrap(),
-        g.upload(&c.g).unwrap(),
-        g.upload(&c.beta).unwrap(),
-    );
-    let (sd, pd) = (g.upload(&segs).unwrap(), g.upload(&ptrs).unwrap());
+    let (cd, n) = (cols(d), c.rows());
+    let dev = DeltaDev::upload(g, c);
+    let p = dev.ptrs(g);
     let od = g.alloc::<f32>(n * d.hv * d.dv).unwrap();
     if kind == Delta::Wy {
-        let max_len = c.lens.iter().copied().max().unwrap_or(0);
+        let max_len = c.max_len();
         let scratch = g.alloc::<f32>(n * ops::gdn_wy_scratch(d)).unwrap();
         ops::gdn_chunked_wy(
             g,
-            g.ptr(&xd),
+            p.x,
             cd,
-            g.ptr(&gd),
-            g.ptr(&bd),
+            p.g,
+            p.beta,
             g.ptr(&od),
-            g.ptr(&sd),
-            g.ptr(&pd),
+            p.segs,
+            p.states,
             c.lens.len(),
             d,
             n,
@@ -516,13 +370,13 @@ fn delta_gpu(g: &onepass_cuda::Gpu, c: &DeltaCase, kind: Delta) -> (Vec<f32>, Ve
     } else if kind == Delta::Step {
         ops::gdn_step(
             g,
-            g.ptr(&xd),
+            p.x,
             cd,
-            g.ptr(&gd),
-            g.ptr(&bd),
+            p.g,
+            p.beta,
             g.ptr(&od),
-            g.ptr(&sd),
-            g.ptr(&pd),
+            p.segs,
+            p.states,
             c.lens.len(),
             d,
         )
@@ -530,13 +384,13 @@ fn delta_gpu(g: &onepass_cuda::Gpu, c: &DeltaCase, kind: Delta) -> (Vec<f32>, Ve
     } else {
         ops::gdn_chunked(
             g,
-            g.ptr(&xd),
+            p.x,
             cd,
-            g.ptr(&gd),
-            g.ptr(&bd),
+            p.g,
+            p.beta,
             g.ptr(&od),
-            g.ptr(&sd),
-            g.ptr(&pd),
+            p.segs,
+            p.states,
             c.lens.len(),
             d,
             64,
@@ -544,11 +398,7 @@ fn delta_gpu(g: &onepass_cuda::Gpu, c: &DeltaCase, kind: Delta) -> (Vec<f32>, Ve
         .unwrap();
     }
     let out = g.download(&od, n * d.hv * d.dv).unwrap();
-    let st = states
-        .iter()
-        .map(|s| g.download(s, d.hv * d.dk * d.dv).unwrap())
-        .collect();
-    (out, st)
+    (out, dev.download_states(g, d))
 }
 
 #[test]
@@ -559,33 +409,9 @@ fn gated_delta_chunked_and_step_match_cpu() {
     // Segments of 63, 65, 130 and 1 tokens; GVA (hv = 2 hk); dims not multiples of 32; and the
     // 0.8B shape (dk = dv = 128), whose chunk state needs the opt-in shared memory.
     for (d, lens) in [
-        (
-            GdnDims {
-                hk: 2,
-                hv: 4,
-                dk: 60,
-                dv: 24,
-            },
-            vec![63, 65, 130, 1],
-        ),
-        (
-            GdnDims {
-                hk: 1,
-                hv: 3,
-                dk: 16,
-                dv: 40,
-            },
-            vec![200],
-        ),
-        (
-            GdnDims {
-                hk: 2,
-                hv: 2,
-                dk: 128,
-                dv: 128,
-            },
-            vec![130, 7],
-        ),
+        (dims(2, 4, 60, 24), vec![63, 65, 130, 1]),
+        (dims(1, 3, 16, 40), vec![200]),
+        (dims(2, 2, 128, 128), vec![130, 7]),
     ] {
         let c = delta_case(d, &lens, 50);
         let (want_o, want_s) = delta_cpu(&c);
@@ -601,12 +427,7 @@ fn gated_delta_chunked_and_step_match_cpu() {
         }
     }
     // The one-token step on three segments.
-    let d = GdnDims {
-        hk: 2,
-        hv: 6,
-        dk: 60,
-        dv: 36,
-    };
+    let d = dims(2, 6, 60, 36);
     let c = delta_case(d, &[1, 1, 1], 60);
     let (want_o, want_s) = delta_cpu(&c);
     let (o, s) = delta_gpu(&g, &c, Delta::Step);
@@ -624,18 +445,8 @@ fn gated_delta_wy_matches_chunked_and_cpu() {
     let Some(g) = gpu("gated_delta_wy_matches_chunked_and_cpu") else {
         return;
     };
-    let dims = |hk, hv, dk, dv| GdnDims { hk, hv, dk, dv };
-    let cases: Vec<(GdnDims, Vec<usize>, f32)> = vec![
-        (dims(2, 4, 60, 24), vec![1, 63, 65, 130, 200], 1.0),
-        (dims(1, 3, 16, 40), vec![200, 1], 1.0),
-        (dims(2, 6, 36, 100), vec![65, 130], 1.0),
-        (dims(2, 2, 128, 128), vec![130, 7, 64], 1.0),
-        (dims(2, 4, 128, 128), vec![1, 63, 65, 200], 1.0),
-        (dims(2, 4, 60, 24), vec![130, 63], 20.0),
-    ];
-    for (d, lens, gscale) in cases {
-        let mut c = delta_case(d, &lens, 70);
-        c.g.iter_mut().for_each(|v| *v *= gscale);
+    for (d, lens, gscale) in wy_cases() {
+        let c = delta_case(d, &lens, 70).decays_x(gscale);
         let (want_o, want_s) = delta_cpu(&c);
         let (slow_o, slow_s) = delta_gpu(&g, &c, Delta::Chunked);
         let (o, s) = delta_gpu(&g, &c, Delta::Wy);
@@ -778,20 +589,7 @@ fn attention_prep_and_attention_match_cpu() {
         return;
     };
     // Odd head dims, then the Qwen3.5 attention shape (8 heads over 2 KV heads of 256, a quarter rotated).
-    for a in [
-        AttnDims {
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 40,
-            half: 10,
-        },
-        AttnDims {
-            heads: 8,
-            kv_heads: 2,
-            head_dim: 256,
-            half: 32,
-        },
-    ] {
+    for a in [ATTN_ODD, ATTN_08B] {
         attention_case(&g, a);
     }
 }
@@ -799,199 +597,58 @@ fn attention_prep_and_attention_match_cpu() {
 /// attn_prep, attention and attention_tiled (its fast twin) against the CPU on four segments: 63 new tokens
 /// after 5 cached, 65 fresh, 1 after 130 (the first 100 read from a base cache), 130 after 2.
 fn attention_case(g: &onepass_cuda::Gpu, a: AttnDims) {
-    let (h, kvh, dd) = (a.heads, a.kv_heads, a.head_dim);
-    let ld = h * 2 * dd + 2 * kvh * dd;
-    // (new tokens, past tokens already in the cache)
-    let segs_spec = [(63usize, 5usize), (65, 0), (1, 130), (130, 2)];
-    let n: usize = segs_spec.iter().map(|s| s.0).sum();
-    let proj = rnd(n * ld, 70).iter().map(|v| 2.0 * v).collect::<Vec<_>>();
-    let qn: Vec<f32> = rnd(dd, 71).iter().map(|v| 1.0 + 0.3 * v).collect();
-    let kn: Vec<f32> = rnd(dd, 72).iter().map(|v| 1.0 + 0.3 * v).collect();
-    let inv_freq: Vec<f32> = (0..a.half)
-        .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / (2 * a.half) as f32))
-        .collect();
-    let eps = 1e-6;
-    let mut tok = Vec::new();
-    let mut caches = Vec::new();
-    let mut want_q = vec![0.0; n * h * dd];
-    let mut want_o = vec![0.0; n * h * dd];
-    let mut want_k = Vec::new();
-    let mut start = 0;
-    // Segment 2 reads its first 100 positions from a base cache (a forked-from state), the rest from its own.
-    let bases = [0usize, 0, 100, 0];
-    let row = kvh * dd;
-    for (s, &(t, past)) in segs_spec.iter().enumerate() {
-        let cap = past + t + 3;
-        let mut kc = rnd(cap * row, 80 + s as u64);
-        let mut vc = rnd(cap * row, 90 + s as u64);
-        let b = bases[s] * row;
-        let (kd, vd) = (g.upload(&kc[b..]).unwrap(), g.upload(&vc[b..]).unwrap());
-        let (kb, vb) = (
-            g.upload(&kc[..b.max(1)]).unwrap(),
-            g.upload(&vc[..b.max(1)]).unwrap(),
-        );
-        caches.push((kd, vd, kb, vb));
-        for i in 0..t {
-            tok.extend([s as i32, (past + i) as i32]);
-        }
-        // CPU: norms, rope, cache append, attention, gate.
-        let rows = start..start + t;
-        let mut q: Vec<f32> = rows
-            .clone()
-            .flat_map(|r| (0..h).map(move |hh| (r, hh)))
-            .flat_map(|(r, hh)| proj[r * ld + hh * 2 * dd..r * ld + hh * 2 * dd + dd].to_vec())
-            .collect();
-        let gate: Vec<f32> = rows
-            .clone()
-            .flat_map(|r| (0..h).map(move |hh| (r, hh)))
-            .flat_map(|(r, hh)| {
-                proj[r * ld + hh * 2 * dd + dd..r * ld + (hh + 1) * 2 * dd].to_vec()
-            })
-            .collect();
-        let mut k: Vec<f32> = rows
-            .clone()
-            .flat_map(|r| proj[r * ld + h * 2 * dd..r * ld + h * 2 * dd + kvh * dd].to_vec())
-            .collect();
-        let v: Vec<f32> = rows
-            .clone()
-            .flat_map(|r| proj[r * ld + h * 2 * dd + kvh * dd..r * ld + ld].to_vec())
-            .collect();
-        cpu::rms_norm(&mut q, &qn, eps);
-        cpu::rms_norm(&mut k, &kn, eps);
-        let (cos, sin) = cpu::rope_tables(past, t, &inv_freq);
-        cpu::apply_rope(&mut q, t, h, dd, &cos, &sin);
-        cpu::apply_rope(&mut k, t, kvh, dd, &cos, &sin);
-        kc[past * kvh * dd..(past + t) * kvh * dd].copy_from_slice(&k);
-        vc[past * kvh * dd..(past + t) * kvh * dd].copy_from_slice(&v);
-        want_k.push(kc[..(past + t) * kvh * dd].to_vec());
-        let sh = cpu::AttnShape {
-            t,
-            past,
-            heads: h,
-            kv_heads: kvh,
-            head_dim: dd,
-        };
-        let o = &mut want_o[start * h * dd..(start + t) * h * dd];
-        cpu::causal_attention_reference(
-            sh,
-            &q,
-            &kc[..(past + t) * kvh * dd],
-            &vc[..(past + t) * kvh * dd],
-            1.0 / (dd as f32).sqrt(),
-            o,
-        );
-        for (x, gv) in o.iter_mut().zip(&gate) {
-            *x *= cpu::sigmoid(*gv);
-        }
-        want_q[start * h * dd..(start + t) * h * dd].copy_from_slice(&q);
-        start += t;
-    }
-    let ptrs: Vec<u64> = caches
-        .iter()
-        .zip(bases)
-        .flat_map(|((k, v, kb, vb), b)| [g.ptr(k), g.ptr(v), g.ptr(kb), g.ptr(vb), b as u64])
-        .collect();
-    let (pd, td, kvd) = (
-        g.upload(&proj).unwrap(),
-        g.upload(&tok).unwrap(),
-        g.upload(&ptrs).unwrap(),
-    );
-    let (qnd, knd, fd) = (
-        g.upload(&qn).unwrap(),
-        g.upload(&kn).unwrap(),
-        g.upload(&inv_freq).unwrap(),
-    );
-    let qd = g.alloc::<f32>(n * h * dd).unwrap();
-    ops::attn_prep(
-        g,
-        g.ptr(&pd),
-        ld,
-        g.ptr(&qnd),
-        g.ptr(&knd),
-        eps,
-        g.ptr(&fd),
-        a,
-        n,
-        g.ptr(&td),
-        g.ptr(&kvd),
-        g.ptr(&qd),
-    )
-    .unwrap();
+    let (h, dd) = (a.heads, a.head_dim);
+    let r = attn_prepped(g, a);
+    let (ld, n) = (r.ld, r.n);
+    let (pd, td, kvd, sgd, qd) = (&r.proj, &r.tok, &r.kv, &r.segs, &r.q);
     check(
         "attn_prep q (norm + rope)",
-        &g.download(&qd, n * h * dd).unwrap(),
-        &want_q,
+        &g.download(qd, n * h * dd).unwrap(),
+        &r.want_q,
         F32_TOL,
     );
-    for (s, (kd, ..)) in caches.iter().enumerate() {
-        let b = bases[s] * row;
-        let m = want_k[s].len() - b;
+    let row = a.kv_heads * dd;
+    for (s, [kd, ..]) in r.caches.iter().enumerate() {
+        let b = BASES[s] * row;
+        let m = r.want_k[s].len() - b;
         check(
-            &format!("attn_prep k cache {s} (base {})", bases[s]),
+            &format!("attn_prep k cache {s} (base {})", BASES[s]),
             &g.download(kd, m).unwrap(),
-            &want_k[s][b..],
+            &r.want_k[s][b..],
             F32_TOL,
         );
     }
+    let attend = |out: Out| {
+        let (q, p, t, kv) = (g.ptr(qd), g.ptr(pd), g.ptr(td), g.ptr(kvd));
+        ops::attention(g, q, p, ld, t, kv, n, a, 1.0 / (dd as f32).sqrt(), out).unwrap()
+    };
     let od = g.alloc::<u16>(n * h * dd).unwrap();
-    ops::attention(
-        g,
-        g.ptr(&qd),
-        g.ptr(&pd),
-        ld,
-        g.ptr(&td),
-        g.ptr(&kvd),
-        n,
-        a,
-        1.0 / (dd as f32).sqrt(),
-        Out::Bf16(g.ptr(&od)),
-    )
-    .unwrap();
+    attend(Out::Bf16(g.ptr(&od)));
     let of = g.alloc::<f32>(n * h * dd).unwrap();
-    ops::attention(
-        g,
-        g.ptr(&qd),
-        g.ptr(&pd),
-        ld,
-        g.ptr(&td),
-        g.ptr(&kvd),
-        n,
-        a,
-        1.0 / (dd as f32).sqrt(),
-        Out::F32(g.ptr(&of)),
-    )
-    .unwrap();
+    attend(Out::F32(g.ptr(&of)));
     check(
         &format!("attention * sigmoid(gate) (f32 out) D={dd}"),
         &g.download(&of, n * h * dd).unwrap(),
-        &want_o,
+        &r.want_o,
         F32_TOL,
     );
     check(
         "attention * sigmoid(gate) (bf16 out)",
         &from_bf16_bits(&g.download(&od, n * h * dd).unwrap()),
-        &want_o,
+        &r.want_o,
         BF16_TOL,
     );
     // The tiled twin reads segments from the segment table.
-    let mut segs = Vec::new();
-    let mut st = 0;
-    for &(t, past) in &segs_spec {
-        segs.extend([st as i32, t as i32, past as i32]);
-        st += t;
-    }
-    let sgd = g.upload(&segs).unwrap();
-    let max_len = segs_spec.iter().map(|s| s.0).max().unwrap();
     let ot = g.alloc::<f32>(n * h * dd).unwrap();
     ops::attention_tiled(
         g,
-        g.ptr(&qd),
-        g.ptr(&pd),
+        g.ptr(qd),
+        g.ptr(pd),
         ld,
-        g.ptr(&sgd),
-        g.ptr(&kvd),
-        segs_spec.len(),
-        max_len,
+        g.ptr(sgd),
+        g.ptr(kvd),
+        SEGS.len(),
+        r.max_len,
         a,
         1.0 / (dd as f32).sqrt(),
         Out::F32(g.ptr(&ot)),
@@ -1001,7 +658,7 @@ fn attention_case(g: &onepass_cuda::Gpu, a: AttnDims) {
     check(
         &format!("attention_tiled (f32 out) D={dd}"),
         &ot,
-        &want_o,
+        &r.want_o,
         F32_TOL,
     );
     check(
@@ -1016,57 +673,27 @@ fn attention_case(g: &onepass_cuda::Gpu, a: AttnDims) {
 /// (slow twin against the WY pair) on the Qwen3.5-0.8B head shape for the System One segment shapes.
 #[test]
 fn gated_delta_timings() {
-    if std::env::var("ONEPASS_CUDA_BENCH").as_deref() != Ok("1") {
-        return;
-    }
-    let Some(g) = gpu("gated_delta_timings") else {
+    let Some(g) = bench_gpu("gated_delta_timings") else {
         return;
     };
-    let d = GdnDims {
-        hk: 16,
-        hv: 16,
-        dk: 128,
-        dv: 128,
-    };
-    for lens in [vec![175], vec![33; 7], vec![3400], vec![33; 224]] {
+    let d = HEADS_08B;
+    for lens in bench_lens() {
         let c = delta_case(d, &lens, 80);
-        let cd = 2 * d.hk * d.dk + d.hv * d.dv;
-        let n: usize = lens.iter().sum();
-        let mut segs = Vec::new();
-        let mut start = 0;
-        for &t in &lens {
-            segs.extend([start as i32, t as i32, 0]);
-            start += t;
-        }
-        let states: Vec<_> = c.s0.iter().map(|s| g.upload(s).unwrap()).collect();
-        let ptrs: Vec<u64> = states.iter().map(|s| g.ptr(s)).collect();
-        let (xd, gd, bd) = (
-            g.upload(&c.qkv).unwrap(),
-            g.upload(&c.g).unwrap(),
-            g.upload(&c.beta).unwrap(),
-        );
-        let (sd, pd) = (g.upload(&segs).unwrap(), g.upload(&ptrs).unwrap());
+        let (cd, n) = (cols(d), c.rows());
+        let dev = DeltaDev::upload(&g, &c);
         let od = g.alloc::<f32>(n * d.hv * d.dv).unwrap();
         let scratch = g.alloc::<f32>(n * ops::gdn_wy_scratch(d)).unwrap();
         let max_len = lens.iter().copied().max().unwrap();
-        let time = |what: &dyn Fn()| {
-            what();
-            g.sync().unwrap();
-            let reps = 20;
-            let t0 = std::time::Instant::now();
-            for _ in 0..reps {
-                what();
-            }
-            g.sync().unwrap();
-            t0.elapsed().as_secs_f64() * 1e3 / reps as f64
-        };
+        // ms per call.
+        let time = |what: &dyn Fn()| per_call_us(&g, what) / 1e3;
+        let p = dev.ptrs(&g);
         let (x, gp, bp, o, sp, pp, wy) = (
-            g.ptr(&xd),
-            g.ptr(&gd),
-            g.ptr(&bd),
+            p.x,
+            p.g,
+            p.beta,
             g.ptr(&od),
-            g.ptr(&sd),
-            g.ptr(&pd),
+            p.segs,
+            p.states,
             g.ptr(&scratch),
         );
         let ns = lens.len();

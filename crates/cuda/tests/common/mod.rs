@@ -1,5 +1,9 @@
-//! Shared helpers of the GPU tests: the environment switch, random data, tolerances.
+//! Shared helpers of the GPU tests: the environment switch, random data, tolerances, timing; the gated delta
+//! inputs ([`delta`]) and the attention setup ([`attn`]) several test files run.
 #![allow(dead_code)]
+
+pub mod attn;
+pub mod delta;
 
 use std::sync::Arc;
 
@@ -13,6 +17,33 @@ pub fn gpu(test: &str) -> Option<Arc<Gpu>> {
     }
     Some(Gpu::new(0).expect("ONEPASS_CUDA_TESTS=1 but no usable CUDA GPU"))
 }
+
+/// The GPU for a timing run (not a test): None, silently, unless ONEPASS_CUDA_BENCH=1; then as [`gpu`].
+pub fn bench_gpu(test: &str) -> Option<Arc<Gpu>> {
+    if std::env::var("ONEPASS_CUDA_BENCH").as_deref() != Ok("1") {
+        return None;
+    }
+    gpu(test)
+}
+
+/// µs per call of `what`: one warm-up call, then 20 calls between two synchronizations, host timer.
+pub fn per_call_us(g: &Gpu, what: &dyn Fn()) -> f64 {
+    what();
+    g.sync().unwrap();
+    let reps = 20;
+    let t0 = std::time::Instant::now();
+    for _ in 0..reps {
+        what();
+    }
+    g.sync().unwrap();
+    t0.elapsed().as_secs_f64() * 1e6 / reps as f64
+}
+
+/// f32 tolerance of an op against its CPU twin (f32 on both sides, different summation orders; 3xTF32 products
+/// on the tensor-core paths).
+pub const F32_TOL: f32 = 2e-5;
+/// Outputs rounded to bf16 (8 bits of mantissa).
+pub const BF16_TOL: f32 = 8e-3;
 
 /// Deterministic uniform values in [-1, 1).
 pub fn rnd(n: usize, seed: u64) -> Vec<f32> {
