@@ -336,6 +336,14 @@ fn plan_shape(p: &onepass_decide::Plan) -> (usize, usize, usize) {
     )
 }
 
+/// Parse and plan one request body: the host work before the engine; a client error is the HTTP answer it would be.
+pub fn plan_body<B: onepass_decide::engine::Backend>(
+    e: &onepass_decide::Engine<B>,
+    body: &[u8],
+) -> Result<onepass_decide::Plan> {
+    Ok(e.plan(&onepass_decide::parse_request(body)?)?)
+}
+
 /// One benchmark workload: (name, body, rows, unique tokens, mean row tokens).
 type Workload = (String, Vec<u8>, usize, usize, usize);
 
@@ -352,12 +360,8 @@ fn bench_workloads<B: onepass_decide::engine::Backend>(
             let body = serde_json::to_vec(
                 &json!({"state": bench_state(n), "questions": bench_questions(extra)}),
             )?;
-            let req = onepass_decide::parse_request(&body)
-                .map_err(|e| anyhow::anyhow!("{:?}", e.http_body()))?;
-            let p = e
-                .plan(&req)
-                .map_err(|e| anyhow::anyhow!("{:?}", e.http_body()))?;
-            Ok((body, plan_shape(&p)))
+            let shape = plan_shape(&plan_body(e, &body)?);
+            Ok((body, shape))
         };
         let (mut lo, mut hi) = (0usize, 400usize);
         while hi - lo > 1 {
@@ -407,24 +411,23 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
     }
     let any = AnyEngine::load(&dir, opts, dev, &a.cuda)?;
     let device = any.device();
-    let report = with_engine!(&any, e => bench_engine(e, &a)?);
+    let workloads = with_engine!(&any, e => bench_workloads(e)?);
+    let report = with_engine!(&any, e => bench_engine(e, &a, &workloads)?);
     // Where the time goes: CUDA events after every op of 10 requests of the first workload.
     let mut profile = Vec::new();
     let mut host = serde_json::Value::Null;
     if let AnyEngine::Cuda(e) = &any {
-        let body = &bench_workloads(e)?[0].1;
+        let body = &workloads[0].1;
         let m = e.model().model();
         m.profile_start();
         for _ in 0..10 {
-            e.system_one(body)
-                .map_err(|err| anyhow::anyhow!("{:?}", err.http_body()))?;
+            e.system_one(body)?;
         }
         let ops = m.profile_take()?;
         // Host-bound or GPU-bound: host time queueing forwards against wall time, 10 requests, no profiling.
         let (h0, t0) = (m.host_enqueue_ns(), std::time::Instant::now());
         for _ in 0..10 {
-            e.system_one(body)
-                .map_err(|err| anyhow::anyhow!("{:?}", err.http_body()))?;
+            e.system_one(body)?;
         }
         let wall = t0.elapsed().as_secs_f64() * 1e3 / 10.0;
         let queue = (m.host_enqueue_ns() - h0) as f64 / 1e6 / 10.0;
@@ -456,40 +459,30 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
 fn bench_engine<B: onepass_decide::engine::Backend>(
     e: &onepass_decide::Engine<B>,
     a: &BenchSystemoneArgs,
+    workloads: &[Workload],
 ) -> Result<Vec<serde_json::Value>> {
     let mut report = Vec::new();
-    let answer = |body: &[u8]| -> Result<()> {
-        e.system_one(body)
-            .map(|_| ())
-            .map_err(|err| anyhow::anyhow!("{:?}", err.http_body()))
-    };
+    let answer = |body: &[u8]| -> Result<()> { Ok(e.system_one(body).map(|_| ())?) };
     eprintln!(
         "{:<36} {:>9} {:>9} {:>9} {:>12}",
         "workload (one request at a time)", "p50 ms", "p95 ms", "req/s", "decisions/s"
     );
-    for (name, body, rows, unique, mean) in bench_workloads(e)? {
-        let req = onepass_decide::parse_request(&body)
-            .map_err(|e| anyhow::anyhow!("{:?}", e.http_body()))?;
-        let plan = e
-            .plan(&req)
-            .map_err(|e| anyhow::anyhow!("{:?}", e.http_body()))?;
+    for (name, body, rows, unique, mean) in workloads {
+        let plan = plan_body(e, body)?;
         let decisions = plan.slot_count();
-        // Host work before the engine: parse, render, tokenize, plan (part of every timing below).
+        // Host work before the engine: parse, render, tokenize, plan (part of every one-at-a-time timing below).
         let t0 = Instant::now();
         for _ in 0..20 {
-            let req = onepass_decide::parse_request(&body)
-                .map_err(|e| anyhow::anyhow!("{:?}", e.http_body()))?;
-            e.plan(&req)
-                .map_err(|e| anyhow::anyhow!("{:?}", e.http_body()))?;
+            plan_body(e, body)?;
         }
         let plan_ms = t0.elapsed().as_secs_f64() * 1e3 / 20.0;
         for _ in 0..3 {
-            answer(&body)?;
+            answer(body)?;
         }
         let mut t = Vec::with_capacity(a.reps);
         for _ in 0..a.reps.max(1) {
             let t0 = Instant::now();
-            answer(&body)?;
+            answer(body)?;
             t.push(t0.elapsed().as_secs_f64());
         }
         t.sort_by(f64::total_cmp);
@@ -502,15 +495,14 @@ fn bench_engine<B: onepass_decide::engine::Backend>(
             1.0 / mean_s,
             decisions as f64 / mean_s
         );
-        // Saturating load: `b` requests per engine call (render + plan included per request).
+        // Saturating load: `b` copies of the planned request per engine call (the engine alone: no parse or plan).
         let mut sat = Vec::new();
         for &b in &a.batch {
-            let plans: Vec<_> = (0..b).map(|_| plan.clone()).collect();
-            let refs: Vec<&onepass_decide::Plan> = plans.iter().collect();
-            e.score(&refs).map_err(|err| anyhow::anyhow!("{err}"))?;
+            let refs = vec![&plan; b];
+            e.score(&refs)?;
             let t0 = Instant::now();
             for _ in 0..a.batch_reps.max(1) {
-                e.score(&refs).map_err(|err| anyhow::anyhow!("{err}"))?;
+                e.score(&refs)?;
             }
             let secs = t0.elapsed().as_secs_f64() / a.batch_reps.max(1) as f64;
             let rps = b as f64 / secs;

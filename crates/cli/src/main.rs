@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use onepass_decide::assemble::argmax;
 use onepass_model::synth::{self, SynthSpec};
 use onepass_model::{Model, ModelConfig};
 use onepass_tensor::DType;
@@ -204,9 +205,18 @@ fn load_model(arg: &str) -> Result<Model> {
 }
 
 fn load_tokenizer(arg: &str) -> Result<Tokenizer> {
-    let dir = model_dir(arg)?;
-    let model_type = ModelConfig::from_dir(&dir).ok().map(|c| c.model_type);
-    Ok(Tokenizer::from_dir(&dir, model_type.as_deref())?)
+    tokenizer_in(&model_dir(arg)?)
+}
+
+/// The tokenizer of a model folder, read for its config.json `model_type` when there is one.
+pub(crate) fn tokenizer_in(dir: &Path) -> Result<Tokenizer> {
+    let model_type = ModelConfig::from_dir(dir).ok().map(|c| c.model_type);
+    Ok(Tokenizer::from_dir(dir, model_type.as_deref())?)
+}
+
+/// `--flag`, else the environment variable `env` (the settings decider-ai reads from its environment).
+pub(crate) fn flag_or_env(flag: Option<String>, env: &str) -> Option<String> {
+    flag.or_else(|| std::env::var(env).ok())
 }
 
 fn info(arg: &str) -> Result<()> {
@@ -413,11 +423,11 @@ fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize) -> Result<()> {
     let first = lens.first().copied().unwrap_or(1).max(1);
     let mut st = m.new_state();
     let h = m.forward(&mut st, &ids[..first])?;
-    let mut next = argmax(&m.logits(&h[h.len() - m.hidden_size()..]));
+    let mut next = argmax(&m.logits(&h[h.len() - m.hidden_size()..])) as u32;
     let t0 = Instant::now();
     for _ in 0..decode {
         let h = m.forward(&mut st, &[next])?;
-        next = argmax(&m.logits(&h));
+        next = argmax(&m.logits(&h)) as u32;
     }
     let secs = t0.elapsed().as_secs_f64();
     eprintln!("decode: {:.2} tok/s", decode as f64 / secs);
@@ -436,16 +446,6 @@ fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize) -> Result<()> {
         })
     );
     Ok(())
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 fn rayon_threads() -> usize {

@@ -86,9 +86,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         max_request_tokens: setting(a.max_request_tokens, "DECIDER_MAX_REQUEST_TOKENS", 1 << 20)?,
     };
     let max_queue_rows = setting(a.max_queue_rows, "DECIDER_MAX_QUEUE_ROWS", 4096)?;
-    let api_key = a
-        .api_key
-        .or_else(|| std::env::var("ONEPASS_API_KEY").ok())
+    let api_key = crate::flag_or_env(a.api_key, "ONEPASS_API_KEY")
         .map(|k| k.trim().to_string())
         .filter(|k| !k.is_empty());
     if a.max_batch_rows == 0 {
@@ -100,14 +98,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         &dir,
         EngineOptions {
             limits,
-            layout: a
-                .layout
-                .clone()
-                .or_else(|| std::env::var("DECIDER_LAYOUT").ok()),
-            temperature: a
-                .temperature
-                .clone()
-                .or_else(|| std::env::var("DECIDER_TEMPERATURE").ok()),
+            layout: crate::flag_or_env(a.layout.clone(), "DECIDER_LAYOUT"),
+            temperature: crate::flag_or_env(a.temperature.clone(), "DECIDER_TEMPERATURE"),
             ..EngineOptions::default()
         },
         a.dev.resolve()?,

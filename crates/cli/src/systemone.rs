@@ -5,15 +5,13 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use onepass_decide::engine::Backend;
 use onepass_decide::pyjson::dumps_compact;
 use onepass_decide::{parse_request, ApiError, DecideConfig, Engine, EngineOptions};
 
-use crate::device::{AnyEngine, CudaArgs, DeviceArg};
-use onepass_model::ModelConfig;
-use onepass_tokenizer::Tokenizer;
+use crate::device::{plan_body, AnyEngine, CudaArgs, DeviceArg};
 use serde_json::json;
 
 #[derive(Args)]
@@ -59,21 +57,13 @@ fn read_body(path: &Path) -> Result<Vec<u8>> {
     }
 }
 
-/// Print an answer body on stdout; an error answer goes to stderr and fails the command.
+/// Print an answer body on stdout; an error answer (`HTTP <status>: <body>`) goes to stderr and fails the command.
 fn answer(r: Result<onepass_decide::pyjson::Value, ApiError>) -> Result<()> {
-    match r {
-        Ok(v) => {
-            let s = dumps_compact(&v).context("response holds a non-finite number")?;
-            let mut out = std::io::stdout().lock();
-            writeln!(out, "{s}")?;
-            out.flush()?;
-            Ok(())
-        }
-        Err(e) => {
-            let (status, _, body) = e.http_body();
-            bail!("HTTP {status}: {body}")
-        }
-    }
+    let s = dumps_compact(&r?).context("response holds a non-finite number")?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{s}")?;
+    out.flush()?;
+    Ok(())
 }
 
 pub fn systemone(a: SystemoneArgs) -> Result<()> {
@@ -83,8 +73,8 @@ pub fn systemone(a: SystemoneArgs) -> Result<()> {
     let opts = EngineOptions {
         shared_prefix: !a.no_shared_prefix,
         fork_budget_bytes: a.fork_budget_mb << 20,
-        layout: std::env::var("DECIDER_LAYOUT").ok(),
-        temperature: std::env::var("DECIDER_TEMPERATURE").ok(),
+        layout: crate::flag_or_env(None, "DECIDER_LAYOUT"),
+        temperature: crate::flag_or_env(None, "DECIDER_TEMPERATURE"),
         ..EngineOptions::default()
     };
     let t0 = Instant::now();
@@ -94,21 +84,18 @@ pub fn systemone(a: SystemoneArgs) -> Result<()> {
 }
 
 fn run<B: Backend>(engine: &Engine<B>, a: &SystemoneArgs, body: &[u8], load_s: f64) -> Result<()> {
-    let body = body.to_vec();
     if a.repeat <= 1 {
-        return answer(engine.system_one(&body));
+        return answer(engine.system_one(body));
     }
     let mut secs = Vec::with_capacity(a.repeat);
     let mut last = None;
     for _ in 0..a.repeat {
         let t = Instant::now();
-        let r = engine.system_one(&body);
+        let r = engine.system_one(body);
         secs.push(t.elapsed().as_secs_f64());
         last = Some(r);
     }
-    let plan = parse_request(&body).and_then(|r| engine.plan(&r));
-    let (rows, tokens) = plan
-        .as_ref()
+    let (rows, tokens) = plan_body(engine, body)
         .map(|p| {
             (
                 p.rows.len(),
@@ -134,11 +121,10 @@ fn run<B: Backend>(engine: &Engine<B>, a: &SystemoneArgs, body: &[u8], load_s: f
 pub fn render(a: RenderArgs) -> Result<()> {
     let dir = onepass_formats::resolve_model_dir(&a.model)?;
     let body = read_body(&a.request)?;
-    let model_type = ModelConfig::from_dir(&dir).ok().map(|c| c.model_type);
     // The reference's view of the tokenizer (decider-contract R2.1.2); the chat layout honours DECIDER_LAYOUT (R6.3).
-    let tok = Tokenizer::from_dir(&dir, model_type.as_deref())?.transformers_compatible();
-    let layout = std::env::var("DECIDER_LAYOUT").ok();
-    let temperature = std::env::var("DECIDER_TEMPERATURE").ok();
+    let tok = crate::tokenizer_in(&dir)?.transformers_compatible();
+    let layout = crate::flag_or_env(None, "DECIDER_LAYOUT");
+    let temperature = crate::flag_or_env(None, "DECIDER_TEMPERATURE");
     let cfg = DecideConfig::load(&dir, &tok, layout.as_deref(), temperature.as_deref())?;
     answer(
         parse_request(&body)

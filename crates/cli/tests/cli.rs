@@ -68,6 +68,15 @@ fn run_err(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// A JSON array of numbers.
+fn f64s(row: &serde_json::Value) -> Vec<f64> {
+    row.as_array()
+        .expect("row")
+        .iter()
+        .map(|x| x.as_f64().expect("f"))
+        .collect()
+}
+
 #[test]
 fn logits_prints_one_row_per_position_or_the_last() {
     let d = synth("tiny-gva");
@@ -79,18 +88,7 @@ fn logits_prints_one_row_per_position_or_the_last() {
     let last = last["logits"].as_array().expect("logits");
     assert_eq!(last.len(), 1);
     // The last row equals the last row of the full output (up to the GEMM vs GEMV summation order).
-    let a: Vec<f64> = rows[2]
-        .as_array()
-        .expect("row")
-        .iter()
-        .map(|x| x.as_f64().expect("f"))
-        .collect();
-    let b: Vec<f64> = last[0]
-        .as_array()
-        .expect("row")
-        .iter()
-        .map(|x| x.as_f64().expect("f"))
-        .collect();
+    let (a, b) = (f64s(&rows[2]), f64s(&last[0]));
     let scale = b.iter().fold(1.0f64, |m, x| m.max(x.abs()));
     assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-5 * scale));
     // Chunked input continues the same sequence.
@@ -98,12 +96,7 @@ fn logits_prints_one_row_per_position_or_the_last() {
         &["logits", "--ids", "1,2,3", "--last", "--chunk", "1"],
         d.path(),
     );
-    let c: Vec<f64> = chunked["logits"][0]
-        .as_array()
-        .expect("row")
-        .iter()
-        .map(|x| x.as_f64().expect("f"))
-        .collect();
+    let c = f64s(&chunked["logits"][0]);
     assert!(a.iter().zip(&c).all(|(x, y)| (x - y).abs() <= 1e-4 * scale));
 }
 

@@ -39,11 +39,11 @@ fn py_sum(xs: impl IntoIterator<Item = f64>) -> f64 {
     it.fold(first, |a, x| a + x)
 }
 
-/// Index of the first maximum (`max(range(n), key=p.__getitem__)`).
-fn argmax(p: &[f64]) -> usize {
+/// Index of the first maximum (`max(range(n), key=p.__getitem__)`); 0 for an empty slice.
+pub fn argmax<T: PartialOrd>(p: &[T]) -> usize {
     let mut j = 0;
-    for (i, &x) in p.iter().enumerate() {
-        if x > p[j] {
+    for (i, x) in p.iter().enumerate() {
+        if *x > p[j] {
             j = i;
         }
     }

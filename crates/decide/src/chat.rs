@@ -182,11 +182,7 @@ impl ChatTemplate {
         multi: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
         let nl = if k == 0 { "" } else { "\n" };
-        let num = if multi {
-            format!(" {}", k + 1)
-        } else {
-            String::new()
-        };
+        let num = crate::rows::numbering(k, multi);
         tok.encode(&format!("{nl}{ANSWER}{num}: ("))
     }
 }

@@ -27,6 +27,17 @@ pub enum TempMap {
     ByOptions { a: f64, b: f64, min: f64 },
 }
 
+impl TempMap {
+    /// `ByType(m)`, or `Scalar` when `m` is empty.
+    fn from_pairs(m: Vec<(QType, f64)>) -> TempMap {
+        if m.is_empty() {
+            TempMap::Scalar
+        } else {
+            TempMap::ByType(m)
+        }
+    }
+}
+
 /// The temperatures of one layout.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Temperatures {
@@ -364,11 +375,7 @@ pub fn from_config(
         cfg.get("temperature_by_options"),
         &format!("{WHERE} \"temperature_by_options\""),
     )?;
-    let mut map = if m.is_empty() {
-        TempMap::Scalar
-    } else {
-        TempMap::ByType(m.clone())
-    };
+    let mut map = TempMap::from_pairs(m.clone());
     if let (Some((a, b, min)), None) = (opt, override_t) {
         if !m.is_empty() {
             return Err(ConfigError(format!(
@@ -381,11 +388,7 @@ pub fn from_config(
         let ts = positive(v, &format!("{WHERE} \"temperature_schema_first\""))?;
         Temperatures {
             t: ts,
-            map: if ms.is_empty() {
-                TempMap::Scalar
-            } else {
-                TempMap::ByType(ms)
-            },
+            map: TempMap::from_pairs(ms),
         }
     } else {
         // {**m without by_options, **ms}
@@ -397,11 +400,7 @@ pub fn from_config(
         }
         Temperatures {
             t,
-            map: if m.is_empty() {
-                TempMap::Scalar
-            } else {
-                TempMap::ByType(m)
-            },
+            map: TempMap::from_pairs(m),
         }
     };
     Ok((Temperatures { t, map }, schema))

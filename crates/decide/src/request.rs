@@ -31,9 +31,9 @@ pub fn parse_request(body: &[u8]) -> Result<Request, ApiError> {
 /// else unreadable is a 400. Shared by `/v1/systemone` and `/decide`.
 pub fn fastapi_json_body(body: &[u8]) -> Result<Value, ApiError> {
     if body.is_empty() {
-        return Err(ApiError::validation(vec![error(
+        return Err(ApiError::validation(vec![validation_error(
             "missing",
-            vec![],
+            &[],
             "Field required",
             Value::Null,
             None,
@@ -67,9 +67,9 @@ pub fn validate(v: Value) -> Result<Request, ApiError> {
     let Value::Object(body) = v else {
         let mut ctx = Object::new();
         ctx.insert("class_name".into(), Value::str("S1Req"));
-        return Err(ApiError::validation(vec![error(
+        return Err(ApiError::validation(vec![validation_error(
             "model_type",
-            vec![],
+            &[],
             "Input should be a valid dictionary or instance of S1Req",
             v,
             Some(ctx),
@@ -79,9 +79,9 @@ pub fn validate(v: Value) -> Result<Request, ApiError> {
     let state = match body.get("state") {
         Some(s) => s.clone(),
         None => {
-            errors.push(error(
+            errors.push(validation_error(
                 "missing",
-                vec!["state"],
+                &["state"],
                 "Field required",
                 Value::Object(body.clone()),
                 None,
@@ -92,9 +92,9 @@ pub fn validate(v: Value) -> Result<Request, ApiError> {
     let questions = match body.get("questions") {
         Some(Value::Object(q)) => q.clone(),
         Some(other) => {
-            errors.push(error(
+            errors.push(validation_error(
                 "dict_type",
-                vec!["questions"],
+                &["questions"],
                 "Input should be a valid dictionary",
                 other.clone(),
                 None,
@@ -102,9 +102,9 @@ pub fn validate(v: Value) -> Result<Request, ApiError> {
             Object::new()
         }
         None => {
-            errors.push(error(
+            errors.push(validation_error(
                 "missing",
-                vec!["questions"],
+                &["questions"],
                 "Field required",
                 Value::Object(body.clone()),
                 None,
@@ -118,7 +118,13 @@ pub fn validate(v: Value) -> Result<Request, ApiError> {
         Some(x) => match lax_bool(x) {
             Ok(b) => b,
             Err((kind, msg)) => {
-                errors.push(error(kind, vec!["independent"], msg, x.clone(), None));
+                errors.push(validation_error(
+                    kind,
+                    &["independent"],
+                    msg,
+                    x.clone(),
+                    None,
+                ));
                 true
             }
         },
@@ -128,9 +134,9 @@ pub fn validate(v: Value) -> Result<Request, ApiError> {
         None | Some(Value::Null) => None,
         Some(Value::Object(a)) => Some(a.clone()),
         Some(other) => {
-            errors.push(error(
+            errors.push(validation_error(
                 "dict_type",
-                vec!["assets"],
+                &["assets"],
                 "Input should be a valid dictionary",
                 other.clone(),
                 None,
@@ -156,9 +162,9 @@ fn opt_str(body: &Object, key: &str, errors: &mut Vec<Value>) -> Option<String> 
         None | Some(Value::Null) => None,
         Some(Value::Str(s)) => Some(s.clone()),
         Some(other) => {
-            errors.push(error(
+            errors.push(validation_error(
                 "string_type",
-                vec![key],
+                &[key],
                 "Input should be a valid string",
                 other.clone(),
                 None,
@@ -196,9 +202,16 @@ fn lax_bool(v: &Value) -> Result<bool, (&'static str, &'static str)> {
     }
 }
 
-fn error(kind: &str, loc: Vec<&str>, msg: &str, input: Value, ctx: Option<Object>) -> Value {
+/// One pydantic error of a FastAPI 422 body: `{"type", "loc": ["body", ...loc], "msg", "input"[, "ctx"]}`.
+pub fn validation_error(
+    kind: &str,
+    loc: &[&str],
+    msg: &str,
+    input: Value,
+    ctx: Option<Object>,
+) -> Value {
     let mut l = vec![Value::str("body")];
-    l.extend(loc.into_iter().map(Value::str));
+    l.extend(loc.iter().copied().map(Value::str));
     let mut o = Object::new();
     o.insert("type".into(), Value::str(kind));
     o.insert("loc".into(), Value::Array(l));

@@ -221,11 +221,7 @@ pub fn state_first_rows(
                     ids.extend(tok.encode(&format!("\n\nQuestion{num}: {text}\nOptions:"))?);
                     ids.extend(options_ids(tok, options)?);
                 }
-                ids.extend_from_slice(&c.tail);
-                for k in 0..group.len() {
-                    ids.extend(c.answer_ids(tok, k, multi)?);
-                    slots.push(ids.len() - 1);
-                }
+                chat_answers(tok, c, group.len(), &mut ids, &mut slots)?;
             }
         }
         rows.push((ids, slots));
@@ -261,13 +257,7 @@ pub fn schema_first_rows(
         ids.extend_from_slice(&state);
         let mut slots = Vec::with_capacity(group.len());
         match chat {
-            Some(c) => {
-                ids.extend_from_slice(&c.tail);
-                for k in 0..group.len() {
-                    ids.extend(c.answer_ids(tok, k, multi)?);
-                    slots.push(ids.len() - 1);
-                }
-            }
+            Some(c) => chat_answers(tok, c, group.len(), &mut ids, &mut slots)?,
             None => {
                 for k in 0..group.len() {
                     let sep = if k == 0 { "\n\n" } else { "\n" };
@@ -282,8 +272,25 @@ pub fn schema_first_rows(
     Ok((rows, chat.map_or(0, |c| c.head.len())))
 }
 
+/// The chat template tail, then the answer piece of each of `n` questions, a slot at the end of every piece.
+// decider-contract R2.5.2, R2.5.3
+fn chat_answers(
+    tok: &Tokenizer,
+    c: &ChatTemplate,
+    n: usize,
+    ids: &mut Vec<u32>,
+    slots: &mut Vec<usize>,
+) -> Result<(), TokenizerError> {
+    ids.extend_from_slice(&c.tail);
+    for k in 0..n {
+        ids.extend(c.answer_ids(tok, k, n > 1)?);
+        slots.push(ids.len() - 1);
+    }
+    Ok(())
+}
+
 /// `" k"` (1-based) in rows with several questions, else nothing.
-fn numbering(k: usize, multi: bool) -> String {
+pub(crate) fn numbering(k: usize, multi: bool) -> String {
     if multi {
         format!(" {}", k + 1)
     } else {
@@ -295,20 +302,25 @@ fn numbering(k: usize, multi: bool) -> String {
 /// option `open_ids + [label id] + encode(") " + o)`.
 pub fn options_ids(tok: &Tokenizer, options: &[String]) -> Result<Vec<u32>, TokenizerError> {
     if options.len() <= NARROW {
-        let mut s = String::new();
-        for (j, o) in options.iter().enumerate() {
-            s.push_str(&format!("\n({}) {o}", LETTERS[j] as char));
-        }
-        return tok.encode(&s);
+        return tok.encode(&narrow_options(options));
     }
     let table = tok.label_table()?;
     let mut out = Vec::new();
     for (j, o) in options.iter().enumerate() {
         out.extend_from_slice(&table.open_ids);
-        out.push(table.ids[j]);
+        out.push(table.ids[j]); // the label is an id, never tokenized from text
         out.extend(tok.encode(&format!(") {o}"))?);
     }
     Ok(out)
+}
+
+/// `"\n(A) o0\n(B) o1…"`: the text of a narrow (at most [`NARROW`]) option block.
+fn narrow_options(options: &[String]) -> String {
+    let mut s = String::new();
+    for (j, o) in options.iter().enumerate() {
+        s.push_str(&format!("\n({}) {o}", LETTERS[j] as char));
+    }
+    s
 }
 
 /// `encode("Context:\n" + state)[:max]` — one encode, header included in the cap.
@@ -332,28 +344,15 @@ pub fn question_piece(
     k: usize,
     multi: bool,
 ) -> Result<Vec<u32>, TokenizerError> {
-    let num = if multi {
-        format!(" {}", k + 1)
-    } else {
-        String::new()
-    };
+    let num = numbering(k, multi);
     let head = format!("\n\nQuestion{num}: {text}\nOptions:");
     let tail = format!("\nAnswer{num}: (");
     if options.len() <= NARROW {
-        let mut s = head;
-        for (j, o) in options.iter().enumerate() {
-            s.push_str(&format!("\n({}) {o}", LETTERS[j] as char));
-        }
-        s.push_str(&tail);
-        return tok.encode(&s); // narrow: one encode of the whole block
+        // narrow: one encode of the whole block
+        return tok.encode(&format!("{head}{}{tail}", narrow_options(options)));
     }
-    let table = tok.label_table()?;
     let mut piece = tok.encode(&head)?;
-    for (j, o) in options.iter().enumerate() {
-        piece.extend_from_slice(&table.open_ids);
-        piece.push(table.ids[j]); // the label is an id, never tokenized from text
-        piece.extend(tok.encode(&format!(") {o}"))?);
-    }
+    piece.extend(options_ids(tok, options)?);
     piece.extend(tok.encode(&tail)?);
     Ok(piece)
 }

@@ -7,9 +7,12 @@
 //! what the oracle saw. Needs testdata/qwen3_5-tokenizer (tools/setup-testdata.sh).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use common::root;
 use onepass_decide::pyjson::dumps_compact;
 use onepass_decide::{parse_request, Engine, EngineOptions, Plan};
 use onepass_model::synth;
@@ -20,10 +23,6 @@ use sha2::{Digest, Sha256};
 const TOLERANCE: f64 = 2e-4;
 /// Shared prefix vs whole rows, f32 on the CPU.
 const SHARED_TOLERANCE: f32 = 1e-5;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn fixtures() -> PathBuf {
     root().join("tests/fixtures/systemone/answers")
@@ -47,28 +46,24 @@ struct Case {
 }
 
 fn cases(preset: &str) -> Vec<Case> {
-    let text =
-        std::fs::read_to_string(fixtures().join(format!("{preset}.jsonl"))).expect("fixture");
-    text.lines()
-        .map(|l| {
-            let v: J = serde_json::from_str(l).expect("jsonl");
-            Case {
-                name: v["name"].as_str().unwrap().into(),
-                body: v["body"].as_str().unwrap().into(),
-                response: serde_json::from_str(v["response"].as_str().unwrap()).unwrap(),
-                probs: v["probs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|p| {
-                        p.as_array()
-                            .unwrap()
-                            .iter()
-                            .map(|x| x.as_f64().unwrap())
-                            .collect()
-                    })
-                    .collect(),
-            }
+    common::jsonl(&fixtures().join(format!("{preset}.jsonl")))
+        .into_iter()
+        .map(|v| Case {
+            name: v["name"].as_str().unwrap().into(),
+            body: v["body"].as_str().unwrap().into(),
+            response: serde_json::from_str(v["response"].as_str().unwrap()).unwrap(),
+            probs: v["probs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    p.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap())
+                        .collect()
+                })
+                .collect(),
         })
         .collect()
 }

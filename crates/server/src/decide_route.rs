@@ -4,10 +4,12 @@
 //! Body `{"context": str, "schema": {question: field}}` → one packed state-first row (context capped at 1536 ids,
 //! question text raw, options neutralised when `neutralize_none`) → answers keyed by question in schema order.
 
+use onepass_decide::assemble::argmax;
 use onepass_decide::pyjson::{
-    dumps_compact, obj, py_float, py_repr, py_round, py_str, repr_str, Object, Value,
+    dumps_compact, is_py_space, obj, py_float, py_repr, py_round, py_str, repr_str, Object, Value,
 };
 use onepass_decide::render::QType;
+use onepass_decide::request::validation_error;
 use onepass_decide::rows::{state_first_rows, unique_tokens, Question, MAX_OPTIONS};
 use onepass_decide::{ApiError, DecideConfig, Plan, Row};
 use onepass_tokenizer::Tokenizer;
@@ -77,11 +79,12 @@ fn neutralize_none(cfg: &DecideConfig) -> bool {
 fn validate_body(body: &[u8]) -> Result<(String, Value), ApiError> {
     let v = onepass_decide::request::fastapi_json_body(body)?;
     let Value::Object(mut kw) = v else {
-        return Err(ApiError::validation(vec![error(
+        return Err(ApiError::validation(vec![validation_error(
             "model_attributes_type",
             &[],
             "Input should be a valid dictionary or object to extract fields from",
             v,
+            None,
         )]));
     };
     // `if "schema" in kw: kw["schema_"] = kw.pop("schema")` — an existing `schema_` keeps its position.
@@ -91,35 +94,26 @@ fn validate_body(body: &[u8]) -> Result<(String, Value), ApiError> {
     let context = match kw.get("context") {
         Some(Value::Str(s)) => s.clone(),
         Some(other) => {
-            return Err(ApiError::validation(vec![error(
+            return Err(ApiError::validation(vec![validation_error(
                 "string_type",
                 &["context"],
                 "Input should be a valid string",
                 other.clone(),
+                None,
             )]))
         }
         None => {
-            return Err(ApiError::validation(vec![error(
+            return Err(ApiError::validation(vec![validation_error(
                 "missing",
                 &["context"],
                 "Field required",
                 Value::Object(kw.clone()),
+                None,
             )]))
         }
     };
     let schema = kw.get("schema_").cloned().unwrap_or(Value::Null);
     Ok((context, schema))
-}
-
-fn error(kind: &str, loc: &[&str], msg: &str, input: Value) -> Value {
-    let mut l = vec![Value::str("body")];
-    l.extend(loc.iter().map(|s| Value::str(*s)));
-    obj([
-        ("type", Value::str(kind)),
-        ("loc", Value::Array(l)),
-        ("msg", Value::str(msg)),
-        ("input", input),
-    ])
 }
 
 /// `_check_schema` then `_schema_to_questions`, with `neutralize_options` when `neutralize`. `Err` is the 422 message.
@@ -261,7 +255,7 @@ pub fn neutralize_options(options: &[String]) -> (Vec<String>, Vec<String>) {
     let out: Vec<String> = options
         .iter()
         .map(|o| {
-            let key = o.trim_matches(is_py_strip).to_lowercase();
+            let key = o.trim_matches(is_py_space).to_lowercase(); // `o.strip().lower()`
             if key.starts_with("none of the above")
                 || matches!(key.as_str(), "none" | "n/a" | "none of these")
             {
@@ -280,11 +274,6 @@ pub fn neutralize_options(options: &[String]) -> (Vec<String>, Vec<String>) {
         })
         .collect();
     (out, names)
-}
-
-/// Python `str.strip()` whitespace.
-fn is_py_strip(c: char) -> bool {
-    onepass_decide::pyjson::is_py_space(c)
 }
 
 /// `build(Example(context, qs), max_ctx_tokens=1536)`: one packed state-first row, one slot per question.
@@ -345,12 +334,7 @@ pub fn format(qs: &[DecideQuestion], probs: &[Vec<f32>]) -> Value {
             .map(|&x| x as f64)
             .collect();
         let r4 = |x: f64| Value::Float(py_round(x, 4));
-        let mut j = 0;
-        for (i, &x) in p.iter().enumerate() {
-            if x > p[j] {
-                j = i;
-            }
-        }
+        let j = argmax(&p);
         let ans = match &q.kind {
             FieldKind::Bool => obj([
                 ("noul", r4(p.get(1).copied().unwrap_or(0.0))),

@@ -1,9 +1,10 @@
-//! What the server needs from a model: the tokenizer and config to plan requests, and one batched `score` call.
+//! What the server needs from a model: the tokenizer and config to plan requests (the server plans with its own
+//! `max_state_tokens`, so through [`onepass_decide::plan`]), and one batched `score` call.
 //! A trait so tests can drive the HTTP layer with fakes (a slow engine, an engine that fails or panics);
 //! [`onepass_decide::Engine`] is the real implementation.
 
 use onepass_decide::engine::Backend;
-use onepass_decide::{ApiError, DecideConfig, Engine, Plan, Request};
+use onepass_decide::{DecideConfig, Engine, Plan};
 use onepass_tokenizer::Tokenizer;
 
 /// Probabilities for every slot of every plan: `[plan][slot in row order][option]`.
@@ -15,8 +16,6 @@ pub trait DecideEngine: Send + Sync + 'static {
     fn model_name(&self) -> &str;
     fn config(&self) -> &DecideConfig;
     fn tokenizer(&self) -> &Tokenizer;
-    /// Render + rows, no model work.
-    fn plan(&self, req: &Request) -> Result<Plan, ApiError>;
     /// One call for every plan's rows; an error fails every plan of the call (the batcher then retries them one by
     /// one so a single bad request cannot fail its neighbours).
     fn score(&self, plans: &[&Plan]) -> Result<Scores, String>;
@@ -31,9 +30,6 @@ impl<B: Backend + 'static> DecideEngine for Engine<B> {
     }
     fn tokenizer(&self) -> &Tokenizer {
         Engine::tokenizer(self)
-    }
-    fn plan(&self, req: &Request) -> Result<Plan, ApiError> {
-        Engine::plan(self, req)
     }
     fn score(&self, plans: &[&Plan]) -> Result<Scores, String> {
         Engine::score(self, plans).map_err(|e| e.to_string())

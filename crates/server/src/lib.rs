@@ -286,7 +286,7 @@ async fn with_body<T: Send + 'static>(
     });
     let app = app.clone();
     tokio::task::spawn_blocking(move || {
-        let bytes = body::decode(enc.as_deref(), raw.to_vec(), max)?;
+        let bytes = body::decode(enc.as_deref(), Vec::from(raw), max)?;
         then(&app, bytes)
     })
     .await

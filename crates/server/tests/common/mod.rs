@@ -5,7 +5,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, Request};
 use axum::Router;
 use http_body_util::BodyExt;
-use onepass_decide::{ApiError, DecideConfig, Engine, EngineOptions, Plan};
+use onepass_decide::{DecideConfig, Engine, EngineOptions, Plan};
 use onepass_server::{DecideEngine, Scores, ServerOptions};
 use onepass_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -105,9 +105,6 @@ impl DecideEngine for FakeEngine {
     }
     fn tokenizer(&self) -> &Tokenizer {
         &self.tok
-    }
-    fn plan(&self, req: &onepass_decide::Request) -> Result<Plan, ApiError> {
-        onepass_decide::plan(req, &self.tok, &self.cfg)
     }
     fn score(&self, plans: &[&Plan]) -> Result<Scores, String> {
         self.calls.lock().unwrap().push(plans.len());
