@@ -148,15 +148,13 @@ pub fn attention_tc_with(
     let tiles = max_len.div_ceil(tile_tokens(a));
     let mut lc = cfg(((tiles * splits) as u32, nseg as u32), 128, smem(a) as u32);
     lc.grid_dim.2 = a.kv_heads as u32;
-    let f = g.function("attention_tc")?;
-    launch!(g, f, lc;
+    launch!(g, g.k.attention_tc, lc;
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, d as i32, scale, o, mode,
         splits as i32, max_len as i32, nseg as i32, scratch)?;
     if splits > 1 {
-        let f = g.function("attention_tc_combine")?;
         let mut lc = cfg((max_len as u32, nseg as u32), 64, 0);
         lc.grid_dim.2 = a.heads as u32;
-        launch!(g, f, lc;
+        launch!(g, g.k.attention_tc_combine, lc;
             proj, ld as i32, segs, a.heads as i32, a.kv_heads as i32, d as i32, o, mode,
             splits as i32, max_len as i32, nseg as i32, scratch)?;
     }

@@ -9,7 +9,7 @@
 //! otherwise leave multiprocessors idle (a prefix, a few suffixes).
 
 use crate::launch;
-use crate::ops::{GdnDims, GDN_CHUNK};
+use crate::ops::{self, GdnDims, GDN_CHUNK};
 use crate::runtime::{cfg, Gpu};
 use crate::CudaError;
 
@@ -61,18 +61,8 @@ pub fn gdn_tc_prep(
     max_len: usize,
     scratch: u64,
 ) -> Result<(), CudaError> {
-    let sms = g
-        .ctx
-        .attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )
-        .map_err(|err| CudaError::Driver {
-            op: "multiprocessor count",
-            err,
-        })?
-        .max(1) as usize;
     let blocks = max_len.div_ceil(GDN_CHUNK).max(1) * nseg.max(1) * d.hv;
-    let nslice = gdn_tc_prep_slices(d, blocks, sms);
+    let nslice = gdn_tc_prep_slices(d, blocks, g.sms);
     gdn_tc_prep_sliced(
         g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch, nslice,
     )
@@ -116,15 +106,14 @@ pub fn gdn_tc_prep_sliced(
     if nseg == 0 || max_len == 0 {
         return Ok(());
     }
-    let f = g.function("gdn_tc_prep")?;
-    let (u, w, m, e) = crate::ops::gdn_wy_parts(d, rows, scratch);
+    let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
     let mut lc = cfg(
-        (max_len.div_ceil(GDN_CHUNK) as u32, nseg as u32),
+        (ops::blocks(max_len, GDN_CHUNK), nseg as u32),
         THREADS,
         smem as u32,
     );
     lc.grid_dim.2 = (d.hv * nslice) as u32;
-    launch!(g, f, lc;
+    launch!(g, g.k.gdn_tc_prep, lc;
         qkv, ld as i32, gg, beta, segs, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, nslice as i32,
         u, w, m, e)
 }

@@ -82,21 +82,19 @@ pub fn gdn_tc_state(
     if nseg == 0 {
         return Ok(());
     }
-    let name = match dvs {
-        8 => "gdn_tc_state_8",
-        16 => "gdn_tc_state_16",
-        32 => "gdn_tc_state_32",
-        _ => "gdn_tc_state_64",
-    };
-    let f = g.function(name)?;
+    // gdn_tc_supported holds dvs to one of GDN_TC_SLICES (the kernels of Gpu::k.gdn_tc_state, in that order).
+    let slice = GDN_TC_SLICES
+        .iter()
+        .position(|&s| s == dvs)
+        .unwrap_or(GDN_TC_SLICES.len() - 1);
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
     // 16-byte tile copies need 16-byte aligned tile rows: W and M bases, q and k rows (ld) and heads (dk).
     let vec = d.dk.is_multiple_of(4)
         && ld.is_multiple_of(4)
         && [qkv, w, m].iter().all(|a| a.is_multiple_of(16));
     let mut lc = cfg((d.hv as u32, nseg as u32), 256, gdn_tc_smem(d, dvs) as u32);
-    lc.grid_dim.2 = d.dv.div_ceil(dvs) as u32;
-    launch!(g, f, lc;
+    lc.grid_dim.2 = ops::blocks(d.dv, dvs);
+    launch!(g, g.k.gdn_tc_state[slice], lc;
         qkv, ld as i32, u, w, m, e, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32,
         vec as i32)
 }

@@ -121,7 +121,6 @@ impl Drop for LtHandle {
 struct LtCtx {
     handle: LtHandle,
     workspace: CudaSlice<u8>,
-    sms: usize,
 }
 
 impl LtCtx {
@@ -143,18 +142,7 @@ impl LtCtx {
         let workspace = g
             .alloc::<u8>(WORKSPACE_BYTES)
             .map_err(|e| format!("cuBLASLt workspace: {e}"))?;
-        let sms = g
-            .ctx
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-            .map_err(|e| format!("SM count: {e}"))?
-            .max(1) as usize;
-        Ok(LtCtx {
-            handle,
-            workspace,
-            sms,
-        })
+        Ok(LtCtx { handle, workspace })
     }
 }
 
@@ -615,6 +603,7 @@ fn split_k_variants(ctx: &LtCtx, p: &Problem, base: &Algo, k: usize) -> Vec<Algo
 }
 
 fn candidates_for(
+    g: &Gpu,
     ctx: &LtCtx,
     p: &Problem,
     align: [u32; 3],
@@ -627,7 +616,7 @@ fn candidates_for(
         .into_iter()
         .filter(|a| a.admits(align))
         .collect();
-    if n.div_ceil(128) * t.div_ceil(128) < ctx.sms {
+    if n.div_ceil(128) * t.div_ceil(128) < g.sms {
         let bases: Vec<Algo> = out.iter().take(SPLIT_K_BASES).copied().collect();
         for b in &bases {
             for v in split_k_variants(ctx, p, b, k) {
@@ -654,7 +643,7 @@ pub fn lt_candidates(
 ) -> Result<Vec<Algo>, CudaError> {
     let ctx = lt_ctx(g)?;
     let p = Problem::bf16(t, n, k, ldy)?;
-    candidates_for(ctx, &p, [align_of(w), align_of(x), align_of(y)], t, n, k)
+    candidates_for(g, ctx, &p, [align_of(w), align_of(x), align_of(y)], t, n, k)
 }
 
 /// `y = x · wᵀ + beta · y` with one given Lt algorithm (bf16 x and w); fails when cuBLASLt rejects it.
@@ -777,8 +766,8 @@ fn capturing(g: &Gpu) -> bool {
 
 /// Under stream capture, an untuned problem runs the heuristic's first algorithm (host-side queries
 /// only), cached for nothing: the next uncaptured call tunes it.
-fn untimed(ctx: &LtCtx, p: &Problem, key: &Key, t: usize) -> Choice {
-    match candidates_for(ctx, p, key.align, t, key.n, key.k) {
+fn untimed(g: &Gpu, ctx: &LtCtx, p: &Problem, key: &Key, t: usize) -> Choice {
+    match candidates_for(g, ctx, p, key.align, t, key.n, key.k) {
         Ok(c) if !c.is_empty() => Choice::Lt(c[0]),
         _ => Choice::Ex,
     }
@@ -835,7 +824,7 @@ pub fn gemm_lt(
                             g,
                             ctx,
                             &p,
-                            untimed(ctx, &p, &key, t),
+                            untimed(g, ctx, &p, &key, t),
                             x,
                             t,
                             k,
@@ -863,7 +852,7 @@ pub fn gemm_lt(
                 c
             }
             // Not cached: the next uncaptured call tunes this key.
-            None if capturing(g) => untimed(ctx, &p, &key, t),
+            None if capturing(g) => untimed(g, ctx, &p, &key, t),
             None => {
                 let (c, us, summary) = tune(g, ctx, &p, &key, t, x, w, y)?;
                 if st.log {
@@ -982,7 +971,7 @@ fn tune(
 ) -> Result<(Choice, f32, String), CudaError> {
     let (n, k, ldy) = (key.n, key.k, key.ldy);
     let beta = if key.accumulate { 1.0f32 } else { 0.0 };
-    let cands = candidates_for(ctx, p, key.align, t, n, k).unwrap_or_default();
+    let cands = candidates_for(g, ctx, p, key.align, t, n, k).unwrap_or_default();
     if cands.is_empty() {
         return Ok((Choice::Ex, f32::NAN, "no Lt candidates".into()));
     }

@@ -964,16 +964,6 @@ extern "C" __global__ void add_inplace(float* x, const float* y, int n) {
     if (i < n) x[i] += y[i];
 }
 
-// f32 to two bf16 planes: hi = bf16(x), lo = bf16(x - hi), so hi + lo carries x to about 2^-16 relative (n values).
-extern "C" __global__ void split_bf16(const float* x, bf16_t* hi, bf16_t* lo, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        bf16_t h = f2bf(x[i]);
-        hi[i] = h;
-        lo[i] = f2bf(x[i] - bf2f(h));
-    }
-}
-
 // f32 to bf16 (n values).
 extern "C" __global__ void to_bf16(const float* x, bf16_t* y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -45,9 +45,6 @@ pub enum Precision {
     F32,
 }
 
-/// Tokens per chunk of the chunked gated delta rule (as on the CPU).
-pub const CHUNK: usize = ops::GDN_CHUNK;
-
 /// A device buffer with its address.
 struct Dev<T> {
     /// Owns the memory `ptr` points into.
@@ -195,6 +192,8 @@ struct AttnLayer {
     inv_freq: Dev<f32>,
     a: AttnDims,
     eps: f32,
+    /// Runs `attention_tc` (else `attention_tiled`: ONEPASS_ATTN=tiled, or dims the tensor-core kernel does not take).
+    tc: bool,
 }
 
 impl AttnLayer {
@@ -396,8 +395,6 @@ pub struct CudaModel {
     graphs: Mutex<GraphCache>,
     /// The gated delta rule on tensor cores (ONEPASS_GDN=wy: the f32 SIMT kernels).
     gdn_tc: bool,
-    /// Attention on tensor cores (ONEPASS_ATTN=tiled: the f32 SIMT kernel).
-    attn_tc: bool,
     /// CUDA graphs for repeated shapes (ONEPASS_CUDA_GRAPHS=0 turns them off; a failed capture too).
     use_graphs: std::sync::atomic::AtomicBool,
 }
@@ -479,6 +476,7 @@ impl CudaModel {
         } else {
             Some(up(&[w.lm_head])?)
         };
+        let attn_tc = std::env::var("ONEPASS_ATTN").map_or(true, |v| v != "tiled");
         let mut layers = Vec::with_capacity(w.layers.len());
         let mut rec_len = 0usize;
         let mut kv_rows = Vec::new();
@@ -518,6 +516,12 @@ impl CudaModel {
                 }
                 MixerView::Attention(v) => {
                     kv_rows.push(v.kv_heads * v.head_dim);
+                    let a = AttnDims {
+                        heads: v.heads,
+                        kv_heads: v.kv_heads,
+                        head_dim: v.head_dim,
+                        half: v.inv_freq.len(),
+                    };
                     Mixer::Attn(AttnLayer {
                         w_in: up(&[v.q, v.k, v.v])?,
                         w_o: up(&[v.o])?,
@@ -531,13 +535,9 @@ impl CudaModel {
                                 v.inv_freq
                             },
                         )?,
-                        a: AttnDims {
-                            heads: v.heads,
-                            kv_heads: v.kv_heads,
-                            head_dim: v.head_dim,
-                            half: v.inv_freq.len(),
-                        },
+                        a,
                         eps: v.eps,
+                        tc: attn_tc && crate::attn_tc::attention_tc_supported(g, a),
                     })
                 }
             };
@@ -588,7 +588,6 @@ impl CudaModel {
             arena: Mutex::new(None),
             graphs: Mutex::new(GraphCache::default()),
             gdn_tc: std::env::var("ONEPASS_GDN").map_or(true, |v| v != "wy"),
-            attn_tc: std::env::var("ONEPASS_ATTN").map_or(true, |v| v != "tiled"),
             use_graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("ONEPASS_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
@@ -913,8 +912,7 @@ impl CudaModel {
         let nseg = items.len();
         if self.profiling() {
             // Hold the GPU (~20 ms at 2 GHz) while this forward is queued: the events then time GPU work only.
-            let f = self.gpu.function("spin_wait")?;
-            crate::launch!(&*self.gpu, f, crate::runtime::cfg((1, 1), 1, 0); 40_000_000i64)?;
+            crate::launch!(g, g.k.spin_wait, crate::runtime::cfg((1, 1), 1, 0); 40_000_000i64)?;
         }
         self.mark("start")?;
         for (st, seq) in items.iter_mut() {
@@ -1036,17 +1034,13 @@ impl CudaModel {
 
     /// f32 values of key-split scratch the tensor-core attention needs for this shape (0 with `ONEPASS_ATTN=tiled`).
     fn attn_scratch(&self, s: Shape) -> usize {
-        if !self.attn_tc {
-            return 0;
-        }
         self.layers
             .iter()
             .map(|l| match &l.mixer {
-                Mixer::Attn(m) if crate::attn_tc::attention_tc_supported(&self.gpu, m.a) => {
+                Mixer::Attn(m) if m.tc => {
                     crate::attn_tc::attention_tc_scratch(s.nseg, s.max_len, m.a)
                 }
-                Mixer::Attn(_) => 0,
-                Mixer::Gdn(_) => 0,
+                _ => 0,
             })
             .max()
             .unwrap_or(0)
@@ -1162,36 +1156,6 @@ impl CudaModel {
         }
     }
 
-    /// The chunked gated delta rule: the WY pre-pass and the state pass on tensor cores (3xTF32, f32 state),
-    /// or the f32 SIMT kernels when `ONEPASS_GDN=wy` or the head dims are outside the tensor-core kernels'.
-    #[allow(clippy::too_many_arguments)]
-    fn gdn_chunked(
-        &self,
-        qkv: u64,
-        ld: usize,
-        gg: u64,
-        beta: u64,
-        out: u64,
-        segs: u64,
-        states: u64,
-        nseg: usize,
-        d: GdnDims,
-        rows: usize,
-        max_len: usize,
-        scratch: u64,
-    ) -> Result<(), CudaError> {
-        let g = &*self.gpu;
-        if self.gdn_tc {
-            crate::gdn_tc::gdn_tc_chunked(
-                g, qkv, ld, gg, beta, out, segs, states, nseg, d, rows, max_len, scratch,
-            )
-        } else {
-            ops::gdn_chunked_wy(
-                g, qkv, ld, gg, beta, out, segs, states, nseg, d, rows, max_len, scratch,
-            )
-        }
-    }
-
     /// `out = rms_norm(x) · final_norm` for `n` rows (f32).
     fn final_norm(&self, p: &FwdPtrs, n: usize, out: &CudaSlice<f32>) -> Result<(), CudaError> {
         let o = Out::F32(self.gpu.ptr(out));
@@ -1296,8 +1260,16 @@ impl CudaModel {
                         ops::gdn_step(g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d)?;
                         self.mark("gdn step")?;
                     } else {
-                        self.gdn_chunked(
-                            midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, n, max_len, wyp,
+                        // The WY pre-pass and the state pass on tensor cores (3xTF32, f32 state; the SIMT kernels
+                        // for head dims they do not take), or the f32 SIMT pair with ONEPASS_GDN=wy.
+                        let chunked = if self.gdn_tc {
+                            crate::gdn_tc::gdn_tc_chunked
+                        } else {
+                            ops::gdn_chunked_wy
+                        };
+                        chunked(
+                            g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, n, max_len,
+                            wyp,
                         )?;
                         self.mark("gdn chunked")?;
                     }
@@ -1341,7 +1313,7 @@ impl CudaModel {
                     self.mark("attn prep")?;
                     let scale = 1.0 / (a.head_dim as f32).sqrt();
                     let out = self.act(hbp, n, a.heads * a.head_dim);
-                    if self.attn_tc && crate::attn_tc::attention_tc_supported(g, a) {
+                    if m.tc {
                         crate::attn_tc::attention_tc(
                             g, midp, pp, pw, segs_p, kv_p, nseg, max_len, a, scale, out, p.attn,
                         )?;
@@ -1415,34 +1387,26 @@ impl CudaModel {
     pub fn logits(&self, h: &CudaHidden) -> Result<Vec<f32>, CudaError> {
         let g = &*self.gpu;
         let out: CudaSlice<f32> = g.alloc(h.rows * self.vocab)?;
-        match self.prec {
+        // The GEMM input in the head's dtype: the hidden rows rounded to bf16, or as they are (f32).
+        let hb: Option<CudaSlice<u16>> = match self.prec {
             Precision::Bf16 | Precision::Bf16Split => {
-                let hb: CudaSlice<u16> = g.alloc(h.rows * h.hid)?;
+                let hb = g.alloc(h.rows * h.hid)?;
                 ops::to_bf16(g, g.ptr(&h.buf), g.ptr(&hb), h.rows * h.hid)?;
-                self.gpu.gemm(
-                    g.ptr(&hb),
-                    h.rows,
-                    h.hid,
-                    self.head(),
-                    self.vocab,
-                    g.ptr(&out),
-                    self.vocab,
-                    0.0,
-                )?;
+                Some(hb)
             }
-            Precision::F32 => {
-                self.gpu.gemm(
-                    g.ptr(&h.buf),
-                    h.rows,
-                    h.hid,
-                    self.head(),
-                    self.vocab,
-                    g.ptr(&out),
-                    self.vocab,
-                    0.0,
-                )?;
-            }
-        }
+            Precision::F32 => None,
+        };
+        let x = hb.as_ref().map_or(g.ptr(&h.buf), |b| g.ptr(b));
+        g.gemm(
+            x,
+            h.rows,
+            h.hid,
+            self.head(),
+            self.vocab,
+            g.ptr(&out),
+            self.vocab,
+            0.0,
+        )?;
         g.download(&out, h.rows * self.vocab)
     }
 }

@@ -9,7 +9,8 @@ use crate::CudaError;
 /// Threads per block for row-wise ops.
 const ROW_THREADS: u32 = 256;
 
-fn blocks(n: usize, per: usize) -> u32 {
+/// Blocks of `per` items that cover `n` (a grid dimension).
+pub(crate) fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
 }
 
@@ -129,6 +130,17 @@ pub fn gdn_gates(
         proj, ld as i32, off_a as i32, off_b as i32, neg_a, dt_bias, hv as i32, n as i32, gout, beta)
 }
 
+/// The conv kernels keep the K-1 previous inputs in registers: K in 2..=8.
+fn check_conv_kernel(kernel: usize) -> Result<(), CudaError> {
+    if (2..=8).contains(&kernel) {
+        Ok(())
+    } else {
+        Err(CudaError::Unsupported(format!(
+            "conv kernel {kernel} (2..=8 supported)"
+        )))
+    }
+}
+
 /// Causal depthwise conv + SiLU per segment. x: [N, ld] (channels 0..cd); out: [N, cd]; w: [cd, K];
 /// segs: [S, 3] i32; states: [S] addresses of [K-1, cd] f32.
 pub fn conv1d_silu(
@@ -143,11 +155,7 @@ pub fn conv1d_silu(
     states: u64,
     nseg: usize,
 ) -> Result<(), CudaError> {
-    if !(2..=8).contains(&kernel) {
-        return Err(CudaError::Unsupported(format!(
-            "conv kernel {kernel} (2..=8 supported)"
-        )));
-    }
+    check_conv_kernel(kernel)?;
     launch!(g, g.k.conv1d_silu, cfg((blocks(cd, 128), nseg as u32), 128, 0);
         x, ld as i32, out, w, kernel as i32, cd as i32, segs, states)
 }
@@ -198,7 +206,7 @@ pub fn gdn_chunked(
         )));
     }
     let mut lc = cfg((d.hv as u32, nseg as u32), 256, smem as u32);
-    lc.grid_dim.2 = d.dv.div_ceil(dvs) as u32;
+    lc.grid_dim.2 = blocks(d.dv, dvs);
     launch!(g, g.k.gdn_chunked, lc;
         qkv, ld as i32, gg, beta, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, c as i32, dvs as i32)
 }
@@ -325,7 +333,7 @@ pub fn gdn_wy_state(
     let (_, smem) = gdn_wy_fits(g, d, dvs)?;
     let (u, w, m, e) = gdn_wy_parts(d, rows, scratch);
     let mut lc = cfg((d.hv as u32, nseg as u32), 256, smem as u32);
-    lc.grid_dim.2 = d.dv.div_ceil(dvs) as u32;
+    lc.grid_dim.2 = blocks(d.dv, dvs);
     launch!(g, g.k.gdn_wy_state, lc;
         qkv, ld as i32, u, w, m, e, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, dvs as i32)
 }
@@ -354,17 +362,12 @@ pub fn gdn_conv_prep(
     gout: u64,
     beta: u64,
 ) -> Result<(), CudaError> {
-    if !(2..=8).contains(&kernel) {
-        return Err(CudaError::Unsupported(format!(
-            "conv kernel {kernel} (2..=8 supported)"
-        )));
-    }
+    check_conv_kernel(kernel)?;
     let (off_a, off_b, neg_a, dt_bias) = gates;
     if d.dk <= 256 && cd >= 2 * d.hk * d.dk {
         // One warp per channel group (fused.cu gdn_conv_prep_w): the same arithmetic, far more parallel.
         let groups = 2 * d.hk + (cd - 2 * d.hk * d.dk).div_ceil(128);
-        let f = g.function("gdn_conv_prep_w")?;
-        launch!(g, f, cfg((n as u32, groups.div_ceil(4) as u32), 128, 0);
+        launch!(g, g.k.gdn_conv_prep_w, cfg((n as u32, blocks(groups, 4)), 128, 0);
             x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, d.hk as i32, d.dk as i32, scale,
             off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
     } else {
@@ -513,11 +516,6 @@ pub fn to_bf16(g: &Gpu, x: u64, y: u64, n: usize) -> Result<(), CudaError> {
     launch!(g, g.k.to_bf16, cfg((blocks(n, 256), 1), 256, 0); x, y, n as i32)
 }
 
-/// f32 → hi, lo bf16 planes with hi + lo ≈ x (n values).
-pub fn split_bf16(g: &Gpu, x: u64, hi: u64, lo: u64, n: usize) -> Result<(), CudaError> {
-    launch!(g, g.k.split_bf16, cfg((blocks(n, 256), 1), 256, 0); x, hi, lo, n as i32)
-}
-
 /// out[p] = hidden[pairs[p].0] · head[pairs[p].1]. pairs: [P, 2] i32.
 pub fn rows_dot(
     g: &Gpu,
@@ -548,8 +546,7 @@ pub fn add2_rms_norm(
     ldo: usize,
 ) -> Result<(), CudaError> {
     let (o, mode) = out.parts();
-    let k = g.function("add2_rms_norm")?;
-    launch!(g, k, cfg((rows as u32, 1), ROW_THREADS, 0); x, ldx as i32, f, lo as i64, gain, eps, dim as i32, o, mode, ldo as i32)
+    launch!(g, g.k.add2_rms_norm, cfg((rows as u32, 1), ROW_THREADS, 0); x, ldx as i32, f, lo as i64, gain, eps, dim as i32, o, mode, ldo as i32)
 }
 
 /// [`swiglu`] of `gu[..N] + gu[N..]` (gu: [2N, 2I], the second half `lo` values after the first).
@@ -562,6 +559,5 @@ pub fn swiglu2(
     out: Out,
 ) -> Result<(), CudaError> {
     let (o, mode) = out.parts();
-    let k = g.function("swiglu2")?;
-    launch!(g, k, cfg((blocks(n * inter, 256), 1), 256, 0); gu, inter as i32, n as i32, lo as i64, o, mode)
+    launch!(g, g.k.swiglu2, cfg((blocks(n * inter, 256), 1), 256, 0); gu, inter as i32, n as i32, lo as i64, o, mode)
 }

@@ -7,14 +7,13 @@
 //! Everything runs on one stream; the context's per-buffer event tracking is switched off (one
 //! stream needs none), so buffers are passed to kernels as raw device addresses.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
 };
 pub use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, Ptx};
@@ -32,7 +31,7 @@ pub const KERNELS_CU: &str = concat!(
 
 const NVRTC_OPTS: &[&str] = &["--std=c++17"];
 
-/// The kernels by name.
+/// The kernels, loaded once when the [`Gpu`] opens (a launch never looks a kernel up by name).
 pub struct Kernels {
     pub embed_gather: CudaFunction,
     pub rms_norm: CudaFunction,
@@ -52,8 +51,18 @@ pub struct Kernels {
     pub swiglu: CudaFunction,
     pub add_inplace: CudaFunction,
     pub to_bf16: CudaFunction,
-    pub split_bf16: CudaFunction,
     pub rows_dot: CudaFunction,
+    // fused.cu
+    pub add2_rms_norm: CudaFunction,
+    pub swiglu2: CudaFunction,
+    pub gdn_conv_prep_w: CudaFunction,
+    pub spin_wait: CudaFunction,
+    // The tensor-core files.
+    pub gdn_tc_prep: CudaFunction,
+    /// `gdn_tc_state_<BV>`, one per slice width of [`crate::gdn_tc::GDN_TC_SLICES`], in that order.
+    pub gdn_tc_state: [CudaFunction; 4],
+    pub attention_tc: CudaFunction,
+    pub attention_tc_combine: CudaFunction,
 }
 
 /// A device with the onepass kernels loaded.
@@ -66,9 +75,8 @@ pub struct Gpu {
     pub arch: String,
     /// Largest dynamic shared memory one block may opt into (bytes).
     pub max_smem: usize,
-    module: Arc<CudaModule>,
-    /// Functions looked up by name (see [`Gpu::function`]).
-    by_name: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Multiprocessors (grid sizing of the launchers, GEMM split-K candidates).
+    pub sms: usize,
     /// GEMM path, cuBLASLt handle and workspace (made at first use), tuned algorithms ([`crate::gemm`]).
     pub(crate) gemm_state: crate::gemm::GemmState,
 }
@@ -154,7 +162,30 @@ impl Gpu {
         let arch = format!("compute_{maj}{min}");
         let ptx = ptx_for(&arch)?;
         let module = ctx.load_module(ptx).op("load module")?;
-        let f = |name: &'static str| module.load_function(name).op("load function");
+        let max_smem = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .op("shared memory limit")? as usize;
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .op("multiprocessor count")?
+            .max(1) as usize;
+        let f = |name: &str| module.load_function(name).op("load function");
+        // Kernels whose dynamic shared memory may pass the 48 KB default: the limit raised to the device's opt-in
+        // maximum, less the kernel's static shared memory (the opt-in maximum counts both). Every kernel after
+        // kernels.cu is loaded this way.
+        let big = |name: &str| -> Result<CudaFunction, CudaError> {
+            let k = f(name)?;
+            let fixed = k
+                .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                .op("static shared memory")?;
+            k.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                (max_smem as i32 - fixed).max(0),
+            )
+            .op("shared memory limit")?;
+            Ok(k)
+        };
+        let [s0, s1, s2, s3] = crate::gdn_tc::GDN_TC_SLICES;
         let k = Kernels {
             embed_gather: f("embed_gather")?,
             rms_norm: f("rms_norm")?,
@@ -162,36 +193,33 @@ impl Gpu {
             qk_l2norm: f("qk_l2norm")?,
             gdn_gates: f("gdn_gates")?,
             conv1d_silu: f("conv1d_silu")?,
-            gdn_chunked: f("gdn_chunked")?,
-            gdn_wy_prep: f("gdn_wy_prep")?,
-            gdn_wy_state: f("gdn_wy_state")?,
+            gdn_chunked: big("gdn_chunked")?,
+            gdn_wy_prep: big("gdn_wy_prep")?,
+            gdn_wy_state: big("gdn_wy_state")?,
             gdn_conv_prep: f("gdn_conv_prep")?,
             gdn_conv_state: f("gdn_conv_state")?,
             gdn_step: f("gdn_step")?,
             attn_prep: f("attn_prep")?,
             attention: f("attention")?,
-            attention_tiled: f("attention_tiled")?,
+            attention_tiled: big("attention_tiled")?,
             swiglu: f("swiglu")?,
             add_inplace: f("add_inplace")?,
             to_bf16: f("to_bf16")?,
-            split_bf16: f("split_bf16")?,
             rows_dot: f("rows_dot")?,
+            add2_rms_norm: big("add2_rms_norm")?,
+            swiglu2: big("swiglu2")?,
+            gdn_conv_prep_w: big("gdn_conv_prep_w")?,
+            spin_wait: big("spin_wait")?,
+            gdn_tc_prep: big("gdn_tc_prep")?,
+            gdn_tc_state: [
+                big(&format!("gdn_tc_state_{s0}"))?,
+                big(&format!("gdn_tc_state_{s1}"))?,
+                big(&format!("gdn_tc_state_{s2}"))?,
+                big(&format!("gdn_tc_state_{s3}"))?,
+            ],
+            attention_tc: big("attention_tc")?,
+            attention_tc_combine: big("attention_tc_combine")?,
         };
-        let max_smem = ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .op("shared memory limit")? as usize;
-        for (kf, what) in [
-            (&k.gdn_chunked, "gdn_chunked shared memory"),
-            (&k.gdn_wy_prep, "gdn_wy_prep shared memory"),
-            (&k.gdn_wy_state, "gdn_wy_state shared memory"),
-            (&k.attention_tiled, "attention_tiled shared memory"),
-        ] {
-            kf.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                max_smem as i32,
-            )
-            .op(what)?;
-        }
         let name = ctx.name().op("device name")?;
         Ok(Arc::new(Gpu {
             ctx,
@@ -201,33 +229,9 @@ impl Gpu {
             name,
             arch,
             max_smem,
-            module,
-            by_name: Mutex::new(HashMap::new()),
+            sms,
             gemm_state: crate::gemm::GemmState::from_env(),
         }))
-    }
-
-    /// A kernel of the module by name, loaded on first use, its dynamic shared memory limit raised to the
-    /// device's opt-in maximum (less its static shared memory). For kernels outside [`Kernels`] (the files after `kernels.cu`).
-    pub fn function(&self, name: &'static str) -> Result<CudaFunction, CudaError> {
-        let mut map = self.by_name.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = map.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self.module.load_function(name).op("load function")?;
-        // The opt-in maximum counts static shared memory too.
-        let fixed = f
-            .get_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-            )
-            .op("static shared memory")?;
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            (self.max_smem as i32 - fixed).max(0),
-        )
-        .op("shared memory limit")?;
-        map.insert(name, f.clone());
-        Ok(f)
     }
 
     /// Uninitialised device memory for `n` values.
