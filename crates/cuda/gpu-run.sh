@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device run over .devcarry/pack.tar.gz (made by crates/cuda/gpu-pack.sh): phases named in $1 (default
 # "tests bench"): tests (every GPU test executable, ONEPASS_CUDA_TESTS=1; ONEPASS_CUDA_BENCH=1 adds the kernel
-# timing tables), bench (System One on the 0.8B shape: split, bf16, split without CUDA graphs), b2b (the 2B shape),
+# timing tables), bench (System One on the 0.8B shape: split, bf16; with "twopass" also split with prefixes and
+# suffixes as two forwards, ONEPASS_TREE=0; with "nograph" split without CUDA graphs), b2b (the 2B shape),
 # decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
 # load through `onepass serve --device cuda`). Logs: $OUT/tests.log, $OUT/bench.log, $OUT/bench.jsonl, $OUT/http.*.
 set -uo pipefail
@@ -39,6 +40,9 @@ if [[ $WHAT == *bench* ]]; then
   for P_ in ${PRECS:-split bf16}; do
     bench "0.8B $P_" --device cuda --gpu-precision $P_ --model /tmp/q08 --reps 30 --batch-reps 2
   done
+  if [[ $WHAT == *twopass* ]]; then
+    ONEPASS_TREE=0 bench "0.8B split, prefix and suffixes as two forwards" --device cuda --gpu-precision split --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
+  fi
   if [[ $WHAT == *nograph* ]]; then
     ONEPASS_CUDA_GRAPHS=0 bench "0.8B split, no CUDA graphs" --device cuda --gpu-precision split --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
   fi

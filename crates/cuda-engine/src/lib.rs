@@ -3,8 +3,11 @@
 //! Why this crate exists: `onepass-decide` runs System One over any [`Backend`] and never names a device;
 //! `onepass-cuda` knows kernels and device state but nothing of decisions. This crate is the seam: [`CudaBackend`]
 //! is `onepass_cuda::CudaModel` as a [`Backend`], so [`Engine::score`](onepass_decide::Engine::score) runs each
-//! plan's shared prefix once on the GPU, forks its device state per row (recurrent state copied, KV caches shared),
-//! runs every suffix of every plan in one batched forward and reads only the label rows back.
+//! plan's shared prefix once on the GPU and every suffix of every plan after it, reading only the label rows back.
+//! When the call fits one forward, prefixes and suffixes run in that one forward (`CudaModel::forward_tree`: each
+//! layer's mixers continue the prefix's state for the suffixes inside the layer, so the weights are read once);
+//! otherwise the prefixes run first and their device state is forked per row (recurrent state copied, KV caches
+//! shared) for one batched forward of the suffixes.
 //!
 //! GPU memory for sequence state and forward scratch is bounded by [`CudaOptions::memory_budget_bytes`]: passing it
 //! fails that `score` call with an error (the server answers that request 500), it never aborts the process.
@@ -138,6 +141,16 @@ impl Backend for CudaBackend {
     ) -> Result<CudaHidden, CudaError> {
         let _g = self.guard()?;
         self.model.forward_batch(items)
+    }
+
+    /// Prefixes and suffixes in one forward ([`CudaModel::forward_tree`]): every weight read once per request.
+    fn forward_tree(
+        &self,
+        roots: &mut [(&mut CudaState, &[u32])],
+        children: &[(usize, &[u32])],
+    ) -> Result<Option<(CudaHidden, Vec<CudaState>)>, CudaError> {
+        let _g = self.guard()?;
+        self.model.forward_tree(roots, children)
     }
 
     fn label_logits(

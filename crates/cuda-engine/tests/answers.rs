@@ -194,22 +194,40 @@ fn gpu_answers_match_cpu_engine() {
         );
         for (prec, max_tol, mean_tol) in if dtype.is_some() { bf16_ck } else { f32_ck } {
             let gpu = gpu_engine(dir.path(), prec, 4 << 30);
+            let m = gpu.model().model();
+            let trees = m.tree_forwards();
             let got = alone(&gpu, &ps);
+            // Every request with a shared prefix ran prefix and suffixes in one forward.
+            if m.tree_forwards() == trees {
+                fails.push(format!(
+                    "{preset} {prec:?}: no request took the one-forward tree"
+                ));
+            }
             let mut d = Diff::default();
             d.add(&got, &want);
             // Batch invariance: all requests in one call against each alone, on the GPU.
             let mut inv = Diff::default();
             inv.add(&together(&gpu, &ps), &got);
+            // The two-pass path (prefix forward, forks, suffix forward) against the tree.
+            m.set_tree(false);
+            let mut two = Diff::default();
+            two.add(&alone(&gpu, &ps), &got);
+            m.set_tree(true);
             eprintln!(
                 "{preset} {prec:?}: {} slots, max|dp| {:.3e} (bar {max_tol:.0e}), mean|dp| {:.3e} (bar {mean_tol:.0e}), \
-                 argmax differs {} (+{} near-ties); batched vs alone: max|dp| {:.3e}, mean {:.3e}, argmax differs {}",
-                d.slots, d.max, d.mean(), d.argmax_diff, d.near_ties, inv.max, inv.mean(), inv.argmax_diff
+                 argmax differs {} (+{} near-ties); batched vs alone: max|dp| {:.3e}, mean {:.3e}, argmax differs {}; \
+                 two passes vs one: max|dp| {:.3e}, mean {:.3e}, argmax differs {}",
+                d.slots, d.max, d.mean(), d.argmax_diff, d.near_ties, inv.max, inv.mean(), inv.argmax_diff,
+                two.max, two.mean(), two.argmax_diff
             );
             if d.max > max_tol || d.mean() > mean_tol || d.argmax_diff > 0 {
                 fails.push(format!("{preset} {prec:?} vs CPU: {d:?}"));
             }
             if inv.max > max_tol || inv.argmax_diff > 0 {
                 fails.push(format!("{preset} {prec:?} batched vs alone: {inv:?}"));
+            }
+            if two.max > max_tol || two.argmax_diff > 0 {
+                fails.push(format!("{preset} {prec:?} two passes vs one: {two:?}"));
             }
         }
     }

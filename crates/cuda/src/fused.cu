@@ -43,18 +43,19 @@ extern "C" __global__ void swiglu2(const float* __restrict__ gu, int inter, int 
 
 // The Gated DeltaNet mixer inputs, one warp per channel group of one token: the q and k heads (dk channels each,
 // L2-normalised; q also times `scale`) and the v channels in groups of 128; depthwise causal conv1d + SiLU as
-// gdn_conv_prep (the K-1 inputs before a segment from its conv state, taps summed in the same order), the norms
-// with the same per-lane order and shuffle reduction (so the result equals gdn_conv_prep's bit for bit), and the
-// gates (block y 0, warp 0). Many small blocks instead of one block per token: every load of a warp in flight
-// at once. grid (N, ceil(groups / 4)), block 128; needs dk <= 256. gdn_conv_state then advances the states.
+// gdn_conv_prep (the K-1 inputs before a segment from its conv state or parent rows, taps summed in the same order),
+// the norms with the same per-lane order and shuffle reduction (so the result equals gdn_conv_prep's bit for bit),
+// and the gates (block y 0, warp 0). Many small blocks instead of one block per token: every load of a warp in
+// flight at once. grid (N, ceil(groups / 4)), block 128; needs dk <= 256. gdn_conv_state then advances the states.
 extern "C" __global__ void gdn_conv_prep_w(const float* __restrict__ x, int ld, float* __restrict__ out,
                                            const float* __restrict__ w, int K, int cd, const int* seg,
-                                           const int* tok, const u64* states, int hk, int dk, float scale,
+                                           const int* tok, const u64* states, const int* par, int hk, int dk,
+                                           float scale,
                                            int off_a, int off_b, const float* neg_a, const float* dt_bias, int hv,
                                            float* g, float* beta) {
     int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int s = tok[2 * n];
-    int start = seg[3 * s], t = n - start;
+    int start = seg[3 * s], t = n - start, pend = conv_parent_end(seg, par, s);
     const float* st = (const float*)states[s];
     if (blockIdx.y == 0 && warp == 0) {
         for (int h = lane; h < hv; h += 32) {
@@ -89,7 +90,9 @@ extern "C" __global__ void gdn_conv_prep_w(const float* __restrict__ x, int ld, 
             for (int j = 0; j < 8; j++) {
                 if (j < K) {
                     int tau = t - (K - 1) + j;
-                    float xv = tau >= 0 ? x[(idx_t)(start + tau) * ld + c] : st[(idx_t)(K - 1 + tau) * cd + c];
+                    float xv = tau >= 0    ? x[(idx_t)(start + tau) * ld + c]
+                               : pend >= 0 ? x[(idx_t)(pend + tau) * ld + c]
+                                           : st[(idx_t)(K - 1 + tau) * cd + c];
                     acc += w[c * K + j] * xv;
                 }
             }

@@ -118,8 +118,8 @@ template <int BV>
 __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
                                                const float* __restrict__ W, const float* __restrict__ M,
                                                const float* __restrict__ E, float* __restrict__ out, const int* seg,
-                                               const u64* states, int hk, int hv, int dk, int dv, int vec,
-                                               float* sm) {
+                                               const u64* states, const u64* init, int hk, int hv, int dk, int dv,
+                                               int vec, float* sm) {
     constexpr int NT = BV / 8;  // n tiles of 8 value columns
     constexpr int LDV = GtcLd<BV>::v;
     constexpr int LDM = GDN_C + 4;
@@ -139,13 +139,14 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     const int kh = h / (hv / hk);
     const bool vecb = vec != 0;
     float* Sg = (float*)states[s] + (idx_t)h * dk * dv;
+    const float* Si = (const float*)init[s] + (idx_t)h * dk * dv;  // states[s], or a parent's (forward_tree)
     const float* Qg = qkv + kh * dk;
     const float* Kg = qkv + hk * dk + kh * dk;
     const idx_t ldw = (idx_t)hv * dk, ldmg = (idx_t)hv * GDN_C;
 
     for (int i = threadIdx.x; i < dkp * BV; i += blockDim.x) {
         int c = i / BV, j = i % BV;
-        Ss[c * LDV + j] = (c < dk && j < w) ? Sg[(idx_t)c * dv + j0 + j] : 0.0f;
+        Ss[c * LDV + j] = (c < dk && j < w) ? Si[(idx_t)c * dv + j0 + j] : 0.0f;
     }
     if (len > 0) {
         int n = min(GDN_C, len);
@@ -324,14 +325,16 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 }
 
 // State pass on tensor cores, BV value columns per block. grid (hv, nseg, ceil(dv / BV)), block 256, dynamic shared
-// memory from gdn_tc_smem (gdn_tc.rs). Arguments as gdn_wy_state's, plus vec (1: 16-byte tile copies are aligned).
+// memory from gdn_tc_smem (gdn_tc.rs). Arguments as gdn_wy_state's, plus init (init[s]: where segment s's state is
+// read from; states[s] itself, or the state of the parent segment it continues, written by an earlier launch) and
+// vec (1: 16-byte tile copies are aligned).
 #define GDN_TC_STATE(BV)                                                                                             \
     extern "C" __global__ void __launch_bounds__(256, 1) gdn_tc_state_##BV(                                          \
         const float* __restrict__ qkv, int ld, const float* __restrict__ U, const float* __restrict__ W,             \
         const float* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,           \
-        const u64* states, int hk, int hv, int dk, int dv, int vec) {                                                \
+        const u64* states, const u64* init, int hk, int hv, int dk, int dv, int vec) {                               \
         extern __shared__ float sm[];                                                                                \
-        gdn_tc_state_t<BV>(qkv, ld, U, W, M, E, out, seg, states, hk, hv, dk, dv, vec, sm);                          \
+        gdn_tc_state_t<BV>(qkv, ld, U, W, M, E, out, seg, states, init, hk, hv, dk, dv, vec, sm);                    \
     }
 GDN_TC_STATE(8)
 GDN_TC_STATE(16)

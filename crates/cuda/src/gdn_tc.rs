@@ -56,8 +56,10 @@ pub fn gdn_tc_slice(d: GdnDims, nseg: usize) -> usize {
 
 /// The WY state pass on tensor cores: the drop-in twin of [`ops::gdn_wy_state`] (same arguments; `dvs`, the
 /// value columns per block, is 8, 16, 32 or 64, see [`gdn_tc_slice`]). qkv: [N, ld] (q, k, v of every row);
-/// out: [N, HV, DV]; segs: [S, 3] i32; states: [S] addresses of [HV, DK, DV] f32 (read, then overwritten);
-/// scratch: `rows * ops::gdn_wy_scratch(d)` f32 filled by [`ops::gdn_wy_prep`]. Needs DK ≤ 128.
+/// out: [N, HV, DV]; segs: [S, 3] i32; states: [S] addresses of [HV, DK, DV] f32 (written at the end); init: [S]
+/// addresses each segment's state is read from (`states` itself, or for a segment that continues another one of the
+/// batch, that segment's state, written by an earlier launch: [`gdn_tc_chunked`]); scratch: `rows *
+/// ops::gdn_wy_scratch(d)` f32 filled by [`ops::gdn_wy_prep`]. Needs DK ≤ 128.
 pub fn gdn_tc_state(
     g: &Gpu,
     qkv: u64,
@@ -65,6 +67,7 @@ pub fn gdn_tc_state(
     out: u64,
     segs: u64,
     states: u64,
+    init: u64,
     nseg: usize,
     d: GdnDims,
     rows: usize,
@@ -95,7 +98,7 @@ pub fn gdn_tc_state(
     let mut lc = cfg((d.hv as u32, nseg as u32), 256, gdn_tc_smem(d, dvs) as u32);
     lc.grid_dim.2 = ops::blocks(d.dv, dvs);
     launch!(g, g.k.gdn_tc_state[slice], lc;
-        qkv, ld as i32, u, w, m, e, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32,
+        qkv, ld as i32, u, w, m, e, out, segs, states, init, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32,
         vec as i32)
 }
 
@@ -103,6 +106,12 @@ pub fn gdn_tc_state(
 /// dims it does not take) + [`gdn_tc_state`] (slice from [`gdn_tc_slice`]); same arguments and results as
 /// [`ops::gdn_chunked_wy`], into which it falls back for dims the tensor-core state pass does not take (DK > 128).
 /// The forward's path (`CudaModel`, unless `ONEPASS_GDN=wy`).
+///
+/// Segments `roots..nseg` continue others of the batch (`CudaModel::forward_tree`): `init` ([S] addresses, as
+/// [`gdn_tc_state`]'s) points each of them at the state of the segment it continues, one of `0..roots`. The state
+/// pass then runs twice, over `0..roots` and then over the rest, which read what the first wrote. `roots == nseg`
+/// and `init == states`: every segment continues its own state (one pass). Continuing segments need the
+/// tensor-core state pass ([`gdn_tc_supported`]; else [`CudaError::Unsupported`], nothing launched).
 pub fn gdn_tc_chunked(
     g: &Gpu,
     qkv: u64,
@@ -111,15 +120,22 @@ pub fn gdn_tc_chunked(
     beta: u64,
     out: u64,
     segs: u64,
-    states: u64,
+    (states, init, roots): (u64, u64, usize),
     nseg: usize,
     d: GdnDims,
     rows: usize,
     max_len: usize,
     scratch: u64,
 ) -> Result<(), CudaError> {
-    let dvs = gdn_tc_slice(d, nseg);
-    if !gdn_tc_supported(g, d, dvs) {
+    let roots = roots.min(nseg);
+    let dvs = gdn_tc_slice(d, roots);
+    let dvs2 = gdn_tc_slice(d, nseg - roots);
+    if !gdn_tc_supported(g, d, dvs) || (roots < nseg && !gdn_tc_supported(g, d, dvs2)) {
+        if roots < nseg {
+            return Err(CudaError::Unsupported(format!(
+                "segments continuing others in one forward need the tensor-core state pass (dims {d:?})"
+            )));
+        }
         return ops::gdn_chunked_wy(
             g, qkv, ld, gg, beta, out, segs, states, nseg, d, rows, max_len, scratch,
         );
@@ -132,5 +148,25 @@ pub fn gdn_tc_chunked(
         }
         r => r?,
     }
-    gdn_tc_state(g, qkv, ld, out, segs, states, nseg, d, rows, scratch, dvs)
+    gdn_tc_state(
+        g, qkv, ld, out, segs, states, init, roots, d, rows, scratch, dvs,
+    )?;
+    if roots < nseg {
+        let (o, a) = (12 * roots as u64, 8 * roots as u64); // segs: 3 i32 per segment; states, init: one u64
+        gdn_tc_state(
+            g,
+            qkv,
+            ld,
+            out,
+            segs + o,
+            states + a,
+            init + a,
+            nseg - roots,
+            d,
+            rows,
+            scratch,
+            dvs2,
+        )?;
+    }
+    Ok(())
 }

@@ -578,19 +578,29 @@ extern "C" __global__ void __launch_bounds__(256) gdn_wy_state(const float* __re
     else gdn_wy_state_t<32>(qkv, ld, U, W, M, E, out, seg, states, hk, hv, dk, dv, sm);
 }
 
+// The conv inputs before a segment: a child segment (par[s] >= 0: it continues its parent segment of the same
+// forward, see CudaModel::forward_tree) reads its parent's last rows of x, at least K-1 of them (the host's rule);
+// any other segment its conv state. → the row of x that segment time tau < 0 reads, or -1 for the conv state.
+__device__ __forceinline__ int conv_parent_end(const int* seg, const int* par, int s) {
+    int p = par ? par[s] : -1;
+    return p >= 0 ? seg[3 * p] + seg[3 * p + 1] : -1;
+}
+
 // The Gated DeltaNet mixer inputs of one token per block, parallel over tokens: depthwise causal conv1d + SiLU
 // (the K-1 inputs before the segment come from its conv state, which this kernel only reads), then the L2 norm
 // of each q and k head (q also times `scale`; one warp per head), then the gates g = neg_a * softplus(a +
 // dt_bias), beta = sigmoid(b). x: [N, ld] (channels 0..cd; a, b at off_a, off_b); out: [N, cd]; w: [cd, K];
-// g, beta: [N, HV]; tok: [N, 2]; states[s]: [K-1, cd]. grid N, block 256. gdn_conv_state then advances the states.
+// g, beta: [N, HV]; tok: [N, 2]; states[s]: [K-1, cd]; par: [S] or null (conv_parent_end). grid N, block 256.
+// gdn_conv_state then advances the states.
 extern "C" __global__ void gdn_conv_prep(const float* __restrict__ x, int ld, float* __restrict__ out,
                                          const float* __restrict__ w, int K, int cd,
-                                         const int* seg, const int* tok, const u64* states, int hk, int dk,
+                                         const int* seg, const int* tok, const u64* states, const int* par, int hk,
+                                         int dk,
                                          float scale, int off_a, int off_b, const float* neg_a,
                                          const float* dt_bias, int hv, float* g, float* beta) {
     int n = blockIdx.x, tid = threadIdx.x;
     int s = tok[2 * n];
-    int start = seg[3 * s], t = n - start;
+    int start = seg[3 * s], t = n - start, pend = conv_parent_end(seg, par, s);
     const float* st = (const float*)states[s];
 #pragma unroll 4
     for (int c = tid; c < cd; c += blockDim.x) {
@@ -599,7 +609,9 @@ extern "C" __global__ void gdn_conv_prep(const float* __restrict__ x, int ld, fl
         for (int j = 0; j < 8; j++) {
             if (j < K) {
                 int tau = t - (K - 1) + j;
-                float xv = tau >= 0 ? x[(idx_t)(start + tau) * ld + c] : st[(idx_t)(K - 1 + tau) * cd + c];
+                float xv = tau >= 0    ? x[(idx_t)(start + tau) * ld + c]
+                           : pend >= 0 ? x[(idx_t)(pend + tau) * ld + c]
+                                       : st[(idx_t)(K - 1 + tau) * cd + c];
                 acc += w[c * K + j] * xv;
             }
         }
@@ -625,16 +637,20 @@ extern "C" __global__ void gdn_conv_prep(const float* __restrict__ x, int ld, fl
 }
 
 // Advances each segment's conv state past its rows: state row j (oldest first) becomes the input at segment time
-// len - (K-1) + j, from x or, for short segments, from the older state rows. grid (ceil(cd/256), nseg), block 256.
-extern "C" __global__ void gdn_conv_state(const float* x, int ld, int K, int cd, const int* seg, const u64* states) {
+// len - (K-1) + j, from x or, for short segments, from the older state rows (a child segment: from its parent's
+// rows, conv_parent_end). grid (ceil(cd/256), nseg), block 256.
+extern "C" __global__ void gdn_conv_state(const float* x, int ld, int K, int cd, const int* seg, const u64* states,
+                                          const int* par) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
     if (c >= cd) return;
-    int start = seg[3 * s], len = seg[3 * s + 1];
+    int start = seg[3 * s], len = seg[3 * s + 1], pend = conv_parent_end(seg, par, s);
     float* st = (float*)states[s];
     for (int j = 0; j < K - 1; j++) {
         int tau = len - (K - 1) + j;
         // reads row len + j > j: not yet overwritten (rows advance in increasing j)
-        st[(idx_t)j * cd + c] = tau >= 0 ? x[(idx_t)(start + tau) * ld + c] : st[(idx_t)(len + j) * cd + c];
+        st[(idx_t)j * cd + c] = tau >= 0    ? x[(idx_t)(start + tau) * ld + c]
+                                : pend >= 0 ? x[(idx_t)(pend + tau) * ld + c]
+                                            : st[(idx_t)(len + j) * cd + c];
     }
 }
 

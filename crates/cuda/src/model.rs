@@ -223,12 +223,17 @@ struct Layer {
 const ARENA_ROWS: usize = 4096;
 /// Captured graphs kept (least recently captured dropped first).
 const GRAPHS_KEPT: usize = 64;
+/// Addresses per segment of a GDN layer in the forward's table: conv state, recurrent state, and the recurrent state
+/// the segment starts from (its own, or its parent's in [`CudaModel::forward_tree`]).
+const GDN_ENTRIES: usize = 3;
 
 /// What a forward's launches depend on besides the table's contents (graph key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Shape {
     n: usize,
     nseg: usize,
+    /// Segments `roots..nseg` continue one of `0..roots` ([`CudaModel::forward_tree`]); `nseg` in a plain batch.
+    roots: usize,
     max_len: usize,
     all_single: bool,
 }
@@ -271,6 +276,7 @@ struct FwdPtrs {
     ids: u64,
     segs: u64,
     tok: u64,
+    par: u64,
     x: u64,
     act: u64,
     proj: u64,
@@ -288,7 +294,7 @@ impl Scratch {
             .layers
             .iter()
             .map(|l| match l.mixer {
-                Mixer::Gdn(_) => 2 * s.nseg,
+                Mixer::Gdn(_) => GDN_ENTRIES * s.nseg,
                 Mixer::Attn(_) => KV_ENTRIES * s.nseg,
             })
             .sum();
@@ -299,6 +305,7 @@ impl Scratch {
             ids,
             segs: ids + 4 * s.n as u64,
             tok: ids + 4 * (s.n + 3 * s.nseg) as u64,
+            par: ids + 4 * (3 * s.n + 3 * s.nseg) as u64,
             x: g.ptr(&self.x),
             act: g.ptr(&self.act),
             proj: g.ptr(&self.proj),
@@ -388,6 +395,8 @@ pub struct CudaModel {
     prof: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
     /// Host nanoseconds spent queueing forwards (no forward waits for the GPU), see [`CudaModel::host_enqueue_ns`].
     enqueue_ns: AtomicU64,
+    /// Forwards [`CudaModel::forward_tree`] ran with children in them.
+    trees: AtomicU64,
     /// The own rows of every cache that has none yet (shared: a fork allocates no KV memory until it appends).
     empty_kv: Arc<KvBuf>,
     /// The persistent forward scratch (forwards of up to [`ARENA_ROWS`] rows).
@@ -395,6 +404,13 @@ pub struct CudaModel {
     graphs: Mutex<GraphCache>,
     /// The gated delta rule on tensor cores (ONEPASS_GDN=wy: the f32 SIMT kernels).
     gdn_tc: bool,
+    /// Fewest ids of a root that [`CudaModel::forward_tree`] continues in the same forward (`None`: it never does:
+    /// ONEPASS_GDN=wy, or a GDN layer the tensor-core state pass does not take). At least 2 (so a tree never runs the
+    /// one-token path) and every GDN layer's conv kernel − 1 (a child's conv reads only its root's rows).
+    tree_min_root: Option<usize>,
+    /// [`CudaModel::forward_tree`] runs trees (ONEPASS_TREE=0 or [`CudaModel::set_tree`] turn it off: the two-pass
+    /// path, for comparison).
+    tree_on: std::sync::atomic::AtomicBool,
     /// CUDA graphs for repeated shapes (ONEPASS_CUDA_GRAPHS=0 turns them off; a failed capture too).
     use_graphs: std::sync::atomic::AtomicBool,
 }
@@ -562,6 +578,17 @@ impl CudaModel {
             }
         }
         let final_norm = upload_f32(g, w.final_norm)?;
+        let gdn_tc = std::env::var("ONEPASS_GDN").map_or(true, |v| v != "wy");
+        let mut tree_min_root = gdn_tc.then_some(2);
+        for l in &layers {
+            if let Mixer::Gdn(m) = &l.mixer {
+                // Every slice width gdn_tc_slice may pick.
+                let tc = [16, 32, 64]
+                    .iter()
+                    .all(|&bv| crate::gdn_tc::gdn_tc_supported(g, m.d, bv));
+                tree_min_root = tree_min_root.filter(|_| tc).map(|k| k.max(m.kernel - 1));
+            }
+        }
         g.sync()?;
         Ok(CudaModel {
             gpu: gpu.clone(),
@@ -580,6 +607,7 @@ impl CudaModel {
             ledger: Arc::default(),
             prof: Mutex::new(None),
             enqueue_ns: AtomicU64::new(0),
+            trees: AtomicU64::new(0),
             empty_kv: Arc::new(KvBuf {
                 k: g.alloc(1)?,
                 v: g.alloc(1)?,
@@ -587,7 +615,11 @@ impl CudaModel {
             }),
             arena: Mutex::new(None),
             graphs: Mutex::new(GraphCache::default()),
-            gdn_tc: std::env::var("ONEPASS_GDN").map_or(true, |v| v != "wy"),
+            gdn_tc,
+            tree_min_root,
+            tree_on: std::sync::atomic::AtomicBool::new(
+                std::env::var("ONEPASS_TREE").map_or(true, |v| v != "0"),
+            ),
             use_graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("ONEPASS_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
@@ -692,6 +724,16 @@ impl CudaModel {
     /// grows as fast as the wall clock the host's kernel launches, not the GPU, bound the request.
     pub fn host_enqueue_ns(&self) -> u64 {
         self.enqueue_ns.load(Ordering::Relaxed)
+    }
+
+    /// Turns one-forward trees on or off ([`CudaModel::forward_tree`] then answers `None`: the caller's two-pass path).
+    pub fn set_tree(&self, on: bool) {
+        self.tree_on.store(on, Ordering::Relaxed);
+    }
+
+    /// Forwards that ran children with their roots ([`CudaModel::forward_tree`]) since load.
+    pub fn tree_forwards(&self) -> u64 {
+        self.trees.load(Ordering::Relaxed)
     }
 
     fn profiling(&self) -> bool {
@@ -897,19 +939,114 @@ impl CudaModel {
         items: &mut [(&mut CudaState, &[u32])],
     ) -> Result<CudaHidden, CudaError> {
         let t0 = std::time::Instant::now();
-        let r = self.forward_queue(items);
+        let par = vec![-1; items.len()];
+        let r = self.forward_queue(items, &par);
         self.enqueue_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         r
     }
 
+    /// Runs `roots` (each continuing its state, as [`CudaModel::forward_batch`]) and `children` — `(root, ids)`, a
+    /// continuation of `roots[root]` after the root's ids — in ONE forward: within each layer the children's mixers
+    /// start from the state their root reached in that layer (conv inputs from the root's last rows, a second state
+    /// pass launch that reads the root's recurrent state, attention over the root's cache rows written earlier in the
+    /// layer). Every weight is read and every kernel launched once for roots and children together, instead of once
+    /// for the roots and again for the forks. → the hidden rows of the roots' ids then of the children's, and the
+    /// children's states (equal to forks of the roots after their ids, sharing the roots' KV caches read-only).
+    ///
+    /// `Ok(None)`, with nothing run: this model does not take the tree (`ONEPASS_GDN=wy`, a GDN layer the tensor-core
+    /// state pass does not take, `ONEPASS_TREE=0`), or a root with children has fewer ids than `tree_min_root` or is itself a fork (its
+    /// KV caches shared). The caller then runs the roots, forks them and runs the children.
+    pub fn forward_tree(
+        &self,
+        roots: &mut [(&mut CudaState, &[u32])],
+        children: &[(usize, &[u32])],
+    ) -> Result<Option<(CudaHidden, Vec<CudaState>)>, CudaError> {
+        if children.is_empty() {
+            return Ok(Some((self.forward_batch(roots)?, Vec::new())));
+        }
+        let Some(min_root) = self
+            .tree_min_root
+            .filter(|_| self.tree_on.load(Ordering::Relaxed))
+        else {
+            return Ok(None);
+        };
+        for &(r, _) in children {
+            let Some((st, ids)) = roots.get(r) else {
+                return Err(CudaError::Model(ModelError::Input(format!(
+                    "child of root {r}, of {} roots",
+                    roots.len()
+                ))));
+            };
+            if ids.len() < min_root || st.kv.iter().any(|c| c.base.is_some()) {
+                return Ok(None);
+            }
+        }
+        let t0 = std::time::Instant::now();
+        // The roots' KV rows first: a child shares its root's buffers as they stand after this.
+        for (st, seq) in roots.iter_mut() {
+            self.check_input(st, seq)?;
+            let need = st.pos + seq.len();
+            self.reserve(st, need)?;
+        }
+        let mut kids = children
+            .iter()
+            .map(|&(r, _)| self.continuation(roots[r].0, roots[r].1.len()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let par: Vec<i32> = (0..roots.len())
+            .map(|_| -1)
+            .chain(children.iter().map(|&(r, _)| r as i32))
+            .collect();
+        let mut items: Vec<(&mut CudaState, &[u32])> = roots
+            .iter_mut()
+            .map(|(st, ids)| (&mut **st, *ids))
+            .chain(
+                kids.iter_mut()
+                    .zip(children)
+                    .map(|(st, &(_, ids))| (st, ids)),
+            )
+            .collect();
+        let r = self.forward_queue(&mut items, &par);
+        self.enqueue_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let h = r?;
+        self.trees.fetch_add(1, Ordering::Relaxed);
+        Ok(Some((h, kids)))
+    }
+
+    /// The state a continuation of `st` after `ahead` more ids starts from, for [`CudaModel::forward_tree`]: its KV
+    /// caches share `st`'s rows (not yet written), its conv and recurrent state are left for that forward to write
+    /// (every value of them: the conv states from the root's and its own rows, the recurrent ones by the state pass).
+    fn continuation(&self, st: &CudaState, ahead: usize) -> Result<CudaState, CudaError> {
+        let charge = self.ledger.charge(4 * self.rec_len, "sequence state")?;
+        let pos = st.pos + ahead;
+        Ok(CudaState {
+            pos,
+            rec: self.gpu.alloc(self.rec_len)?,
+            kv: st
+                .kv
+                .iter()
+                .map(|c| KvCache {
+                    own: self.empty_kv.clone(),
+                    cap: 0,
+                    base: Some((c.own.clone(), pos)),
+                })
+                .collect(),
+            _charge: charge,
+        })
+    }
+
+    /// One forward over `items` (see [`CudaModel::forward_tree`] for `par`: -1, or the index of the earlier segment a
+    /// segment continues; those come after every segment with -1).
     fn forward_queue(
         &self,
         items: &mut [(&mut CudaState, &[u32])],
+        par: &[i32],
     ) -> Result<CudaHidden, CudaError> {
         let g = &*self.gpu;
         let hid = self.hid;
         let nseg = items.len();
+        let roots = par.iter().take_while(|&&p| p < 0).count();
         if self.profiling() {
             // Hold the GPU (~20 ms at 2 GHz) while this forward is queued: the events then time GPU work only.
             crate::launch!(g, g.k.spin_wait, crate::runtime::cfg((1, 1), 1, 0); 40_000_000i64)?;
@@ -929,10 +1066,11 @@ impl CudaModel {
         let shape = Shape {
             n,
             nseg,
+            roots,
             max_len: items.iter().map(|(_, s)| s.len()).max().unwrap_or(0),
             all_single: items.iter().all(|(_, s)| s.len() == 1),
         };
-        let table = self.table(items);
+        let table = self.table(items, par);
         let out: CudaSlice<f32> = g.alloc(n * hid)?;
         let _out_charge = self.ledger.charge(4 * n * hid, "forward scratch")?;
         if n <= ARENA_ROWS {
@@ -983,9 +1121,10 @@ impl CudaModel {
         })
     }
 
-    /// The bytes of one forward's table: the state address table (u64), then ids [N] | segs [S, 3] | tok [N, 2]
-    /// (i32). Per layer: GDN conv [S] | ssm [S]; attention [S, KV_ENTRIES].
-    fn table(&self, items: &[(&mut CudaState, &[u32])]) -> Vec<u8> {
+    /// The bytes of one forward's table: the state address table (u64), then ids [N] | segs [S, 3] | tok [N, 2] |
+    /// par [S] (i32). Per layer: GDN conv [S] | ssm [S] | the ssm each segment starts from [S] (its parent's when
+    /// `par[s] >= 0`); attention [S, KV_ENTRIES].
+    fn table(&self, items: &[(&mut CudaState, &[u32])], par: &[i32]) -> Vec<u8> {
         let g = &*self.gpu;
         let nseg = items.len();
         let mut ptrs: Vec<u64> = Vec::with_capacity(self.layers.len() * KV_ENTRIES * nseg);
@@ -998,6 +1137,10 @@ impl CudaModel {
                     }
                     for (st, _) in items.iter() {
                         ptrs.push(g.ptr(&st.rec) + 4 * m.ssm_off as u64);
+                    }
+                    for (s, (st, _)) in items.iter().enumerate() {
+                        let from = usize::try_from(par[s]).map_or(&st.rec, |p| &items[p].0.rec);
+                        ptrs.push(g.ptr(from) + 4 * m.ssm_off as u64);
                     }
                 }
                 Mixer::Attn(_) => {
@@ -1024,9 +1167,9 @@ impl CudaModel {
             }
         }
         let mut bytes: Vec<u8> =
-            Vec::with_capacity(8 * ptrs.len() + 4 * (ids.len() * 3 + segs.len()));
+            Vec::with_capacity(8 * ptrs.len() + 4 * (ids.len() * 3 + segs.len() + par.len()));
         bytes.extend(ptrs.iter().flat_map(|p| p.to_le_bytes()));
-        for v in [&ids, &segs, &tok] {
+        for v in [&ids, &segs, &tok, par] {
             bytes.extend(v.iter().flat_map(|i| i.to_le_bytes()));
         }
         bytes
@@ -1211,6 +1354,7 @@ impl CudaModel {
         let Shape {
             n,
             nseg,
+            roots,
             max_len,
             all_single,
         } = s;
@@ -1228,7 +1372,8 @@ impl CudaModel {
                     let pw = m.proj_width();
                     let conv_p = ptrs_p + 8 * poff as u64;
                     let ssm_p = conv_p + 8 * nseg as u64;
-                    poff += 2 * nseg;
+                    let init_p = ssm_p + 8 * nseg as u64;
+                    poff += GDN_ENTRIES * nseg;
                     self.gemm(hbp, n, hid, &m.w_in, pw, pp, pw, 0.0)?;
                     self.mark("gemm gdn in")?;
                     // mid: conv output [N, cd] then core [N, HV*DV]
@@ -1247,6 +1392,7 @@ impl CudaModel {
                         segs_p,
                         tok_p,
                         conv_p,
+                        p.par,
                         nseg,
                         n,
                         d,
@@ -1261,16 +1407,30 @@ impl CudaModel {
                         self.mark("gdn step")?;
                     } else {
                         // The WY pre-pass and the state pass on tensor cores (3xTF32, f32 state; the SIMT kernels
-                        // for head dims they do not take), or the f32 SIMT pair with ONEPASS_GDN=wy.
-                        let chunked = if self.gdn_tc {
-                            crate::gdn_tc::gdn_tc_chunked
+                        // for head dims they do not take), or the f32 SIMT pair with ONEPASS_GDN=wy (never in a tree:
+                        // tree_min_root).
+                        if self.gdn_tc {
+                            crate::gdn_tc::gdn_tc_chunked(
+                                g,
+                                midp,
+                                m.cd,
+                                gp,
+                                beta_p,
+                                core_p,
+                                segs_p,
+                                (ssm_p, init_p, roots),
+                                nseg,
+                                d,
+                                n,
+                                max_len,
+                                wyp,
+                            )?;
                         } else {
-                            ops::gdn_chunked_wy
-                        };
-                        chunked(
-                            g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, n, max_len,
-                            wyp,
-                        )?;
+                            ops::gdn_chunked_wy(
+                                g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, n,
+                                max_len, wyp,
+                            )?;
+                        }
                         self.mark("gdn chunked")?;
                     }
                     ops::rms_norm_gated(

@@ -342,7 +342,9 @@ pub fn gdn_wy_state(
 /// [`gdn_gates`]): conv1d + SiLU of channels 0..cd of x [N, ld] into out [N, cd] (the K-1 inputs before a
 /// segment from its conv state), q/k heads L2-normalised (q times `scale`), gates from columns off_a, off_b
 /// into gout, beta [N, HV]; then each segment's conv state advanced. tok: [N, 2]; segs: [S, 3];
-/// states: [S] addresses of [K-1, cd] f32.
+/// states: [S] addresses of [K-1, cd] f32; par: 0, or [S] i32: a segment with `par[s] >= 0` continues segment
+/// `par[s]` of this batch and reads its inputs before it from that segment's last rows, of which there must be
+/// at least K-1 (`CudaModel::forward_tree`).
 pub fn gdn_conv_prep(
     g: &Gpu,
     x: u64,
@@ -354,6 +356,7 @@ pub fn gdn_conv_prep(
     segs: u64,
     tok: u64,
     states: u64,
+    par: u64,
     nseg: usize,
     n: usize,
     d: GdnDims,
@@ -368,15 +371,15 @@ pub fn gdn_conv_prep(
         // One warp per channel group (fused.cu gdn_conv_prep_w): the same arithmetic, far more parallel.
         let groups = 2 * d.hk + (cd - 2 * d.hk * d.dk).div_ceil(128);
         launch!(g, g.k.gdn_conv_prep_w, cfg((n as u32, blocks(groups, 4)), 128, 0);
-            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, d.hk as i32, d.dk as i32, scale,
-            off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
+            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
+            scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
     } else {
         launch!(g, g.k.gdn_conv_prep, cfg((n as u32, 1), 256, 0);
-            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, d.hk as i32, d.dk as i32, scale,
-            off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
+            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
+            scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
     }
     launch!(g, g.k.gdn_conv_state, cfg((blocks(cd, 256), nseg as u32), 256, 0);
-        x, ld as i32, kernel as i32, cd as i32, segs, states)
+        x, ld as i32, kernel as i32, cd as i32, segs, states, par)
 }
 
 /// One-token gated delta step for segments of exactly one row.

@@ -256,3 +256,120 @@ fn graph_replays_equal_direct_runs() {
         assert!(a == b, "forward {i} differs with graphs: {diff:e}");
     }
 }
+
+/// `forward_tree` (roots and the children that continue them in one forward) against the two-pass path it replaces:
+/// the roots through `forward_batch`, forks of them, the children through `forward_batch`. The roots: a fresh one of
+/// 40 ids with children of 63, 1 and 65 ids; one that already consumed 17 ids (so its children's conv inputs mix its
+/// rows and its state is not zero) running 9 more, with children of 2 and 70 ids; a fresh one of 5 ids without
+/// children. Compared: every logit of the one forward, then of one more batch of 3 ids on every child (the children's
+/// conv, recurrent and KV state), and the positions. Three rounds per model with new ids and states, so with CUDA
+/// graphs on the third replays a captured tree. In the exact mode on every tiny preset and in split on tiny-gva; a
+/// structural error (a wrong parent row, state or cache position) shows as O(1).
+#[test]
+fn tree_forward_equals_prefix_then_forks() {
+    let Some(g) = gpu("tree_forward_equals_prefix_then_forks") else {
+        return;
+    };
+    const TOL: f32 = 1e-4;
+    let mut fails = Vec::new();
+    let mut cases: Vec<(String, Precision)> = synth::PRESETS
+        .iter()
+        .filter(|p| p.starts_with("tiny"))
+        .map(|p| (p.to_string(), Precision::F32))
+        .collect();
+    cases.push(("tiny-gva".into(), Precision::Bf16Split));
+    for (preset, prec) in cases {
+        let (_dir, m) = load(&preset, synth::preset(&preset).expect("preset").dtype);
+        let gm = CudaModel::with_precision(&m, g.clone(), prec).expect("upload");
+        let v = m.vocab_size();
+        for round in 0..3u64 {
+            let s = 1000 * (round + 1);
+            let warm = ids(17, v, s);
+            let root_ids = [ids(40, v, s + 1), ids(9, v, s + 2), ids(5, v, s + 3)];
+            let kids: Vec<(usize, Vec<u32>)> = [(0, 63), (0, 1), (0, 65), (1, 2), (1, 70)]
+                .iter()
+                .enumerate()
+                .map(|(i, &(r, n))| (r, ids(n, v, s + 10 + i as u64)))
+                .collect();
+            let more: Vec<Vec<u32>> = (0..kids.len())
+                .map(|i| ids(3, v, s + 20 + i as u64))
+                .collect();
+            let fresh_roots = |gm: &CudaModel| {
+                let mut st: Vec<_> = (0..3).map(|_| gm.new_state().unwrap()).collect();
+                gm.forward(&mut st[1], &warm).unwrap();
+                st
+            };
+
+            // The two-pass reference.
+            let mut rs = fresh_roots(&gm);
+            let hr = gm.forward_batch(&mut pairs(&mut rs, &root_ids)).unwrap();
+            let mut want = gm.logits(&hr).unwrap();
+            let mut forks: Vec<_> = kids
+                .iter()
+                .map(|(r, _)| gm.copy_state(&rs[*r]).unwrap())
+                .collect();
+            let kid_ids: Vec<Vec<u32>> = kids.iter().map(|(_, x)| x.clone()).collect();
+            let hc = gm.forward_batch(&mut pairs(&mut forks, &kid_ids)).unwrap();
+            want.extend(gm.logits(&hc).unwrap());
+            let want_more = gm
+                .logits(&gm.forward_batch(&mut pairs(&mut forks, &more)).unwrap())
+                .unwrap();
+
+            // The tree.
+            let mut ts = fresh_roots(&gm);
+            let children: Vec<(usize, &[u32])> =
+                kids.iter().map(|(r, x)| (*r, x.as_slice())).collect();
+            let (h, mut tk) = gm
+                .forward_tree(&mut pairs(&mut ts, &root_ids), &children)
+                .unwrap()
+                .expect("this tree runs in one forward");
+            assert_eq!(h.rows, 40 + 9 + 5 + 63 + 1 + 65 + 2 + 70);
+            let name = format!("{preset} {prec:?} round {round}");
+            soft(
+                &mut fails,
+                &format!("{name}: tree logits"),
+                &gm.logits(&h).unwrap(),
+                &want,
+                TOL,
+            );
+            let got_more = gm
+                .logits(&gm.forward_batch(&mut pairs(&mut tk, &more)).unwrap())
+                .unwrap();
+            soft(
+                &mut fails,
+                &format!("{name}: 3 more ids on every child"),
+                &got_more,
+                &want_more,
+                TOL,
+            );
+            for (i, (a, b)) in tk.iter().zip(&forks).enumerate() {
+                assert_eq!(a.position(), b.position(), "{name}: child {i} position");
+            }
+            assert_eq!(ts[1].position(), 17 + 9, "{name}: root position");
+        }
+
+        // What one forward does not take: a root too short to continue, a root that is itself a fork.
+        let mut st = vec![gm.new_state().unwrap()];
+        let one = [ids(1, v, 7)];
+        let r = gm.forward_tree(&mut pairs(&mut st, &one), &[(0, &one[0][..])]);
+        assert!(
+            matches!(r, Ok(None)),
+            "{preset}: a 1-id root must be refused"
+        );
+        assert_eq!(st[0].position(), 0, "{preset}: a refused tree must not run");
+        gm.forward(&mut st[0], &ids(6, v, 8)).unwrap();
+        let mut f = gm.fork(&st[0], 1).unwrap();
+        let x = [ids(8, v, 9)];
+        let r = gm.forward_tree(&mut pairs(&mut f, &x), &[(0, &x[0][..])]);
+        assert!(
+            matches!(r, Ok(None)),
+            "{preset}: a forked root must be refused"
+        );
+        let r = gm.forward_tree(&mut pairs(&mut f, &x), &[(1, &x[0][..])]);
+        assert!(
+            r.is_err(),
+            "{preset}: a child of a missing root is an error"
+        );
+    }
+    assert!(fails.is_empty(), "over tolerance: {fails:?}");
+}

@@ -50,14 +50,26 @@ fn run(g: &Gpu, c: &DeltaCase, dev: &TcDev, pass: Pass) -> Result<(), CudaError>
     let (o, wy) = (g.ptr(&dev.out), g.ptr(&dev.scratch));
     match pass {
         Pass::TcChunked => gdn_tc::gdn_tc_chunked(
-            g, p.x, cd, p.g, p.beta, o, p.segs, p.states, ns, d, n, ml, wy,
+            g,
+            p.x,
+            cd,
+            p.g,
+            p.beta,
+            o,
+            p.segs,
+            (p.states, p.states, ns),
+            ns,
+            d,
+            n,
+            ml,
+            wy,
         ),
         Pass::Wy | Pass::Tc(_) => {
             ops::gdn_wy_prep(g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy)?;
             match pass {
-                Pass::Tc(dvs) => {
-                    gdn_tc::gdn_tc_state(g, p.x, cd, o, p.segs, p.states, ns, d, n, wy, dvs)
-                }
+                Pass::Tc(dvs) => gdn_tc::gdn_tc_state(
+                    g, p.x, cd, o, p.segs, p.states, p.states, ns, d, n, wy, dvs,
+                ),
                 _ => ops::gdn_wy_state(
                     g,
                     p.x,
@@ -197,7 +209,10 @@ fn gdn_tc_timings() {
         };
         let tc_at = |dvs: usize| {
             time(&|| {
-                gdn_tc::gdn_tc_state(&g, p.x, cd, o, p.segs, p.states, ns, d, n, wy, dvs).unwrap()
+                gdn_tc::gdn_tc_state(
+                    &g, p.x, cd, o, p.segs, p.states, p.states, ns, d, n, wy, dvs,
+                )
+                .unwrap()
             })
         };
         let (wy_pick, tc_pick) = (ops::gdn_wy_slice(d, ns), gdn_tc::gdn_tc_slice(d, ns));

@@ -522,6 +522,7 @@ fn gdn_conv_prep_matches_slow_twins() {
                     g.ptr(&sd),
                     g.ptr(&td),
                     g.ptr(&pd),
+                    0,
                     lens.len(),
                     n,
                     d,

@@ -17,6 +17,13 @@
 //! With `shared_prefix: false` every row runs whole from a fresh state. Both give the same probabilities up to f32
 //! reduction order (R5.5.3; `tests/answers.rs` checks it).
 //!
+//! One pass: when the whole call fits one group (every job within `fork_budget_bytes`, each prefix's state estimated
+//! as a fresh state plus its KV before it runs) and one forward (every shared prefix once plus every row's remaining
+//! ids, at most [`MAX_BATCH_TOKENS`]), steps 1–3 are first offered to the backend as one [`Backend::forward_tree`]:
+//! the roots are the shared prefixes and the rows without one, each row with a prefix is a child of its prefix's root.
+//! A GPU backend then reads every weight once per request; a backend that answers `None` (the CPU [`Model`]) gets the
+//! steps above, unchanged. Both routes share step 4 (`tests/tree.rs` checks they agree).
+//!
 //! The model is any [`Backend`]: the CPU [`Model`] (the default), or a GPU one from another crate (`onepass-cuda-engine`);
 //! this crate never names a device.
 
@@ -115,6 +122,20 @@ pub trait Backend: Send + Sync {
         &self,
         items: &mut [(&mut Self::State, &[u32])],
     ) -> Result<Self::Hidden, Self::Error>;
+    /// One forward over `roots` (each continuing its state, as in [`Backend::forward_batch`]) and `children`:
+    /// `(root, ids)` pairs, each continuing a fork of `roots[root]`'s state taken after the root's ids. → the hidden
+    /// rows of every root's ids then of every child's ids, stacked in that order, and the children's states in order.
+    /// `Ok(None)`: this backend does not run this tree in one pass; nothing ran and no state changed (the caller runs
+    /// the roots, forks and runs the children).
+    #[allow(clippy::type_complexity)]
+    fn forward_tree(
+        &self,
+        roots: &mut [(&mut Self::State, &[u32])],
+        children: &[(usize, &[u32])],
+    ) -> Result<Option<(Self::Hidden, Vec<Self::State>)>, Self::Error> {
+        let _ = (roots, children);
+        Ok(None)
+    }
     /// `out[i]` = the logits of hidden row `picks[i].0` at the vocabulary ids `picks[i].1` (label rows only). All
     /// readouts of one forward come in one call.
     fn label_logits(
@@ -335,10 +356,7 @@ impl<B: Backend> Engine<B> {
                 });
             }
         }
-        let prefixes = self.run_prefixes(plans, &shared)?;
-        let fresh_bytes = self.fresh_state_bytes;
-
-        // 2. Groups of jobs within the fork budget and the token cap, in order.
+        // out: [plan][slot][option]; first_slot[p][r]: the slot where row r of plan p starts.
         let mut out: Vec<Vec<Vec<f32>>> = plans
             .iter()
             .map(|p| vec![Vec::new(); p.slot_count()])
@@ -357,6 +375,19 @@ impl<B: Backend> Engine<B> {
                     .collect()
             })
             .collect();
+
+        // One pass, when the whole call is one group and one forward and the backend runs trees.
+        if self.fits_one_pass(plans, &shared, &jobs) {
+            if let Some((hidden, starts)) = self.run_tree(plans, &shared, &jobs)? {
+                self.read_out(plans, &jobs, &hidden, &starts, &first_slot, &mut out)?;
+                return Ok(out);
+            }
+        }
+
+        let prefixes = self.run_prefixes(plans, &shared)?;
+        let fresh_bytes = self.fresh_state_bytes;
+
+        // 2. Groups of jobs within the fork budget and the token cap, in order.
         let mut start = 0;
         while start < jobs.len() {
             let mut end = start;
@@ -401,44 +432,139 @@ impl<B: Backend> Engine<B> {
                 row_err(j.plan, j.row, e)
             })?;
             drop(items);
-            // 4. Readout at every slot: the label rows of every slot of the group in one call.
-            let mut picks: Vec<(usize, &[u32])> = Vec::new();
-            let mut offset = 0;
-            for j in group {
-                let row = &plans[j.plan].rows[j.row];
-                for (k, &slot) in row.slots.iter().enumerate() {
-                    let nopts = row.nopts[k];
-                    if slot < j.skip || slot >= row.ids.len() || nopts > self.label_ids.len() {
-                        return Err(EngineError::Row {
-                            plan: j.plan,
-                            row: j.row,
-                            reason: format!(
-                                "slot {slot} with {nopts} options does not fit a row of {} ids (prefix {})",
-                                row.ids.len(),
-                                j.skip
-                            ),
-                        });
-                    }
-                    picks.push((offset + slot - j.skip, &self.label_ids[..nopts]));
-                }
-                offset += row.ids.len() - j.skip;
-            }
-            let logits = self.model.label_logits(&hidden, &picks).map_err(|e| {
-                let j = &group[0];
-                row_err(j.plan, j.row, e)
-            })?;
-            let mut logits = logits.into_iter();
-            for j in group {
-                let row = &plans[j.plan].rows[j.row];
-                for k in 0..row.slots.len() {
-                    let l = logits.next().unwrap_or_default();
-                    out[j.plan][first_slot[j.plan][j.row] + k] =
-                        softmax(&l, row.nopts[k], row.temperatures[k]);
-                }
-            }
+            // 4. Readout at every slot.
+            let starts: Vec<usize> = group
+                .iter()
+                .scan(0, |offset, j| {
+                    let s = *offset;
+                    *offset += plans[j.plan].rows[j.row].ids.len() - j.skip;
+                    Some(s)
+                })
+                .collect();
+            self.read_out(plans, group, &hidden, &starts, &first_slot, &mut out)?;
             start = end;
         }
         Ok(out)
+    }
+
+    /// Whether the whole call is one group of the loop in [`Engine::score`] (the same fork-budget rule, each prefix's
+    /// state estimated as a fresh state plus `lcp` tokens of KV since it has not run yet) and one forward: every shared
+    /// prefix once plus every job's remaining ids within [`MAX_BATCH_TOKENS`].
+    fn fits_one_pass(&self, plans: &[&Plan], shared: &[(usize, usize)], jobs: &[Job]) -> bool {
+        if jobs.is_empty() {
+            return false;
+        }
+        let per_token = self.state_bytes_per_token;
+        let mut tokens: usize = shared.iter().map(|&(_, lcp)| lcp).sum();
+        let mut bytes = 0usize;
+        for (i, j) in jobs.iter().enumerate() {
+            let suffix = plans[j.plan].rows[j.row].ids.len() - j.skip;
+            let base = self.fresh_state_bytes + j.prefix.map_or(0, |k| shared[k].1 * per_token);
+            bytes += base + suffix * per_token;
+            tokens += suffix;
+            if i > 0 && bytes > self.opts.fork_budget_bytes {
+                return false;
+            }
+        }
+        tokens <= MAX_BATCH_TOKENS
+    }
+
+    /// The whole call as one [`Backend::forward_tree`]: roots are every shared prefix (`rows[0].ids[..lcp]`) then
+    /// every job without a prefix (its whole row), each on a fresh state; children are every job with a prefix (its
+    /// `ids[skip..]` under its prefix's root). → the hidden rows and, per job, the hidden row its ids start at; `None`
+    /// when the backend does not run trees (nothing ran).
+    #[allow(clippy::type_complexity)]
+    fn run_tree(
+        &self,
+        plans: &[&Plan],
+        shared: &[(usize, usize)],
+        jobs: &[Job],
+    ) -> Result<Option<(B::Hidden, Vec<usize>)>, EngineError> {
+        let ids = |j: &Job| &plans[j.plan].rows[j.row].ids[j.skip..];
+        let mut root_ids: Vec<&[u32]> = shared
+            .iter()
+            .map(|&(p, lcp)| &plans[p].rows[0].ids[..lcp])
+            .collect();
+        let mut children: Vec<(usize, &[u32])> = Vec::new();
+        let mut starts = vec![0; jobs.len()];
+        let mut offset: usize = root_ids.iter().map(|r| r.len()).sum();
+        // Rows of the roots, then of the children.
+        for (s, j) in starts.iter_mut().zip(jobs) {
+            if j.prefix.is_none() {
+                *s = offset;
+                offset += ids(j).len();
+                root_ids.push(ids(j));
+            }
+        }
+        for (s, j) in starts.iter_mut().zip(jobs) {
+            if let Some(k) = j.prefix {
+                *s = offset;
+                offset += ids(j).len();
+                children.push((k, ids(j)));
+            }
+        }
+        let mut states: Vec<B::State> = shared
+            .iter()
+            .map(|&(p, _)| self.model.new_state().map_err(|e| row_err(p, 0, e)))
+            .chain(jobs.iter().filter(|j| j.prefix.is_none()).map(|j| {
+                self.model
+                    .new_state()
+                    .map_err(|e| row_err(j.plan, j.row, e))
+            }))
+            .collect::<Result<_, _>>()?;
+        let mut roots: Vec<(&mut B::State, &[u32])> = states.iter_mut().zip(root_ids).collect();
+        // hidden: [ΣT, H], roots' rows then children's
+        let tree = self
+            .model
+            .forward_tree(&mut roots, &children)
+            .map_err(|e| row_err(jobs[0].plan, jobs[0].row, e))?;
+        Ok(tree.map(|(hidden, _children)| (hidden, starts)))
+    }
+
+    /// Step 4 for the jobs of one forward: `starts[i]` is the hidden row where `group[i]`'s ids (from `skip`) begin.
+    /// The label rows of every slot go to the backend in one call; each slot's softmax lands in `out`.
+    fn read_out(
+        &self,
+        plans: &[&Plan],
+        group: &[Job],
+        hidden: &B::Hidden,
+        starts: &[usize],
+        first_slot: &[Vec<usize>],
+        out: &mut [Vec<Vec<f32>>],
+    ) -> Result<(), EngineError> {
+        let mut picks: Vec<(usize, &[u32])> = Vec::new();
+        for (j, &start) in group.iter().zip(starts) {
+            let row = &plans[j.plan].rows[j.row];
+            for (k, &slot) in row.slots.iter().enumerate() {
+                let nopts = row.nopts[k];
+                if slot < j.skip || slot >= row.ids.len() || nopts > self.label_ids.len() {
+                    return Err(EngineError::Row {
+                        plan: j.plan,
+                        row: j.row,
+                        reason: format!(
+                            "slot {slot} with {nopts} options does not fit a row of {} ids (prefix {})",
+                            row.ids.len(),
+                            j.skip
+                        ),
+                    });
+                }
+                picks.push((start + slot - j.skip, &self.label_ids[..nopts]));
+            }
+        }
+        let logits = self.model.label_logits(hidden, &picks).map_err(|e| {
+            let j = &group[0];
+            row_err(j.plan, j.row, e)
+        })?;
+        let mut logits = logits.into_iter();
+        for j in group {
+            let row = &plans[j.plan].rows[j.row];
+            for k in 0..row.slots.len() {
+                let l = logits.next().unwrap_or_default();
+                out[j.plan][first_slot[j.plan][j.row] + k] =
+                    softmax(&l, row.nopts[k], row.temperatures[k]);
+            }
+        }
+        Ok(())
     }
 
     /// Run `plans[p].rows[0].ids[..lcp]` for every `(p, lcp)`: prefixes stacked into `forward_batch` calls of at most

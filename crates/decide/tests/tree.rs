@@ -1,0 +1,572 @@
+//! The one-pass route of `Engine::score` ([`Backend::forward_tree`]) against the plain CPU engine, which never takes
+//! it. `TreeCpu` wraps the CPU [`Model`] and runs a tree the long way (the roots batched, each child on a clone of its
+//! root's state taken after the roots ran, the children batched, the hidden rows concatenated), counting its calls.
+//!
+//! - via the tree, every probability is within 1e-5 of the plain engine's, one tree per `score` call, on the answer
+//!   fixtures' bodies (one and several plans per call, with and without a shared prefix, a row without slots, 2..40
+//!   options) and on hand-built plans;
+//! - a call over [`MAX_BATCH_TOKENS`] or over `fork_budget_bytes` (one byte past the engine's estimate) asks for no
+//!   tree and answers exactly as the plain engine; at the limits it takes the tree;
+//! - a backend that declines the tree (`Ok(None)`) answers exactly as the plain engine;
+//! - the slot check still fails a bad plan on the tree route.
+//!
+//! Checkpoints come from `onepass_model::synth`, written once per test binary into a temp folder with the
+//! decider_config.json of tests/fixtures/systemone/answers. Needs testdata/qwen3_5-tokenizer (tools/setup-testdata.sh).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use common::root;
+use onepass_decide::engine::{Backend, MAX_BATCH_TOKENS};
+use onepass_decide::render::QType;
+use onepass_decide::rows::common_prefix_len;
+use onepass_decide::{parse_request, Engine, EngineOptions, Plan, Row};
+use onepass_model::{synth, Model, ModelError, SequenceState};
+use serde_json::Value as J;
+
+/// Tree route vs plain engine, per probability: the same rows in other `forward_batch` compositions, f32 on the CPU
+/// (the matmul's path and reduction order depend on the tokens stacked), as `SHARED_TOLERANCE` in tests/answers.rs.
+/// Seen: 1.1e-6; the plain engine itself moves up to 2.0e-6 between five plans per call and one per call. Where both
+/// engines take the same route the answers must be equal.
+const TOLERANCE: f32 = 1e-5;
+
+/// Both presets of the answer fixtures: text and composite layouts, tied and untied heads.
+const PRESETS: [&str; 2] = ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"];
+
+/// The CPU model with a `forward_tree` that really runs the tree, or declines it when `decline` is set.
+struct TreeCpu {
+    model: Model,
+    /// `forward_tree` calls.
+    asked: AtomicUsize,
+    /// `forward_tree` calls that ran the tree.
+    ran: AtomicUsize,
+    decline: AtomicBool,
+}
+
+impl TreeCpu {
+    /// (asked, ran) so far.
+    fn counts(&self) -> (usize, usize) {
+        (
+            self.asked.load(Ordering::SeqCst),
+            self.ran.load(Ordering::SeqCst),
+        )
+    }
+}
+
+impl Backend for TreeCpu {
+    type State = SequenceState;
+    /// hidden: [ΣT, H] f32
+    type Hidden = Vec<f32>;
+    type Error = ModelError;
+    fn device(&self) -> String {
+        "cpu (tree test)".into()
+    }
+    fn vocab_size(&self) -> usize {
+        Backend::vocab_size(&self.model)
+    }
+    fn state_bytes_per_token(&self) -> usize {
+        Backend::state_bytes_per_token(&self.model)
+    }
+    fn new_state(&self) -> Result<SequenceState, ModelError> {
+        Backend::new_state(&self.model)
+    }
+    fn state_bytes(&self, st: &SequenceState) -> usize {
+        Backend::state_bytes(&self.model, st)
+    }
+    fn fork(&self, st: &SequenceState) -> Result<SequenceState, ModelError> {
+        Backend::fork(&self.model, st)
+    }
+    fn forward_batch(
+        &self,
+        items: &mut [(&mut SequenceState, &[u32])],
+    ) -> Result<Vec<f32>, ModelError> {
+        Backend::forward_batch(&self.model, items)
+    }
+    fn forward_tree(
+        &self,
+        roots: &mut [(&mut SequenceState, &[u32])],
+        children: &[(usize, &[u32])],
+    ) -> Result<Option<(Vec<f32>, Vec<SequenceState>)>, ModelError> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        if self.decline.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        // hidden: [Σ root T + Σ child T, H]
+        let mut hidden = Backend::forward_batch(&self.model, roots)?;
+        let mut states: Vec<SequenceState> = children
+            .iter()
+            .map(|&(r, _)| {
+                let (st, _) = roots.get(r).ok_or_else(|| {
+                    ModelError::Input(format!("child of root {r} of {}", roots.len()))
+                })?;
+                Backend::fork(&self.model, st)
+            })
+            .collect::<Result<_, _>>()?;
+        if !children.is_empty() {
+            let mut items: Vec<(&mut SequenceState, &[u32])> = states
+                .iter_mut()
+                .zip(children)
+                .map(|(st, &(_, ids))| (st, ids))
+                .collect();
+            hidden.extend(Backend::forward_batch(&self.model, &mut items)?);
+        }
+        self.ran.fetch_add(1, Ordering::SeqCst);
+        Ok(Some((hidden, states)))
+    }
+    fn label_logits(
+        &self,
+        h: &Vec<f32>,
+        picks: &[(usize, &[u32])],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        Backend::label_logits(&self.model, h, picks)
+    }
+}
+
+fn fixtures() -> PathBuf {
+    root().join("tests/fixtures/systemone/answers")
+}
+
+/// The checkpoint folder of a preset: synthetic weights, the real tokenizer, the fixture's decider_config.json.
+fn checkpoint(preset: &'static str) -> &'static Path {
+    static DIRS: OnceLock<Mutex<Vec<(&'static str, &'static tempfile::TempDir)>>> = OnceLock::new();
+    let mut dirs = DIRS.get_or_init(Default::default).lock().unwrap();
+    if let Some((_, d)) = dirs.iter().find(|(p, _)| *p == preset) {
+        return d.path();
+    }
+    let dir: &'static tempfile::TempDir =
+        Box::leak(Box::new(tempfile::tempdir().expect("tempdir")));
+    synth::write_checkpoint(
+        &synth::preset(preset).expect("preset"),
+        dir.path(),
+        &mut |_, _| {},
+    )
+    .expect("synth");
+    let tok = root().join("testdata/qwen3_5-tokenizer");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok.join(f), dir.path().join(f))
+            .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
+    }
+    let manifest: J = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("manifest.json")).expect("manifest"),
+    )
+    .expect("manifest json");
+    std::fs::write(
+        dir.path().join("decider_config.json"),
+        manifest["presets"][preset]["decider_config"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    dirs.push((preset, dir));
+    dir.path()
+}
+
+fn plain(preset: &'static str, opts: EngineOptions) -> Engine {
+    Engine::load(checkpoint(preset), opts).expect("engine")
+}
+
+fn tree(preset: &'static str, opts: EngineOptions, decline: bool) -> Engine<TreeCpu> {
+    let dir = checkpoint(preset);
+    let model = Model::load(dir).expect("model");
+    let model_type = model.config().model_type.clone();
+    let backend = TreeCpu {
+        model,
+        asked: AtomicUsize::new(0),
+        ran: AtomicUsize::new(0),
+        decline: AtomicBool::new(decline),
+    };
+    Engine::from_dir_with(dir, &model_type, backend, opts).expect("engine")
+}
+
+/// The answer fixtures' bodies, a packed body of three questions (one row, 2, 4 and 3 options) and a packed body
+/// without questions (one row, no slots), planned.
+fn fixture_plans(eng: &Engine, preset: &str) -> Vec<Plan> {
+    let mut bodies: Vec<String> = common::jsonl(&fixtures().join(format!("{preset}.jsonl")))
+        .iter()
+        .map(|v| v["body"].as_str().unwrap().to_string())
+        .collect();
+    bodies.push(
+        r#"{"state": "A parcel arrived damaged.", "independent": false, "questions": {"a": {"type": "bool", "instructions": "Is it damaged?"}, "b": {"type": "choice", "instructions": "What next?", "criteria": ["refund", "replace", "repair", "ignore"]}, "c": {"type": "choice", "instructions": "Who pays?", "criteria": ["shop", "courier", "client"]}}}"#
+            .into(),
+    );
+    bodies.push(r#"{"state": "s", "questions": {}, "independent": false}"#.into());
+    bodies
+        .iter()
+        .map(|b| {
+            eng.plan(&parse_request(b.as_bytes()).unwrap())
+                .unwrap_or_else(|e| panic!("{b}: {e:?}"))
+        })
+        .collect()
+}
+
+/// Rows of `p` that are read (have slots), and the shared prefix `score` gives `p` under default options.
+fn read_rows(p: &Plan) -> (Vec<&Row>, usize) {
+    let lcp = if p.rows.len() >= 2 {
+        let rows: Vec<&[u32]> = p.rows.iter().map(|r| r.ids.as_slice()).collect();
+        common_prefix_len(&rows)
+    } else {
+        0
+    };
+    (p.rows.iter().filter(|r| !r.slots.is_empty()).collect(), lcp)
+}
+
+/// Tokens of the one pass over `plans`: every shared prefix once, then every read row's remaining ids.
+fn one_pass_tokens(plans: &[&Plan]) -> usize {
+    plans
+        .iter()
+        .map(|p| {
+            let (rows, lcp) = read_rows(p);
+            lcp + rows.iter().map(|r| r.ids.len() - lcp).sum::<usize>()
+        })
+        .sum()
+}
+
+/// The fork budget the engine estimates for one pass over `plans`: per read row, a fresh state, plus the prefix's
+/// KV if it has one, plus its suffix's KV.
+fn one_pass_bytes<B: Backend>(eng: &Engine<B>, plans: &[&Plan]) -> usize {
+    let m = eng.model();
+    let fresh = m.state_bytes(&m.new_state().map_err(|e| e.to_string()).unwrap());
+    let per_token = m.state_bytes_per_token();
+    plans
+        .iter()
+        .map(|p| {
+            // fresh + lcp × per_token for the prefix, + (len - lcp) × per_token for the suffix
+            let (rows, _) = read_rows(p);
+            rows.iter()
+                .map(|r| fresh + r.ids.len() * per_token)
+                .sum::<usize>()
+        })
+        .sum()
+}
+
+/// `got` and `want` have the same shape and every probability within `tol`. → the worst |diff|.
+fn compare(label: &str, got: &[Vec<Vec<f32>>], want: &[Vec<Vec<f32>>], tol: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{label}: plans");
+    let mut worst = 0.0f32;
+    for (pi, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{label} plan {pi}: slots");
+        for (s, (gs, ws)) in g.iter().zip(w).enumerate() {
+            assert_eq!(gs.len(), ws.len(), "{label} plan {pi} slot {s}: options");
+            for (x, y) in gs.iter().zip(ws) {
+                let d = (x - y).abs();
+                assert!(d <= tol, "{label} plan {pi} slot {s}: {x} vs {y}");
+                worst = worst.max(d);
+            }
+        }
+    }
+    worst
+}
+
+/// Score `plans` on both engines; the tree engine must ask for `asked` trees and run `ran` of them in this call.
+fn check_call<B: Backend>(
+    label: &str,
+    tree: &Engine<B>,
+    counts: &dyn Fn() -> (usize, usize),
+    plain: &Engine,
+    plans: &[&Plan],
+    (asked, ran): (usize, usize),
+    tol: f32,
+) -> f32 {
+    let before = counts();
+    let got = tree.score(plans).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let after = counts();
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (asked, ran),
+        "{label}: (trees asked, trees run)"
+    );
+    let want = plain
+        .score(plans)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    compare(label, &got, &want, tol)
+}
+
+/// `n` ids in the vocabulary, from a seed.
+fn ids(seed: u64, n: usize) -> Vec<u32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % 150_000) as u32
+        })
+        .collect()
+}
+
+/// A row of `ids` read at `slots`, with 2, 7, 40, ... options in turn.
+fn row(ids: Vec<u32>, slots: &[usize]) -> Row {
+    let n = slots.len();
+    Row {
+        ids,
+        slots: slots.to_vec(),
+        nopts: [2, 7, 40, 3].iter().cycle().take(n).copied().collect(),
+        types: vec![QType::Choice; n],
+        temperatures: [1.0, 0.7, 1.6].iter().cycle().take(n).copied().collect(),
+    }
+}
+
+fn plan_of(rows: Vec<Row>) -> Plan {
+    Plan {
+        rqs: Vec::new(),
+        index: Vec::new(),
+        rows,
+        ctx_len: 0,
+        input_tokens: 0,
+    }
+}
+
+/// `k` rows sharing the first `prefix` ids, then `suffix` ids of their own (the first differs per row), each read at
+/// its last id and in the middle of its suffix.
+fn shared_plan(seed: u64, k: usize, prefix: usize, suffix: usize) -> Plan {
+    let head = ids(seed, prefix);
+    plan_of(
+        (0..k)
+            .map(|r| {
+                let mut tail = ids(seed + 1 + r as u64, suffix);
+                tail[0] = 200_000 + r as u32;
+                let n = prefix + suffix;
+                row([head.clone(), tail].concat(), &[prefix + suffix / 2, n - 1])
+            })
+            .collect(),
+    )
+}
+
+/// Every fixture body alone and in calls of several plans, through the tree: within [`TOLERANCE`] of the plain engine, one
+/// tree per call.
+#[test]
+fn tree_equals_plain_engine() {
+    for preset in PRESETS {
+        let base = plain(preset, EngineOptions::default());
+        let eng = tree(preset, EngineOptions::default(), false);
+        let counts = || eng.model().counts();
+        let plans = fixture_plans(&base, preset);
+        // The bodies cover what the route must handle.
+        assert!(plans.iter().any(|p| read_rows(p).1 > 0), "a shared prefix");
+        assert!(
+            plans
+                .iter()
+                .any(|p| p.rows.len() == 1 && p.slot_count() >= 3),
+            "a single row of several slots (no shared prefix)"
+        );
+        let empty = plans.iter().position(|p| p.slot_count() == 0).unwrap();
+        let mut nopts: Vec<usize> = plans
+            .iter()
+            .flat_map(|p| p.rows.iter().flat_map(|r| r.nopts.iter().copied()))
+            .collect();
+        nopts.sort_unstable();
+        nopts.dedup();
+        assert!(nopts.len() >= 5, "option counts {nopts:?}");
+
+        let mut worst = 0.0f32;
+        let mut calls = 0;
+        for (i, p) in plans.iter().enumerate() {
+            let n = usize::from(p.slot_count() > 0); // no slots: no forward at all
+            let label = format!("{preset} plan {i} alone");
+            worst = worst.max(check_call(
+                &label,
+                &eng,
+                &counts,
+                &base,
+                &[p],
+                (n, n),
+                TOLERANCE,
+            ));
+            calls += n;
+        }
+        // Several plans per call, the plan without slots in each, within one pass.
+        let refs: Vec<&Plan> = plans.iter().collect();
+        for (c, chunk) in refs.chunks(5).enumerate() {
+            let mut call: Vec<&Plan> = chunk.to_vec();
+            call.insert(call.len() / 2, refs[empty]);
+            assert!(one_pass_tokens(&call) <= MAX_BATCH_TOKENS);
+            let label = format!("{preset} call {c} of {} plans", call.len());
+            worst = worst.max(check_call(
+                &label,
+                &eng,
+                &counts,
+                &base,
+                &call,
+                (1, 1),
+                TOLERANCE,
+            ));
+            calls += 1;
+        }
+        eprintln!(
+            "{preset}: {calls} score calls through the tree, worst |diff| vs plain {worst:e}"
+        );
+    }
+}
+
+/// Hand-built plans at the token limit: exactly [`MAX_BATCH_TOKENS`] in the pass takes the tree, one more does not
+/// (and answers exactly as the plain engine).
+#[test]
+fn token_limit() {
+    let preset = PRESETS[0];
+    let base = plain(preset, EngineOptions::default());
+    let eng = tree(preset, EngineOptions::default(), false);
+    let counts = || eng.model().counts();
+    // 2000 shared + 4 × 1000 own + a single row: 6000 + the single row.
+    let shared = shared_plan(1, 4, 2000, 1000);
+    let rest = MAX_BATCH_TOKENS - 6000;
+    let at = plan_of(vec![row(ids(9, rest), &[0, rest / 3, rest - 1])]);
+    let over = plan_of(vec![row(ids(9, rest + 1), &[0, rest / 3, rest])]);
+    assert_eq!(one_pass_tokens(&[&shared, &at]), MAX_BATCH_TOKENS);
+    assert_eq!(one_pass_tokens(&[&shared, &over]), MAX_BATCH_TOKENS + 1);
+    let w = check_call(
+        "at the limit",
+        &eng,
+        &counts,
+        &base,
+        &[&shared, &at],
+        (1, 1),
+        TOLERANCE,
+    );
+    check_call(
+        "one token over",
+        &eng,
+        &counts,
+        &base,
+        &[&shared, &over],
+        (0, 0),
+        0.0,
+    );
+    eprintln!("{preset}: {MAX_BATCH_TOKENS} tokens in one tree, worst |diff| vs plain {w:e}");
+}
+
+/// Every fixture plan in one call, repeated past [`MAX_BATCH_TOKENS`]: no tree, the plain engine's answers.
+#[test]
+fn over_token_limit_falls_back() {
+    for preset in PRESETS {
+        let base = plain(preset, EngineOptions::default());
+        let eng = tree(preset, EngineOptions::default(), false);
+        let counts = || eng.model().counts();
+        let plans = fixture_plans(&base, preset);
+        let mut call: Vec<&Plan> = Vec::new();
+        for p in plans.iter().cycle() {
+            call.push(p);
+            if one_pass_tokens(&call) > MAX_BATCH_TOKENS {
+                break;
+            }
+        }
+        check_call(
+            &format!("{preset}: {} plans over the token limit", call.len()),
+            &eng,
+            &counts,
+            &base,
+            &call,
+            (0, 0),
+            0.0,
+        );
+    }
+}
+
+/// The fork budget: at the engine's estimate the call takes the tree; one byte less, or a budget of one byte, it does
+/// not (and answers exactly as the plain engine with the same budget).
+#[test]
+fn fork_budget() {
+    let preset = PRESETS[1];
+    let probe = plain(preset, EngineOptions::default());
+    let plans = fixture_plans(&probe, preset);
+    let call: Vec<&Plan> = plans
+        .iter()
+        .filter(|p| read_rows(p).1 > 0)
+        .take(2)
+        .chain(plans.iter().filter(|p| read_rows(p).1 == 0).take(3))
+        .collect();
+    assert!(call.iter().map(|p| read_rows(p).0.len()).sum::<usize>() >= 2);
+    assert!(call.iter().any(|p| read_rows(p).1 > 0), "a shared prefix");
+    let need = one_pass_bytes(&probe, &call);
+    for (budget, trees) in [(need, 1), (need - 1, 0), (1, 0)] {
+        let opts = EngineOptions {
+            fork_budget_bytes: budget,
+            ..EngineOptions::default()
+        };
+        let base = plain(preset, opts.clone());
+        let eng = tree(preset, opts, false);
+        let counts = || eng.model().counts();
+        let tol = if trees == 1 { TOLERANCE } else { 0.0 };
+        check_call(
+            &format!("{preset}: budget {budget} of {need} bytes"),
+            &eng,
+            &counts,
+            &base,
+            &call,
+            (trees, trees),
+            tol,
+        );
+    }
+}
+
+/// A backend that declines every tree: asked once per call, the plain engine's answers exactly (the route before the
+/// hook, unchanged).
+#[test]
+fn declined_tree_is_the_plain_engine() {
+    for preset in PRESETS {
+        let base = plain(preset, EngineOptions::default());
+        let eng = tree(preset, EngineOptions::default(), true);
+        let counts = || eng.model().counts();
+        let plans = fixture_plans(&base, preset);
+        let refs: Vec<&Plan> = plans.iter().collect();
+        for (c, chunk) in refs.chunks(7).enumerate() {
+            check_call(
+                &format!("{preset} call {c} declined"),
+                &eng,
+                &counts,
+                &base,
+                chunk,
+                (1, 0),
+                0.0,
+            );
+        }
+        let hand = [shared_plan(3, 3, 40, 17), shared_plan(4, 2, 1, 5)];
+        let hand: Vec<&Plan> = hand.iter().collect();
+        check_call(
+            &format!("{preset} hand-built, declined"),
+            &eng,
+            &counts,
+            &base,
+            &hand,
+            (1, 0),
+            0.0,
+        );
+        // Switched on, the same engine takes the tree.
+        eng.model().decline.store(false, Ordering::SeqCst);
+        check_call(
+            &format!("{preset} hand-built, tree"),
+            &eng,
+            &counts,
+            &base,
+            &hand,
+            (1, 1),
+            TOLERANCE,
+        );
+    }
+}
+
+/// A slot outside its row fails the call on the tree route with the plain engine's error.
+#[test]
+fn slot_check_on_the_tree_route() {
+    let preset = PRESETS[0];
+    let base = plain(preset, EngineOptions::default());
+    let eng = tree(preset, EngineOptions::default(), false);
+    let mut bad = shared_plan(5, 2, 10, 6);
+    bad.rows[1].slots[0] = 16;
+    let good = shared_plan(6, 2, 8, 4);
+    let got = eng.score(&[&good, &bad]).unwrap_err().to_string();
+    let want = base.score(&[&good, &bad]).unwrap_err().to_string();
+    assert_eq!(got, want);
+    assert!(
+        got.contains(
+            "plan 1 row 1: slot 16 with 2 options does not fit a row of 16 ids (prefix 10)"
+        ),
+        "{got}"
+    );
+    assert_eq!(eng.model().counts(), (1, 1));
+}
