@@ -148,9 +148,13 @@ impl Backend for CudaBackend {
         &self,
         roots: &mut [(&mut CudaState, &[u32])],
         children: &[(usize, &[u32])],
-    ) -> Result<Option<(CudaHidden, Vec<CudaState>)>, CudaError> {
+    ) -> Result<Option<CudaHidden>, CudaError> {
         let _g = self.guard()?;
-        self.model.forward_tree(roots, children)
+        // The children's states are dropped after the readout: the state pass skips writing them.
+        Ok(self
+            .model
+            .forward_tree(roots, children, false)?
+            .map(|(h, _)| h))
     }
 
     fn label_logits(

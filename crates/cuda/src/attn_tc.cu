@@ -83,9 +83,12 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
     float* Qs = sm;                 // [ATC_M, lds]
     float* Ks = Qs + ATC_M * lds;   // [ATC_NK, lds]
     float* Vs = Ks + ATC_NK * lds;  // [ATC_NK, lds]
-    // Longest tiles first (they see the most keys).
-    int tile = (int)(gridDim.x / ns) - 1 - (int)blockIdx.x / ns, split = (int)blockIdx.x % ns;
-    int s = blockIdx.y, kh = blockIdx.z;
+    // Longest tiles first (they see the most keys), both KV heads of a tile together, and the last segments first:
+    // in a tree (CudaModel::forward_tree) those are the children, whose one tile sees its root's keys as well, so
+    // started last they would run alone at the end.
+    int kh = (int)blockIdx.x % HKV, bx = (int)blockIdx.x / HKV;
+    int tile = (int)(gridDim.x / HKV / ns) - 1 - bx / ns, split = bx % ns;
+    int s = nseg - 1 - (int)blockIdx.y;
     int start = seg[3 * s], len = seg[3 * s + 1], pos0 = seg[3 * s + 2];
     int t0 = tile * TQ;
     if (t0 >= len) return;
@@ -300,7 +303,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
 
 // q: [N, H, D]; proj: [N, ld] (gate of head h at h*2D + D); seg: [S, 3]; kv: [S, KV_ENTRIES]; out: [N, H*D] as `store_act`
 // with `mode`. ns: most key splits per tile; scratch: [ns, nseg, maxlen, H] x (D + 2) floats when ns > 1.
-// grid (ceil(maxlen / (ATC_M / G)) * ns, nseg, HKV), block 128, dynamic shared memory (ATC_M + 2 ATC_NK) *
+// grid (ceil(maxlen / (ATC_M / G)) * ns * HKV, nseg), block 128, dynamic shared memory (ATC_M + 2 ATC_NK) *
 // (Dp + 4) floats, Dp = 64, 128 or 256 (the least >= D); D % 4 == 0, D <= 256, G = H / HKV <= 64.
 extern "C" __global__ void __launch_bounds__(128, 2)
     attention_tc(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,

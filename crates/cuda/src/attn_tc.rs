@@ -146,8 +146,12 @@ pub fn attention_tc_with(
     }
     let (o, mode) = out.parts();
     let tiles = max_len.div_ceil(tile_tokens(a));
-    let mut lc = cfg(((tiles * splits) as u32, nseg as u32), 128, smem(a) as u32);
-    lc.grid_dim.2 = a.kv_heads as u32;
+    // x: (tile, split, KV head), KV head fastest; y: segment (attn_tc.cu walks both in the order it wants).
+    let lc = cfg(
+        ((tiles * splits * a.kv_heads) as u32, nseg as u32),
+        128,
+        smem(a) as u32,
+    );
     launch!(g, g.k.attention_tc, lc;
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, d as i32, scale, o, mode,
         splits as i32, max_len as i32, nseg as i32, scratch)?;

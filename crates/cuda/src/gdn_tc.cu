@@ -118,8 +118,8 @@ template <int BV>
 __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
                                                const float* __restrict__ W, const float* __restrict__ M,
                                                const float* __restrict__ E, float* __restrict__ out, const int* seg,
-                                               const u64* states, const u64* init, int hk, int hv, int dk, int dv,
-                                               int vec, float* sm) {
+                                               const u64* states, const u64* init, int keep, int hk, int hv, int dk,
+                                               int dv, int vec, float* sm) {
     constexpr int NT = BV / 8;  // n tiles of 8 value columns
     constexpr int LDV = GtcLd<BV>::v;
     constexpr int LDM = GDN_C + 4;
@@ -271,7 +271,8 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
         }
         // S <- e^gam_last S + K^T (e v'): this warp's 16 rows of S, k over the chunk's tokens. A = K^T, read down
         // K's columns: a0 = K[k t][row g], a1 = K[k t][row g+8], a2 = K[k t+4][row g], a3 = K[k t+4][row g+8].
-        if (sown) {
+        // Not after the last chunk of a state nobody keeps (keep = 0).
+        if (sown && (more || keep)) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -312,7 +313,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
         }
         gtc_commit();
     }
-    if (sown) {
+    if (sown && keep) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
@@ -326,15 +327,16 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 
 // State pass on tensor cores, BV value columns per block. grid (hv, nseg, ceil(dv / BV)), block 256, dynamic shared
 // memory from gdn_tc_smem (gdn_tc.rs). Arguments as gdn_wy_state's, plus init (init[s]: where segment s's state is
-// read from; states[s] itself, or the state of the parent segment it continues, written by an earlier launch) and
+// read from; states[s] itself, or the state of the parent segment it continues, written by an earlier launch), keep
+// (0: the states after the segments are not needed: neither the last chunk's update nor the write-back runs) and
 // vec (1: 16-byte tile copies are aligned).
 #define GDN_TC_STATE(BV)                                                                                             \
     extern "C" __global__ void __launch_bounds__(256, 1) gdn_tc_state_##BV(                                          \
         const float* __restrict__ qkv, int ld, const float* __restrict__ U, const float* __restrict__ W,             \
         const float* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,           \
-        const u64* states, const u64* init, int hk, int hv, int dk, int dv, int vec) {                               \
+        const u64* states, const u64* init, int keep, int hk, int hv, int dk, int dv, int vec) {                     \
         extern __shared__ float sm[];                                                                                \
-        gdn_tc_state_t<BV>(qkv, ld, U, W, M, E, out, seg, states, init, hk, hv, dk, dv, vec, sm);                    \
+        gdn_tc_state_t<BV>(qkv, ld, U, W, M, E, out, seg, states, init, keep, hk, hv, dk, dv, vec, sm);              \
     }
 GDN_TC_STATE(8)
 GDN_TC_STATE(16)

@@ -9,6 +9,33 @@ use crate::ops::{self, GdnDims, GDN_CHUNK};
 use crate::runtime::{cfg, Gpu};
 use crate::CudaError;
 
+/// Where the state pass of [`gdn_tc_chunked`] reads and writes each segment's recurrent state.
+#[derive(Clone, Copy, Debug)]
+pub struct SegStates {
+    /// [S] addresses of [HV, DK, DV] f32, each segment's state after its rows (written unless dropped, below).
+    pub states: u64,
+    /// [S] addresses each segment's state is read from: `states` itself, or for segments `roots..` the state of the
+    /// segment they continue (one of `0..roots`, written by the first of two state pass launches).
+    pub init: u64,
+    /// Segments `0..roots` run first, `roots..` after them (`CudaModel::forward_tree`); `nseg` for a plain batch.
+    pub roots: usize,
+    /// Whether the states of segments `roots..` are written (false: they are dropped after the forward, so the last
+    /// chunk's update and the write-back are skipped).
+    pub keep_children: bool,
+}
+
+impl SegStates {
+    /// Every segment continues its own state (a plain batch).
+    pub fn own(states: u64, nseg: usize) -> Self {
+        SegStates {
+            states,
+            init: states,
+            roots: nseg,
+            keep_children: true,
+        }
+    }
+}
+
 /// Value columns per block that [`gdn_tc_state`] supports (one kernel each).
 pub const GDN_TC_SLICES: [usize; 4] = [8, 16, 32, 64];
 
@@ -59,15 +86,15 @@ pub fn gdn_tc_slice(d: GdnDims, nseg: usize) -> usize {
 /// out: [N, HV, DV]; segs: [S, 3] i32; states: [S] addresses of [HV, DK, DV] f32 (written at the end); init: [S]
 /// addresses each segment's state is read from (`states` itself, or for a segment that continues another one of the
 /// batch, that segment's state, written by an earlier launch: [`gdn_tc_chunked`]); scratch: `rows *
-/// ops::gdn_wy_scratch(d)` f32 filled by [`ops::gdn_wy_prep`]. Needs DK ≤ 128.
+/// ops::gdn_wy_scratch(d)` f32 filled by [`ops::gdn_wy_prep`]; keep: false skips writing `states` (and the last
+/// chunk's state update) when nobody reads the states after the segments. Needs DK ≤ 128.
 pub fn gdn_tc_state(
     g: &Gpu,
     qkv: u64,
     ld: usize,
     out: u64,
     segs: u64,
-    states: u64,
-    init: u64,
+    (states, init, keep): (u64, u64, bool),
     nseg: usize,
     d: GdnDims,
     rows: usize,
@@ -98,8 +125,8 @@ pub fn gdn_tc_state(
     let mut lc = cfg((d.hv as u32, nseg as u32), 256, gdn_tc_smem(d, dvs) as u32);
     lc.grid_dim.2 = ops::blocks(d.dv, dvs);
     launch!(g, g.k.gdn_tc_state[slice], lc;
-        qkv, ld as i32, u, w, m, e, out, segs, states, init, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32,
-        vec as i32)
+        qkv, ld as i32, u, w, m, e, out, segs, states, init, keep as i32, d.hk as i32, d.hv as i32, d.dk as i32,
+        d.dv as i32, vec as i32)
 }
 
 /// The chunked gated delta rule on tensor cores: [`crate::gdn_prep_tc::gdn_tc_prep`] (or [`ops::gdn_wy_prep`] for
@@ -107,11 +134,10 @@ pub fn gdn_tc_state(
 /// [`ops::gdn_chunked_wy`], into which it falls back for dims the tensor-core state pass does not take (DK > 128).
 /// The forward's path (`CudaModel`, unless `ONEPASS_GDN=wy`).
 ///
-/// Segments `roots..nseg` continue others of the batch (`CudaModel::forward_tree`): `init` ([S] addresses, as
-/// [`gdn_tc_state`]'s) points each of them at the state of the segment it continues, one of `0..roots`. The state
-/// pass then runs twice, over `0..roots` and then over the rest, which read what the first wrote. `roots == nseg`
-/// and `init == states`: every segment continues its own state (one pass). Continuing segments need the
-/// tensor-core state pass ([`gdn_tc_supported`]; else [`CudaError::Unsupported`], nothing launched).
+/// `st` ([`SegStates`]): segments `st.roots..nseg` may continue others of the batch (`CudaModel::forward_tree`); the
+/// state pass then runs twice, over `0..roots` and then over the rest, which read what the first wrote.
+/// [`SegStates::own`]: every segment continues its own state (one pass). Continuing segments need the tensor-core
+/// state pass ([`gdn_tc_supported`]; else [`CudaError::Unsupported`], nothing launched).
 pub fn gdn_tc_chunked(
     g: &Gpu,
     qkv: u64,
@@ -120,14 +146,15 @@ pub fn gdn_tc_chunked(
     beta: u64,
     out: u64,
     segs: u64,
-    (states, init, roots): (u64, u64, usize),
+    st: SegStates,
     nseg: usize,
     d: GdnDims,
     rows: usize,
     max_len: usize,
     scratch: u64,
 ) -> Result<(), CudaError> {
-    let roots = roots.min(nseg);
+    let (states, init) = (st.states, st.init);
+    let roots = st.roots.min(nseg);
     let dvs = gdn_tc_slice(d, roots);
     let dvs2 = gdn_tc_slice(d, nseg - roots);
     if !gdn_tc_supported(g, d, dvs) || (roots < nseg && !gdn_tc_supported(g, d, dvs2)) {
@@ -149,7 +176,17 @@ pub fn gdn_tc_chunked(
         r => r?,
     }
     gdn_tc_state(
-        g, qkv, ld, out, segs, states, init, roots, d, rows, scratch, dvs,
+        g,
+        qkv,
+        ld,
+        out,
+        segs,
+        (states, init, true),
+        roots,
+        d,
+        rows,
+        scratch,
+        dvs,
     )?;
     if roots < nseg {
         let (o, a) = (12 * roots as u64, 8 * roots as u64); // segs: 3 i32 per segment; states, init: one u64
@@ -159,8 +196,7 @@ pub fn gdn_tc_chunked(
             ld,
             out,
             segs + o,
-            states + a,
-            init + a,
+            (states + a, init + a, st.keep_children),
             nseg - roots,
             d,
             rows,

@@ -234,6 +234,8 @@ struct Shape {
     nseg: usize,
     /// Segments `roots..nseg` continue one of `0..roots` ([`CudaModel::forward_tree`]); `nseg` in a plain batch.
     roots: usize,
+    /// Whether the states of segments `roots..` are written (false: dropped after the forward).
+    keep_children: bool,
     max_len: usize,
     all_single: bool,
 }
@@ -940,7 +942,7 @@ impl CudaModel {
     ) -> Result<CudaHidden, CudaError> {
         let t0 = std::time::Instant::now();
         let par = vec![-1; items.len()];
-        let r = self.forward_queue(items, &par);
+        let r = self.forward_queue(items, &par, true);
         self.enqueue_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         r
@@ -951,8 +953,9 @@ impl CudaModel {
     /// start from the state their root reached in that layer (conv inputs from the root's last rows, a second state
     /// pass launch that reads the root's recurrent state, attention over the root's cache rows written earlier in the
     /// layer). Every weight is read and every kernel launched once for roots and children together, instead of once
-    /// for the roots and again for the forks. → the hidden rows of the roots' ids then of the children's, and the
-    /// children's states (equal to forks of the roots after their ids, sharing the roots' KV caches read-only).
+    /// for the roots and again for the forks. → the hidden rows of the roots' ids then of the children's, and with
+    /// `keep` the children's states (equal to forks of the roots after their ids, sharing the roots' KV caches
+    /// read-only); without it none (their recurrent states are never written: the state pass skips its last update).
     ///
     /// `Ok(None)`, with nothing run: this model does not take the tree (`ONEPASS_GDN=wy`, a GDN layer the tensor-core
     /// state pass does not take, `ONEPASS_TREE=0`), or a root with children has fewer ids than `tree_min_root` or is itself a fork (its
@@ -961,6 +964,7 @@ impl CudaModel {
         &self,
         roots: &mut [(&mut CudaState, &[u32])],
         children: &[(usize, &[u32])],
+        keep: bool,
     ) -> Result<Option<(CudaHidden, Vec<CudaState>)>, CudaError> {
         if children.is_empty() {
             return Ok(Some((self.forward_batch(roots)?, Vec::new())));
@@ -1006,11 +1010,14 @@ impl CudaModel {
                     .map(|(st, &(_, ids))| (st, ids)),
             )
             .collect();
-        let r = self.forward_queue(&mut items, &par);
+        let r = self.forward_queue(&mut items, &par, keep);
         self.enqueue_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let h = r?;
         self.trees.fetch_add(1, Ordering::Relaxed);
+        if !keep {
+            kids.clear();
+        }
         Ok(Some((h, kids)))
     }
 
@@ -1037,11 +1044,13 @@ impl CudaModel {
     }
 
     /// One forward over `items` (see [`CudaModel::forward_tree`] for `par`: -1, or the index of the earlier segment a
-    /// segment continues; those come after every segment with -1).
+    /// segment continues; those come after every segment with -1, and their recurrent states are written only with
+    /// `keep_children`).
     fn forward_queue(
         &self,
         items: &mut [(&mut CudaState, &[u32])],
         par: &[i32],
+        keep_children: bool,
     ) -> Result<CudaHidden, CudaError> {
         let g = &*self.gpu;
         let hid = self.hid;
@@ -1067,6 +1076,7 @@ impl CudaModel {
             n,
             nseg,
             roots,
+            keep_children,
             max_len: items.iter().map(|(_, s)| s.len()).max().unwrap_or(0),
             all_single: items.iter().all(|(_, s)| s.len() == 1),
         };
@@ -1355,6 +1365,7 @@ impl CudaModel {
             n,
             nseg,
             roots,
+            keep_children,
             max_len,
             all_single,
         } = s;
@@ -1418,7 +1429,12 @@ impl CudaModel {
                                 beta_p,
                                 core_p,
                                 segs_p,
-                                (ssm_p, init_p, roots),
+                                crate::gdn_tc::SegStates {
+                                    states: ssm_p,
+                                    init: init_p,
+                                    roots,
+                                    keep_children,
+                                },
                                 nseg,
                                 d,
                                 n,

@@ -262,7 +262,8 @@ fn graph_replays_equal_direct_runs() {
 /// 40 ids with children of 63, 1 and 65 ids; one that already consumed 17 ids (so its children's conv inputs mix its
 /// rows and its state is not zero) running 9 more, with children of 2 and 70 ids; a fresh one of 5 ids without
 /// children. Compared: every logit of the one forward, then of one more batch of 3 ids on every child (the children's
-/// conv, recurrent and KV state), and the positions. Three rounds per model with new ids and states, so with CUDA
+/// conv, recurrent and KV state), and the positions; without the children's states (the engine's route) the rows must
+/// be the same bit for bit. Three rounds per model with new ids and states, so with CUDA
 /// graphs on the third replays a captured tree. In the exact mode on every tiny preset and in split on tiny-gva; a
 /// structural error (a wrong parent row, state or cache position) shows as O(1).
 #[test]
@@ -320,7 +321,7 @@ fn tree_forward_equals_prefix_then_forks() {
             let children: Vec<(usize, &[u32])> =
                 kids.iter().map(|(r, x)| (*r, x.as_slice())).collect();
             let (h, mut tk) = gm
-                .forward_tree(&mut pairs(&mut ts, &root_ids), &children)
+                .forward_tree(&mut pairs(&mut ts, &root_ids), &children, true)
                 .unwrap()
                 .expect("this tree runs in one forward");
             assert_eq!(h.rows, 40 + 9 + 5 + 63 + 1 + 65 + 2 + 70);
@@ -346,12 +347,23 @@ fn tree_forward_equals_prefix_then_forks() {
                 assert_eq!(a.position(), b.position(), "{name}: child {i} position");
             }
             assert_eq!(ts[1].position(), 17 + 9, "{name}: root position");
+            // Without the children's states (the engine's readout): the same rows bit for bit, no states.
+            let mut ts = fresh_roots(&gm);
+            let (h2, none) = gm
+                .forward_tree(&mut pairs(&mut ts, &root_ids), &children, false)
+                .unwrap()
+                .expect("this tree runs in one forward");
+            assert!(none.is_empty(), "{name}: states returned without keep");
+            assert!(
+                gm.logits(&h2).unwrap() == gm.logits(&h).unwrap(),
+                "{name}: dropping the children's states changed their rows"
+            );
         }
 
         // What one forward does not take: a root too short to continue, a root that is itself a fork.
         let mut st = vec![gm.new_state().unwrap()];
         let one = [ids(1, v, 7)];
-        let r = gm.forward_tree(&mut pairs(&mut st, &one), &[(0, &one[0][..])]);
+        let r = gm.forward_tree(&mut pairs(&mut st, &one), &[(0, &one[0][..])], true);
         assert!(
             matches!(r, Ok(None)),
             "{preset}: a 1-id root must be refused"
@@ -360,12 +372,12 @@ fn tree_forward_equals_prefix_then_forks() {
         gm.forward(&mut st[0], &ids(6, v, 8)).unwrap();
         let mut f = gm.fork(&st[0], 1).unwrap();
         let x = [ids(8, v, 9)];
-        let r = gm.forward_tree(&mut pairs(&mut f, &x), &[(0, &x[0][..])]);
+        let r = gm.forward_tree(&mut pairs(&mut f, &x), &[(0, &x[0][..])], true);
         assert!(
             matches!(r, Ok(None)),
             "{preset}: a forked root must be refused"
         );
-        let r = gm.forward_tree(&mut pairs(&mut f, &x), &[(1, &x[0][..])]);
+        let r = gm.forward_tree(&mut pairs(&mut f, &x), &[(1, &x[0][..])], true);
         assert!(
             r.is_err(),
             "{preset}: a child of a missing root is an error"

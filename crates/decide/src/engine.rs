@@ -124,15 +124,14 @@ pub trait Backend: Send + Sync {
     ) -> Result<Self::Hidden, Self::Error>;
     /// One forward over `roots` (each continuing its state, as in [`Backend::forward_batch`]) and `children`:
     /// `(root, ids)` pairs, each continuing a fork of `roots[root]`'s state taken after the root's ids. → the hidden
-    /// rows of every root's ids then of every child's ids, stacked in that order, and the children's states in order.
-    /// `Ok(None)`: this backend does not run this tree in one pass; nothing ran and no state changed (the caller runs
-    /// the roots, forks and runs the children).
-    #[allow(clippy::type_complexity)]
+    /// rows of every root's ids then of every child's ids, stacked in that order. The children's states are not kept
+    /// (a readout drops them; a backend may skip writing them). `Ok(None)`: this backend does not run this tree in one
+    /// pass; nothing ran and no state changed (the caller runs the roots, forks and runs the children).
     fn forward_tree(
         &self,
         roots: &mut [(&mut Self::State, &[u32])],
         children: &[(usize, &[u32])],
-    ) -> Result<Option<(Self::Hidden, Vec<Self::State>)>, Self::Error> {
+    ) -> Result<Option<Self::Hidden>, Self::Error> {
         let _ = (roots, children);
         Ok(None)
     }
@@ -518,7 +517,7 @@ impl<B: Backend> Engine<B> {
             .model
             .forward_tree(&mut roots, &children)
             .map_err(|e| row_err(jobs[0].plan, jobs[0].row, e))?;
-        Ok(tree.map(|(hidden, _children)| (hidden, starts)))
+        Ok(tree.map(|hidden| (hidden, starts)))
     }
 
     /// Step 4 for the jobs of one forward: `starts[i]` is the hidden row where `group[i]`'s ids (from `skip`) begin.

@@ -90,7 +90,7 @@ impl Backend for TreeCpu {
         &self,
         roots: &mut [(&mut SequenceState, &[u32])],
         children: &[(usize, &[u32])],
-    ) -> Result<Option<(Vec<f32>, Vec<SequenceState>)>, ModelError> {
+    ) -> Result<Option<Vec<f32>>, ModelError> {
         self.asked.fetch_add(1, Ordering::SeqCst);
         if self.decline.load(Ordering::SeqCst) {
             return Ok(None);
@@ -115,7 +115,7 @@ impl Backend for TreeCpu {
             hidden.extend(Backend::forward_batch(&self.model, &mut items)?);
         }
         self.ran.fetch_add(1, Ordering::SeqCst);
-        Ok(Some((hidden, states)))
+        Ok(Some(hidden))
     }
     fn label_logits(
         &self,
