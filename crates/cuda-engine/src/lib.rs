@@ -143,6 +143,10 @@ impl Backend for CudaBackend {
         self.model.forward_batch(items)
     }
 
+    fn runs_trees(&self) -> bool {
+        self.model.runs_trees()
+    }
+
     /// Prefixes and suffixes in one forward ([`CudaModel::forward_tree`]): every weight read once per request.
     fn forward_tree(
         &self,

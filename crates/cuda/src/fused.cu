@@ -11,22 +11,13 @@ extern "C" __global__ void spin_wait(long long cycles) {
 // Split-mode consumers of a GEMM run once over both bf16 planes ([hi; lo] stacked as 2N rows): the two halves of
 // its output are summed where they are read, so the weights are read once instead of twice.
 
-// x += f[:N] + f[N:] (f: [2N, dim], the lo half `lo` values after the hi half), then RMSNorm as rms_norm.
-// x: [R, dim] stride ldx; out: [R, dim] stride ldo, stored as `store_act` with `mode`. grid R.
+// x += f[:N] + f[N:] (f: [2N, dim], the lo half `lo` values after the hi half), then RMSNorm as rms_norm (the
+// same body, `norm_rows` in kernels.cu). x: [R, dim] stride ldx; out: [R, dim] stride ldo, stored as `store_act`
+// with `mode`. One warp per row; grid ceil(R / warps per block).
 extern "C" __global__ void add2_rms_norm(float* x, int ldx, const float* __restrict__ f, long long lo,
-                                         const float* gain, float eps, int dim, void* out, int mode, int ldo) {
-    int r = blockIdx.x;
-    float* row = x + (idx_t)r * ldx;
-    const float* fr = f + (idx_t)r * dim;
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-        float v = row[c] + (fr[c] + fr[c + lo]);
-        row[c] = v;  // read back below by this same thread
-        s += v * v;
-    }
-    s = block_sum(s);
-    float inv = 1.0f / sqrtf(s / dim + eps);
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) store_act(out, (idx_t)r * ldo + c, row[c] * inv * gain[c], mode);
+                                         const float* gain, float eps, int dim, void* out, int mode, int ldo,
+                                         int rows) {
+    norm_rows<true>(x, ldx, f, lo, gain, eps, dim, out, mode, ldo, rows);
 }
 
 // SwiGLU over a gate|up GEMM output in two halves: g = gu[n] + gu[n + lo] per value, out = silu(gate) * up.

@@ -63,20 +63,156 @@ extern "C" __global__ void embed_gather(const void* embed, int f32w, const int* 
     for (int c = threadIdx.x; c < hid; c += blockDim.x) x[(idx_t)n * hid + c] = load_w(embed, base + c, f32w);
 }
 
-// RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * gain, stored as `store_act` with `mode`.
-// x: [R, dim] stride ldx; out: [R, dim] stride ldo. grid R.
-extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, float eps, int dim,
-                                    void* out, int mode, int ldo) {
-    int r = blockIdx.x;
-    const float* row = x + (idx_t)r * ldx;
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) s += row[c] * row[c];
-    s = block_sum(s);
-    float inv = 1.0f / sqrtf(s / dim + eps);
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-        float v = row[c] * inv * gain[c];
-        store_act(out, (idx_t)r * ldo + c, v, mode);
+// The row norms (rms_norm, add2_rms_norm) are latency-bound: a row of 1024 f32 is 4 KB, so a block per row with a
+// block-wide reduction spent its time in barriers and the second pass's loads. One warp per row instead (shuffle
+// reduction only, no barrier), its values kept in registers between the sum and the store (NORM_KEEP per lane: rows
+// of dim <= 32 * NORM_KEEP are read once; longer ones read their tail again), 16-byte accesses where aligned.
+#define NORM_KEEP 32  // floats per lane: 8 float4 groups, or 32 single values
+
+// W consecutive floats at p (W = 4: p 16-byte aligned).
+template <int W>
+__device__ __forceinline__ void ld_vec(const float* p, float* v) {
+    if constexpr (W == 4) {
+        float4 t = *(const float4*)p;
+        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    } else {
+        v[0] = *p;
     }
+}
+template <int W>
+__device__ __forceinline__ void st_vec(float* p, const float* v) {
+    if constexpr (W == 4) {
+        *(float4*)p = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+        *p = v[0];
+    }
+}
+// store_act of W consecutive values at i; for W = 4, i % 4 == 0 and out (and the lo plane, -mode values on)
+// 16-byte (f32) or 8-byte (bf16) aligned.
+template <int W>
+__device__ __forceinline__ void store_act_vec(void* out, idx_t i, const float* v, int mode) {
+    if constexpr (W == 4) {
+        if (mode == 1) {
+            st_vec<4>((float*)out + i, v);
+            return;
+        }
+        bf16_t h[4];
+        for (int j = 0; j < 4; ++j) h[j] = f2bf(v[j]);
+        *(uint2*)((bf16_t*)out + i) = make_uint2(h[0] | ((unsigned)h[1] << 16), h[2] | ((unsigned)h[3] << 16));
+        if (mode < 0) {
+            bf16_t l[4];
+            for (int j = 0; j < 4; ++j) l[j] = f2bf(v[j] - bf2f(h[j]));
+            *(uint2*)((bf16_t*)out + i + (idx_t)(-(long long)mode)) =
+                make_uint2(l[0] | ((unsigned)l[1] << 16), l[2] | ((unsigned)l[3] << 16));
+        }
+    } else {
+        store_act(out, i, v[0], mode);
+    }
+}
+
+// One row of `norm_rows`, in groups of W values: group g = lane + 32k holds row[W*g .. W*g + W). The first
+// NORM_KEEP / W groups of each lane stay in registers; the rest are read again (the row written back under ADD2).
+// The kernel is latency-bound, so each pass issues all of its loads before it uses any (groups past dim are 0,
+// and add nothing). Both kernels run this one body: add2_rms_norm's output is rms_norm's of the summed x, bit for
+// bit (when both take the same W).
+template <bool ADD2, int W>
+__device__ __forceinline__ void norm_row(float* row, const float* __restrict__ fr, long long lo,
+                                         const float* gain, float eps, int dim, void* out, idx_t o, int mode,
+                                         int lane) {
+    constexpr int K = NORM_KEEP / W;
+    const int ng = dim / W;  // W divides dim (norm_rows)
+    float v[K][W], a[K][W], b[K][W], w[K][W];  // a, b: ADD2's f halves; w: gain
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        int c = (lane + 32 * k) * W;
+        for (int j = 0; j < W; ++j) v[k][j] = a[k][j] = b[k][j] = 0.0f;
+        if (c < dim) {
+            ld_vec<W>(row + c, v[k]);
+            if constexpr (ADD2) {
+                ld_vec<W>(fr + c, a[k]);
+                ld_vec<W>(fr + c + lo, b[k]);
+            }
+        }
+    }
+    if constexpr (ADD2) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            int c = (lane + 32 * k) * W;
+            for (int j = 0; j < W; ++j) v[k][j] = v[k][j] + (a[k][j] + b[k][j]);
+            if (c < dim) st_vec<W>(row + c, v[k]);
+        }
+    }
+    // The gain's loads go out before the reduction, which hides their latency.
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        int c = (lane + 32 * k) * W;
+        if (c < dim) ld_vec<W>(gain + c, w[k]);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+        for (int j = 0; j < W; ++j) s += v[k][j] * v[k][j];
+    for (int g = lane + 32 * K; g < ng; g += 32) {  // dim > 32 * NORM_KEEP: the tail, one group at a time
+        float t[W];
+        ld_vec<W>(row + g * W, t);
+        if constexpr (ADD2) {
+            float p[W], q[W];
+            ld_vec<W>(fr + g * W, p);
+            ld_vec<W>(fr + g * W + lo, q);
+            for (int j = 0; j < W; ++j) t[j] = t[j] + (p[j] + q[j]);
+            st_vec<W>(row + g * W, t);
+        }
+        for (int j = 0; j < W; ++j) s += t[j] * t[j];
+    }
+    s = warp_sum(s);
+    float inv = 1.0f / sqrtf(s / dim + eps);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        int c = (lane + 32 * k) * W;
+        if (c < dim) {
+            for (int j = 0; j < W; ++j) v[k][j] = v[k][j] * inv * w[k][j];
+            store_act_vec<W>(out, o + c, v[k], mode);
+        }
+    }
+    for (int g = lane + 32 * K; g < ng; g += 32) {
+        float t[W], u[W];
+        ld_vec<W>(row + g * W, t);  // this lane's own values (under ADD2 the sums it stored above)
+        ld_vec<W>(gain + g * W, u);
+        for (int j = 0; j < W; ++j) t[j] = t[j] * inv * u[j];
+        store_act_vec<W>(out, o + g * W, t, mode);
+    }
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15) == 0; }
+__device__ __forceinline__ bool aligned8(const void* p) { return ((u64)p & 7) == 0; }
+
+// RMSNorm of row r = blockIdx.x * (warps per block) + warp; under ADD2 x[r] += f[r] + (f[r] `lo` values on) first
+// (f: [2R, dim], rows of dim). Warps past `rows` idle. 16-byte accesses when every row of x, f, out (and out's lo
+// plane) and gain is 16-byte aligned (8-byte for bf16 out), else one value per lane.
+template <bool ADD2>
+__device__ __forceinline__ void norm_rows(float* x, int ldx, const float* __restrict__ f, long long lo,
+                                          const float* gain, float eps, int dim, void* out, int mode, int ldo,
+                                          int rows) {
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= rows) return;  // the whole warp: the shuffles in warp_sum see full warps only
+    float* row = x + (idx_t)r * ldx;
+    const float* fr = ADD2 ? f + (idx_t)r * dim : nullptr;
+    idx_t o = (idx_t)r * ldo;
+    bool vec = (dim & 3) == 0 && (ldx & 3) == 0 && (ldo & 3) == 0 && aligned16(x) && aligned16(gain) &&
+               (mode == 1 ? aligned16(out) : aligned8(out) && (mode & 3) == 0);  // mode & 3: the plane offset
+    if constexpr (ADD2) vec = vec && aligned16(f) && (lo & 3) == 0;
+    if (vec)
+        norm_row<ADD2, 4>(row, fr, lo, gain, eps, dim, out, o, mode, lane);
+    else
+        norm_row<ADD2, 1>(row, fr, lo, gain, eps, dim, out, o, mode, lane);
+}
+
+// RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * gain, stored as `store_act` with `mode`.
+// x: [R, dim] stride ldx; out: [R, dim] stride ldo. One warp per row (`norm_rows`); grid ceil(R / warps per block).
+extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, float eps, int dim,
+                                    void* out, int mode, int ldo, int rows) {
+    // x is only read: the cast is for norm_rows' add2 variant, which writes its row back.
+    norm_rows<false>((float*)x, ldx, nullptr, 0, gain, eps, dim, out, mode, ldo, rows);
 }
 
 // Gated RMSNorm of Gated DeltaNet per value head: norm(x) * w * silu(z), to bf16.

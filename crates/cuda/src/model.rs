@@ -733,6 +733,11 @@ impl CudaModel {
         self.tree_on.store(on, Ordering::Relaxed);
     }
 
+    /// Whether [`CudaModel::forward_tree`] runs trees at all (else it always answers `None`).
+    pub fn runs_trees(&self) -> bool {
+        self.tree_min_root.is_some() && self.tree_on.load(Ordering::Relaxed)
+    }
+
     /// Forwards that ran children with their roots ([`CudaModel::forward_tree`]) since load.
     pub fn tree_forwards(&self) -> u64 {
         self.trees.load(Ordering::Relaxed)

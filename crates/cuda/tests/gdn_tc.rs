@@ -68,7 +68,17 @@ fn run(g: &Gpu, c: &DeltaCase, dev: &TcDev, pass: Pass) -> Result<(), CudaError>
             ops::gdn_wy_prep(g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy)?;
             match pass {
                 Pass::Tc(dvs) => gdn_tc::gdn_tc_state(
-                    g, p.x, cd, o, p.segs, (p.states, p.states, true), ns, d, n, wy, dvs,
+                    g,
+                    p.x,
+                    cd,
+                    o,
+                    p.segs,
+                    (p.states, p.states, true),
+                    ns,
+                    d,
+                    n,
+                    wy,
+                    dvs,
                 ),
                 _ => ops::gdn_wy_state(
                     g,
@@ -210,7 +220,17 @@ fn gdn_tc_timings() {
         let tc_at = |dvs: usize| {
             time(&|| {
                 gdn_tc::gdn_tc_state(
-                    &g, p.x, cd, o, p.segs, (p.states, p.states, true), ns, d, n, wy, dvs,
+                    &g,
+                    p.x,
+                    cd,
+                    o,
+                    p.segs,
+                    (p.states, p.states, true),
+                    ns,
+                    d,
+                    n,
+                    wy,
+                    dvs,
                 )
                 .unwrap()
             })

@@ -18,6 +18,38 @@ fn rms_norms_match_cpu() {
     let Some(g) = gpu("rms_norms_match_cpu") else {
         return;
     };
+    // The kernel's paths: 16-byte rows (dim 100), one value per lane (odd dim 37; rows at an odd offset and stride),
+    // rows longer than a warp keeps in registers (2,048 and 1,030, the latter unaligned), row counts that do not
+    // fill the last block.
+    for (rows, dim, off, ldx) in [(7, 37, 1, 41), (5, 2048, 0, 2048), (9, 1030, 3, 1033)] {
+        let x = rnd(rows * ldx + off, 11);
+        let gain: Vec<f32> = rnd(dim, 12).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let mut want: Vec<f32> = (0..rows)
+            .flat_map(|r| x[off + r * ldx..off + r * ldx + dim].to_vec())
+            .collect();
+        cpu::rms_norm(&mut want, &gain, 1e-6);
+        let (xd, gd) = (g.upload(&x).unwrap(), g.upload(&gain).unwrap());
+        let of = g.alloc::<f32>(rows * dim).unwrap();
+        let xp = g.ptr(&xd) + 4 * off as u64;
+        ops::rms_norm(
+            &g,
+            xp,
+            ldx,
+            g.ptr(&gd),
+            1e-6,
+            rows,
+            dim,
+            Out::F32(g.ptr(&of)),
+            dim,
+        )
+        .unwrap();
+        check(
+            &format!("rms_norm f32 rows {rows} dim {dim} offset {off} stride {ldx}"),
+            &g.download(&of, rows * dim).unwrap(),
+            &want,
+            F32_TOL,
+        );
+    }
     let (rows, dim) = (65, 100);
     let x = rnd(rows * dim, 1);
     let gain: Vec<f32> = rnd(dim, 2).iter().map(|v| 1.0 + 0.5 * v).collect();
@@ -729,47 +761,49 @@ fn split_halves_fold_into_norm_and_swiglu() {
     let Some(g) = gpu("split_halves_fold_into_norm_and_swiglu") else {
         return;
     };
-    let (rows, dim) = (37, 100);
-    let x = rnd(rows * dim, 31);
-    let f = rnd(2 * rows * dim, 32);
-    let gain: Vec<f32> = rnd(dim, 33).iter().map(|v| 1.0 + 0.5 * v).collect();
-    let summed: Vec<f32> = (0..rows * dim)
-        .map(|i| x[i] + (f[i] + f[i + rows * dim]))
-        .collect();
-    let mut want = summed.clone();
-    cpu::rms_norm(&mut want, &gain, 1e-6);
-    let (xd, fd, gd) = (
-        g.upload(&x).unwrap(),
-        g.upload(&f).unwrap(),
-        g.upload(&gain).unwrap(),
-    );
-    let of = g.alloc::<f32>(rows * dim).unwrap();
-    ops::add2_rms_norm(
-        &g,
-        g.ptr(&xd),
-        dim,
-        g.ptr(&fd),
-        rows * dim,
-        g.ptr(&gd),
-        1e-6,
-        rows,
-        dim,
-        Out::F32(g.ptr(&of)),
-        dim,
-    )
-    .unwrap();
-    check(
-        "add2_rms_norm residual",
-        &g.download(&xd, rows * dim).unwrap(),
-        &summed,
-        F32_TOL,
-    );
-    check(
-        "add2_rms_norm out",
-        &g.download(&of, rows * dim).unwrap(),
-        &want,
-        F32_TOL,
-    );
+    // 16-byte rows (dim 100), one value per lane (odd dim), rows past what a warp keeps in registers (2,048).
+    for (rows, dim) in [(37, 100), (7, 37), (5, 2048)] {
+        let x = rnd(rows * dim, 31);
+        let f = rnd(2 * rows * dim, 32);
+        let gain: Vec<f32> = rnd(dim, 33).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let summed: Vec<f32> = (0..rows * dim)
+            .map(|i| x[i] + (f[i] + f[i + rows * dim]))
+            .collect();
+        let mut want = summed.clone();
+        cpu::rms_norm(&mut want, &gain, 1e-6);
+        let (xd, fd, gd) = (
+            g.upload(&x).unwrap(),
+            g.upload(&f).unwrap(),
+            g.upload(&gain).unwrap(),
+        );
+        let of = g.alloc::<f32>(rows * dim).unwrap();
+        ops::add2_rms_norm(
+            &g,
+            g.ptr(&xd),
+            dim,
+            g.ptr(&fd),
+            rows * dim,
+            g.ptr(&gd),
+            1e-6,
+            rows,
+            dim,
+            Out::F32(g.ptr(&of)),
+            dim,
+        )
+        .unwrap();
+        check(
+            "add2_rms_norm residual",
+            &g.download(&xd, rows * dim).unwrap(),
+            &summed,
+            F32_TOL,
+        );
+        check(
+            "add2_rms_norm out",
+            &g.download(&of, rows * dim).unwrap(),
+            &want,
+            F32_TOL,
+        );
+    }
 
     let (n, inter) = (29, 70);
     let gu = rnd(2 * n * 2 * inter, 34);

@@ -17,12 +17,16 @@
 //! With `shared_prefix: false` every row runs whole from a fresh state. Both give the same probabilities up to f32
 //! reduction order (R5.5.3; `tests/answers.rs` checks it).
 //!
-//! One pass: when the whole call fits one group (every job within `fork_budget_bytes`, each prefix's state estimated
-//! as a fresh state plus its KV before it runs) and one forward (every shared prefix once plus every row's remaining
-//! ids, at most [`MAX_BATCH_TOKENS`]), steps 1–3 are first offered to the backend as one [`Backend::forward_tree`]:
-//! the roots are the shared prefixes and the rows without one, each row with a prefix is a child of its prefix's root.
-//! A GPU backend then reads every weight once per request; a backend that answers `None` (the CPU [`Model`]) gets the
-//! steps above, unchanged. Both routes share step 4 (`tests/tree.rs` checks they agree).
+//! One pass: the call's plans, in order, are split into groups that each fit one pass, greedily (a group takes plans
+//! while the next one still fits): every job of the group within `fork_budget_bytes` (each prefix's state estimated as
+//! a fresh state plus its KV before it runs; the first job always fits) and one forward (every shared prefix once plus
+//! every row's remaining ids, at most [`MAX_BATCH_TOKENS`]). A plan without slots needs no forward and joins none. Each
+//! group runs steps 1–3 as one [`Backend::forward_tree`]: the roots are the shared prefixes and the rows without one,
+//! each row with a prefix is a child of its prefix's root. A GPU backend then reads every weight once per group. The
+//! plans that do not fit one pass even alone, and, once the backend answers `None` for a group (it is asked once per
+//! call), that group and every later one, run the steps above together, unchanged. A backend whose
+//! [`Backend::runs_trees`] is false (the CPU [`Model`]) is never asked: every plan takes those steps.
+//! Every route shares step 4 and writes its plans' slots only (`tests/tree.rs` checks the routes agree).
 //!
 //! The model is any [`Backend`]: the CPU [`Model`] (the default), or a GPU one from another crate (`onepass-cuda-engine`);
 //! this crate never names a device.
@@ -127,6 +131,11 @@ pub trait Backend: Send + Sync {
     /// rows of every root's ids then of every child's ids, stacked in that order. The children's states are not kept
     /// (a readout drops them; a backend may skip writing them). `Ok(None)`: this backend does not run this tree in one
     /// pass; nothing ran and no state changed (the caller runs the roots, forks and runs the children).
+    /// Whether [`Backend::forward_tree`] may run trees at all; when false the engine never asks (and builds no
+    /// states for one).
+    fn runs_trees(&self) -> bool {
+        false
+    }
     fn forward_tree(
         &self,
         roots: &mut [(&mut Self::State, &[u32])],
@@ -215,6 +224,45 @@ struct Job {
     prefix: Option<usize>,
     /// Tokens already covered by the prefix.
     skip: usize,
+}
+
+/// One plan's share of a `score` call.
+struct Part {
+    /// Tokens of the common prefix that runs once and is forked per row; 0: none, every row runs whole.
+    lcp: usize,
+    /// The rows read (those with slots), in order.
+    rows: Vec<usize>,
+}
+
+/// What one pass holds so far, for [`Engine::grow`].
+#[derive(Debug, Clone, Copy, Default)]
+struct PassSize {
+    jobs: usize,
+    /// Every shared prefix once plus every job's remaining ids.
+    tokens: usize,
+    /// Estimated bytes of the jobs' states.
+    bytes: usize,
+}
+
+/// The shared prefixes `(plan, lcp)` and the jobs of `plans[p]` for every `p` in `which`, in that order; each job's
+/// `prefix` indexes the prefixes returned.
+fn work(parts: &[Part], which: &[usize]) -> (Vec<(usize, usize)>, Vec<Job>) {
+    let mut shared = Vec::new();
+    let mut jobs = Vec::new();
+    for &pi in which {
+        let part = &parts[pi];
+        let prefix = (part.lcp > 0).then(|| {
+            shared.push((pi, part.lcp));
+            shared.len() - 1
+        });
+        jobs.extend(part.rows.iter().map(|&row| Job {
+            plan: pi,
+            row,
+            prefix,
+            skip: part.lcp,
+        }));
+    }
+    (shared, jobs)
 }
 
 impl Engine {
@@ -321,10 +369,8 @@ impl<B: Backend> Engine<B> {
 
     /// Probabilities for every slot of every plan: `[plan][slot in row order][option]`, each of length `nopts`.
     pub fn score(&self, plans: &[&Plan]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
-        let per_token = self.state_bytes_per_token;
-        // 1. Shared prefixes, one per plan that has one worth running; all of them run batched together.
-        let mut shared: Vec<(usize, usize)> = Vec::new(); // (plan, lcp)
-        let mut jobs: Vec<Job> = Vec::new();
+        // Per plan: its shared prefix worth running (0: none) and the rows it reads.
+        let mut parts: Vec<Part> = Vec::with_capacity(plans.len());
         for (pi, p) in plans.iter().enumerate() {
             let lcp = if self.opts.shared_prefix && p.rows.len() >= 2 {
                 let rows: Vec<&[u32]> = p.rows.iter().map(|r| r.ids.as_slice()).collect();
@@ -332,10 +378,12 @@ impl<B: Backend> Engine<B> {
             } else {
                 0
             };
-            let prefix = (lcp >= self.opts.min_shared_prefix.max(1)).then(|| {
-                shared.push((pi, lcp));
-                shared.len() - 1
-            });
+            let lcp = if lcp >= self.opts.min_shared_prefix.max(1) {
+                lcp
+            } else {
+                0
+            };
+            let mut rows = Vec::new();
             for (ri, r) in p.rows.iter().enumerate() {
                 if r.slots.is_empty() {
                     continue; // nothing to read (`independent: false` without questions)
@@ -347,13 +395,9 @@ impl<B: Backend> Engine<B> {
                         reason: "empty row".into(),
                     });
                 }
-                jobs.push(Job {
-                    plan: pi,
-                    row: ri,
-                    prefix,
-                    skip: if prefix.is_some() { lcp } else { 0 },
-                });
+                rows.push(ri);
             }
+            parts.push(Part { lcp, rows });
         }
         // out: [plan][slot][option]; first_slot[p][r]: the slot where row r of plan p starts.
         let mut out: Vec<Vec<Vec<f32>>> = plans
@@ -375,15 +419,68 @@ impl<B: Backend> Engine<B> {
             })
             .collect();
 
-        // One pass, when the whole call is one group and one forward and the backend runs trees.
-        if self.fits_one_pass(plans, &shared, &jobs) {
-            if let Some((hidden, starts)) = self.run_tree(plans, &shared, &jobs)? {
-                self.read_out(plans, &jobs, &hidden, &starts, &first_slot, &mut out)?;
-                return Ok(out);
+        // Groups of plans for one pass each, in order, each taking plans while the pass still fits; a plan that does
+        // not fit one pass alone goes to the two-pass path.
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut two_pass: Vec<usize> = Vec::new();
+        let (mut group, mut size) = (Vec::new(), PassSize::default());
+        let trees = self.model.runs_trees();
+        for (pi, part) in parts.iter().enumerate() {
+            if part.rows.is_empty() {
+                continue; // no forward at all
+            }
+            if !trees {
+                two_pass.push(pi);
+                continue;
+            }
+            if let Some(grown) = self.grow(size, plans[pi], part) {
+                group.push(pi);
+                size = grown;
+                continue;
+            }
+            match self.grow(PassSize::default(), plans[pi], part) {
+                Some(alone) => {
+                    groups.push(std::mem::replace(&mut group, vec![pi]));
+                    size = alone;
+                }
+                None => two_pass.push(pi),
             }
         }
+        if !group.is_empty() {
+            groups.push(group);
+        }
+        // Every group as one tree, until the backend declines one: that group and the rest take the two-pass path.
+        let mut groups = groups.into_iter();
+        for group in groups.by_ref() {
+            let (shared, jobs) = work(&parts, &group);
+            let Some((hidden, starts)) = self.run_tree(plans, &shared, &jobs)? else {
+                two_pass.extend(group);
+                break;
+            };
+            self.read_out(plans, &jobs, &hidden, &starts, &first_slot, &mut out)?;
+        }
+        two_pass.extend(groups.flatten());
+        if !two_pass.is_empty() {
+            two_pass.sort_unstable();
+            let (shared, jobs) = work(&parts, &two_pass);
+            self.run_two_pass(plans, &shared, &jobs, &first_slot, &mut out)?;
+        }
+        Ok(out)
+    }
 
-        let prefixes = self.run_prefixes(plans, &shared)?;
+    /// Steps 1–4 the long way for `jobs` (prefix indices into `shared`): the shared prefixes, then groups of jobs
+    /// within the fork budget and the token cap, in order, each forked and run together, then read out.
+    fn run_two_pass(
+        &self,
+        plans: &[&Plan],
+        shared: &[(usize, usize)],
+        jobs: &[Job],
+        first_slot: &[Vec<usize>],
+        out: &mut [Vec<Vec<f32>>],
+    ) -> Result<(), EngineError> {
+        let per_token = self.state_bytes_per_token;
+        // 1. The shared prefixes, batched together.
+        let prefixes = self.run_prefixes(plans, shared)?;
         let fresh_bytes = self.fresh_state_bytes;
 
         // 2. Groups of jobs within the fork budget and the token cap, in order.
@@ -440,36 +537,33 @@ impl<B: Backend> Engine<B> {
                     Some(s)
                 })
                 .collect();
-            self.read_out(plans, group, &hidden, &starts, &first_slot, &mut out)?;
+            self.read_out(plans, group, &hidden, &starts, first_slot, out)?;
             start = end;
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// Whether the whole call is one group of the loop in [`Engine::score`] (the same fork-budget rule, each prefix's
-    /// state estimated as a fresh state plus `lcp` tokens of KV since it has not run yet) and one forward: every shared
-    /// prefix once plus every job's remaining ids within [`MAX_BATCH_TOKENS`].
-    fn fits_one_pass(&self, plans: &[&Plan], shared: &[(usize, usize)], jobs: &[Job]) -> bool {
-        if jobs.is_empty() {
-            return false;
-        }
+    /// The pass `size` with plan `p` added, or `None` when it no longer fits one: the fork budget (the rule of the
+    /// job groups in [`Engine::run_two_pass`], each prefix's state estimated as a fresh state plus its `lcp` tokens of
+    /// KV since it has not run yet; the first job of a pass always fits) and one forward of at most
+    /// [`MAX_BATCH_TOKENS`] (every shared prefix once plus every job's remaining ids).
+    fn grow(&self, mut size: PassSize, p: &Plan, part: &Part) -> Option<PassSize> {
         let per_token = self.state_bytes_per_token;
-        let mut tokens: usize = shared.iter().map(|&(_, lcp)| lcp).sum();
-        let mut bytes = 0usize;
-        for (i, j) in jobs.iter().enumerate() {
-            let suffix = plans[j.plan].rows[j.row].ids.len() - j.skip;
-            let base = self.fresh_state_bytes + j.prefix.map_or(0, |k| shared[k].1 * per_token);
-            bytes += base + suffix * per_token;
-            tokens += suffix;
-            if i > 0 && bytes > self.opts.fork_budget_bytes {
-                return false;
+        size.tokens += part.lcp;
+        for &r in &part.rows {
+            let suffix = p.rows[r].ids.len() - part.lcp;
+            size.bytes += self.fresh_state_bytes + (part.lcp + suffix) * per_token;
+            size.tokens += suffix;
+            size.jobs += 1;
+            if size.jobs > 1 && size.bytes > self.opts.fork_budget_bytes {
+                return None;
             }
         }
-        tokens <= MAX_BATCH_TOKENS
+        (size.tokens <= MAX_BATCH_TOKENS).then_some(size)
     }
 
-    /// The whole call as one [`Backend::forward_tree`]: roots are every shared prefix (`rows[0].ids[..lcp]`) then
-    /// every job without a prefix (its whole row), each on a fresh state; children are every job with a prefix (its
+    /// One group as one [`Backend::forward_tree`]: roots are every shared prefix (`rows[0].ids[..lcp]`) then every
+    /// job without a prefix (its whole row), each on a fresh state; children are every job with a prefix (its
     /// `ids[skip..]` under its prefix's root). → the hidden rows and, per job, the hidden row its ids start at; `None`
     /// when the backend does not run trees (nothing ran).
     #[allow(clippy::type_complexity)]

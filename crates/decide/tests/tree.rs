@@ -1,13 +1,18 @@
 //! The one-pass route of `Engine::score` ([`Backend::forward_tree`]) against the plain CPU engine, which never takes
 //! it. `TreeCpu` wraps the CPU [`Model`] and runs a tree the long way (the roots batched, each child on a clone of its
-//! root's state taken after the roots ran, the children batched, the hidden rows concatenated), counting its calls.
+//! root's state taken after the roots ran, the children batched, the hidden rows concatenated), counting its calls
+//! and the engine's own `forward_batch` calls (the two-pass route).
 //!
-//! - via the tree, every probability is within 1e-5 of the plain engine's, one tree per `score` call, on the answer
-//!   fixtures' bodies (one and several plans per call, with and without a shared prefix, a row without slots, 2..40
-//!   options) and on hand-built plans;
-//! - a call over [`MAX_BATCH_TOKENS`] or over `fork_budget_bytes` (one byte past the engine's estimate) asks for no
-//!   tree and answers exactly as the plain engine; at the limits it takes the tree;
-//! - a backend that declines the tree (`Ok(None)`) answers exactly as the plain engine;
+//! - via the tree, every probability is within 1e-5 of the plain engine's, one tree per `score` call that fits one
+//!   pass, on the answer fixtures' bodies (one and several plans per call, with and without a shared prefix, a row
+//!   without slots, 2..40 options) and on hand-built plans;
+//! - a call over [`MAX_BATCH_TOKENS`] or over `fork_budget_bytes` (one byte past the engine's estimate) runs one tree
+//!   per greedy group of plans (`tree_groups` works the count out from the plans' sizes), no two-pass forward; at the
+//!   limits it is one tree;
+//! - a plan that does not fit one pass alone (over the token cap, or over the fork budget) takes the two-pass route
+//!   while the plans around it take trees; every answer lands in its own slot;
+//! - a backend that declines the tree (`Ok(None)`) is asked once per call and answers exactly as the plain engine,
+//!   however many groups the call has;
 //! - the slot check still fails a bad plan on the tree route.
 //!
 //! Checkpoints come from `onepass_model::synth`, written once per test binary into a temp folder with the
@@ -44,6 +49,8 @@ struct TreeCpu {
     asked: AtomicUsize,
     /// `forward_tree` calls that ran the tree.
     ran: AtomicUsize,
+    /// `forward_batch` calls from the engine (the two-pass route; a tree runs the model's own).
+    batches: AtomicUsize,
     decline: AtomicBool,
 }
 
@@ -54,6 +61,11 @@ impl TreeCpu {
             self.asked.load(Ordering::SeqCst),
             self.ran.load(Ordering::SeqCst),
         )
+    }
+
+    /// `forward_batch` calls from the engine so far.
+    fn batches(&self) -> usize {
+        self.batches.load(Ordering::SeqCst)
     }
 }
 
@@ -84,7 +96,11 @@ impl Backend for TreeCpu {
         &self,
         items: &mut [(&mut SequenceState, &[u32])],
     ) -> Result<Vec<f32>, ModelError> {
+        self.batches.fetch_add(1, Ordering::SeqCst);
         Backend::forward_batch(&self.model, items)
+    }
+    fn runs_trees(&self) -> bool {
+        true
     }
     fn forward_tree(
         &self,
@@ -177,6 +193,7 @@ fn tree(preset: &'static str, opts: EngineOptions, decline: bool) -> Engine<Tree
         model,
         asked: AtomicUsize::new(0),
         ran: AtomicUsize::new(0),
+        batches: AtomicUsize::new(0),
         decline: AtomicBool::new(decline),
     };
     Engine::from_dir_with(dir, &model_type, backend, opts).expect("engine")
@@ -241,6 +258,32 @@ fn one_pass_bytes<B: Backend>(eng: &Engine<B>, plans: &[&Plan]) -> usize {
                 .sum::<usize>()
         })
         .sum()
+}
+
+/// How many trees `score` runs over `plans` under fork budget `budget`, worked out from the plans' sizes: in order, a
+/// plan without read rows skipped and one that does not fit a pass alone left to the two-pass route, a group takes
+/// plans while it still fits one pass (at most [`MAX_BATCH_TOKENS`], and within `budget` unless it is one row).
+fn tree_groups<B: Backend>(eng: &Engine<B>, plans: &[&Plan], budget: usize) -> usize {
+    // (tokens, bytes, read rows)
+    let fits = |(tokens, bytes, rows): (usize, usize, usize)| {
+        tokens <= MAX_BATCH_TOKENS && (rows <= 1 || bytes <= budget)
+    };
+    let (mut groups, mut open) = (0, None);
+    for p in plans {
+        let rows = read_rows(p).0.len();
+        let size = (one_pass_tokens(&[p]), one_pass_bytes(eng, &[p]), rows);
+        if rows == 0 || !fits(size) {
+            continue;
+        }
+        open = match open.map(|(t, b, r)| (t + size.0, b + size.1, r + size.2)) {
+            Some(grown) if fits(grown) => Some(grown),
+            _ => {
+                groups += 1;
+                Some(size)
+            }
+        };
+    }
+    groups
 }
 
 /// `got` and `want` have the same shape and every probability within `tol`. → the worst |diff|.
@@ -338,6 +381,21 @@ fn shared_plan(seed: u64, k: usize, prefix: usize, suffix: usize) -> Plan {
     )
 }
 
+/// Rows of `lens` ids that share no prefix (their first ids differ), each read at its first and last id: a plan that
+/// runs every row whole. (The synthetic checkpoints take rows of at most 4096 ids.)
+fn unshared_plan(seed: u64, lens: &[usize]) -> Plan {
+    plan_of(
+        lens.iter()
+            .enumerate()
+            .map(|(r, &n)| {
+                let mut ids = ids(seed + r as u64, n);
+                ids[0] = 200_000 + r as u32;
+                row(ids, &[0, n - 1])
+            })
+            .collect(),
+    )
+}
+
 /// Every fixture body alone and in calls of several plans, through the tree: within [`TOLERANCE`] of the plain engine, one
 /// tree per call.
 #[test]
@@ -404,21 +462,30 @@ fn tree_equals_plain_engine() {
     }
 }
 
-/// Hand-built plans at the token limit: exactly [`MAX_BATCH_TOKENS`] in the pass takes the tree, one more does not
-/// (and answers exactly as the plain engine).
+/// Hand-built plans at the token limit: exactly [`MAX_BATCH_TOKENS`] in the pass is one tree, one more is two (a plan
+/// each), neither with a two-pass forward; a plan of three rows one token over alone takes the two-pass route and asks
+/// for no tree (the plain engine's answers exactly).
 #[test]
 fn token_limit() {
     let preset = PRESETS[0];
     let base = plain(preset, EngineOptions::default());
     let eng = tree(preset, EngineOptions::default(), false);
     let counts = || eng.model().counts();
+    let budget = EngineOptions::default().fork_budget_bytes;
     // 2000 shared + 4 × 1000 own + a single row: 6000 + the single row.
     let shared = shared_plan(1, 4, 2000, 1000);
     let rest = MAX_BATCH_TOKENS - 6000;
     let at = plan_of(vec![row(ids(9, rest), &[0, rest / 3, rest - 1])]);
     let over = plan_of(vec![row(ids(9, rest + 1), &[0, rest / 3, rest])]);
+    let third = MAX_BATCH_TOKENS / 3;
+    let alone = unshared_plan(10, &[third, third, MAX_BATCH_TOKENS + 1 - 2 * third]);
+    assert_eq!(one_pass_tokens(&[&alone]), MAX_BATCH_TOKENS + 1);
     assert_eq!(one_pass_tokens(&[&shared, &at]), MAX_BATCH_TOKENS);
     assert_eq!(one_pass_tokens(&[&shared, &over]), MAX_BATCH_TOKENS + 1);
+    assert_eq!(tree_groups(&eng, &[&shared, &at], budget), 1);
+    assert_eq!(tree_groups(&eng, &[&shared, &over], budget), 2);
+    assert_eq!(tree_groups(&eng, &[&alone], budget), 0);
+    let batches = eng.model().batches();
     let w = check_call(
         "at the limit",
         &eng,
@@ -428,47 +495,135 @@ fn token_limit() {
         (1, 1),
         TOLERANCE,
     );
-    check_call(
+    let w = w.max(check_call(
         "one token over",
         &eng,
         &counts,
         &base,
         &[&shared, &over],
+        (2, 2),
+        TOLERANCE,
+    ));
+    assert_eq!(eng.model().batches(), batches, "no two-pass forward");
+    check_call(
+        "one plan over the limit",
+        &eng,
+        &counts,
+        &base,
+        &[&alone],
         (0, 0),
         0.0,
     );
+    assert!(eng.model().batches() > batches, "the two-pass route");
     eprintln!("{preset}: {MAX_BATCH_TOKENS} tokens in one tree, worst |diff| vs plain {w:e}");
 }
 
-/// Every fixture plan in one call, repeated past [`MAX_BATCH_TOKENS`]: no tree, the plain engine's answers.
+/// `plans` repeated, in order, until the one pass over them holds more than `tokens`.
+fn past(plans: &[Plan], tokens: usize) -> Vec<&Plan> {
+    let mut call: Vec<&Plan> = Vec::new();
+    for p in plans.iter().cycle() {
+        call.push(p);
+        if one_pass_tokens(&call) > tokens {
+            break;
+        }
+    }
+    call
+}
+
+/// Every fixture plan in one call, repeated past twice [`MAX_BATCH_TOKENS`]: one tree per greedy group, no two-pass
+/// forward, every answer within [`TOLERANCE`] of the plain engine's.
 #[test]
-fn over_token_limit_falls_back() {
+fn over_token_limit_runs_groups() {
     for preset in PRESETS {
         let base = plain(preset, EngineOptions::default());
         let eng = tree(preset, EngineOptions::default(), false);
         let counts = || eng.model().counts();
         let plans = fixture_plans(&base, preset);
-        let mut call: Vec<&Plan> = Vec::new();
-        for p in plans.iter().cycle() {
-            call.push(p);
-            if one_pass_tokens(&call) > MAX_BATCH_TOKENS {
-                break;
-            }
-        }
-        check_call(
+        let call = past(&plans, 2 * MAX_BATCH_TOKENS);
+        let groups = tree_groups(&eng, &call, EngineOptions::default().fork_budget_bytes);
+        assert!(groups >= 3, "{groups} groups");
+        let batches = eng.model().batches();
+        let w = check_call(
             &format!("{preset}: {} plans over the token limit", call.len()),
             &eng,
             &counts,
             &base,
             &call,
-            (0, 0),
-            0.0,
+            (groups, groups),
+            TOLERANCE,
+        );
+        assert_eq!(eng.model().batches(), batches, "no two-pass forward");
+        eprintln!(
+            "{preset}: {} plans, {} tokens in {groups} trees, worst |diff| vs plain {w:e}",
+            call.len(),
+            one_pass_tokens(&call)
         );
     }
 }
 
-/// The fork budget: at the engine's estimate the call takes the tree; one byte less, or a budget of one byte, it does
-/// not (and answers exactly as the plain engine with the same budget).
+/// Plans that do not fit one pass alone (rows without a shared prefix over [`MAX_BATCH_TOKENS`] together, a shared
+/// prefix and its suffixes over it) between plans that do: one tree per greedy group of the fitting ones, the two-pass
+/// route for the others, every answer in its own slots within [`TOLERANCE`] of the plain engine's. The unfit plans
+/// alone: no tree asked, the plain engine's answers exactly.
+#[test]
+fn unfit_plans_take_two_pass() {
+    let preset = PRESETS[1];
+    let base = plain(preset, EngineOptions::default());
+    let eng = tree(preset, EngineOptions::default(), false);
+    let counts = || eng.model().counts();
+    let fixture = fixture_plans(&base, preset);
+    let long_rows = unshared_plan(20, &[3000, 3000, 2500]);
+    let long_suffixes = shared_plan(21, 4, 1000, 1900);
+    let (a, b, c) = (
+        shared_plan(23, 3, 1500, 500),
+        shared_plan(24, 2, 2000, 700),
+        shared_plan(25, 4, 500, 400),
+    );
+    let call: Vec<&Plan> = vec![
+        &a,
+        &long_rows,
+        &fixture[0],
+        &b,
+        &long_suffixes,
+        &c,
+        &fixture[1],
+        &fixture[2],
+    ];
+    let unfit = [&long_rows, &long_suffixes];
+    for p in unfit {
+        assert!(one_pass_tokens(&[p]) > MAX_BATCH_TOKENS);
+    }
+    let groups = tree_groups(&eng, &call, EngineOptions::default().fork_budget_bytes);
+    assert!(groups >= 2, "{groups} groups");
+    let batches = eng.model().batches();
+    let w = check_call(
+        "fit and unfit plans",
+        &eng,
+        &counts,
+        &base,
+        &call,
+        (groups, groups),
+        TOLERANCE,
+    );
+    assert!(eng.model().batches() > batches, "the two-pass route");
+    check_call(
+        "unfit plans only",
+        &eng,
+        &counts,
+        &base,
+        &unfit,
+        (0, 0),
+        0.0,
+    );
+    eprintln!(
+        "{preset}: {groups} trees around {} unfit plans, worst |diff| vs plain {w:e}",
+        unfit.len()
+    );
+}
+
+/// The fork budget: at the engine's estimate the call is one tree; one byte less, two trees; a budget of one byte, a
+/// tree per one-row plan and the two-pass route for the plans of several rows (each alone over the budget). Answers
+/// within [`TOLERANCE`] of the plain engine with the same budget.
 #[test]
 fn fork_budget() {
     let preset = PRESETS[1];
@@ -482,8 +637,11 @@ fn fork_budget() {
         .collect();
     assert!(call.iter().map(|p| read_rows(p).0.len()).sum::<usize>() >= 2);
     assert!(call.iter().any(|p| read_rows(p).1 > 0), "a shared prefix");
+    let one_row = call.iter().filter(|p| read_rows(p).0.len() == 1).count();
+    assert!(one_row >= 1, "a one-row plan");
     let need = one_pass_bytes(&probe, &call);
-    for (budget, trees) in [(need, 1), (need - 1, 0), (1, 0)] {
+    for (budget, trees, two_pass) in [(need, 1, false), (need - 1, 2, false), (1, one_row, true)] {
+        assert_eq!(tree_groups(&probe, &call, budget), trees, "budget {budget}");
         let opts = EngineOptions {
             fork_budget_bytes: budget,
             ..EngineOptions::default()
@@ -491,7 +649,6 @@ fn fork_budget() {
         let base = plain(preset, opts.clone());
         let eng = tree(preset, opts, false);
         let counts = || eng.model().counts();
-        let tol = if trees == 1 { TOLERANCE } else { 0.0 };
         check_call(
             &format!("{preset}: budget {budget} of {need} bytes"),
             &eng,
@@ -499,13 +656,18 @@ fn fork_budget() {
             &base,
             &call,
             (trees, trees),
-            tol,
+            TOLERANCE,
+        );
+        assert_eq!(
+            eng.model().batches() > 0,
+            two_pass,
+            "budget {budget}: two-pass route"
         );
     }
 }
 
-/// A backend that declines every tree: asked once per call, the plain engine's answers exactly (the route before the
-/// hook, unchanged).
+/// A backend that declines every tree: asked once per call however many groups it has, the plain engine's answers
+/// exactly (the route before the hook, unchanged).
 #[test]
 fn declined_tree_is_the_plain_engine() {
     for preset in PRESETS {
@@ -525,6 +687,21 @@ fn declined_tree_is_the_plain_engine() {
                 0.0,
             );
         }
+        // Past the token limit (several groups), and with a plan that does not fit one pass alone: asked once.
+        let mut long = past(&plans, MAX_BATCH_TOKENS);
+        let budget = EngineOptions::default().fork_budget_bytes;
+        assert!(tree_groups(&eng, &long, budget) >= 2);
+        let alone = unshared_plan(30, &[2800, 2800, 2800]);
+        long.insert(long.len() / 2, &alone);
+        check_call(
+            &format!("{preset} {} plans past the limit, declined", long.len()),
+            &eng,
+            &counts,
+            &base,
+            &long,
+            (1, 0),
+            0.0,
+        );
         let hand = [shared_plan(3, 3, 40, 17), shared_plan(4, 2, 1, 5)];
         let hand: Vec<&Plan> = hand.iter().collect();
         check_call(
