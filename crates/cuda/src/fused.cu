@@ -69,6 +69,17 @@ extern "C" __global__ void gdn_conv_prep_w(const float* __restrict__ x, int ld, 
         if (vg * 128 >= vch) return;
         size = min(128, vch - vg * 128);
     }
+    // The row each tap reads (this token's own rows, the parent's or the conv state's), found once per token rather
+    // than per channel: the kernel was bound by issuing that index arithmetic (ncu: 62% SM throughput, 6% of DRAM).
+    const float* tap[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int tau = t - (K - 1) + j;
+        tap[j] = tau >= 0    ? x + (idx_t)(start + tau) * ld
+                 : pend >= 0 ? x + (idx_t)(pend + tau) * ld
+                             : st + (idx_t)(K - 1 + tau) * cd;
+    }
+    const bool w4 = K == 4 && ((u64)w & 15) == 0;  // the usual kernel: one 16-byte load of a channel's taps
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -77,15 +88,16 @@ extern "C" __global__ void gdn_conv_prep_w(const float* __restrict__ x, int ld, 
         if (cc < size) {
             int c = c0 + cc;
             float acc = 0.0f;
+            if (w4) {
+                float4 wc = *(const float4*)(w + 4 * c);
+                acc += wc.x * tap[0][c];
+                acc += wc.y * tap[1][c];
+                acc += wc.z * tap[2][c];
+                acc += wc.w * tap[3][c];
+            } else {
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                if (j < K) {
-                    int tau = t - (K - 1) + j;
-                    float xv = tau >= 0    ? x[(idx_t)(start + tau) * ld + c]
-                               : pend >= 0 ? x[(idx_t)(pend + tau) * ld + c]
-                                           : st[(idx_t)(K - 1 + tau) * cd + c];
-                    acc += w[c * K + j] * xv;
-                }
+                for (int j = 0; j < 8; j++)
+                    if (j < K) acc += w[c * K + j] * tap[j][c];
             }
             v[i] = silu_f(acc);
         }

@@ -28,10 +28,11 @@
 // Kept as in gdn_wy_prep: the cumulative decay summed g_0..g_t in order (the CPU's order), every exp taken of a
 // difference (e^(gam_a - gam_b), never e^gam_a e^-gam_b: strong decays underflow the same way).
 //
-// Block 256 threads (8 warps). Registers (ptxas, sm_90): 183, no spills. The solve's 16-token steps overlap (a
-// step's diagonal product runs under the previous step's updates of later blocks); capped at 128 (two blocks per
-// multiprocessor) it spilled 144 bytes, so the bound is one block per multiprocessor, and the launcher's split
-// keeps short inputs to one wave of blocks. Dynamic shared memory
+// Block 256 threads (8 warps). Registers (ptxas, sm_90): capped at 128 for two blocks per multiprocessor (144 bytes
+// spilled; 183 and one block per multiprocessor uncapped). The solve's 16-token steps overlap (a step's diagonal
+// product runs under the previous step's updates of later blocks), but one block's 8 warps left the multiprocessor
+// mostly waiting (ncu, a System One tree: 12.5% occupancy, 21% SM throughput), so two blocks share it; the
+// launcher's split keeps short inputs to one wave of blocks. Dynamic shared memory
 // (floats): K [64, dk16+4] | Q [64, dk16+4] (later the solve matrix S [64, 72]) | V [64, dv16+4] | g, gam, beta,
 // e^gam [64 each], with x16 = x rounded up to 16; the row pitch = 4 mod 16 makes every fragment load
 // conflict-free. S holds -A in its strictly lower 16x16 blocks and T_ii in its diagonal blocks.
@@ -100,7 +101,7 @@ __device__ __forceinline__ void gtp_load(float* dst, int ldd, const float* __res
 // grid (max chunks per segment, nseg, hv * nslice), block 256. Slice sl of value head h solves the 16-column tiles
 // sl*per .. sl*per + per - 1 of [U | W] (tiles 0..ceil(dv/16)-1 are U's, the rest W's; per = ceil(tiles /
 // nslice)); slice 0 also writes M and E.
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(256, 2)
     gdn_tc_prep(const float* __restrict__ qkv, int ld, const float* __restrict__ g, const float* __restrict__ beta,
                 const int* seg, int hk, int hv, int dk, int dv, int nslice, float* __restrict__ U,
                 float* __restrict__ W, float* __restrict__ M, float* __restrict__ E) {

@@ -15,6 +15,9 @@ use crate::CudaError;
 
 /// Threads per block (8 warps).
 const THREADS: u32 = 256;
+/// Blocks resident per multiprocessor (`__launch_bounds__(256, 2)` in gdn_prep_tc.cu: at most 128 registers per
+/// thread, with 144 bytes spilled, instead of 183 and one block: twice the warps to hide the solve's latency).
+const BLOCKS_PER_SM: usize = 2;
 /// Row pitch of the solve matrix in shared memory (`GTP_LS` in gdn_prep_tc.cu).
 const SOLVE_PITCH: usize = 72;
 
@@ -33,12 +36,12 @@ pub fn gdn_tc_prep_smem(d: GdnDims) -> usize {
 
 /// Column slices per (chunk, value head) for a grid of `blocks` (chunk, segment, head) triples on `sms`
 /// multiprocessors: one 16-column tile per warp (`ceil(tiles / 8)` slices) while the grid still fits one wave
-/// (one block per multiprocessor: the kernel's registers), fewer otherwise, down to 1 (no recomputation of A
-/// when the grid is large anyway). Normalised so that no slice is empty.
+/// ([`BLOCKS_PER_SM`] blocks per multiprocessor), fewer otherwise, down to 1 (no recomputation of A when the grid is
+/// large anyway). Normalised so that no slice is empty.
 pub fn gdn_tc_prep_slices(d: GdnDims, blocks: usize, sms: usize) -> usize {
     let tiles = gdn_tc_prep_tiles(d).max(1);
     let mut s = tiles.div_ceil(8).max(1);
-    while s > 1 && blocks * s > sms {
+    while s > 1 && blocks * s > BLOCKS_PER_SM * sms {
         s -= 1;
     }
     tiles.div_ceil(tiles.div_ceil(s))
