@@ -24,20 +24,22 @@ const ROWS: usize = 64;
 const KEYS: usize = 16;
 /// Most key splits per tile (`ATC_MAX_SPLITS`).
 pub const MAX_SPLITS: usize = 16;
-/// Blocks the split choice aims for: two resident blocks on each of 132 multiprocessors (H100, H200).
-const TARGET_BLOCKS: usize = 264;
+/// Blocks the split choice aims for per multiprocessor (two resident: `__launch_bounds__(128, 2)`).
+const BLOCKS_PER_SM: usize = 2;
 
 /// Tokens per query tile: 64 rows over the G = H / HKV query heads of a KV head.
 fn tile_tokens(a: AttnDims) -> usize {
     ROWS / (a.heads / a.kv_heads.max(1)).max(1)
 }
 
-/// Key splits per tile [`attention_tc`] uses for `nseg` segments of at most `max_len` tokens: enough blocks
-/// to fill the device ([`TARGET_BLOCKS`]), at most [`MAX_SPLITS`]. The kernel uses fewer for tiles with few
-/// keys (at least 32 keys per split).
-pub fn attention_tc_splits(nseg: usize, max_len: usize, a: AttnDims) -> usize {
+/// Key splits per tile [`attention_tc`] uses for `nseg` segments of at most `max_len` tokens on a GPU of `sms`
+/// multiprocessors: enough blocks to fill it ([`BLOCKS_PER_SM`] each), at most [`MAX_SPLITS`]. The kernel uses
+/// fewer for tiles with few keys (at least 32 keys per split).
+pub fn attention_tc_splits(nseg: usize, max_len: usize, a: AttnDims, sms: usize) -> usize {
     let blocks = max_len.div_ceil(tile_tokens(a)).max(1) * nseg.max(1) * a.kv_heads.max(1);
-    TARGET_BLOCKS.div_ceil(blocks).clamp(1, MAX_SPLITS)
+    (BLOCKS_PER_SM * sms.max(1))
+        .div_ceil(blocks)
+        .clamp(1, MAX_SPLITS)
 }
 
 /// Scratch (f32 values) of [`attention_tc_with`] with `splits` key splits: per (split, segment, token, head)
@@ -52,8 +54,8 @@ pub fn attention_tc_scratch_len(splits: usize, nseg: usize, max_len: usize, a: A
 
 /// Scratch (f32 values) [`attention_tc`] needs for `nseg` segments of at most `max_len` tokens (0: pass any
 /// address).
-pub fn attention_tc_scratch(nseg: usize, max_len: usize, a: AttnDims) -> usize {
-    attention_tc_scratch_len(attention_tc_splits(nseg, max_len, a), nseg, max_len, a)
+pub fn attention_tc_scratch(nseg: usize, max_len: usize, a: AttnDims, sms: usize) -> usize {
+    attention_tc_scratch_len(attention_tc_splits(nseg, max_len, a, sms), nseg, max_len, a)
 }
 
 /// Head dim as the kernel pads it (its template width): 64, 128 or 256; the padding columns are zeros.
@@ -77,7 +79,7 @@ fn smem(a: AttnDims) -> usize {
 /// as [`crate::ops::attention_tiled`]. q: [N, H, D] (from [`crate::ops::attn_prep`]); proj: [N, ld] (gate of head h at
 /// h*2D + D); segs: [S, 3] i32 (start row, rows, position of the first row); kv: [S, KV_ENTRIES]
 /// ([`crate::ops::KV_ENTRIES`]); `max_len`: the longest segment; out: [N, H*D]. scratch: at least
-/// [`attention_tc_scratch`]`(nseg, max_len, a)` f32 values.
+/// [`attention_tc_scratch`]`(nseg, max_len, a, g.sms)` f32 values.
 pub fn attention_tc(
     g: &Gpu,
     q: u64,
@@ -92,7 +94,7 @@ pub fn attention_tc(
     out: Out,
     scratch: u64,
 ) -> Result<(), CudaError> {
-    let splits = attention_tc_splits(nseg, max_len, a);
+    let splits = attention_tc_splits(nseg, max_len, a, g.sms);
     attention_tc_with(
         g, q, proj, ld, segs, kv, nseg, max_len, a, scale, out, scratch, splits,
     )

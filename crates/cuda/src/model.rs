@@ -1196,7 +1196,7 @@ impl CudaModel {
             .iter()
             .map(|l| match &l.mixer {
                 Mixer::Attn(m) if m.tc => {
-                    crate::attn_tc::attention_tc_scratch(s.nseg, s.max_len, m.a)
+                    crate::attn_tc::attention_tc_scratch(s.nseg, s.max_len, m.a, self.gpu.sms)
                 }
                 _ => 0,
             })

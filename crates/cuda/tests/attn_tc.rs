@@ -54,7 +54,7 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
         want_o,
         F32_TOL,
     );
-    let auto = attn_tc::attention_tc_splits(nseg, max_len, a);
+    let auto = attn_tc::attention_tc_splits(nseg, max_len, a, g.sms);
     for splits in [auto, 1, attn_tc::MAX_SPLITS] {
         let scratch = g
             .zeros::<f32>(attn_tc::attention_tc_scratch_len(splits, nseg, max_len, a))
@@ -103,7 +103,7 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
     }
     // The launcher's own entry (its split choice and scratch size).
     let scratch = g
-        .alloc::<f32>(attn_tc::attention_tc_scratch(nseg, max_len, a))
+        .alloc::<f32>(attn_tc::attention_tc_scratch(nseg, max_len, a, g.sms))
         .unwrap();
     let of = g.alloc::<f32>(n * h * dd).unwrap();
     attn_tc::attention_tc(
@@ -173,7 +173,7 @@ fn attention_tc_timings() {
         let (kvd, sgd) = (g.upload(&ptrs).unwrap(), g.upload(&segs).unwrap());
         let od = g.alloc::<u16>(n * h * dd).unwrap();
         let scratch = g
-            .alloc::<f32>(attn_tc::attention_tc_scratch(nseg, t, a))
+            .alloc::<f32>(attn_tc::attention_tc_scratch(nseg, t, a, g.sms))
             .unwrap();
         let scale = 1.0 / (dd as f32).sqrt();
         let (q, p, sg, kv, o, sc) = (
@@ -199,7 +199,7 @@ fn attention_tc_timings() {
         println!(
             "attention 0.8B heads, {nseg} x {t} tokens over a {base}-token base: attention_tiled {tiled:.1} µs, \
              attention_tc {tc:.1} µs ({} key splits; {one:.1} µs with none)",
-            attn_tc::attention_tc_splits(nseg, t, a)
+            attn_tc::attention_tc_splits(nseg, t, a, g.sms)
         );
     }
 }
