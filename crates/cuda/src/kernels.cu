@@ -215,19 +215,35 @@ extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, 
     norm_rows<false>((float*)x, ldx, nullptr, 0, gain, eps, dim, out, mode, ldo, rows);
 }
 
-// Gated RMSNorm of Gated DeltaNet per value head: norm(x) * w * silu(z), to bf16.
-// x: [N, HV, DV] f32; z: row n at z + n*ldz, [HV, DV]; out: [N, HV*DV] bf16 (f32 if f32out). grid N*HV.
+// Gated RMSNorm of Gated DeltaNet per value head: norm(x) * w * silu(z), stored as `store_act` with `mode`.
+// x: [N, HV, DV] f32; z: row n at z + n*ldz, [HV, DV]; out: [N, HV*DV]. One warp per (row, head), rows = N*HV:
+// the first 256 values in registers (8 per lane), a shuffle reduction and no barrier (a block per (row, head) with
+// block_sum took 11.6 us per call on 406 rows of the 0.8B model, ncu). grid ceil(rows / warps per block).
 extern "C" __global__ void rms_norm_gated(const float* x, const float* z, int ldz, const float* w, float eps,
-                                          int hv, int dv, void* out, int f32out) {
-    int r = blockIdx.x, n = r / hv, h = r % hv;
+                                          int hv, int dv, void* out, int mode, int rows) {
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= rows) return;  // the whole warp: warp_sum sees full warps only
+    int n = r / hv, h = r % hv;
     const float* row = x + (idx_t)r * dv;
     const float* zr = z + (idx_t)n * ldz + h * dv;
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < dv; c += blockDim.x) s += row[c] * row[c];
-    s = block_sum(s);
+    float v[8], s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        int c = lane + 32 * k;
+        v[k] = c < dv ? row[c] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) s += v[k] * v[k];
+    for (int c = lane + 256; c < dv; c += 32) s += row[c] * row[c];
+    s = warp_sum(s);
     float inv = 1.0f / sqrtf(s / dv + eps);
-    for (int c = threadIdx.x; c < dv; c += blockDim.x)
-        store_act(out, (idx_t)r * dv + c, row[c] * inv * w[c] * silu_f(zr[c]), f32out);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        int c = lane + 32 * k;
+        if (c < dv) store_act(out, (idx_t)r * dv + c, v[k] * inv * w[c] * silu_f(zr[c]), mode);
+    }
+    for (int c = lane + 256; c < dv; c += 32)
+        store_act(out, (idx_t)r * dv + c, row[c] * inv * w[c] * silu_f(zr[c]), mode);
 }
 
 // L2-normalises q and k heads of the conv output in place (q also times `scale`).

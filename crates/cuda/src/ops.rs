@@ -100,8 +100,10 @@ pub fn rms_norm_gated(
     dv: usize,
     out: Out,
 ) -> Result<(), CudaError> {
-    let (o, f32out) = out.parts();
-    launch!(g, g.k.rms_norm_gated, cfg(((n * hv) as u32, 1), 128, 0); x, z, ldz as i32, w, eps, hv as i32, dv as i32, o, f32out)
+    let (o, mode) = out.parts();
+    let rows = n * hv;
+    launch!(g, g.k.rms_norm_gated, cfg((blocks(rows, 4), 1), 128, 0);
+        x, z, ldz as i32, w, eps, hv as i32, dv as i32, o, mode, rows as i32)
 }
 
 /// L2-normalises the q and k heads of xc [N, cd] in place (q times `scale`).

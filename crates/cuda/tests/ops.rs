@@ -84,42 +84,44 @@ fn rms_norms_match_cpu() {
     check("rms_norm split hi+lo", &sum, &want, 3e-5);
     check("rms_norm split hi", hi, &want, BF16_TOL);
 
-    // Gated: x [N, HV, DV], z in rows of a wider projection.
-    let (n, hv, dv, ldz) = (63, 3, 24, 100);
-    let x = rnd(n * hv * dv, 3);
-    let zfull = rnd(n * ldz, 4);
-    let w = rnd(dv, 5);
-    let z: Vec<f32> = (0..n)
-        .flat_map(|i| zfull[i * ldz + 7..i * ldz + 7 + hv * dv].to_vec())
-        .collect();
-    let mut want = x.clone();
-    cpu::rms_norm_gated(&mut want, &z, &w, 1e-6);
-    let (xd, zd, wd) = (
-        g.upload(&x).unwrap(),
-        g.upload(&zfull).unwrap(),
-        g.upload(&w).unwrap(),
-    );
-    // z starts 7 columns into each row.
-    let z7 = g.ptr(&zd) + 4 * 7;
-    let gated = |out: Out| {
-        ops::rms_norm_gated(&g, g.ptr(&xd), z7, ldz, g.ptr(&wd), 1e-6, n, hv, dv, out).unwrap()
-    };
-    let ob = g.alloc::<u16>(n * hv * dv).unwrap();
-    gated(Out::Bf16(g.ptr(&ob)));
-    let of = g.alloc::<f32>(n * hv * dv).unwrap();
-    gated(Out::F32(g.ptr(&of)));
-    check(
-        "rms_norm_gated f32",
-        &g.download(&of, n * hv * dv).unwrap(),
-        &want,
-        F32_TOL,
-    );
-    check(
-        "rms_norm_gated bf16",
-        &from_bf16_bits(&g.download(&ob, n * hv * dv).unwrap()),
-        &want,
-        BF16_TOL,
-    );
+    // Gated: x [N, HV, DV], z in rows of a wider projection. One warp per (row, head): fewer values than lanes, the
+    // model's 128, and more than the 256 a warp keeps in registers.
+    for (n, hv, dv, ldz) in [(63, 3, 24, 100), (9, 4, 128, 600), (5, 2, 300, 700)] {
+        let x = rnd(n * hv * dv, 3);
+        let zfull = rnd(n * ldz, 4);
+        let w = rnd(dv, 5);
+        let z: Vec<f32> = (0..n)
+            .flat_map(|i| zfull[i * ldz + 7..i * ldz + 7 + hv * dv].to_vec())
+            .collect();
+        let mut want = x.clone();
+        cpu::rms_norm_gated(&mut want, &z, &w, 1e-6);
+        let (xd, zd, wd) = (
+            g.upload(&x).unwrap(),
+            g.upload(&zfull).unwrap(),
+            g.upload(&w).unwrap(),
+        );
+        // z starts 7 columns into each row.
+        let z7 = g.ptr(&zd) + 4 * 7;
+        let gated = |out: Out| {
+            ops::rms_norm_gated(&g, g.ptr(&xd), z7, ldz, g.ptr(&wd), 1e-6, n, hv, dv, out).unwrap()
+        };
+        let ob = g.alloc::<u16>(n * hv * dv).unwrap();
+        gated(Out::Bf16(g.ptr(&ob)));
+        let of = g.alloc::<f32>(n * hv * dv).unwrap();
+        gated(Out::F32(g.ptr(&of)));
+        check(
+            "rms_norm_gated f32",
+            &g.download(&of, n * hv * dv).unwrap(),
+            &want,
+            F32_TOL,
+        );
+        check(
+            "rms_norm_gated bf16",
+            &from_bf16_bits(&g.download(&ob, n * hv * dv).unwrap()),
+            &want,
+            BF16_TOL,
+        );
+    }
 }
 
 #[test]
