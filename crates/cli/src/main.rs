@@ -4,6 +4,7 @@
 //! human-readable progress and errors on stderr; every error exits non-zero with a message.
 
 mod device;
+mod limits;
 mod serve;
 mod systemone;
 

@@ -3,9 +3,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use onepass_decide::{EngineOptions, Limits};
+use onepass_decide::EngineOptions;
 
 use crate::device::{AnyEngine, CudaArgs, DeviceArg};
+use crate::limits::{setting, LimitArgs, RequestLimits};
 use onepass_server::ServerOptions;
 use std::time::Instant;
 
@@ -20,21 +21,11 @@ pub struct ServeArgs {
     /// Port to bind (0: any free port; the chosen one is printed).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Scoring rows per request [env DECIDER_MAX_ROWS, default 1024].
-    #[arg(long)]
-    max_rows: Option<usize>,
-    /// Tokens in one row [env DECIDER_MAX_ROW_TOKENS, default max-state-tokens + 4096].
-    #[arg(long)]
-    max_row_tokens: Option<usize>,
-    /// Sum of row lengths of one request [env DECIDER_MAX_REQUEST_TOKENS, default 1048576].
-    #[arg(long)]
-    max_request_tokens: Option<usize>,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Rows admitted and not yet answered, over all requests; 503 past it [env DECIDER_MAX_QUEUE_ROWS, default 4096].
     #[arg(long)]
     max_queue_rows: Option<usize>,
-    /// State tokens kept per row (`"Context:\n" + state` is cut there) [env DECIDER_MAX_STATE_TOKENS, default 32768].
-    #[arg(long)]
-    max_state_tokens: Option<usize>,
     /// Most rows per engine call; a larger request still runs, alone.
     #[arg(long, default_value_t = 64)]
     max_batch_rows: usize,
@@ -60,31 +51,11 @@ pub struct ServeArgs {
     cuda: CudaArgs,
 }
 
-/// `--flag`, else the environment variable, else the default.
-fn setting(flag: Option<usize>, env: &str, default: usize) -> Result<usize> {
-    if let Some(v) = flag {
-        return Ok(v);
-    }
-    match std::env::var(env) {
-        Ok(s) => s
-            .trim()
-            .parse()
-            .with_context(|| format!("{env}={s:?} is not a non-negative integer")),
-        Err(_) => Ok(default),
-    }
-}
-
 pub fn serve(a: ServeArgs) -> Result<()> {
-    let max_state_tokens = setting(a.max_state_tokens, "DECIDER_MAX_STATE_TOKENS", 32768)?;
-    let limits = Limits {
-        max_rows: setting(a.max_rows, "DECIDER_MAX_ROWS", 1024)?,
-        max_row_tokens: setting(
-            a.max_row_tokens,
-            "DECIDER_MAX_ROW_TOKENS",
-            max_state_tokens + 4096,
-        )?,
-        max_request_tokens: setting(a.max_request_tokens, "DECIDER_MAX_REQUEST_TOKENS", 1 << 20)?,
-    };
+    let RequestLimits {
+        limits,
+        max_state_tokens,
+    } = a.limits.resolve()?;
     let max_queue_rows = setting(a.max_queue_rows, "DECIDER_MAX_QUEUE_ROWS", 4096)?;
     let api_key = crate::flag_or_env(a.api_key, "ONEPASS_API_KEY")
         .map(|k| k.trim().to_string())
@@ -98,6 +69,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         &dir,
         EngineOptions {
             limits,
+            max_state_tokens: Some(max_state_tokens),
             layout: crate::flag_or_env(a.layout.clone(), "DECIDER_LAYOUT"),
             temperature: crate::flag_or_env(a.temperature.clone(), "DECIDER_TEMPERATURE"),
             ..EngineOptions::default()

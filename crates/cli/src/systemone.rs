@@ -1,5 +1,6 @@
 //! `onepass systemone` and `onepass render`: one `/v1/systemone` request from a file (or stdin), answered as the
-//! server would (the response body on stdout), or only planned (ids, slots, nopts, usage) without the model.
+//! server would (the response body on stdout; the same limits, so the same 413s and state cut), or only planned (ids,
+//! slots, nopts, usage) without the model.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use onepass_decide::pyjson::dumps_compact;
 use onepass_decide::{parse_request, ApiError, DecideConfig, Engine, EngineOptions};
 
 use crate::device::{plan_body, AnyEngine, CudaArgs, DeviceArg};
+use crate::limits::LimitArgs;
 use serde_json::json;
 
 #[derive(Args)]
@@ -27,6 +29,8 @@ pub struct SystemoneArgs {
     /// Bytes of forked sequence state alive at once, in MiB.
     #[arg(long, default_value_t = 2048)]
     fork_budget_mb: usize,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Benchmarking: answer the request this many times after one load and write timings as JSON to stderr.
     #[arg(long, default_value_t = 1, hide = true)]
     repeat: usize,
@@ -69,10 +73,14 @@ fn answer(r: Result<onepass_decide::pyjson::Value, ApiError>) -> Result<()> {
 pub fn systemone(a: SystemoneArgs) -> Result<()> {
     let dir = onepass_formats::resolve_model_dir(&a.model)?;
     let body = read_body(&a.request)?;
-    // The same environment as `onepass serve` (decider-contract R6.3), so the body printed is the one it would send.
+    // The same environment and limits as `onepass serve` (decider-contract R6.3, §1.10), so the body printed is the
+    // one it would send.
+    let limits = a.limits.resolve()?;
     let opts = EngineOptions {
         shared_prefix: !a.no_shared_prefix,
         fork_budget_bytes: a.fork_budget_mb << 20,
+        limits: limits.limits,
+        max_state_tokens: Some(limits.max_state_tokens),
         layout: crate::flag_or_env(None, "DECIDER_LAYOUT"),
         temperature: crate::flag_or_env(None, "DECIDER_TEMPERATURE"),
         ..EngineOptions::default()

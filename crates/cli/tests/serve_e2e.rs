@@ -1,12 +1,13 @@
 //! `onepass serve` end to end: the real binary on a free port over a synthetic checkpoint with the real tokenizer;
 //! waits for /health, drives /v1/systemone (plain and zstd), /decide, /v1/models and /metrics over HTTP, then stops
 //! it with SIGTERM and checks a clean exit; a second test sends SIGTERM with requests in flight and checks that each
-//! is still answered in full. Needs testdata/qwen3_5-tokenizer (tools/setup-testdata.sh).
+//! is still answered in full; a third checks that `onepass systemone` applies the server's limits (the same 413 body, the
+//! same state cut). Needs testdata/qwen3_5-tokenizer (tools/setup-testdata.sh).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -281,4 +282,128 @@ fn sigterm_drains_requests_in_flight() {
         "every answer came before the signal: nothing was in flight (make the requests heavier)"
     );
     assert!(log.contains("draining in-flight requests"), "{log}");
+}
+
+/// The variables of the request limits (decider-contract §1.10).
+const LIMIT_VARS: [&str; 4] = [
+    "DECIDER_MAX_ROWS",
+    "DECIDER_MAX_ROW_TOKENS",
+    "DECIDER_MAX_REQUEST_TOKENS",
+    "DECIDER_MAX_STATE_TOKENS",
+];
+
+/// `onepass systemone --model DIR - <extra>` with `body` on stdin, the limit variables cleared and then `env` set.
+fn systemone(
+    dir: &Path,
+    body: &[u8],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_onepass"));
+    cmd.args(["systemone", "--model", dir.to_str().unwrap(), "-"])
+        .args(extra);
+    for v in LIMIT_VARS {
+        cmd.env_remove(v);
+    }
+    let mut child = cmd
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(body).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The answer body `onepass systemone` printed (it must have succeeded).
+fn stdout_ok(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "onepass systemone failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// The last line on stderr, the error `onepass systemone` printed (it must have failed, with nothing on stdout).
+fn stderr_err(out: &std::process::Output) -> String {
+    assert!(
+        !out.status.success(),
+        "onepass systemone should fail; it printed {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(out.stdout.is_empty(), "stdout on failure");
+    let err = String::from_utf8(out.stderr.clone()).unwrap();
+    err.lines().last().unwrap_or_default().to_string()
+}
+
+/// `onepass systemone` reads the limits `onepass serve` reads, from the same flags and variables: a body over
+/// `--max-rows 1` / `DECIDER_MAX_ROWS=1` fails with the server's 413 body, and `DECIDER_MAX_STATE_TOKENS` /
+/// `--max-state-tokens` cut the state as the server's does (a different answer from the default cap's).
+#[test]
+fn systemone_applies_the_servers_limits() {
+    let dir = checkpoint();
+    let d = dir.path();
+    // One row (one question) over a state far longer than 8 tokens.
+    let one = br#"{"state":{"ticket":"My card was charged twice for the same order and nobody answers the phone","tier":"gold"},"questions":{"urgent":{"type":"noul","instructions":"Is it urgent?"}}}"#;
+    let mut srv = Server::start(
+        d,
+        &["--quiet", "--max-rows", "1", "--max-state-tokens", "8"],
+    );
+    let json = [("content-type", "application/json")];
+    let (status, _, too_many) = http(&srv.addr, "POST", "/v1/systemone", &json, REQ.as_bytes());
+    let too_many = String::from_utf8(too_many).unwrap();
+    assert_eq!(
+        (status, too_many.as_str()),
+        (
+            413,
+            r#"{"detail":"too many questions: the request expands to 2 scoring rows, the limit is 1 (DECIDER_MAX_ROWS)"}"#
+        )
+    );
+    let (status, _, cut) = http(&srv.addr, "POST", "/v1/systemone", &json, one);
+    assert_eq!(status, 200);
+    let cut = String::from_utf8(cut).unwrap();
+    srv.stop();
+
+    // The 413: the server's status and body, as the CLI prints every error answer (`HTTP <status>: <body>`).
+    let want = format!("error: HTTP 413: {too_many}");
+    let req = REQ.as_bytes();
+    assert_eq!(
+        stderr_err(&systemone(d, req, &["--max-rows", "1"], &[])),
+        want
+    );
+    assert_eq!(
+        stderr_err(&systemone(d, req, &[], &[("DECIDER_MAX_ROWS", "1")])),
+        want
+    );
+    // The flag wins over the variable, as in `onepass serve`.
+    stdout_ok(&systemone(
+        d,
+        req,
+        &["--max-rows", "2"],
+        &[("DECIDER_MAX_ROWS", "1")],
+    ));
+    let bad = stderr_err(&systemone(d, req, &[], &[("DECIDER_MAX_ROWS", "x")]));
+    assert!(
+        bad.contains(r#"DECIDER_MAX_ROWS="x" is not a non-negative integer"#),
+        "{bad}"
+    );
+
+    // The state cut: byte-equal to the server's answer, and not the default cap's answer.
+    let env_cut = stdout_ok(&systemone(
+        d,
+        one,
+        &[],
+        &[("DECIDER_MAX_STATE_TOKENS", "8")],
+    ));
+    assert_eq!(env_cut.trim_end(), cut);
+    let flag_cut = stdout_ok(&systemone(d, one, &["--max-state-tokens", "8"], &[]));
+    assert_eq!(flag_cut.trim_end(), cut);
+    let uncut = stdout_ok(&systemone(d, one, &[], &[]));
+    assert_ne!(
+        uncut.trim_end(),
+        cut,
+        "the state cap changed nothing: the test proves nothing"
+    );
 }

@@ -65,6 +65,9 @@ pub struct EngineOptions {
     /// `DECIDER_TEMPERATURE`: replaces decider_config.json's temperature and switches its by-type and by-options maps
     /// off (decider-contract R3.2.1, R6.3). Validated at load.
     pub temperature: Option<String>,
+    /// `DECIDER_MAX_STATE_TOKENS`: replaces the config's cap on the ids of `"Context:\n" + state` (default: the
+    /// config's, 32768).
+    pub max_state_tokens: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -76,6 +79,7 @@ impl Default for EngineOptions {
             limits: Limits::default(),
             layout: None,
             temperature: None,
+            max_state_tokens: None,
         }
     }
 }
@@ -307,6 +311,9 @@ impl<B: Backend> Engine<B> {
     ) -> Result<Engine<B>, EngineError> {
         if config.chat.is_none() {
             config.attach_chat(&tokenizer, None)?; // a chat-layout config built without its template
+        }
+        if let Some(cap) = opts.max_state_tokens {
+            config.max_state_tokens = cap;
         }
         let label_ids = tokenizer.label_table()?.ids.clone();
         if let Some(&bad) = label_ids
