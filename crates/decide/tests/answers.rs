@@ -9,34 +9,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-
-use common::root;
+use common::{answer_checkpoint, answer_fixtures};
 use onepass_decide::pyjson::dumps_compact;
 use onepass_decide::{parse_request, Engine, EngineOptions, Plan};
-use onepass_model::synth;
 use serde_json::Value as J;
-use sha2::{Digest, Sha256};
 
 /// Answer fields (rounded to 4 places by the reference) and raw probabilities.
 const TOLERANCE: f64 = 2e-4;
 /// Shared prefix vs whole rows, f32 on the CPU.
 const SHARED_TOLERANCE: f32 = 1e-5;
-
-fn fixtures() -> PathBuf {
-    root().join("tests/fixtures/systemone/answers")
-}
-
-fn manifest() -> &'static J {
-    static M: OnceLock<J> = OnceLock::new();
-    M.get_or_init(|| {
-        serde_json::from_str(
-            &std::fs::read_to_string(fixtures().join("manifest.json")).expect("manifest"),
-        )
-        .expect("manifest json")
-    })
-}
 
 struct Case {
     name: String,
@@ -46,7 +27,7 @@ struct Case {
 }
 
 fn cases(preset: &str) -> Vec<Case> {
-    common::jsonl(&fixtures().join(format!("{preset}.jsonl")))
+    common::jsonl(&answer_fixtures().join(format!("{preset}.jsonl")))
         .into_iter()
         .map(|v| Case {
             name: v["name"].as_str().unwrap().into(),
@@ -68,49 +49,8 @@ fn cases(preset: &str) -> Vec<Case> {
         .collect()
 }
 
-/// The checkpoint folder of a preset: weights, the real tokenizer, the fixture's decider_config.json. Written once.
-fn checkpoint(preset: &'static str) -> &'static Path {
-    static DIRS: OnceLock<std::sync::Mutex<Vec<(&'static str, &'static tempfile::TempDir)>>> =
-        OnceLock::new();
-    let dirs = DIRS.get_or_init(Default::default);
-    let mut dirs = dirs.lock().unwrap();
-    if let Some((_, d)) = dirs.iter().find(|(p, _)| *p == preset) {
-        return d.path();
-    }
-    let entry = &manifest()["presets"][preset];
-    let dir: &'static tempfile::TempDir =
-        Box::leak(Box::new(tempfile::tempdir().expect("tempdir")));
-    synth::write_checkpoint(
-        &synth::preset(preset).expect("preset"),
-        dir.path(),
-        &mut |_, _| {},
-    )
-    .expect("synth");
-    let digest = format!(
-        "{:x}",
-        Sha256::digest(std::fs::read(dir.path().join("model.safetensors")).expect("weights"))
-    );
-    assert_eq!(
-        digest,
-        entry["model_safetensors_sha256"].as_str().unwrap(),
-        "{preset}: the synthetic checkpoint no longer matches the one the answers were made from; rerun tools/oracle/decider_answers.py"
-    );
-    let tok = root().join("testdata/qwen3_5-tokenizer");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dir.path().join(f))
-            .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
-    }
-    std::fs::write(
-        dir.path().join("decider_config.json"),
-        entry["decider_config"].as_str().unwrap(),
-    )
-    .unwrap();
-    dirs.push((preset, dir));
-    dir.path()
-}
-
 fn engine(preset: &'static str, opts: EngineOptions) -> Engine {
-    Engine::load(checkpoint(preset), opts).expect("engine")
+    Engine::load(answer_checkpoint(preset), opts).expect("engine")
 }
 
 #[derive(Default, Debug)]

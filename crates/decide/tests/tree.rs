@@ -21,17 +21,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
 
-use common::root;
+use common::{answer_checkpoint, answer_fixtures};
 use onepass_decide::engine::{Backend, MAX_BATCH_TOKENS};
 use onepass_decide::render::QType;
 use onepass_decide::rows::common_prefix_len;
 use onepass_decide::{parse_request, Engine, EngineOptions, Plan, Row};
-use onepass_model::{synth, Model, ModelError, SequenceState};
-use serde_json::Value as J;
+use onepass_model::{Model, ModelError, SequenceState};
 
 /// Tree route vs plain engine, per probability: the same rows in other `forward_batch` compositions, f32 on the CPU
 /// (the matmul's path and reduction order depend on the tokens stacked), as `SHARED_TOLERANCE` in tests/answers.rs.
@@ -142,51 +139,12 @@ impl Backend for TreeCpu {
     }
 }
 
-fn fixtures() -> PathBuf {
-    root().join("tests/fixtures/systemone/answers")
-}
-
-/// The checkpoint folder of a preset: synthetic weights, the real tokenizer, the fixture's decider_config.json.
-fn checkpoint(preset: &'static str) -> &'static Path {
-    static DIRS: OnceLock<Mutex<Vec<(&'static str, &'static tempfile::TempDir)>>> = OnceLock::new();
-    let mut dirs = DIRS.get_or_init(Default::default).lock().unwrap();
-    if let Some((_, d)) = dirs.iter().find(|(p, _)| *p == preset) {
-        return d.path();
-    }
-    let dir: &'static tempfile::TempDir =
-        Box::leak(Box::new(tempfile::tempdir().expect("tempdir")));
-    synth::write_checkpoint(
-        &synth::preset(preset).expect("preset"),
-        dir.path(),
-        &mut |_, _| {},
-    )
-    .expect("synth");
-    let tok = root().join("testdata/qwen3_5-tokenizer");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dir.path().join(f))
-            .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
-    }
-    let manifest: J = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join("manifest.json")).expect("manifest"),
-    )
-    .expect("manifest json");
-    std::fs::write(
-        dir.path().join("decider_config.json"),
-        manifest["presets"][preset]["decider_config"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
-    dirs.push((preset, dir));
-    dir.path()
-}
-
 fn plain(preset: &'static str, opts: EngineOptions) -> Engine {
-    Engine::load(checkpoint(preset), opts).expect("engine")
+    Engine::load(answer_checkpoint(preset), opts).expect("engine")
 }
 
 fn tree(preset: &'static str, opts: EngineOptions, decline: bool) -> Engine<TreeCpu> {
-    let dir = checkpoint(preset);
+    let dir = answer_checkpoint(preset);
     let model = Model::load(dir).expect("model");
     let model_type = model.config().model_type.clone();
     let backend = TreeCpu {
@@ -202,7 +160,7 @@ fn tree(preset: &'static str, opts: EngineOptions, decline: bool) -> Engine<Tree
 /// The answer fixtures' bodies, a packed body of three questions (one row, 2, 4 and 3 options) and a packed body
 /// without questions (one row, no slots), planned.
 fn fixture_plans(eng: &Engine, preset: &str) -> Vec<Plan> {
-    let mut bodies: Vec<String> = common::jsonl(&fixtures().join(format!("{preset}.jsonl")))
+    let mut bodies: Vec<String> = common::jsonl(&answer_fixtures().join(format!("{preset}.jsonl")))
         .iter()
         .map(|v| v["body"].as_str().unwrap().to_string())
         .collect();

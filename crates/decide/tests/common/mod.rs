@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use onepass_decide::Plan;
+use onepass_model::synth;
 use onepass_tokenizer::Tokenizer;
 use serde_json::Value as J;
+use sha2::{Digest, Sha256};
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -70,4 +72,62 @@ pub fn check_rows(name: &str, plan: &Plan, case: &J) {
         case["input_tokens"].as_u64().unwrap() as usize,
         "{name}: usage"
     );
+}
+
+/// The folder of the System One answer fixtures (tests/fixtures/systemone/answers, tools/oracle/decider_answers.py).
+pub fn answer_fixtures() -> PathBuf {
+    root().join("tests/fixtures/systemone/answers")
+}
+
+/// Their manifest (per preset: the checkpoint's digest and decider_config.json).
+pub fn answer_manifest() -> &'static J {
+    static M: OnceLock<J> = OnceLock::new();
+    M.get_or_init(|| {
+        serde_json::from_str(
+            &std::fs::read_to_string(answer_fixtures().join("manifest.json")).expect("manifest"),
+        )
+        .expect("manifest json")
+    })
+}
+
+/// The checkpoint folder of an answer-fixture preset: weights (hashed against the manifest, so they are the ones the
+/// oracle saw), the real tokenizer, the fixture's decider_config.json. Written once per test binary.
+pub fn answer_checkpoint(preset: &'static str) -> &'static Path {
+    static DIRS: OnceLock<std::sync::Mutex<Vec<(&'static str, &'static tempfile::TempDir)>>> =
+        OnceLock::new();
+    let dirs = DIRS.get_or_init(Default::default);
+    let mut dirs = dirs.lock().unwrap();
+    if let Some((_, d)) = dirs.iter().find(|(p, _)| *p == preset) {
+        return d.path();
+    }
+    let entry = &answer_manifest()["presets"][preset];
+    let dir: &'static tempfile::TempDir =
+        Box::leak(Box::new(tempfile::tempdir().expect("tempdir")));
+    synth::write_checkpoint(
+        &synth::preset(preset).expect("preset"),
+        dir.path(),
+        &mut |_, _| {},
+    )
+    .expect("synth");
+    let digest = format!(
+        "{:x}",
+        Sha256::digest(std::fs::read(dir.path().join("model.safetensors")).expect("weights"))
+    );
+    assert_eq!(
+        digest,
+        entry["model_safetensors_sha256"].as_str().unwrap(),
+        "{preset}: the synthetic checkpoint no longer matches the one the answers were made from; rerun tools/oracle/decider_answers.py"
+    );
+    let tok = root().join("testdata/qwen3_5-tokenizer");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok.join(f), dir.path().join(f))
+            .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
+    }
+    std::fs::write(
+        dir.path().join("decider_config.json"),
+        entry["decider_config"].as_str().unwrap(),
+    )
+    .unwrap();
+    dirs.push((preset, dir));
+    dir.path()
 }
