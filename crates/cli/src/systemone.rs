@@ -47,6 +47,8 @@ pub struct RenderArgs {
     model: String,
     /// The request body (JSON); `-` reads stdin.
     request: PathBuf,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 fn read_body(path: &Path) -> Result<Vec<u8>> {
@@ -133,10 +135,16 @@ pub fn render(a: RenderArgs) -> Result<()> {
     let tok = crate::tokenizer_in(&dir)?.transformers_compatible();
     let layout = crate::flag_or_env(None, "DECIDER_LAYOUT");
     let temperature = crate::flag_or_env(None, "DECIDER_TEMPERATURE");
-    let cfg = DecideConfig::load(&dir, &tok, layout.as_deref(), temperature.as_deref())?;
+    // The server's limits: its state cap and its 413s, so the rows printed are the ones it would run.
+    let limits = a.limits.resolve()?;
+    let mut cfg = DecideConfig::load(&dir, &tok, layout.as_deref(), temperature.as_deref())?;
+    cfg.max_state_tokens = limits.max_state_tokens;
     answer(
         parse_request(&body)
             .and_then(|r| onepass_decide::plan(&r, &tok, &cfg))
-            .map(|p| p.to_value()),
+            .and_then(|p| {
+                onepass_decide::check_size(&p, &limits.limits)?;
+                Ok(p.to_value())
+            }),
     )
 }

@@ -299,8 +299,19 @@ fn systemone(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> std::process::Output {
+    one_shot("systemone", dir, body, extra, env)
+}
+
+/// `onepass <sub> --model DIR - EXTRA` (systemone or render) with `body` on stdin, the limit variables cleared.
+fn one_shot(
+    sub: &str,
+    dir: &Path,
+    body: &[u8],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_onepass"));
-    cmd.args(["systemone", "--model", dir.to_str().unwrap(), "-"])
+    cmd.args([sub, "--model", dir.to_str().unwrap(), "-"])
         .args(extra);
     for v in LIMIT_VARS {
         cmd.env_remove(v);
@@ -406,4 +417,15 @@ fn systemone_applies_the_servers_limits() {
         cut,
         "the state cap changed nothing: the test proves nothing"
     );
+
+    // `onepass render` plans what the server runs: the same 413 and the same cut (its usage equals the answer's).
+    let render =
+        |body: &[u8], extra: &[&str], env: &[(&str, &str)]| one_shot("render", d, body, extra, env);
+    assert_eq!(stderr_err(&render(req, &["--max-rows", "1"], &[])), want);
+    let usage = |s: &str| {
+        serde_json::from_str::<serde_json::Value>(s).unwrap()["usage"]["input_tokens"].clone()
+    };
+    let planned = stdout_ok(&render(one, &[], &[("DECIDER_MAX_STATE_TOKENS", "8")]));
+    assert_eq!(usage(&planned), usage(&cut));
+    assert_ne!(usage(&stdout_ok(&render(one, &[], &[]))), usage(&cut));
 }
