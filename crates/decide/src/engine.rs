@@ -23,8 +23,8 @@
 //! every row's remaining ids, at most [`MAX_BATCH_TOKENS`]). A plan without slots needs no forward and joins none. Each
 //! group runs steps 1–3 as one [`Backend::forward_tree`]: the roots are the shared prefixes and the rows without one,
 //! each row with a prefix is a child of its prefix's root. A GPU backend then reads every weight once per group. The
-//! plans that do not fit one pass even alone, and, once the backend answers `None` for a group (it is asked once per
-//! call), that group and every later one, run the steps above together, unchanged. A backend whose
+//! plans that do not fit one pass even alone, and the groups the backend answers `None` for (the GPU declines a tree
+//! whose prefix is shorter than its conv kernel, for one), run the steps above together, unchanged. A backend whose
 //! [`Backend::runs_trees`] is false (the CPU [`Model`]) is never asked: every plan takes those steps.
 //! Every route shares step 4 and writes its plans' slots only (`tests/tree.rs` checks the routes agree).
 //!
@@ -456,17 +456,16 @@ impl<B: Backend> Engine<B> {
         if !group.is_empty() {
             groups.push(group);
         }
-        // Every group as one tree, until the backend declines one: that group and the rest take the two-pass path.
-        let mut groups = groups.into_iter();
-        for group in groups.by_ref() {
+        // Every group as one tree; a group the backend declines (a prefix too short for its one-forward route, say)
+        // takes the two-pass path.
+        for group in groups {
             let (shared, jobs) = work(&parts, &group);
             let Some((hidden, starts)) = self.run_tree(plans, &shared, &jobs)? else {
                 two_pass.extend(group);
-                break;
+                continue;
             };
             self.read_out(plans, &jobs, &hidden, &starts, &first_slot, &mut out)?;
         }
-        two_pass.extend(groups.flatten());
         if !two_pass.is_empty() {
             two_pass.sort_unstable();
             let (shared, jobs) = work(&parts, &two_pass);

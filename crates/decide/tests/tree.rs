@@ -39,7 +39,8 @@ const TOLERANCE: f32 = 1e-5;
 /// Both presets of the answer fixtures: text and composite layouts, tied and untied heads.
 const PRESETS: [&str; 2] = ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"];
 
-/// The CPU model with a `forward_tree` that really runs the tree, or declines it when `decline` is set.
+/// The CPU model with a `forward_tree` that really runs the tree, or declines it when `decline` is set or (as the GPU
+/// does) when a root with children has fewer than `min_root` ids.
 struct TreeCpu {
     model: Model,
     /// `forward_tree` calls.
@@ -49,6 +50,7 @@ struct TreeCpu {
     /// `forward_batch` calls from the engine (the two-pass route; a tree runs the model's own).
     batches: AtomicUsize,
     decline: AtomicBool,
+    min_root: AtomicUsize,
 }
 
 impl TreeCpu {
@@ -105,7 +107,12 @@ impl Backend for TreeCpu {
         children: &[(usize, &[u32])],
     ) -> Result<Option<Vec<f32>>, ModelError> {
         self.asked.fetch_add(1, Ordering::SeqCst);
-        if self.decline.load(Ordering::SeqCst) {
+        let min_root = self.min_root.load(Ordering::SeqCst);
+        if self.decline.load(Ordering::SeqCst)
+            || children
+                .iter()
+                .any(|&(r, _)| roots.get(r).is_some_and(|(_, ids)| ids.len() < min_root))
+        {
             return Ok(None);
         }
         // hidden: [Σ root T + Σ child T, H]
@@ -153,6 +160,7 @@ fn tree(preset: &'static str, opts: EngineOptions, decline: bool) -> Engine<Tree
         ran: AtomicUsize::new(0),
         batches: AtomicUsize::new(0),
         decline: AtomicBool::new(decline),
+        min_root: AtomicUsize::new(0),
     };
     Engine::from_dir_with(dir, &model_type, backend, opts).expect("engine")
 }
@@ -645,19 +653,21 @@ fn declined_tree_is_the_plain_engine() {
                 0.0,
             );
         }
-        // Past the token limit (several groups), and with a plan that does not fit one pass alone: asked once.
+        // Past the token limit (several groups), and with a plan that does not fit one pass alone: asked once per
+        // group (a declined group does not stop the others from asking).
         let mut long = past(&plans, MAX_BATCH_TOKENS);
         let budget = EngineOptions::default().fork_budget_bytes;
-        assert!(tree_groups(&eng, &long, budget) >= 2);
         let alone = unshared_plan(30, &[2800, 2800, 2800]);
         long.insert(long.len() / 2, &alone);
+        let groups = tree_groups(&eng, &long, budget);
+        assert!(groups >= 2);
         check_call(
             &format!("{preset} {} plans past the limit, declined", long.len()),
             &eng,
             &counts,
             &base,
             &long,
-            (1, 0),
+            (groups, 0),
             0.0,
         );
         let hand = [shared_plan(3, 3, 40, 17), shared_plan(4, 2, 1, 5)];
@@ -680,6 +690,35 @@ fn declined_tree_is_the_plain_engine() {
             &base,
             &hand,
             (1, 1),
+            TOLERANCE,
+        );
+    }
+}
+
+/// A group the backend declines (here, as on the GPU, for a shared prefix shorter than it takes) runs the two-pass
+/// route, and the groups after it still take the tree: asked once per group, run for all but the declined one.
+#[test]
+fn declined_group_leaves_the_others_on_the_tree() {
+    for preset in PRESETS {
+        let base = plain(preset, EngineOptions::default());
+        let eng = tree(preset, EngineOptions::default(), false);
+        eng.model().min_root.store(3, Ordering::SeqCst);
+        let counts = || eng.model().counts();
+        let plans = fixture_plans(&base, preset);
+        // A plan whose rows share 2 ids, then the fixture plans past the token limit: the first group holds the short
+        // prefix and is declined, the others run.
+        let short = shared_plan(5, 3, 2, 30);
+        let mut call = vec![&short];
+        call.extend(past(&plans, MAX_BATCH_TOKENS));
+        let groups = tree_groups(&eng, &call, EngineOptions::default().fork_budget_bytes);
+        assert!(groups >= 2, "{groups} groups");
+        check_call(
+            &format!("{preset} one declined group of {groups}"),
+            &eng,
+            &counts,
+            &base,
+            &call,
+            (groups, groups - 1),
             TOLERANCE,
         );
     }
