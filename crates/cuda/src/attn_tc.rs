@@ -15,7 +15,7 @@
 
 use crate::launch;
 use crate::ops::{AttnDims, Out};
-use crate::runtime::{cfg, Gpu};
+use crate::runtime::{cfg, cfg3, Gpu};
 use crate::CudaError;
 
 /// Rows (token, query head) per block (`ATC_M` in attn_tc.cu).
@@ -158,8 +158,7 @@ pub fn attention_tc_with(
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, d as i32, scale, o, mode,
         splits as i32, max_len as i32, nseg as i32, scratch)?;
     if splits > 1 {
-        let mut lc = cfg((max_len as u32, nseg as u32), 64, 0);
-        lc.grid_dim.2 = a.heads as u32;
+        let lc = cfg3((max_len as u32, nseg as u32, a.heads as u32), 64, 0);
         launch!(g, g.k.attention_tc_combine, lc;
             proj, ld as i32, segs, a.heads as i32, a.kv_heads as i32, d as i32, o, mode,
             splits as i32, max_len as i32, nseg as i32, scratch)?;

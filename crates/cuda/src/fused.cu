@@ -1,4 +1,5 @@
-// Small kernels outside the forward's op set.
+// Kernels added after kernels.cu: the profiler's spin_wait, the split-mode folds (add2_rms_norm, swiglu2) and the
+// warp-per-channel-group conv (gdn_conv_prep_w).
 
 // Keeps the stream busy for about `cycles` clock cycles (one thread), so that the host can queue a whole
 // forward before the GPU starts it: the profiler's events then time the GPU's work, not the host's launches.
@@ -8,7 +9,7 @@ extern "C" __global__ void spin_wait(long long cycles) {
     }
 }
 
-// Split-mode consumers of a GEMM run once over both bf16 planes ([hi; lo] stacked as 2N rows): the two halves of
+// The split-mode folds. Consumers of a GEMM run once over both bf16 planes ([hi; lo] stacked as 2N rows): the two halves of
 // its output are summed where they are read, so the weights are read once instead of twice.
 
 // x += f[:N] + f[N:] (f: [2N, dim], the lo half `lo` values after the hi half), then RMSNorm as rms_norm (the

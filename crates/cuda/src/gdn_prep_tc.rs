@@ -10,7 +10,7 @@
 
 use crate::launch;
 use crate::ops::{self, GdnDims, GDN_CHUNK};
-use crate::runtime::{cfg, Gpu};
+use crate::runtime::{cfg3, Gpu};
 use crate::CudaError;
 
 /// Threads per block (8 warps). Two blocks are resident per multiprocessor (`__launch_bounds__(256, 2)` in
@@ -110,12 +110,15 @@ pub fn gdn_tc_prep_sliced(
         return Ok(());
     }
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
-    let mut lc = cfg(
-        (ops::blocks(max_len, GDN_CHUNK), nseg as u32),
+    let lc = cfg3(
+        (
+            ops::blocks(max_len, GDN_CHUNK),
+            nseg as u32,
+            (d.hv * nslice) as u32,
+        ),
         THREADS,
         smem as u32,
     );
-    lc.grid_dim.2 = (d.hv * nslice) as u32;
     launch!(g, g.k.gdn_tc_prep, lc;
         qkv, ld as i32, gg, beta, segs, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, nslice as i32,
         u, w, m, e)

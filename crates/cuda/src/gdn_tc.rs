@@ -6,7 +6,7 @@
 
 use crate::launch;
 use crate::ops::{self, GdnDims, GDN_CHUNK};
-use crate::runtime::{cfg, Gpu};
+use crate::runtime::{cfg3, Gpu};
 use crate::CudaError;
 
 /// Where the state pass of [`gdn_tc_chunked`] reads and writes each segment's recurrent state.
@@ -69,20 +69,29 @@ pub fn gdn_tc_supported(g: &Gpu, d: GdnDims, bv: usize) -> bool {
         && gdn_tc_smem(d, bv) <= g.max_smem
 }
 
+/// The widest slice [`gdn_tc_slice`] picks.
+const GDN_TC_SLICE_MAX: usize = 64;
+
+/// Whether [`gdn_tc_state`] runs these dims at every slice width [`gdn_tc_slice`] may pick (shared memory grows with
+/// the width, so the widest decides).
+pub fn gdn_tc_takes(g: &Gpu, d: GdnDims) -> bool {
+    gdn_tc_supported(g, d, GDN_TC_SLICE_MAX)
+}
+
 /// Value columns per block: the widest slice (64) unless that leaves fewer than 200 blocks, down to 16.
 /// Measured on an H200 (0.8B heads, 16 x 128 x 128; µs for 8 / 16 / 32 / 64 columns): one 175-token segment
 /// 36.6 / 24.9 / 31.4 / 46.3 (picks 16: 128 blocks), 7 x 33 tokens 87.6 / 60.0 / 51.4 / 44.3 (64: 224 blocks),
 /// 1 x 3,400 523.7 / 327.5 / 444.2 / 654.1 (16), 224 x 33 3462 / 2289 / 1752 / 1518 (64).
 pub fn gdn_tc_slice(d: GdnDims, nseg: usize) -> usize {
-    let mut bv = 64;
+    let mut bv = GDN_TC_SLICE_MAX;
     while bv > 16 && d.hv * nseg * d.dv.div_ceil(bv) < 200 {
         bv /= 2;
     }
     bv
 }
 
-/// The WY state pass on tensor cores: the drop-in twin of [`ops::gdn_wy_state`] (same arguments; `dvs`, the
-/// value columns per block, is 8, 16, 32 or 64, see [`gdn_tc_slice`]). qkv: [N, ld] (q, k, v of every row);
+/// The WY state pass on tensor cores: the twin of [`ops::gdn_wy_state`] (its arguments, plus `init` and `keep`;
+/// `dvs`, the value columns per block, is 8, 16, 32 or 64, see [`gdn_tc_slice`]). qkv: [N, ld] (q, k, v of every row);
 /// out: [N, HV, DV]; segs: [S, 3] i32; states: [S] addresses of [HV, DK, DV] f32 (written at the end); init: [S]
 /// addresses each segment's state is read from (`states` itself, or for a segment that continues another one of the
 /// batch, that segment's state, written by an earlier launch: [`gdn_tc_chunked`]); scratch: `rows *
@@ -105,7 +114,7 @@ pub fn gdn_tc_state(
         return Err(CudaError::Unsupported(format!(
             "tensor-core gated delta state pass: dims {d:?}, {dvs} value columns per block \
              (dk 1..={GDN_TC_MAX_DK}, hv a multiple of hk, slices {GDN_TC_SLICES:?}, {} of {} bytes of shared memory)",
-            gdn_tc_smem(d, dvs.min(64)),
+            gdn_tc_smem(d, dvs),
             g.max_smem
         )));
     }
@@ -122,8 +131,11 @@ pub fn gdn_tc_state(
     let vec = d.dk.is_multiple_of(4)
         && ld.is_multiple_of(4)
         && [qkv, w, m].iter().all(|a| a.is_multiple_of(16));
-    let mut lc = cfg((d.hv as u32, nseg as u32), 256, gdn_tc_smem(d, dvs) as u32);
-    lc.grid_dim.2 = ops::blocks(d.dv, dvs);
+    let lc = cfg3(
+        (d.hv as u32, nseg as u32, ops::blocks(d.dv, dvs)),
+        256,
+        gdn_tc_smem(d, dvs) as u32,
+    );
     launch!(g, g.k.gdn_tc_state[slice], lc;
         qkv, ld as i32, u, w, m, e, out, segs, states, init, keep as i32, d.hk as i32, d.hv as i32, d.dk as i32,
         d.dv as i32, vec as i32)

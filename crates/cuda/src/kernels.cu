@@ -602,7 +602,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_wy_prep(const float* __res
 // (dk*dvs + 2*GDN_C*(dk+1) + GDN_C*(GDN_C+1) + GDN_C*dvs + 2*GDN_C) floats. Per chunk, the block's S[:, j0:j0+dvs]
 // (shared memory) goes through v' = U - W S, o = e^gam Q S + M v', S <- e^gam_last S + (e^(gam_last-gam) K)^T v';
 // thread (rg, j) owns column j and rows rg, rg + 256/dvs, ... of each product. W, M and Q load in one phase,
-// the decayed K (into W's buffer) in a second, overlapping the o product: three barriers per chunk.
+// the decayed K (into W's buffer) in a second, overlapping the o product: four barriers per chunk.
 template <int DVS>
 __device__ __forceinline__ void gdn_wy_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
                                                const float* __restrict__ W, const float* __restrict__ M,
@@ -883,11 +883,11 @@ extern "C" __global__ void attn_prep(const float* proj, int ld, const float* qn,
 }
 
 // Causal attention over the segment's KV cache (row n at position p sees keys 0..=p; KV table as in
-// attn_prep), grouped KV heads, online softmax; the output times sigmoid(gate) goes to bf16 (f32 if f32out)
+// attn_prep), grouped KV heads, online softmax; the output times sigmoid(gate) is stored as `store_act` with `mode`
 // for o_proj. One warp per (row, head), keys processed 32 at a time (one key per lane for the scores,
 // then the warp accumulates the values): grid (ceil(N/4), H), block 128. q: [N, H, D]; out: [N, H*D]; D <= 512.
 extern "C" __global__ void attention(const float* q, const float* proj, int ld, const int* tok, const u64* kv,
-                                     int N, int H, int HKV, int D, float scale, void* out, int f32out) {
+                                     int N, int H, int HKV, int D, float scale, void* out, int mode) {
     __shared__ float ps[4][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n = blockIdx.x * 4 + warp, h = blockIdx.y;
@@ -944,7 +944,7 @@ extern "C" __global__ void attention(const float* q, const float* proj, int ld, 
 #pragma unroll
     for (int r = 0; r < 16; r++) {
         int c = lane + 32 * r;
-        if (c < D) store_act(out, (idx_t)n * H * D + h * D + c, acc[r] / l * sigmoid_f(gate[c]), f32out);
+        if (c < D) store_act(out, (idx_t)n * H * D + h * D + c, acc[r] / l * sigmoid_f(gate[c]), mode);
     }
 }
 
@@ -959,7 +959,7 @@ extern "C" __global__ void attention(const float* q, const float* proj, int ld, 
 template <int CW>
 __device__ __forceinline__ void attention_tiled_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
                                                   const int* seg, const u64* kv, int H, int HKV, int D, float scale,
-                                                  void* out, int f32out, float* sm) {
+                                                  void* out, int mode, float* sm) {
     int ldd = D + 1;
     float* Qs = sm;                       // [ATT_Q, D+1]
     float* Ks = Qs + ATT_Q * ldd;         // [ATT_K, D+1]
@@ -1101,7 +1101,7 @@ __device__ __forceinline__ void attention_tiled_t(const float* __restrict__ q, c
 #pragma unroll
             for (int k = 0; k < CW; k++) {
                 int c = ocol + 64 * k;
-                if (c < D) store_act(out, n * H * D + h * D + c, acc[i][k] * inv * sigmoid_f(gate[c]), f32out);
+                if (c < D) store_act(out, n * H * D + h * D + c, acc[i][k] * inv * sigmoid_f(gate[c]), mode);
             }
         }
     }
@@ -1110,20 +1110,20 @@ __device__ __forceinline__ void attention_tiled_t(const float* __restrict__ q, c
 extern "C" __global__ void __launch_bounds__(256) attention_tiled(const float* __restrict__ q,
                                                                   const float* __restrict__ proj, int ld,
                                                                   const int* seg, const u64* kv, int H, int HKV,
-                                                                  int D, float scale, void* out, int f32out) {
+                                                                  int D, float scale, void* out, int mode) {
     extern __shared__ float sm[];
-    if (D <= 64) attention_tiled_t<1>(q, proj, ld, seg, kv, H, HKV, D, scale, out, f32out, sm);
-    else if (D <= 128) attention_tiled_t<2>(q, proj, ld, seg, kv, H, HKV, D, scale, out, f32out, sm);
-    else if (D <= 256) attention_tiled_t<4>(q, proj, ld, seg, kv, H, HKV, D, scale, out, f32out, sm);
-    else attention_tiled_t<8>(q, proj, ld, seg, kv, H, HKV, D, scale, out, f32out, sm);
+    if (D <= 64) attention_tiled_t<1>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, sm);
+    else if (D <= 128) attention_tiled_t<2>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, sm);
+    else if (D <= 256) attention_tiled_t<4>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, sm);
+    else attention_tiled_t<8>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, sm);
 }
 
-// SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] bf16 (f32 if f32out).
-extern "C" __global__ void swiglu(const float* gu, int inter, int rows, void* out, int f32out) {
+// SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] as `store_act` with `mode`.
+extern "C" __global__ void swiglu(const float* gu, int inter, int rows, void* out, int mode) {
     idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (idx_t)rows * inter) return;
     idx_t n = i / inter, c = i % inter;
-    store_act(out, i, silu_f(gu[n * 2 * inter + c]) * gu[n * 2 * inter + inter + c], f32out);
+    store_act(out, i, silu_f(gu[n * 2 * inter + c]) * gu[n * 2 * inter + inter + c], mode);
 }
 
 // x += y (n values).

@@ -3,7 +3,7 @@
 //! and the op tests call these; each op has a CPU twin in `onepass-kernels`.
 
 use crate::launch;
-use crate::runtime::{cfg, Gpu};
+use crate::runtime::{cfg, cfg3, Gpu};
 use crate::CudaError;
 
 /// Threads per block for row-wise ops.
@@ -212,8 +212,11 @@ pub fn gdn_chunked(
             d.dk, d.dv
         )));
     }
-    let mut lc = cfg((d.hv as u32, nseg as u32), 256, smem as u32);
-    lc.grid_dim.2 = blocks(d.dv, dvs);
+    let lc = cfg3(
+        (d.hv as u32, nseg as u32, blocks(d.dv, dvs)),
+        256,
+        smem as u32,
+    );
     launch!(g, g.k.gdn_chunked, lc;
         qkv, ld as i32, gg, beta, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, c as i32, dvs as i32)
 }
@@ -308,12 +311,11 @@ pub fn gdn_wy_prep(
 ) -> Result<(), CudaError> {
     let (smem, _) = gdn_wy_fits(g, d, 8)?;
     let (u, w, m, e) = gdn_wy_parts(d, rows, scratch);
-    let mut lc = cfg(
-        (max_len.div_ceil(GDN_CHUNK).max(1) as u32, nseg as u32),
+    let lc = cfg3(
+        (blocks(max_len, GDN_CHUNK), nseg as u32, d.hv as u32),
         256,
         smem as u32,
     );
-    lc.grid_dim.2 = d.hv as u32;
     launch!(g, g.k.gdn_wy_prep, lc;
         qkv, ld as i32, gg, beta, segs, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, u, w, m, e)
 }
@@ -339,8 +341,11 @@ pub fn gdn_wy_state(
     }
     let (_, smem) = gdn_wy_fits(g, d, dvs)?;
     let (u, w, m, e) = gdn_wy_parts(d, rows, scratch);
-    let mut lc = cfg((d.hv as u32, nseg as u32), 256, smem as u32);
-    lc.grid_dim.2 = blocks(d.dv, dvs);
+    let lc = cfg3(
+        (d.hv as u32, nseg as u32, blocks(d.dv, dvs)),
+        256,
+        smem as u32,
+    );
     launch!(g, g.k.gdn_wy_state, lc;
         qkv, ld as i32, u, w, m, e, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, dvs as i32)
 }
@@ -374,17 +379,20 @@ pub fn gdn_conv_prep(
 ) -> Result<(), CudaError> {
     check_conv_kernel(kernel)?;
     let (off_a, off_b, neg_a, dt_bias) = gates;
-    if d.dk <= 256 && cd >= 2 * d.hk * d.dk {
-        // One warp per channel group (fused.cu gdn_conv_prep_w): the same arithmetic, far more parallel.
+    // One warp per channel group (fused.cu gdn_conv_prep_w): the same arithmetic, far more parallel; the
+    // block-per-token kernel for heads its warps do not hold (dk > 256). Same arguments.
+    let (gdn_conv_prep, lc) = if d.dk <= 256 && cd >= 2 * d.hk * d.dk {
         let groups = 2 * d.hk + (cd - 2 * d.hk * d.dk).div_ceil(128);
-        launch!(g, g.k.gdn_conv_prep_w, cfg((n as u32, blocks(groups, 4)), 128, 0);
-            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
-            scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
+        (
+            &g.k.gdn_conv_prep_w,
+            cfg((n as u32, blocks(groups, 4)), 128, 0),
+        )
     } else {
-        launch!(g, g.k.gdn_conv_prep, cfg((n as u32, 1), 256, 0);
-            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
-            scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
-    }
+        (&g.k.gdn_conv_prep, cfg((n as u32, 1), 256, 0))
+    };
+    launch!(g, gdn_conv_prep, lc;
+        x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
+        scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
     launch!(g, g.k.gdn_conv_state, cfg((blocks(cd, 256), nseg as u32), 256, 0);
         x, ld as i32, kernel as i32, cd as i32, segs, states, par)
 }
@@ -466,9 +474,9 @@ pub fn attention(
             a.head_dim
         )));
     }
-    let (o, f32out) = out.parts();
+    let (o, mode) = out.parts();
     launch!(g, g.k.attention, cfg((blocks(n, 4), a.heads as u32), 128, 0);
-        q, proj, ld as i32, tok, kv, n as i32, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, f32out)
+        q, proj, ld as i32, tok, kv, n as i32, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, mode)
 }
 
 /// Query rows and keys per tile of [`attention_tiled`] (`ATT_Q`, `ATT_K` in kernels.cu).
@@ -499,21 +507,20 @@ pub fn attention_tiled(
             a.head_dim
         )));
     }
-    let (o, f32out) = out.parts();
-    let mut lc = cfg(
-        (max_len.div_ceil(ATT_Q).max(1) as u32, nseg as u32),
+    let (o, mode) = out.parts();
+    let lc = cfg3(
+        (blocks(max_len, ATT_Q), nseg as u32, a.heads as u32),
         256,
         smem as u32,
     );
-    lc.grid_dim.2 = a.heads as u32;
     launch!(g, g.k.attention_tiled, lc;
-        q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, f32out)
+        q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, mode)
 }
 
 /// out [N, I] = silu(gu[:, :I]) * gu[:, I:].
 pub fn swiglu(g: &Gpu, gu: u64, inter: usize, n: usize, out: Out) -> Result<(), CudaError> {
-    let (o, f32out) = out.parts();
-    launch!(g, g.k.swiglu, cfg((blocks(n * inter, 256), 1), 256, 0); gu, inter as i32, n as i32, o, f32out)
+    let (o, mode) = out.parts();
+    launch!(g, g.k.swiglu, cfg((blocks(n * inter, 256), 1), 256, 0); gu, inter as i32, n as i32, o, mode)
 }
 
 /// x += y.

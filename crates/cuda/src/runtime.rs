@@ -171,8 +171,7 @@ impl Gpu {
             .max(1) as usize;
         let f = |name: &str| module.load_function(name).op("load function");
         // Kernels whose dynamic shared memory may pass the 48 KB default: the limit raised to the device's opt-in
-        // maximum, less the kernel's static shared memory (the opt-in maximum counts both). Every kernel after
-        // kernels.cu is loaded this way.
+        // maximum, less the kernel's static shared memory (the opt-in maximum counts both).
         let big = |name: &str| -> Result<CudaFunction, CudaError> {
             let k = f(name)?;
             let fixed = k
@@ -206,10 +205,10 @@ impl Gpu {
             add_inplace: f("add_inplace")?,
             to_bf16: f("to_bf16")?,
             rows_dot: f("rows_dot")?,
-            add2_rms_norm: big("add2_rms_norm")?,
-            swiglu2: big("swiglu2")?,
-            gdn_conv_prep_w: big("gdn_conv_prep_w")?,
-            spin_wait: big("spin_wait")?,
+            add2_rms_norm: f("add2_rms_norm")?,
+            swiglu2: f("swiglu2")?,
+            gdn_conv_prep_w: f("gdn_conv_prep_w")?,
+            spin_wait: f("spin_wait")?,
             gdn_tc_prep: big("gdn_tc_prep")?,
             gdn_tc_state: [
                 big(&format!("gdn_tc_state_{s0}"))?,
@@ -218,7 +217,7 @@ impl Gpu {
                 big(&format!("gdn_tc_state_{s3}"))?,
             ],
             attention_tc: big("attention_tc")?,
-            attention_tc_combine: big("attention_tc_combine")?,
+            attention_tc_combine: f("attention_tc_combine")?,
         };
         let name = ctx.name().op("device name")?;
         Ok(Arc::new(Gpu {
@@ -354,8 +353,13 @@ impl Gpu {
 
 /// A launch configuration: `grid` blocks of `block` threads, `smem` bytes of dynamic shared memory.
 pub fn cfg(grid: (u32, u32), block: u32, smem: u32) -> LaunchConfig {
+    cfg3((grid.0, grid.1, 1), block, smem)
+}
+
+/// [`cfg`] with a third grid dimension (each at least 1).
+pub fn cfg3(grid: (u32, u32, u32), block: u32, smem: u32) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+        grid_dim: (grid.0.max(1), grid.1.max(1), grid.2.max(1)),
         block_dim: (block, 1, 1),
         shared_mem_bytes: smem,
     }
