@@ -197,7 +197,7 @@ fn gpu_answers_match_cpu_engine() {
             let m = gpu.model().model();
             let trees = m.tree_forwards();
             let got = alone(&gpu, &ps);
-            // Every request with a shared prefix ran prefix and suffixes in one forward.
+            // The one-forward tree ran (at least one request's prefix and suffixes in one forward).
             if m.tree_forwards() == trees {
                 fails.push(format!(
                     "{preset} {prec:?}: no request took the one-forward tree"

@@ -236,8 +236,8 @@ struct Shape {
     roots: usize,
     /// Whether the states of segments `roots..` are written (false: dropped after the forward).
     keep_children: bool,
+    /// The longest segment (1: every segment one token, the decode step).
     max_len: usize,
-    all_single: bool,
 }
 
 /// Values per token row of the forward scratch buffers.
@@ -326,6 +326,7 @@ impl Scratch {
         }
         let len = len.next_power_of_two();
         self._attn_charge = None;
+        self.attn_len = 0; // uncharged until the new buffer is (a failed charge leaves it to be reserved again)
         self._attn_charge = Some(m.ledger.charge(4 * len, "attention scratch")?);
         self.attn = m.gpu.alloc(len)?;
         self.attn_len = len;
@@ -399,6 +400,8 @@ pub struct CudaModel {
     enqueue_ns: AtomicU64,
     /// Forwards [`CudaModel::forward_tree`] ran with children in them.
     trees: AtomicU64,
+    /// CUDA graph launches ([`CudaModel::graph_launches`]).
+    graph_runs: AtomicU64,
     /// The own rows of every cache that has none yet (shared: a fork allocates no KV memory until it appends).
     empty_kv: Arc<KvBuf>,
     /// The persistent forward scratch (forwards of up to [`ARENA_ROWS`] rows).
@@ -584,10 +587,7 @@ impl CudaModel {
         let mut tree_min_root = gdn_tc.then_some(2);
         for l in &layers {
             if let Mixer::Gdn(m) = &l.mixer {
-                // Every slice width gdn_tc_slice may pick.
-                let tc = [16, 32, 64]
-                    .iter()
-                    .all(|&bv| crate::gdn_tc::gdn_tc_supported(g, m.d, bv));
+                let tc = crate::gdn_tc::gdn_tc_takes(g, m.d);
                 tree_min_root = tree_min_root.filter(|_| tc).map(|k| k.max(m.kernel - 1));
             }
         }
@@ -610,6 +610,7 @@ impl CudaModel {
             prof: Mutex::new(None),
             enqueue_ns: AtomicU64::new(0),
             trees: AtomicU64::new(0),
+            graph_runs: AtomicU64::new(0),
             empty_kv: Arc::new(KvBuf {
                 k: g.alloc(1)?,
                 v: g.alloc(1)?,
@@ -711,10 +712,20 @@ impl CudaModel {
     /// Turns CUDA graphs for repeated forward shapes on or off (default: on unless ONEPASS_CUDA_GRAPHS=0).
     pub fn set_graphs(&self, on: bool) {
         self.use_graphs.store(on, Ordering::Relaxed);
+        self.drop_graphs();
+    }
+
+    /// Forgets every captured graph (their scratch addresses changed, or graphs were switched).
+    fn drop_graphs(&self) {
         self.graphs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+    }
+
+    /// CUDA graph launches since load (captures launched and replays).
+    pub fn graph_launches(&self) -> u64 {
+        self.graph_runs.load(Ordering::Relaxed)
     }
 
     /// Whether forwards may replay CUDA graphs (off after a capture failed).
@@ -911,6 +922,17 @@ impl CudaModel {
     }
 
     fn check_input(&self, st: &CudaState, ids: &[u32]) -> Result<(), CudaError> {
+        self.check_ids(st.pos, ids)?;
+        if st.kv.len() != self.kv_rows.len() || st.rec.len() != self.rec_len.max(1) {
+            return Err(CudaError::Model(ModelError::Input(
+                "sequence state belongs to another model".into(),
+            )));
+        }
+        Ok(())
+    }
+
+    /// `ids` continue a sequence at position `pos`: not empty, in the vocabulary, within the positions.
+    fn check_ids(&self, pos: usize, ids: &[u32]) -> Result<(), CudaError> {
         let bad = |m: String| CudaError::Model(ModelError::Input(m));
         if ids.is_empty() {
             return Err(bad("empty token sequence".into()));
@@ -921,15 +943,12 @@ impl CudaModel {
                 self.vocab
             )));
         }
-        if st.pos + ids.len() > self.max_pos {
+        if pos + ids.len() > self.max_pos {
             return Err(bad(format!(
                 "sequence of {} tokens exceeds max_position_embeddings {}",
-                st.pos + ids.len(),
+                pos + ids.len(),
                 self.max_pos
             )));
-        }
-        if st.kv.len() != self.kv_rows.len() || st.rec.len() != self.rec_len.max(1) {
-            return Err(bad("sequence state belongs to another model".into()));
         }
         Ok(())
     }
@@ -947,10 +966,24 @@ impl CudaModel {
     ) -> Result<CudaHidden, CudaError> {
         let t0 = std::time::Instant::now();
         let par = vec![-1; items.len()];
-        let r = self.forward_queue(items, &par, true);
+        let r = self
+            .prepare(items)
+            .and_then(|()| self.forward_queue(items, &par, true));
         self.enqueue_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         r
+    }
+
+    /// Checks every item's ids against its state, then grows each state's KV rows to hold them.
+    fn prepare(&self, items: &mut [(&mut CudaState, &[u32])]) -> Result<(), CudaError> {
+        for (st, seq) in items.iter() {
+            self.check_input(st, seq)?;
+        }
+        for (st, seq) in items.iter_mut() {
+            let need = st.pos + seq.len();
+            self.reserve(st, need)?;
+        }
+        Ok(())
     }
 
     /// Runs `roots` (each continuing its state, as [`CudaModel::forward_batch`]) and `children` — `(root, ids)`, a
@@ -963,8 +996,8 @@ impl CudaModel {
     /// read-only); without it none (their recurrent states are never written: the state pass skips its last update).
     ///
     /// `Ok(None)`, with nothing run: this model does not take the tree (`ONEPASS_GDN=wy`, a GDN layer the tensor-core
-    /// state pass does not take, `ONEPASS_TREE=0`), or a root with children has fewer ids than `tree_min_root` or is itself a fork (its
-    /// KV caches shared). The caller then runs the roots, forks them and runs the children.
+    /// state pass does not take, `ONEPASS_TREE=0`), or a root with children has fewer ids than `tree_min_root` or is
+    /// itself a fork (its KV caches shared). The caller then runs the roots, forks them and runs the children.
     pub fn forward_tree(
         &self,
         roots: &mut [(&mut CudaState, &[u32])],
@@ -993,15 +1026,15 @@ impl CudaModel {
         }
         let t0 = std::time::Instant::now();
         // The roots' KV rows first: a child shares its root's buffers as they stand after this.
-        for (st, seq) in roots.iter_mut() {
-            self.check_input(st, seq)?;
-            let need = st.pos + seq.len();
-            self.reserve(st, need)?;
+        self.prepare(roots)?;
+        let mut kids = Vec::with_capacity(children.len());
+        for &(r, ids) in children {
+            let mut kid = self.continuation(roots[r].0, roots[r].1.len(), keep)?;
+            let need = kid.pos + ids.len();
+            self.check_ids(kid.pos, ids)?;
+            self.reserve(&mut kid, need)?;
+            kids.push(kid);
         }
-        let mut kids = children
-            .iter()
-            .map(|&(r, _)| self.continuation(roots[r].0, roots[r].1.len()))
-            .collect::<Result<Vec<_>, _>>()?;
         let par: Vec<i32> = (0..roots.len())
             .map(|_| -1)
             .chain(children.iter().map(|&(r, _)| r as i32))
@@ -1027,14 +1060,21 @@ impl CudaModel {
     }
 
     /// The state a continuation of `st` after `ahead` more ids starts from, for [`CudaModel::forward_tree`]: its KV
-    /// caches share `st`'s rows (not yet written), its conv and recurrent state are left for that forward to write
-    /// (every value of them: the conv states from the root's and its own rows, the recurrent ones by the state pass).
-    fn continuation(&self, st: &CudaState, ahead: usize) -> Result<CudaState, CudaError> {
-        let charge = self.ledger.charge(4 * self.rec_len, "sequence state")?;
+    /// caches share `st`'s rows (not yet written); with `keep` its conv and recurrent state are left for that forward
+    /// to write (every value of them: the conv states from the root's and its own rows, the recurrent ones by the state
+    /// pass), without it it has none (the forward's table names the root's in its place, and nothing writes them).
+    fn continuation(
+        &self,
+        st: &CudaState,
+        ahead: usize,
+        keep: bool,
+    ) -> Result<CudaState, CudaError> {
+        let len = if keep { self.rec_len } else { 1 };
+        let charge = self.ledger.charge(4 * len, "sequence state")?;
         let pos = st.pos + ahead;
         Ok(CudaState {
             pos,
-            rec: self.gpu.alloc(self.rec_len)?,
+            rec: self.gpu.alloc(len)?,
             kv: st
                 .kv
                 .iter()
@@ -1066,13 +1106,6 @@ impl CudaModel {
             crate::launch!(g, g.k.spin_wait, crate::runtime::cfg((1, 1), 1, 0); 40_000_000i64)?;
         }
         self.mark("start")?;
-        for (st, seq) in items.iter_mut() {
-            self.check_input(st, seq)?;
-        }
-        for (st, seq) in items.iter_mut() {
-            let need = st.pos + seq.len();
-            self.reserve(st, need)?;
-        }
         let n: usize = items.iter().map(|(_, s)| s.len()).sum();
         if n == 0 {
             return Err(CudaError::Model(ModelError::Input("empty batch".into())));
@@ -1083,9 +1116,8 @@ impl CudaModel {
             roots,
             keep_children,
             max_len: items.iter().map(|(_, s)| s.len()).max().unwrap_or(0),
-            all_single: items.iter().all(|(_, s)| s.len() == 1),
         };
-        let table = self.table(items, par);
+        let table = self.table(items, par, keep_children);
         let out: CudaSlice<f32> = g.alloc(n * hid)?;
         let _out_charge = self.ledger.charge(4 * n * hid, "forward scratch")?;
         if n <= ARENA_ROWS {
@@ -1097,10 +1129,7 @@ impl CudaModel {
             {
                 let (rows, tl) = arena.as_ref().map_or((0, 0), |a| (a.rows, a.table_len));
                 *arena = None;
-                self.graphs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clear();
+                self.drop_graphs();
                 let rows = n.max(rows).next_power_of_two().clamp(256, ARENA_ROWS);
                 *arena = Some(self.scratch(rows, table.len().max(tl).next_power_of_two())?);
             }
@@ -1108,10 +1137,7 @@ impl CudaModel {
                 .as_mut()
                 .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
             if a.reserve_attn(self, self.attn_scratch(shape))? {
-                self.graphs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clear();
+                self.drop_graphs();
             }
             let p = a.ptrs(self, shape);
             g.upload_into(&table, &a.table)?;
@@ -1139,23 +1165,33 @@ impl CudaModel {
     /// The bytes of one forward's table: the state address table (u64), then ids [N] | segs [S, 3] | tok [N, 2] |
     /// par [S] (i32). Per layer: GDN conv [S] | ssm [S] | the ssm each segment starts from [S] (its parent's when
     /// `par[s] >= 0`); attention [S, KV_ENTRIES].
-    fn table(&self, items: &[(&mut CudaState, &[u32])], par: &[i32]) -> Vec<u8> {
+    fn table(
+        &self,
+        items: &[(&mut CudaState, &[u32])],
+        par: &[i32],
+        keep_children: bool,
+    ) -> Vec<u8> {
         let g = &*self.gpu;
         let nseg = items.len();
+        // The recurrent state segment s starts from (its root's for a child), and the one it is written to (a child
+        // whose state is dropped has none: it names its root's, which no launch then writes for it).
+        let root = |s: usize| usize::try_from(par[s]).ok().map(|p| &items[p].0.rec);
+        let from: Vec<&CudaSlice<f32>> = (0..nseg)
+            .map(|s| root(s).unwrap_or(&items[s].0.rec))
+            .collect();
+        let to: Vec<&CudaSlice<f32>> = (0..nseg)
+            .map(|s| match root(s) {
+                Some(r) if !keep_children => r,
+                _ => &items[s].0.rec,
+            })
+            .collect();
         let mut ptrs: Vec<u64> = Vec::with_capacity(self.layers.len() * KV_ENTRIES * nseg);
         let mut ai = 0;
         for l in &self.layers {
             match &l.mixer {
                 Mixer::Gdn(m) => {
-                    for (st, _) in items.iter() {
-                        ptrs.push(g.ptr(&st.rec) + 4 * m.conv_off as u64);
-                    }
-                    for (st, _) in items.iter() {
-                        ptrs.push(g.ptr(&st.rec) + 4 * m.ssm_off as u64);
-                    }
-                    for (s, (st, _)) in items.iter().enumerate() {
-                        let from = usize::try_from(par[s]).map_or(&st.rec, |p| &items[p].0.rec);
-                        ptrs.push(g.ptr(from) + 4 * m.ssm_off as u64);
+                    for (rec, off) in [(&to, m.conv_off), (&to, m.ssm_off), (&from, m.ssm_off)] {
+                        ptrs.extend(rec.iter().map(|r| g.ptr(*r) + 4 * off as u64));
                     }
                 }
                 Mixer::Attn(_) => {
@@ -1275,6 +1311,7 @@ impl CudaModel {
         }
         let mut c = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(gr) = c.get(&s) {
+            self.graph_runs.fetch_add(1, Ordering::Relaxed);
             return gr.launch().map_err(|err| CudaError::Driver {
                 op: "graph launch",
                 err,
@@ -1297,6 +1334,7 @@ impl CudaModel {
         let gr = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         match (r, gr) {
             (Ok(()), Ok(Some(gr))) => {
+                self.graph_runs.fetch_add(1, Ordering::Relaxed);
                 gr.launch().map_err(|err| CudaError::Driver {
                     op: "graph launch",
                     err,
@@ -1372,7 +1410,6 @@ impl CudaModel {
             roots,
             keep_children,
             max_len,
-            all_single,
         } = s;
         let (xp, hbp, pp, midp, gp, wyp) = (p.x, p.act, p.proj, p.mid, p.gates, p.wy);
         let (ptrs_p, ids_p, segs_p, tok_p) = (p.ptrs, p.ids, p.segs, p.tok);
@@ -1409,7 +1446,9 @@ impl CudaModel {
                         tok_p,
                         conv_p,
                         p.par,
-                        nseg,
+                        // The conv states advanced: every segment's, or the roots' alone when the children's are
+                        // dropped (their rows in the table point at their root's state, which they must not touch).
+                        if keep_children { nseg } else { roots },
                         n,
                         d,
                         1.0 / (d.dk as f32).sqrt(),
@@ -1418,7 +1457,7 @@ impl CudaModel {
                         beta_p,
                     )?;
                     self.mark("conv, l2norm, gates")?;
-                    if all_single {
+                    if max_len == 1 {
                         ops::gdn_step(g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d)?;
                         self.mark("gdn step")?;
                     } else {

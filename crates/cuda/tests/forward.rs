@@ -242,6 +242,14 @@ fn graph_replays_equal_direct_runs() {
             graphs,
             "a capture failed and turned graphs off"
         );
+        // Each shape is seen 4 times: captured on the second sight, replayed after (a scratch that grows drops graphs
+        // and sights, so the exact count depends on when it grows).
+        let launches = gm.graph_launches();
+        if graphs {
+            assert!(launches > 0, "no graph was captured or replayed");
+        } else {
+            assert_eq!(launches, 0, "graphs ran while switched off");
+        }
         out
     };
     let direct = run(false);
