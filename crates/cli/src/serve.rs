@@ -87,7 +87,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     );
     let opts = ServerOptions {
         limits,
-        max_state_tokens,
         max_queue_rows,
         max_batch_rows: a.max_batch_rows,
         api_key,

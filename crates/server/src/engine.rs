@@ -1,5 +1,5 @@
-//! What the server needs from a model: the tokenizer and config to plan requests (the server plans with its own
-//! `max_state_tokens`, so through [`onepass_decide::plan`]), and one batched `score` call.
+//! What the server needs from a model: the tokenizer and config to plan requests (through [`onepass_decide::plan`];
+//! the config carries `DECIDER_MAX_STATE_TOKENS`, `EngineOptions::max_state_tokens`), and one batched `score` call.
 //! A trait so tests can drive the HTTP layer with fakes (a slow engine, an engine that fails or panics);
 //! [`onepass_decide::Engine`] is the real implementation.
 

@@ -27,9 +27,7 @@ use axum::Router;
 use batcher::{Admission, Batcher, Job};
 use metrics::Metrics;
 use onepass_decide::pyjson::{dumps_compact, obj, py_str, Object, Value};
-use onepass_decide::{
-    assemble, check_size, parse_request, ApiError, DecideConfig, Layout, Limits, Plan,
-};
+use onepass_decide::{assemble, check_size, parse_request, ApiError, Layout, Limits, Plan};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,8 +39,6 @@ use tokio::sync::oneshot;
 pub struct ServerOptions {
     /// 413 limits (`DECIDER_MAX_ROWS`, `DECIDER_MAX_ROW_TOKENS`, `DECIDER_MAX_REQUEST_TOKENS`).
     pub limits: Limits,
-    /// `DECIDER_MAX_STATE_TOKENS`: cap on the ids of `"Context:\n" + state`.
-    pub max_state_tokens: usize,
     /// `DECIDER_MAX_QUEUE_ROWS`: rows admitted and not yet answered (503 past it).
     pub max_queue_rows: usize,
     /// Most rows per engine call (a larger request still runs, alone).
@@ -63,7 +59,6 @@ impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             limits: Limits::default(),
-            max_state_tokens: 32768,
             max_queue_rows: 4096,
             max_batch_rows: 64,
             api_key: None,
@@ -78,8 +73,6 @@ impl Default for ServerOptions {
 /// The shared state behind every route.
 pub struct App {
     pub engine: Arc<dyn DecideEngine>,
-    /// The engine's config with the server's `max_state_tokens`.
-    pub cfg: DecideConfig,
     pub opts: ServerOptions,
     pub admission: Arc<Admission>,
     pub batcher: Batcher,
@@ -102,11 +95,8 @@ pub fn router(
 ) -> std::io::Result<(Router, Arc<App>)> {
     let metrics = Arc::new(Metrics::default());
     let batcher = Batcher::start(engine.clone(), opts.max_batch_rows, metrics.clone())?;
-    let mut cfg = engine.config().clone();
-    cfg.max_state_tokens = opts.max_state_tokens;
     let app = Arc::new(App {
         engine,
-        cfg,
         admission: Admission::new(opts.max_queue_rows),
         batcher,
         metrics,
@@ -345,7 +335,7 @@ async fn systemone(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
                 "this server was started without image support (DECIDER_IMAGES=1)",
             ));
         }
-        let plan = onepass_decide::plan(&req, app.engine.tokenizer(), &app.cfg)?;
+        let plan = onepass_decide::plan(&req, app.engine.tokenizer(), app.engine.config())?;
         check_size(&plan, &app.opts.limits)?;
         Ok(Arc::new(plan))
     })
@@ -371,7 +361,7 @@ async fn systemone(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
 /// `POST /decide` (serve.py `decide`, decider-contract §5.2).
 async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
     let prepared = with_body(&app, &headers, body, |app, bytes| {
-        let prep = decide_route::prepare(&bytes, app.engine.tokenizer(), &app.cfg)?;
+        let prep = decide_route::prepare(&bytes, app.engine.tokenizer(), app.engine.config())?;
         if let Some(plan) = &prep.plan {
             check_size(plan, &app.opts.limits)?;
         }
@@ -398,7 +388,8 @@ async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
 /// `GET /v1/models` (decider-contract §5.3).
 async fn models(State(app): State<Arc<App>>) -> Response {
     let release = app
-        .cfg
+        .engine
+        .config()
         .raw
         .get("release_date")
         .map(py_str)
@@ -416,7 +407,7 @@ async fn models(State(app): State<Arc<App>>) -> Response {
 
 /// `GET /health` (decider-contract §5.3): `ok` is "the batching worker runs".
 async fn health(State(app): State<Arc<App>>) -> Response {
-    let by_type: Object = onepass_decide::config::effective(&app.cfg.temperature)
+    let by_type: Object = onepass_decide::config::effective(&app.engine.config().temperature)
         .into_iter()
         .map(|(q, v)| (q.as_str().to_string(), v))
         .collect();
@@ -426,12 +417,15 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         ("device", Value::str(app.opts.device.clone())),
         (
             "layout",
-            Value::str(match app.cfg.layout {
+            Value::str(match app.engine.config().layout {
                 Layout::Plain => "plain",
                 Layout::Chat => "chat",
             }),
         ),
-        ("temperature", Value::Float(app.cfg.temperature.t)),
+        (
+            "temperature",
+            Value::Float(app.engine.config().temperature.t),
+        ),
         ("temperature_by_type", Value::Object(by_type)),
     ]);
     json_ok(&v, Work::default())
