@@ -130,16 +130,16 @@ pub trait Backend: Send + Sync {
         &self,
         items: &mut [(&mut Self::State, &[u32])],
     ) -> Result<Self::Hidden, Self::Error>;
-    /// One forward over `roots` (each continuing its state, as in [`Backend::forward_batch`]) and `children`:
-    /// `(root, ids)` pairs, each continuing a fork of `roots[root]`'s state taken after the root's ids. → the hidden
-    /// rows of every root's ids then of every child's ids, stacked in that order. The children's states are not kept
-    /// (a readout drops them; a backend may skip writing them). `Ok(None)`: this backend does not run this tree in one
-    /// pass; nothing ran and no state changed (the caller runs the roots, forks and runs the children).
     /// Whether [`Backend::forward_tree`] may run trees at all; when false the engine never asks (and builds no
     /// states for one).
     fn runs_trees(&self) -> bool {
         false
     }
+    /// One forward over `roots` (each continuing its state, as in [`Backend::forward_batch`]) and `children`:
+    /// `(root, ids)` pairs, each continuing a fork of `roots[root]`'s state taken after the root's ids. → the hidden
+    /// rows of every root's ids then of every child's ids, stacked in that order. The children's states are not kept
+    /// (a readout drops them; a backend may skip writing them). `Ok(None)`: this backend does not run this tree in one
+    /// pass; nothing ran and no state changed (the caller runs the roots, forks and runs the children).
     fn forward_tree(
         &self,
         roots: &mut [(&mut Self::State, &[u32])],

@@ -11,8 +11,8 @@
 //!   limits it is one tree;
 //! - a plan that does not fit one pass alone (over the token cap, or over the fork budget) takes the two-pass route
 //!   while the plans around it take trees; every answer lands in its own slot;
-//! - a backend that declines the tree (`Ok(None)`) is asked once per call and answers exactly as the plain engine,
-//!   however many groups the call has;
+//! - a backend that declines the tree (`Ok(None)`) is asked once per group and answers exactly as the plain engine;
+//!   a declined group leaves the groups after it on the tree;
 //! - the slot check still fails a bad plan on the tree route.
 //!
 //! Checkpoints come from `onepass_model::synth`, written once per test binary into a temp folder with the
@@ -632,7 +632,7 @@ fn fork_budget() {
     }
 }
 
-/// A backend that declines every tree: asked once per call however many groups it has, the plain engine's answers
+/// A backend that declines every tree: asked once per group, the plain engine's answers
 /// exactly (the route before the hook, unchanged).
 #[test]
 fn declined_tree_is_the_plain_engine() {
