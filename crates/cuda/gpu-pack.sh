@@ -6,18 +6,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p onepass
-mapfile -t TESTS < <(cargo test --release -p onepass-cuda -p onepass-cuda-engine --no-run --message-format=json ${ONLY:+$(for t in $ONLY; do printf -- '--test %s ' $t; done)} 2>/dev/null |
+mapfile -t TESTS < <(cargo test --release -p onepass-cuda -p onepass-cuda-engine --no-run --message-format=json ${ONLY:+$(for t in $ONLY; do printf -- '--test %s ' $t; done)} |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"] + " " + m["executable"])')
+(( ${#TESTS[@]} )) || { echo "gpu-pack: no GPU test executables built (see the cargo output above)" >&2; exit 1; }
 rm -rf .devcarry/pack && mkdir -p .devcarry/pack/bin
 cp target/release/onepass .devcarry/pack/bin/onepass
 for t in "${TESTS[@]}"; do
   set -- $t
-  # ONLY="ops forward": pack just these test executables.
-  if [[ -z ${ONLY:-} || " $ONLY " == *" $1 "* ]]; then cp "$2" ".devcarry/pack/bin/$1"; fi
+  cp "$2" ".devcarry/pack/bin/$1"  # ONLY="ops forward": cargo built just these
 done
 strip .devcarry/pack/bin/*
 cp -r testdata/qwen3_5-tokenizer .devcarry/pack/tokenizer
