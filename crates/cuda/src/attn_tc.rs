@@ -10,8 +10,8 @@
 //!
 //! Measured on an H200 (`attention_tc_timings`, 0.8B shape, µs per call, attention_tiled → attention_tc): 175-token
 //! prefix 98 → 51; 7 × 33 over a 175 base 121 → 50; 3,400-token prefix 4,917 → 1,365; 10 × 30 over a 3,400 base
-//! 1,642 → 371. Still latency-bound: about 2,500 instructions per warp per 16-key tile (the TF32 splits are redone
-//! by every warp) at about 5 cycles each with two warps per scheduler.
+//! 1,642 → 371. Still far from the tensor cores' rate: by a count of the code (not profiled), about 2,500
+//! instructions per warp per 16-key tile, the TF32 splits redone by every warp.
 
 use crate::launch;
 use crate::ops::{AttnDims, Out};

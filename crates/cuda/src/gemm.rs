@@ -17,9 +17,10 @@
 //!   libcublasLt (opened at first use; a machine without CUDA never touches it).
 //!
 //! Why Ex is the default (H200, 2026-11-30, `gemm_timings` in tests/gemm.rs): at the System One token counts
-//! (T = 175, 231) no Lt candidate beat GemmEx on any 0.8B projection (1.00x), and reusing a bucket's choice for
-//! another T lost up to 34% (mlp down at T = 231); at T = 3,400 and 7,392 tuning gained 1–13% per projection
-//! (1–5% per layer). Not worth a first-request tuning cost of 5–50 ms per key on a server.
+//! (T = 175, 231) no Lt candidate beat GemmEx by more than 2% on any 0.8B projection, and reusing a bucket's choice
+//! for another T lost up to 32% (gdn in at T = 231; runs E and K in docs/benchmarks/data); at T = 3,400 and 7,392
+//! tuning changed each projection by −1% to +13%. Not worth a first-request tuning cost of 5–50 ms per key on a
+//! server.
 //!
 //! Environment: `ONEPASS_GEMM=lt|ex` (default `ex`); `ONEPASS_GEMM_LOG=1` prints each key's choice and
 //! the times of its candidates to stderr. The choice is made by timing, so two processes may pick

@@ -218,7 +218,7 @@ extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, 
 // Gated RMSNorm of Gated DeltaNet per value head: norm(x) * w * silu(z), stored as `store_act` with `mode`.
 // x: [N, HV, DV] f32; z: row n at z + n*ldz, [HV, DV]; out: [N, HV*DV]. One warp per (row, head), rows = N*HV:
 // the first 256 values in registers (8 per lane), a shuffle reduction and no barrier (a block per (row, head) with
-// block_sum took 11.6 us per call on 406 rows of the 0.8B model, ncu). grid ceil(rows / warps per block).
+// block_sum took 11.6 us per call on 402 rows of the 0.8B model, ncu). grid ceil(rows / warps per block).
 extern "C" __global__ void rms_norm_gated(const float* x, const float* z, int ldz, const float* w, float eps,
                                           int hv, int dv, void* out, int mode, int rows) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
