@@ -110,7 +110,11 @@ impl Backend for CudaBackend {
             Precision::Bf16 => "bf16",
             Precision::F32 => "f32",
         };
-        format!("cuda ({}, {prec})", g.name)
+        format!(
+            "cuda ({}, {prec}, {})",
+            g.name,
+            self.model.tc_arith().describe()
+        )
     }
 
     fn vocab_size(&self) -> usize {

@@ -29,11 +29,14 @@ __device__ __forceinline__ void atc_mma(float* c, const unsigned* a, unsigned b0
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// 3xTF32: the small products first, the big one last.
+// 3xTF32 (X3): the small products first, the big one last. 1xTF32 (!X3): the big one only.
+template <bool X3>
 __device__ __forceinline__ void atc_mma3(float* c, const unsigned* ab, const unsigned* as, unsigned bb0,
                                          unsigned bb1, unsigned bs0, unsigned bs1) {
-    atc_mma(c, as, bb0, bb1);
-    atc_mma(c, ab, bs0, bs1);
+    if (X3) {
+        atc_mma(c, as, bb0, bb1);
+        atc_mma(c, ab, bs0, bs1);
+    }
     atc_mma(c, ab, bb0, bb1);
 }
 __device__ __forceinline__ unsigned atc_smem_addr(const void* p) {
@@ -73,7 +76,8 @@ __device__ __forceinline__ void atc_load_kv(float* dst, const float* own, const 
     }
 }
 
-template <int NT>  // NT: 8-column tiles of the padded head dim Dp = 8 NT >= D (columns D..Dp-1 are zeros)
+// NT: 8-column tiles of the padded head dim Dp = 8 NT >= D (columns D..Dp-1 are zeros); X3: 3xTF32, else 1xTF32.
+template <int NT, bool X3>
 __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
                                                const int* seg, const u64* kv, int H, int HKV, int D, float scale,
                                                void* out, int mode, int ns, int maxlen, int nseg,
@@ -169,8 +173,10 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                         unsigned bb0, bs0, bb1, bs1;
                         atc_split(kr[0], bb0, bs0);
                         atc_split(kr[4], bb1, bs1);
-                        atc_mma(sx[u][j], as, bb0, bb1);
-                        atc_mma(sx[u][j], ab, bs0, bs1);
+                        if (X3) {
+                            atc_mma(sx[u][j], as, bb0, bb1);
+                            atc_mma(sx[u][j], ab, bs0, bs1);
+                        }
                         atc_mma(sa[u][j], ab, bb0, bb1);
                     }
                 }
@@ -251,7 +257,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                     unsigned bb0, bs0, bb1, bs1;
                     atc_split(vr[nt * 8], bb0, bs0);
                     atc_split(vr[lds + nt * 8], bb1, bs1);
-                    atc_mma3(o[nt], pb, ps, bb0, bb1, bs0, bs1);
+                    atc_mma3<X3>(o[nt], pb, ps, bb0, bb1, bs0, bs1);
                 }
             }
         }
@@ -305,18 +311,26 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
 // with `mode`. ns: most key splits per tile; scratch: [ns, nseg, maxlen, H] x (D + 2) floats when ns > 1.
 // grid (ceil(maxlen / (ATC_M / G)) * ns * HKV, nseg), block 128, dynamic shared memory (ATC_M + 2 ATC_NK) *
 // (Dp + 4) floats, Dp = 64, 128 or 256 (the least >= D); D % 4 == 0, D <= 256, G = H / HKV <= 64.
-extern "C" __global__ void __launch_bounds__(128, 2)
-    attention_tc(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,
-                 int H, int HKV, int D, float scale, void* out, int mode, int ns, int maxlen, int nseg,
-                 float* __restrict__ scratch) {
-    extern __shared__ float atc_sm[];
-    if (D <= 64)
-        attention_tc_t<8>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch, atc_sm);
-    else if (D <= 128)
-        attention_tc_t<16>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch, atc_sm);
-    else
-        attention_tc_t<32>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch, atc_sm);
-}
+// attention_tc: 3xTF32 products; attention_tc_tf32: 1xTF32.
+#define ATTENTION_TC(NAME, X3)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(128, 2)                                                             \
+        NAME(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,     \
+             int H, int HKV, int D, float scale, void* out, int mode, int ns, int maxlen, int nseg,                  \
+             float* __restrict__ scratch) {                                                                          \
+        extern __shared__ float atc_sm[];                                                                            \
+        if (D <= 64)                                                                                                 \
+            attention_tc_t<8, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch,      \
+                                  atc_sm);                                                                           \
+        else if (D <= 128)                                                                                           \
+            attention_tc_t<16, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch,     \
+                                   atc_sm);                                                                          \
+        else                                                                                                         \
+            attention_tc_t<32, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch,     \
+                                   atc_sm);                                                                          \
+    }
+ATTENTION_TC(attention_tc, true)
+ATTENTION_TC(attention_tc_tf32, false)
+#undef ATTENTION_TC
 
 // Merges the key splits of `attention_tc`: per (token, head) o = Σ_j e^(m_j - M) o_j / Σ_j e^(m_j - M) l_j, times
 // sigmoid(gate). Tokens whose tile had one split were written by attention_tc and are skipped. grid (maxlen,

@@ -15,7 +15,7 @@
 
 use crate::launch;
 use crate::ops::{AttnDims, Out};
-use crate::runtime::{cfg, cfg3, Gpu};
+use crate::runtime::{cfg, cfg3, Arith, Gpu};
 use crate::CudaError;
 
 /// Rows (token, query head) per block (`ATC_M` in attn_tc.cu).
@@ -82,6 +82,7 @@ fn smem(a: AttnDims) -> usize {
 /// [`attention_tc_scratch`]`(nseg, max_len, a, g.sms)` f32 values.
 pub fn attention_tc(
     g: &Gpu,
+    arith: Arith,
     q: u64,
     proj: u64,
     ld: usize,
@@ -96,7 +97,7 @@ pub fn attention_tc(
 ) -> Result<(), CudaError> {
     let splits = attention_tc_splits(nseg, max_len, a, g.sms);
     attention_tc_with(
-        g, q, proj, ld, segs, kv, nseg, max_len, a, scale, out, scratch, splits,
+        g, arith, q, proj, ld, segs, kv, nseg, max_len, a, scale, out, scratch, splits,
     )
 }
 
@@ -118,6 +119,7 @@ pub fn attention_tc_supported(g: &Gpu, a: AttnDims) -> bool {
 /// kernel); scratch: [`attention_tc_scratch_len`]`(splits, ..)` f32 values. For tests and benchmarks.
 pub fn attention_tc_with(
     g: &Gpu,
+    arith: Arith,
     q: u64,
     proj: u64,
     ld: usize,
@@ -154,7 +156,7 @@ pub fn attention_tc_with(
         128,
         smem(a) as u32,
     );
-    launch!(g, g.k.attention_tc, lc;
+    launch!(g, g.k.attention_tc[arith as usize], lc;
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, d as i32, scale, o, mode,
         splits as i32, max_len as i32, nseg as i32, scratch)?;
     if splits > 1 {

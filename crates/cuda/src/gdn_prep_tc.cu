@@ -56,13 +56,17 @@ __device__ __forceinline__ void gtp_mma(float* c, const unsigned* a, unsigned b0
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// 3xTF32 c += a · b, with a given as (big, small) and b as two f32 values split here: small products first.
+// 3xTF32 (X3) c += a · b, with a given as (big, small) and b as two f32 values split here: small products first.
+// 1xTF32 (!X3): the big product only (a's small half, split by the caller, is then dead code).
+template <bool X3>
 __device__ __forceinline__ void gtp_mma3(float* c, const unsigned* ab, const unsigned* as, float b0, float b1) {
     unsigned bb0, bs0, bb1, bs1;
     gtp_split(b0, bb0, bs0);
     gtp_split(b1, bb1, bs1);
-    gtp_mma(c, as, bb0, bb1);
-    gtp_mma(c, ab, bs0, bs1);
+    if (X3) {
+        gtp_mma(c, as, bb0, bb1);
+        gtp_mma(c, ab, bs0, bs1);
+    }
     gtp_mma(c, ab, bb0, bb1);
 }
 __device__ __forceinline__ void gtp_split4(const float* x, unsigned* big, unsigned* small) {
@@ -100,12 +104,12 @@ __device__ __forceinline__ void gtp_load(float* dst, int ldd, const float* __res
 
 // grid (max chunks per segment, nseg, hv * nslice), block 256. Slice sl of value head h solves the 16-column tiles
 // sl*per .. sl*per + per - 1 of [U | W] (tiles 0..ceil(dv/16)-1 are U's, the rest W's; per = ceil(tiles /
-// nslice)); slice 0 also writes M and E.
-extern "C" __global__ void __launch_bounds__(256, 2)
-    gdn_tc_prep(const float* __restrict__ qkv, int ld, const float* __restrict__ g, const float* __restrict__ beta,
-                const int* seg, int hk, int hv, int dk, int dv, int nslice, float* __restrict__ U,
-                float* __restrict__ W, float* __restrict__ M, float* __restrict__ E) {
-    extern __shared__ float sm[];
+// nslice)); slice 0 also writes M and E. X3: 3xTF32 products (gdn_tc_prep), else 1xTF32 (gdn_tc_prep_tf32).
+template <bool X3>
+__device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int ld, const float* __restrict__ g,
+                                              const float* __restrict__ beta, const int* seg, int hk, int hv, int dk,
+                                              int dv, int nslice, float* __restrict__ U, float* __restrict__ W,
+                                              float* __restrict__ M, float* __restrict__ E, float* sm) {
     const int dkp = (dk + 15) & ~15, dvp = (dv + 15) & ~15;
     const int lk = dkp + 4, lv = dvp + 4;
     float* Ks = sm;                           // [64, lk]
@@ -193,8 +197,8 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                 if (nt <= 2 * rb + 1 && 8 * nt < n) {
                     const int rbk = (8 * nt + gq) * lk + k0 + tq;
                     const float b0 = Ks[rbk], b1 = Ks[rbk + 4];
-                    gtp_mma3(ak[j], kb, kl, b0, b1);
-                    if (doq) gtp_mma3(aq[j], qb, ql, b0, b1);
+                    gtp_mma3<X3>(ak[j], kb, kl, b0, b1);
+                    if (doq) gtp_mma3<X3>(aq[j], qb, ql, b0, b1);
                 }
             }
         }
@@ -281,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 #pragma unroll
                     for (int ks = 0; ks < 2; ks++) {
                         const float2 b = *(const float2*)&Sm[(16 * k + 8 * nt + gq) * GTP_LS + 16 * k + 8 * ks + 2 * tq];
-                        gtp_mma3(out[nt], yb[ks], ys[ks], b.x, b.y);
+                        gtp_mma3<X3>(out[nt], yb[ks], ys[ks], b.x, b.y);
                     }
                 }
                 // Block k is final: to the scratch now (its registers die here but for the split copies).
@@ -309,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                             for (int ks = 0; ks < 2; ks++) {
                                 const float2 b =
                                     *(const float2*)&Sm[(16 * i + 8 * nt + gq) * GTP_LS + 16 * k + 8 * ks + 2 * tq];
-                                gtp_mma3(Y[i][nt], yb[ks], ys[ks], b.x, b.y);
+                                gtp_mma3<X3>(Y[i][nt], yb[ks], ys[ks], b.x, b.y);
                             }
                     }
                 }
@@ -317,4 +321,16 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         }
     }
 }
+
+#define GDN_TC_PREP(NAME, X3)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                             \
+        NAME(const float* __restrict__ qkv, int ld, const float* __restrict__ g, const float* __restrict__ beta,     \
+             const int* seg, int hk, int hv, int dk, int dv, int nslice, float* __restrict__ U,                      \
+             float* __restrict__ W, float* __restrict__ M, float* __restrict__ E) {                                  \
+        extern __shared__ float sm[];                                                                                \
+        gdn_tc_prep_t<X3>(qkv, ld, g, beta, seg, hk, hv, dk, dv, nslice, U, W, M, E, sm);                            \
+    }
+GDN_TC_PREP(gdn_tc_prep, true)
+GDN_TC_PREP(gdn_tc_prep_tf32, false)
+#undef GDN_TC_PREP
 #undef GTP_LS

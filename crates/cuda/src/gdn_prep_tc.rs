@@ -10,7 +10,7 @@
 
 use crate::launch;
 use crate::ops::{self, GdnDims, GDN_CHUNK};
-use crate::runtime::{cfg3, Gpu};
+use crate::runtime::{cfg3, Arith, Gpu};
 use crate::CudaError;
 
 /// Threads per block (8 warps). Two blocks are resident per multiprocessor (`__launch_bounds__(256, 2)` in
@@ -53,6 +53,7 @@ pub fn gdn_tc_prep_slices(d: GdnDims, blocks: usize, sms: usize) -> usize {
 /// per chunk come from [`gdn_tc_prep_slices`].
 pub fn gdn_tc_prep(
     g: &Gpu,
+    arith: Arith,
     qkv: u64,
     ld: usize,
     gg: u64,
@@ -67,7 +68,7 @@ pub fn gdn_tc_prep(
     let blocks = max_len.div_ceil(GDN_CHUNK).max(1) * nseg.max(1) * d.hv;
     let nslice = gdn_tc_prep_slices(d, blocks, g.sms);
     gdn_tc_prep_sliced(
-        g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch, nslice,
+        g, arith, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch, nslice,
     )
 }
 
@@ -75,6 +76,7 @@ pub fn gdn_tc_prep(
 /// split on the same inputs).
 pub fn gdn_tc_prep_sliced(
     g: &Gpu,
+    arith: Arith,
     qkv: u64,
     ld: usize,
     gg: u64,
@@ -119,7 +121,7 @@ pub fn gdn_tc_prep_sliced(
         THREADS,
         smem as u32,
     );
-    launch!(g, g.k.gdn_tc_prep, lc;
+    launch!(g, g.k.gdn_tc_prep[arith as usize], lc;
         qkv, ld as i32, gg, beta, segs, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, nslice as i32,
         u, w, m, e)
 }

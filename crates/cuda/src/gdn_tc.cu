@@ -9,7 +9,9 @@
 //   S <- e^gam_last S + K^T (e^(gam_last - gam) v')   [dk, BV]  (k = n)
 // Every product runs on mma.sync.m16n8k8 TF32 with the 3xTF32 split (x = big + small, both TF32; acc += a_big b_big
 // into one accumulator, a_big b_small + a_small b_big into a second, summed in f32 at the end), which keeps the
-// products at f32 accuracy (the dropped small*small term is below 2^-22 relative); S itself stays f32.
+// products at f32 accuracy (the dropped small*small term is below 2^-22 relative); S itself stays f32. The _tf32
+// kernels run one TF32 product per step instead (operands rounded to 2^-11 relative, f32 accumulation; S still f32
+// between chunks): the precision the model picks for the kernels (crate::model::TcArith).
 //
 // Why this shape:
 // - Block = 8 warps. Warps 0-3 own the 16-row tiles of v' (rows 16w..16w+15 of W S), warps 4-7 those of o (Q S,
@@ -48,12 +50,16 @@ __device__ __forceinline__ void gtc_mma(float (&c)[4], const unsigned (&a)[4], c
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-// 3xTF32: hi += a_big b_big; lo += a_big b_small + a_small b_big.
+// 3xTF32 (X3): hi += a_big b_big; lo += a_big b_small + a_small b_big. 1xTF32 (!X3): hi += a_big b_big only (the
+// small halves, computed by the fragment loads, are then dead code).
+template <bool X3>
 __device__ __forceinline__ void gtc_mma3(float (&hi)[4], float (&lo)[4], const unsigned (&ab)[4],
                                          const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
     gtc_mma(hi, ab, bb);
-    gtc_mma(lo, ab, bs);
-    gtc_mma(lo, as, bb);
+    if (X3) {
+        gtc_mma(lo, ab, bs);
+        gtc_mma(lo, as, bb);
+    }
 }
 // An A fragment from a row-major tile: p points at element (g, t) of the 16x8 block, ld its row stride.
 __device__ __forceinline__ void gtc_frag_a_row(const float* p, int ld, unsigned (&ab)[4], unsigned (&as)[4]) {
@@ -114,7 +120,7 @@ struct GtcLd {
 
 // Shared memory (floats), in this order: W, Q [64][kp8 + 4]; K [64][dkp + 8]; M [64][68]; v', e v' [64][LDV];
 // S [dkp][LDV] (kp8, dkp: dk rounded up to 8, 16). Must match gdn_tc_smem in gdn_tc.rs.
-template <int BV>
+template <int BV, bool X3>
 __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
                                                const float* __restrict__ W, const float* __restrict__ M,
                                                const float* __restrict__ E, float* __restrict__ out, const int* seg,
@@ -209,7 +215,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 for (int nt = 0; nt < NT; nt++) {
                     unsigned bb[2], bs[2];
                     gtc_frag_b(sb + kk * LDV + nt * 8, LDV, bb, bs);
-                    gtc_mma3(hi[nt], lo[nt], ab, as, bb, bs);
+                    gtc_mma3<X3>(hi[nt], lo[nt], ab, as, bb, bs);
                 }
             }
         }
@@ -256,7 +262,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 for (int nt = 0; nt < NT; nt++) {
                     unsigned bb[2], bs[2];
                     gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
-                    gtc_mma3(hi[nt], lo[nt], ab, as, bb, bs);
+                    gtc_mma3<X3>(hi[nt], lo[nt], ab, as, bb, bs);
                 }
             }
 #pragma unroll
@@ -291,7 +297,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 for (int nt = 0; nt < NT; nt++) {
                     unsigned bb[2], bs[2];
                     gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
-                    gtc_mma3(hi[nt], lo[nt], ab, as, bb, bs);
+                    gtc_mma3<X3>(hi[nt], lo[nt], ab, as, bb, bs);
                 }
             }
 #pragma unroll
@@ -329,17 +335,22 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 // memory from gdn_tc_smem (gdn_tc.rs). Arguments as gdn_wy_state's, plus init (init[s]: where segment s's state is
 // read from; states[s] itself, or the state of the parent segment it continues, written by an earlier launch), keep
 // (0: the states after the segments are not needed: neither the last chunk's update nor the write-back runs) and
-// vec (1: 16-byte tile copies are aligned).
-#define GDN_TC_STATE(BV)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, 1) gdn_tc_state_##BV(                                          \
+// vec (1: 16-byte tile copies are aligned). gdn_tc_state_<BV>: 3xTF32 products; gdn_tc_state_<BV>_tf32: 1xTF32
+// (each operand rounded to TF32 once, a third of the mma and none of the small halves' splits).
+#define GDN_TC_STATE(BV, NAME, X3)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                       \
         const float* __restrict__ qkv, int ld, const float* __restrict__ U, const float* __restrict__ W,             \
         const float* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,           \
         const u64* states, const u64* init, int keep, int hk, int hv, int dk, int dv, int vec) {                     \
         extern __shared__ float sm[];                                                                                \
-        gdn_tc_state_t<BV>(qkv, ld, U, W, M, E, out, seg, states, init, keep, hk, hv, dk, dv, vec, sm);              \
+        gdn_tc_state_t<BV, X3>(qkv, ld, U, W, M, E, out, seg, states, init, keep, hk, hv, dk, dv, vec, sm);          \
     }
-GDN_TC_STATE(8)
-GDN_TC_STATE(16)
-GDN_TC_STATE(32)
-GDN_TC_STATE(64)
+GDN_TC_STATE(8, gdn_tc_state_8, true)
+GDN_TC_STATE(16, gdn_tc_state_16, true)
+GDN_TC_STATE(32, gdn_tc_state_32, true)
+GDN_TC_STATE(64, gdn_tc_state_64, true)
+GDN_TC_STATE(8, gdn_tc_state_8_tf32, false)
+GDN_TC_STATE(16, gdn_tc_state_16_tf32, false)
+GDN_TC_STATE(32, gdn_tc_state_32_tf32, false)
+GDN_TC_STATE(64, gdn_tc_state_64_tf32, false)
 #undef GDN_TC_STATE

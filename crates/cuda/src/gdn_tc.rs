@@ -6,7 +6,7 @@
 
 use crate::launch;
 use crate::ops::{self, GdnDims, GDN_CHUNK};
-use crate::runtime::{cfg3, Gpu};
+use crate::runtime::{cfg3, Arith, Gpu};
 use crate::CudaError;
 
 /// Where the state pass of [`gdn_tc_chunked`] reads and writes each segment's recurrent state.
@@ -99,6 +99,7 @@ pub fn gdn_tc_slice(d: GdnDims, nseg: usize) -> usize {
 /// chunk's state update) when nobody reads the states after the segments. Needs DK ≤ 128.
 pub fn gdn_tc_state(
     g: &Gpu,
+    arith: Arith,
     qkv: u64,
     ld: usize,
     out: u64,
@@ -136,7 +137,7 @@ pub fn gdn_tc_state(
         256,
         gdn_tc_smem(d, dvs) as u32,
     );
-    launch!(g, g.k.gdn_tc_state[slice], lc;
+    launch!(g, g.k.gdn_tc_state[arith as usize][slice], lc;
         qkv, ld as i32, u, w, m, e, out, segs, states, init, keep as i32, d.hk as i32, d.hv as i32, d.dk as i32,
         d.dv as i32, vec as i32)
 }
@@ -152,6 +153,7 @@ pub fn gdn_tc_state(
 /// state pass ([`gdn_tc_supported`]; else [`CudaError::Unsupported`], nothing launched).
 pub fn gdn_tc_chunked(
     g: &Gpu,
+    (prep, state): (Arith, Arith),
     qkv: u64,
     ld: usize,
     gg: u64,
@@ -180,7 +182,7 @@ pub fn gdn_tc_chunked(
         );
     }
     match crate::gdn_prep_tc::gdn_tc_prep(
-        g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch,
+        g, prep, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch,
     ) {
         Err(CudaError::Unsupported(_)) => {
             ops::gdn_wy_prep(g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch)?
@@ -189,6 +191,7 @@ pub fn gdn_tc_chunked(
     }
     gdn_tc_state(
         g,
+        state,
         qkv,
         ld,
         out,
@@ -204,6 +207,7 @@ pub fn gdn_tc_chunked(
         let (o, a) = (12 * roots as u64, 8 * roots as u64); // segs: 3 i32 per segment; states, init: one u64
         gdn_tc_state(
             g,
+            state,
             qkv,
             ld,
             out,

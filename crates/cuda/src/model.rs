@@ -27,7 +27,7 @@ use onepass_model::{LayerKind, MixerView, Model, ModelError};
 use onepass_tensor::{Tensor, View};
 
 use crate::ops::{self, AttnDims, GdnDims, Out, KV_ENTRIES, W};
-use crate::runtime::Gpu;
+use crate::runtime::{Arith, Gpu};
 use crate::CudaError;
 
 /// The arithmetic of the projections (GEMMs) and their inputs.
@@ -38,11 +38,93 @@ pub enum Precision {
     /// work. The default: on the synthetic checkpoints plain bf16 inputs miss the System One ship bar (docs/cuda.md).
     #[default]
     Bf16Split,
-    /// bf16 weights and GEMM inputs, f32 accumulation and everything else f32 (the fastest).
+    /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
+    /// attention) in 1xTF32 ([`TcArith::for_precision`]); norms, gates and the recurrent state f32. The fastest.
     Bf16,
     /// f32 weights and GEMM inputs, f32 GEMMs without TF32: the CPU model's arithmetic up to reduction
     /// order. For checking the forward (tests hold it to 1e-4 of the CPU), not for speed.
     F32,
+}
+
+/// How each tensor-core kernel multiplies ([`Arith`]): the WY pre-pass (`gdn_tc_prep`), the state pass
+/// (`gdn_tc_state_*`) and attention (`attention_tc`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcArith {
+    pub prep: Arith,
+    pub state: Arith,
+    pub attn: Arith,
+}
+
+impl TcArith {
+    /// Every kernel the same way.
+    pub fn all(a: Arith) -> Self {
+        TcArith {
+            prep: a,
+            state: a,
+            attn: a,
+        }
+    }
+
+    /// Parses `ONEPASS_TC`'s syntax: the kernels that run 1xTF32, comma-separated (`prep`, `state`, `attn`), or
+    /// `all`, or `none` / the empty string (every kernel 3xTF32).
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let mut t = TcArith::default();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "all" => t = TcArith::all(Arith::Tf32),
+                "none" => {}
+                "prep" => t.prep = Arith::Tf32,
+                "state" => t.state = Arith::Tf32,
+                "attn" => t.attn = Arith::Tf32,
+                other => {
+                    return Err(format!(
+                        "{other:?}: expected prep, state, attn, all or none"
+                    ))
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    /// The default for a precision: 3xTF32 for the exact and split modes (their point is f32-like arithmetic
+    /// around the GEMMs), 1xTF32 for bf16 (its point is speed). Measured on an H200 (docs/cuda.md): 1xTF32 takes
+    /// the 0.8B-shape System One requests from 5.80 / 11.51 / 39.64 to 4.89 / 9.54 / 33.74 ms in split mode, and
+    /// moves the bf16 twins' answers from max |dp| 5.9e-5 to 2.6e-3 (mean 1.3e-5 to 6.4e-4).
+    pub fn for_precision(p: Precision) -> Self {
+        match p {
+            Precision::Bf16 => TcArith::all(Arith::Tf32),
+            Precision::Bf16Split | Precision::F32 => TcArith::all(Arith::X3),
+        }
+    }
+
+    /// For a device description: "tensor-core kernels 3xTF32", "... 1xTF32", or each kernel's.
+    pub fn describe(self) -> String {
+        let n = |a: Arith| match a {
+            Arith::X3 => "3xTF32",
+            Arith::Tf32 => "1xTF32",
+        };
+        if self.prep == self.state && self.state == self.attn {
+            format!("tensor-core kernels {}", n(self.prep))
+        } else {
+            format!(
+                "tensor-core kernels: pre-pass {}, state pass {}, attention {}",
+                n(self.prep),
+                n(self.state),
+                n(self.attn)
+            )
+        }
+    }
+
+    /// `ONEPASS_TC` when set (a bad value is reported on stderr and `default` kept), else `default`.
+    fn from_env(default: TcArith) -> Self {
+        match std::env::var("ONEPASS_TC") {
+            Err(_) => default,
+            Ok(v) => TcArith::parse(&v).unwrap_or_else(|e| {
+                eprintln!("ONEPASS_TC={v}: {e}; using {default:?}");
+                default
+            }),
+        }
+    }
 }
 
 /// A device buffer with its address.
@@ -418,6 +500,8 @@ pub struct CudaModel {
     tree_on: std::sync::atomic::AtomicBool,
     /// CUDA graphs for repeated shapes (ONEPASS_CUDA_GRAPHS=0 turns them off; a failed capture too).
     use_graphs: std::sync::atomic::AtomicBool,
+    /// How the tensor-core kernels multiply ([`CudaModel::set_tc_arith`], ONEPASS_TC).
+    tc: Mutex<TcArith>,
 }
 
 /// K and V rows of one attention layer: [cap, HKV, D] f32 each.
@@ -626,6 +710,7 @@ impl CudaModel {
             use_graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("ONEPASS_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
+            tc: Mutex::new(TcArith::from_env(TcArith::for_precision(prec))),
         })
     }
 
@@ -710,6 +795,17 @@ impl CudaModel {
     }
 
     /// Turns CUDA graphs for repeated forward shapes on or off (default: on unless ONEPASS_CUDA_GRAPHS=0).
+    /// How the tensor-core kernels multiply from the next forward on (captured graphs are dropped).
+    pub fn set_tc_arith(&self, t: TcArith) {
+        *self.tc.lock().unwrap_or_else(|e| e.into_inner()) = t;
+        self.drop_graphs();
+    }
+
+    /// How the tensor-core kernels multiply.
+    pub fn tc_arith(&self) -> TcArith {
+        *self.tc.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn set_graphs(&self, on: bool) {
         self.use_graphs.store(on, Ordering::Relaxed);
         self.drop_graphs();
@@ -1465,8 +1561,10 @@ impl CudaModel {
                         // for head dims they do not take), or the f32 SIMT pair with ONEPASS_GDN=wy (never in a tree:
                         // tree_min_root).
                         if self.gdn_tc {
+                            let tc = self.tc_arith();
                             crate::gdn_tc::gdn_tc_chunked(
                                 g,
+                                (tc.prep, tc.state),
                                 midp,
                                 m.cd,
                                 gp,
@@ -1535,7 +1633,19 @@ impl CudaModel {
                     let out = self.act(hbp, n, a.heads * a.head_dim);
                     if m.tc {
                         crate::attn_tc::attention_tc(
-                            g, midp, pp, pw, segs_p, kv_p, nseg, max_len, a, scale, out, p.attn,
+                            g,
+                            self.tc_arith().attn,
+                            midp,
+                            pp,
+                            pw,
+                            segs_p,
+                            kv_p,
+                            nseg,
+                            max_len,
+                            a,
+                            scale,
+                            out,
+                            p.attn,
                         )?;
                     } else {
                         ops::attention_tiled(

@@ -57,12 +57,35 @@ pub struct Kernels {
     pub swiglu2: CudaFunction,
     pub gdn_conv_prep_w: CudaFunction,
     pub spin_wait: CudaFunction,
-    // The tensor-core files.
-    pub gdn_tc_prep: CudaFunction,
-    /// `gdn_tc_state_<BV>`, one per slice width of [`crate::gdn_tc::GDN_TC_SLICES`], in that order.
-    pub gdn_tc_state: [CudaFunction; 4],
-    pub attention_tc: CudaFunction,
+    // The tensor-core files: one kernel per [`Arith`], indexed by `Arith as usize`.
+    pub gdn_tc_prep: [CudaFunction; 2],
+    /// `gdn_tc_state_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_SLICES`], in that order.
+    pub gdn_tc_state: [[CudaFunction; 4]; 2],
+    pub attention_tc: [CudaFunction; 2],
     pub attention_tc_combine: CudaFunction,
+}
+
+/// How the tensor-core kernels (`gdn_tc_prep`, `gdn_tc_state_*`, `attention_tc`) multiply; each has one kernel
+/// per kind ([`Kernels`], indexed by `Arith as usize`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Arith {
+    /// 3xTF32: every f32 operand split into two TF32 halves and three products summed: f32 accuracy (the kernels
+    /// match their f32 SIMT twins to rounding).
+    #[default]
+    X3,
+    /// One TF32 product per step: operands rounded to 11 significant bits, f32 accumulation, a third of the
+    /// products and none of the small halves' splits.
+    Tf32,
+}
+
+impl Arith {
+    /// Kernel name suffix.
+    fn suffix(self) -> &'static str {
+        match self {
+            Arith::X3 => "",
+            Arith::Tf32 => "_tf32",
+        }
+    }
 }
 
 /// A device with the onepass kernels loaded.
@@ -185,6 +208,7 @@ impl Gpu {
             Ok(k)
         };
         let [s0, s1, s2, s3] = crate::gdn_tc::GDN_TC_SLICES;
+        let (x3, tf) = (Arith::X3.suffix(), Arith::Tf32.suffix());
         let k = Kernels {
             embed_gather: f("embed_gather")?,
             rms_norm: f("rms_norm")?,
@@ -209,14 +233,28 @@ impl Gpu {
             swiglu2: f("swiglu2")?,
             gdn_conv_prep_w: f("gdn_conv_prep_w")?,
             spin_wait: f("spin_wait")?,
-            gdn_tc_prep: big("gdn_tc_prep")?,
-            gdn_tc_state: [
-                big(&format!("gdn_tc_state_{s0}"))?,
-                big(&format!("gdn_tc_state_{s1}"))?,
-                big(&format!("gdn_tc_state_{s2}"))?,
-                big(&format!("gdn_tc_state_{s3}"))?,
+            gdn_tc_prep: [
+                big(&format!("gdn_tc_prep{x3}"))?,
+                big(&format!("gdn_tc_prep{tf}"))?,
             ],
-            attention_tc: big("attention_tc")?,
+            gdn_tc_state: [
+                [
+                    big(&format!("gdn_tc_state_{s0}{x3}"))?,
+                    big(&format!("gdn_tc_state_{s1}{x3}"))?,
+                    big(&format!("gdn_tc_state_{s2}{x3}"))?,
+                    big(&format!("gdn_tc_state_{s3}{x3}"))?,
+                ],
+                [
+                    big(&format!("gdn_tc_state_{s0}{tf}"))?,
+                    big(&format!("gdn_tc_state_{s1}{tf}"))?,
+                    big(&format!("gdn_tc_state_{s2}{tf}"))?,
+                    big(&format!("gdn_tc_state_{s3}{tf}"))?,
+                ],
+            ],
+            attention_tc: [
+                big(&format!("attention_tc{x3}"))?,
+                big(&format!("attention_tc{tf}"))?,
+            ],
             attention_tc_combine: f("attention_tc_combine")?,
         };
         let name = ctx.name().op("device name")?;
