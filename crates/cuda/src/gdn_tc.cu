@@ -150,19 +150,37 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     const float* Kg = qkv + hk * dk + kh * dk;
     const idx_t ldw = (idx_t)hv * dk, ldmg = (idx_t)hv * GDN_C;
 
-    for (int i = threadIdx.x; i < dkp * BV; i += blockDim.x) {
-        int c = i / BV, j = i % BV;
-        Ss[c * LDV + j] = (c < dk && j < w) ? Si[(idx_t)c * dv + j0 + j] : 0.0f;
+    // The state slice, asynchronously with the first W and Q tiles (a plain copy loop waited out one global load
+    // per iteration: several µs per block, most of a one-chunk segment's time). 16-byte copies when the rows
+    // allow, zero-filled past dk rows and w columns.
+    if ((dv & 3) == 0 && ((size_t)Si & 15) == 0) {
+        constexpr int Q4 = BV / 4;
+        for (int i = threadIdx.x; i < dkp * Q4; i += blockDim.x) {
+            const int c = i / Q4, j = (i - c * Q4) * 4;
+            const int bytes = c < dk ? 4 * max(0, min(4, w - j)) : 0;
+            gtc_cp16(Ss + c * LDV + j, bytes ? Si + (idx_t)c * dv + j0 + j : Si, bytes);
+        }
+    } else {
+        for (int i = threadIdx.x; i < dkp * BV; i += blockDim.x) {
+            const int c = i / BV, j = i - c * BV;
+            const bool ok = c < dk && j < w;
+            gtc_cp4(Ss + c * LDV + j, ok ? Si + (idx_t)c * dv + j0 + j : Si, ok ? 4 : 0);
+        }
     }
     if (len > 0) {
         int n = min(GDN_C, len);
         gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n, dk, kp8, vecb);
         gtc_tile(Qt, ldx, Qg + (idx_t)start * ld, ld, n, dk, kp8, vecb);
-        gtc_commit();
+    }
+    gtc_commit();  // S (and W, Q)
+    if (len > 0) {
+        int n = min(GDN_C, len);
         gtc_tile(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, ldmg, n, GDN_C, GDN_C, vecb);
         gtc_tile(Kt, ldk, Kg + (idx_t)start * ld, ld, n, dk, dkp, vecb);
         gtc_commit();
-        gtc_wait_but_last();  // W, Q
+        gtc_wait_but_last();  // S, W, Q
+    } else {
+        gtc_wait_all();  // S
     }
     __syncthreads();
 
