@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use onepass_cuda::{CudaError, CudaHidden, CudaModel, CudaState, Gpu, Precision};
+use onepass_cuda::{CudaError, CudaHidden, CudaModel, CudaState, Gpu, Precision, TcArith};
 use onepass_decide::engine::Backend;
 use onepass_decide::{Engine, EngineError, EngineOptions};
 use onepass_model::Model;
@@ -28,6 +28,9 @@ pub struct CudaOptions {
     pub precision: Precision,
     /// Bytes of sequence state and forward scratch alive at once on the device (0: no cap).
     pub memory_budget_bytes: usize,
+    /// How the tensor-core kernels multiply (`None`: `ONEPASS_TC`, else the precision's default,
+    /// [`onepass_cuda::TcArith::for_precision`]).
+    pub kernels: Option<TcArith>,
 }
 
 impl Default for CudaOptions {
@@ -36,6 +39,7 @@ impl Default for CudaOptions {
             device: 0,
             precision: Precision::default(),
             memory_budget_bytes: 16 << 30,
+            kernels: None,
         }
     }
 }
@@ -61,6 +65,9 @@ impl CudaBackend {
         let gpu = Gpu::new(o.device)?;
         let model = CudaModel::with_precision(m, gpu, o.precision)?;
         model.set_memory_budget(o.memory_budget_bytes);
+        if let Some(t) = o.kernels {
+            model.set_tc_arith(t);
+        }
         Ok(CudaBackend {
             model,
             lock: Mutex::new(()),
