@@ -535,6 +535,7 @@ fn bench_engine<B: onepass_decide::engine::Backend>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use onepass_cuda::{Arith, Precision, TcArith};
