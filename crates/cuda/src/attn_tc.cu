@@ -83,10 +83,12 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                                                void* out, int mode, int ns, int maxlen, int nseg,
                                                float* __restrict__ scratch, float* sm) {
     const int G = H / HKV, TQ = ATC_M / G;
-    const int Dp = NT * 8, lds = Dp + 4, c4n = Dp / 4;
-    float* Qs = sm;                 // [ATC_M, lds]
-    float* Ks = Qs + ATC_M * lds;   // [ATC_NK, lds]
-    float* Vs = Ks + ATC_NK * lds;  // [ATC_NK, lds]
+    // Row pitches: Q and K are read as float2 pairs (pitch = 8 mod 32: the 16 lanes of a half warp hit 32
+    // distinct banks), V down its columns as single floats (pitch = 4 mod 32). Must match smem() in attn_tc.rs.
+    const int Dp = NT * 8, ldq = Dp + 8, lds = Dp + 4, c4n = Dp / 4;
+    float* Qs = sm;                 // [ATC_M, ldq]
+    float* Ks = Qs + ATC_M * ldq;   // [ATC_NK, ldq]
+    float* Vs = Ks + ATC_NK * ldq;  // [ATC_NK, lds]
     // Longest tiles first (they see the most keys), both KV heads of a tile together, and the last segments first:
     // in a tree (CudaModel::forward_tree) those are the children, whose one tile sees its root's keys as well, so
     // started last they would run alone at the end.
@@ -120,10 +122,10 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
             bool ok = t < nq && c < D;
             const float* src = q;
             if (ok) src = q + ((idx_t)(start + t0 + t) * H + kh * G + hg) * D + c;
-            atc_cp16(s0 + (unsigned)(r * lds + c) * 4u, src, ok ? 16 : 0);
+            atc_cp16(s0 + (unsigned)(r * ldq + c) * 4u, src, ok ? 16 : 0);
         }
     }
-    atc_load_kv(Ks, ko, kb, base, kbeg, kend, HKV, kh, D, c4n, lds, tid);
+    atc_load_kv(Ks, ko, kb, base, kbeg, kend, HKV, kh, D, c4n, ldq, tid);
     atc_commit();
     atc_load_kv(Vs, vo, vb, base, kbeg, kend, HKV, kh, D, c4n, lds, tid);
     atc_commit();
@@ -161,18 +163,23 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
             for (int kk = 0; kk < NT; kk += 2) {
 #pragma unroll
                 for (int u = 0; u < 2; u++) {
-                    const float* qa = Qs + r0 * lds + (kk + u) * 8 + tg;
+                    // The k step's 8 head-dim columns in permuted order, the same for Q and K (a dot product
+                    // does not care): logical k t <-> column 2t, t+4 <-> 2t+1, so each lane's two values of a
+                    // row are adjacent (one 64-bit load). Measured on an H200: 3,400 tokens 1,333 -> 1,290 µs,
+                    // the short shapes unchanged.
+                    const float2 qlo = *(const float2*)(Qs + r0 * ldq + (kk + u) * 8 + 2 * tg);
+                    const float2 qhi = *(const float2*)(Qs + (r0 + 8) * ldq + (kk + u) * 8 + 2 * tg);
                     unsigned ab[4], as[4];
-                    atc_split(qa[0], ab[0], as[0]);
-                    atc_split(qa[8 * lds], ab[1], as[1]);
-                    atc_split(qa[4], ab[2], as[2]);
-                    atc_split(qa[8 * lds + 4], ab[3], as[3]);
+                    atc_split(qlo.x, ab[0], as[0]);
+                    atc_split(qhi.x, ab[1], as[1]);
+                    atc_split(qlo.y, ab[2], as[2]);
+                    atc_split(qhi.y, ab[3], as[3]);
 #pragma unroll
                     for (int j = 0; j < ATC_NK / 8; j++) {
-                        const float* kr = Ks + (j * 8 + g) * lds + (kk + u) * 8 + tg;
+                        const float2 kv2 = *(const float2*)(Ks + (j * 8 + g) * ldq + (kk + u) * 8 + 2 * tg);
                         unsigned bb0, bs0, bb1, bs1;
-                        atc_split(kr[0], bb0, bs0);
-                        atc_split(kr[4], bb1, bs1);
+                        atc_split(kv2.x, bb0, bs0);
+                        atc_split(kv2.y, bb1, bs1);
                         if (X3) {
                             atc_mma(sx[u][j], as, bb0, bb1);
                             atc_mma(sx[u][j], ab, bs0, bs1);
@@ -187,7 +194,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                 for (int e = 0; e < 4; e++) sc[j][e] = (sx[0][j][e] + sx[1][j][e]) + (sa[0][j][e] + sa[1][j][e]);
         }
         __syncthreads();  // every warp is done with Ks
-        if (next) atc_load_kv(Ks, ko, kb, base, k0 + ATC_NK, kend, HKV, kh, D, c4n, lds, tid);
+        if (next) atc_load_kv(Ks, ko, kb, base, k0 + ATC_NK, kend, HKV, kh, D, c4n, ldq, tid);
         atc_commit();
         if (act) {
             // Causal mask and scale; sc[j][e] is (row e < 2 ? r0 : r1, key k0 + 8j + 2tg + (e & 1)).

@@ -72,7 +72,9 @@ fn padded_dim(d: usize) -> usize {
 /// Dynamic shared memory of `attention_tc` (bytes): the Q tile [64, Dp + 4] and one K and one V tile
 /// [16, Dp + 4], Dp the padded head dim.
 fn smem(a: AttnDims) -> usize {
-    4 * (ROWS + 2 * KEYS) * (padded_dim(a.head_dim) + 4)
+    // Q and K rows at pitch Dp + 8, V rows at Dp + 4 (attn_tc.cu).
+    let dp = padded_dim(a.head_dim);
+    4 * ((ROWS + KEYS) * (dp + 8) + KEYS * (dp + 4))
 }
 
 /// Causal attention over each segment's KV cache, times sigmoid(gate), on tensor cores: same inputs and result

@@ -22,15 +22,11 @@ extern "C" __global__ void add2_rms_norm(float* x, int ldx, const float* __restr
 }
 
 // SwiGLU over a gate|up GEMM output in two halves: g = gu[n] + gu[n + lo] per value, out = silu(gate) * up.
-// gu: [2N, 2I] f32 (hi rows, then lo rows `lo` values later); out: [N, I] as `store_act` with `mode`.
+// gu: [2N, 2I] f32 (hi rows, then lo rows `lo` values later); out: [N, I] as `store_act` with `mode`. Grid and vec
+// as swiglu's (swiglu_rows in kernels.cu).
 extern "C" __global__ void swiglu2(const float* __restrict__ gu, int inter, int rows, long long lo, void* out,
-                                   int mode) {
-    idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (idx_t)rows * inter) return;
-    idx_t n = i / inter, c = i % inter;
-    const float* r = gu + n * 2 * inter;
-    float gate = r[c] + r[c + lo], up = r[inter + c] + r[inter + c + lo];
-    store_act(out, i, silu_f(gate) * up, mode);
+                                   int mode, int vec) {
+    swiglu_rows<true>(gu, inter, rows, lo, out, mode, vec);
 }
 
 // The Gated DeltaNet mixer inputs, one warp per channel group of one token: the q and k heads (dk channels each,

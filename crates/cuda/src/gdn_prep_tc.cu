@@ -83,17 +83,34 @@ __device__ __forceinline__ void gtp_cp4(float* dst, const float* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(gtp_smem_addr(dst)), "l"(src) : "memory");
 }
 
+// 16 bytes global -> shared, asynchronously; the bytes past `bytes` (0..16) are zero-filled.
+__device__ __forceinline__ void gtp_cp16(float* dst, const float* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(gtp_smem_addr(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+}
+
 // dst[t * ldd + c] = src[t * lds + c] for t < n, c < w; zero for n <= t < rows, w <= c < wp. Warp w takes rows
-// w, w + 8, ...; lanes take columns (coalesced, no division); all copies asynchronous (cp.async).
+// w, w + 8, ...; lanes take columns (coalesced, no division); all copies asynchronous (cp.async). vec: 16-byte
+// copies (src, lds, ldd and the destination 16-byte aligned, wp a multiple of 4), zero-filled past n and w; else
+// 4-byte copies and plain zero stores. 16-byte copies issue a quarter of the copy instructions; measured on an H200
+// (0.8B heads, 3xTF32, µs): 1 x 175 tokens 27.7 -> 26.3, 7 x 33 28.2 -> 27.2, 1 x 3,400 158.4 -> 150.5,
+// 224 x 33 457.6 -> 431.3.
 __device__ __forceinline__ void gtp_load(float* dst, int ldd, const float* __restrict__ src, idx_t lds, int n,
-                                         int rows, int w, int wp) {
+                                         int rows, int w, int wp, bool vec) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int t = warp; t < rows; t += 8) {
         const float* s = src + (idx_t)t * lds;
         float* d = dst + t * ldd;
-        for (int c = lane; c < wp; c += 32) {
-            if (t < n && c < w) gtp_cp4(d + c, s + c);
-            else d[c] = 0.0f;
+        if (vec) {
+            for (int c = 4 * lane; c < wp; c += 128) {
+                const int bytes = t < n ? 4 * max(0, min(4, w - c)) : 0;
+                gtp_cp16(d + c, bytes ? s + c : src, bytes);
+            }
+        } else {
+            for (int c = lane; c < wp; c += 32) {
+                if (t < n && c < w) gtp_cp4(d + c, s + c);
+                else d[c] = 0.0f;
+            }
         }
     }
 }
@@ -138,9 +155,10 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
 
     // Q, K, V of the chunk: every copy in flight at once.
     const float* row0 = qkv + (idx_t)r0 * ld;
-    gtp_load(Ks, lk, row0 + hk * dk + kh * dk, ld, n, rows, dk, dkp);
-    if (doq) gtp_load(Qs, lk, row0 + kh * dk, ld, n, rows, dk, dkp);
-    if (dov) gtp_load(Vs, lv, row0 + 2 * hk * dk + h * dv, ld, n, rows, dv, dvp);
+    const bool vec = (ld & 3) == 0 && (dk & 3) == 0 && (dv & 3) == 0 && ((size_t)qkv & 15) == 0;
+    gtp_load(Ks, lk, row0 + hk * dk + kh * dk, ld, n, rows, dk, dkp, vec);
+    if (doq) gtp_load(Qs, lk, row0 + kh * dk, ld, n, rows, dk, dkp, vec);
+    if (dov) gtp_load(Vs, lv, row0 + 2 * hk * dk + h * dv, ld, n, rows, dv, dvp, vec);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (tid < GDN_C) {
         float gv = 0.0f, bv = 0.0f;

@@ -1119,11 +1119,42 @@ extern "C" __global__ void __launch_bounds__(256) attention_tiled(const float* _
 }
 
 // SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] as `store_act` with `mode`.
-extern "C" __global__ void swiglu(const float* gu, int inter, int rows, void* out, int mode) {
-    idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (idx_t)rows * inter) return;
-    idx_t n = i / inter, c = i % inter;
-    store_act(out, i, silu_f(gu[n * 2 * inter + c]) * gu[n * 2 * inter + inter + c], mode);
+// SwiGLU rows, the body of swiglu and swiglu2 (fused.cu): out[n][c] = silu(gate) * up with gate = gu[n][c] and up
+// = gu[n][inter + c], each plus the value `lo` floats on when TWO (the lo plane's half of a split GEMM). gu: [rows,
+// 2 inter] f32; out: [rows, inter] as `store_act` with `mode`. grid (ceil(inter / (VW * blockDim.x)), up to
+// 65535 rows, walked by stride), VW = 4 (vec: inter % 4 == 0, gu, lo and out aligned for 16-byte loads and
+// store_act_vec) or 1: no division per value (the one-thread-per-value kernel spent its time on 64-bit divisions).
+template <bool TWO>
+__device__ __forceinline__ void swiglu_rows(const float* __restrict__ gu, int inter, int rows, long long lo,
+                                            void* out, int mode, int vec) {
+    const int vw = vec ? 4 : 1;
+    const int c = vw * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= inter) return;
+    for (int n = blockIdx.y; n < rows; n += gridDim.y) {
+        const float* r = gu + (idx_t)n * 2 * inter + c;
+        const idx_t o = (idx_t)n * inter + c;
+        if (vec) {
+            float4 gt = *(const float4*)r, up = *(const float4*)(r + inter);
+            if (TWO) {
+                float4 g2 = *(const float4*)(r + lo), u2 = *(const float4*)(r + inter + lo);
+                gt = make_float4(gt.x + g2.x, gt.y + g2.y, gt.z + g2.z, gt.w + g2.w);
+                up = make_float4(up.x + u2.x, up.y + u2.y, up.z + u2.z, up.w + u2.w);
+            }
+            const float v[4] = {silu_f(gt.x) * up.x, silu_f(gt.y) * up.y, silu_f(gt.z) * up.z, silu_f(gt.w) * up.w};
+            store_act_vec<4>(out, o, v, mode);
+        } else {
+            float gt = r[0], up = r[inter];
+            if (TWO) {
+                gt += r[lo];
+                up += r[inter + lo];
+            }
+            store_act(out, o, silu_f(gt) * up, mode);
+        }
+    }
+}
+
+extern "C" __global__ void swiglu(const float* gu, int inter, int rows, void* out, int mode, int vec) {
+    swiglu_rows<false>(gu, inter, rows, 0, out, mode, vec);
 }
 
 // x += y (n values).

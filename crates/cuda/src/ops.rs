@@ -3,7 +3,7 @@
 //! and the op tests call these; each op has a CPU twin in `onepass-kernels`.
 
 use crate::launch;
-use crate::runtime::{cfg, cfg3, Gpu};
+use crate::runtime::{cfg, cfg3, Gpu, LaunchConfig};
 use crate::CudaError;
 
 /// Threads per block for row-wise ops.
@@ -520,7 +520,30 @@ pub fn attention_tiled(
 /// out [N, I] = silu(gu[:, :I]) * gu[:, I:].
 pub fn swiglu(g: &Gpu, gu: u64, inter: usize, n: usize, out: Out) -> Result<(), CudaError> {
     let (o, mode) = out.parts();
-    launch!(g, g.k.swiglu, cfg((blocks(n * inter, 256), 1), 256, 0); gu, inter as i32, n as i32, o, mode)
+    let (lc, vec) = swiglu_cfg(gu, inter, n, 0, o, mode);
+    launch!(g, g.k.swiglu, lc; gu, inter as i32, n as i32, o, mode, vec as i32)
+}
+
+/// Grid of `swiglu` / `swiglu2` (`swiglu_rows` in kernels.cu), and whether its 4-wide path applies: inter a
+/// multiple of 4, gu and the lo offset (floats) 16-byte aligned, out (and its lo plane, `-mode` values on) aligned
+/// for `store_act_vec`.
+fn swiglu_cfg(
+    gu: u64,
+    inter: usize,
+    n: usize,
+    lo: usize,
+    o: u64,
+    mode: i32,
+) -> (LaunchConfig, bool) {
+    let out_align = if mode == 1 { 16 } else { 8 };
+    let vec = inter.is_multiple_of(4)
+        && gu.is_multiple_of(16)
+        && lo.is_multiple_of(4)
+        && o.is_multiple_of(out_align)
+        && (mode >= 0 || (mode % 4) == 0);
+    let per = if vec { inter / 4 } else { inter };
+    let lc = cfg((blocks(per, 256), n.clamp(1, 65535) as u32), 256, 0);
+    (lc, vec)
 }
 
 /// x += y.
@@ -577,5 +600,6 @@ pub fn swiglu2(
     out: Out,
 ) -> Result<(), CudaError> {
     let (o, mode) = out.parts();
-    launch!(g, g.k.swiglu2, cfg((blocks(n * inter, 256), 1), 256, 0); gu, inter as i32, n as i32, lo as i64, o, mode)
+    let (lc, vec) = swiglu_cfg(gu, inter, n, lo, o, mode);
+    launch!(g, g.k.swiglu2, lc; gu, inter as i32, n as i32, lo as i64, o, mode, vec as i32)
 }

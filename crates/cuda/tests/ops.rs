@@ -186,24 +186,36 @@ fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
     check("gdn g", &g.download(&gd, n * hv).unwrap(), &wg, F32_TOL);
     check("gdn beta", &g.download(&bd, n * hv).unwrap(), &wb, F32_TOL);
 
-    // SwiGLU.
-    let inter = 77;
-    let gu = rnd(n * 2 * inter, 10);
-    let mut want = Vec::new();
-    for row in gu.chunks_exact(2 * inter) {
-        let mut a = row[..inter].to_vec();
-        cpu::swiglu(&mut a, &row[inter..]);
-        want.extend(a);
+    // SwiGLU: one value per thread (inter 77) and four (128: 16-byte loads), bf16 and split outputs.
+    for inter in [77, 128] {
+        let gu = rnd(n * 2 * inter, 10);
+        let mut want = Vec::new();
+        for row in gu.chunks_exact(2 * inter) {
+            let mut a = row[..inter].to_vec();
+            cpu::swiglu(&mut a, &row[inter..]);
+            want.extend(a);
+        }
+        let gud = g.upload(&gu).unwrap();
+        let ob = g.alloc::<u16>(n * inter).unwrap();
+        ops::swiglu(&g, g.ptr(&gud), inter, n, Out::Bf16(g.ptr(&ob))).unwrap();
+        check(
+            &format!("swiglu bf16 inter {inter}"),
+            &from_bf16_bits(&g.download(&ob, n * inter).unwrap()),
+            &want,
+            BF16_TOL,
+        );
+        let os = g.alloc::<u16>(2 * n * inter).unwrap();
+        ops::swiglu(&g, g.ptr(&gud), inter, n, Out::Split(g.ptr(&os), n * inter)).unwrap();
+        let planes = from_bf16_bits(&g.download(&os, 2 * n * inter).unwrap());
+        let (hi, lo) = planes.split_at(n * inter);
+        let sum: Vec<f32> = hi.iter().zip(lo).map(|(h, l)| h + l).collect();
+        check(
+            &format!("swiglu split hi+lo inter {inter}"),
+            &sum,
+            &want,
+            3e-5,
+        );
     }
-    let gud = g.upload(&gu).unwrap();
-    let ob = g.alloc::<u16>(n * inter).unwrap();
-    ops::swiglu(&g, g.ptr(&gud), inter, n, Out::Bf16(g.ptr(&ob))).unwrap();
-    check(
-        "swiglu bf16",
-        &from_bf16_bits(&g.download(&ob, n * inter).unwrap()),
-        &want,
-        BF16_TOL,
-    );
 
     // Residual add.
     let (a, b) = (rnd(1000, 11), rnd(1000, 12));
@@ -807,25 +819,27 @@ fn split_halves_fold_into_norm_and_swiglu() {
         );
     }
 
-    let (n, inter) = (29, 70);
-    let gu = rnd(2 * n * 2 * inter, 34);
-    let half = n * 2 * inter;
-    let mut want = Vec::with_capacity(n * inter);
-    for r in 0..n {
-        let row: Vec<f32> = (0..2 * inter)
-            .map(|c| gu[r * 2 * inter + c] + gu[half + r * 2 * inter + c])
-            .collect();
-        let mut a = row[..inter].to_vec();
-        cpu::swiglu(&mut a, &row[inter..]);
-        want.extend(a);
+    // One value per thread (inter 70) and four (72).
+    for (n, inter) in [(29, 70), (29, 72)] {
+        let gu = rnd(2 * n * 2 * inter, 34);
+        let half = n * 2 * inter;
+        let mut want = Vec::with_capacity(n * inter);
+        for r in 0..n {
+            let row: Vec<f32> = (0..2 * inter)
+                .map(|c| gu[r * 2 * inter + c] + gu[half + r * 2 * inter + c])
+                .collect();
+            let mut a = row[..inter].to_vec();
+            cpu::swiglu(&mut a, &row[inter..]);
+            want.extend(a);
+        }
+        let gud = g.upload(&gu).unwrap();
+        let of = g.alloc::<f32>(n * inter).unwrap();
+        ops::swiglu2(&g, g.ptr(&gud), inter, n, half, Out::F32(g.ptr(&of))).unwrap();
+        check(
+            &format!("swiglu2 f32 inter {inter}"),
+            &g.download(&of, n * inter).unwrap(),
+            &want,
+            F32_TOL,
+        );
     }
-    let gud = g.upload(&gu).unwrap();
-    let of = g.alloc::<f32>(n * inter).unwrap();
-    ops::swiglu2(&g, g.ptr(&gud), inter, n, half, Out::F32(g.ptr(&of))).unwrap();
-    check(
-        "swiglu2 f32",
-        &g.download(&of, n * inter).unwrap(),
-        &want,
-        F32_TOL,
-    );
 }
