@@ -80,7 +80,7 @@ __device__ __forceinline__ void atc_load_kv(float* dst, const float* own, const 
 template <int NT, bool X3>
 __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
                                                const int* seg, const u64* kv, int H, int HKV, int D, float scale,
-                                               void* out, int mode, int ns, int maxlen, int nseg,
+                                               void* out, int mode, int ns, int nrows, int nseg,
                                                float* __restrict__ scratch, float* sm) {
     const int G = H / HKV, TQ = ATC_M / G;
     // Row pitches: Q and K are read as float2 pairs (pitch = 8 mod 32: the 16 lanes of a half warp hit 32
@@ -294,8 +294,8 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                 }
             }
         } else {
-            // Partial row ((split, segment, token), head): output [.., D] then (max, sum) after all outputs.
-            idx_t pr = (((idx_t)split * nseg + s) * maxlen + t0 + t) * H + h;
+            // Partial row ((split, token row), head): output [.., D] then (max, sum) after all outputs.
+            idx_t pr = ((idx_t)split * nrows + n) * H + h;
             float* po = scratch + pr * D;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -306,7 +306,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                 }
             }
             if (tg == 0) {
-                float* ml = scratch + (idx_t)ns * nseg * maxlen * H * D + pr * 2;
+                float* ml = scratch + (idx_t)ns * nrows * H * D + pr * 2;
                 ml[0] = m;
                 ml[1] = l;
             }
@@ -314,25 +314,26 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
     }
 }
 
-// q: [N, H, D]; proj: [N, ld] (gate of head h at h*2D + D); seg: [S, 3]; kv: [S, KV_ENTRIES]; out: [N, H*D] as `store_act`
-// with `mode`. ns: most key splits per tile; scratch: [ns, nseg, maxlen, H] x (D + 2) floats when ns > 1.
-// grid (ceil(maxlen / (ATC_M / G)) * ns * HKV, nseg), block 128, dynamic shared memory (ATC_M + 2 ATC_NK) *
-// (Dp + 4) floats, Dp = 64, 128 or 256 (the least >= D); D % 4 == 0, D <= 256, G = H / HKV <= 64.
+// q: [N, H, D]; proj: [N, ld] (gate of head h at h*2D + D); seg: [S, 3]; kv: [S, KV_ENTRIES]; out: [N, H*D] as
+// `store_act` with `mode`. ns: most key splits per tile; scratch: [ns, nrows, H] x (D + 2) floats when ns > 1
+// (nrows: the token rows N). grid (ceil(maxlen / (ATC_M / G)) * ns * HKV, nseg), block 128, dynamic shared memory
+// (ATC_M + ATC_NK) * (Dp + 8) + ATC_NK * (Dp + 4) floats, Dp = 64, 128 or 256 (the least >= D); D % 4 == 0,
+// D <= 256, G = H / HKV <= 64.
 // attention_tc: 3xTF32 products; attention_tc_tf32: 1xTF32.
 #define ATTENTION_TC(NAME, X3)                                                                                       \
     extern "C" __global__ void __launch_bounds__(128, 2)                                                             \
         NAME(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,     \
-             int H, int HKV, int D, float scale, void* out, int mode, int ns, int maxlen, int nseg,                  \
+             int H, int HKV, int D, float scale, void* out, int mode, int ns, int nrows, int nseg,                   \
              float* __restrict__ scratch) {                                                                          \
         extern __shared__ float atc_sm[];                                                                            \
         if (D <= 64)                                                                                                 \
-            attention_tc_t<8, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch,      \
+            attention_tc_t<8, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,      \
                                   atc_sm);                                                                           \
         else if (D <= 128)                                                                                           \
-            attention_tc_t<16, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch,     \
+            attention_tc_t<16, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,     \
                                    atc_sm);                                                                          \
         else                                                                                                         \
-            attention_tc_t<32, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, maxlen, nseg, scratch,     \
+            attention_tc_t<32, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,     \
                                    atc_sm);                                                                          \
     }
 ATTENTION_TC(attention_tc, true)
@@ -340,11 +341,12 @@ ATTENTION_TC(attention_tc_tf32, false)
 #undef ATTENTION_TC
 
 // Merges the key splits of `attention_tc`: per (token, head) o = Σ_j e^(m_j - M) o_j / Σ_j e^(m_j - M) l_j, times
-// sigmoid(gate). Tokens whose tile had one split were written by attention_tc and are skipped. grid (maxlen,
-// nseg, H), block 64 (4 columns per thread); D % 4 == 0, D <= 256, ns <= ATC_MAX_SPLITS.
+// sigmoid(gate). Tokens whose tile had one split were written by attention_tc and are skipped. scratch as
+// attention_tc's. grid (maxlen, nseg, H), block 64 (4 columns per thread); D % 4 == 0, D <= 256,
+// ns <= ATC_MAX_SPLITS.
 extern "C" __global__ void __launch_bounds__(64)
     attention_tc_combine(const float* __restrict__ proj, int ld, const int* seg, int H, int HKV, int D, void* out,
-                         int mode, int ns, int maxlen, int nseg, const float* __restrict__ scratch) {
+                         int mode, int ns, int nrows, int nseg, const float* __restrict__ scratch) {
     int t = blockIdx.x, s = blockIdx.y, h = blockIdx.z, c = 4 * threadIdx.x;
     int start = seg[3 * s], len = seg[3 * s + 1], pos0 = seg[3 * s + 2];
     if (t >= len || c >= D) return;
@@ -354,8 +356,8 @@ extern "C" __global__ void __launch_bounds__(64)
     int chunk, used;
     atc_plan(nkeys, ns, chunk, used);
     if (used == 1) return;
-    idx_t stride = (idx_t)nseg * maxlen * H;      // partial rows between splits
-    idx_t row = ((idx_t)s * maxlen + t) * H + h;  // partial row of (split 0, this token, this head)
+    idx_t stride = (idx_t)nrows * H;             // partial rows between splits
+    idx_t row = ((idx_t)start + t) * H + h;      // partial row of (split 0, this token, this head)
     const float* ml = scratch + (idx_t)ns * stride * D;
     float w[ATC_MAX_SPLITS], lj[ATC_MAX_SPLITS];
     float mx = __int_as_float(0xff800000);

@@ -32,30 +32,41 @@ fn tile_tokens(a: AttnDims) -> usize {
     ROWS / (a.heads / a.kv_heads.max(1)).max(1)
 }
 
-/// Key splits per tile [`attention_tc`] uses for `nseg` segments of at most `max_len` tokens on a GPU of `sms`
-/// multiprocessors: enough blocks to fill it ([`BLOCKS_PER_SM`] each), at most [`MAX_SPLITS`]. The kernel uses
-/// fewer for tiles with few keys (at least 32 keys per split).
-pub fn attention_tc_splits(nseg: usize, max_len: usize, a: AttnDims, sms: usize) -> usize {
-    let blocks = max_len.div_ceil(tile_tokens(a)).max(1) * nseg.max(1) * a.kv_heads.max(1);
+/// Key splits per tile for [`attention_tc`] over segments of `(rows, position of the first row)` on a GPU of `sms`
+/// multiprocessors: enough blocks to fill it ([`BLOCKS_PER_SM`] each) counting every segment at the longest one's
+/// tiles (the grid's shape), at most [`MAX_SPLITS`]; the kernel uses fewer for tiles with fewer keys (at least 32
+/// keys per split). Measured on an H200 against a plan that cut the longest tile down to an even share of all the
+/// tiles' work (µs, 0.8B shape): a 199-token prefix with 7 suffixes of 29 in one launch ran 71 at that plan's 5
+/// splits (118 unsplit), the events of the System One bench 85 per layer at this one's 2 and 92 at 5; a 3,400-token
+/// prefix with 10 suffixes of 30: 1,441 unsplit (this plan) against 1,641 at 2. Every split reloads the query
+/// tile and writes partials, which only pays while blocks are too few to fill the GPU.
+pub fn attention_tc_plan(
+    segs: impl IntoIterator<Item = (usize, usize)>,
+    a: AttnDims,
+    sms: usize,
+) -> usize {
+    let (mut nseg, mut max_len) = (0usize, 0usize);
+    for (len, _) in segs {
+        nseg += 1;
+        max_len = max_len.max(len);
+    }
+    if nseg == 0 || max_len == 0 {
+        return 1;
+    }
+    let blocks = max_len.div_ceil(tile_tokens(a)) * nseg * a.kv_heads.max(1);
     (BLOCKS_PER_SM * sms.max(1))
         .div_ceil(blocks)
         .clamp(1, MAX_SPLITS)
 }
 
-/// Scratch (f32 values) of [`attention_tc_with`] with `splits` key splits: per (split, segment, token, head)
-/// the unnormalised output row [D] and (max, sum); none with one split.
-pub fn attention_tc_scratch_len(splits: usize, nseg: usize, max_len: usize, a: AttnDims) -> usize {
+/// Scratch (f32 values) of [`attention_tc`] with `splits` key splits over `rows` token rows: per (split, row,
+/// head) the unnormalised output row [D] and (max, sum); none with one split.
+pub fn attention_tc_scratch_len(splits: usize, rows: usize, a: AttnDims) -> usize {
     if splits <= 1 {
         0
     } else {
-        splits * nseg * max_len * a.heads * (a.head_dim + 2)
+        splits * rows * a.heads * (a.head_dim + 2)
     }
-}
-
-/// Scratch (f32 values) [`attention_tc`] needs for `nseg` segments of at most `max_len` tokens (0: pass any
-/// address).
-pub fn attention_tc_scratch(nseg: usize, max_len: usize, a: AttnDims, sms: usize) -> usize {
-    attention_tc_scratch_len(attention_tc_splits(nseg, max_len, a, sms), nseg, max_len, a)
 }
 
 /// Head dim as the kernel pads it (its template width): 64, 128 or 256; the padding columns are zeros.
@@ -77,32 +88,6 @@ fn smem(a: AttnDims) -> usize {
     4 * ((ROWS + KEYS) * (dp + 8) + KEYS * (dp + 4))
 }
 
-/// Causal attention over each segment's KV cache, times sigmoid(gate), on tensor cores: same inputs and result
-/// as [`crate::ops::attention_tiled`]. q: [N, H, D] (from [`crate::ops::attn_prep`]); proj: [N, ld] (gate of head h at
-/// h*2D + D); segs: [S, 3] i32 (start row, rows, position of the first row); kv: [S, KV_ENTRIES]
-/// ([`crate::ops::KV_ENTRIES`]); `max_len`: the longest segment; out: [N, H*D]. scratch: at least
-/// [`attention_tc_scratch`]`(nseg, max_len, a, g.sms)` f32 values.
-pub fn attention_tc(
-    g: &Gpu,
-    arith: Arith,
-    q: u64,
-    proj: u64,
-    ld: usize,
-    segs: u64,
-    kv: u64,
-    nseg: usize,
-    max_len: usize,
-    a: AttnDims,
-    scale: f32,
-    out: Out,
-    scratch: u64,
-) -> Result<(), CudaError> {
-    let splits = attention_tc_splits(nseg, max_len, a, g.sms);
-    attention_tc_with(
-        g, arith, q, proj, ld, segs, kv, nseg, max_len, a, scale, out, scratch, splits,
-    )
-}
-
 /// Whether [`attention_tc`] takes these dims: query heads a multiple of the KV heads (at most 64 per KV head), head
 /// dim a multiple of 4 and at most 256, its tiles within the device's shared memory. The forward falls back to
 /// [`crate::ops::attention_tiled`] otherwise.
@@ -117,9 +102,13 @@ pub fn attention_tc_supported(g: &Gpu, a: AttnDims) -> bool {
         && smem(a) <= g.max_smem
 }
 
-/// [`attention_tc`] with at most `splits` key splits per tile (1..=[`MAX_SPLITS`]; 1: no scratch, no merge
-/// kernel); scratch: [`attention_tc_scratch_len`]`(splits, ..)` f32 values. For tests and benchmarks.
-pub fn attention_tc_with(
+/// Causal attention over each segment's KV cache, times sigmoid(gate), on tensor cores: same inputs and result
+/// as [`crate::ops::attention_tiled`]. q: [N, H, D] (from [`crate::ops::attn_prep`]); proj: [N, ld] (gate of head h at
+/// h*2D + D); segs: [S, 3] i32 (start row, rows, position of the first row); kv: [S, KV_ENTRIES]
+/// ([`crate::ops::KV_ENTRIES`]); `max_len`: the longest segment; `rows`: N; out: [N, H*D]. At most `splits` key
+/// splits per tile (1..=[`MAX_SPLITS`], [`attention_tc_plan`]; 1: no scratch, no merge kernel); scratch:
+/// [`attention_tc_scratch_len`]`(splits, rows, a)` f32 values.
+pub fn attention_tc(
     g: &Gpu,
     arith: Arith,
     q: u64,
@@ -129,6 +118,7 @@ pub fn attention_tc_with(
     kv: u64,
     nseg: usize,
     max_len: usize,
+    rows: usize,
     a: AttnDims,
     scale: f32,
     out: Out,
@@ -160,12 +150,12 @@ pub fn attention_tc_with(
     );
     launch!(g, g.k.attention_tc[arith as usize], lc;
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, d as i32, scale, o, mode,
-        splits as i32, max_len as i32, nseg as i32, scratch)?;
+        splits as i32, rows as i32, nseg as i32, scratch)?;
     if splits > 1 {
         let lc = cfg3((max_len as u32, nseg as u32, a.heads as u32), 64, 0);
         launch!(g, g.k.attention_tc_combine, lc;
             proj, ld as i32, segs, a.heads as i32, a.kv_heads as i32, d as i32, o, mode,
-            splits as i32, max_len as i32, nseg as i32, scratch)?;
+            splits as i32, rows as i32, nseg as i32, scratch)?;
     }
     Ok(())
 }
@@ -287,5 +277,32 @@ mod tests {
             worst = worst.max((p - exact).abs() / exact.abs().max(1e-30));
         }
         assert!(worst < 1e-6, "3xTF32 relative error {worst:e}");
+    }
+
+    /// The split plan on the 0.8B attention shape (8 heads over 2 KV heads, 16 tokens per tile) and an H200's 132
+    /// multiprocessors (264 resident blocks), worked by hand: a System One tree (a 199-token prefix and 7 suffixes
+    /// of 29: 13 tiles x 8 segments x 2 KV heads = 208 blocks: 2 splits); a 175-token prefix alone (22 blocks:
+    /// 12); a 3,400-token prefix with 10 suffixes (4,686 blocks: 1); nothing (1); at most MAX_SPLITS.
+    #[test]
+    fn split_plan_matches_hand_counts() {
+        use super::{attention_tc_plan, AttnDims};
+        let a = AttnDims {
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 256,
+            half: 32,
+        };
+        let tree = |root: usize, kids: usize, len: usize| {
+            std::iter::once((root, 0)).chain(std::iter::repeat_n((len, root), kids))
+        };
+        assert_eq!(attention_tc_plan(tree(199, 7, 29), a, 132), 2);
+        assert_eq!(attention_tc_plan([(175, 0)], a, 132), 12);
+        assert_eq!(attention_tc_plan(tree(3400, 10, 30), a, 132), 1);
+        assert_eq!(attention_tc_plan(std::iter::empty(), a, 132), 1);
+        // Capped at MAX_SPLITS: one short query over a long cache on a large GPU.
+        assert_eq!(
+            attention_tc_plan([(1, 100_000)], a, 1000),
+            super::MAX_SPLITS
+        );
     }
 }

@@ -302,7 +302,8 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
                     for (int e = 0; e < 4; e++) out[nt][e] = 0.0f;
 #pragma unroll
                     for (int ks = 0; ks < 2; ks++) {
-                        const float2 b = *(const float2*)&Sm[(16 * k + 8 * nt + gq) * GTP_LS + 16 * k + 8 * ks + 2 * tq];
+                        const float2 b =
+                            *(const float2*)&Sm[(16 * k + 8 * nt + gq) * GTP_LS + 16 * k + 8 * ks + 2 * tq];
                         gtp_mma3<X3>(out[nt], yb[ks], ys[ks], b.x, b.y);
                     }
                 }

@@ -320,6 +320,9 @@ struct Shape {
     keep_children: bool,
     /// The longest segment (1: every segment one token, the decode step).
     max_len: usize,
+    /// Key splits per tile of the tensor-core attention ([`crate::attn_tc::attention_tc_plan`] of the segments'
+    /// lengths and positions; 1 when no layer runs it).
+    attn_splits: usize,
 }
 
 /// Values per token row of the forward scratch buffers.
@@ -1212,6 +1215,13 @@ impl CudaModel {
             roots,
             keep_children,
             max_len: items.iter().map(|(_, s)| s.len()).max().unwrap_or(0),
+            attn_splits: self.attn_tc_dims().map_or(1, |a| {
+                crate::attn_tc::attention_tc_plan(
+                    items.iter().map(|(st, s)| (s.len(), st.pos)),
+                    a,
+                    g.sms,
+                )
+            }),
         };
         let table = self.table(items, par, keep_children);
         let out: CudaSlice<f32> = g.alloc(n * hid)?;
@@ -1328,12 +1338,21 @@ impl CudaModel {
             .iter()
             .map(|l| match &l.mixer {
                 Mixer::Attn(m) if m.tc => {
-                    crate::attn_tc::attention_tc_scratch(s.nseg, s.max_len, m.a, self.gpu.sms)
+                    crate::attn_tc::attention_tc_scratch_len(s.attn_splits, s.n, m.a)
                 }
                 _ => 0,
             })
             .max()
             .unwrap_or(0)
+    }
+
+    /// The dims of the first attention layer that runs on tensor cores (the split plan's; Qwen3.5's attention
+    /// layers share theirs, and any split count is correct for any layer).
+    fn attn_tc_dims(&self) -> Option<AttnDims> {
+        self.layers.iter().find_map(|l| match &l.mixer {
+            Mixer::Attn(m) if m.tc => Some(m.a),
+            _ => None,
+        })
     }
 
     /// Values per token row of each forward scratch buffer (the widest layer's).
@@ -1506,6 +1525,7 @@ impl CudaModel {
             roots,
             keep_children,
             max_len,
+            attn_splits,
         } = s;
         let (xp, hbp, pp, midp, gp, wyp) = (p.x, p.act, p.proj, p.mid, p.gates, p.wy);
         let (ptrs_p, ids_p, segs_p, tok_p) = (p.ptrs, p.ids, p.segs, p.tok);
@@ -1642,10 +1662,12 @@ impl CudaModel {
                             kv_p,
                             nseg,
                             max_len,
+                            n,
                             a,
                             scale,
                             out,
                             p.attn,
+                            attn_splits,
                         )?;
                     } else {
                         ops::attention_tiled(

@@ -59,7 +59,7 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
         want_o,
         F32_TOL,
     );
-    let auto = attn_tc::attention_tc_splits(nseg, max_len, a, g.sms);
+    let auto = attn_tc::attention_tc_plan(SEGS, a, g.sms);
     let runs = [X3, TF]
         .into_iter()
         .flat_map(|ar| [auto, 1, attn_tc::MAX_SPLITS].map(|s| (ar, s)));
@@ -67,10 +67,10 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
         // 3xTF32: f32 rounding; 1xTF32: its own bound (TF32_TOL).
         let tol = if arith == X3 { F32_TOL } else { TF32_TOL };
         let scratch = g
-            .zeros::<f32>(attn_tc::attention_tc_scratch_len(splits, nseg, max_len, a))
+            .zeros::<f32>(attn_tc::attention_tc_scratch_len(splits, n, a))
             .unwrap();
         let run = |out: Out| {
-            attn_tc::attention_tc_with(
+            attn_tc::attention_tc(
                 g,
                 arith,
                 g.ptr(qd),
@@ -80,6 +80,7 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
                 g.ptr(kvd),
                 nseg,
                 max_len,
+                n,
                 a,
                 scale,
                 out,
@@ -112,39 +113,13 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
             BF16_TOL + tol,
         );
     }
-    // The launcher's own entry (its split choice and scratch size).
-    let scratch = g
-        .alloc::<f32>(attn_tc::attention_tc_scratch(nseg, max_len, a, g.sms))
-        .unwrap();
-    let of = g.alloc::<f32>(n * h * dd).unwrap();
-    attn_tc::attention_tc(
-        g,
-        X3,
-        g.ptr(qd),
-        g.ptr(pd),
-        ld,
-        g.ptr(sgd),
-        g.ptr(kvd),
-        nseg,
-        max_len,
-        a,
-        scale,
-        Out::F32(g.ptr(&of)),
-        g.ptr(&scratch),
-    )
-    .unwrap();
-    check(
-        &format!("attention_tc (launcher's splits {auto}) D={dd}"),
-        &g.download(&of, n * h * dd).unwrap(),
-        want_o,
-        F32_TOL,
-    );
 }
 
 /// Not a test: with ONEPASS_CUDA_BENCH=1 (and ONEPASS_CUDA_TESTS=1), prints µs per call of attention_tiled and
 /// attention_tc on the Qwen3.5-0.8B attention shape (8 heads, 2 KV heads, D 256) for the System One segment
 /// shapes: a 175-token prefix, 7 suffixes of 33 over a 175-token base, a 3,400-token prefix, 10 suffixes of 30
-/// over a 3,400-token base.
+/// over a 3,400-token base, and the one-forward trees of workloads 1 and 3 (a 199-token prefix with 7 suffixes of
+/// 29 over it; 3,400 with 10 of 30): attention_tc with its plan's splits (3xTF32, 1xTF32) and with none.
 #[test]
 fn attention_tc_timings() {
     let Some(g) = bench_gpu("attention_tc_timings") else {
@@ -154,21 +129,34 @@ fn attention_tc_timings() {
     let (h, kvh, dd) = (a.heads, a.kv_heads, a.head_dim);
     let ld = h * 2 * dd + 2 * kvh * dd;
     let row = kvh * dd;
-    // (segments, tokens each, base cache length)
-    for (nseg, t, base) in [
-        (1usize, 175usize, 0usize),
-        (7, 33, 175),
-        (1, 3400, 0),
-        (10, 30, 3400),
+    let same = |nseg: usize, t: usize, base: usize| vec![(t, base); nseg];
+    let tree = |root: usize, kids: usize, t: usize| {
+        let mut v = vec![(root, 0)];
+        v.extend(std::iter::repeat_n((t, root), kids));
+        v
+    };
+    // Per segment: (tokens, base cache length = position of its first token).
+    for segs_h in [
+        same(1, 175, 0),
+        same(7, 33, 175),
+        same(1, 3400, 0),
+        same(10, 30, 3400),
+        tree(199, 7, 29),
+        tree(3400, 10, 30),
     ] {
-        let n = nseg * t;
+        let nseg = segs_h.len();
+        let n: usize = segs_h.iter().map(|s| s.0).sum();
+        let max_len = segs_h.iter().map(|s| s.0).max().unwrap();
+        let base_max = segs_h.iter().map(|s| s.1).max().unwrap();
         let qd = g.upload(&rnd(n * h * dd, 1)).unwrap();
         let pd = g.upload(&rnd(n * ld, 2)).unwrap();
-        // The base cache (shared by every segment) and each segment's own rows.
-        let kb = g.upload(&rnd(base.max(1) * row, 3)).unwrap();
-        let vb = g.upload(&rnd(base.max(1) * row, 4)).unwrap();
-        let own: Vec<_> = (0..nseg)
-            .map(|s| {
+        // The base cache (shared by every segment that has one) and each segment's own rows.
+        let kb = g.upload(&rnd(base_max.max(1) * row, 3)).unwrap();
+        let vb = g.upload(&rnd(base_max.max(1) * row, 4)).unwrap();
+        let own: Vec<_> = segs_h
+            .iter()
+            .enumerate()
+            .map(|(s, &(t, _))| {
                 (
                     g.upload(&rnd(t * row, 10 + s as u64)).unwrap(),
                     g.upload(&rnd(t * row, 50 + s as u64)).unwrap(),
@@ -177,15 +165,25 @@ fn attention_tc_timings() {
             .collect();
         let ptrs: Vec<u64> = own
             .iter()
-            .flat_map(|(k, v)| [g.ptr(k), g.ptr(v), g.ptr(&kb), g.ptr(&vb), base as u64])
+            .zip(&segs_h)
+            .flat_map(|((k, v), &(_, base))| {
+                [g.ptr(k), g.ptr(v), g.ptr(&kb), g.ptr(&vb), base as u64]
+            })
             .collect();
-        let segs: Vec<i32> = (0..nseg)
-            .flat_map(|s| [(s * t) as i32, t as i32, base as i32])
+        let mut start = 0;
+        let segs: Vec<i32> = segs_h
+            .iter()
+            .flat_map(|&(t, base)| {
+                let r = [start as i32, t as i32, base as i32];
+                start += t;
+                r
+            })
             .collect();
         let (kvd, sgd) = (g.upload(&ptrs).unwrap(), g.upload(&segs).unwrap());
         let od = g.alloc::<u16>(n * h * dd).unwrap();
+        let splits = attn_tc::attention_tc_plan(segs_h.iter().copied(), a, g.sms);
         let scratch = g
-            .alloc::<f32>(attn_tc::attention_tc_scratch(nseg, t, a, g.sms))
+            .alloc::<f32>(attn_tc::attention_tc_scratch_len(splits, n, a).max(1))
             .unwrap();
         let scale = 1.0 / (dd as f32).sqrt();
         let (q, p, sg, kv, o, sc) = (
@@ -198,67 +196,48 @@ fn attention_tc_timings() {
         );
         let time = |what: &dyn Fn()| per_call_us(&g, what);
         let tiled = time(&|| {
-            ops::attention_tiled(&g, q, p, ld, sg, kv, nseg, t, a, scale, Out::Bf16(o)).unwrap()
+            ops::attention_tiled(&g, q, p, ld, sg, kv, nseg, max_len, a, scale, Out::Bf16(o))
+                .unwrap()
         });
-        let tc = time(&|| {
-            attn_tc::attention_tc(
-                &g,
-                X3,
-                q,
-                p,
-                ld,
-                sg,
-                kv,
-                nseg,
-                t,
-                a,
-                scale,
-                Out::Bf16(o),
-                sc,
+        let tc = |arith, splits| {
+            time(&|| {
+                attn_tc::attention_tc(
+                    &g,
+                    arith,
+                    q,
+                    p,
+                    ld,
+                    sg,
+                    kv,
+                    nseg,
+                    max_len,
+                    n,
+                    a,
+                    scale,
+                    Out::Bf16(o),
+                    sc,
+                    splits,
+                )
+                .unwrap()
+            })
+        };
+        let (x3, tf, one) = (tc(X3, splits), tc(TF, splits), tc(X3, 1));
+        let shape = if segs_h[0].1 == segs_h[nseg - 1].1 {
+            format!(
+                "{nseg} x {} tokens over a {}-token base",
+                segs_h[0].0, segs_h[0].1
             )
-            .unwrap()
-        });
-        let tf = time(&|| {
-            attn_tc::attention_tc(
-                &g,
-                TF,
-                q,
-                p,
-                ld,
-                sg,
-                kv,
-                nseg,
-                t,
-                a,
-                scale,
-                Out::Bf16(o),
-                sc,
+        } else {
+            format!(
+                "tree: {} tokens and {} x {} over them",
+                segs_h[0].0,
+                nseg - 1,
+                segs_h[nseg - 1].0
             )
-            .unwrap()
-        });
-        let one = time(&|| {
-            attn_tc::attention_tc_with(
-                &g,
-                X3,
-                q,
-                p,
-                ld,
-                sg,
-                kv,
-                nseg,
-                t,
-                a,
-                scale,
-                Out::Bf16(o),
-                0,
-                1,
-            )
-            .unwrap()
-        });
+        };
         println!(
-            "attention 0.8B heads, {nseg} x {t} tokens over a {base}-token base: attention_tiled {tiled:.1} µs, \
-             attention_tc {tc:.1} µs ({} key splits; {one:.1} µs with none), 1xTF32 {tf:.1} µs",
-            attn_tc::attention_tc_splits(nseg, t, a, g.sms)
+            "attention 0.8B heads, {shape}: attention_tiled {tiled:.1} µs, attention_tc {x3:.1} µs \
+             ({splits} key splits; {one:.1} µs with none), 1xTF32 {tf:.1} µs"
         );
     }
 }
