@@ -38,8 +38,10 @@ bench() {  # label, then bench-systemone arguments
 }
 if [[ $WHAT == *bench* ]]; then
   synth qwen3.5-0.8b /tmp/q08
+  # PRECS: split, bf16, f32, or <precision>-<kernels> (split-tf32: split GEMMs, 1xTF32 tensor-core kernels).
   for P_ in ${PRECS:-split bf16}; do
-    bench "0.8B $P_" --device cuda --gpu-precision $P_ --model /tmp/q08 --reps 30 --batch-reps 2
+    K_=(); [[ $P_ == *-* ]] && K_=(--gpu-kernels ${P_#*-})
+    bench "0.8B $P_" --device cuda --gpu-precision ${P_%%-*} "${K_[@]}" --model /tmp/q08 --reps 30 --batch-reps 2
   done
   if [[ $WHAT == *twopass* ]]; then
     ONEPASS_TREE=0 bench "0.8B split, prefix and suffixes as two forwards" --device cuda --gpu-precision split --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
