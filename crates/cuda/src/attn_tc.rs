@@ -1,6 +1,7 @@
 //! Causal attention on tensor cores (`attn_tc.cu`): the twin of [`crate::ops::attention_tiled`] with Q·Kᵀ and P·V as
 //! mma.sync TF32 products in 3xTF32 form (each f32 operand split into two TF32 parts, three products), so the
-//! result stays within f32 rounding of the CPU reference.
+//! result stays within f32 rounding of the CPU reference; [`Arith::Tf32`] runs the 1xTF32 twin (one product per
+//! step, 2^-11 operands).
 //!
 //! One block per (tile of query rows of a segment, KV head, split of the tile's keys): the block's 64 rows are
 //! (token, query head of the KV group) pairs, so one K/V tile in shared memory serves all the query heads that
@@ -10,8 +11,9 @@
 //!
 //! Measured on an H200 (`attention_tc_timings`, 0.8B shape, µs per call, attention_tiled → attention_tc): 175-token
 //! prefix 98 → 51; 7 × 33 over a 175 base 121 → 50; 3,400-token prefix 4,917 → 1,365; 10 × 30 over a 3,400 base
-//! 1,642 → 371. Still far from the tensor cores' rate: by a count of the code (not profiled), about 2,500
-//! instructions per warp per 16-key tile, the TF32 splits redone by every warp.
+//! 1,642 → 371 (fifth measurement, 3xTF32 / 1xTF32: 52 / 49, 48 / 43, 1,299 / 877, 366 / 263). Still far from the
+//! tensor cores' rate: by a count of the code (not profiled), about 2,000 instructions per warp per 16-key tile,
+//! the TF32 splits redone by every warp.
 
 use crate::launch;
 use crate::ops::{AttnDims, Out};

@@ -4,7 +4,8 @@
 //! Per chunk of 64 tokens of a (segment, value head) it writes the cumulative decays E, the masked decayed Q·Kᵀ
 //! matrix M and the solution [U | W] of `(I + A)[U | W] = [diag(β) V | diag(β e^γ) K]`, with K·Kᵀ, Q·Kᵀ and the
 //! blocked triangular solve (16×16 diagonal inverses, then 16-token steps) as mma.sync TF32 products in 3xTF32
-//! form, so the result stays within f32 rounding of `gdn_wy_prep`. The 16-column tiles of [U | W] can be split
+//! form, so the result stays within f32 rounding of `gdn_wy_prep` (`Arith::Tf32`: the 1xTF32 twin, one product
+//! per step). The 16-column tiles of [U | W] can be split
 //! over several blocks per chunk (each recomputing the cheap A), which the launcher does when the grid would
 //! otherwise leave multiprocessors idle (a prefix, a few suffixes).
 

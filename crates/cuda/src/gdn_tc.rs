@@ -1,8 +1,8 @@
 //! The WY state pass of the chunked gated delta rule on tensor cores (`gdn_tc.cu`): the fast twin of
 //! [`ops::gdn_wy_state`], same scratch (from [`ops::gdn_wy_prep`]), same outputs. Every product of the pass
 //! (`v' = U − W S`, `o = e^γ Q S + M v'`, `S ← e^{γ_C} S + Kᵀ (e^{γ_C−γ} v')`) runs on `mma.sync` TF32 with
-//! the 3xTF32 split, so it keeps f32 accuracy; the recurrent state stays f32. Layout, grid and the reasons
-//! for them are at the top of `gdn_tc.cu`.
+//! the 3xTF32 split, so it keeps f32 accuracy ([`Arith::Tf32`]: the 1xTF32 twin, one product per step); the
+//! recurrent state stays f32. Layout, grid and the reasons for them are at the top of `gdn_tc.cu`.
 
 use crate::launch;
 use crate::ops::{self, GdnDims, GDN_CHUNK};
