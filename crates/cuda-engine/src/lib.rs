@@ -158,6 +158,11 @@ impl Backend for CudaBackend {
         self.model.runs_trees()
     }
 
+    /// The engine drops the children's states, and the GPU gives them none of their own.
+    fn tree_child_bytes(&self) -> Option<usize> {
+        Some(self.model.tree_child_bytes())
+    }
+
     /// Prefixes and suffixes in one forward ([`CudaModel::forward_tree`]): every weight read once per request.
     fn forward_tree(
         &self,

@@ -309,6 +309,10 @@ const GRAPHS_KEPT: usize = 64;
 /// the segment starts from (its own, or its parent's in [`CudaModel::forward_tree`]).
 const GDN_ENTRIES: usize = 3;
 
+/// f32 values a tree child whose state is dropped holds in place of a recurrent state (its table entries name its
+/// root's state; nothing writes this one).
+const DROPPED_STATE_LEN: usize = 1;
+
 /// What a forward's launches depend on besides the table's contents (graph key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Shape {
@@ -843,6 +847,12 @@ impl CudaModel {
         self.tree_on.store(on, Ordering::Relaxed);
     }
 
+    /// Bytes [`CudaModel::forward_tree`] allocates and charges for a child whose state is not kept, besides the KV rows
+    /// it appends (the engine's fork budget): a placeholder of [`DROPPED_STATE_LEN`] f32, no recurrent state.
+    pub fn tree_child_bytes(&self) -> usize {
+        4 * DROPPED_STATE_LEN
+    }
+
     /// Whether [`CudaModel::forward_tree`] runs trees at all (else it always answers `None`).
     pub fn runs_trees(&self) -> bool {
         self.tree_min_root.is_some() && self.tree_on.load(Ordering::Relaxed)
@@ -1168,7 +1178,11 @@ impl CudaModel {
         ahead: usize,
         keep: bool,
     ) -> Result<CudaState, CudaError> {
-        let len = if keep { self.rec_len } else { 1 };
+        let len = if keep {
+            self.rec_len
+        } else {
+            DROPPED_STATE_LEN
+        };
         let charge = self.ledger.charge(4 * len, "sequence state")?;
         let pos = st.pos + ahead;
         Ok(CudaState {

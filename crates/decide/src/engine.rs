@@ -18,9 +18,10 @@
 //! reduction order (R5.5.3; `tests/answers.rs` checks it).
 //!
 //! One pass: the call's plans, in order, are split into groups that each fit one pass, greedily (a group takes plans
-//! while the next one still fits): every job of the group within `fork_budget_bytes` (each prefix's state estimated as
-//! a fresh state plus its KV before it runs; the first job always fits) and one forward (every shared prefix once plus
-//! every row's remaining ids, at most [`MAX_BATCH_TOKENS`]). A plan without slots needs no forward and joins none. Each
+//! while the next one still fits): the group's states within `fork_budget_bytes` (estimated before they exist: each
+//! root, a shared prefix or a row without one, a fresh state plus its ids' KV; each child its suffix's KV plus
+//! [`Backend::tree_child_bytes`]; the first job always fits) and one forward (every shared prefix once plus every row's
+//! remaining ids, at most [`MAX_BATCH_TOKENS`]). A plan without slots needs no forward and joins none. Each
 //! group runs steps 1–3 as one [`Backend::forward_tree`]: the roots are the shared prefixes and the rows without one,
 //! each row with a prefix is a child of its prefix's root. A GPU backend then reads every weight once per group. The
 //! plans that do not fit one pass even alone, and the groups the backend answers `None` for (the GPU declines a tree
@@ -51,8 +52,9 @@ pub const MAX_BATCH_TOKENS: usize = 8192;
 /// How [`Engine::score`] runs rows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineOptions {
-    /// Bytes of forked sequence state alive at once (estimated as prefix state + KV of the suffix). At least one row
-    /// always runs. Default 2 GiB.
+    /// Bytes of forked sequence state alive at once (estimated before the states exist: see the module docs for the
+    /// one-pass route, and prefix state + KV of the suffix per row for the two-pass one). At least one row always
+    /// runs. Default 2 GiB.
     pub fork_budget_bytes: usize,
     /// Run each plan's common prefix once and fork it per row (default true).
     pub shared_prefix: bool,
@@ -147,6 +149,13 @@ pub trait Backend: Send + Sync {
     ) -> Result<Option<Self::Hidden>, Self::Error> {
         let _ = (roots, children);
         Ok(None)
+    }
+    /// Bytes a child of [`Backend::forward_tree`] holds besides its KV rows (`state_bytes_per_token` per id), for the
+    /// fork budget. `None` (the default): as much as a fresh state. A backend that gives its children no recurrent
+    /// state of their own (their states are dropped after the readout) says so here, and the engine's groups then
+    /// grow as far as its memory allows.
+    fn tree_child_bytes(&self) -> Option<usize> {
+        None
     }
     /// `out[i]` = the logits of hidden row `picks[i].0` at the vocabulary ids `picks[i].1` (label rows only). All
     /// readouts of one forward come in one call.
@@ -549,16 +558,22 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// The pass `size` with plan `p` added, or `None` when it no longer fits one: the fork budget (the rule of the
-    /// job groups in [`Engine::run_two_pass`], each prefix's state estimated as a fresh state plus its `lcp` tokens of
-    /// KV since it has not run yet; the first job of a pass always fits) and one forward of at most
-    /// [`MAX_BATCH_TOKENS`] (every shared prefix once plus every job's remaining ids).
+    /// The pass `size` with plan `p` added, or `None` when it no longer fits one: the fork budget (the states the
+    /// tree will hold, estimated before they exist: a shared prefix's root a fresh state plus its `lcp` ids of KV and
+    /// each of its children [`Backend::tree_child_bytes`] (else a fresh state) plus its suffix's KV; a row without a
+    /// prefix is a root of its own, a fresh state plus its ids' KV; the first job of a pass always fits) and one
+    /// forward of at most [`MAX_BATCH_TOKENS`] (every shared prefix once plus every job's remaining ids).
     fn grow(&self, mut size: PassSize, p: &Plan, part: &Part) -> Option<PassSize> {
         let per_token = self.state_bytes_per_token;
+        let fresh = self.fresh_state_bytes;
+        let child = self.model.tree_child_bytes().unwrap_or(fresh);
         size.tokens += part.lcp;
+        if part.lcp > 0 {
+            size.bytes += fresh + part.lcp * per_token;
+        }
         for &r in &part.rows {
             let suffix = p.rows[r].ids.len() - part.lcp;
-            size.bytes += self.fresh_state_bytes + (part.lcp + suffix) * per_token;
+            size.bytes += if part.lcp > 0 { child } else { fresh } + suffix * per_token;
             size.tokens += suffix;
             size.jobs += 1;
             if size.jobs > 1 && size.bytes > self.opts.fork_budget_bytes {

@@ -51,6 +51,9 @@ struct TreeCpu {
     batches: AtomicUsize,
     decline: AtomicBool,
     min_root: AtomicUsize,
+    /// What `tree_child_bytes` reports (`usize::MAX`: `None`, the default). The stand-in's children are whole forks;
+    /// the engine budgets by what the backend says, and the GPU's children hold no recurrent state.
+    child_bytes: AtomicUsize,
 }
 
 impl TreeCpu {
@@ -100,6 +103,9 @@ impl Backend for TreeCpu {
     }
     fn runs_trees(&self) -> bool {
         true
+    }
+    fn tree_child_bytes(&self) -> Option<usize> {
+        Some(self.child_bytes.load(Ordering::SeqCst)).filter(|&b| b != usize::MAX)
     }
     fn forward_tree(
         &self,
@@ -161,6 +167,7 @@ fn tree(preset: &'static str, opts: EngineOptions, decline: bool) -> Engine<Tree
         batches: AtomicUsize::new(0),
         decline: AtomicBool::new(decline),
         min_root: AtomicUsize::new(0),
+        child_bytes: AtomicUsize::new(usize::MAX),
     };
     Engine::from_dir_with(dir, &model_type, backend, opts).expect("engine")
 }
@@ -208,20 +215,28 @@ fn one_pass_tokens(plans: &[&Plan]) -> usize {
         .sum()
 }
 
-/// The fork budget the engine estimates for one pass over `plans`: per read row, a fresh state, plus the prefix's
-/// KV if it has one, plus its suffix's KV.
+/// The fork budget the engine estimates for one pass over `plans`: a plan with a shared prefix, its root (a fresh
+/// state and the prefix's KV) and per read row a child (the backend's `tree_child_bytes`, else a fresh state, and the
+/// suffix's KV); a plan without one, per read row a fresh state and the row's KV.
 fn one_pass_bytes<B: Backend>(eng: &Engine<B>, plans: &[&Plan]) -> usize {
     let m = eng.model();
     let fresh = m.state_bytes(&m.new_state().map_err(|e| e.to_string()).unwrap());
     let per_token = m.state_bytes_per_token();
+    let child = m.tree_child_bytes().unwrap_or(fresh);
     plans
         .iter()
         .map(|p| {
-            // fresh + lcp × per_token for the prefix, + (len - lcp) × per_token for the suffix
-            let (rows, _) = read_rows(p);
-            rows.iter()
-                .map(|r| fresh + r.ids.len() * per_token)
-                .sum::<usize>()
+            let (rows, lcp) = read_rows(p);
+            let kids = |base: usize| {
+                rows.iter()
+                    .map(|r| base + (r.ids.len() - lcp) * per_token)
+                    .sum::<usize>()
+            };
+            if lcp > 0 {
+                fresh + lcp * per_token + kids(child)
+            } else {
+                kids(fresh)
+            }
         })
         .sum()
 }
@@ -589,7 +604,9 @@ fn unfit_plans_take_two_pass() {
 
 /// The fork budget: at the engine's estimate the call is one tree; one byte less, two trees; a budget of one byte, a
 /// tree per one-row plan and the two-pass route for the plans of several rows (each alone over the budget). Answers
-/// within [`TOLERANCE`] of the plain engine with the same budget.
+/// within [`TOLERANCE`] of the plain engine with the same budget. Twice: children budgeted as fresh states (the
+/// default), and as the 4 bytes the GPU gives a child whose state is dropped (`tree_child_bytes`), which must need
+/// less.
 #[test]
 fn fork_budget() {
     let preset = PRESETS[1];
@@ -605,31 +622,46 @@ fn fork_budget() {
     assert!(call.iter().any(|p| read_rows(p).1 > 0), "a shared prefix");
     let one_row = call.iter().filter(|p| read_rows(p).0.len() == 1).count();
     assert!(one_row >= 1, "a one-row plan");
-    let need = one_pass_bytes(&probe, &call);
-    for (budget, trees, two_pass) in [(need, 1, false), (need - 1, 2, false), (1, one_row, true)] {
-        assert_eq!(tree_groups(&probe, &call, budget), trees, "budget {budget}");
-        let opts = EngineOptions {
-            fork_budget_bytes: budget,
-            ..EngineOptions::default()
+    let mut needs = Vec::new();
+    for child in [usize::MAX, 4] {
+        let with_child = |opts: EngineOptions| {
+            let eng = tree(preset, opts, false);
+            eng.model().child_bytes.store(child, Ordering::SeqCst);
+            eng
         };
-        let base = plain(preset, opts.clone());
-        let eng = tree(preset, opts, false);
-        let counts = || eng.model().counts();
-        check_call(
-            &format!("{preset}: budget {budget} of {need} bytes"),
-            &eng,
-            &counts,
-            &base,
-            &call,
-            (trees, trees),
-            TOLERANCE,
-        );
-        assert_eq!(
-            eng.model().batches() > 0,
-            two_pass,
-            "budget {budget}: two-pass route"
-        );
+        let need = one_pass_bytes(&with_child(EngineOptions::default()), &call);
+        needs.push(need);
+        for (budget, trees, two_pass) in
+            [(need, 1, false), (need - 1, 2, false), (1, one_row, true)]
+        {
+            let opts = EngineOptions {
+                fork_budget_bytes: budget,
+                ..EngineOptions::default()
+            };
+            let eng = with_child(opts.clone());
+            assert_eq!(tree_groups(&eng, &call, budget), trees, "budget {budget}");
+            let base = plain(preset, opts);
+            let counts = || eng.model().counts();
+            check_call(
+                &format!("{preset}: budget {budget} of {need} bytes (child {child})"),
+                &eng,
+                &counts,
+                &base,
+                &call,
+                (trees, trees),
+                TOLERANCE,
+            );
+            assert_eq!(
+                eng.model().batches() > 0,
+                two_pass,
+                "budget {budget}: two-pass route"
+            );
+        }
     }
+    assert!(
+        needs[1] < needs[0],
+        "children without their own state need less: {needs:?}"
+    );
 }
 
 /// A backend that declines every tree: asked once per group, the plain engine's answers
