@@ -4,10 +4,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use onepass_decide::Limits;
-
-/// The state cap when neither `--max-state-tokens` nor `DECIDER_MAX_STATE_TOKENS` is given.
-const DEFAULT_MAX_STATE_TOKENS: usize = 32768;
+use onepass_decide::{Limits, DEFAULT_MAX_STATE_TOKENS};
 
 /// The per-request limits (every flag falls back to its environment variable, then to the reference's default).
 #[derive(Args, Debug, Clone, Default)]

@@ -115,6 +115,9 @@ pub struct DecideConfig {
     pub raw: Object,
 }
 
+/// decider-ai's `DECIDER_MAX_STATE_TOKENS` default: the ids of `"Context:\n" + state` kept per row.
+pub const DEFAULT_MAX_STATE_TOKENS: usize = 32768;
+
 impl Default for DecideConfig {
     fn default() -> Self {
         DecideConfig::from_object(&Object::new(), None)
@@ -189,7 +192,7 @@ impl DecideConfig {
             order: Order::StateFirst,
             schema_first: cfg.get("schema_first").is_some_and(Value::truthy),
             schema_first_trained: cfg.get("schema_first_trained").is_some_and(Value::truthy),
-            max_state_tokens: 32768,
+            max_state_tokens: DEFAULT_MAX_STATE_TOKENS,
             raw: cfg.clone(),
         })
     }

@@ -396,7 +396,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_rows: 1024,
-            max_row_tokens: 32768 + 4096,
+            max_row_tokens: crate::config::DEFAULT_MAX_STATE_TOKENS + 4096,
             max_request_tokens: 1 << 20,
         }
     }
