@@ -17,41 +17,12 @@
 #define ATC_MAX_SPLITS 16
 
 // x = big + small: big = TF32(x) rounded to nearest (ties away, as cvt.rna; finite x), small = x - big exactly
-// in f32, passed as is (the tensor core reads its top 19 bits): |x - big - tf32(small)| <= 2^-21 |x|.
+// in f32, passed as is (the tensor core reads its top 19 bits): |x - big - tf32(small)| <= 2^-21 |x|. Two integer
+// ops fewer than tc_split (tc_common.cu), which rounds small too.
 __device__ __forceinline__ void atc_split(float x, unsigned& big, unsigned& small) {
-    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    big = tc_tf32(x);
     small = __float_as_uint(x - __uint_as_float(big));
 }
-// c[16x8] += a[16x8] · b[8x8]. Fragments (g = lane >> 2, t = lane & 3): a0 (g, t), a1 (g+8, t), a2 (g, t+4),
-// a3 (g+8, t+4); b0 (k t, n g), b1 (k t+4, n g); c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1).
-__device__ __forceinline__ void atc_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// 3xTF32 (X3): the small products first, the big one last. 1xTF32 (!X3): the big one only.
-template <bool X3>
-__device__ __forceinline__ void atc_mma3(float* c, const unsigned* ab, const unsigned* as, unsigned bb0,
-                                         unsigned bb1, unsigned bs0, unsigned bs1) {
-    if (X3) {
-        atc_mma(c, as, bb0, bb1);
-        atc_mma(c, ab, bs0, bs1);
-    }
-    atc_mma(c, ab, bb0, bb1);
-}
-__device__ __forceinline__ unsigned atc_smem_addr(const void* p) {
-    unsigned long long s;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(p));
-    return (unsigned)s;
-}
-// 16 bytes global → shared, asynchronously; bytes = 0 writes zeros (nothing is read).
-__device__ __forceinline__ void atc_cp16(unsigned dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void atc_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most one committed group (the newest) is still in flight.
-__device__ __forceinline__ void atc_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-
 // Keys per split and splits used for a tile that sees `nkeys` keys, with at most `ns` splits.
 __device__ __forceinline__ void atc_plan(int nkeys, int ns, int& chunk, int& used) {
     int c = (nkeys + ns - 1) / ns;
@@ -64,7 +35,7 @@ __device__ __forceinline__ void atc_plan(int nkeys, int ns, int& chunk, int& use
 // p < base, else own row p - base; keys >= kend and columns >= D are zeros.
 __device__ __forceinline__ void atc_load_kv(float* dst, const float* own, const float* bas, int base, int k0,
                                             int kend, int HKV, int kh, int D, int c4n, int lds, int tid) {
-    unsigned s0 = atc_smem_addr(dst);
+    unsigned s0 = tc_smem_addr(dst);
     for (int i = tid; i < ATC_NK * c4n; i += 128) {
         int r = i / c4n, c = (i - r * c4n) * 4;
         int kp = k0 + r;
@@ -72,7 +43,7 @@ __device__ __forceinline__ void atc_load_kv(float* dst, const float* own, const 
         const float* src = own;
         if (ok)
             src = kp < base ? bas + ((idx_t)kp * HKV + kh) * D + c : own + ((idx_t)(kp - base) * HKV + kh) * D + c;
-        atc_cp16(s0 + (unsigned)(r * lds + c) * 4u, src, ok ? 16 : 0);
+        tc_cp16(s0 + (unsigned)(r * lds + c) * 4u, src, ok ? 16 : 0);
     }
 }
 
@@ -115,20 +86,20 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
 
     // Q tile (unscaled; the scale goes on the scores), then the first K and V tiles.
     {
-        unsigned s0 = atc_smem_addr(Qs);
+        unsigned s0 = tc_smem_addr(Qs);
         for (int i = tid; i < ATC_M * c4n; i += 128) {
             int r = i / c4n, c = (i - r * c4n) * 4;
             int t = r / G, hg = r - t * G;
             bool ok = t < nq && c < D;
             const float* src = q;
             if (ok) src = q + ((idx_t)(start + t0 + t) * H + kh * G + hg) * D + c;
-            atc_cp16(s0 + (unsigned)(r * ldq + c) * 4u, src, ok ? 16 : 0);
+            tc_cp16(s0 + (unsigned)(r * ldq + c) * 4u, src, ok ? 16 : 0);
         }
     }
     atc_load_kv(Ks, ko, kb, base, kbeg, kend, HKV, kh, D, c4n, ldq, tid);
-    atc_commit();
+    tc_commit();
     atc_load_kv(Vs, vo, vb, base, kbeg, kend, HKV, kh, D, c4n, lds, tid);
-    atc_commit();
+    tc_commit();
 
     // This thread's rows r0 = 16 warp + g and r1 = r0 + 8, their positions (-1: not a row of the tile, sees
     // nothing), and the last key any row of the warp sees.
@@ -146,7 +117,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
     for (int k0 = kbeg; k0 < kend; k0 += ATC_NK) {
         bool next = k0 + ATC_NK < kend;
         bool act = wrows && k0 <= pw;  // warp-uniform
-        atc_wait1();                   // Q and K(k0) have landed (V(k0) may be in flight)
+        tc_wait<1>();                   // Q and K(k0) have landed (V(k0) may be in flight)
         __syncthreads();
         float sc[ATC_NK / 8][4];
         if (act) {
@@ -181,10 +152,10 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                         atc_split(kv2.x, bb0, bs0);
                         atc_split(kv2.y, bb1, bs1);
                         if (X3) {
-                            atc_mma(sx[u][j], as, bb0, bb1);
-                            atc_mma(sx[u][j], ab, bs0, bs1);
+                            tc_mma(sx[u][j], as, bb0, bb1);
+                            tc_mma(sx[u][j], ab, bs0, bs1);
                         }
-                        atc_mma(sa[u][j], ab, bb0, bb1);
+                        tc_mma(sa[u][j], ab, bb0, bb1);
                     }
                 }
             }
@@ -195,7 +166,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
         }
         __syncthreads();  // every warp is done with Ks
         if (next) atc_load_kv(Ks, ko, kb, base, k0 + ATC_NK, kend, HKV, kh, D, c4n, ldq, tid);
-        atc_commit();
+        tc_commit();
         if (act) {
             // Causal mask and scale; sc[j][e] is (row e < 2 ? r0 : r1, key k0 + 8j + 2tg + (e & 1)).
             float mx0 = NEG, mx1 = NEG;
@@ -245,7 +216,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                 o[nt][3] *= cr1;
             }
         }
-        atc_wait1();  // V(k0) has landed (K(k0 + ATC_NK) may be in flight)
+        tc_wait<1>();  // V(k0) has landed (K(k0 + ATC_NK) may be in flight)
         __syncthreads();
         if (act) {
             // O[16 x Dp] += P[16 x ATC_NK] · V[ATC_NK x Dp]. The score fragment is the A operand with its 8 keys
@@ -264,13 +235,13 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                     unsigned bb0, bs0, bb1, bs1;
                     atc_split(vr[nt * 8], bb0, bs0);
                     atc_split(vr[lds + nt * 8], bb1, bs1);
-                    atc_mma3<X3>(o[nt], pb, ps, bb0, bb1, bs0, bs1);
+                    tc_mma3<X3>(o[nt], pb, ps, bb0, bb1, bs0, bs1);
                 }
             }
         }
         __syncthreads();  // every warp is done with Vs
         if (next) atc_load_kv(Vs, vo, vb, base, k0 + ATC_NK, kend, HKV, kh, D, c4n, lds, tid);
-        atc_commit();
+        tc_commit();
     }
 
     // o[nt][e] is (row e < 2 ? r0 : r1, column 8nt + 2tg + (e & 1)); D % 4 == 0, so c < D means c + 1 < D.

@@ -28,7 +28,7 @@
 // Kept as in gdn_wy_prep: the cumulative decay summed g_0..g_t in order (the CPU's order), every exp taken of a
 // difference (e^(gam_a - gam_b), never e^gam_a e^-gam_b: strong decays underflow the same way).
 //
-// Block 256 threads (8 warps). Registers (ptxas, sm_90): capped at 128 for two blocks per multiprocessor (144 bytes
+// Block 256 threads (8 warps). Registers (ptxas, sm_90): capped at 128 for two blocks per multiprocessor (124 bytes
 // spilled; 183 and one block per multiprocessor uncapped). The solve's 16-token steps overlap (a step's diagonal
 // product runs under the previous step's updates of later blocks), but one block's 8 warps left the multiprocessor
 // mostly waiting (ncu, a System One tree: 12.5% occupancy, 21% SM throughput), so two blocks share it; the
@@ -38,57 +38,19 @@
 // conflict-free. S holds -A in its strictly lower 16x16 blocks and T_ii in its diagonal blocks.
 // ---------------------------------------------------------------------------------------------------------------
 
-// TF32 of x (round to nearest, ties away) as an mma operand, and x = big + small.
-__device__ __forceinline__ unsigned gtp_tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-__device__ __forceinline__ void gtp_split(float x, unsigned& big, unsigned& small) {
-    big = gtp_tf32(x);
-    small = gtp_tf32(x - __uint_as_float(big));
-}
-// c[16x8] += a[16x8] · b[8x8]. Fragments (g = lane >> 2, t = lane & 3): a0 (g, t), a1 (g+8, t), a2 (g, t+4),
-// a3 (g+8, t+4); b0 (k t, n g), b1 (k t+4, n g); c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1).
-__device__ __forceinline__ void gtp_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // 3xTF32 (X3) c += a · b, with a given as (big, small) and b as two f32 values split here: small products first.
 // 1xTF32 (!X3): the big product only (a's small half, split by the caller, is then dead code).
 template <bool X3>
 __device__ __forceinline__ void gtp_mma3(float* c, const unsigned* ab, const unsigned* as, float b0, float b1) {
     unsigned bb0, bs0, bb1, bs1;
-    gtp_split(b0, bb0, bs0);
-    gtp_split(b1, bb1, bs1);
-    if (X3) {
-        gtp_mma(c, as, bb0, bb1);
-        gtp_mma(c, ab, bs0, bs1);
-    }
-    gtp_mma(c, ab, bb0, bb1);
+    tc_split(b0, bb0, bs0);
+    tc_split(b1, bb1, bs1);
+    tc_mma3<X3>(c, ab, as, bb0, bb1, bs0, bs1);
 }
 __device__ __forceinline__ void gtp_split4(const float* x, unsigned* big, unsigned* small) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) gtp_split(x[i], big[i], small[i]);
+    for (int i = 0; i < 4; i++) tc_split(x[i], big[i], small[i]);
 }
-__device__ __forceinline__ unsigned gtp_smem_addr(const void* p) {
-    unsigned long long s;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(p));
-    return (unsigned)s;
-}
-// 4 bytes global -> shared, asynchronously.
-__device__ __forceinline__ void gtp_cp4(float* dst, const float* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(gtp_smem_addr(dst)), "l"(src) : "memory");
-}
-
-// 16 bytes global -> shared, asynchronously; the bytes past `bytes` (0..16) are zero-filled.
-__device__ __forceinline__ void gtp_cp16(float* dst, const float* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(gtp_smem_addr(dst)), "l"(src), "r"(bytes)
-                 : "memory");
-}
-
 // dst[t * ldd + c] = src[t * lds + c] for t < n, c < w; zero for n <= t < rows, w <= c < wp. Warp w takes rows
 // w, w + 8, ...; lanes take columns (coalesced, no division); all copies asynchronous (cp.async). vec: 16-byte
 // copies (src, lds, ldd and the destination 16-byte aligned, wp a multiple of 4), zero-filled past n and w; else
@@ -104,11 +66,11 @@ __device__ __forceinline__ void gtp_load(float* dst, int ldd, const float* __res
         if (vec) {
             for (int c = 4 * lane; c < wp; c += 128) {
                 const int bytes = t < n ? 4 * max(0, min(4, w - c)) : 0;
-                gtp_cp16(d + c, bytes ? s + c : src, bytes);
+                tc_cp16(d + c, bytes ? s + c : src, bytes);
             }
         } else {
             for (int c = lane; c < wp; c += 32) {
-                if (t < n && c < w) gtp_cp4(d + c, s + c);
+                if (t < n && c < w) tc_cp4(d + c, s + c, 4);
                 else d[c] = 0.0f;
             }
         }
@@ -159,7 +121,7 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
     gtp_load(Ks, lk, row0 + hk * dk + kh * dk, ld, n, rows, dk, dkp, vec);
     if (doq) gtp_load(Qs, lk, row0 + kh * dk, ld, n, rows, dk, dkp, vec);
     if (dov) gtp_load(Vs, lv, row0 + 2 * hk * dk + h * dv, ld, n, rows, dv, dvp, vec);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    tc_commit();
     if (tid < GDN_C) {
         float gv = 0.0f, bv = 0.0f;
         if (tid < n) {
@@ -182,7 +144,7 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
         eg[tid] = e;
         if (doq && tid < n) E[2 * ((idx_t)(r0 + tid) * hv + h)] = e;
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    tc_wait<0>();
     __syncthreads();
     if (doq && tid < n) {
         idx_t r = (idx_t)(r0 + tid) * hv + h;

@@ -33,64 +33,29 @@
 
 static_assert(GDN_C == 64, "gdn_tc_state assumes chunks of 64 tokens");
 
-// x = big + small, both rounded to TF32 (the 3xTF32 split), with integer ops: round to nearest, ties away, as
-// cvt.rna.tf32.f32 does (x - big is exact in f32). Measured on an H200: this split instead of cvt.rna, together with
-// the division-free tile copies below, took the 3,400-token state pass of the 0.8B shape from 502 to 327 us.
-__device__ __forceinline__ unsigned gtc_tf32_bits(unsigned u) { return (u + 0x1000u) & 0xffffe000u; }
-__device__ __forceinline__ void gtc_split(float x, unsigned& big, unsigned& small) {
-    big = gtc_tf32_bits(__float_as_uint(x));
-    small = gtc_tf32_bits(__float_as_uint(x - __uint_as_float(big)));
-}
-// c += a b, m16n8k8, a row-major 16x8, b column-major 8x8 (PTX ISA fragment layouts, g = lane / 4, t = lane % 4):
-// a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 (k t, n g), b1 (k t+4, n g);
-// c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1).
-__device__ __forceinline__ void gtc_mma(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 // 3xTF32 (X3): hi += a_big b_big; lo += a_big b_small + a_small b_big. 1xTF32 (!X3): hi += a_big b_big only (the
 // small halves, computed by the fragment loads, are then dead code).
 template <bool X3>
 __device__ __forceinline__ void gtc_mma3(float (&hi)[4], float (&lo)[4], const unsigned (&ab)[4],
                                          const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
-    gtc_mma(hi, ab, bb);
+    tc_mma(hi, ab, bb[0], bb[1]);
     if (X3) {
-        gtc_mma(lo, ab, bs);
-        gtc_mma(lo, as, bb);
+        tc_mma(lo, ab, bs[0], bs[1]);
+        tc_mma(lo, as, bb[0], bb[1]);
     }
 }
 // An A fragment from a row-major tile: p points at element (g, t) of the 16x8 block, ld its row stride.
 __device__ __forceinline__ void gtc_frag_a_row(const float* p, int ld, unsigned (&ab)[4], unsigned (&as)[4]) {
-    gtc_split(p[0], ab[0], as[0]);
-    gtc_split(p[8 * ld], ab[1], as[1]);
-    gtc_split(p[4], ab[2], as[2]);
-    gtc_split(p[8 * ld + 4], ab[3], as[3]);
+    tc_split(p[0], ab[0], as[0]);
+    tc_split(p[8 * ld], ab[1], as[1]);
+    tc_split(p[4], ab[2], as[2]);
+    tc_split(p[8 * ld + 4], ab[3], as[3]);
 }
 // A B fragment from a row-major [k][n] tile: p points at element (k t, n g), ld its row stride.
 __device__ __forceinline__ void gtc_frag_b(const float* p, int ld, unsigned (&bb)[2], unsigned (&bs)[2]) {
-    gtc_split(p[0], bb[0], bs[0]);
-    gtc_split(p[4 * ld], bb[1], bs[1]);
+    tc_split(p[0], bb[0], bs[0]);
+    tc_split(p[4 * ld], bb[1], bs[1]);
 }
-
-__device__ __forceinline__ unsigned gtc_smem_addr(const void* p) {
-    unsigned r;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-    return r;
-}
-// cp.async of 16 / 4 bytes; the bytes past `bytes` are zero-filled (bytes 0: nothing read, all zero).
-__device__ __forceinline__ void gtc_cp16(float* dst, const float* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(gtc_smem_addr(dst)), "l"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void gtc_cp4(float* dst, const float* src, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(gtc_smem_addr(dst)), "l"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void gtc_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void gtc_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-__device__ __forceinline__ void gtc_wait_but_last() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 // dst[t * ldd + c] = src[t * lds + c] for t < n, c < ws; zero for the rest of t < GDN_C, c < wd (cp.async, the
 // caller commits and waits). vec: 16-byte copies (src, lds and ws multiples of 4 floats, wd too); else 4-byte.
@@ -106,8 +71,8 @@ __device__ __forceinline__ void gtc_tile(float* dst, int ldd, const float* src, 
     const idx_t sstep = (idx_t)step * lds;
     for (int t = t0; t < GDN_C; t += step, d += step * ldd, p += sstep) {
         bool ok = cok && t < n;
-        if (vec) gtc_cp16(d, ok ? p : src, ok ? 16 : 0);
-        else gtc_cp4(d, ok ? p : src, ok ? 4 : 0);
+        if (vec) tc_cp16(d, ok ? p : src, ok ? 16 : 0);
+        else tc_cp4(d, ok ? p : src, ok ? 4 : 0);
     }
 }
 
@@ -158,13 +123,13 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
         for (int i = threadIdx.x; i < dkp * Q4; i += blockDim.x) {
             const int c = i / Q4, j = (i - c * Q4) * 4;
             const int bytes = c < dk ? 4 * max(0, min(4, w - j)) : 0;
-            gtc_cp16(Ss + c * LDV + j, bytes ? Si + (idx_t)c * dv + j0 + j : Si, bytes);
+            tc_cp16(Ss + c * LDV + j, bytes ? Si + (idx_t)c * dv + j0 + j : Si, bytes);
         }
     } else {
         for (int i = threadIdx.x; i < dkp * BV; i += blockDim.x) {
             const int c = i / BV, j = i - c * BV;
             const bool ok = c < dk && j < w;
-            gtc_cp4(Ss + c * LDV + j, ok ? Si + (idx_t)c * dv + j0 + j : Si, ok ? 4 : 0);
+            tc_cp4(Ss + c * LDV + j, ok ? Si + (idx_t)c * dv + j0 + j : Si, ok ? 4 : 0);
         }
     }
     if (len > 0) {
@@ -172,15 +137,15 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
         gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n, dk, kp8, vecb);
         gtc_tile(Qt, ldx, Qg + (idx_t)start * ld, ld, n, dk, kp8, vecb);
     }
-    gtc_commit();  // S (and W, Q)
+    tc_commit();  // S (and W, Q)
     if (len > 0) {
         int n = min(GDN_C, len);
         gtc_tile(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, ldmg, n, GDN_C, GDN_C, vecb);
         gtc_tile(Kt, ldk, Kg + (idx_t)start * ld, ld, n, dk, dkp, vecb);
-        gtc_commit();
-        gtc_wait_but_last();  // S, W, Q
+        tc_commit();
+        tc_wait<1>();  // S, W, Q
     } else {
-        gtc_wait_all();  // S
+        tc_wait<0>();  // S
     }
     __syncthreads();
 
@@ -256,14 +221,14 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 #pragma unroll
                 for (int i = 0; i < 4; i++) u[nt][i] = (i < 2 ? ea : eb) * (hi[nt][i] + lo[nt][i]);
         }
-        gtc_wait_all();   // this chunk's M and K
+        tc_wait<0>();   // this chunk's M and K
         __syncthreads();  // v' visible; W and Q tiles free
         if (more) {
             int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
             gtc_tile(Wt, ldx, W + ((idx_t)rn * hv + h) * dk, ldw, nn, dk, kp8, vecb);
             gtc_tile(Qt, ldx, Qg + (idx_t)rn * ld, ld, nn, dk, kp8, vecb);
         }
-        gtc_commit();
+        tc_commit();
         // o = e^gam Q S + M v' (warps 4-7): M[t][b] is zero for b > t, so k stops at the tile's last row.
         if (!vwarp && m0 < n) {
 #pragma unroll
@@ -307,10 +272,10 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
             for (int kk = 0; kk < kend; kk += 8) {
                 const float* p = ka + kk * ldk;
                 unsigned ab[4], as[4];
-                gtc_split(p[0], ab[0], as[0]);
-                gtc_split(p[8], ab[1], as[1]);
-                gtc_split(p[4 * ldk], ab[2], as[2]);
-                gtc_split(p[4 * ldk + 8], ab[3], as[3]);
+                tc_split(p[0], ab[0], as[0]);
+                tc_split(p[8], ab[1], as[1]);
+                tc_split(p[4 * ldk], ab[2], as[2]);
+                tc_split(p[4 * ldk + 8], ab[3], as[3]);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     unsigned bb[2], bs[2];
@@ -328,14 +293,14 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 }
             }
         }
-        gtc_wait_all();   // the next chunk's W and Q
+        tc_wait<0>();   // the next chunk's W and Q
         __syncthreads();  // ... and the new S visible; M and K tiles free
         if (more) {
             int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
             gtc_tile(Mt, LDM, M + ((idx_t)rn * hv + h) * GDN_C, ldmg, nn, GDN_C, GDN_C, vecb);
             gtc_tile(Kt, ldk, Kg + (idx_t)rn * ld, ld, nn, dk, dkp, vecb);
         }
-        gtc_commit();
+        tc_commit();
     }
     if (sown && keep) {
 #pragma unroll
