@@ -43,7 +43,7 @@ use crate::config::{ConfigError, DecideConfig};
 use crate::error::ApiError;
 use crate::pyjson::Value;
 use crate::request::{parse_request, Request};
-use crate::rows::{check_size, common_prefix_len, plan, Limits, Plan};
+use crate::rows::{check_size, common_prefix_len, plan, Limits, Plan, Row};
 
 /// Most tokens stacked into one `forward_batch` call (bounds activation memory: `[N, intermediate]` f32 buffers).
 /// A row longer than this still runs, alone; a shared prefix runs in pieces of this size.
@@ -411,6 +411,8 @@ impl<B: Backend> Engine<B> {
                         reason: "empty row".into(),
                     });
                 }
+                // Before any forward: a bad slot fails the call with nothing run.
+                self.check_slots(pi, ri, r, lcp)?;
                 rows.push(ri);
             }
             parts.push(Part { lcp, rows });
@@ -635,6 +637,31 @@ impl<B: Backend> Engine<B> {
         Ok(tree.map(|hidden| (hidden, starts)))
     }
 
+    /// Every slot of `row` (row `ri` of plan `plan`) lies in the part that runs after its `skip` shared ids, and has
+    /// at most as many options as there are label rows.
+    fn check_slots(
+        &self,
+        plan: usize,
+        ri: usize,
+        row: &Row,
+        skip: usize,
+    ) -> Result<(), EngineError> {
+        for (k, &slot) in row.slots.iter().enumerate() {
+            let nopts = row.nopts.get(k).copied().unwrap_or(usize::MAX);
+            if slot < skip || slot >= row.ids.len() || nopts > self.label_ids.len() {
+                return Err(EngineError::Row {
+                    plan,
+                    row: ri,
+                    reason: format!(
+                        "slot {slot} with {nopts} options does not fit a row of {} ids (prefix {skip})",
+                        row.ids.len(),
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Step 4 for the jobs of one forward: `starts[i]` is the hidden row where `group[i]`'s ids (from `skip`) begin.
     /// The label rows of every slot go to the backend in one call; each slot's softmax lands in `out`.
     fn read_out(
@@ -649,19 +676,9 @@ impl<B: Backend> Engine<B> {
         let mut picks: Vec<(usize, &[u32])> = Vec::new();
         for (j, &start) in group.iter().zip(starts) {
             let row = &plans[j.plan].rows[j.row];
-            for (k, &slot) in row.slots.iter().enumerate() {
-                let nopts = row.nopts[k];
-                if slot < j.skip || slot >= row.ids.len() || nopts > self.label_ids.len() {
-                    return Err(EngineError::Row {
-                        plan: j.plan,
-                        row: j.row,
-                        reason: format!(
-                            "slot {slot} with {nopts} options does not fit a row of {} ids (prefix {})",
-                            row.ids.len(),
-                            j.skip
-                        ),
-                    });
-                }
+            // `score` checked every slot before the forward; the check holds the indexing below to it.
+            self.check_slots(j.plan, j.row, row, j.skip)?;
+            for (&slot, &nopts) in row.slots.iter().zip(&row.nopts) {
                 picks.push((start + slot - j.skip, &self.label_ids[..nopts]));
             }
         }

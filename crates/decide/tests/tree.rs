@@ -756,7 +756,7 @@ fn declined_group_leaves_the_others_on_the_tree() {
     }
 }
 
-/// A slot outside its row fails the call on the tree route with the plain engine's error.
+/// A slot outside its row fails the call with the plain engine's error, before any forward (the tree is not asked).
 #[test]
 fn slot_check_on_the_tree_route() {
     let preset = PRESETS[0];
@@ -774,5 +774,6 @@ fn slot_check_on_the_tree_route() {
         ),
         "{got}"
     );
-    assert_eq!(eng.model().counts(), (1, 1));
+    assert_eq!(eng.model().counts(), (0, 0));
+    assert_eq!(eng.model().batches(), 0, "no forward on the two-pass route either");
 }
