@@ -158,6 +158,11 @@ impl Backend for CudaBackend {
         self.model.runs_trees()
     }
 
+    /// Shorter shared prefixes the engine runs whole, so the GPU never declines a group for one.
+    fn min_tree_root(&self) -> usize {
+        self.model.tree_min_root().unwrap_or(1)
+    }
+
     /// The engine drops the children's states, and the GPU gives them none of their own.
     fn tree_child_bytes(&self) -> Option<usize> {
         Some(self.model.tree_child_bytes())

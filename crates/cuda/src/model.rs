@@ -853,6 +853,12 @@ impl CudaModel {
         4 * DROPPED_STATE_LEN
     }
 
+    /// Fewest ids a root with children may have in [`CudaModel::forward_tree`] (max(2, K − 1) over the GDN layers'
+    /// conv kernels; `None` when it runs no trees).
+    pub fn tree_min_root(&self) -> Option<usize> {
+        self.tree_min_root
+    }
+
     /// Whether [`CudaModel::forward_tree`] runs trees at all (else it always answers `None`).
     pub fn runs_trees(&self) -> bool {
         self.tree_min_root.is_some() && self.tree_on.load(Ordering::Relaxed)

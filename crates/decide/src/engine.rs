@@ -23,7 +23,8 @@
 //! [`Backend::tree_child_bytes`]; the first job always fits) and one forward (every shared prefix once plus every row's
 //! remaining ids, at most [`MAX_BATCH_TOKENS`]). A plan without slots needs no forward and joins none. Each
 //! group runs steps 1–3 as one [`Backend::forward_tree`]: the roots are the shared prefixes and the rows without one,
-//! each row with a prefix is a child of its prefix's root. A GPU backend then reads every weight once per group. The
+//! each row with a prefix is a child of its prefix's root (a shared prefix shorter than
+//! [`Backend::min_tree_root`] is not shared: its rows run whole, as roots). A GPU backend then reads every weight once per group. The
 //! plans that do not fit one pass even alone, and the groups the backend answers `None` for (the GPU declines a tree
 //! whose prefix is shorter than its conv kernel, for one), run the steps above together, unchanged. A backend whose
 //! [`Backend::runs_trees`] is false (the CPU [`Model`]) is never asked: every plan takes those steps.
@@ -149,6 +150,12 @@ pub trait Backend: Send + Sync {
     ) -> Result<Option<Self::Hidden>, Self::Error> {
         let _ = (roots, children);
         Ok(None)
+    }
+    /// Fewest ids a root with children may have in [`Backend::forward_tree`] (the GPU's conv reads a child's first
+    /// inputs from its root's last rows). The engine runs the rows of a plan whose shared prefix is shorter whole, as
+    /// roots of their own, rather than have the backend decline the whole group. Default 1.
+    fn min_tree_root(&self) -> usize {
+        1
     }
     /// Bytes a child of [`Backend::forward_tree`] holds besides its KV rows (`state_bytes_per_token` per id), for the
     /// fork budget. `None` (the default): as much as a fresh state. A backend that gives its children no recurrent
@@ -443,6 +450,14 @@ impl<B: Backend> Engine<B> {
         let mut two_pass: Vec<usize> = Vec::new();
         let (mut group, mut size) = (Vec::new(), PassSize::default());
         let trees = self.model.runs_trees();
+        if trees {
+            // A shared prefix too short to be a root with children: its rows run whole (the same answers up to f32
+            // reduction order, R5.5.3), so the group keeps the one-pass route.
+            let min_root = self.model.min_tree_root();
+            for part in parts.iter_mut().filter(|p| p.lcp > 0 && p.lcp < min_root) {
+                part.lcp = 0;
+            }
+        }
         for (pi, part) in parts.iter().enumerate() {
             if part.rows.is_empty() {
                 continue; // no forward at all

@@ -39,8 +39,9 @@ const TOLERANCE: f32 = 1e-5;
 /// Both presets of the answer fixtures: text and composite layouts, tied and untied heads.
 const PRESETS: [&str; 2] = ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"];
 
-/// The CPU model with a `forward_tree` that really runs the tree, or declines it when `decline` is set or (as the GPU
-/// does) when a root with children has fewer than `min_root` ids.
+/// The CPU model with a `forward_tree` that really runs the tree, or declines it when `decline` is set, on its first
+/// call when `decline_first` is, or (as the GPU does) when a root with children has fewer than `min_root` ids (which
+/// it reports as `min_tree_root`, so the engine never builds one).
 struct TreeCpu {
     model: Model,
     /// `forward_tree` calls.
@@ -50,6 +51,7 @@ struct TreeCpu {
     /// `forward_batch` calls from the engine (the two-pass route; a tree runs the model's own).
     batches: AtomicUsize,
     decline: AtomicBool,
+    decline_first: AtomicBool,
     min_root: AtomicUsize,
     /// What `tree_child_bytes` reports (`usize::MAX`: `None`, the default). The stand-in's children are whole forks;
     /// the engine budgets by what the backend says, and the GPU's children hold no recurrent state.
@@ -104,6 +106,9 @@ impl Backend for TreeCpu {
     fn runs_trees(&self) -> bool {
         true
     }
+    fn min_tree_root(&self) -> usize {
+        self.min_root.load(Ordering::SeqCst).max(1)
+    }
     fn tree_child_bytes(&self) -> Option<usize> {
         Some(self.child_bytes.load(Ordering::SeqCst)).filter(|&b| b != usize::MAX)
     }
@@ -115,6 +120,7 @@ impl Backend for TreeCpu {
         self.asked.fetch_add(1, Ordering::SeqCst);
         let min_root = self.min_root.load(Ordering::SeqCst);
         if self.decline.load(Ordering::SeqCst)
+            || self.decline_first.swap(false, Ordering::SeqCst)
             || children
                 .iter()
                 .any(|&(r, _)| roots.get(r).is_some_and(|(_, ids)| ids.len() < min_root))
@@ -166,6 +172,7 @@ fn tree(preset: &'static str, opts: EngineOptions, decline: bool) -> Engine<Tree
         ran: AtomicUsize::new(0),
         batches: AtomicUsize::new(0),
         decline: AtomicBool::new(decline),
+        decline_first: AtomicBool::new(false),
         min_root: AtomicUsize::new(0),
         child_bytes: AtomicUsize::new(usize::MAX),
     };
@@ -727,18 +734,18 @@ fn declined_tree_is_the_plain_engine() {
     }
 }
 
-/// A group the backend declines (here, as on the GPU, for a shared prefix shorter than it takes) runs the two-pass
-/// route, and the groups after it still take the tree: asked once per group, run for all but the declined one.
+/// A group the backend declines (here its first) runs the two-pass route, and the groups after it still take the
+/// tree: asked once per group, run for all but the declined one.
 #[test]
 fn declined_group_leaves_the_others_on_the_tree() {
     for preset in PRESETS {
         let base = plain(preset, EngineOptions::default());
         let eng = tree(preset, EngineOptions::default(), false);
-        eng.model().min_root.store(3, Ordering::SeqCst);
+        eng.model().decline_first.store(true, Ordering::SeqCst);
         let counts = || eng.model().counts();
         let plans = fixture_plans(&base, preset);
-        // A plan whose rows share 2 ids, then the fixture plans past the token limit: the first group holds the short
-        // prefix and is declined, the others run.
+        // A plan whose rows share 2 ids, then the fixture plans past the token limit: the first group is declined,
+        // the others run.
         let short = shared_plan(5, 3, 2, 30);
         let mut call = vec![&short];
         call.extend(past(&plans, MAX_BATCH_TOKENS));
@@ -753,6 +760,33 @@ fn declined_group_leaves_the_others_on_the_tree() {
             (groups, groups - 1),
             TOLERANCE,
         );
+    }
+}
+
+/// A shared prefix shorter than the backend's `min_tree_root` (2 ids, against 3): the engine runs that plan's rows
+/// whole, as roots, and the call keeps the tree (asked once, run once, no two-pass forward), with the plain engine's
+/// answers; at `min_root` 2 the same prefix is shared, a root with children.
+#[test]
+fn short_prefix_rows_run_whole_on_the_tree() {
+    for preset in PRESETS {
+        let base = plain(preset, EngineOptions::default());
+        let plans = [shared_plan(5, 3, 2, 30), shared_plan(6, 2, 12, 9)];
+        let call: Vec<&Plan> = plans.iter().collect();
+        for min_root in [3, 2] {
+            let eng = tree(preset, EngineOptions::default(), false);
+            eng.model().min_root.store(min_root, Ordering::SeqCst);
+            let counts = || eng.model().counts();
+            check_call(
+                &format!("{preset} prefix of 2 ids, min_root {min_root}"),
+                &eng,
+                &counts,
+                &base,
+                &call,
+                (1, 1),
+                TOLERANCE,
+            );
+            assert_eq!(eng.model().batches(), 0, "no two-pass forward");
+        }
     }
 }
 
@@ -775,5 +809,9 @@ fn slot_check_on_the_tree_route() {
         "{got}"
     );
     assert_eq!(eng.model().counts(), (0, 0));
-    assert_eq!(eng.model().batches(), 0, "no forward on the two-pass route either");
+    assert_eq!(
+        eng.model().batches(),
+        0,
+        "no forward on the two-pass route either"
+    );
 }
