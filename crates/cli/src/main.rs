@@ -211,8 +211,12 @@ fn load_tokenizer(arg: &str) -> Result<Tokenizer> {
 
 /// The tokenizer of a model folder, read for its config.json `model_type` when there is one.
 pub(crate) fn tokenizer_in(dir: &Path) -> Result<Tokenizer> {
-    let model_type = ModelConfig::from_dir(dir).ok().map(|c| c.model_type);
-    Ok(Tokenizer::from_dir(dir, model_type.as_deref())?)
+    Ok(Tokenizer::from_dir(dir, model_type_in(dir).as_deref())?)
+}
+
+/// A model folder's config.json `model_type`, when it has one.
+pub(crate) fn model_type_in(dir: &Path) -> Option<String> {
+    ModelConfig::from_dir(dir).ok().map(|c| c.model_type)
 }
 
 /// `--flag`, else the environment variable `env` (the settings decider-ai reads from its environment).

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use onepass_decide::engine::Backend;
 use onepass_decide::pyjson::dumps_compact;
-use onepass_decide::{parse_request, ApiError, DecideConfig, Engine, EngineOptions};
+use onepass_decide::{parse_request, ApiError, Engine, EngineOptions};
 
 use crate::device::{plan_body, AnyEngine, CudaArgs, DeviceArg};
 use crate::limits::LimitArgs;
@@ -131,13 +131,17 @@ fn run<B: Backend>(engine: &Engine<B>, a: &SystemoneArgs, body: &[u8], load_s: f
 pub fn render(a: RenderArgs) -> Result<()> {
     let dir = onepass_formats::resolve_model_dir(&a.model)?;
     let body = read_body(&a.request)?;
-    // The reference's view of the tokenizer (decider-contract R2.1.2); the chat layout honours DECIDER_LAYOUT (R6.3).
-    let tok = crate::tokenizer_in(&dir)?.transformers_compatible();
+    // The engine's tokenizer and config, without the weights; the chat layout honours DECIDER_LAYOUT (R6.3).
     let layout = crate::flag_or_env(None, "DECIDER_LAYOUT");
     let temperature = crate::flag_or_env(None, "DECIDER_TEMPERATURE");
     // The server's limits: its state cap and its 413s, so the rows printed are the ones it would run.
     let limits = a.limits.resolve()?;
-    let mut cfg = DecideConfig::load(&dir, &tok, layout.as_deref(), temperature.as_deref())?;
+    let (tok, mut cfg) = onepass_decide::engine::load_planner(
+        &dir,
+        crate::model_type_in(&dir).as_deref(),
+        layout.as_deref(),
+        temperature.as_deref(),
+    )?;
     cfg.max_state_tokens = limits.max_state_tokens;
     answer(
         parse_request(&body)

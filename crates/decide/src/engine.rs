@@ -306,15 +306,28 @@ impl<B: Backend> Engine<B> {
         backend: B,
         opts: EngineOptions,
     ) -> Result<Engine<B>, EngineError> {
-        let tokenizer = Tokenizer::from_dir(dir, Some(model_type))?.transformers_compatible();
-        let config = DecideConfig::load(
+        let (tokenizer, config) = load_planner(
             dir,
-            &tokenizer,
+            Some(model_type),
             opts.layout.as_deref(),
             opts.temperature.as_deref(),
         )?;
         Engine::new(backend, tokenizer, config, opts)
     }
+}
+
+/// What planning a request needs from a model folder, without the weights: its tokenizer as the reference sees it
+/// (`transformers_compatible`, decider-contract R2.1.2) and its `decider_config.json` with the `DECIDER_LAYOUT` /
+/// `DECIDER_TEMPERATURE` overrides. [`Engine::from_dir_with`] and `onepass render` both load through it.
+pub fn load_planner(
+    dir: &Path,
+    model_type: Option<&str>,
+    layout: Option<&str>,
+    temperature: Option<&str>,
+) -> Result<(Tokenizer, DecideConfig), EngineError> {
+    let tokenizer = Tokenizer::from_dir(dir, model_type)?.transformers_compatible();
+    let config = DecideConfig::load(dir, &tokenizer, layout, temperature)?;
+    Ok((tokenizer, config))
 }
 
 impl<B: Backend> Engine<B> {
