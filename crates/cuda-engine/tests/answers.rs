@@ -103,16 +103,8 @@ fn together<B: Backend>(e: &Engine<B>, plans: &[Plan]) -> Vec<Vec<Vec<f32>>> {
 }
 
 /// The tensor-core kernels' two arithmetics, every kernel alike.
-const X3_ALL: TcArith = TcArith {
-    prep: Arith::X3,
-    state: Arith::X3,
-    attn: Arith::X3,
-};
-const TF32_ALL: TcArith = TcArith {
-    prep: Arith::Tf32,
-    state: Arith::Tf32,
-    attn: Arith::Tf32,
-};
+const X3_ALL: TcArith = TcArith::all(Arith::X3);
+const TF32_ALL: TcArith = TcArith::all(Arith::Tf32);
 
 #[derive(Default, Debug)]
 struct Diff {

@@ -2,7 +2,8 @@
 // ---------------------------------------------------------------------------------------------------------------
 // Attention on tensor cores (attn_tc.cu; launcher crates/cuda/src/attn_tc.rs): the twin of `attention_tiled`
 // (same inputs, same result within f32 rounding) with Q·Kᵀ and P·V as mma.sync m16n8k8 TF32 products in 3xTF32
-// form (x = big + small, both TF32; acc += big·big + big·small + small·big), online softmax in f32.
+// form (x = big + small, both TF32; acc += big·big + big·small + small·big), online softmax in f32;
+// attention_tc_tf32, its 1xTF32 twin, runs the big·big products only.
 //
 // Work item: one block per (tile of query rows of a segment, KV head, split of the tile's keys). The block's 64
 // "rows" are (token, query head of the KV group) pairs, row r = token r / G, head kh*G + r % G (G = H / HKV), so
@@ -117,7 +118,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
     for (int k0 = kbeg; k0 < kend; k0 += ATC_NK) {
         bool next = k0 + ATC_NK < kend;
         bool act = wrows && k0 <= pw;  // warp-uniform
-        tc_wait<1>();                   // Q and K(k0) have landed (V(k0) may be in flight)
+        tc_wait<1>();                  // Q and K(k0) have landed (V(k0) may be in flight)
         __syncthreads();
         float sc[ATC_NK / 8][4];
         if (act) {

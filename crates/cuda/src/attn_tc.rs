@@ -82,10 +82,9 @@ fn padded_dim(d: usize) -> usize {
     }
 }
 
-/// Dynamic shared memory of `attention_tc` (bytes): the Q tile [64, Dp + 4] and one K and one V tile
-/// [16, Dp + 4], Dp the padded head dim.
+/// Dynamic shared memory of `attention_tc` (bytes): the Q tile [64, Dp + 8], one K tile [16, Dp + 8] and one V tile
+/// [16, Dp + 4], Dp the padded head dim (Q and K are read as float2 pairs, V down its columns: attn_tc.cu).
 fn smem(a: AttnDims) -> usize {
-    // Q and K rows at pitch Dp + 8, V rows at Dp + 4 (attn_tc.cu).
     let dp = padded_dim(a.head_dim);
     4 * ((ROWS + KEYS) * (dp + 8) + KEYS * (dp + 4))
 }
@@ -225,9 +224,11 @@ mod tests {
         }
     }
 
+    /// The kernel's Q·Kᵀ fragments: each lane reads float2 pairs, Q at (r0, 8s + 2tg) and (r0 + 8, 8s + 2tg), K at
+    /// (key g, 8s + 2tg), and passes (x, y) as the k indices t and t + 4: the 8 head-dim columns of the step in a
+    /// permuted order, the same on both sides, so the products still sum over all 8.
     #[test]
     fn q_k_fragments_give_scores() {
-        // Q [16 x 8] rows from shared memory at qa = Qs + r0*lds + tg; K [8 keys x 8] at Ks + g*lds + tg.
         let qm: Vec<f32> = (0..128)
             .map(|i| ((i * 7 % 19) as f32) * 0.1 - 0.9)
             .collect();
@@ -237,13 +238,11 @@ mod tests {
         let mut b = [[0f32; 2]; 32];
         for lane in 0..32 {
             let (g, t) = (lane >> 2, lane & 3);
-            a[lane] = [
-                qm[g * 8 + t],
-                qm[(g + 8) * 8 + t],
-                qm[g * 8 + t + 4],
-                qm[(g + 8) * 8 + t + 4],
-            ];
-            b[lane] = [km[g * 8 + t], km[g * 8 + t + 4]];
+            // qlo = Q[g][2t..2t+2], qhi = Q[g+8][2t..2t+2]; a = (qlo.x, qhi.x, qlo.y, qhi.y).
+            let (qlo, qhi) = (g * 8 + 2 * t, (g + 8) * 8 + 2 * t);
+            a[lane] = [qm[qlo], qm[qhi], qm[qlo + 1], qm[qhi + 1]];
+            // kv2 = K[g][2t..2t+2]; b = (kv2.x, kv2.y).
+            b[lane] = [km[g * 8 + 2 * t], km[g * 8 + 2 * t + 1]];
         }
         mma(&mut c, &a, &b);
         for lane in 0..32 {

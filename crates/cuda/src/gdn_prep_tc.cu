@@ -2,8 +2,9 @@
 // ---------------------------------------------------------------------------------------------------------------
 // The gated delta WY pre-pass on tensor cores (gdn_prep_tc.cu; launcher crates/cuda/src/gdn_prep_tc.rs):
 // `gdn_tc_prep`, the drop-in twin of `gdn_wy_prep` (kernels.cu). Same inputs, same scratch (U, W, M, E for every
-// token row and value head), same values within f32 rounding. Per chunk of n <= 64 tokens of a (segment, value
-// head), with gam the cumulative log decay, A[a][b] = beta_a (k_a . k_b) e^(gam_a - gam_b) for b < a:
+// token row and value head), same values within f32 rounding; gdn_tc_prep_tf32 is its 1xTF32 twin. Per chunk of
+// n <= 64 tokens of a (segment, value head), with gam the cumulative log decay, A[a][b] = beta_a (k_a . k_b)
+// e^(gam_a - gam_b) for b < a:
 //   M[a][b] = (q_a . k_b) e^(gam_a - gam_b) (b <= a),   E[t] = (e^gam_t, e^(gam_last - gam_t)),
 //   (I + A) [U | W] = [diag(beta) V | diag(beta e^gam) K].
 //
@@ -29,13 +30,13 @@
 // difference (e^(gam_a - gam_b), never e^gam_a e^-gam_b: strong decays underflow the same way).
 //
 // Block 256 threads (8 warps). Registers (ptxas, sm_90): capped at 128 for two blocks per multiprocessor (124 bytes
-// spilled; 183 and one block per multiprocessor uncapped). The solve's 16-token steps overlap (a step's diagonal
-// product runs under the previous step's updates of later blocks), but one block's 8 warps left the multiprocessor
-// mostly waiting (ncu, a System One tree: 12.5% occupancy, 21% SM throughput), so two blocks share it; the
-// launcher's split keeps short inputs to one wave of blocks. Dynamic shared memory
-// (floats): K [64, dk16+4] | Q [64, dk16+4] (later the solve matrix S [64, 72]) | V [64, dv16+4] | g, gam, beta,
-// e^gam [64 each], with x16 = x rounded up to 16; the row pitch = 4 mod 16 makes every fragment load
-// conflict-free. S holds -A in its strictly lower 16x16 blocks and T_ii in its diagonal blocks.
+// spilled, 188 in the 1xTF32 twin; 183 registers and one block per multiprocessor uncapped). The solve's 16-token
+// steps overlap (a step's diagonal product runs under the previous step's updates of later blocks), but one
+// block's 8 warps left the multiprocessor mostly waiting (ncu, a System One tree: 12.5% occupancy, 21% SM
+// throughput), so two blocks share it; the launcher's split keeps short inputs to one wave of blocks. Dynamic
+// shared memory (floats): K [64, dk16+4] | Q [64, dk16+4] (later the solve matrix S [64, 72]) | V [64, dv16+4] |
+// g, gam, beta, e^gam [64 each], with x16 = x rounded up to 16; the row pitch = 4 mod 16 makes every fragment
+// load conflict-free. S holds -A in its strictly lower 16x16 blocks and T_ii in its diagonal blocks.
 // ---------------------------------------------------------------------------------------------------------------
 
 // 3xTF32 (X3) c += a · b, with a given as (big, small) and b as two f32 values split here: small products first.

@@ -15,7 +15,8 @@ use crate::runtime::{cfg3, Arith, Gpu};
 use crate::CudaError;
 
 /// Threads per block (8 warps). Two blocks are resident per multiprocessor (`__launch_bounds__(256, 2)` in
-/// gdn_prep_tc.cu: at most 128 registers, 144 bytes spilled then (124 since the TF32 rounding became integer ops),
+/// gdn_prep_tc.cu: at most 128 registers, 144 bytes spilled then (124 since the TF32 rounding became integer ops; 188
+/// in the 1xTF32 twin),
 /// instead of 183 and one block; measured on an H200, 0.8B heads: 1 × 3,400 tokens 199.8 → 158.9 µs, 224 × 33
 /// 656 → 458 µs, 1 × 175 26.1 → 27.6 µs).
 const THREADS: u32 = 256;

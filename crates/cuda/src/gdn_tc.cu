@@ -221,7 +221,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 #pragma unroll
                 for (int i = 0; i < 4; i++) u[nt][i] = (i < 2 ? ea : eb) * (hi[nt][i] + lo[nt][i]);
         }
-        tc_wait<0>();   // this chunk's M and K
+        tc_wait<0>();     // this chunk's M and K
         __syncthreads();  // v' visible; W and Q tiles free
         if (more) {
             int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
@@ -293,7 +293,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 }
             }
         }
-        tc_wait<0>();   // the next chunk's W and Q
+        tc_wait<0>();     // the next chunk's W and Q
         __syncthreads();  // ... and the new S visible; M and K tiles free
         if (more) {
             int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;

@@ -6,7 +6,7 @@
 
 use crate::launch;
 use crate::ops::{self, GdnDims, GDN_CHUNK};
-use crate::runtime::{cfg3, Arith, Gpu};
+use crate::runtime::{cfg3, Arith, Gpu, TcArith};
 use crate::CudaError;
 
 /// Where the state pass of [`gdn_tc_chunked`] reads and writes each segment's recurrent state.
@@ -153,7 +153,7 @@ pub fn gdn_tc_state(
 /// state pass ([`gdn_tc_supported`]; else [`CudaError::Unsupported`], nothing launched).
 pub fn gdn_tc_chunked(
     g: &Gpu,
-    (prep, state): (Arith, Arith),
+    tc: TcArith,
     qkv: u64,
     ld: usize,
     gg: u64,
@@ -182,7 +182,7 @@ pub fn gdn_tc_chunked(
         );
     }
     match crate::gdn_prep_tc::gdn_tc_prep(
-        g, prep, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch,
+        g, tc.prep, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch,
     ) {
         Err(CudaError::Unsupported(_)) => {
             ops::gdn_wy_prep(g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch)?
@@ -191,7 +191,7 @@ pub fn gdn_tc_chunked(
     }
     gdn_tc_state(
         g,
-        state,
+        tc.state,
         qkv,
         ld,
         out,
@@ -207,7 +207,7 @@ pub fn gdn_tc_chunked(
         let (o, a) = (12 * roots as u64, 8 * roots as u64); // segs: 3 i32 per segment; states, init: one u64
         gdn_tc_state(
             g,
-            state,
+            tc.state,
             qkv,
             ld,
             out,

@@ -19,8 +19,8 @@ pub mod model;
 pub mod ops;
 pub mod runtime;
 
-pub use model::{CudaHidden, CudaModel, CudaState, Precision, TcArith};
-pub use runtime::{Arith, Gpu};
+pub use model::{CudaHidden, CudaModel, CudaState, Precision};
+pub use runtime::{Arith, Gpu, TcArith, TcArithError};
 
 /// Errors of the CUDA backend. Messages name the op, library or shape at fault.
 #[derive(Debug, thiserror::Error)]

@@ -27,7 +27,7 @@ use onepass_model::{LayerKind, MixerView, Model, ModelError};
 use onepass_tensor::{Tensor, View};
 
 use crate::ops::{self, AttnDims, GdnDims, Out, KV_ENTRIES, W};
-use crate::runtime::{Arith, Gpu};
+use crate::runtime::{Arith, Gpu, TcArith};
 use crate::CudaError;
 
 /// The arithmetic of the projections (GEMMs) and their inputs.
@@ -46,83 +46,16 @@ pub enum Precision {
     F32,
 }
 
-/// How each tensor-core kernel multiplies ([`Arith`]): the WY pre-pass (`gdn_tc_prep`), the state pass
-/// (`gdn_tc_state_*`) and attention (`attention_tc`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TcArith {
-    pub prep: Arith,
-    pub state: Arith,
-    pub attn: Arith,
-}
-
 impl TcArith {
-    /// Every kernel the same way.
-    pub fn all(a: Arith) -> Self {
-        TcArith {
-            prep: a,
-            state: a,
-            attn: a,
-        }
-    }
-
-    /// Parses `ONEPASS_TC`'s syntax: the kernels that run 1xTF32, comma-separated (`prep`, `state`, `attn`), or
-    /// `all`, or `none` / the empty string (every kernel 3xTF32).
-    pub fn parse(spec: &str) -> Result<Self, String> {
-        let mut t = TcArith::default();
-        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            match part {
-                "all" => t = TcArith::all(Arith::Tf32),
-                "none" => {}
-                "prep" => t.prep = Arith::Tf32,
-                "state" => t.state = Arith::Tf32,
-                "attn" => t.attn = Arith::Tf32,
-                other => {
-                    return Err(format!(
-                        "{other:?}: expected prep, state, attn, all or none"
-                    ))
-                }
-            }
-        }
-        Ok(t)
-    }
-
     /// The default for a precision: 3xTF32 for the exact and split modes (their point is f32-like arithmetic
-    /// around the GEMMs), 1xTF32 for bf16 (its point is speed). Measured on an H200 (docs/cuda.md): 1xTF32 takes
-    /// the 0.8B-shape System One requests from 5.80 / 11.51 / 39.64 to 4.89 / 9.54 / 33.74 ms in split mode, and
-    /// moves the bf16 twins' answers from max |dp| 5.9e-5 to 2.6e-3 (mean 1.3e-5 to 6.4e-4).
+    /// around the GEMMs), 1xTF32 for bf16 (its point is speed). Measured on an H200 (docs/benchmarks/cuda-systemone.md,
+    /// fifth measurement): 1xTF32 takes the 0.8B-shape System One requests from 4.98 / 10.61 / 37.86 to 4.64 / 9.14 /
+    /// 32.39 ms in split mode, and moves the bf16 twins' answers from max |dp| 5.9e-5 to 2.6e-3 (mean 1.3e-5 to
+    /// 6.4e-4).
     pub fn for_precision(p: Precision) -> Self {
         match p {
             Precision::Bf16 => TcArith::all(Arith::Tf32),
             Precision::Bf16Split | Precision::F32 => TcArith::all(Arith::X3),
-        }
-    }
-
-    /// For a device description: "tensor-core kernels 3xTF32", "... 1xTF32", or each kernel's.
-    pub fn describe(self) -> String {
-        let n = |a: Arith| match a {
-            Arith::X3 => "3xTF32",
-            Arith::Tf32 => "1xTF32",
-        };
-        if self.prep == self.state && self.state == self.attn {
-            format!("tensor-core kernels {}", n(self.prep))
-        } else {
-            format!(
-                "tensor-core kernels: pre-pass {}, state pass {}, attention {}",
-                n(self.prep),
-                n(self.state),
-                n(self.attn)
-            )
-        }
-    }
-
-    /// `ONEPASS_TC` when set (a bad value is reported on stderr and `default` kept), else `default`.
-    fn from_env(default: TcArith) -> Self {
-        match std::env::var("ONEPASS_TC") {
-            Err(_) => default,
-            Ok(v) => TcArith::parse(&v).unwrap_or_else(|e| {
-                eprintln!("ONEPASS_TC={v}: {e}; using {default:?}");
-                default
-            }),
         }
     }
 }
@@ -324,8 +257,8 @@ struct Shape {
     keep_children: bool,
     /// The longest segment (1: every segment one token, the decode step).
     max_len: usize,
-    /// Key splits per tile of the tensor-core attention ([`crate::attn_tc::attention_tc_plan`] of the segments'
-    /// lengths and positions; 1 when no layer runs it).
+    /// Key splits per tile of the tensor-core attention ([`crate::attn_tc::attention_tc_plan`] of the segments; 1
+    /// when no layer runs it).
     attn_splits: usize,
 }
 
@@ -507,7 +440,7 @@ pub struct CudaModel {
     tree_on: std::sync::atomic::AtomicBool,
     /// CUDA graphs for repeated shapes (ONEPASS_CUDA_GRAPHS=0 turns them off; a failed capture too).
     use_graphs: std::sync::atomic::AtomicBool,
-    /// How the tensor-core kernels multiply ([`CudaModel::set_tc_arith`], ONEPASS_TC).
+    /// How the tensor-core kernels multiply ([`CudaModel::set_tc_arith`]; the precision's default).
     tc: Mutex<TcArith>,
 }
 
@@ -717,7 +650,7 @@ impl CudaModel {
             use_graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("ONEPASS_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
-            tc: Mutex::new(TcArith::from_env(TcArith::for_precision(prec))),
+            tc: Mutex::new(TcArith::for_precision(prec)),
         })
     }
 
@@ -801,7 +734,6 @@ impl CudaModel {
         self.gpu.gemm(lo, t, k, w.w, n, y, ldy, 1.0)
     }
 
-    /// Turns CUDA graphs for repeated forward shapes on or off (default: on unless ONEPASS_CUDA_GRAPHS=0).
     /// How the tensor-core kernels multiply from the next forward on (captured graphs are dropped).
     pub fn set_tc_arith(&self, t: TcArith) {
         *self.tc.lock().unwrap_or_else(|e| e.into_inner()) = t;
@@ -813,6 +745,7 @@ impl CudaModel {
         *self.tc.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Turns CUDA graphs for repeated forward shapes on or off (default: on unless ONEPASS_CUDA_GRAPHS=0).
     pub fn set_graphs(&self, on: bool) {
         self.use_graphs.store(on, Ordering::Relaxed);
         self.drop_graphs();
@@ -1548,6 +1481,8 @@ impl CudaModel {
             attn_splits,
         } = s;
         let (xp, hbp, pp, midp, gp, wyp) = (p.x, p.act, p.proj, p.mid, p.gates, p.wy);
+        // Read once: every layer of this forward multiplies the same way.
+        let tc = self.tc_arith();
         let (ptrs_p, ids_p, segs_p, tok_p) = (p.ptrs, p.ids, p.segs, p.tok);
         self.mark("upload")?;
         ops::embed_gather(g, self.embed.w, ids_p, xp, n, hid)?;
@@ -1601,10 +1536,9 @@ impl CudaModel {
                         // for head dims they do not take), or the f32 SIMT pair with ONEPASS_GDN=wy (never in a tree:
                         // tree_min_root).
                         if self.gdn_tc {
-                            let tc = self.tc_arith();
                             crate::gdn_tc::gdn_tc_chunked(
                                 g,
-                                (tc.prep, tc.state),
+                                tc,
                                 midp,
                                 m.cd,
                                 gp,
@@ -1674,7 +1608,7 @@ impl CudaModel {
                     if m.tc {
                         crate::attn_tc::attention_tc(
                             g,
-                            self.tc_arith().attn,
+                            tc.attn,
                             midp,
                             pp,
                             pw,

@@ -73,10 +73,70 @@ pub enum Arith {
     /// 3xTF32: every f32 operand split into two TF32 halves and three products summed: f32 accuracy (the kernels
     /// match their f32 SIMT twins to rounding).
     #[default]
-    X3,
+    X3 = 0,
     /// One TF32 product per step: operands rounded to 11 significant bits, f32 accumulation, a third of the
     /// products and none of the small halves' splits.
-    Tf32,
+    Tf32 = 1,
+}
+
+/// How each tensor-core kernel multiplies ([`Arith`]): the WY pre-pass (`gdn_tc_prep`), the state pass
+/// (`gdn_tc_state_*`) and attention (`attention_tc`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcArith {
+    pub prep: Arith,
+    pub state: Arith,
+    pub attn: Arith,
+}
+
+/// A kernel arithmetic spec [`TcArith::parse`] does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected 3xtf32, tf32, or the kernels that run 1xTF32 (prep, state, attn, comma-separated)")]
+pub struct TcArithError(pub String);
+
+impl TcArith {
+    /// Every kernel the same way.
+    pub const fn all(a: Arith) -> Self {
+        TcArith {
+            prep: a,
+            state: a,
+            attn: a,
+        }
+    }
+
+    /// Reads `--gpu-kernels` / `ONEPASS_TC`: `3xtf32` (or `none`, or nothing) for every kernel in 3xTF32, `tf32` (or
+    /// `all`) for every kernel in 1xTF32, or the kernels that run 1xTF32, comma-separated: `prep`, `state`, `attn`.
+    pub fn parse(spec: &str) -> Result<Self, TcArithError> {
+        let mut t = TcArith::default();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "tf32" | "all" => t = TcArith::all(Arith::Tf32),
+                "3xtf32" | "none" => {}
+                "prep" => t.prep = Arith::Tf32,
+                "state" => t.state = Arith::Tf32,
+                "attn" => t.attn = Arith::Tf32,
+                other => return Err(TcArithError(other.to_string())),
+            }
+        }
+        Ok(t)
+    }
+
+    /// For a device description: "tensor-core kernels 3xTF32", "... 1xTF32", or each kernel's.
+    pub fn describe(self) -> String {
+        let n = |a: Arith| match a {
+            Arith::X3 => "3xTF32",
+            Arith::Tf32 => "1xTF32",
+        };
+        if self.prep == self.state && self.state == self.attn {
+            format!("tensor-core kernels {}", n(self.prep))
+        } else {
+            format!(
+                "tensor-core kernels: pre-pass {}, state pass {}, attention {}",
+                n(self.prep),
+                n(self.state),
+                n(self.attn)
+            )
+        }
+    }
 }
 
 impl Arith {
@@ -416,4 +476,39 @@ macro_rules! launch {
         let lc: $crate::runtime::LaunchConfig = $cfg;
         unsafe { b.launch(lc) }.map(|_| ()).map_err(|err| $crate::CudaError::Driver { op: stringify!($func), err })
     }};
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::{Arith, TcArith};
+
+    /// `--gpu-kernels` / `ONEPASS_TC`: the two names for all kernels alike, the per-kernel list (spaces allowed), and
+    /// a named error for anything else; the device line says which kernels run what.
+    #[test]
+    fn tc_arith_parses_the_kernel_specs() {
+        let (x3, tf) = (TcArith::all(Arith::X3), TcArith::all(Arith::Tf32));
+        for (spec, want) in [
+            ("", x3),
+            ("none", x3),
+            ("3xtf32", x3),
+            ("all", tf),
+            ("tf32", tf),
+        ] {
+            assert_eq!(TcArith::parse(spec).unwrap(), want, "{spec:?}");
+        }
+        let t = TcArith::parse("state, attn").unwrap();
+        assert_eq!(
+            (t.prep, t.state, t.attn),
+            (Arith::X3, Arith::Tf32, Arith::Tf32)
+        );
+        let e = TcArith::parse("state,gemm").unwrap_err();
+        assert_eq!(e.0, "gemm");
+        assert!(e.to_string().contains("expected 3xtf32, tf32"), "{e}");
+        assert_eq!(tf.describe(), "tensor-core kernels 1xTF32");
+        assert_eq!(
+            t.describe(),
+            "tensor-core kernels: pre-pass 3xTF32, state pass 1xTF32, attention 1xTF32"
+        );
+    }
 }

@@ -12,7 +12,7 @@ use common::delta::{
 use common::*;
 use onepass_cuda::gdn_tc;
 use onepass_cuda::ops;
-use onepass_cuda::{Arith, CudaError, Gpu};
+use onepass_cuda::{Arith, CudaError, Gpu, TcArith};
 
 /// Which state pass [`delta_gpu`] runs after `ops::gdn_wy_prep`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -27,18 +27,14 @@ enum Pass {
 
 impl Pass {
     /// Max |diff| / max(1, max |reference|) allowed against the CPU and the SIMT twin: f32 rounding for 3xTF32;
-    /// for 1xTF32 (operands rounded to 11 significant bits, f32 accumulation), 10x the worst figure measured on
-    /// an H200 over these cases (docs/cuda.md).
+    /// [`TF32_DELTA_TOL`] for 1xTF32.
     fn tol(self) -> f32 {
         match self {
-            Pass::Tc(_, Arith::Tf32) | Pass::TcChunked(Arith::Tf32) => TF32_TOL,
+            Pass::Tc(_, Arith::Tf32) | Pass::TcChunked(Arith::Tf32) => TF32_DELTA_TOL,
             _ => 1e-4,
         }
     }
 }
-
-/// See [`Pass::tol`].
-const TF32_TOL: f32 = 4e-3;
 
 /// A case's device copies (inputs, segment table, states and their table), its output and the WY scratch.
 struct TcDev {
@@ -66,7 +62,7 @@ fn run(g: &Gpu, c: &DeltaCase, dev: &TcDev, pass: Pass) -> Result<(), CudaError>
     match pass {
         Pass::TcChunked(a) => gdn_tc::gdn_tc_chunked(
             g,
-            (a, a),
+            TcArith::all(a),
             p.x,
             cd,
             p.g,

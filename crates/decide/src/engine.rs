@@ -23,10 +23,10 @@
 //! [`Backend::tree_child_bytes`]; the first job always fits) and one forward (every shared prefix once plus every row's
 //! remaining ids, at most [`MAX_BATCH_TOKENS`]). A plan without slots needs no forward and joins none. Each
 //! group runs steps 1–3 as one [`Backend::forward_tree`]: the roots are the shared prefixes and the rows without one,
-//! each row with a prefix is a child of its prefix's root (a shared prefix shorter than
-//! [`Backend::min_tree_root`] is not shared: its rows run whole, as roots). A GPU backend then reads every weight once per group. The
-//! plans that do not fit one pass even alone, and the groups the backend answers `None` for (the GPU declines a tree
-//! whose prefix is shorter than its conv kernel, for one), run the steps above together, unchanged. A backend whose
+//! each row with a prefix is a child of its prefix's root (a shared prefix shorter than [`Backend::min_tree_root`] is
+//! not shared: its rows run whole, as roots). A GPU backend then reads every weight once per group. The plans that do
+//! not fit one pass even alone, and the groups the backend answers `None` for, run the steps above together,
+//! unchanged. A backend whose
 //! [`Backend::runs_trees`] is false (the CPU [`Model`]) is never asked: every plan takes those steps.
 //! Every route shares step 4 and writes its plans' slots only (`tests/tree.rs` checks the routes agree).
 //!
@@ -69,7 +69,7 @@ pub struct EngineOptions {
     /// off (decider-contract R3.2.1, R6.3). Validated at load.
     pub temperature: Option<String>,
     /// `DECIDER_MAX_STATE_TOKENS`: replaces the config's cap on the ids of `"Context:\n" + state` (default: the
-    /// config's, 32768).
+    /// config's, [`crate::config::DEFAULT_MAX_STATE_TOKENS`]).
     pub max_state_tokens: Option<usize>,
 }
 
@@ -406,6 +406,8 @@ impl<B: Backend> Engine<B> {
     /// Probabilities for every slot of every plan: `[plan][slot in row order][option]`, each of length `nopts`.
     pub fn score(&self, plans: &[&Plan]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
         // Per plan: its shared prefix worth running (0: none) and the rows it reads.
+        let trees = self.model.runs_trees();
+        let min_root = self.model.min_tree_root();
         let mut parts: Vec<Part> = Vec::with_capacity(plans.len());
         for (pi, p) in plans.iter().enumerate() {
             let lcp = if self.opts.shared_prefix && p.rows.len() >= 2 {
@@ -414,7 +416,10 @@ impl<B: Backend> Engine<B> {
             } else {
                 0
             };
-            let lcp = if lcp >= self.opts.min_shared_prefix.max(1) {
+            // Shared only when at least `min_shared_prefix` ids long and, with trees, at least a tree root's minimum
+            // (a shorter prefix's rows run whole on every route of the call: the same answers up to f32 reduction
+            // order, R5.5.3, and the group keeps the one-pass route).
+            let lcp = if lcp >= self.opts.min_shared_prefix.max(1) && (!trees || lcp >= min_root) {
                 lcp
             } else {
                 0
@@ -462,15 +467,6 @@ impl<B: Backend> Engine<B> {
         let mut groups: Vec<Vec<usize>> = Vec::new();
         let mut two_pass: Vec<usize> = Vec::new();
         let (mut group, mut size) = (Vec::new(), PassSize::default());
-        let trees = self.model.runs_trees();
-        if trees {
-            // A shared prefix too short to be a root with children: its rows run whole (the same answers up to f32
-            // reduction order, R5.5.3), so the group keeps the one-pass route.
-            let min_root = self.model.min_tree_root();
-            for part in parts.iter_mut().filter(|p| p.lcp > 0 && p.lcp < min_root) {
-                part.lcp = 0;
-            }
-        }
         for (pi, part) in parts.iter().enumerate() {
             if part.rows.is_empty() {
                 continue; // no forward at all
@@ -495,8 +491,7 @@ impl<B: Backend> Engine<B> {
         if !group.is_empty() {
             groups.push(group);
         }
-        // Every group as one tree; a group the backend declines (a prefix too short for its one-forward route, say)
-        // takes the two-pass path.
+        // Every group as one tree; a group the backend declines takes the two-pass path.
         for group in groups {
             let (shared, jobs) = work(&parts, &group);
             let Some((hidden, starts)) = self.run_tree(plans, &shared, &jobs)? else {
@@ -665,8 +660,8 @@ impl<B: Backend> Engine<B> {
         Ok(tree.map(|hidden| (hidden, starts)))
     }
 
-    /// Every slot of `row` (row `ri` of plan `plan`) lies in the part that runs after its `skip` shared ids, and has
-    /// at most as many options as there are label rows.
+    /// `row` (row `ri` of plan `plan`) has an option count and a temperature per slot, and every slot lies in the part
+    /// that runs after its `skip` shared ids with at most as many options as there are label rows.
     fn check_slots(
         &self,
         plan: usize,
@@ -674,8 +669,19 @@ impl<B: Backend> Engine<B> {
         row: &Row,
         skip: usize,
     ) -> Result<(), EngineError> {
-        for (k, &slot) in row.slots.iter().enumerate() {
-            let nopts = row.nopts.get(k).copied().unwrap_or(usize::MAX);
+        let n = row.slots.len();
+        if row.nopts.len() != n || row.temperatures.len() != n {
+            return Err(EngineError::Row {
+                plan,
+                row: ri,
+                reason: format!(
+                    "{n} slot(s) but {} option count(s) and {} temperature(s)",
+                    row.nopts.len(),
+                    row.temperatures.len()
+                ),
+            });
+        }
+        for (&slot, &nopts) in row.slots.iter().zip(&row.nopts) {
             if slot < skip || slot >= row.ids.len() || nopts > self.label_ids.len() {
                 return Err(EngineError::Row {
                     plan,
