@@ -26,8 +26,8 @@
 //! each row with a prefix is a child of its prefix's root (a shared prefix shorter than [`Backend::min_tree_root`] is
 //! not shared: its rows run whole, as roots). A GPU backend then reads every weight once per group. The plans that do
 //! not fit one pass even alone, and the groups the backend answers `None` for, run the steps above together,
-//! unchanged. A backend whose
-//! [`Backend::runs_trees`] is false (the CPU [`Model`]) is never asked: every plan takes those steps.
+//! unchanged. A backend whose [`Backend::runs_trees`] is false (the CPU [`Model`]) is never asked: every plan takes
+//! those steps.
 //! Every route shares step 4 and writes its plans' slots only (`tests/tree.rs` checks the routes agree).
 //!
 //! The model is any [`Backend`]: the CPU [`Model`] (the default), or a GPU one from another crate (`onepass-cuda-engine`);
@@ -669,35 +669,36 @@ impl<B: Backend> Engine<B> {
         row: &Row,
         skip: usize,
     ) -> Result<(), EngineError> {
-        let n = row.slots.len();
-        if row.nopts.len() != n || row.temperatures.len() != n {
-            return Err(EngineError::Row {
+        let fail = |reason: String| {
+            Err(EngineError::Row {
                 plan,
                 row: ri,
-                reason: format!(
-                    "{n} slot(s) but {} option count(s) and {} temperature(s)",
-                    row.nopts.len(),
-                    row.temperatures.len()
-                ),
-            });
+                reason,
+            })
+        };
+        let n = row.slots.len();
+        if row.nopts.len() != n || row.temperatures.len() != n {
+            return fail(format!(
+                "{n} slot(s) but {} option count(s) and {} temperature(s)",
+                row.nopts.len(),
+                row.temperatures.len()
+            ));
         }
         for (&slot, &nopts) in row.slots.iter().zip(&row.nopts) {
             if slot < skip || slot >= row.ids.len() || nopts > self.label_ids.len() {
-                return Err(EngineError::Row {
-                    plan,
-                    row: ri,
-                    reason: format!(
-                        "slot {slot} with {nopts} options does not fit a row of {} ids (prefix {skip})",
-                        row.ids.len(),
-                    ),
-                });
+                return fail(format!(
+                    "slot {slot} with {nopts} options does not fit a row of {} ids (prefix {skip})",
+                    row.ids.len(),
+                ));
             }
         }
         Ok(())
     }
 
     /// Step 4 for the jobs of one forward: `starts[i]` is the hidden row where `group[i]`'s ids (from `skip`) begin.
-    /// The label rows of every slot go to the backend in one call; each slot's softmax lands in `out`.
+    /// The label rows of every slot go to the backend in one call; each slot's softmax lands in `out`. Every job's row
+    /// passed [`Engine::check_slots`] in `score` with the job's `skip` (its plan's `lcp`, as [`work`] sets it), which
+    /// keeps the indexing below in bounds.
     fn read_out(
         &self,
         plans: &[&Plan],
@@ -710,8 +711,6 @@ impl<B: Backend> Engine<B> {
         let mut picks: Vec<(usize, &[u32])> = Vec::new();
         for (j, &start) in group.iter().zip(starts) {
             let row = &plans[j.plan].rows[j.row];
-            // `score` checked every slot before the forward; the check holds the indexing below to it.
-            self.check_slots(j.plan, j.row, row, j.skip)?;
             for (&slot, &nopts) in row.slots.iter().zip(&row.nopts) {
                 picks.push((start + slot - j.skip, &self.label_ids[..nopts]));
             }
