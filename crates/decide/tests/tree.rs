@@ -297,18 +297,17 @@ fn compare(label: &str, got: &[Vec<Vec<f32>>], want: &[Vec<Vec<f32>>], tol: f32)
 }
 
 /// Score `plans` on both engines; the tree engine must ask for `asked` trees and run `ran` of them in this call.
-fn check_call<B: Backend>(
+fn check_call(
     label: &str,
-    tree: &Engine<B>,
-    counts: &dyn Fn() -> (usize, usize),
+    tree: &Engine<TreeCpu>,
     plain: &Engine,
     plans: &[&Plan],
     (asked, ran): (usize, usize),
     tol: f32,
 ) -> f32 {
-    let before = counts();
+    let before = tree.model().counts();
     let got = tree.score(plans).unwrap_or_else(|e| panic!("{label}: {e}"));
-    let after = counts();
+    let after = tree.model().counts();
     assert_eq!(
         (after.0 - before.0, after.1 - before.1),
         (asked, ran),
@@ -395,7 +394,6 @@ fn tree_equals_plain_engine() {
     for preset in PRESETS {
         let base = plain(preset, EngineOptions::default());
         let eng = tree(preset, EngineOptions::default(), false);
-        let counts = || eng.model().counts();
         let plans = fixture_plans(&base, preset);
         // The bodies cover what the route must handle.
         assert!(plans.iter().any(|p| read_rows(p).1 > 0), "a shared prefix");
@@ -419,15 +417,7 @@ fn tree_equals_plain_engine() {
         for (i, p) in plans.iter().enumerate() {
             let n = usize::from(p.slot_count() > 0); // no slots: no forward at all
             let label = format!("{preset} plan {i} alone");
-            worst = worst.max(check_call(
-                &label,
-                &eng,
-                &counts,
-                &base,
-                &[p],
-                (n, n),
-                TOLERANCE,
-            ));
+            worst = worst.max(check_call(&label, &eng, &base, &[p], (n, n), TOLERANCE));
             calls += n;
         }
         // Several plans per call, the plan without slots in each, within one pass.
@@ -437,15 +427,7 @@ fn tree_equals_plain_engine() {
             call.insert(call.len() / 2, refs[empty]);
             assert!(one_pass_tokens(&call) <= MAX_BATCH_TOKENS);
             let label = format!("{preset} call {c} of {} plans", call.len());
-            worst = worst.max(check_call(
-                &label,
-                &eng,
-                &counts,
-                &base,
-                &call,
-                (1, 1),
-                TOLERANCE,
-            ));
+            worst = worst.max(check_call(&label, &eng, &base, &call, (1, 1), TOLERANCE));
             calls += 1;
         }
         eprintln!(
@@ -462,7 +444,6 @@ fn token_limit() {
     let preset = PRESETS[0];
     let base = plain(preset, EngineOptions::default());
     let eng = tree(preset, EngineOptions::default(), false);
-    let counts = || eng.model().counts();
     let budget = EngineOptions::default().fork_budget_bytes;
     // 2000 shared + 4 × 1000 own + a single row: 6000 + the single row.
     let shared = shared_plan(1, 4, 2000, 1000);
@@ -481,7 +462,6 @@ fn token_limit() {
     let w = check_call(
         "at the limit",
         &eng,
-        &counts,
         &base,
         &[&shared, &at],
         (1, 1),
@@ -490,7 +470,6 @@ fn token_limit() {
     let w = w.max(check_call(
         "one token over",
         &eng,
-        &counts,
         &base,
         &[&shared, &over],
         (2, 2),
@@ -500,7 +479,6 @@ fn token_limit() {
     check_call(
         "one plan over the limit",
         &eng,
-        &counts,
         &base,
         &[&alone],
         (0, 0),
@@ -529,7 +507,6 @@ fn over_token_limit_runs_groups() {
     for preset in PRESETS {
         let base = plain(preset, EngineOptions::default());
         let eng = tree(preset, EngineOptions::default(), false);
-        let counts = || eng.model().counts();
         let plans = fixture_plans(&base, preset);
         let call = past(&plans, 2 * MAX_BATCH_TOKENS);
         let groups = tree_groups(&eng, &call, EngineOptions::default().fork_budget_bytes);
@@ -538,7 +515,6 @@ fn over_token_limit_runs_groups() {
         let w = check_call(
             &format!("{preset}: {} plans over the token limit", call.len()),
             &eng,
-            &counts,
             &base,
             &call,
             (groups, groups),
@@ -562,7 +538,6 @@ fn unfit_plans_take_two_pass() {
     let preset = PRESETS[1];
     let base = plain(preset, EngineOptions::default());
     let eng = tree(preset, EngineOptions::default(), false);
-    let counts = || eng.model().counts();
     let fixture = fixture_plans(&base, preset);
     let long_rows = unshared_plan(20, &[3000, 3000, 2500]);
     let long_suffixes = shared_plan(21, 4, 1000, 1900);
@@ -591,22 +566,13 @@ fn unfit_plans_take_two_pass() {
     let w = check_call(
         "fit and unfit plans",
         &eng,
-        &counts,
         &base,
         &call,
         (groups, groups),
         TOLERANCE,
     );
     assert!(eng.model().batches() > batches, "the two-pass route");
-    check_call(
-        "unfit plans only",
-        &eng,
-        &counts,
-        &base,
-        &unfit,
-        (0, 0),
-        0.0,
-    );
+    check_call("unfit plans only", &eng, &base, &unfit, (0, 0), 0.0);
     eprintln!(
         "{preset}: {groups} trees around {} unfit plans, worst |diff| vs plain {w:e}",
         unfit.len()
@@ -650,11 +616,9 @@ fn fork_budget() {
             let eng = with_child(opts.clone());
             assert_eq!(tree_groups(&eng, &call, budget), trees, "budget {budget}");
             let base = plain(preset, opts);
-            let counts = || eng.model().counts();
             check_call(
                 &format!("{preset}: budget {budget} of {need} bytes (child {child})"),
                 &eng,
-                &counts,
                 &base,
                 &call,
                 (trees, trees),
@@ -676,14 +640,12 @@ fn declined_tree_is_the_plain_engine() {
     for preset in PRESETS {
         let base = plain(preset, EngineOptions::default());
         let eng = tree(preset, EngineOptions::default(), true);
-        let counts = || eng.model().counts();
         let plans = fixture_plans(&base, preset);
         let refs: Vec<&Plan> = plans.iter().collect();
         for (c, chunk) in refs.chunks(7).enumerate() {
             check_call(
                 &format!("{preset} call {c} declined"),
                 &eng,
-                &counts,
                 &base,
                 chunk,
                 (1, 0),
@@ -701,7 +663,6 @@ fn declined_tree_is_the_plain_engine() {
         check_call(
             &format!("{preset} {} plans past the limit, declined", long.len()),
             &eng,
-            &counts,
             &base,
             &long,
             (groups, 0),
@@ -712,7 +673,6 @@ fn declined_tree_is_the_plain_engine() {
         check_call(
             &format!("{preset} hand-built, declined"),
             &eng,
-            &counts,
             &base,
             &hand,
             (1, 0),
@@ -723,7 +683,6 @@ fn declined_tree_is_the_plain_engine() {
         check_call(
             &format!("{preset} hand-built, tree"),
             &eng,
-            &counts,
             &base,
             &hand,
             (1, 1),
@@ -740,7 +699,6 @@ fn declined_group_leaves_the_others_on_the_tree() {
         let base = plain(preset, EngineOptions::default());
         let eng = tree(preset, EngineOptions::default(), false);
         eng.model().decline_first.store(true, Ordering::SeqCst);
-        let counts = || eng.model().counts();
         let plans = fixture_plans(&base, preset);
         // A shared-prefix plan, then the fixture plans past the token limit: the first group is declined, the others
         // run.
@@ -752,7 +710,6 @@ fn declined_group_leaves_the_others_on_the_tree() {
         check_call(
             &format!("{preset} one declined group of {groups}"),
             &eng,
-            &counts,
             &base,
             &call,
             (groups, groups - 1),
@@ -774,11 +731,9 @@ fn short_prefix_rows_run_whole_on_the_tree() {
         for min_root in [3, 2] {
             let eng = tree(preset, EngineOptions::default(), false);
             eng.model().min_root.store(min_root, Ordering::SeqCst);
-            let counts = || eng.model().counts();
             check_call(
                 &format!("{preset} prefix of 2 ids, min_root {min_root}"),
                 &eng,
-                &counts,
                 &base,
                 &call,
                 (1, 1),
