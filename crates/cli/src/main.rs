@@ -205,13 +205,10 @@ fn load_model(arg: &str) -> Result<Model> {
     Ok(m)
 }
 
-fn load_tokenizer(arg: &str) -> Result<Tokenizer> {
-    tokenizer_in(&model_dir(arg)?)
-}
-
 /// The tokenizer of a model folder, read for its config.json `model_type` when there is one.
-pub(crate) fn tokenizer_in(dir: &Path) -> Result<Tokenizer> {
-    Ok(Tokenizer::from_dir(dir, model_type_in(dir).as_deref())?)
+fn load_tokenizer(arg: &str) -> Result<Tokenizer> {
+    let dir = model_dir(arg)?;
+    Ok(Tokenizer::from_dir(&dir, model_type_in(&dir).as_deref())?)
 }
 
 /// A model folder's config.json `model_type`, when it has one.
