@@ -1532,9 +1532,9 @@ impl CudaModel {
                         ops::gdn_step(g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d)?;
                         self.mark("gdn step")?;
                     } else {
-                        // The WY pre-pass and the state pass on tensor cores (3xTF32, f32 state; the SIMT kernels
-                        // for head dims they do not take), or the f32 SIMT pair with ONEPASS_GDN=wy (never in a tree:
-                        // tree_min_root).
+                        // The WY pre-pass and the state pass on tensor cores (`tc`'s arithmetic, f32 state; the SIMT
+                        // kernels for head dims they do not take), or the f32 SIMT pair with ONEPASS_GDN=wy (never in
+                        // a tree: tree_min_root).
                         if self.gdn_tc {
                             crate::gdn_tc::gdn_tc_chunked(
                                 g,

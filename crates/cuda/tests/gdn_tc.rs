@@ -79,36 +79,53 @@ fn run(g: &Gpu, c: &DeltaCase, dev: &TcDev, pass: Pass) -> Result<(), CudaError>
         Pass::Wy | Pass::Tc(..) => {
             ops::gdn_wy_prep(g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy)?;
             match pass {
-                Pass::Tc(dvs, a) => gdn_tc::gdn_tc_state(
-                    g,
-                    a,
-                    p.x,
-                    cd,
-                    o,
-                    p.segs,
-                    (p.states, p.states, true),
-                    ns,
-                    d,
-                    n,
-                    wy,
-                    dvs,
-                ),
-                _ => ops::gdn_wy_state(
-                    g,
-                    p.x,
-                    cd,
-                    o,
-                    p.segs,
-                    p.states,
-                    ns,
-                    d,
-                    n,
-                    wy,
-                    ops::gdn_wy_slice(d, ns),
-                ),
+                Pass::Tc(dvs, a) => tc_state(g, c, dev, dvs, a),
+                _ => wy_state(g, c, dev, ops::gdn_wy_slice(d, ns)),
             }
         }
     }
+}
+
+/// `gdn_tc::gdn_tc_state` alone (`dvs` value columns per block, products `a`) over the scratch the pre-pass filled.
+fn tc_state(g: &Gpu, c: &DeltaCase, dev: &TcDev, dvs: usize, a: Arith) -> Result<(), CudaError> {
+    let d = c.d;
+    let p = dev.inp.ptrs(g);
+    let (o, wy) = (g.ptr(&dev.out), g.ptr(&dev.scratch));
+    let states = (p.states, p.states, true);
+    gdn_tc::gdn_tc_state(
+        g,
+        a,
+        p.x,
+        cols(d),
+        o,
+        p.segs,
+        states,
+        c.lens.len(),
+        d,
+        c.rows(),
+        wy,
+        dvs,
+    )
+}
+
+/// `ops::gdn_wy_state` alone (`dvs` value columns per block) over the scratch the pre-pass filled.
+fn wy_state(g: &Gpu, c: &DeltaCase, dev: &TcDev, dvs: usize) -> Result<(), CudaError> {
+    let d = c.d;
+    let p = dev.inp.ptrs(g);
+    let (o, wy) = (g.ptr(&dev.out), g.ptr(&dev.scratch));
+    ops::gdn_wy_state(
+        g,
+        p.x,
+        cols(d),
+        o,
+        p.segs,
+        p.states,
+        c.lens.len(),
+        d,
+        c.rows(),
+        wy,
+        dvs,
+    )
 }
 
 /// Outputs and final states of `pass` on a fresh upload of the case.
@@ -225,33 +242,11 @@ fn gdn_tc_timings() {
         let (ns, n, cd, ml) = (lens.len(), c.rows(), cols(d), c.max_len());
         let time = |what: &dyn Fn()| per_call_us(&g, what);
         let p = dev.inp.ptrs(&g);
-        let (o, wy) = (g.ptr(&dev.out), g.ptr(&dev.scratch));
+        let wy = g.ptr(&dev.scratch);
         let prep =
             time(&|| ops::gdn_wy_prep(&g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy).unwrap());
-        let wy_at = |dvs: usize| {
-            time(&|| {
-                ops::gdn_wy_state(&g, p.x, cd, o, p.segs, p.states, ns, d, n, wy, dvs).unwrap()
-            })
-        };
-        let tc_at = |dvs: usize, a: Arith| {
-            time(&|| {
-                gdn_tc::gdn_tc_state(
-                    &g,
-                    a,
-                    p.x,
-                    cd,
-                    o,
-                    p.segs,
-                    (p.states, p.states, true),
-                    ns,
-                    d,
-                    n,
-                    wy,
-                    dvs,
-                )
-                .unwrap()
-            })
-        };
+        let wy_at = |dvs: usize| time(&|| wy_state(&g, &c, &dev, dvs).unwrap());
+        let tc_at = |dvs: usize, a: Arith| time(&|| tc_state(&g, &c, &dev, dvs, a).unwrap());
         let (wy_pick, tc_pick) = (ops::gdn_wy_slice(d, ns), gdn_tc::gdn_tc_slice(d, ns));
         let wy_best = wy_at(wy_pick);
         let wys: Vec<String> = [8, 16, 32]
