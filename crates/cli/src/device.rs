@@ -195,10 +195,10 @@ pub struct CudaArgs {
     /// no TF32; for checking).
     #[arg(long, default_value = "split")]
     pub gpu_precision: String,
-    /// Arithmetic of the tensor-core kernels (gated delta rule, attention): 3xtf32 (f32 accuracy), tf32 (one TF32
-    /// product: faster, answers within the ship bar on the synthetic checkpoints; docs/cuda.md), or the kernels that
-    /// run tf32, comma-separated (prep, state, attn). Default: ONEPASS_TC when set, else 3xtf32 with split and f32,
-    /// tf32 with bf16.
+    /// Arithmetic of the tensor-core kernels (gated delta rule, attention), comma-separated items applied in order:
+    /// 3xtf32 (f32 accuracy), tf32 (one TF32 product: faster, answers within the ship bar on the synthetic
+    /// checkpoints; docs/cuda.md), a kernel that runs tf32 (prep, state, attn), or attention's own arithmetic
+    /// (attn=3xtf32|tf32|bf16x3|bf16). Default: ONEPASS_TC when set, else the precision's (docs/cuda.md).
     #[arg(long)]
     pub gpu_kernels: Option<String>,
 }
@@ -537,7 +537,7 @@ fn bench_engine<B: onepass_decide::engine::Backend>(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use onepass_cuda::{Arith, Precision, TcArith};
+    use onepass_cuda::{Arith, AttnArith, Precision, TcArith};
 
     fn args(precision: &str, kernels: Option<&str>) -> CudaArgs {
         CudaArgs {
@@ -567,8 +567,10 @@ mod tests {
             .unwrap();
         assert_eq!(
             (t.prep, t.state, t.attn),
-            (Arith::X3, Arith::Tf32, Arith::Tf32)
+            (Arith::X3, Arith::Tf32, AttnArith::Tf32)
         );
+        let t = args("split", Some("attn=bf16x3")).options().unwrap();
+        assert_eq!(t.kernels.map(|k| k.attn), Some(AttnArith::Bf16x3));
         let e = args("split", Some("fp8"))
             .options()
             .unwrap_err()

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use onepass_cuda::{Arith, Precision, TcArith};
+use onepass_cuda::{Arith, AttnArith, Precision, TcArith};
 use onepass_cuda_engine::{load_engine, CudaOptions};
 use onepass_decide::engine::Backend;
 use onepass_decide::{parse_request, Engine, EngineOptions, Plan};
@@ -102,9 +102,18 @@ fn together<B: Backend>(e: &Engine<B>, plans: &[Plan]) -> Vec<Vec<Vec<f32>>> {
     e.score(&refs).unwrap()
 }
 
-/// The tensor-core kernels' two arithmetics, every kernel alike.
+/// The tensor-core kernels' two TF32 arithmetics, every kernel alike, and each with attention on bf16 products
+/// (bf16x3 beside 3xTF32, one bf16 product beside 1xTF32).
 const X3_ALL: TcArith = TcArith::all(Arith::X3);
 const TF32_ALL: TcArith = TcArith::all(Arith::Tf32);
+const X3_BF_ATTN: TcArith = TcArith {
+    attn: AttnArith::Bf16x3,
+    ..X3_ALL
+};
+const TF32_BF_ATTN: TcArith = TcArith {
+    attn: AttnArith::Bf16,
+    ..TF32_ALL
+};
 
 #[derive(Default, Debug)]
 struct Diff {
@@ -200,11 +209,11 @@ fn gpu_answers_match_cpu_engine() {
             .into_iter()
             .flat_map(|(prec, max_tol, mean_tol)| {
                 // The exact mode keeps 3xTF32 kernels; the bf16 modes are held to their bars with the tensor-core
-                // kernels in either arithmetic.
+                // kernels in every arithmetic.
                 let tcs: &[TcArith] = if prec == Precision::F32 {
                     &[X3_ALL]
                 } else {
-                    &[X3_ALL, TF32_ALL]
+                    &[X3_ALL, TF32_ALL, X3_BF_ATTN, TF32_BF_ATTN]
                 };
                 tcs.iter()
                     .map(move |&tc| (prec, tc, max_tol, mean_tol))
@@ -216,10 +225,7 @@ fn gpu_answers_match_cpu_engine() {
             m.set_tc_arith(tc);
             let trees = m.tree_forwards();
             let got = alone(&gpu, &ps);
-            let tag = format!(
-                "{preset} {prec:?} kernels {}",
-                if tc == X3_ALL { "3xTF32" } else { "1xTF32" }
-            );
+            let tag = format!("{preset} {prec:?} {}", tc.describe());
             // The one-forward tree ran (at least one request's prefix and suffixes in one forward).
             if m.tree_forwards() == trees {
                 fails.push(format!("{tag}: no request took the one-forward tree"));

@@ -1,9 +1,13 @@
 
 // ---------------------------------------------------------------------------------------------------------------
-// Attention on tensor cores (attn_tc.cu; launcher crates/cuda/src/attn_tc.rs): the twin of `attention_tiled`
-// (same inputs, same result within f32 rounding) with Q·Kᵀ and P·V as mma.sync m16n8k8 TF32 products in 3xTF32
-// form (x = big + small, both TF32; acc += big·big + big·small + small·big), online softmax in f32;
-// attention_tc_tf32, its 1xTF32 twin, runs the big·big products only.
+// Attention on tensor cores (attn_tc.cu; launcher crates/cuda/src/attn_tc.rs): twins of `attention_tiled` (same
+// inputs, same result within the products' rounding), online softmax in f32, in four arithmetics:
+// - attention_tc: Q·Kᵀ and P·V as mma.sync m16n8k8 TF32 products in 3xTF32 form (x = big + small, both TF32;
+//   acc += big·big + big·small + small·big): f32 accuracy. attention_tc_tf32: the big·big products only.
+// - attention_bf: m16n8k16 bf16 products in bf16x3 form (x = hi + lo, both bf16, the three products as above):
+//   operands carried to about 2^-17, as the split GEMMs carry theirs. attention_bf1: hi·hi only (bf16 operands).
+//   The bf16 kernels convert each tile once in shared memory, in place (an f32 pair's 8 bytes become its hi pair
+//   and its lo pair), where the TF32 kernels split every fragment in every warp.
 //
 // Work item: one block per (tile of query rows of a segment, KV head, split of the tile's keys). The block's 64
 // "rows" are (token, query head of the KV group) pairs, row r = token r / G, head kh*G + r % G (G = H / HKV), so
@@ -32,20 +36,198 @@ __device__ __forceinline__ void atc_plan(int nkeys, int ns, int& chunk, int& use
     used = (nkeys + chunk - 1) / chunk;
 }
 
-// Keys k0..k0+ATC_NK-1 of one KV head (K or V) into dst [ATC_NK, lds]: key p from the base cache when
-// p < base, else own row p - base; keys >= kend and columns >= D are zeros.
-__device__ __forceinline__ void atc_load_kv(float* dst, const float* own, const float* bas, int base, int k0,
-                                            int kend, int HKV, int kh, int D, int c4n, int lds, int tid) {
+// One block's work item: its tile of a segment, KV head and split, and that split's keys kbeg..kend-1.
+struct AtcWork {
+    int kh, split, start, t0, nq, pos0, kbeg, kend, used, base;
+    const float *ko, *vo, *kb, *vb;  // own K and V caches, the base (shared prefix) caches
+};
+// Longest tiles first (they see the most keys), both KV heads of a tile together, and the last segments first:
+// in a tree (CudaModel::forward_tree) those are the children, whose one tile sees its root's keys as well, so
+// started last they would run alone at the end. False: the block has nothing to do.
+__device__ __forceinline__ bool atc_work(AtcWork& w, const int* seg, const u64* kv, int HKV, int TQ, int ns,
+                                         int nseg) {
+    w.kh = (int)blockIdx.x % HKV;
+    int bx = (int)blockIdx.x / HKV;
+    int tile = (int)(gridDim.x / HKV / ns) - 1 - bx / ns;
+    w.split = bx % ns;
+    int s = nseg - 1 - (int)blockIdx.y;
+    w.start = seg[3 * s];
+    int len = seg[3 * s + 1];
+    w.pos0 = seg[3 * s + 2];
+    w.t0 = tile * TQ;
+    if (w.t0 >= len) return false;
+    w.nq = min(TQ, len - w.t0);
+    int nkeys = w.pos0 + w.t0 + w.nq;  // keys 0..nkeys-1 are seen by some row of the tile
+    int chunk;
+    atc_plan(nkeys, ns, chunk, w.used);
+    if (w.split >= w.used) return false;
+    w.kbeg = w.split * chunk;
+    w.kend = min(nkeys, w.kbeg + chunk);
+    const u64* kvs = kv + KV_ENTRIES * s;
+    w.ko = (const float*)kvs[0];
+    w.vo = (const float*)kvs[1];
+    w.kb = (const float*)kvs[2];
+    w.vb = (const float*)kvs[3];
+    w.base = (int)kvs[4];
+    return true;
+}
+
+// Where this thread's i-th 16-byte chunk of a [rows, c4n x 4] tile goes: row r, column c.
+__device__ __forceinline__ void atc_chunk(int i, int c4n, int& r, int& c) {
+    r = i / c4n;
+    c = (i - r * c4n) * 4;
+}
+// The source of key kp's columns c..c+3 of KV head kh: the base cache when kp < base, else own row kp - base.
+__device__ __forceinline__ const float* atc_key_src(const AtcWork& w, bool v, int kp, int HKV, int D, int c) {
+    const float* own = v ? w.vo : w.ko;
+    const float* bas = v ? w.vb : w.kb;
+    return kp < w.base ? bas + ((idx_t)kp * HKV + w.kh) * D + c : own + ((idx_t)(kp - w.base) * HKV + w.kh) * D + c;
+}
+// The Q tile (unscaled; the scale goes on the scores) into Qs [ATC_M, ldq]; rows past the tile and columns >= D
+// are zeros.
+__device__ __forceinline__ void atc_load_q(float* Qs, const float* q, const AtcWork& w, int H, int G, int D, int c4n,
+                                           int ldq, int tid) {
+    unsigned s0 = tc_smem_addr(Qs);
+    for (int i = tid; i < ATC_M * c4n; i += 128) {
+        int r, c;
+        atc_chunk(i, c4n, r, c);
+        int t = r / G, hg = r - t * G;
+        bool ok = t < w.nq && c < D;
+        const float* src = q;
+        if (ok) src = q + ((idx_t)(w.start + w.t0 + t) * H + w.kh * G + hg) * D + c;
+        tc_cp16(s0 + (unsigned)(r * ldq + c) * 4u, src, ok ? 16 : 0);
+    }
+}
+// Keys k0..k0+ATC_NK-1 of K (v false) or V into dst [ATC_NK, lds]; keys >= kend and columns >= D are zeros.
+__device__ __forceinline__ void atc_load_kv(float* dst, const AtcWork& w, bool v, int k0, int HKV, int D, int c4n,
+                                            int lds, int tid) {
     unsigned s0 = tc_smem_addr(dst);
     for (int i = tid; i < ATC_NK * c4n; i += 128) {
-        int r = i / c4n, c = (i - r * c4n) * 4;
+        int r, c;
+        atc_chunk(i, c4n, r, c);
         int kp = k0 + r;
-        bool ok = kp < kend && c < D;
-        const float* src = own;
-        if (ok)
-            src = kp < base ? bas + ((idx_t)kp * HKV + kh) * D + c : own + ((idx_t)(kp - base) * HKV + kh) * D + c;
-        tc_cp16(s0 + (unsigned)(r * lds + c) * 4u, src, ok ? 16 : 0);
+        bool ok = kp < w.kend && c < D;
+        tc_cp16(s0 + (unsigned)(r * lds + c) * 4u, ok ? atc_key_src(w, v, kp, HKV, D, c) : w.ko, ok ? 16 : 0);
     }
+}
+
+// A row's running max and sum, and the causal mask, scale and online softmax of one key tile's scores:
+// sc[j][e] is (row e < 2 ? r0 : r1, key k0 + 8j + 2tg + (e & 1)) and becomes its unnormalised probability; the
+// output accumulators o are rescaled to the new max.
+template <int NT>
+__device__ __forceinline__ void atc_softmax(float (&sc)[ATC_NK / 8][4], float (&o)[NT][4], int k0, int kend, int p0,
+                                            int p1, float scale, int tg, float& m0, float& m1, float& l0, float& l1) {
+    const float NEG = __int_as_float(0xff800000);  // -inf
+    float mx0 = NEG, mx1 = NEG;
+#pragma unroll
+    for (int j = 0; j < ATC_NK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = k0 + j * 8 + 2 * tg + (e & 1);
+            int p = e < 2 ? p0 : p1;
+            float x = key <= p && key < kend ? sc[j][e] * scale : NEG;
+            sc[j][e] = x;
+            if (e < 2) mx0 = fmaxf(mx0, x);
+            else mx1 = fmaxf(mx1, x);
+        }
+    // A row lives in the 4 lanes of a quad.
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    // A row that has seen no key yet keeps max -inf: use 0 so that exp gives 0, not NaN.
+    float mu0 = mn0 == NEG ? 0.0f : mn0, mu1 = mn1 == NEG ? 0.0f : mn1;
+    float cr0 = expf(m0 - mu0), cr1 = expf(m1 - mu1);
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ATC_NK / 8; j++) {
+        sc[j][0] = expf(sc[j][0] - mu0);
+        sc[j][1] = expf(sc[j][1] - mu0);
+        sc[j][2] = expf(sc[j][2] - mu1);
+        sc[j][3] = expf(sc[j][3] - mu1);
+        s0 += sc[j][0] + sc[j][1];
+        s1 += sc[j][2] + sc[j][3];
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    l0 = l0 * cr0 + s0;
+    l1 = l1 * cr1 + s1;
+    m0 = mn0;
+    m1 = mn1;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        o[nt][0] *= cr0;
+        o[nt][1] *= cr0;
+        o[nt][2] *= cr1;
+        o[nt][3] *= cr1;
+    }
+}
+
+// The block's result: o[nt][e] is (row e < 2 ? r0 : r1, column 8nt + 2tg + (e & 1)). With one split, the gated,
+// normalised output; else the partial row ((split, token row), head): output [.., D], and (max, sum) after all
+// outputs. D % 4 == 0, so c < D means c + 1 < D.
+template <int NT>
+__device__ __forceinline__ void atc_store(const float (&o)[NT][4], const AtcWork& w, int r0, int p0, int p1,
+                                          float m0, float m1, float l0, float l1, const float* __restrict__ proj,
+                                          int ld, int H, int G, int D, void* out, int mode, int ns, int nrows,
+                                          float* __restrict__ scratch, int tg) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int r = r0 + 8 * half;
+        if ((half ? p1 : p0) < 0) continue;
+        float m = half ? m1 : m0, l = half ? l1 : l0;
+        int t = r / G, h = w.kh * G + (r - t * G);
+        idx_t n = w.start + w.t0 + t;
+        if (w.used == 1) {
+            const float* gate = proj + n * ld + h * 2 * D + D;
+            float inv = 1.0f / l;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int c = nt * 8 + 2 * tg;
+                if (c < D) {
+                    idx_t oi = n * H * D + h * D + c;
+                    store_act(out, oi, o[nt][2 * half] * inv * sigmoid_f(gate[c]), mode);
+                    store_act(out, oi + 1, o[nt][2 * half + 1] * inv * sigmoid_f(gate[c + 1]), mode);
+                }
+            }
+        } else {
+            idx_t pr = ((idx_t)w.split * nrows + n) * H + h;
+            float* po = scratch + pr * D;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int c = nt * 8 + 2 * tg;
+                if (c < D) {
+                    po[c] = o[nt][2 * half];
+                    po[c + 1] = o[nt][2 * half + 1];
+                }
+            }
+            if (tg == 0) {
+                float* ml = scratch + (idx_t)ns * nrows * H * D + pr * 2;
+                ml[0] = m;
+                ml[1] = l;
+            }
+        }
+    }
+}
+
+// The kernels' shared prologue: this thread's rows r0 = 16 warp + g and r1 = r0 + 8, their positions (-1: not
+// a row of the tile, sees nothing), whether the warp has rows, and the last key any row of the warp sees.
+struct AtcRows {
+    int r0, p0, p1, pw;
+    bool wrows;
+};
+__device__ __forceinline__ AtcRows atc_rows(const AtcWork& w, int G, int warp, int g) {
+    AtcRows r;
+    r.r0 = warp * 16 + g;
+    int r1 = r.r0 + 8;
+    r.p0 = r.r0 / G < w.nq ? w.pos0 + w.t0 + r.r0 / G : -1;
+    r.p1 = r1 / G < w.nq ? w.pos0 + w.t0 + r1 / G : -1;
+    r.wrows = (warp * 16) / G < w.nq;
+    r.pw = w.pos0 + w.t0 + min((warp * 16 + 15) / G, w.nq - 1);
+    return r;
 }
 
 // NT: 8-column tiles of the padded head dim Dp = 8 NT >= D (columns D..Dp-1 are zeros); X3: 3xTF32, else 1xTF32.
@@ -54,71 +236,35 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                                                const int* seg, const u64* kv, int H, int HKV, int D, float scale,
                                                void* out, int mode, int ns, int nrows, int nseg,
                                                float* __restrict__ scratch, float* sm) {
-    const int G = H / HKV, TQ = ATC_M / G;
+    const int G = H / HKV;
     // Row pitches: Q and K are read as float2 pairs (pitch = 8 mod 32: the 16 lanes of a half warp hit 32
     // distinct banks), V down its columns as single floats (pitch = 4 mod 32). Must match smem() in attn_tc.rs.
     const int Dp = NT * 8, ldq = Dp + 8, lds = Dp + 4, c4n = Dp / 4;
     float* Qs = sm;                 // [ATC_M, ldq]
     float* Ks = Qs + ATC_M * ldq;   // [ATC_NK, ldq]
     float* Vs = Ks + ATC_NK * ldq;  // [ATC_NK, lds]
-    // Longest tiles first (they see the most keys), both KV heads of a tile together, and the last segments first:
-    // in a tree (CudaModel::forward_tree) those are the children, whose one tile sees its root's keys as well, so
-    // started last they would run alone at the end.
-    int kh = (int)blockIdx.x % HKV, bx = (int)blockIdx.x / HKV;
-    int tile = (int)(gridDim.x / HKV / ns) - 1 - bx / ns, split = bx % ns;
-    int s = nseg - 1 - (int)blockIdx.y;
-    int start = seg[3 * s], len = seg[3 * s + 1], pos0 = seg[3 * s + 2];
-    int t0 = tile * TQ;
-    if (t0 >= len) return;
-    int nq = min(TQ, len - t0);
-    int nkeys = pos0 + t0 + nq;  // keys 0..nkeys-1 are seen by some row of the tile
-    int chunk, used;
-    atc_plan(nkeys, ns, chunk, used);
-    if (split >= used) return;
-    int kbeg = split * chunk, kend = min(nkeys, kbeg + chunk);
-
-    const u64* kvs = kv + KV_ENTRIES * s;
-    const float* ko = (const float*)kvs[0];
-    const float* vo = (const float*)kvs[1];
-    const float* kb = (const float*)kvs[2];
-    const float* vb = (const float*)kvs[3];
-    int base = (int)kvs[4];
+    AtcWork w;
+    if (!atc_work(w, seg, kv, HKV, ATC_M / G, ns, nseg)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
 
-    // Q tile (unscaled; the scale goes on the scores), then the first K and V tiles.
-    {
-        unsigned s0 = tc_smem_addr(Qs);
-        for (int i = tid; i < ATC_M * c4n; i += 128) {
-            int r = i / c4n, c = (i - r * c4n) * 4;
-            int t = r / G, hg = r - t * G;
-            bool ok = t < nq && c < D;
-            const float* src = q;
-            if (ok) src = q + ((idx_t)(start + t0 + t) * H + kh * G + hg) * D + c;
-            tc_cp16(s0 + (unsigned)(r * ldq + c) * 4u, src, ok ? 16 : 0);
-        }
-    }
-    atc_load_kv(Ks, ko, kb, base, kbeg, kend, HKV, kh, D, c4n, ldq, tid);
+    // Q tile, then the first K and V tiles.
+    atc_load_q(Qs, q, w, H, G, D, c4n, ldq, tid);
+    atc_load_kv(Ks, w, false, w.kbeg, HKV, D, c4n, ldq, tid);
     tc_commit();
-    atc_load_kv(Vs, vo, vb, base, kbeg, kend, HKV, kh, D, c4n, lds, tid);
+    atc_load_kv(Vs, w, true, w.kbeg, HKV, D, c4n, lds, tid);
     tc_commit();
 
-    // This thread's rows r0 = 16 warp + g and r1 = r0 + 8, their positions (-1: not a row of the tile, sees
-    // nothing), and the last key any row of the warp sees.
-    int r0 = warp * 16 + g, r1 = r0 + 8;
-    int p0 = r0 / G < nq ? pos0 + t0 + r0 / G : -1;
-    int p1 = r1 / G < nq ? pos0 + t0 + r1 / G : -1;
-    bool wrows = (warp * 16) / G < nq;
-    int pw = pos0 + t0 + min((warp * 16 + 15) / G, nq - 1);
-    const float NEG = __int_as_float(0xff800000);  // -inf
+    const AtcRows rw = atc_rows(w, G, warp, g);
+    const int r0 = rw.r0;
     float o[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    float m0 = NEG, m1 = NEG, l0 = 0.0f, l1 = 0.0f;
+    float m0 = __int_as_float(0xff800000), m1 = m0, l0 = 0.0f, l1 = 0.0f;
 
-    for (int k0 = kbeg; k0 < kend; k0 += ATC_NK) {
-        bool next = k0 + ATC_NK < kend;
-        bool act = wrows && k0 <= pw;  // warp-uniform
-        tc_wait<1>();                  // Q and K(k0) have landed (V(k0) may be in flight)
+    for (int k0 = w.kbeg; k0 < w.kend; k0 += ATC_NK) {
+        bool next = k0 + ATC_NK < w.kend;
+        bool act = rw.wrows && k0 <= rw.pw;  // warp-uniform
+        tc_wait<1>();                        // Q and K(k0) have landed (V(k0) may be in flight)
         __syncthreads();
         float sc[ATC_NK / 8][4];
         if (act) {
@@ -166,57 +312,9 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                 for (int e = 0; e < 4; e++) sc[j][e] = (sx[0][j][e] + sx[1][j][e]) + (sa[0][j][e] + sa[1][j][e]);
         }
         __syncthreads();  // every warp is done with Ks
-        if (next) atc_load_kv(Ks, ko, kb, base, k0 + ATC_NK, kend, HKV, kh, D, c4n, ldq, tid);
+        if (next) atc_load_kv(Ks, w, false, k0 + ATC_NK, HKV, D, c4n, ldq, tid);
         tc_commit();
-        if (act) {
-            // Causal mask and scale; sc[j][e] is (row e < 2 ? r0 : r1, key k0 + 8j + 2tg + (e & 1)).
-            float mx0 = NEG, mx1 = NEG;
-#pragma unroll
-            for (int j = 0; j < ATC_NK / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = k0 + j * 8 + 2 * tg + (e & 1);
-                    int p = e < 2 ? p0 : p1;
-                    float x = key <= p && key < kend ? sc[j][e] * scale : NEG;
-                    sc[j][e] = x;
-                    if (e < 2) mx0 = fmaxf(mx0, x);
-                    else mx1 = fmaxf(mx1, x);
-                }
-            // A row lives in the 4 lanes of a quad.
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-            // A row that has seen no key yet keeps max -inf: use 0 so that exp gives 0, not NaN.
-            float mu0 = mn0 == NEG ? 0.0f : mn0, mu1 = mn1 == NEG ? 0.0f : mn1;
-            float cr0 = expf(m0 - mu0), cr1 = expf(m1 - mu1);
-            float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-            for (int j = 0; j < ATC_NK / 8; j++) {
-                sc[j][0] = expf(sc[j][0] - mu0);
-                sc[j][1] = expf(sc[j][1] - mu0);
-                sc[j][2] = expf(sc[j][2] - mu1);
-                sc[j][3] = expf(sc[j][3] - mu1);
-                s0 += sc[j][0] + sc[j][1];
-                s1 += sc[j][2] + sc[j][3];
-            }
-            s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-            s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-            s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-            s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-            l0 = l0 * cr0 + s0;
-            l1 = l1 * cr1 + s1;
-            m0 = mn0;
-            m1 = mn1;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                o[nt][0] *= cr0;
-                o[nt][1] *= cr0;
-                o[nt][2] *= cr1;
-                o[nt][3] *= cr1;
-            }
-        }
+        if (act) atc_softmax<NT>(sc, o, k0, w.kend, rw.p0, rw.p1, scale, tg, m0, m1, l0, l1);
         tc_wait<1>();  // V(k0) has landed (K(k0 + ATC_NK) may be in flight)
         __syncthreads();
         if (act) {
@@ -241,49 +339,176 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
             }
         }
         __syncthreads();  // every warp is done with Vs
-        if (next) atc_load_kv(Vs, vo, vb, base, k0 + ATC_NK, kend, HKV, kh, D, c4n, lds, tid);
+        if (next) atc_load_kv(Vs, w, true, k0 + ATC_NK, HKV, D, c4n, lds, tid);
         tc_commit();
     }
+    atc_store<NT>(o, w, r0, rw.p0, rw.p1, m0, m1, l0, l1, proj, ld, H, G, D, out, mode, ns, nrows, scratch, tg);
+}
 
-    // o[nt][e] is (row e < 2 ? r0 : r1, column 8nt + 2tg + (e & 1)); D % 4 == 0, so c < D means c + 1 < D.
+// ---- bf16 products -------------------------------------------------------------------------------------------
+
+// Two f32 values as bf16 pairs: hi = (bf16(x), bf16(y)) rounded to nearest even, lo = (bf16(x - hi.x),
+// bf16(y - hi.y)); x in the low half (the lower k index of an mma fragment register).
+__device__ __forceinline__ uint2 atc_bf_split(float x, float y) {
+    unsigned hi, lo;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(y), "f"(x));
+    float hx = __uint_as_float(hi << 16), hy = __uint_as_float(hi & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(y - hy), "f"(x - hx));
+    return make_uint2(hi, lo);
+}
+// In place, the 4 f32 values at p (16 bytes): the pairs (p0, p1) and (p2, p3) each become (hi pair, lo pair), so
+// the 8 bytes that held columns c, c+1 hold their hi pair then their lo pair: one 64-bit load reads both.
+__device__ __forceinline__ void atc_bf_rows(float* p) {
+    float4 v = *(const float4*)p;
+    uint2 a = atc_bf_split(v.x, v.y), b = atc_bf_split(v.z, v.w);
+    *(uint4*)p = make_uint4(a.x, a.y, b.x, b.y);
+}
+// Keys k0..k0+ATC_NK-1 of V into dst [ATC_NK, lds], two key rows per thread item (keys 2i and 2i + 1, the same
+// four columns), so that atc_bf_vcols can pair them without waiting for other threads' copies.
+__device__ __forceinline__ void atc_load_v2(float* dst, const AtcWork& w, int k0, int HKV, int D, int c4n, int lds,
+                                            int tid) {
+    unsigned s0 = tc_smem_addr(dst);
+    for (int i = tid; i < (ATC_NK / 2) * c4n; i += 128) {
+        int rp, c;
+        atc_chunk(i, c4n, rp, c);
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        int r = half ? r1 : r0;
-        if ((half ? p1 : p0) < 0) continue;
-        float m = half ? m1 : m0, l = half ? l1 : l0;
-        int t = r / G, h = kh * G + (r - t * G);
-        idx_t n = start + t0 + t;
-        if (used == 1) {
-            const float* gate = proj + n * ld + h * 2 * D + D;
-            float inv = 1.0f / l;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                int c = nt * 8 + 2 * tg;
-                if (c < D) {
-                    idx_t oi = n * H * D + h * D + c;
-                    store_act(out, oi, o[nt][2 * half] * inv * sigmoid_f(gate[c]), mode);
-                    store_act(out, oi + 1, o[nt][2 * half + 1] * inv * sigmoid_f(gate[c + 1]), mode);
-                }
-            }
-        } else {
-            // Partial row ((split, token row), head): output [.., D] then (max, sum) after all outputs.
-            idx_t pr = ((idx_t)split * nrows + n) * H + h;
-            float* po = scratch + pr * D;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                int c = nt * 8 + 2 * tg;
-                if (c < D) {
-                    po[c] = o[nt][2 * half];
-                    po[c + 1] = o[nt][2 * half + 1];
-                }
-            }
-            if (tg == 0) {
-                float* ml = scratch + (idx_t)ns * nrows * H * D + pr * 2;
-                ml[0] = m;
-                ml[1] = l;
-            }
+        for (int e = 0; e < 2; e++) {
+            int r = 2 * rp + e, kp = k0 + r;
+            bool ok = kp < w.kend && c < D;
+            tc_cp16(s0 + (unsigned)(r * lds + c) * 4u, ok ? atc_key_src(w, true, kp, HKV, D, c) : w.vo, ok ? 16 : 0);
         }
     }
+}
+// In place, the V values this thread copied (atc_load_v2): keys 2i, 2i+1 at columns c..c+3 become, for each
+// column n, the key pair (hi pair, lo pair) at row 2i + (n & 1), columns (n & ~1, (n & ~1) + 1): the B operand
+// register of P·V (keys 2t, 2t+1 of column n) is one 64-bit load.
+__device__ __forceinline__ void atc_bf_vcols(float* dst, int c4n, int lds, int tid) {
+    for (int i = tid; i < (ATC_NK / 2) * c4n; i += 128) {
+        int rp, c;
+        atc_chunk(i, c4n, rp, c);
+        float* a = dst + (2 * rp) * lds + c;
+        float* b = a + lds;
+        float4 x = *(const float4*)a, y = *(const float4*)b;
+        uint2 c0 = atc_bf_split(x.x, y.x), c1 = atc_bf_split(x.y, y.y);
+        uint2 c2 = atc_bf_split(x.z, y.z), c3 = atc_bf_split(x.w, y.w);
+        *(uint4*)a = make_uint4(c0.x, c0.y, c2.x, c2.y);
+        *(uint4*)b = make_uint4(c1.x, c1.y, c3.x, c3.y);
+    }
+}
+// In place, the Q (rows ATC_M) or K (rows ATC_NK) chunks this thread copied (atc_load_q, atc_load_kv).
+__device__ __forceinline__ void atc_bf_tile(float* dst, int rows, int c4n, int ld, int tid) {
+    for (int i = tid; i < rows * c4n; i += 128) {
+        int r, c;
+        atc_chunk(i, c4n, r, c);
+        atc_bf_rows(dst + r * ld + c);
+    }
+}
+
+// NT: 8-column tiles of the padded head dim Dp = 8 NT >= D (NT even); X3: bf16x3, else one bf16 product.
+template <int NT, bool X3>
+__device__ __forceinline__ void attention_bf_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
+                                               const int* seg, const u64* kv, int H, int HKV, int D, float scale,
+                                               void* out, int mode, int ns, int nrows, int nseg,
+                                               float* __restrict__ scratch, float* sm) {
+    const int G = H / HKV;
+    // The same tiles and pitches as attention_tc_t (smem() in attn_tc.rs). Q and K are read as 64-bit (hi, lo)
+    // words at (row, 16s + 2tg [+ 8]): pitch = 8 mod 32, a half warp's 16 loads hit 32 distinct banks. V at
+    // (key pair row 2tg + (g & 1), column 8nt + (g & ~1)): pitch = 4 mod 32, likewise.
+    const int Dp = NT * 8, ldq = Dp + 8, lds = Dp + 4, c4n = Dp / 4;
+    float* Qs = sm;
+    float* Ks = Qs + ATC_M * ldq;
+    float* Vs = Ks + ATC_NK * ldq;
+    AtcWork w;
+    if (!atc_work(w, seg, kv, HKV, ATC_M / G, ns, nseg)) return;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
+
+    atc_load_q(Qs, q, w, H, G, D, c4n, ldq, tid);
+    atc_load_kv(Ks, w, false, w.kbeg, HKV, D, c4n, ldq, tid);
+    tc_commit();
+    atc_load_v2(Vs, w, w.kbeg, HKV, D, c4n, lds, tid);
+    tc_commit();
+
+    const AtcRows rw = atc_rows(w, G, warp, g);
+    const int r0 = rw.r0;
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m0 = __int_as_float(0xff800000), m1 = m0, l0 = 0.0f, l1 = 0.0f;
+    const float* qa = Qs + r0 * ldq + 2 * tg;
+    const float* kb = Ks + g * ldq + 2 * tg;
+    const float* vb = Vs + (2 * tg + (g & 1)) * lds + (g & ~1);
+
+    for (int k0 = w.kbeg; k0 < w.kend; k0 += ATC_NK) {
+        bool next = k0 + ATC_NK < w.kend;
+        bool act = rw.wrows && k0 <= rw.pw;  // warp-uniform
+        tc_wait<1>();                        // Q and K(k0) have landed (V(k0) may be in flight)
+        if (k0 == w.kbeg) atc_bf_tile(Qs, ATC_M, c4n, ldq, tid);
+        atc_bf_tile(Ks, ATC_NK, c4n, ldq, tid);
+        __syncthreads();
+        float sc[ATC_NK / 8][4];
+        if (act) {
+            // S[16 x 16] = Q[16 x Dp] · K[16 x Dp]ᵀ, 16 head-dim columns per step; per 8-key half j the hi·hi
+            // and the cross products in separate accumulators, even and odd steps apart (short mma chains).
+            float sa[2][2][4], sx[2][2][4];
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sa[u][j][e] = sx[u][j][e] = 0.0f;
+#pragma unroll 2
+            for (int ks = 0; ks < NT / 2; ks += 2) {
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const float* qs = qa + (ks + u) * 16;
+                    uint2 a0 = *(const uint2*)qs, a1 = *(const uint2*)(qs + 8 * ldq);
+                    uint2 a2 = *(const uint2*)(qs + 8), a3 = *(const uint2*)(qs + 8 * ldq + 8);
+                    unsigned ah[4] = {a0.x, a1.x, a2.x, a3.x}, al[4] = {a0.y, a1.y, a2.y, a3.y};
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const float* kj = kb + j * 8 * ldq + (ks + u) * 16;
+                        uint2 b0 = *(const uint2*)kj, b1 = *(const uint2*)(kj + 8);
+                        if (X3) {
+                            tc_mma_bf16(sx[u][j], al, b0.x, b1.x);
+                            tc_mma_bf16(sx[u][j], ah, b0.y, b1.y);
+                        }
+                        tc_mma_bf16(sa[u][j], ah, b0.x, b1.x);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[j][e] = (sx[0][j][e] + sx[1][j][e]) + (sa[0][j][e] + sa[1][j][e]);
+        }
+        __syncthreads();  // every warp is done with Ks
+        if (next) atc_load_kv(Ks, w, false, k0 + ATC_NK, HKV, D, c4n, ldq, tid);
+        tc_commit();
+        if (act) atc_softmax<NT>(sc, o, k0, w.kend, rw.p0, rw.p1, scale, tg, m0, m1, l0, l1);
+        tc_wait<1>();  // V(k0) has landed (K(k0 + ATC_NK) may be in flight)
+        atc_bf_vcols(Vs, c4n, lds, tid);
+        __syncthreads();
+        if (act) {
+            // O[16 x Dp] += P[16 x 16] · V[16 x Dp]: the score fragments of the two 8-key halves are the A operand
+            // as they stand (c0 c1 of half j = row g, keys 8j + 2tg, +1; c2 c3 the same for row g + 8).
+            uint2 p0 = atc_bf_split(sc[0][0], sc[0][1]), p1 = atc_bf_split(sc[0][2], sc[0][3]);
+            uint2 p2 = atc_bf_split(sc[1][0], sc[1][1]), p3 = atc_bf_split(sc[1][2], sc[1][3]);
+            unsigned ph[4] = {p0.x, p1.x, p2.x, p3.x}, pl[4] = {p0.y, p1.y, p2.y, p3.y};
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint2 b0 = *(const uint2*)(vb + nt * 8), b1 = *(const uint2*)(vb + 8 * lds + nt * 8);
+                if (X3) {
+                    tc_mma_bf16(o[nt], pl, b0.x, b1.x);
+                    tc_mma_bf16(o[nt], ph, b0.y, b1.y);
+                }
+                tc_mma_bf16(o[nt], ph, b0.x, b1.x);
+            }
+        }
+        __syncthreads();  // every warp is done with Vs
+        if (next) atc_load_v2(Vs, w, k0 + ATC_NK, HKV, D, c4n, lds, tid);
+        tc_commit();
+    }
+    atc_store<NT>(o, w, r0, rw.p0, rw.p1, m0, m1, l0, l1, proj, ld, H, G, D, out, mode, ns, nrows, scratch, tg);
 }
 
 // q: [N, H, D]; proj: [N, ld] (gate of head h at h*2D + D); seg: [S, 3]; kv: [S, KV_ENTRIES]; out: [N, H*D] as
@@ -291,25 +516,24 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
 // (nrows: the token rows N). grid (ceil(maxlen / (ATC_M / G)) * ns * HKV, nseg), block 128, dynamic shared memory
 // (ATC_M + ATC_NK) * (Dp + 8) + ATC_NK * (Dp + 4) floats, Dp = 64, 128 or 256 (the least >= D); D % 4 == 0,
 // D <= 256, G = H / HKV <= 64.
-// attention_tc: 3xTF32 products; attention_tc_tf32: 1xTF32.
-#define ATTENTION_TC(NAME, X3)                                                                                       \
+// attention_tc: 3xTF32 products; attention_tc_tf32: 1xTF32; attention_bf: bf16x3; attention_bf1: one bf16.
+#define ATTENTION_TC(NAME, IMPL, X3)                                                                                 \
     extern "C" __global__ void __launch_bounds__(128, 2)                                                             \
         NAME(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,     \
              int H, int HKV, int D, float scale, void* out, int mode, int ns, int nrows, int nseg,                   \
              float* __restrict__ scratch) {                                                                          \
         extern __shared__ float atc_sm[];                                                                            \
         if (D <= 64)                                                                                                 \
-            attention_tc_t<8, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,      \
-                                  atc_sm);                                                                           \
+            IMPL<8, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch, atc_sm);        \
         else if (D <= 128)                                                                                           \
-            attention_tc_t<16, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,     \
-                                   atc_sm);                                                                          \
+            IMPL<16, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch, atc_sm);       \
         else                                                                                                         \
-            attention_tc_t<32, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,     \
-                                   atc_sm);                                                                          \
+            IMPL<32, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch, atc_sm);       \
     }
-ATTENTION_TC(attention_tc, true)
-ATTENTION_TC(attention_tc_tf32, false)
+ATTENTION_TC(attention_tc, attention_tc_t, true)
+ATTENTION_TC(attention_tc_tf32, attention_tc_t, false)
+ATTENTION_TC(attention_bf, attention_bf_t, true)
+ATTENTION_TC(attention_bf1, attention_bf_t, false)
 #undef ATTENTION_TC
 
 // Merges the key splits of `attention_tc`: per (token, head) o = Σ_j e^(m_j - M) o_j / Σ_j e^(m_j - M) l_j, times

@@ -17,7 +17,7 @@
 
 use crate::launch;
 use crate::ops::{AttnDims, Out};
-use crate::runtime::{cfg, cfg3, Arith, Gpu};
+use crate::runtime::{cfg, cfg3, AttnArith, Gpu};
 use crate::CudaError;
 
 /// Rows (token, query head) per block (`ATC_M` in attn_tc.cu).
@@ -111,7 +111,7 @@ pub fn attention_tc_supported(g: &Gpu, a: AttnDims) -> bool {
 /// [`attention_tc_scratch_len`]`(splits, rows, a)` f32 values.
 pub fn attention_tc(
     g: &Gpu,
-    arith: Arith,
+    arith: AttnArith,
     q: u64,
     proj: u64,
     ld: usize,
@@ -278,6 +278,187 @@ mod tests {
             worst = worst.max((p - exact).abs() / exact.abs().max(1e-30));
         }
         assert!(worst < 1e-6, "3xTF32 relative error {worst:e}");
+    }
+
+    /// The kernel's bf16 split of an f32 pair (atc_bf_split): hi = bf16 pair rounded to nearest even, lo = the
+    /// rounded remainders; the lower index in the low half.
+    fn bf_split(x: f32, y: f32) -> (u32, u32) {
+        use half::bf16;
+        let (hx, hy) = (bf16::from_f32(x), bf16::from_f32(y));
+        let (lx, ly) = (
+            bf16::from_f32(x - hx.to_f32()),
+            bf16::from_f32(y - hy.to_f32()),
+        );
+        let pack = |a: bf16, b: bf16| a.to_bits() as u32 | (b.to_bits() as u32) << 16;
+        (pack(hx, hy), pack(lx, ly))
+    }
+
+    /// The low / high bf16 of a register as f32.
+    fn lo16(r: u32) -> f64 {
+        half::bf16::from_bits(r as u16).to_f32() as f64
+    }
+    fn hi16(r: u32) -> f64 {
+        half::bf16::from_bits((r >> 16) as u16).to_f32() as f64
+    }
+
+    /// m16n8k16 bf16 product of one warp from per-lane registers, as the PTX ISA lays the fragments out.
+    fn mma16(c: &mut [[f64; 4]; 32], a: &[[u32; 4]; 32], b: &[[u32; 2]; 32]) {
+        let mut am = [[0f64; 16]; 16];
+        let mut bm = [[0f64; 8]; 16];
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for (i, (r, k)) in [
+                (g, 2 * t),
+                (g + 8, 2 * t),
+                (g, 2 * t + 8),
+                (g + 8, 2 * t + 8),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                am[r][k] = lo16(a[lane][i]);
+                am[r][k + 1] = hi16(a[lane][i]);
+            }
+            for (i, k) in [2 * t, 2 * t + 8].into_iter().enumerate() {
+                bm[k][g] = lo16(b[lane][i]);
+                bm[k + 1][g] = hi16(b[lane][i]);
+            }
+        }
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for e in 0..4 {
+                let (r, n) = (g + 8 * (e >> 1), 2 * t + (e & 1));
+                c[lane][e] += (0..16).map(|k| am[r][k] * bm[k][n]).sum::<f64>();
+            }
+        }
+    }
+
+    /// A [rows, cols] f32 tile in shared memory (pitch `ld` words) converted in place as atc_bf_tile does: each
+    /// f32 pair's two words become its hi pair and its lo pair.
+    fn bf_rows(m: &[f32], rows: usize, cols: usize, ld: usize) -> Vec<u32> {
+        let mut w = vec![0u32; rows * ld];
+        for r in 0..rows {
+            for c in (0..cols).step_by(2) {
+                let (hi, lo) = bf_split(m[r * cols + c], m[r * cols + c + 1]);
+                w[r * ld + c] = hi;
+                w[r * ld + c + 1] = lo;
+            }
+        }
+        w
+    }
+
+    /// attention_bf's Q·Kᵀ and P·V fragments on the CPU: Q and K tiles converted in place (atc_bf_tile), V by key
+    /// pairs (atc_bf_vcols), the registers loaded at the kernel's offsets, the score fragment fed to P·V as it
+    /// stands, three products each: the results match f64 products within 2^-15 of the sum of |terms| (bf16x3 carries
+    /// each operand to about 2^-17; a misplaced fragment is off by O(1)).
+    #[test]
+    fn bf16_fragments_give_scores_and_outputs() {
+        const D: usize = 32; // two 16-column k steps
+        let (ldq, lds) = (D + 8, 8 + 4); // pitches as attention_bf_t's (V: one 8-column tile)
+        let qm: Vec<f32> = (0..16 * D)
+            .map(|i| ((i * 7 % 19) as f32) * 0.113 - 0.97)
+            .collect();
+        let km: Vec<f32> = (0..16 * D)
+            .map(|i| ((i * 5 % 23) as f32) * 0.0917 - 1.1)
+            .collect();
+        let vm: Vec<f32> = (0..16 * 8)
+            .map(|i| ((i * 11 % 13) as f32) * 0.377 - 2.3)
+            .collect();
+        let (qs, ks) = (bf_rows(&qm, 16, D, ldq), bf_rows(&km, 16, D, ldq));
+        // V [16 keys, 8 columns]: keys 2i, 2i+1 at column n -> row 2i + (n & 1), words (n & !1, +1).
+        let mut vs = vec![0u32; 16 * lds];
+        for rp in 0..8 {
+            for n in 0..8 {
+                let (hi, lo) = bf_split(vm[2 * rp * 8 + n], vm[(2 * rp + 1) * 8 + n]);
+                let at = (2 * rp + (n & 1)) * lds + (n & !1);
+                vs[at] = hi;
+                vs[at + 1] = lo;
+            }
+        }
+        let mut s = [[[0f64; 4]; 32]; 2];
+        for kstep in 0..D / 16 {
+            let (mut ah, mut al) = ([[0u32; 4]; 32], [[0u32; 4]; 32]);
+            let (mut bh, mut bl) = ([[[0u32; 2]; 32]; 2], [[[0u32; 2]; 32]; 2]);
+            for lane in 0..32 {
+                let (g, t) = (lane >> 2, lane & 3);
+                let qa = g * ldq + 2 * t + kstep * 16;
+                for (i, off) in [0, 8 * ldq, 8, 8 * ldq + 8].into_iter().enumerate() {
+                    ah[lane][i] = qs[qa + off];
+                    al[lane][i] = qs[qa + off + 1];
+                }
+                for j in 0..2 {
+                    let kb = (j * 8 + g) * ldq + 2 * t + kstep * 16;
+                    bh[j][lane] = [ks[kb], ks[kb + 8]];
+                    bl[j][lane] = [ks[kb + 1], ks[kb + 9]];
+                }
+            }
+            for j in 0..2 {
+                mma16(&mut s[j], &al, &bh[j]);
+                mma16(&mut s[j], &ah, &bl[j]);
+                mma16(&mut s[j], &ah, &bh[j]);
+            }
+        }
+        // sc[j][e] is (row e < 2 ? g : g + 8, key 8j + 2t + (e & 1)).
+        let mut sc = [[[0f32; 4]; 2]; 32];
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for j in 0..2 {
+                for e in 0..4 {
+                    let (r, key) = (g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1));
+                    let prod = |k: usize| qm[r * D + k] as f64 * km[key * D + k] as f64;
+                    let want: f64 = (0..D).map(prod).sum();
+                    let mag: f64 = (0..D).map(|k| prod(k).abs()).sum();
+                    let got = s[j][lane][e];
+                    assert!(
+                        (got - want).abs() <= 3e-5 * mag,
+                        "S ({r}, {key}): {got} vs {want}"
+                    );
+                    sc[lane][j][e] = got as f32;
+                }
+            }
+        }
+        let (mut ph, mut pl) = ([[0u32; 4]; 32], [[0u32; 4]; 32]);
+        let (mut vh, mut vl) = ([[0u32; 2]; 32], [[0u32; 2]; 32]);
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            let c = sc[lane];
+            for (i, (x, y)) in [
+                (c[0][0], c[0][1]),
+                (c[0][2], c[0][3]),
+                (c[1][0], c[1][1]),
+                (c[1][2], c[1][3]),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                (ph[lane][i], pl[lane][i]) = bf_split(x, y);
+            }
+            let vb = (2 * t + (g & 1)) * lds + (g & !1);
+            vh[lane] = [vs[vb], vs[vb + 8 * lds]];
+            vl[lane] = [vs[vb + 1], vs[vb + 8 * lds + 1]];
+        }
+        let mut o = [[0f64; 4]; 32];
+        mma16(&mut o, &pl, &vh);
+        mma16(&mut o, &ph, &vl);
+        mma16(&mut o, &ph, &vh);
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for e in 0..4 {
+                let (r, n) = (g + 8 * (e >> 1), 2 * t + (e & 1));
+                let srow = |key: usize| {
+                    sc[4 * (r % 8) + (key % 8) / 2][key / 8][2 * (r / 8) + key % 2] as f64
+                };
+                let want: f64 = (0..16).map(|k| srow(k) * vm[k * 8 + n] as f64).sum();
+                let mag: f64 = (0..16)
+                    .map(|k| (srow(k) * vm[k * 8 + n] as f64).abs())
+                    .sum();
+                assert!(
+                    (o[lane][e] - want).abs() <= 3e-5 * mag,
+                    "O ({r}, {n}): {} vs {want}",
+                    o[lane][e]
+                );
+            }
+        }
     }
 
     /// The split plan on the 0.8B attention shape (8 heads over 2 KV heads, 16 tokens per tile) and an H200's 132

@@ -20,7 +20,7 @@ pub mod ops;
 pub mod runtime;
 
 pub use model::{CudaHidden, CudaModel, CudaState, Precision};
-pub use runtime::{Arith, Gpu, TcArith, TcArithError};
+pub use runtime::{Arith, AttnArith, Gpu, TcArith, TcArithError};
 
 /// Errors of the CUDA backend. Messages name the op, library or shape at fault.
 #[derive(Debug, thiserror::Error)]

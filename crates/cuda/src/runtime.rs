@@ -62,12 +62,13 @@ pub struct Kernels {
     pub gdn_tc_prep: [CudaFunction; 2],
     /// `gdn_tc_state_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_SLICES`], in that order.
     pub gdn_tc_state: [[CudaFunction; 4]; 2],
-    pub attention_tc: [CudaFunction; 2],
+    /// `attention_tc`, `attention_tc_tf32`, `attention_bf`, `attention_bf1`: indexed by `AttnArith as usize`.
+    pub attention_tc: [CudaFunction; 4],
     pub attention_tc_combine: CudaFunction,
 }
 
-/// How the tensor-core kernels (`gdn_tc_prep`, `gdn_tc_state_*`, `attention_tc`) multiply; each has one kernel
-/// per kind ([`Kernels`], indexed by `Arith as usize`).
+/// How the gated-delta tensor-core kernels (`gdn_tc_prep`, `gdn_tc_state_*`) multiply; each has one kernel per
+/// kind ([`Kernels`], indexed by `Arith as usize`). Attention has more kinds: [`AttnArith`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Arith {
     /// 3xTF32: every f32 operand split into two TF32 halves and three products summed: f32 accuracy (the kernels
@@ -79,18 +80,47 @@ pub enum Arith {
     Tf32 = 1,
 }
 
-/// How each tensor-core kernel multiplies ([`Arith`]): the WY pre-pass (`gdn_tc_prep`), the state pass
-/// (`gdn_tc_state_*`) and attention (`attention_tc`).
+/// How the tensor-core attention multiplies (`attention_tc*`, `attention_bf*` in attn_tc.cu; [`Kernels`], indexed
+/// by `AttnArith as usize`): the two TF32 forms of [`Arith`], or bf16 operands on the m16n8k16 bf16 mma, which
+/// does twice the work of a TF32 one per instruction, with each tile converted once per block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttnArith {
+    /// 3xTF32 ([`Arith::X3`]): f32 accuracy.
+    #[default]
+    X3 = 0,
+    /// 1xTF32 ([`Arith::Tf32`]).
+    Tf32 = 1,
+    /// bf16x3: each operand split into two bf16 halves (hi + lo carries it to about 2^-17, as the split GEMMs
+    /// carry their inputs), three products summed.
+    Bf16x3 = 2,
+    /// One bf16 product: operands rounded to 8 significant bits, f32 accumulation.
+    Bf16 = 3,
+}
+
+impl From<Arith> for AttnArith {
+    fn from(a: Arith) -> Self {
+        match a {
+            Arith::X3 => AttnArith::X3,
+            Arith::Tf32 => AttnArith::Tf32,
+        }
+    }
+}
+
+/// How each tensor-core kernel multiplies: the WY pre-pass (`gdn_tc_prep`), the state pass (`gdn_tc_state_*`)
+/// and attention.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TcArith {
     pub prep: Arith,
     pub state: Arith,
-    pub attn: Arith,
+    pub attn: AttnArith,
 }
 
 /// A kernel arithmetic spec [`TcArith::parse`] does not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?}: expected 3xtf32, tf32, or the kernels that run 1xTF32 (prep, state, attn, comma-separated)")]
+#[error(
+    "{0:?}: expected 3xtf32, tf32, the kernels that run 1xTF32 (prep, state, attn, comma-separated), or \
+     attn=3xtf32|tf32|bf16x3|bf16"
+)]
 pub struct TcArithError(pub String);
 
 impl TcArith {
@@ -99,21 +129,29 @@ impl TcArith {
         TcArith {
             prep: a,
             state: a,
-            attn: a,
+            attn: match a {
+                Arith::X3 => AttnArith::X3,
+                Arith::Tf32 => AttnArith::Tf32,
+            },
         }
     }
 
-    /// Reads `--gpu-kernels` / `ONEPASS_TC`: `3xtf32` (or `none`, or nothing) for every kernel in 3xTF32, `tf32` (or
-    /// `all`) for every kernel in 1xTF32, or the kernels that run 1xTF32, comma-separated: `prep`, `state`, `attn`.
+    /// Reads `--gpu-kernels` / `ONEPASS_TC`, comma-separated items applied in order from every kernel in 3xTF32:
+    /// `3xtf32` (or `none`) for every kernel in 3xTF32, `tf32` (or `all`) for every kernel in 1xTF32, a kernel that
+    /// runs 1xTF32 (`prep`, `state`, `attn`), or attention's arithmetic by name (`attn=3xtf32`, `attn=tf32`,
+    /// `attn=bf16x3`, `attn=bf16`).
     pub fn parse(spec: &str) -> Result<Self, TcArithError> {
         let mut t = TcArith::default();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
                 "tf32" | "all" => t = TcArith::all(Arith::Tf32),
-                "3xtf32" | "none" => {}
+                "3xtf32" | "none" => t = TcArith::all(Arith::X3),
                 "prep" => t.prep = Arith::Tf32,
                 "state" => t.state = Arith::Tf32,
-                "attn" => t.attn = Arith::Tf32,
+                "attn" | "attn=tf32" => t.attn = AttnArith::Tf32,
+                "attn=3xtf32" => t.attn = AttnArith::X3,
+                "attn=bf16x3" => t.attn = AttnArith::Bf16x3,
+                "attn=bf16" => t.attn = AttnArith::Bf16,
                 other => return Err(TcArithError(other.to_string())),
             }
         }
@@ -126,14 +164,19 @@ impl TcArith {
             Arith::X3 => "3xTF32",
             Arith::Tf32 => "1xTF32",
         };
-        if self.prep == self.state && self.state == self.attn {
-            format!("tensor-core kernels {}", n(self.prep))
+        let attn = match self.attn {
+            AttnArith::X3 => "3xTF32",
+            AttnArith::Tf32 => "1xTF32",
+            AttnArith::Bf16x3 => "bf16x3",
+            AttnArith::Bf16 => "1xbf16",
+        };
+        if self.prep == self.state && n(self.state) == attn {
+            format!("tensor-core kernels {attn}")
         } else {
             format!(
-                "tensor-core kernels: pre-pass {}, state pass {}, attention {}",
+                "tensor-core kernels: pre-pass {}, state pass {}, attention {attn}",
                 n(self.prep),
                 n(self.state),
-                n(self.attn)
             )
         }
     }
@@ -315,6 +358,8 @@ impl Gpu {
             attention_tc: [
                 big(&format!("attention_tc{x3}"))?,
                 big(&format!("attention_tc{tf}"))?,
+                big("attention_bf")?,
+                big("attention_bf1")?,
             ],
             attention_tc_combine: f("attention_tc_combine")?,
         };
@@ -481,7 +526,7 @@ macro_rules! launch {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::{Arith, TcArith};
+    use super::{Arith, AttnArith, TcArith};
 
     /// `--gpu-kernels` / `ONEPASS_TC`: the two names for all kernels alike, the per-kernel list (spaces allowed), and
     /// a named error for anything else; the device line says which kernels run what.
@@ -500,7 +545,25 @@ mod tests {
         let t = TcArith::parse("state, attn").unwrap();
         assert_eq!(
             (t.prep, t.state, t.attn),
-            (Arith::X3, Arith::Tf32, Arith::Tf32)
+            (Arith::X3, Arith::Tf32, AttnArith::Tf32)
+        );
+        // Items apply in order: a later whole-spec name resets, attention takes its four names.
+        let b = TcArith::parse("tf32, attn=bf16x3").unwrap();
+        assert_eq!(
+            (b.prep, b.state, b.attn),
+            (Arith::Tf32, Arith::Tf32, AttnArith::Bf16x3)
+        );
+        assert_eq!(TcArith::parse("attn, 3xtf32").unwrap(), x3);
+        assert_eq!(TcArith::parse("attn=bf16").unwrap().attn, AttnArith::Bf16);
+        assert_eq!(TcArith::parse("attn=3xtf32").unwrap(), x3);
+        assert_eq!(
+            TcArith::parse("attn=bf8").unwrap_err().0,
+            "attn=bf8",
+            "an unknown attention arithmetic is named"
+        );
+        assert_eq!(
+            b.describe(),
+            "tensor-core kernels: pre-pass 1xTF32, state pass 1xTF32, attention bf16x3"
         );
         let e = TcArith::parse("state,gemm").unwrap_err();
         assert_eq!(e.0, "gemm");

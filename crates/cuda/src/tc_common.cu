@@ -1,7 +1,7 @@
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor-core helpers of gdn_tc.cu, attn_tc.cu and gdn_prep_tc.cu (runtime.rs concatenates the sources, this file
-// before those three): TF32 rounding and the 3xTF32 split, the m16n8k8 TF32 mma, cp.async.
+// before those three): TF32 rounding and the 3xTF32 split, the m16n8k8 TF32 and m16n8k16 bf16 mma, cp.async.
 // ---------------------------------------------------------------------------------------------------------------
 
 // The TF32 bits of an f32's bits: round to nearest, ties away, as cvt.rna.tf32.f32 does for finite values, with
@@ -21,6 +21,15 @@ __device__ __forceinline__ void tc_split(float x, unsigned& big, unsigned& small
 __device__ __forceinline__ void tc_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// c[16x8] += a[16x16] · b[16x8], bf16 in (two per register, the lower k index in the low half), f32
+// accumulation. Fragments: a0 (g, 2t..2t+1), a1 (g+8, 2t..2t+1), a2 (g, 2t+8..2t+9), a3 (g+8, 2t+8..2t+9);
+// b0 (k 2t..2t+1, n g), b1 (k 2t+8..2t+9, n g); c as tc_mma.
+__device__ __forceinline__ void tc_mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }

@@ -1,7 +1,8 @@
-//! `attention_tc` (tensor-core attention, 3xTF32) against the CPU reference and against its SIMT twin
-//! `ops::attention_tiled`, on the segments of the attention op test (a forked base cache included), f32 and bf16
-//! outputs, with the launcher's key splits, none, and the most. Runs only with ONEPASS_CUDA_TESTS=1;
-//! `attention_tc_timings` (ONEPASS_CUDA_BENCH=1 too) times the pair on the Qwen3.5-0.8B attention shape.
+//! `attention_tc` (tensor-core attention in each of its arithmetics: 3xTF32, 1xTF32, bf16x3, bf16) against the CPU
+//! reference and against its SIMT twin `ops::attention_tiled`, on the segments of the attention op test (a forked
+//! base cache included), f32 and bf16 outputs, with the launcher's key splits, none, and the most. Runs only with
+//! ONEPASS_CUDA_TESTS=1; `attention_tc_timings` (ONEPASS_CUDA_BENCH=1 too) times them on the Qwen3.5-0.8B
+//! attention shape.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -10,7 +11,7 @@ use common::attn::{attn_prepped, ATTN_08B, ATTN_ODD, SEGS};
 use common::*;
 use onepass_cuda::attn_tc;
 use onepass_cuda::ops::{self, AttnDims, Out};
-use onepass_cuda::Arith::{Tf32 as TF, X3};
+use onepass_cuda::AttnArith::{self, Bf16, Bf16x3, Tf32 as TF, X3};
 
 #[test]
 fn attention_tc_matches_cpu_and_tiled() {
@@ -56,12 +57,17 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
         F32_TOL,
     );
     let auto = attn_tc::attention_tc_plan(SEGS, a, g.sms);
-    let runs = [X3, TF]
+    let runs = [X3, TF, Bf16x3, Bf16]
         .into_iter()
         .flat_map(|ar| [auto, 1, attn_tc::MAX_SPLITS].map(|s| (ar, s)));
     for (arith, splits) in runs {
-        // 3xTF32: f32 rounding; 1xTF32: its own bound (TF32_ATTN_TOL).
-        let tol = if arith == X3 { F32_TOL } else { TF32_ATTN_TOL };
+        // 3xTF32: f32 rounding; the others their own bounds (tests/common).
+        let tol = match arith {
+            X3 => F32_TOL,
+            TF => TF32_ATTN_TOL,
+            Bf16x3 => BF16X3_ATTN_TOL,
+            Bf16 => BF16_ATTN_TOL,
+        };
         let scratch = g
             .zeros::<f32>(attn_tc::attention_tc_scratch_len(splits, n, a))
             .unwrap();
@@ -115,7 +121,8 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
 /// attention_tc on the Qwen3.5-0.8B attention shape (8 heads, 2 KV heads, D 256) for the System One segment
 /// shapes: a 175-token prefix, 7 suffixes of 33 over a 175-token base, a 3,400-token prefix, 10 suffixes of 30
 /// over a 3,400-token base, and the one-forward trees of workloads 1 and 3 (a 199-token prefix with 7 suffixes of
-/// 29 over it; 3,400 with 10 of 30): attention_tc with its plan's splits (3xTF32, 1xTF32) and with none.
+/// 29 over it; 3,400 with 10 of 30): attention_tc with its plan's splits (3xTF32, 1xTF32, bf16x3, bf16) and with
+/// none (3xTF32).
 #[test]
 fn attention_tc_timings() {
     let Some(g) = bench_gpu("attention_tc_timings") else {
@@ -195,7 +202,7 @@ fn attention_tc_timings() {
             ops::attention_tiled(&g, q, p, ld, sg, kv, nseg, max_len, a, scale, Out::Bf16(o))
                 .unwrap()
         });
-        let tc = |arith, splits| {
+        let tc = |arith: AttnArith, splits| {
             time(&|| {
                 attn_tc::attention_tc(
                     &g,
@@ -218,6 +225,7 @@ fn attention_tc_timings() {
             })
         };
         let (x3, tf, one) = (tc(X3, splits), tc(TF, splits), tc(X3, 1));
+        let (bx3, b1) = (tc(Bf16x3, splits), tc(Bf16, splits));
         let shape = if segs_h[0].1 == segs_h[nseg - 1].1 {
             format!(
                 "{nseg} x {} tokens over a {}-token base",
@@ -233,7 +241,8 @@ fn attention_tc_timings() {
         };
         println!(
             "attention 0.8B heads, {shape}: attention_tiled {tiled:.1} µs, attention_tc {x3:.1} µs \
-             ({splits} key splits; {one:.1} µs with none), 1xTF32 {tf:.1} µs"
+             ({splits} key splits; {one:.1} µs with none), 1xTF32 {tf:.1} µs, bf16x3 {bx3:.1} µs, \
+             bf16 {b1:.1} µs"
         );
     }
 }

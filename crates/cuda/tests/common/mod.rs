@@ -50,6 +50,12 @@ pub const BF16_TOL: f32 = 8e-3;
 pub const TF32_DELTA_TOL: f32 = 4e-3;
 /// The 1xTF32 attention against the CPU: about 10x the worst measured, 5.4e-4 (f32 out).
 pub const TF32_ATTN_TOL: f32 = 5e-3;
+/// The bf16x3 attention against the CPU: operands carried to about 2^-17 (hi + lo bf16), three products, f32
+/// accumulation; a priori about 2^-16 of the output's scale, this bound 5x that.
+pub const BF16X3_ATTN_TOL: f32 = 1e-4;
+/// The one-product bf16 attention against the CPU: operands rounded to 8 significant bits, four times coarser than
+/// 1xTF32's 11, so four times TF32_ATTN_TOL.
+pub const BF16_ATTN_TOL: f32 = 2e-2;
 
 /// Deterministic uniform values in [-1, 1).
 pub fn rnd(n: usize, seed: u64) -> Vec<f32> {
