@@ -190,9 +190,9 @@ pub struct CudaArgs {
     /// GPU memory for sequence state and forward scratch, in MiB; a request past it fails alone (cuda only).
     #[arg(long, default_value_t = 16384)]
     pub gpu_memory_mb: usize,
-    /// GPU arithmetic: split (bf16 weights, f32 activations as two bf16 planes into the GEMMs, 3xTF32 tensor-core
-    /// kernels; the default), bf16 (fastest: plain bf16 activations, 1xTF32 kernels), f32 (f32 weights and GEMMs,
-    /// no TF32; for checking).
+    /// GPU arithmetic: split (bf16 weights, f32 activations as two bf16 planes into the GEMMs, attention in bf16x3,
+    /// the gated delta rule in 3xTF32; the default), bf16 (fastest: plain bf16 activations, 1xTF32 kernels), f32
+    /// (f32 weights and GEMMs, 3xTF32 kernels, no TF32 GEMMs; for checking).
     #[arg(long, default_value = "split")]
     pub gpu_precision: String,
     /// Arithmetic of the tensor-core kernels (gated delta rule, attention), comma-separated items applied in order:

@@ -72,51 +72,71 @@ __device__ __forceinline__ bool atc_work(AtcWork& w, const int* seg, const u64* 
     return true;
 }
 
-// Where this thread's i-th 16-byte chunk of a [rows, c4n x 4] tile goes: row r, column c.
-__device__ __forceinline__ void atc_chunk(int i, int c4n, int& r, int& c) {
-    r = i / c4n;
-    c = (i - r * c4n) * 4;
-}
-// The source of key kp's columns c..c+3 of KV head kh: the base cache when kp < base, else own row kp - base.
-__device__ __forceinline__ const float* atc_key_src(const AtcWork& w, bool v, int kp, int HKV, int D, int c) {
-    const float* own = v ? w.vo : w.ko;
-    const float* bas = v ? w.vb : w.kb;
-    return kp < w.base ? bas + ((idx_t)kp * HKV + w.kh) * D + c : own + ((idx_t)(kp - w.base) * HKV + w.kh) * D + c;
+// A thread's share of a tile of rows of Dp floats copied 16 bytes at a time by the block's 128 threads, C4N = Dp / 4
+// chunks per row (16, 32 or 64, a divisor of 128): chunk i = tid + 128 j is row i / C4N = r + j * STEP, column
+// c = 4 (tid % C4N), the same in every row the thread copies. Computed once, so the per-tile copies do no division.
+template <int C4N>
+struct AtcShare {
+    static constexpr int STEP = 128 / C4N;  // rows between a thread's chunks
+    int r, c;
+    __device__ __forceinline__ explicit AtcShare(int tid) : r(tid / C4N), c((tid % C4N) * 4) {}
+};
+// Global byte addresses of one KV head's keys, K or V, at a thread's column c: key kp < base from the base (shared
+// prefix) cache, else own row kp - base ("own" is where own-cache key 0 would sit if it were key `base`).
+struct AtcSrc {
+    u64 bas, own;
+    unsigned rs;  // bytes per key: HKV * D * 4
+};
+__device__ __forceinline__ AtcSrc atc_src(const AtcWork& w, bool v, int HKV, int D, int c) {
+    AtcSrc s;
+    s.rs = (unsigned)(HKV * D) * 4u;
+    u64 col = ((u64)w.kh * D + c) * 4u;
+    s.bas = (u64)(v ? w.vb : w.kb) + col;
+    s.own = (u64)(v ? w.vo : w.ko) + col - (u64)w.base * s.rs;
+    return s;
 }
 // The Q tile (unscaled; the scale goes on the scores) into Qs [ATC_M, ldq]; rows past the tile and columns >= D
 // are zeros.
-__device__ __forceinline__ void atc_load_q(float* Qs, const float* q, const AtcWork& w, int H, int G, int D, int c4n,
-                                           int ldq, int tid) {
-    unsigned s0 = tc_smem_addr(Qs);
-    for (int i = tid; i < ATC_M * c4n; i += 128) {
-        int r, c;
-        atc_chunk(i, c4n, r, c);
-        int t = r / G, hg = r - t * G;
-        bool ok = t < w.nq && c < D;
+template <int C4N>
+__device__ __forceinline__ void atc_load_q(float* Qs, const float* q, const AtcWork& w, int H, int G, int D, int ldq,
+                                           AtcShare<C4N> sh) {
+    unsigned s0 = tc_smem_addr(Qs) + (unsigned)(sh.r * ldq + sh.c) * 4u;
+#pragma unroll 4
+    for (int j = 0; j < ATC_M / sh.STEP; j++) {
+        int r = sh.r + j * sh.STEP, t = r / G, hg = r - t * G;
+        bool ok = t < w.nq && sh.c < D;
         const float* src = q;
-        if (ok) src = q + ((idx_t)(w.start + w.t0 + t) * H + w.kh * G + hg) * D + c;
-        tc_cp16(s0 + (unsigned)(r * ldq + c) * 4u, src, ok ? 16 : 0);
+        if (ok) src = q + ((idx_t)(w.start + w.t0 + t) * H + w.kh * G + hg) * D + sh.c;
+        tc_cp16(s0 + (unsigned)(j * sh.STEP * ldq) * 4u, src, ok ? 16 : 0);
     }
 }
-// Keys k0..k0+ATC_NK-1 of K (v false) or V into dst [ATC_NK, lds]; keys >= kend and columns >= D are zeros.
-__device__ __forceinline__ void atc_load_kv(float* dst, const AtcWork& w, bool v, int k0, int HKV, int D, int c4n,
-                                            int lds, int tid) {
-    unsigned s0 = tc_smem_addr(dst);
-    for (int i = tid; i < ATC_NK * c4n; i += 128) {
-        int r, c;
-        atc_chunk(i, c4n, r, c);
-        int kp = k0 + r;
-        bool ok = kp < w.kend && c < D;
-        tc_cp16(s0 + (unsigned)(r * lds + c) * 4u, ok ? atc_key_src(w, v, kp, HKV, D, c) : w.ko, ok ? 16 : 0);
-    }
+// Keys k0..k0+ATC_NK-1 (K or V as `src` says) into dst [ATC_NK, ld]; keys >= kend and columns >= D are zeros.
+// PAIRS: the thread copies rows 2r', 2r' + 1 for its share's rows r' (for atc_bf_vcols, which pairs them).
+template <int C4N, bool PAIRS>
+__device__ __forceinline__ void atc_load_keys(float* dst, const AtcSrc& src, const AtcWork& w, int k0, int D, int ld,
+                                              AtcShare<C4N> sh) {
+    unsigned s0 = tc_smem_addr(dst) + (unsigned)sh.c * 4u;
+    bool col = sh.c < D;
+#pragma unroll
+    for (int j = 0; j < (PAIRS ? ATC_NK / 2 : ATC_NK) / sh.STEP; j++)
+#pragma unroll
+        for (int e = 0; e < (PAIRS ? 2 : 1); e++) {
+            int r = PAIRS ? 2 * (sh.r + j * sh.STEP) + e : sh.r + j * sh.STEP, kp = k0 + r;
+            bool ok = col && kp < w.kend;
+            u64 at = (kp < w.base ? src.bas : src.own) + (u64)(unsigned)kp * src.rs;
+            tc_cp16(s0 + (unsigned)(r * ld) * 4u, (const void*)(ok ? at : src.bas), ok ? 16 : 0);
+        }
 }
 
 // A row's running max and sum, and the causal mask, scale and online softmax of one key tile's scores:
-// sc[j][e] is (row e < 2 ? r0 : r1, key k0 + 8j + 2tg + (e & 1)) and becomes its unnormalised probability; the
-// output accumulators o are rescaled to the new max.
+// sc[j][e] is (row e < 2 ? r0 : r1, key k0 + 8j + 2tg + (e & 1)) and becomes its unnormalised probability. Scores
+// are kept in base-2 units (scale2 = scale · log2 e, so exp2 replaces exp; m too, as the partials store it). The
+// output accumulators are rescaled to the new max only when some row of the warp has a new max (a factor of exactly
+// 1 elsewhere: skipping it changes nothing).
 template <int NT>
 __device__ __forceinline__ void atc_softmax(float (&sc)[ATC_NK / 8][4], float (&o)[NT][4], int k0, int kend, int p0,
-                                            int p1, float scale, int tg, float& m0, float& m1, float& l0, float& l1) {
+                                            int p1, float scale2, int tg, float& m0, float& m1, float& l0,
+                                            float& l1) {
     const float NEG = __int_as_float(0xff800000);  // -inf
     float mx0 = NEG, mx1 = NEG;
 #pragma unroll
@@ -125,7 +145,7 @@ __device__ __forceinline__ void atc_softmax(float (&sc)[ATC_NK / 8][4], float (&
         for (int e = 0; e < 4; e++) {
             int key = k0 + j * 8 + 2 * tg + (e & 1);
             int p = e < 2 ? p0 : p1;
-            float x = key <= p && key < kend ? sc[j][e] * scale : NEG;
+            float x = key <= p && key < kend ? sc[j][e] * scale2 : NEG;
             sc[j][e] = x;
             if (e < 2) mx0 = fmaxf(mx0, x);
             else mx1 = fmaxf(mx1, x);
@@ -136,16 +156,16 @@ __device__ __forceinline__ void atc_softmax(float (&sc)[ATC_NK / 8][4], float (&
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    // A row that has seen no key yet keeps max -inf: use 0 so that exp gives 0, not NaN.
+    // A row that has seen no key yet keeps max -inf: use 0 so that exp2 gives 0, not NaN.
     float mu0 = mn0 == NEG ? 0.0f : mn0, mu1 = mn1 == NEG ? 0.0f : mn1;
-    float cr0 = expf(m0 - mu0), cr1 = expf(m1 - mu1);
+    float cr0 = exp2f(m0 - mu0), cr1 = exp2f(m1 - mu1);
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < ATC_NK / 8; j++) {
-        sc[j][0] = expf(sc[j][0] - mu0);
-        sc[j][1] = expf(sc[j][1] - mu0);
-        sc[j][2] = expf(sc[j][2] - mu1);
-        sc[j][3] = expf(sc[j][3] - mu1);
+        sc[j][0] = exp2f(sc[j][0] - mu0);
+        sc[j][1] = exp2f(sc[j][1] - mu0);
+        sc[j][2] = exp2f(sc[j][2] - mu1);
+        sc[j][3] = exp2f(sc[j][3] - mu1);
         s0 += sc[j][0] + sc[j][1];
         s1 += sc[j][2] + sc[j][3];
     }
@@ -155,20 +175,24 @@ __device__ __forceinline__ void atc_softmax(float (&sc)[ATC_NK / 8][4], float (&
     s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
     l0 = l0 * cr0 + s0;
     l1 = l1 * cr1 + s1;
+    // A row whose old max was -inf has seen no key: its outputs are zeros, any factor leaves them so.
+    bool moved = (cr0 != 1.0f && m0 != NEG) || (cr1 != 1.0f && m1 != NEG);
     m0 = mn0;
     m1 = mn1;
+    if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        o[nt][0] *= cr0;
-        o[nt][1] *= cr0;
-        o[nt][2] *= cr1;
-        o[nt][3] *= cr1;
+        for (int nt = 0; nt < NT; nt++) {
+            o[nt][0] *= cr0;
+            o[nt][1] *= cr0;
+            o[nt][2] *= cr1;
+            o[nt][3] *= cr1;
+        }
     }
 }
 
 // The block's result: o[nt][e] is (row e < 2 ? r0 : r1, column 8nt + 2tg + (e & 1)). With one split, the gated,
-// normalised output; else the partial row ((split, token row), head): output [.., D], and (max, sum) after all
-// outputs. D % 4 == 0, so c < D means c + 1 < D.
+// normalised output; else the partial row ((split, token row), head): output [.., D], and (max in base-2 units,
+// sum) after all outputs. D % 4 == 0, so c < D means c + 1 < D.
 template <int NT>
 __device__ __forceinline__ void atc_store(const float (&o)[NT][4], const AtcWork& w, int r0, int p0, int p1,
                                           float m0, float m1, float l0, float l1, const float* __restrict__ proj,
@@ -239,19 +263,22 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
     const int G = H / HKV;
     // Row pitches: Q and K are read as float2 pairs (pitch = 8 mod 32: the 16 lanes of a half warp hit 32
     // distinct banks), V down its columns as single floats (pitch = 4 mod 32). Must match smem() in attn_tc.rs.
-    const int Dp = NT * 8, ldq = Dp + 8, lds = Dp + 4, c4n = Dp / 4;
+    const int Dp = NT * 8, ldq = Dp + 8, lds = Dp + 4;
     float* Qs = sm;                 // [ATC_M, ldq]
     float* Ks = Qs + ATC_M * ldq;   // [ATC_NK, ldq]
     float* Vs = Ks + ATC_NK * ldq;  // [ATC_NK, lds]
     AtcWork w;
     if (!atc_work(w, seg, kv, HKV, ATC_M / G, ns, nseg)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
+    const float scale2 = scale * 1.4426950408889634f;  // log2 e
+    const AtcShare<NT * 2> sh(tid);
+    const AtcSrc ksrc = atc_src(w, false, HKV, D, sh.c), vsrc = atc_src(w, true, HKV, D, sh.c);
 
     // Q tile, then the first K and V tiles.
-    atc_load_q(Qs, q, w, H, G, D, c4n, ldq, tid);
-    atc_load_kv(Ks, w, false, w.kbeg, HKV, D, c4n, ldq, tid);
+    atc_load_q(Qs, q, w, H, G, D, ldq, sh);
+    atc_load_keys<NT * 2, false>(Ks, ksrc, w, w.kbeg, D, ldq, sh);
     tc_commit();
-    atc_load_kv(Vs, w, true, w.kbeg, HKV, D, c4n, lds, tid);
+    atc_load_keys<NT * 2, false>(Vs, vsrc, w, w.kbeg, D, lds, sh);
     tc_commit();
 
     const AtcRows rw = atc_rows(w, G, warp, g);
@@ -312,9 +339,9 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
                 for (int e = 0; e < 4; e++) sc[j][e] = (sx[0][j][e] + sx[1][j][e]) + (sa[0][j][e] + sa[1][j][e]);
         }
         __syncthreads();  // every warp is done with Ks
-        if (next) atc_load_kv(Ks, w, false, k0 + ATC_NK, HKV, D, c4n, ldq, tid);
+        if (next) atc_load_keys<NT * 2, false>(Ks, ksrc, w, k0 + ATC_NK, D, ldq, sh);
         tc_commit();
-        if (act) atc_softmax<NT>(sc, o, k0, w.kend, rw.p0, rw.p1, scale, tg, m0, m1, l0, l1);
+        if (act) atc_softmax<NT>(sc, o, k0, w.kend, rw.p0, rw.p1, scale2, tg, m0, m1, l0, l1);
         tc_wait<1>();  // V(k0) has landed (K(k0 + ATC_NK) may be in flight)
         __syncthreads();
         if (act) {
@@ -339,7 +366,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
             }
         }
         __syncthreads();  // every warp is done with Vs
-        if (next) atc_load_kv(Vs, w, true, k0 + ATC_NK, HKV, D, c4n, lds, tid);
+        if (next) atc_load_keys<NT * 2, false>(Vs, vsrc, w, k0 + ATC_NK, D, lds, sh);
         tc_commit();
     }
     atc_store<NT>(o, w, r0, rw.p0, rw.p1, m0, m1, l0, l1, proj, ld, H, G, D, out, mode, ns, nrows, scratch, tg);
@@ -347,60 +374,44 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
 
 // ---- bf16 products -------------------------------------------------------------------------------------------
 
-// Two f32 values as bf16 pairs: hi = (bf16(x), bf16(y)) rounded to nearest even, lo = (bf16(x - hi.x),
-// bf16(y - hi.y)); x in the low half (the lower k index of an mma fragment register).
+// Two f32 values as bf16 pairs: hi = (bf16(x), bf16(y)) rounded to nearest even, and with X3 lo = (bf16(x - hi.x),
+// bf16(y - hi.y)) (else 0, unused); x in the low half (the lower k index of an mma fragment register).
+template <bool X3>
 __device__ __forceinline__ uint2 atc_bf_split(float x, float y) {
-    unsigned hi, lo;
+    unsigned hi, lo = 0;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(y), "f"(x));
-    float hx = __uint_as_float(hi << 16), hy = __uint_as_float(hi & 0xffff0000u);
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(y - hy), "f"(x - hx));
+    if (X3) {
+        float hx = __uint_as_float(hi << 16), hy = __uint_as_float(hi & 0xffff0000u);
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(y - hy), "f"(x - hx));
+    }
     return make_uint2(hi, lo);
 }
-// In place, the 4 f32 values at p (16 bytes): the pairs (p0, p1) and (p2, p3) each become (hi pair, lo pair), so
-// the 8 bytes that held columns c, c+1 hold their hi pair then their lo pair: one 64-bit load reads both.
-__device__ __forceinline__ void atc_bf_rows(float* p) {
-    float4 v = *(const float4*)p;
-    uint2 a = atc_bf_split(v.x, v.y), b = atc_bf_split(v.z, v.w);
-    *(uint4*)p = make_uint4(a.x, a.y, b.x, b.y);
-}
-// Keys k0..k0+ATC_NK-1 of V into dst [ATC_NK, lds], two key rows per thread item (keys 2i and 2i + 1, the same
-// four columns), so that atc_bf_vcols can pair them without waiting for other threads' copies.
-__device__ __forceinline__ void atc_load_v2(float* dst, const AtcWork& w, int k0, int HKV, int D, int c4n, int lds,
-                                            int tid) {
-    unsigned s0 = tc_smem_addr(dst);
-    for (int i = tid; i < (ATC_NK / 2) * c4n; i += 128) {
-        int rp, c;
-        atc_chunk(i, c4n, rp, c);
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            int r = 2 * rp + e, kp = k0 + r;
-            bool ok = kp < w.kend && c < D;
-            tc_cp16(s0 + (unsigned)(r * lds + c) * 4u, ok ? atc_key_src(w, true, kp, HKV, D, c) : w.vo, ok ? 16 : 0);
-        }
+// In place, the Q (ROWS = ATC_M) or K (ATC_NK) chunks this thread copied (atc_load_q, atc_load_keys): each f32
+// pair (columns c, c+1) becomes its hi pair then its lo pair in the same 8 bytes, so one 64-bit load reads both.
+template <int C4N, int ROWS, bool X3>
+__device__ __forceinline__ void atc_bf_tile(float* dst, int ld, AtcShare<C4N> sh) {
+#pragma unroll 4
+    for (int j = 0; j < ROWS / sh.STEP; j++) {
+        float* p = dst + (sh.r + j * sh.STEP) * ld + sh.c;
+        float4 v = *(const float4*)p;
+        uint2 a = atc_bf_split<X3>(v.x, v.y), b = atc_bf_split<X3>(v.z, v.w);
+        *(uint4*)p = make_uint4(a.x, a.y, b.x, b.y);
     }
 }
-// In place, the V values this thread copied (atc_load_v2): keys 2i, 2i+1 at columns c..c+3 become, for each
-// column n, the key pair (hi pair, lo pair) at row 2i + (n & 1), columns (n & ~1, (n & ~1) + 1): the B operand
-// register of P·V (keys 2t, 2t+1 of column n) is one 64-bit load.
-__device__ __forceinline__ void atc_bf_vcols(float* dst, int c4n, int lds, int tid) {
-    for (int i = tid; i < (ATC_NK / 2) * c4n; i += 128) {
-        int rp, c;
-        atc_chunk(i, c4n, rp, c);
-        float* a = dst + (2 * rp) * lds + c;
-        float* b = a + lds;
+// In place, the V rows this thread copied (atc_load_keys with PAIRS): keys 2r', 2r'+1 at columns c..c+3 become,
+// for each column n, the key pair's (hi pair, lo pair) at row 2r' + (n & 1), columns (n & ~1, (n & ~1) + 1): the
+// B operand register of P·V (keys 2t, 2t+1 of column n) is one 64-bit load.
+template <int C4N, bool X3>
+__device__ __forceinline__ void atc_bf_vcols(float* dst, int ld, AtcShare<C4N> sh) {
+#pragma unroll
+    for (int j = 0; j < (ATC_NK / 2) / sh.STEP; j++) {
+        float* a = dst + 2 * (sh.r + j * sh.STEP) * ld + sh.c;
+        float* b = a + ld;
         float4 x = *(const float4*)a, y = *(const float4*)b;
-        uint2 c0 = atc_bf_split(x.x, y.x), c1 = atc_bf_split(x.y, y.y);
-        uint2 c2 = atc_bf_split(x.z, y.z), c3 = atc_bf_split(x.w, y.w);
+        uint2 c0 = atc_bf_split<X3>(x.x, y.x), c1 = atc_bf_split<X3>(x.y, y.y);
+        uint2 c2 = atc_bf_split<X3>(x.z, y.z), c3 = atc_bf_split<X3>(x.w, y.w);
         *(uint4*)a = make_uint4(c0.x, c0.y, c2.x, c2.y);
         *(uint4*)b = make_uint4(c1.x, c1.y, c3.x, c3.y);
-    }
-}
-// In place, the Q (rows ATC_M) or K (rows ATC_NK) chunks this thread copied (atc_load_q, atc_load_kv).
-__device__ __forceinline__ void atc_bf_tile(float* dst, int rows, int c4n, int ld, int tid) {
-    for (int i = tid; i < rows * c4n; i += 128) {
-        int r, c;
-        atc_chunk(i, c4n, r, c);
-        atc_bf_rows(dst + r * ld + c);
     }
 }
 
@@ -414,18 +425,21 @@ __device__ __forceinline__ void attention_bf_t(const float* __restrict__ q, cons
     // The same tiles and pitches as attention_tc_t (smem() in attn_tc.rs). Q and K are read as 64-bit (hi, lo)
     // words at (row, 16s + 2tg [+ 8]): pitch = 8 mod 32, a half warp's 16 loads hit 32 distinct banks. V at
     // (key pair row 2tg + (g & 1), column 8nt + (g & ~1)): pitch = 4 mod 32, likewise.
-    const int Dp = NT * 8, ldq = Dp + 8, lds = Dp + 4, c4n = Dp / 4;
+    const int Dp = NT * 8, ldq = Dp + 8, lds = Dp + 4;
     float* Qs = sm;
     float* Ks = Qs + ATC_M * ldq;
     float* Vs = Ks + ATC_NK * ldq;
     AtcWork w;
     if (!atc_work(w, seg, kv, HKV, ATC_M / G, ns, nseg)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
+    const float scale2 = scale * 1.4426950408889634f;  // log2 e
+    const AtcShare<NT * 2> sh(tid);
+    const AtcSrc ksrc = atc_src(w, false, HKV, D, sh.c), vsrc = atc_src(w, true, HKV, D, sh.c);
 
-    atc_load_q(Qs, q, w, H, G, D, c4n, ldq, tid);
-    atc_load_kv(Ks, w, false, w.kbeg, HKV, D, c4n, ldq, tid);
+    atc_load_q(Qs, q, w, H, G, D, ldq, sh);
+    atc_load_keys<NT * 2, false>(Ks, ksrc, w, w.kbeg, D, ldq, sh);
     tc_commit();
-    atc_load_v2(Vs, w, w.kbeg, HKV, D, c4n, lds, tid);
+    atc_load_keys<NT * 2, true>(Vs, vsrc, w, w.kbeg, D, lds, sh);
     tc_commit();
 
     const AtcRows rw = atc_rows(w, G, warp, g);
@@ -442,8 +456,8 @@ __device__ __forceinline__ void attention_bf_t(const float* __restrict__ q, cons
         bool next = k0 + ATC_NK < w.kend;
         bool act = rw.wrows && k0 <= rw.pw;  // warp-uniform
         tc_wait<1>();                        // Q and K(k0) have landed (V(k0) may be in flight)
-        if (k0 == w.kbeg) atc_bf_tile(Qs, ATC_M, c4n, ldq, tid);
-        atc_bf_tile(Ks, ATC_NK, c4n, ldq, tid);
+        if (k0 == w.kbeg) atc_bf_tile<NT * 2, ATC_M, X3>(Qs, ldq, sh);
+        atc_bf_tile<NT * 2, ATC_NK, X3>(Ks, ldq, sh);
         __syncthreads();
         float sc[ATC_NK / 8][4];
         if (act) {
@@ -482,17 +496,17 @@ __device__ __forceinline__ void attention_bf_t(const float* __restrict__ q, cons
                 for (int e = 0; e < 4; e++) sc[j][e] = (sx[0][j][e] + sx[1][j][e]) + (sa[0][j][e] + sa[1][j][e]);
         }
         __syncthreads();  // every warp is done with Ks
-        if (next) atc_load_kv(Ks, w, false, k0 + ATC_NK, HKV, D, c4n, ldq, tid);
+        if (next) atc_load_keys<NT * 2, false>(Ks, ksrc, w, k0 + ATC_NK, D, ldq, sh);
         tc_commit();
-        if (act) atc_softmax<NT>(sc, o, k0, w.kend, rw.p0, rw.p1, scale, tg, m0, m1, l0, l1);
+        if (act) atc_softmax<NT>(sc, o, k0, w.kend, rw.p0, rw.p1, scale2, tg, m0, m1, l0, l1);
         tc_wait<1>();  // V(k0) has landed (K(k0 + ATC_NK) may be in flight)
-        atc_bf_vcols(Vs, c4n, lds, tid);
+        atc_bf_vcols<NT * 2, X3>(Vs, lds, sh);
         __syncthreads();
         if (act) {
             // O[16 x Dp] += P[16 x 16] · V[16 x Dp]: the score fragments of the two 8-key halves are the A operand
             // as they stand (c0 c1 of half j = row g, keys 8j + 2tg, +1; c2 c3 the same for row g + 8).
-            uint2 p0 = atc_bf_split(sc[0][0], sc[0][1]), p1 = atc_bf_split(sc[0][2], sc[0][3]);
-            uint2 p2 = atc_bf_split(sc[1][0], sc[1][1]), p3 = atc_bf_split(sc[1][2], sc[1][3]);
+            uint2 p0 = atc_bf_split<X3>(sc[0][0], sc[0][1]), p1 = atc_bf_split<X3>(sc[0][2], sc[0][3]);
+            uint2 p2 = atc_bf_split<X3>(sc[1][0], sc[1][1]), p3 = atc_bf_split<X3>(sc[1][2], sc[1][3]);
             unsigned ph[4] = {p0.x, p1.x, p2.x, p3.x}, pl[4] = {p0.y, p1.y, p2.y, p3.y};
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -505,7 +519,7 @@ __device__ __forceinline__ void attention_bf_t(const float* __restrict__ q, cons
             }
         }
         __syncthreads();  // every warp is done with Vs
-        if (next) atc_load_v2(Vs, w, k0 + ATC_NK, HKV, D, c4n, lds, tid);
+        if (next) atc_load_keys<NT * 2, true>(Vs, vsrc, w, k0 + ATC_NK, D, lds, sh);
         tc_commit();
     }
     atc_store<NT>(o, w, r0, rw.p0, rw.p1, m0, m1, l0, l1, proj, ld, H, G, D, out, mode, ns, nrows, scratch, tg);
@@ -567,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(64)
     float l = 0.0f;
 #pragma unroll
     for (int j = 0; j < ATC_MAX_SPLITS; j++) {
-        w[j] = expf(w[j] - mx);  // a split where the row saw no key (or past `used`): m = -inf, weight 0
+        w[j] = exp2f(w[j] - mx);  // base-2 maxima; a split where the row saw no key (or past `used`): weight 0
         l += w[j] * lj[j];
     }
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

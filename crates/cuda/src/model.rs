@@ -27,7 +27,7 @@ use onepass_model::{LayerKind, MixerView, Model, ModelError};
 use onepass_tensor::{Tensor, View};
 
 use crate::ops::{self, AttnDims, GdnDims, Out, KV_ENTRIES, W};
-use crate::runtime::{Arith, Gpu, TcArith};
+use crate::runtime::{Arith, AttnArith, Gpu, TcArith};
 use crate::CudaError;
 
 /// The arithmetic of the projections (GEMMs) and their inputs.
@@ -35,7 +35,8 @@ use crate::CudaError;
 pub enum Precision {
     /// bf16 weights; each GEMM input (f32) split into two bf16 planes, hi + lo, and multiplied twice (two bf16
     /// GEMMs, f32 accumulation): activations carried to about 2^-16 instead of bf16's 2^-8, at twice the GEMM
-    /// work. The default: on the synthetic checkpoints plain bf16 inputs miss the System One ship bar (docs/cuda.md).
+    /// work; attention's products the same way (bf16x3), the gated delta rule's in 3xTF32. The default: on the
+    /// synthetic checkpoints plain bf16 inputs miss the System One ship bar (docs/cuda.md).
     #[default]
     Bf16Split,
     /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
@@ -47,15 +48,23 @@ pub enum Precision {
 }
 
 impl TcArith {
-    /// The default for a precision: 3xTF32 for the exact and split modes (their point is f32-like arithmetic
-    /// around the GEMMs), 1xTF32 for bf16 (its point is speed). Measured on an H200 (docs/benchmarks/cuda-systemone.md,
-    /// fifth measurement): 1xTF32 takes the 0.8B-shape System One requests from 4.98 / 10.61 / 37.86 to 4.64 / 9.14 /
-    /// 32.39 ms in split mode, and moves the bf16 twins' answers from max |dp| 5.9e-5 to 2.6e-3 (mean 1.3e-5 to
-    /// 6.4e-4).
+    /// The default for a precision:
+    /// - f32: 3xTF32 everywhere (f32 accuracy; the mode checks the forward against the CPU).
+    /// - split: the gated delta kernels in 3xTF32, attention in bf16x3, which carries its operands as the split
+    ///   GEMMs carry theirs (about 2^-17) and is the faster of the two high-precision attentions (H200, 3,400-token
+    ///   prefix: 782 µs against 1,030; the bf16 twins' answers 5.78e-5 against 5.89e-5 max |dp|).
+    /// - bf16: 1xTF32 everywhere (its point is speed; 1xTF32 attention, 584 µs there, beats one bf16 product, 618,
+    ///   whose per-tile conversion costs more than the halved mma count saves). Measured (fifth measurement,
+    ///   docs/benchmarks/cuda-systemone.md): 1xTF32 kernels take split-mode requests from 4.98 / 10.61 / 37.86 to
+    ///   4.64 / 9.14 / 32.39 ms and the bf16 twins' answers from max |dp| 5.9e-5 to 2.6e-3 (mean 1.3e-5 to 6.4e-4).
     pub fn for_precision(p: Precision) -> Self {
         match p {
             Precision::Bf16 => TcArith::all(Arith::Tf32),
-            Precision::Bf16Split | Precision::F32 => TcArith::all(Arith::X3),
+            Precision::Bf16Split => TcArith {
+                attn: AttnArith::Bf16x3,
+                ..TcArith::all(Arith::X3)
+            },
+            Precision::F32 => TcArith::all(Arith::X3),
         }
     }
 }
