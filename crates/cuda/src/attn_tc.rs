@@ -1,7 +1,7 @@
-//! Causal attention on tensor cores (`attn_tc.cu`): the twin of [`crate::ops::attention_tiled`] with Q·Kᵀ and P·V as
-//! mma.sync TF32 products in 3xTF32 form (each f32 operand split into two TF32 parts, three products), so the
-//! result stays within f32 rounding of the CPU reference; [`Arith::Tf32`] runs the 1xTF32 twin (one product per
-//! step, 2^-11 operands).
+//! Causal attention on tensor cores (`attn_tc.cu`): twins of [`crate::ops::attention_tiled`] with Q·Kᵀ and P·V
+//! on mma.sync, in the arithmetic [`AttnArith`] names: 3xTF32 (each f32 operand split into two TF32 parts, three
+//! products: f32 rounding of the CPU reference), 1xTF32 (one product, 2^-11 operands), bf16x3 (two bf16 parts,
+//! three m16n8k16 products: about 2^-17, split mode's default) or one bf16 product.
 //!
 //! One block per (tile of query rows of a segment, KV head, split of the tile's keys): the block's 64 rows are
 //! (token, query head of the KV group) pairs, so one K/V tile in shared memory serves all the query heads that
@@ -9,11 +9,13 @@
 //! a tile's keys are split over several blocks (flash-decoding): each writes per-row partials (max, sum,
 //! unnormalised output) to a scratch and a second kernel merges them.
 //!
-//! Measured on an H200 (`attention_tc_timings`, 0.8B shape, µs per call, attention_tiled → attention_tc): 175-token
-//! prefix 98 → 51; 7 × 33 over a 175 base 121 → 50; 3,400-token prefix 4,917 → 1,365; 10 × 30 over a 3,400 base
-//! 1,642 → 371 (fifth measurement, 3xTF32 / 1xTF32: 52 / 49, 48 / 43, 1,299 / 877, 366 / 263). Still far from the
-//! tensor cores' rate: by a count of the code (not profiled), about 2,000 instructions per warp per 16-key tile,
-//! the TF32 splits redone by every warp.
+//! Measured on an H200 (`attention_tc_timings`, 0.8B shape, µs per call; data/2026-11-30-run-s9-attn-tests.log):
+//! attention_tiled → 3xTF32 / 1xTF32 / bf16x3 / bf16: 175-token prefix 98 → 48 / 45 / 48 / 46; 7 × 33 over a 175
+//! base 121 → 40 / 35 / 40 / 38; 3,400-token prefix 4,903 → 1,030 / 584 / 782 / 618; 10 × 30 over a 3,400 base
+//! 1,643 → 280 / 175 / 231 / 184. Nsight Compute on the bf16x3 kernel before its copies were made division- and
+//! branch-free (data/2026-11-30-run-s9-ncu-attention_bf-before.txt): 12.5% occupancy (two blocks of 4 warps per
+//! multiprocessor, registers and shared memory both limit it), an issue slot used 47% of cycles; since then about
+//! 700 instructions per warp and 16-key tile (1xbf16) instead of 1,800, and the kernels are latency-bound.
 
 use crate::launch;
 use crate::ops::{AttnDims, Out};
