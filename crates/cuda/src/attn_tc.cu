@@ -254,122 +254,75 @@ __device__ __forceinline__ AtcRows atc_rows(const AtcWork& w, int G, int warp, i
     return r;
 }
 
-// NT: 8-column tiles of the padded head dim Dp = 8 NT >= D (columns D..Dp-1 are zeros); X3: 3xTF32, else 1xTF32.
+// ---- TF32 products --------------------------------------------------------------------------------------------
+
+// S[16 x ATC_NK] = Q[16 x Dp] · K[ATC_NK x Dp]ᵀ of this warp's rows r0, r0 + 8, 8 head-dim columns per step, in
+// 3xTF32 (X3) or 1xTF32; four independent accumulators per key tile (big·big and the cross terms, even and odd
+// steps) keep the mma chains short. sc[j][e] is (row e < 2 ? r0 : r0 + 8, key 8j + 2tg + (e & 1)).
 template <int NT, bool X3>
-__device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
-                                               const int* seg, const u64* kv, int H, int HKV, int D, float scale,
-                                               void* out, int mode, int ns, int nrows, int nseg,
-                                               float* __restrict__ scratch, float* sm) {
-    const int G = H / HKV;
-    // Row pitches: Q and K are read as float2 pairs (pitch = 8 mod 32: the 16 lanes of a half warp hit 32
-    // distinct banks), V down its columns as single floats (pitch = 4 mod 32). Must match smem() in attn_tc.rs.
-    const int Dp = NT * 8, ldq = Dp + 8, lds = Dp + 4;
-    float* Qs = sm;                 // [ATC_M, ldq]
-    float* Ks = Qs + ATC_M * ldq;   // [ATC_NK, ldq]
-    float* Vs = Ks + ATC_NK * ldq;  // [ATC_NK, lds]
-    AtcWork w;
-    if (!atc_work(w, seg, kv, HKV, ATC_M / G, ns, nseg)) return;
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
-    const float scale2 = scale * 1.4426950408889634f;  // log2 e
-    const AtcShare<NT * 2> sh(tid);
-    const AtcSrc ksrc = atc_src(w, false, HKV, D, sh.c), vsrc = atc_src(w, true, HKV, D, sh.c);
-
-    // Q tile, then the first K and V tiles.
-    atc_load_q(Qs, q, w, H, G, D, ldq, sh);
-    atc_load_keys<NT * 2, false>(Ks, ksrc, w, w.kbeg, D, ldq, sh);
-    tc_commit();
-    atc_load_keys<NT * 2, false>(Vs, vsrc, w, w.kbeg, D, lds, sh);
-    tc_commit();
-
-    const AtcRows rw = atc_rows(w, G, warp, g);
-    const int r0 = rw.r0;
-    float o[NT][4];
+__device__ __forceinline__ void atc_qk_tf32(float (&sc)[ATC_NK / 8][4], const float* Qs, const float* Ks, int r0,
+                                            int ldq, int g, int tg) {
+    float sa[2][ATC_NK / 8][4], sx[2][ATC_NK / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    float m0 = __int_as_float(0xff800000), m1 = m0, l0 = 0.0f, l1 = 0.0f;
-
-    for (int k0 = w.kbeg; k0 < w.kend; k0 += ATC_NK) {
-        bool next = k0 + ATC_NK < w.kend;
-        bool act = rw.wrows && k0 <= rw.pw;  // warp-uniform
-        tc_wait<1>();                        // Q and K(k0) have landed (V(k0) may be in flight)
-        __syncthreads();
-        float sc[ATC_NK / 8][4];
-        if (act) {
-            // S[16 x ATC_NK] = Q[16 x Dp] · K[ATC_NK x Dp]ᵀ, 8 head-dim columns per step; four independent
-            // accumulators per key tile (big·big and the cross terms, even and odd steps) keep the mma chains short.
-            float sa[2][ATC_NK / 8][4], sx[2][ATC_NK / 8][4];
+    for (int u = 0; u < 2; u++)
 #pragma unroll
-            for (int u = 0; u < 2; u++)
+        for (int j = 0; j < ATC_NK / 8; j++)
 #pragma unroll
-                for (int j = 0; j < ATC_NK / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sa[u][j][e] = sx[u][j][e] = 0.0f;
+            for (int e = 0; e < 4; e++) sa[u][j][e] = sx[u][j][e] = 0.0f;
 #pragma unroll 4
-            for (int kk = 0; kk < NT; kk += 2) {
+    for (int kk = 0; kk < NT; kk += 2) {
 #pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    // The k step's 8 head-dim columns in permuted order, the same for Q and K (a dot product
-                    // does not care): logical k t <-> column 2t, t+4 <-> 2t+1, so each lane's two values of a
-                    // row are adjacent (one 64-bit load). Measured on an H200: 3,400 tokens 1,333 -> 1,290 µs,
-                    // the short shapes unchanged.
-                    const float2 qlo = *(const float2*)(Qs + r0 * ldq + (kk + u) * 8 + 2 * tg);
-                    const float2 qhi = *(const float2*)(Qs + (r0 + 8) * ldq + (kk + u) * 8 + 2 * tg);
-                    unsigned ab[4], as[4];
-                    atc_split(qlo.x, ab[0], as[0]);
-                    atc_split(qhi.x, ab[1], as[1]);
-                    atc_split(qlo.y, ab[2], as[2]);
-                    atc_split(qhi.y, ab[3], as[3]);
-#pragma unroll
-                    for (int j = 0; j < ATC_NK / 8; j++) {
-                        const float2 kv2 = *(const float2*)(Ks + (j * 8 + g) * ldq + (kk + u) * 8 + 2 * tg);
-                        unsigned bb0, bs0, bb1, bs1;
-                        atc_split(kv2.x, bb0, bs0);
-                        atc_split(kv2.y, bb1, bs1);
-                        if (X3) {
-                            tc_mma(sx[u][j], as, bb0, bb1);
-                            tc_mma(sx[u][j], ab, bs0, bs1);
-                        }
-                        tc_mma(sa[u][j], ab, bb0, bb1);
-                    }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < ATC_NK / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) sc[j][e] = (sx[0][j][e] + sx[1][j][e]) + (sa[0][j][e] + sa[1][j][e]);
-        }
-        __syncthreads();  // every warp is done with Ks
-        if (next) atc_load_keys<NT * 2, false>(Ks, ksrc, w, k0 + ATC_NK, D, ldq, sh);
-        tc_commit();
-        if (act) atc_softmax<NT>(sc, o, k0, w.kend, rw.p0, rw.p1, scale2, tg, m0, m1, l0, l1);
-        tc_wait<1>();  // V(k0) has landed (K(k0 + ATC_NK) may be in flight)
-        __syncthreads();
-        if (act) {
-            // O[16 x Dp] += P[16 x ATC_NK] · V[ATC_NK x Dp]. The score fragment is the A operand with its 8 keys
-            // permuted: A column t ↔ key 2t, column t+4 ↔ key 2t+1 (so a = c0, c2, c1, c3), and B reads V rows
-            // in the same order.
+        for (int u = 0; u < 2; u++) {
+            // The k step's 8 head-dim columns in permuted order, the same for Q and K (a dot product does not
+            // care): logical k t <-> column 2t, t+4 <-> 2t+1, so each lane's two values of a row are adjacent (one
+            // 64-bit load). Measured on an H200: 3,400 tokens 1,333 -> 1,290 µs, the short shapes unchanged.
+            const float2 qlo = *(const float2*)(Qs + r0 * ldq + (kk + u) * 8 + 2 * tg);
+            const float2 qhi = *(const float2*)(Qs + (r0 + 8) * ldq + (kk + u) * 8 + 2 * tg);
+            unsigned ab[4], as[4];
+            atc_split(qlo.x, ab[0], as[0]);
+            atc_split(qhi.x, ab[1], as[1]);
+            atc_split(qlo.y, ab[2], as[2]);
+            atc_split(qhi.y, ab[3], as[3]);
 #pragma unroll
             for (int j = 0; j < ATC_NK / 8; j++) {
-                unsigned pb[4], ps[4];
-                atc_split(sc[j][0], pb[0], ps[0]);
-                atc_split(sc[j][2], pb[1], ps[1]);
-                atc_split(sc[j][1], pb[2], ps[2]);
-                atc_split(sc[j][3], pb[3], ps[3]);
-                const float* vr = Vs + (j * 8 + 2 * tg) * lds + g;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    unsigned bb0, bs0, bb1, bs1;
-                    atc_split(vr[nt * 8], bb0, bs0);
-                    atc_split(vr[lds + nt * 8], bb1, bs1);
-                    tc_mma3<X3>(o[nt], pb, ps, bb0, bb1, bs0, bs1);
+                const float2 kv2 = *(const float2*)(Ks + (j * 8 + g) * ldq + (kk + u) * 8 + 2 * tg);
+                unsigned bb0, bs0, bb1, bs1;
+                atc_split(kv2.x, bb0, bs0);
+                atc_split(kv2.y, bb1, bs1);
+                if (X3) {
+                    tc_mma(sx[u][j], as, bb0, bb1);
+                    tc_mma(sx[u][j], ab, bs0, bs1);
                 }
+                tc_mma(sa[u][j], ab, bb0, bb1);
             }
         }
-        __syncthreads();  // every warp is done with Vs
-        if (next) atc_load_keys<NT * 2, false>(Vs, vsrc, w, k0 + ATC_NK, D, lds, sh);
-        tc_commit();
     }
-    atc_store<NT>(o, w, r0, rw.p0, rw.p1, m0, m1, l0, l1, proj, ld, H, G, D, out, mode, ns, nrows, scratch, tg);
+#pragma unroll
+    for (int j = 0; j < ATC_NK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[j][e] = (sx[0][j][e] + sx[1][j][e]) + (sa[0][j][e] + sa[1][j][e]);
+}
+// O[16 x Dp] += P[16 x ATC_NK] · V[ATC_NK x Dp]. The score fragment is the A operand with its 8 keys permuted: A
+// column t ↔ key 2t, column t+4 ↔ key 2t+1 (so a = c0, c2, c1, c3), and B reads V rows in the same order.
+template <int NT, bool X3>
+__device__ __forceinline__ void atc_pv_tf32(float (&o)[NT][4], const float (&sc)[ATC_NK / 8][4], const float* Vs,
+                                            int lds, int g, int tg) {
+#pragma unroll
+    for (int j = 0; j < ATC_NK / 8; j++) {
+        unsigned pb[4], ps[4];
+        atc_split(sc[j][0], pb[0], ps[0]);
+        atc_split(sc[j][2], pb[1], ps[1]);
+        atc_split(sc[j][1], pb[2], ps[2]);
+        atc_split(sc[j][3], pb[3], ps[3]);
+        const float* vr = Vs + (j * 8 + 2 * tg) * lds + g;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            unsigned bb0, bs0, bb1, bs1;
+            atc_split(vr[nt * 8], bb0, bs0);
+            atc_split(vr[lds + nt * 8], bb1, bs1);
+            tc_mma3<X3>(o[nt], pb, ps, bb0, bb1, bs0, bs1);
+        }
+    }
 }
 
 // ---- bf16 products -------------------------------------------------------------------------------------------
@@ -415,20 +368,86 @@ __device__ __forceinline__ void atc_bf_vcols(float* dst, int ld, AtcShare<C4N> s
     }
 }
 
-// NT: 8-column tiles of the padded head dim Dp = 8 NT >= D (NT even); X3: bf16x3, else one bf16 product.
+// S[16 x 16] = Q[16 x Dp] · K[16 x Dp]ᵀ from the converted tiles, 16 head-dim columns per step, bf16x3 (X3) or one
+// bf16 product; per 8-key half j the hi·hi and the cross products in separate accumulators, even and odd steps
+// apart (short mma chains). Q and K are read as 64-bit (hi, lo) words at (row, 16s + 2tg [+ 8]).
 template <int NT, bool X3>
-__device__ __forceinline__ void attention_bf_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
+__device__ __forceinline__ void atc_qk_bf(float (&sc)[ATC_NK / 8][4], const float* Qs, const float* Ks, int r0,
+                                          int ldq, int g, int tg) {
+    const float* qa = Qs + r0 * ldq + 2 * tg;
+    const float* kb = Ks + g * ldq + 2 * tg;
+    float sa[2][2][4], sx[2][2][4];
+#pragma unroll
+    for (int u = 0; u < 2; u++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sa[u][j][e] = sx[u][j][e] = 0.0f;
+#pragma unroll 2
+    for (int ks = 0; ks < NT / 2; ks += 2) {
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const float* qs = qa + (ks + u) * 16;
+            uint2 a0 = *(const uint2*)qs, a1 = *(const uint2*)(qs + 8 * ldq);
+            uint2 a2 = *(const uint2*)(qs + 8), a3 = *(const uint2*)(qs + 8 * ldq + 8);
+            unsigned ah[4] = {a0.x, a1.x, a2.x, a3.x}, al[4] = {a0.y, a1.y, a2.y, a3.y};
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const float* kj = kb + j * 8 * ldq + (ks + u) * 16;
+                uint2 b0 = *(const uint2*)kj, b1 = *(const uint2*)(kj + 8);
+                if (X3) {
+                    tc_mma_bf16(sx[u][j], al, b0.x, b1.x);
+                    tc_mma_bf16(sx[u][j], ah, b0.y, b1.y);
+                }
+                tc_mma_bf16(sa[u][j], ah, b0.x, b1.x);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[j][e] = (sx[0][j][e] + sx[1][j][e]) + (sa[0][j][e] + sa[1][j][e]);
+}
+// O[16 x Dp] += P[16 x 16] · V[16 x Dp]: the score fragments of the two 8-key halves are the A operand as they stand
+// (c0 c1 of half j = row g, keys 8j + 2tg, +1; c2 c3 the same for row g + 8); V read at (key pair row
+// 2tg + (g & 1), column 8nt + (g & ~1)).
+template <int NT, bool X3>
+__device__ __forceinline__ void atc_pv_bf(float (&o)[NT][4], const float (&sc)[ATC_NK / 8][4], const float* Vs,
+                                          int lds, int g, int tg) {
+    const float* vb = Vs + (2 * tg + (g & 1)) * lds + (g & ~1);
+    uint2 p0 = atc_bf_split<X3>(sc[0][0], sc[0][1]), p1 = atc_bf_split<X3>(sc[0][2], sc[0][3]);
+    uint2 p2 = atc_bf_split<X3>(sc[1][0], sc[1][1]), p3 = atc_bf_split<X3>(sc[1][2], sc[1][3]);
+    unsigned ph[4] = {p0.x, p1.x, p2.x, p3.x}, pl[4] = {p0.y, p1.y, p2.y, p3.y};
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        uint2 b0 = *(const uint2*)(vb + nt * 8), b1 = *(const uint2*)(vb + 8 * lds + nt * 8);
+        if (X3) {
+            tc_mma_bf16(o[nt], pl, b0.x, b1.x);
+            tc_mma_bf16(o[nt], ph, b0.y, b1.y);
+        }
+        tc_mma_bf16(o[nt], ph, b0.x, b1.x);
+    }
+}
+
+// ---- the kernel ----------------------------------------------------------------------------------------------
+
+// NT: 8-column tiles of the padded head dim Dp = 8 NT >= D (columns D..Dp-1 are zeros); KIND: AttnArith's order,
+// 0 3xTF32, 1 1xTF32, 2 bf16x3, 3 one bf16 product. The bf16 kinds convert each tile in place after it lands (V
+// copied by key pairs for that) and read 64-bit (hi, lo) words; the TF32 kinds split every fragment as they read it.
+template <int NT, int KIND>
+__device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
                                                const int* seg, const u64* kv, int H, int HKV, int D, float scale,
                                                void* out, int mode, int ns, int nrows, int nseg,
                                                float* __restrict__ scratch, float* sm) {
+    constexpr bool BF = KIND >= 2, X3 = KIND == 0 || KIND == 2;
     const int G = H / HKV;
-    // The same tiles and pitches as attention_tc_t (smem() in attn_tc.rs). Q and K are read as 64-bit (hi, lo)
-    // words at (row, 16s + 2tg [+ 8]): pitch = 8 mod 32, a half warp's 16 loads hit 32 distinct banks. V at
-    // (key pair row 2tg + (g & 1), column 8nt + (g & ~1)): pitch = 4 mod 32, likewise.
+    // Row pitches: Q and K are read as 64-bit pairs (pitch = 8 mod 32: the 16 lanes of a half warp hit 32 distinct
+    // banks); V down its columns as single floats (TF32) or 64-bit key-pair words (bf16) (pitch = 4 mod 32). Must
+    // match smem() in attn_tc.rs.
     const int Dp = NT * 8, ldq = Dp + 8, lds = Dp + 4;
-    float* Qs = sm;
-    float* Ks = Qs + ATC_M * ldq;
-    float* Vs = Ks + ATC_NK * ldq;
+    float* Qs = sm;                 // [ATC_M, ldq]
+    float* Ks = Qs + ATC_M * ldq;   // [ATC_NK, ldq]
+    float* Vs = Ks + ATC_NK * ldq;  // [ATC_NK, lds]
     AtcWork w;
     if (!atc_work(w, seg, kv, HKV, ATC_M / G, ns, nseg)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
@@ -436,10 +455,11 @@ __device__ __forceinline__ void attention_bf_t(const float* __restrict__ q, cons
     const AtcShare<NT * 2> sh(tid);
     const AtcSrc ksrc = atc_src(w, false, HKV, D, sh.c), vsrc = atc_src(w, true, HKV, D, sh.c);
 
+    // Q tile, then the first K and V tiles.
     atc_load_q(Qs, q, w, H, G, D, ldq, sh);
     atc_load_keys<NT * 2, false>(Ks, ksrc, w, w.kbeg, D, ldq, sh);
     tc_commit();
-    atc_load_keys<NT * 2, true>(Vs, vsrc, w, w.kbeg, D, lds, sh);
+    atc_load_keys<NT * 2, BF>(Vs, vsrc, w, w.kbeg, D, lds, sh);
     tc_commit();
 
     const AtcRows rw = atc_rows(w, G, warp, g);
@@ -448,78 +468,34 @@ __device__ __forceinline__ void attention_bf_t(const float* __restrict__ q, cons
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float m0 = __int_as_float(0xff800000), m1 = m0, l0 = 0.0f, l1 = 0.0f;
-    const float* qa = Qs + r0 * ldq + 2 * tg;
-    const float* kb = Ks + g * ldq + 2 * tg;
-    const float* vb = Vs + (2 * tg + (g & 1)) * lds + (g & ~1);
 
     for (int k0 = w.kbeg; k0 < w.kend; k0 += ATC_NK) {
         bool next = k0 + ATC_NK < w.kend;
         bool act = rw.wrows && k0 <= rw.pw;  // warp-uniform
         tc_wait<1>();                        // Q and K(k0) have landed (V(k0) may be in flight)
-        if (k0 == w.kbeg) atc_bf_tile<NT * 2, ATC_M, X3>(Qs, ldq, sh);
-        atc_bf_tile<NT * 2, ATC_NK, X3>(Ks, ldq, sh);
+        if (BF) {
+            if (k0 == w.kbeg) atc_bf_tile<NT * 2, ATC_M, X3>(Qs, ldq, sh);
+            atc_bf_tile<NT * 2, ATC_NK, X3>(Ks, ldq, sh);
+        }
         __syncthreads();
         float sc[ATC_NK / 8][4];
         if (act) {
-            // S[16 x 16] = Q[16 x Dp] · K[16 x Dp]ᵀ, 16 head-dim columns per step; per 8-key half j the hi·hi
-            // and the cross products in separate accumulators, even and odd steps apart (short mma chains).
-            float sa[2][2][4], sx[2][2][4];
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sa[u][j][e] = sx[u][j][e] = 0.0f;
-#pragma unroll 2
-            for (int ks = 0; ks < NT / 2; ks += 2) {
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const float* qs = qa + (ks + u) * 16;
-                    uint2 a0 = *(const uint2*)qs, a1 = *(const uint2*)(qs + 8 * ldq);
-                    uint2 a2 = *(const uint2*)(qs + 8), a3 = *(const uint2*)(qs + 8 * ldq + 8);
-                    unsigned ah[4] = {a0.x, a1.x, a2.x, a3.x}, al[4] = {a0.y, a1.y, a2.y, a3.y};
-#pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        const float* kj = kb + j * 8 * ldq + (ks + u) * 16;
-                        uint2 b0 = *(const uint2*)kj, b1 = *(const uint2*)(kj + 8);
-                        if (X3) {
-                            tc_mma_bf16(sx[u][j], al, b0.x, b1.x);
-                            tc_mma_bf16(sx[u][j], ah, b0.y, b1.y);
-                        }
-                        tc_mma_bf16(sa[u][j], ah, b0.x, b1.x);
-                    }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) sc[j][e] = (sx[0][j][e] + sx[1][j][e]) + (sa[0][j][e] + sa[1][j][e]);
+            if (BF) atc_qk_bf<NT, X3>(sc, Qs, Ks, r0, ldq, g, tg);
+            else atc_qk_tf32<NT, X3>(sc, Qs, Ks, r0, ldq, g, tg);
         }
         __syncthreads();  // every warp is done with Ks
         if (next) atc_load_keys<NT * 2, false>(Ks, ksrc, w, k0 + ATC_NK, D, ldq, sh);
         tc_commit();
         if (act) atc_softmax<NT>(sc, o, k0, w.kend, rw.p0, rw.p1, scale2, tg, m0, m1, l0, l1);
         tc_wait<1>();  // V(k0) has landed (K(k0 + ATC_NK) may be in flight)
-        atc_bf_vcols<NT * 2, X3>(Vs, lds, sh);
+        if (BF) atc_bf_vcols<NT * 2, X3>(Vs, lds, sh);
         __syncthreads();
         if (act) {
-            // O[16 x Dp] += P[16 x 16] · V[16 x Dp]: the score fragments of the two 8-key halves are the A operand
-            // as they stand (c0 c1 of half j = row g, keys 8j + 2tg, +1; c2 c3 the same for row g + 8).
-            uint2 p0 = atc_bf_split<X3>(sc[0][0], sc[0][1]), p1 = atc_bf_split<X3>(sc[0][2], sc[0][3]);
-            uint2 p2 = atc_bf_split<X3>(sc[1][0], sc[1][1]), p3 = atc_bf_split<X3>(sc[1][2], sc[1][3]);
-            unsigned ph[4] = {p0.x, p1.x, p2.x, p3.x}, pl[4] = {p0.y, p1.y, p2.y, p3.y};
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint2 b0 = *(const uint2*)(vb + nt * 8), b1 = *(const uint2*)(vb + 8 * lds + nt * 8);
-                if (X3) {
-                    tc_mma_bf16(o[nt], pl, b0.x, b1.x);
-                    tc_mma_bf16(o[nt], ph, b0.y, b1.y);
-                }
-                tc_mma_bf16(o[nt], ph, b0.x, b1.x);
-            }
+            if (BF) atc_pv_bf<NT, X3>(o, sc, Vs, lds, g, tg);
+            else atc_pv_tf32<NT, X3>(o, sc, Vs, lds, g, tg);
         }
         __syncthreads();  // every warp is done with Vs
-        if (next) atc_load_keys<NT * 2, true>(Vs, vsrc, w, k0 + ATC_NK, D, lds, sh);
+        if (next) atc_load_keys<NT * 2, BF>(Vs, vsrc, w, k0 + ATC_NK, D, lds, sh);
         tc_commit();
     }
     atc_store<NT>(o, w, r0, rw.p0, rw.p1, m0, m1, l0, l1, proj, ld, H, G, D, out, mode, ns, nrows, scratch, tg);
@@ -531,23 +507,26 @@ __device__ __forceinline__ void attention_bf_t(const float* __restrict__ q, cons
 // (ATC_M + ATC_NK) * (Dp + 8) + ATC_NK * (Dp + 4) floats, Dp = 64, 128 or 256 (the least >= D); D % 4 == 0,
 // D <= 256, G = H / HKV <= 64.
 // attention_tc: 3xTF32 products; attention_tc_tf32: 1xTF32; attention_bf: bf16x3; attention_bf1: one bf16.
-#define ATTENTION_TC(NAME, IMPL, X3)                                                                                 \
+#define ATTENTION_TC(NAME, KIND)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128, 2)                                                             \
         NAME(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,     \
              int H, int HKV, int D, float scale, void* out, int mode, int ns, int nrows, int nseg,                   \
              float* __restrict__ scratch) {                                                                          \
         extern __shared__ float atc_sm[];                                                                            \
         if (D <= 64)                                                                                                 \
-            IMPL<8, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch, atc_sm);        \
+            attention_tc_t<8, KIND>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,    \
+                                    atc_sm);                                                                         \
         else if (D <= 128)                                                                                           \
-            IMPL<16, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch, atc_sm);       \
+            attention_tc_t<16, KIND>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,   \
+                                     atc_sm);                                                                        \
         else                                                                                                         \
-            IMPL<32, X3>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch, atc_sm);       \
+            attention_tc_t<32, KIND>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,   \
+                                     atc_sm);                                                                        \
     }
-ATTENTION_TC(attention_tc, attention_tc_t, true)
-ATTENTION_TC(attention_tc_tf32, attention_tc_t, false)
-ATTENTION_TC(attention_bf, attention_bf_t, true)
-ATTENTION_TC(attention_bf1, attention_bf_t, false)
+ATTENTION_TC(attention_tc, 0)
+ATTENTION_TC(attention_tc_tf32, 1)
+ATTENTION_TC(attention_bf, 2)
+ATTENTION_TC(attention_bf1, 3)
 #undef ATTENTION_TC
 
 // Merges the key splits of `attention_tc`: per (token, head) o = Σ_j e^(m_j - M) o_j / Σ_j e^(m_j - M) l_j, times
