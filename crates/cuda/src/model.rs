@@ -285,10 +285,13 @@ struct Widths {
 /// One forward's device buffers (see [`CudaModel::scratch`]).
 struct Scratch {
     rows: usize,
-    /// Bytes charged to the budget.
+    /// Bytes charged to the budget for the activation buffers (the table and the attention scratch apart).
     bytes: usize,
-    table_len: usize,
+    /// The forward's table ([`CudaModel::table`]; grown on demand, apart from the rest: it depends on the
+    /// segment count and the layers, not only on the rows).
     table: CudaSlice<u8>,
+    table_len: usize,
+    _table_charge: Charge,
     x: CudaSlice<f32>,
     act: CudaSlice<f32>,
     proj: CudaSlice<f32>,
@@ -320,25 +323,51 @@ struct FwdPtrs {
     attn: u64,
 }
 
+/// Byte offsets of one forward's table ([`CudaModel::table`] writes it, [`Scratch::ptrs`] addresses it): the
+/// state address table (one u64 per entry: [`GDN_ENTRIES`] per segment of a gated delta layer, [`KV_ENTRIES`] per
+/// segment of an attention layer), then ids [N] | segs [S, 3] | tok [N, 2] | par [S] (i32).
+struct TableLayout {
+    ids: usize,
+    segs: usize,
+    tok: usize,
+    par: usize,
+    len: usize,
+}
+
+impl TableLayout {
+    fn new(layers: &[Layer], n: usize, nseg: usize) -> Self {
+        let entries: usize = layers
+            .iter()
+            .map(|l| match l.mixer {
+                Mixer::Gdn(_) => GDN_ENTRIES * nseg,
+                Mixer::Attn(_) => KV_ENTRIES * nseg,
+            })
+            .sum();
+        let ids = 8 * entries;
+        let segs = ids + 4 * n;
+        let tok = segs + 4 * 3 * nseg;
+        let par = tok + 4 * 2 * n;
+        TableLayout {
+            ids,
+            segs,
+            tok,
+            par,
+            len: par + 4 * nseg,
+        }
+    }
+}
+
 impl Scratch {
     fn ptrs(&self, m: &CudaModel, s: Shape) -> FwdPtrs {
         let g = &*m.gpu;
-        let entries: usize = m
-            .layers
-            .iter()
-            .map(|l| match l.mixer {
-                Mixer::Gdn(_) => GDN_ENTRIES * s.nseg,
-                Mixer::Attn(_) => KV_ENTRIES * s.nseg,
-            })
-            .sum();
+        let t = TableLayout::new(&m.layers, s.n, s.nseg);
         let ptrs = g.ptr(&self.table);
-        let ids = ptrs + 8 * entries as u64;
         FwdPtrs {
             ptrs,
-            ids,
-            segs: ids + 4 * s.n as u64,
-            tok: ids + 4 * (s.n + 3 * s.nseg) as u64,
-            par: ids + 4 * (3 * s.n + 3 * s.nseg) as u64,
+            ids: ptrs + t.ids as u64,
+            segs: ptrs + t.segs as u64,
+            tok: ptrs + t.tok as u64,
+            par: ptrs + t.par as u64,
             x: g.ptr(&self.x),
             act: g.ptr(&self.act),
             proj: g.ptr(&self.proj),
@@ -348,6 +377,20 @@ impl Scratch {
             fold: g.ptr(&self.fold),
             attn: g.ptr(&self.attn),
         }
+    }
+
+    /// Makes room for a table of `len` bytes. → whether the buffer moved
+    fn reserve_table(&mut self, m: &CudaModel, len: usize) -> Result<bool, CudaError> {
+        if len <= self.table_len {
+            return Ok(false);
+        }
+        let len = len.next_power_of_two();
+        // The new charge first: on failure the old table stays as it was.
+        let charge = m.ledger.charge(len, "forward table")?;
+        self.table = m.gpu.alloc(len)?;
+        self.table_len = len;
+        self._table_charge = charge;
+        Ok(true)
     }
 
     /// Makes room for `len` f32 values of attention split scratch. → whether the buffer moved
@@ -700,7 +743,10 @@ impl CudaModel {
     pub fn scratch_reserved(&self) -> usize {
         self.arena
             .lock()
-            .map(|a| a.as_ref().map_or(0, |a| a.bytes + 4 * a.attn_len))
+            .map(|a| {
+                a.as_ref()
+                    .map_or(0, |a| a.bytes + a.table_len + 4 * a.attn_len)
+            })
             .unwrap_or(0)
     }
 
@@ -1191,10 +1237,9 @@ impl CudaModel {
         if n <= ARENA_ROWS {
             // The persistent scratch: fixed addresses, so a repeated shape can replay a captured CUDA graph.
             let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
-            if arena
-                .as_ref()
-                .is_none_or(|a| a.rows < n || a.table_len < table.len())
-            {
+            if arena.as_ref().is_none_or(|a| a.rows < n) {
+                // More rows than the arena holds: all of it anew (the old one freed first, so that the budget
+                // holds one arena at a time).
                 let (rows, tl) = arena.as_ref().map_or((0, 0), |a| (a.rows, a.table_len));
                 *arena = None;
                 self.drop_graphs();
@@ -1204,7 +1249,10 @@ impl CudaModel {
             let a = arena
                 .as_mut()
                 .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
-            if a.reserve_attn(self, self.attn_scratch(shape))? {
+            // A longer table or more attention splits than before: those buffers alone move (and the graphs that
+            // captured their addresses go).
+            let moved = a.reserve_table(self, table.len())?;
+            if a.reserve_attn(self, self.attn_scratch(shape))? || moved {
                 self.drop_graphs();
             }
             let p = a.ptrs(self, shape);
@@ -1230,9 +1278,8 @@ impl CudaModel {
         })
     }
 
-    /// The bytes of one forward's table: the state address table (u64), then ids [N] | segs [S, 3] | tok [N, 2] |
-    /// par [S] (i32). Per layer: GDN conv [S] | ssm [S] | the ssm each segment starts from [S] (its parent's when
-    /// `par[s] >= 0`); attention [S, KV_ENTRIES].
+    /// The bytes of one forward's table, laid out as [`TableLayout`] says. Per layer: GDN conv [S] | ssm [S] | the
+    /// ssm each segment starts from [S] (its parent's when `par[s] >= 0`); attention [S, KV_ENTRIES].
     fn table(
         &self,
         items: &[(&mut CudaState, &[u32])],
@@ -1291,6 +1338,11 @@ impl CudaModel {
         for v in [&ids, &segs, &tok, par] {
             bytes.extend(v.iter().flat_map(|i| i.to_le_bytes()));
         }
+        debug_assert_eq!(
+            bytes.len(),
+            TableLayout::new(&self.layers, ids.len(), nseg).len,
+            "the table and its layout disagree"
+        );
         bytes
     }
 
@@ -1357,14 +1409,14 @@ impl CudaModel {
         let g = &*self.gpu;
         let w = self.widths();
         let floats = rows * (self.hid + w.act + w.proj + w.mid + w.gates + w.wy + w.fold);
-        let charge = self
-            .ledger
-            .charge(4 * floats + table_len, "forward scratch")?;
+        let charge = self.ledger.charge(4 * floats, "forward scratch")?;
+        let table_charge = self.ledger.charge(table_len, "forward table")?;
         Ok(Scratch {
             rows,
-            bytes: 4 * floats + table_len,
-            table_len,
+            bytes: 4 * floats,
             table: g.alloc(table_len)?,
+            table_len,
+            _table_charge: table_charge,
             x: g.alloc(rows * self.hid)?,
             // GEMM inputs: bf16, two bf16 planes (split) or f32 (allocated for the larger).
             act: g.alloc(rows * w.act)?,
