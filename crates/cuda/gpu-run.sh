@@ -4,7 +4,8 @@
 # timing tables), bench (System One on the 0.8B shape: split, bf16; with "twopass" also split with prefixes and
 # suffixes as two forwards, ONEPASS_TREE=0; with "nograph" split without CUDA graphs), b2b (the 2B shape),
 # decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
-# load through `onepass serve --device cuda`), profile (one request under nsys and ncu). Logs: $OUT/tests.log, $OUT/bench.log,
+# load through `onepass serve --device cuda`), profile (one request under nsys and ncu; PROFILE_WORKLOAD=1|2|3,
+# PROFILE_NCU=0 for nsys only). Logs: $OUT/tests.log, $OUT/bench.log,
 # $OUT/bench.jsonl, $OUT/http.*, $OUT/kern_*.csv, $OUT/ncu.csv.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -69,12 +70,12 @@ if [[ $WHAT == *http* ]]; then
   grep -E "in flight|==" "$OUT/http.log"
 fi
 if [[ $WHAT == *profile* ]]; then
-  # One workload-1 request (one tree forward, run directly: the first sight of a shape is not a graph) under Nsight
-  # Systems (time per kernel: $OUT/kern_*.csv) and Nsight Compute (the GDN, conv, norm and attention kernels:
-  # $OUT/ncu.csv), where the machine has them.
+  # One request of workload $PROFILE_WORKLOAD (default 1; one tree forward, run directly: the first sight of a shape
+  # is not a graph) under Nsight Systems (time per kernel: $OUT/kern_*.csv) and, unless PROFILE_NCU=0, Nsight Compute
+  # (the GDN, conv, norm and attention kernels: $OUT/ncu.csv), where the machine has them.
   [[ -f /tmp/q08/config.json ]] || synth qwen3.5-0.8b /tmp/q08
   [[ -f /tmp/q08-req/workload1.json ]] || $B/onepass bench-systemone --device cpu --model /tmp/q08 --write-requests /tmp/q08-req 2>&1 | tail -1
-  one=($B/onepass systemone --device cuda --model /tmp/q08 /tmp/q08-req/workload1.json)
+  one=($B/onepass systemone --device cuda --model /tmp/q08 /tmp/q08-req/workload${PROFILE_WORKLOAD:-1}.json)
   "${one[@]}" >/dev/null  # the PTX cache
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/target-linux-x64/nsys 2>/dev/null | head -1)
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
@@ -82,7 +83,7 @@ if [[ $WHAT == *profile* ]]; then
     timeout 120 $NSYS profile -o /tmp/prof -f true -t cuda "${one[@]}" >/dev/null 2>>"$OUT/profile.log"
     $NSYS stats -r cuda_gpu_kern_sum --format csv -o "$OUT/kern" /tmp/prof.nsys-rep >>"$OUT/profile.log" 2>&1
   else echo "no nsys" | tee -a "$OUT/profile.log"; fi
-  if [[ -n $NCU ]]; then
+  if [[ -n $NCU && ${PROFILE_NCU:-1} == 1 ]]; then
     timeout 300 $NCU -k 'regex:gdn_tc_state|gdn_tc_prep|gdn_conv_prep_w|gdn_conv_state|rms_norm|attention_tc|swiglu2' \
       --launch-count ${NCU_COUNT:-14} --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details "${one[@]}" \
