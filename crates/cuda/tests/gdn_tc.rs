@@ -141,18 +141,19 @@ fn delta_gpu(g: &Gpu, c: &DeltaCase, pass: Pass) -> (Vec<f32>, Vec<Vec<f32>>) {
 /// against `ops::gdn_wy_state`, outputs and final states, on: the WY shapes of tests/ops.rs (T = 1, 63, 65, 130,
 /// 200 in one batch; HV != HK; DK != DV both ways, not multiples of 8 or 16: dk 60, 36, dv 24, 100, 40; the 0.8B
 /// head shape; decays x20 so e^gam underflows); shapes whose tiles take 4-byte copies (dk 30, odd dv and row
-/// strides); 40 segments of 1 to 130 tokens.
+/// strides); 40 segments of 1 to 130 tokens. Chunks of every row-tile count (1 to 16, 17 to 32, 33 to 48, 49 to 64
+/// rows), which set how the warps share a chunk's products.
 #[test]
 fn gdn_tc_state_matches_cpu_and_wy() {
     let Some(g) = gpu("gdn_tc_state_matches_cpu_and_wy") else {
         return;
     };
     let many: Vec<usize> = (0..40)
-        .map(|i| [1, 33, 64, 65, 7, 130, 2, 128][i % 8])
+        .map(|i| [1, 33, 64, 65, 7, 130, 2, 128, 29, 90][i % 10])
         .collect();
     let mut cases = wy_cases();
     cases.extend([
-        (dims(2, 2, 128, 128), vec![200, 3], 20.0),
+        (dims(2, 2, 128, 128), vec![200, 3, 29], 20.0),
         (dims(1, 2, 30, 25), vec![70, 1, 129], 1.0),
         (dims(1, 1, 36, 25), vec![65, 3], 1.0),
         (dims(2, 4, 64, 72), many, 1.0),

@@ -34,10 +34,16 @@ pub fn wy_cases() -> Vec<(GdnDims, Vec<usize>, f32)> {
     ]
 }
 
-/// The System One segment shapes the benches time: a 175-token prefix, 7 suffixes of 33, a 3,400-token prefix,
-/// 224 suffixes of 33.
-pub fn bench_lens() -> [Vec<usize>; 4] {
-    [vec![175], vec![33; 7], vec![3400], vec![33; 224]]
+/// The System One segment shapes the benches time: a 175-token prefix, 7 suffixes of 33, 7 of 29 (the suffixes of
+/// the first workload's one-forward tree), a 3,400-token prefix, 224 suffixes of 33.
+pub fn bench_lens() -> [Vec<usize>; 5] {
+    [
+        vec![175],
+        vec![33; 7],
+        vec![29; 7],
+        vec![3400],
+        vec![33; 224],
+    ]
 }
 
 /// One batch of segments, the inputs of every gated delta kernel.
