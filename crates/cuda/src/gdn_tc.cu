@@ -15,8 +15,7 @@
 //
 // Why this shape:
 // - Block = 8 warps. Warps 0-3 own the 16-row tiles of v' (rows 16w..16w+15 of W S), warps 4-7 those of o (Q S,
-//   then + M v' on the same rows): both halves share the B operand S and run at once. A chunk of one or two row
-//   tiles (a short suffix) gives each tile two or four warps, which split its value columns. In the update, warp w owns S
+//   then + M v' on the same rows): both halves share the B operand S and run at once. In the update, warp w owns S
 //   rows 16w..16w+15 (dk <= 128) as mma C fragments in registers across the whole segment; after each update it
 //   mirrors them into shared memory (Ss), the B operand of the next chunk's W S and Q S.
 // - Shared memory: the chunk's W, Q, K, M tiles (cp.async, 16 bytes when aligned, zero-filled past n rows and dk
@@ -165,19 +164,13 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
         for (int i = 0; i < 4; i++) sacc[nt][i] = sown ? Ss[(sm0 + g + (i >> 1) * 8) * LDV + col + (i & 1)] : 0.0f;
     }
 
+    // Rows of W S (warps 0-3, v') or Q S (warps 4-7, o) of this warp: m0 + g and m0 + g + 8.
     const bool vwarp = wp < 4;
+    const int m0 = 16 * (wp & 3), ra = m0 + g, rb = m0 + g + 8;
     const float* X = vwarp ? Wt : Qt;
     for (int c0 = 0; c0 < len; c0 += GDN_C) {
         const int n = min(GDN_C, len - c0), r0 = start + c0;
         const bool more = c0 + GDN_C < len;
-        // This warp's rows of W S (warps 0-3, v') or Q S (warps 4-7, o), m0 + g and m0 + g + 8, and its n tiles
-        // nlo..nhi-1. A chunk of R = ceil(n / 16) row tiles gives each tile 4 / R of its group's warps, which split
-        // the n tiles (R = 1 or 2, when NT divides), so a short chunk (a System One suffix) keeps every warp busy;
-        // row tiles no warp takes lie past row (n + 7) & ~7, which no later product reads.
-        const int nrt = (n + 15) >> 4;
-        const int per = (nrt == 1 && NT % 4 == 0) ? 4 : (nrt <= 2 && NT % 2 == 0) ? 2 : 1;
-        const int wi = wp & 3, m0 = 16 * (wi / per), ra = m0 + g, rb = m0 + g + 8;
-        const int nlo = (wi % per) * (NT / per), nhi = nlo + NT / per;
         // From global memory, before the products: e^(gam_last - gam) (v' warps) or e^gam (o warps) of rows ra, rb,
         // e^gam_last, and U (v' warps). Zero past n rows and w columns.
         const int esel = vwarp ? 1 : 0;
@@ -190,8 +183,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 int r = i < 2 ? ra : rb, col = nt * 8 + 2 * tg + (i & 1);
-                bool ok = vwarp && r < n && col < w && nt >= nlo && nt < nhi;
-                u[nt][i] = ok ? U[((idx_t)(r0 + r) * hv + h) * dv + j0 + col] : 0.0f;
+                u[nt][i] = (vwarp && r < n && col < w) ? U[((idx_t)(r0 + r) * hv + h) * dv + j0 + col] : 0.0f;
             }
         }
         float hi[NT][4], lo[NT][4];
@@ -209,7 +201,6 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 gtc_frag_a_row(xa + kk, ldx, ab, as);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    if (nt < nlo || nt >= nhi) continue;
                     unsigned bb[2], bs[2];
                     gtc_frag_b(sb + kk * LDV + nt * 8, LDV, bb, bs);
                     gtc_mma3<X3>(hi[nt], lo[nt], ab, as, bb, bs);
@@ -220,7 +211,6 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
             // v' = U - W S (rows past n: exactly zero, as W and U are zero there), and e^(gam_last - gam) v'.
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                if (nt < nlo || nt >= nhi) continue;
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     int r = i < 2 ? ra : rb, col = nt * 8 + 2 * tg + (i & 1);
@@ -259,7 +249,6 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 gtc_frag_a_row(ma + kk, LDM, ab, as);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    if (nt < nlo || nt >= nhi) continue;
                     unsigned bb[2], bs[2];
                     gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
                     gtc_mma3<X3>(hi[nt], lo[nt], ab, as, bb, bs);
@@ -267,7 +256,6 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
             }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                if (nt < nlo || nt >= nhi) continue;
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     int r = i < 2 ? ra : rb, col = nt * 8 + 2 * tg + (i & 1);
