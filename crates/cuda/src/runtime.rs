@@ -241,6 +241,15 @@ pub fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
             return Ok(Ptx::from_src(src));
         }
     }
+    // Long enough to look like a hang without a word (about a minute on an H200 machine, with the driver's JIT).
+    let cache_note = path.as_ref().map_or(
+        "no cache directory: HOME and XDG_CACHE_HOME unset".to_string(),
+        |p| format!("cached in {}", p.display()),
+    );
+    eprintln!(
+        "onepass: compiling the CUDA kernels for {arch} (the first load of this build on this kind of GPU takes \
+         about a minute; {cache_note})"
+    );
     let arch_static: &'static str = Box::leak(arch.to_string().into_boxed_str());
     let opts = CompileOptions {
         arch: Some(arch_static),
