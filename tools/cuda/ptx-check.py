@@ -6,7 +6,13 @@ Needs no GPU: NVRTC and ptxas come from the PyPI wheels nvidia-cuda-nvrtc / nvid
     pip download --no-deps -d /tmp/nvw 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-nvcc==13.0.*'
     mkdir -p /opt/nvrtc && for w in /tmp/nvw/*.whl; do python3 -m zipfile -e $w /opt/nvrtc; done
     chmod +x /opt/nvrtc/nvidia/cu13/bin/*      # zipfile drops the executable bits
-Usage: python3 tools/cuda/ptx-check.py [--root /opt/nvrtc] [--arch 90]
+Usage: python3 tools/cuda/ptx-check.py [--root /opt/nvrtc] [--arch 90] [--sass KERNEL ...]
+
+--sass KERNEL: also disassemble KERNEL (cuobjdump and nvdisasm from the PyPI wheels nvidia-cuda-cuobjdump /
+nvidia-cuda-nvdisasm, 13.2 or later, unpacked under --root the same way) and print, per loop that holds mma
+instructions (the four smallest: the innermost), its static instruction count and the most frequent opcodes: how
+this project found that the attention kernels spent a third of each tile on address arithmetic (docs/cuda.md).
+--sass-out DIR keeps the disassembly there.
 """
 import argparse, ctypes, os, pathlib, re, subprocess, sys, tempfile
 
@@ -14,6 +20,8 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--root", default=os.environ.get("NVRTC_ROOT", "/opt/nvrtc"))
 ap.add_argument("--arch", default="90")
 ap.add_argument("--quiet", action="store_true", help="only errors, spills and the kernel count")
+ap.add_argument("--sass", nargs="*", default=[], help="kernels to disassemble and summarise (loops with mma)")
+ap.add_argument("--sass-out", help="folder for the disassembly (default: a temporary folder)")
 a = ap.parse_args()
 lib = pathlib.Path(a.root) / "nvidia/cu13/lib/libnvrtc.so.13"
 if str(lib.parent) not in os.environ.get("LD_LIBRARY_PATH", ""):
@@ -68,3 +76,52 @@ for line in out.splitlines():
     if m and not a.quiet:
         print(f"{kern:28s} {line.split('info    : ')[-1].strip()}")
 print(f"{count} kernels assembled for sm_{a.arch}" + (" (spills above)" if bad else ""))
+
+
+def loops(sass):
+    """(instructions, mma count, top opcodes) of each backward-branch loop of a disassembly that holds mma."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).strip()))
+    found = []
+    for at, text in ins:
+        m = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if not m or int(m.group(1), 16) >= at:
+            continue
+        body = [t for x, t in ins if int(m.group(1), 16) <= x <= at]
+        mma = sum("MMA" in t for t in body)
+        if mma:
+            ops = {}
+            for t in body:
+                op = re.sub(r"^@!?U?P\w+ ", "", t).split()[0].split(".")[0]
+                ops[op] = ops.get(op, 0) + 1
+            top = sorted(ops.items(), key=lambda kv: -kv[1])[:8]
+            found.append((len(body), mma, top))
+    return len(ins), found
+
+
+if a.sass:
+    bindir = pathlib.Path(a.root) / "nvidia/cu13/bin"
+    if not (bindir / "cuobjdump").is_file() or not (bindir / "nvdisasm").is_file():
+        sys.exit(f"--sass needs cuobjdump and nvdisasm under {bindir}: see this script's docstring")
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ.get('PATH', '')}")
+    outdir = pathlib.Path(a.sass_out or tempfile.mkdtemp())
+    outdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        p = pathlib.Path(d) / "k.ptx"
+        p.write_bytes(ptx.value)
+        cubin = pathlib.Path(d) / "k.cubin"
+        subprocess.run([str(ptxas), f"-arch=sm_{a.arch}", str(p), "-o", str(cubin)], check=True)
+        for k in a.sass:
+            r = subprocess.run([str(bindir / "cuobjdump"), "-sass", "-fun", k, str(cubin)], capture_output=True,
+                               text=True, env=env)
+            if r.returncode != 0 or "Function" not in r.stdout:
+                print(f"{k}: no such kernel or no disassembly ({r.stderr.strip()[:200]})")
+                continue
+            (outdir / f"{k}.sass").write_text(r.stdout)
+            total, found = loops(r.stdout)
+            print(f"{k}: {total} instructions ({outdir / (k + '.sass')})")
+            for n, mma, top in sorted(found)[:4]:  # the innermost (smallest) loops first
+                print(f"  loop of {n} instructions, {mma} mma: " + ", ".join(f"{o} {c}" for o, c in top))
