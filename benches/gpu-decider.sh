@@ -214,35 +214,9 @@ if [[ $LIBRARY == 1 ]] && (( $(left) > 90 )); then
 fi
 
 step "side by side"
-$PY - "$OUT" <<'EOF'
-import json, os, sys
-out = sys.argv[1]
-def load(n):
-    try:
-        return json.load(open(os.path.join(out, n)))
-    except Exception:
-        return None
-runs = [(n, load(n + ".json")) for n in ("decider-server", "decider-library")]
-try:
-    for line, prec in zip(open(os.path.join(out, "onepass-bench.jsonl")), ("split", "bf16")):
-        d = json.loads(line); d["label"] = f"onepass {d.get('device')} {prec}"; runs.append((f"onepass-{prec}", d))
-except Exception:
-    pass
-runs = [(n, d) for n, d in runs if d]
-summary = {}
-for n, d in runs:
-    ws = d["workloads"]
-    summary[n] = {"label": d.get("label", n) + ("" if d.get("complete", True) else " (stopped early: partial)"), "fast_path": d.get("fast_path"),
-                  "rows": [{k: w.get(k) for k in ("workload", "p50_ms", "p95_ms", "requests_per_s", "decisions_per_s",
-                                                  "route", "vs_onepass", "saturating")} for w in ws]}
-print(f"{'engine':<22} " + "  ".join(f"{'w' + str(i + 1) + ' p50 ms':>12}" for i in range(3)) + "   label")
-for n, s in summary.items():
-    print(f"{n:<22} " + "  ".join(f"{r['p50_ms']:12.2f}" for r in s["rows"]) + f"   {s['label']}")
-base = summary.get("decider-server")
-if base:
-    for n, s in summary.items():
-        if n.startswith("onepass"):
-            print(f"{n}: decider-server p50 / onepass p50 = " + "  ".join(f"{b['p50_ms'] / r['p50_ms']:.2f}x" for b, r in zip(base["rows"], s["rows"])))
-EOF
+SBS=()
+for f in decider-server decider-library; do [[ -s "$OUT/$f.json" ]] && SBS+=(--decider "$OUT/$f.json"); done
+[[ -s "$OUT/onepass-bench.jsonl" ]] && SBS+=(--onepass "$OUT/onepass-bench.jsonl")
+$PY benches/side_by_side.py "${SBS[@]}" || echo "side by side: nothing to compare"
 echo "fla: $FLA; done in $SECONDS s"
 sleep 1   # let tee finish decider.log
