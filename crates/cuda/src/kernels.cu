@@ -1118,7 +1118,6 @@ extern "C" __global__ void __launch_bounds__(256) attention_tiled(const float* _
     else attention_tiled_t<8>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, sm);
 }
 
-// SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] as `store_act` with `mode`.
 // SwiGLU rows, the body of swiglu and swiglu2 (fused.cu): out[n][c] = silu(gate) * up with gate = gu[n][c] and up
 // = gu[n][inter + c], each plus the value `lo` floats on when TWO (the lo plane's half of a split GEMM). gu: [rows,
 // 2 inter] f32; out: [rows, inter] as `store_act` with `mode`. grid (ceil(inter / (VW * blockDim.x)), up to
@@ -1153,6 +1152,7 @@ __device__ __forceinline__ void swiglu_rows(const float* __restrict__ gu, int in
     }
 }
 
+// SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] as `store_act` with `mode`.
 extern "C" __global__ void swiglu(const float* gu, int inter, int rows, void* out, int mode, int vec) {
     swiglu_rows<false>(gu, inter, rows, 0, out, mode, vec);
 }

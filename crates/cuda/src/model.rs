@@ -52,7 +52,7 @@ impl TcArith {
     /// - f32: 3xTF32 everywhere (f32 accuracy; the mode checks the forward against the CPU).
     /// - split: the gated delta kernels in 3xTF32, attention in bf16x3, which carries its operands as the split
     ///   GEMMs carry theirs (about 2^-17) and is the faster of the two high-precision attentions (H200, 3,400-token
-    ///   prefix: 782 µs against 1,030; the bf16 twins' answers 5.78e-5 against 5.89e-5 max |dp|).
+    ///   prefix: 782 µs against 1,030; the bf16 twins' answers 5.78e-5 against 5.84e-5 max |dp| in the same run).
     /// - bf16: 1xTF32 everywhere (its point is speed; 1xTF32 attention, 584 µs there, beats one bf16 product, 618,
     ///   whose per-tile conversion costs more than the halved mma count saves). Measured (fifth measurement,
     ///   docs/benchmarks/cuda-systemone.md): 1xTF32 kernels take split-mode requests from 4.98 / 10.61 / 37.86 to
@@ -289,9 +289,7 @@ struct Scratch {
     bytes: usize,
     /// The forward's table ([`CudaModel::table`]; grown on demand, apart from the rest: it depends on the
     /// segment count and the layers, not only on the rows).
-    table: CudaSlice<u8>,
-    table_len: usize,
-    _table_charge: Charge,
+    table: Growing<u8>,
     x: CudaSlice<f32>,
     act: CudaSlice<f32>,
     proj: CudaSlice<f32>,
@@ -300,10 +298,51 @@ struct Scratch {
     wy: CudaSlice<f32>,
     fold: CudaSlice<f32>,
     /// Partial results of the tensor-core attention's key splits (grown on demand).
-    attn: CudaSlice<f32>,
-    attn_len: usize,
-    _attn_charge: Option<Charge>,
+    attn: Growing<f32>,
     _charge: Charge,
+}
+
+/// A device buffer of the persistent scratch that grows on demand, charged to the budget for what it holds.
+struct Growing<T> {
+    buf: CudaSlice<T>,
+    /// Values it holds (0 while a failed reservation left it uncharged).
+    len: usize,
+    _charge: Option<Charge>,
+}
+
+impl<T: cudarc::driver::DeviceRepr> Growing<T> {
+    /// A buffer of `len` values, charged as `what`.
+    fn new(m: &CudaModel, len: usize, what: &str) -> Result<Self, CudaError> {
+        let mut b = Growing {
+            buf: m.gpu.alloc(1)?,
+            len: 0,
+            _charge: None,
+        };
+        if len > 0 {
+            b.reserve(m, len, what)?;
+        }
+        Ok(b)
+    }
+
+    /// Bytes charged for it.
+    fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// Makes room for `len` values (the next power of two). The old charge goes first, so the budget never holds
+    /// both; a failed charge leaves the buffer counted empty, to be reserved again. → whether the buffer moved
+    fn reserve(&mut self, m: &CudaModel, len: usize, what: &str) -> Result<bool, CudaError> {
+        if len <= self.len {
+            return Ok(false);
+        }
+        let len = len.next_power_of_two();
+        self._charge = None;
+        self.len = 0;
+        self._charge = Some(m.ledger.charge(len * std::mem::size_of::<T>(), what)?);
+        self.buf = m.gpu.alloc(len)?;
+        self.len = len;
+        Ok(true)
+    }
 }
 
 /// Device addresses one forward's launches use.
@@ -361,7 +400,7 @@ impl Scratch {
     fn ptrs(&self, m: &CudaModel, s: Shape) -> FwdPtrs {
         let g = &*m.gpu;
         let t = TableLayout::new(&m.layers, s.n, s.nseg);
-        let ptrs = g.ptr(&self.table);
+        let ptrs = g.ptr(&self.table.buf);
         FwdPtrs {
             ptrs,
             ids: ptrs + t.ids as u64,
@@ -375,36 +414,8 @@ impl Scratch {
             gates: g.ptr(&self.gates),
             wy: g.ptr(&self.wy),
             fold: g.ptr(&self.fold),
-            attn: g.ptr(&self.attn),
+            attn: g.ptr(&self.attn.buf),
         }
-    }
-
-    /// Makes room for a table of `len` bytes. → whether the buffer moved
-    fn reserve_table(&mut self, m: &CudaModel, len: usize) -> Result<bool, CudaError> {
-        if len <= self.table_len {
-            return Ok(false);
-        }
-        let len = len.next_power_of_two();
-        // The new charge first: on failure the old table stays as it was.
-        let charge = m.ledger.charge(len, "forward table")?;
-        self.table = m.gpu.alloc(len)?;
-        self.table_len = len;
-        self._table_charge = charge;
-        Ok(true)
-    }
-
-    /// Makes room for `len` f32 values of attention split scratch. → whether the buffer moved
-    fn reserve_attn(&mut self, m: &CudaModel, len: usize) -> Result<bool, CudaError> {
-        if len <= self.attn_len {
-            return Ok(false);
-        }
-        let len = len.next_power_of_two();
-        self._attn_charge = None;
-        self.attn_len = 0; // uncharged until the new buffer is (a failed charge leaves it to be reserved again)
-        self._attn_charge = Some(m.ledger.charge(4 * len, "attention scratch")?);
-        self.attn = m.gpu.alloc(len)?;
-        self.attn_len = len;
-        Ok(true)
     }
 }
 
@@ -745,7 +756,7 @@ impl CudaModel {
             .lock()
             .map(|a| {
                 a.as_ref()
-                    .map_or(0, |a| a.bytes + a.table_len + 4 * a.attn_len)
+                    .map_or(0, |a| a.bytes + a.table.bytes() + a.attn.bytes())
             })
             .unwrap_or(0)
     }
@@ -1240,7 +1251,7 @@ impl CudaModel {
             if arena.as_ref().is_none_or(|a| a.rows < n) {
                 // More rows than the arena holds: all of it anew (the old one freed first, so that the budget
                 // holds one arena at a time).
-                let (rows, tl) = arena.as_ref().map_or((0, 0), |a| (a.rows, a.table_len));
+                let (rows, tl) = arena.as_ref().map_or((0, 0), |a| (a.rows, a.table.len));
                 *arena = None;
                 self.drop_graphs();
                 let rows = n.max(rows).next_power_of_two().clamp(256, ARENA_ROWS);
@@ -1251,19 +1262,23 @@ impl CudaModel {
                 .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
             // A longer table or more attention splits than before: those buffers alone move (and the graphs that
             // captured their addresses go).
-            let moved = a.reserve_table(self, table.len())?;
-            if a.reserve_attn(self, self.attn_scratch(shape))? || moved {
+            let moved = a.table.reserve(self, table.len(), "forward table")?;
+            if a.attn
+                .reserve(self, self.attn_scratch(shape), "attention scratch")?
+                || moved
+            {
                 self.drop_graphs();
             }
             let p = a.ptrs(self, shape);
-            g.upload_into(&table, &a.table)?;
+            g.upload_into(&table, &a.table.buf)?;
             self.run_layers_graphed(&p, shape)?;
             self.final_norm(&p, n, &out)?;
         } else {
             let mut sc = self.scratch(n, table.len())?;
-            sc.reserve_attn(self, self.attn_scratch(shape))?;
+            sc.attn
+                .reserve(self, self.attn_scratch(shape), "attention scratch")?;
             let p = sc.ptrs(self, shape);
-            g.upload_into(&table, &sc.table)?;
+            g.upload_into(&table, &sc.table.buf)?;
             self.run_layers(&p, shape)?;
             self.final_norm(&p, n, &out)?;
             // The scratch is freed in stream order when it drops here.
@@ -1410,13 +1425,10 @@ impl CudaModel {
         let w = self.widths();
         let floats = rows * (self.hid + w.act + w.proj + w.mid + w.gates + w.wy + w.fold);
         let charge = self.ledger.charge(4 * floats, "forward scratch")?;
-        let table_charge = self.ledger.charge(table_len, "forward table")?;
         Ok(Scratch {
             rows,
             bytes: 4 * floats,
-            table: g.alloc(table_len)?,
-            table_len,
-            _table_charge: table_charge,
+            table: Growing::new(self, table_len, "forward table")?,
             x: g.alloc(rows * self.hid)?,
             // GEMM inputs: bf16, two bf16 planes (split) or f32 (allocated for the larger).
             act: g.alloc(rows * w.act)?,
@@ -1425,9 +1437,7 @@ impl CudaModel {
             gates: g.alloc(rows * w.gates)?,
             wy: g.alloc(rows * w.wy)?,
             fold: g.alloc(rows * w.fold)?,
-            attn: g.alloc(1)?,
-            attn_len: 0,
-            _attn_charge: None,
+            attn: Growing::new(self, 0, "attention scratch")?,
             _charge: charge,
         })
     }

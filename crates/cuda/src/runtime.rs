@@ -97,11 +97,22 @@ pub enum AttnArith {
     Bf16 = 3,
 }
 
-impl From<Arith> for AttnArith {
-    fn from(a: Arith) -> Self {
+impl AttnArith {
+    /// The TF32 form of attention that matches `a`.
+    const fn of(a: Arith) -> Self {
         match a {
             Arith::X3 => AttnArith::X3,
             Arith::Tf32 => AttnArith::Tf32,
+        }
+    }
+
+    /// Its name in device descriptions.
+    fn name(self) -> &'static str {
+        match self {
+            AttnArith::X3 => Arith::X3.name(),
+            AttnArith::Tf32 => Arith::Tf32.name(),
+            AttnArith::Bf16x3 => "bf16x3",
+            AttnArith::Bf16 => "1xbf16",
         }
     }
 }
@@ -129,10 +140,7 @@ impl TcArith {
         TcArith {
             prep: a,
             state: a,
-            attn: match a {
-                Arith::X3 => AttnArith::X3,
-                Arith::Tf32 => AttnArith::Tf32,
-            },
+            attn: AttnArith::of(a),
         }
     }
 
@@ -160,29 +168,28 @@ impl TcArith {
 
     /// For a device description: "tensor-core kernels 3xTF32", "... 1xTF32", or each kernel's.
     pub fn describe(self) -> String {
-        let n = |a: Arith| match a {
-            Arith::X3 => "3xTF32",
-            Arith::Tf32 => "1xTF32",
-        };
-        let attn = match self.attn {
-            AttnArith::X3 => "3xTF32",
-            AttnArith::Tf32 => "1xTF32",
-            AttnArith::Bf16x3 => "bf16x3",
-            AttnArith::Bf16 => "1xbf16",
-        };
-        if self.prep == self.state && n(self.state) == attn {
-            format!("tensor-core kernels {attn}")
+        if self.prep == self.state && AttnArith::of(self.state) == self.attn {
+            format!("tensor-core kernels {}", self.attn.name())
         } else {
             format!(
-                "tensor-core kernels: pre-pass {}, state pass {}, attention {attn}",
-                n(self.prep),
-                n(self.state),
+                "tensor-core kernels: pre-pass {}, state pass {}, attention {}",
+                self.prep.name(),
+                self.state.name(),
+                self.attn.name()
             )
         }
     }
 }
 
 impl Arith {
+    /// Its name in device descriptions.
+    const fn name(self) -> &'static str {
+        match self {
+            Arith::X3 => "3xTF32",
+            Arith::Tf32 => "1xTF32",
+        }
+    }
+
     /// Kernel name suffix.
     fn suffix(self) -> &'static str {
         match self {
