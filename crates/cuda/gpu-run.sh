@@ -6,7 +6,8 @@
 # decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
 # load through `onepass serve --device cuda`), profile (one request under nsys and ncu; PROFILE_WORKLOAD=1|2|3,
 # PROFILE_NCU=0 for nsys only). Logs: $OUT/tests.log, $OUT/bench.log,
-# $OUT/bench.jsonl, $OUT/http.*, $OUT/kern_*.csv, $OUT/ncu.csv.
+# $OUT/bench.jsonl, $OUT/http.*, $OUT/kern_*.csv, $OUT/ncu.csv. BENCH_ARGS: more bench-systemone arguments
+# (e.g. "--profile-workload 3").
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 WHAT=${1:-"tests bench"}
@@ -34,15 +35,17 @@ synth() {  # $1 preset, $2 folder
 bench() {  # label, then bench-systemone arguments
   local label=$1; shift
   echo "== $label: onepass bench-systemone $*" | tee -a "$OUT/bench.log"
-  timeout ${BENCH_TIMEOUT:-240} $B/onepass bench-systemone "$@" 2>>"$OUT/bench.log" >>"$OUT/bench.jsonl"
+  timeout ${BENCH_TIMEOUT:-240} $B/onepass bench-systemone "$@" ${BENCH_ARGS:-} 2>>"$OUT/bench.log" >>"$OUT/bench.jsonl"
   echo "== $label exit $?" >>"$OUT/bench.log"
 }
 if [[ $WHAT == *bench* ]]; then
   synth qwen3.5-0.8b /tmp/q08
-  # PRECS: split, bf16, f32, or <precision>-<kernels> (split-tf32: split GEMMs, 1xTF32 tensor-core kernels).
+  # PRECS: split, bf16, f32, or <precision>[/<split GEMMs>][-<kernels>] (split-tf32: split GEMMs, 1xTF32
+  # tensor-core kernels; split/mlp_out,gdn_out: those two projections on both planes, the others bf16).
   for P_ in ${PRECS:-split bf16}; do
     K_=(); [[ $P_ == *-* ]] && K_=(--gpu-kernels ${P_#*-})
-    bench "0.8B $P_" --device cuda --gpu-precision ${P_%%-*} "${K_[@]}" --model /tmp/q08 --reps 30 --batch-reps 2
+    B_=${P_%%-*}; [[ $B_ == */* ]] && K_+=(--gpu-split-gemms ${B_#*/})
+    bench "0.8B $P_" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 --reps 30 --batch-reps 2
   done
   if [[ $WHAT == *twopass* ]]; then
     ONEPASS_TREE=0 bench "0.8B split, prefix and suffixes as two forwards" --device cuda --gpu-precision split --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
@@ -84,7 +87,7 @@ if [[ $WHAT == *profile* ]]; then
     $NSYS stats -r cuda_gpu_kern_sum --format csv -o "$OUT/kern" /tmp/prof.nsys-rep >>"$OUT/profile.log" 2>&1
   else echo "no nsys" | tee -a "$OUT/profile.log"; fi
   if [[ -n $NCU && ${PROFILE_NCU:-1} == 1 ]]; then
-    timeout 300 $NCU -k 'regex:gdn_tc_state|gdn_tc_prep|gdn_conv_prep_w|gdn_conv_state|rms_norm|attention_tc|swiglu2' \
+    timeout 300 $NCU -k 'regex:gdn_tc_state|gdn_tc_prep|gdn_conv_prep_w|gdn_conv_state|rms_norm|attention_tc|swiglu' \
       --launch-count ${NCU_COUNT:-14} --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details "${one[@]}" \
       >"$OUT/ncu.csv" 2>>"$OUT/profile.log"

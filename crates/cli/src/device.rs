@@ -201,11 +201,16 @@ pub struct CudaArgs {
     /// (attn=3xtf32|tf32|bf16x3|bf16). Default: ONEPASS_TC when set, else the precision's (docs/cuda.md).
     #[arg(long)]
     pub gpu_kernels: Option<String>,
+    /// Split precision only: the projections whose GEMMs multiply both bf16 planes of their input, `all`, `none`, or
+    /// comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out; the others multiply the input rounded to
+    /// bf16 (half the GEMM work). Default: ONEPASS_SPLIT_GEMMS when set, else the precision's (docs/cuda.md).
+    #[arg(long)]
+    pub gpu_split_gemms: Option<String>,
 }
 
 impl CudaArgs {
     pub fn options(&self) -> Result<onepass_cuda_engine::CudaOptions> {
-        use onepass_cuda::{Precision, TcArith};
+        use onepass_cuda::{Precision, SplitGemms, TcArith};
         let precision = match self.gpu_precision.as_str() {
             "split" => Precision::Bf16Split,
             "bf16" => Precision::Bf16,
@@ -216,11 +221,22 @@ impl CudaArgs {
             .map(|spec| TcArith::parse(&spec))
             .transpose()
             .map_err(|e| anyhow::anyhow!("--gpu-kernels / ONEPASS_TC {e}"))?;
+        let split_gemms = crate::flag_or_env(self.gpu_split_gemms.clone(), "ONEPASS_SPLIT_GEMMS")
+            .map(|spec| SplitGemms::parse(&spec))
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--gpu-split-gemms / ONEPASS_SPLIT_GEMMS {e}"))?;
+        if split_gemms.is_some() && precision != Precision::Bf16Split {
+            bail!(
+                "--gpu-split-gemms / ONEPASS_SPLIT_GEMMS applies to --gpu-precision split, not {}",
+                self.gpu_precision
+            );
+        }
         Ok(onepass_cuda_engine::CudaOptions {
             device: 0,
             precision,
             memory_budget_bytes: self.gpu_memory_mb << 20,
             kernels,
+            split_gemms,
         })
     }
 }
@@ -308,6 +324,9 @@ pub struct BenchSystemoneArgs {
     /// Write the request bodies of the three workloads here (for benches/systemone_gpu_decider.py) and exit.
     #[arg(long)]
     write_requests: Option<std::path::PathBuf>,
+    /// The workload (1, 2 or 3) whose GPU time is broken down by op (CUDA events, 10 requests); 0: none.
+    #[arg(long, default_value_t = 1)]
+    profile_workload: usize,
 }
 
 /// The state of the System One workloads: `n` events of a customer (as benches/systemone_cpu.py).
@@ -424,12 +443,20 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
     let any = AnyEngine::load(&dir, opts, dev, &a.cuda)?;
     let device = any.device();
     let workloads = with_engine!(&any, e => bench_workloads(e)?);
+    if a.profile_workload > workloads.len() {
+        bail!(
+            "--profile-workload {}: there are {} workloads (0: none)",
+            a.profile_workload,
+            workloads.len()
+        );
+    }
     let report = with_engine!(&any, e => bench_engine(e, &a, &workloads)?);
-    // Where the time goes: CUDA events after every op of 10 requests of the first workload.
+    // Where the time goes: CUDA events after every op of 10 requests of the profiled workload.
     let mut profile = Vec::new();
     let mut host = serde_json::Value::Null;
-    if let AnyEngine::Cuda(e) = &any {
-        let body = &workloads[0].1;
+    let pw = a.profile_workload;
+    if let (AnyEngine::Cuda(e), true) = (&any, pw > 0) {
+        let body = &workloads[pw - 1].1;
         let m = e.model().model();
         m.profile_start();
         for _ in 0..10 {
@@ -443,11 +470,11 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
         }
         let wall = t0.elapsed().as_secs_f64() * 1e3 / 10.0;
         let queue = (m.host_enqueue_ns() - h0) as f64 / 1e6 / 10.0;
-        eprintln!("workload 1 without profiling: {wall:.3} ms per request, of which {queue:.3} ms queueing forwards on the host");
-        host = json!({"wall_ms_per_request": wall, "host_queue_ms_per_request": queue});
+        eprintln!("workload {pw} without profiling: {wall:.3} ms per request, of which {queue:.3} ms queueing forwards on the host");
+        host = json!({"workload": pw, "wall_ms_per_request": wall, "host_queue_ms_per_request": queue});
         let total: f64 = ops.iter().map(|o| o.1).sum();
         eprintln!(
-            "GPU time per request of workload 1, by op (CUDA events, 10 requests): {:.2} ms",
+            "GPU time per request of workload {pw}, by op (CUDA events, 10 requests): {:.2} ms",
             total / 10.0
         );
         for (name, ms, count) in &ops {
@@ -537,13 +564,14 @@ fn bench_engine<B: onepass_decide::engine::Backend>(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use onepass_cuda::{Arith, AttnArith, Precision, TcArith};
+    use onepass_cuda::{Arith, AttnArith, Precision, Projection, SplitGemms, TcArith};
 
     fn args(precision: &str, kernels: Option<&str>) -> CudaArgs {
         CudaArgs {
             gpu_memory_mb: 64,
             gpu_precision: precision.into(),
             gpu_kernels: kernels.map(str::to_string),
+            gpu_split_gemms: None,
         }
     }
 
@@ -581,5 +609,36 @@ mod tests {
         );
         let e = args("half", None).options().unwrap_err().to_string();
         assert!(e.contains("--gpu-precision \"half\""), "{e}");
+    }
+
+    #[test]
+    fn gpu_split_gemms_parse_and_need_split_precision() {
+        let with = |precision: &str, spec: &str| CudaArgs {
+            gpu_split_gemms: Some(spec.into()),
+            ..args(precision, None)
+        };
+        let o = with("split", "mlp_out, gdn_in").options().unwrap();
+        let s = o.split_gemms.unwrap();
+        assert!(s.has(Projection::MlpOut) && s.has(Projection::GdnIn));
+        assert!(!s.has(Projection::MlpIn) && !s.has(Projection::AttnOut));
+        assert_eq!(s.describe(), "gdn_in,mlp_out");
+        assert_eq!(
+            with("split", "none").options().unwrap().split_gemms,
+            Some(SplitGemms::NONE)
+        );
+        assert_eq!(
+            with("split", "all").options().unwrap().split_gemms,
+            Some(SplitGemms::ALL)
+        );
+        let e = with("split", "mlp_out,lm_head")
+            .options()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"lm_head\"") && e.contains("gdn_in"), "{e}");
+        let e = with("bf16", "all").options().unwrap_err().to_string();
+        assert!(
+            e.contains("applies to --gpu-precision split, not bf16"),
+            "{e}"
+        );
     }
 }

@@ -15,7 +15,9 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use onepass_cuda::{CudaError, CudaHidden, CudaModel, CudaState, Gpu, Precision, TcArith};
+use onepass_cuda::{
+    CudaError, CudaHidden, CudaModel, CudaState, Gpu, Precision, SplitGemms, TcArith,
+};
 use onepass_decide::engine::Backend;
 use onepass_decide::{Engine, EngineError, EngineOptions};
 use onepass_model::Model;
@@ -31,6 +33,9 @@ pub struct CudaOptions {
     /// How the tensor-core kernels multiply (`None`: `ONEPASS_TC`, else the precision's default,
     /// [`onepass_cuda::TcArith::for_precision`]).
     pub kernels: Option<TcArith>,
+    /// Split precision: the projections that multiply both bf16 planes of their input (`None`: the default,
+    /// [`SplitGemms::default`]).
+    pub split_gemms: Option<SplitGemms>,
 }
 
 impl Default for CudaOptions {
@@ -40,6 +45,7 @@ impl Default for CudaOptions {
             precision: Precision::default(),
             memory_budget_bytes: 16 << 30,
             kernels: None,
+            split_gemms: None,
         }
     }
 }
@@ -67,6 +73,9 @@ impl CudaBackend {
         model.set_memory_budget(o.memory_budget_bytes);
         if let Some(t) = o.kernels {
             model.set_tc_arith(t);
+        }
+        if let Some(s) = o.split_gemms {
+            model.set_split_gemms(s);
         }
         Ok(CudaBackend {
             model,
@@ -113,14 +122,21 @@ impl Backend for CudaBackend {
     fn device(&self) -> String {
         let g = self.model.gpu();
         let prec = match self.model.precision() {
-            Precision::Bf16Split => "bf16 weights, split bf16 GEMM inputs",
-            Precision::Bf16 => "bf16",
-            Precision::F32 => "f32",
+            Precision::Bf16Split => match self.model.split_gemms() {
+                SplitGemms::ALL => "bf16 weights, split bf16 GEMM inputs".to_string(),
+                s => format!(
+                    "bf16 weights, split bf16 GEMM inputs ({}; the others bf16)",
+                    s.describe()
+                ),
+            },
+            Precision::Bf16 => "bf16".into(),
+            Precision::F32 => "f32".into(),
         };
         format!(
-            "cuda ({}, {prec}, {})",
+            "cuda ({}, {prec}, {}; weights {:.2} GB)",
             g.name,
-            self.model.tc_arith().describe()
+            self.model.tc_arith().describe(),
+            self.model.weight_bytes() as f64 / 1e9
         )
     }
 

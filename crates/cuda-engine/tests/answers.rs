@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use onepass_cuda::{Arith, AttnArith, Precision, TcArith};
+use onepass_cuda::{Arith, AttnArith, Precision, Projection, SplitGemms, TcArith};
 use onepass_cuda_engine::{load_engine, CudaOptions};
 use onepass_decide::engine::Backend;
 use onepass_decide::{parse_request, Engine, EngineOptions, Plan};
@@ -260,6 +260,46 @@ fn gpu_answers_match_cpu_engine() {
         }
     }
     assert!(fails.is_empty(), "{fails:?}");
+}
+
+/// What each projection's bf16 input costs the answers: split mode on the bf16 twins with every projection on both
+/// planes, none, each alone on one plane, and each alone on both. A measurement for choosing
+/// `SplitGemms`'s default (ONEPASS_CUDA_SWEEP=1 with ONEPASS_CUDA_TESTS=1); it holds nothing but finite answers.
+#[test]
+fn gpu_split_gemms_sweep() {
+    if !enabled("gpu_split_gemms_sweep")
+        || std::env::var("ONEPASS_CUDA_SWEEP").as_deref() != Ok("1")
+    {
+        return;
+    }
+    let mut sets = vec![SplitGemms::ALL, SplitGemms::NONE];
+    for p in Projection::ALL {
+        let others: Vec<Projection> = Projection::ALL.into_iter().filter(|q| *q != p).collect();
+        sets.push(SplitGemms::of(&others));
+        sets.push(SplitGemms::of(&[p]));
+    }
+    for preset in PRESETS {
+        let dir = checkpoint(preset, Some(onepass_tensor::DType::BF16));
+        let b = bodies(preset);
+        let cpu = Engine::load(dir.path(), EngineOptions::default()).unwrap();
+        let ps = plans(&cpu, &b);
+        let want = alone(&cpu, &ps);
+        let gpu = gpu_engine(dir.path(), Precision::Bf16Split, 4 << 30);
+        for s in &sets {
+            gpu.model().model().set_split_gemms(*s);
+            let mut d = Diff::default();
+            d.add(&alone(&gpu, &ps), &want);
+            eprintln!(
+                "sweep {preset} (bf16 twin) split GEMMs on both planes: {}: max|dp| {:.3e}, mean|dp| {:.3e}, \
+                 argmax differs {} (+{} near-ties)",
+                s.describe(),
+                d.max,
+                d.mean(),
+                d.argmax_diff,
+                d.near_ties
+            );
+        }
+    }
 }
 
 #[test]

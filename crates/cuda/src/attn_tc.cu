@@ -508,7 +508,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
 // D <= 256, G = H / HKV <= 64.
 // attention_tc: 3xTF32 products; attention_tc_tf32: 1xTF32; attention_bf: bf16x3; attention_bf1: one bf16.
 #define ATTENTION_TC(NAME, KIND)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(128, 2)                                                             \
+    KERNEL(NAME) void __launch_bounds__(128, 2)                                                                      \
         NAME(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,     \
              int H, int HKV, int D, float scale, void* out, int mode, int ns, int nrows, int nseg,                   \
              float* __restrict__ scratch) {                                                                          \
@@ -533,7 +533,7 @@ ATTENTION_TC(attention_bf1, 3)
 // sigmoid(gate). Tokens whose tile had one split were written by attention_tc and are skipped. scratch as
 // attention_tc's. grid (maxlen, nseg, H), block 64 (4 columns per thread); D % 4 == 0, D <= 256,
 // ns <= ATC_MAX_SPLITS.
-extern "C" __global__ void __launch_bounds__(64)
+KERNEL(simt) void __launch_bounds__(64)
     attention_tc_combine(const float* __restrict__ proj, int ld, const int* seg, int H, int HKV, int D, void* out,
                          int mode, int ns, int nrows, int nseg, const float* __restrict__ scratch) {
     int t = blockIdx.x, s = blockIdx.y, h = blockIdx.z, c = 4 * threadIdx.x;

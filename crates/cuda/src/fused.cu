@@ -1,9 +1,9 @@
-// Kernels added after kernels.cu: the profiler's spin_wait, the split-mode folds (add2_rms_norm, swiglu2) and the
+// Kernels added after kernels.cu: the profiler's spin_wait, the split-mode residual fold (add2_rms_norm) and the
 // warp-per-channel-group conv (gdn_conv_prep_w).
 
 // Keeps the stream busy for about `cycles` clock cycles (one thread), so that the host can queue a whole
 // forward before the GPU starts it: the profiler's events then time the GPU's work, not the host's launches.
-extern "C" __global__ void spin_wait(long long cycles) {
+KERNEL(simt) void spin_wait(long long cycles) {
     long long t0 = clock64();
     while (clock64() - t0 < cycles) {
     }
@@ -15,18 +15,10 @@ extern "C" __global__ void spin_wait(long long cycles) {
 // x += f[:N] + f[N:] (f: [2N, dim], the lo half `lo` values after the hi half), then RMSNorm as rms_norm (the
 // same body, `norm_rows` in kernels.cu). x: [R, dim] stride ldx; out: [R, dim] stride ldo, stored as `store_act`
 // with `mode`. One warp per row; grid ceil(R / warps per block).
-extern "C" __global__ void add2_rms_norm(float* x, int ldx, const float* __restrict__ f, long long lo,
+KERNEL(simt) void add2_rms_norm(float* x, int ldx, const float* __restrict__ f, long long lo,
                                          const float* gain, float eps, int dim, void* out, int mode, int ldo,
                                          int rows) {
     norm_rows<true>(x, ldx, f, lo, gain, eps, dim, out, mode, ldo, rows);
-}
-
-// SwiGLU over a gate|up GEMM output in two halves: g = gu[n] + gu[n + lo] per value, out = silu(gate) * up.
-// gu: [2N, 2I] f32 (hi rows, then lo rows `lo` values later); out: [N, I] as `store_act` with `mode`. Grid and vec
-// as swiglu's (swiglu_rows in kernels.cu).
-extern "C" __global__ void swiglu2(const float* __restrict__ gu, int inter, int rows, long long lo, void* out,
-                                   int mode, int vec) {
-    swiglu_rows<true>(gu, inter, rows, lo, out, mode, vec);
 }
 
 // The Gated DeltaNet mixer inputs, one warp per channel group of one token: the q and k heads (dk channels each,
@@ -35,7 +27,7 @@ extern "C" __global__ void swiglu2(const float* __restrict__ gu, int inter, int 
 // the norms with the same per-lane order and shuffle reduction (so the result equals gdn_conv_prep's bit for bit),
 // and the gates (block y 0, warp 0). Many small blocks instead of one block per token: every load of a warp in
 // flight at once. grid (N, ceil(groups / 4)), block 128; needs dk <= 256. gdn_conv_state then advances the states.
-extern "C" __global__ void gdn_conv_prep_w(const float* __restrict__ x, int ld, float* __restrict__ out,
+KERNEL(simt) void gdn_conv_prep_w(const float* __restrict__ x, int ld, float* __restrict__ out,
                                            const float* __restrict__ w, int K, int cd, const int* seg,
                                            const int* tok, const u64* states, const int* par, int hk, int dk,
                                            float scale,
@@ -113,4 +105,110 @@ extern "C" __global__ void gdn_conv_prep_w(const float* __restrict__ x, int ld, 
 #pragma unroll
     for (int i = 0; i < 8; i++)
         if (lane + 32 * i < size) o[lane + 32 * i] = norm ? v[i] * mul : v[i];
+}
+
+// gdn_conv_prep_w for conv kernels of 4 taps, sliding: one warp per (channel group, run of `tt` consecutive rows).
+// The lane's 4 taps of each of its channels stay in registers (the weights once per warp) and the window slides
+// down the run, so each row of x is read once per warp instead of once per tap; a row that starts a segment, and the
+// run's first row, load their 3 earlier inputs as gdn_conv_prep_w does (own rows, the parent's rows or the conv
+// state). The same arithmetic in the same order as gdn_conv_prep_w (equal bit for bit). Gates: warp 0 of block y 0
+// for the run's rows. grid (ceil(N / tt), ceil(groups / 4)), block 128; needs dk <= 256 and w 16-byte aligned.
+KERNEL(simt) void gdn_conv_prep_w4(const float* __restrict__ x, int ld, float* __restrict__ out,
+                                   const float* __restrict__ w, int cd, const int* seg, const int* tok,
+                                   const u64* states, const int* par, int hk, int dk, float scale, int off_a,
+                                   int off_b, const float* neg_a, const float* dt_bias, int hv, float* g,
+                                   float* beta, int rows, int tt) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n0 = blockIdx.x * tt, n1 = min(n0 + tt, rows);
+    if (blockIdx.y == 0 && warp == 0) {
+        for (int n = n0; n < n1; n++) {
+            for (int h = lane; h < hv; h += 32) {
+                float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
+                float sp = a > 20.0f ? a : log1pf(expf(a));
+                g[(idx_t)n * hv + h] = neg_a[h] * sp;
+                beta[(idx_t)n * hv + h] = sigmoid_f(x[(idx_t)n * ld + off_b + h]);
+            }
+        }
+    }
+    const int grp = blockIdx.y * 4 + warp;
+    const int nqk = 2 * hk, vch = cd - nqk * dk;
+    int c0, size;
+    const bool norm = grp < nqk;
+    if (norm) {
+        c0 = grp * dk;
+        size = dk;
+    } else {
+        int vg = grp - nqk;
+        c0 = nqk * dk + vg * 128;
+        if (vg * 128 >= vch) return;
+        size = min(128, vch - vg * 128);
+    }
+    float4 wc[8];
+    float h0[8], h1[8], h2[8];  // the inputs 3, 2 and 1 rows before the current one
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int cc = lane + 32 * i;
+        wc[i] = cc < size ? *(const float4*)(w + 4 * (c0 + cc)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        h0[i] = h1[i] = h2[i] = 0.0f;
+    }
+    for (int n = n0; n < n1; n++) {
+        const int s = tok[2 * n], start = seg[3 * s], t = n - start;
+        if (n == n0 || t == 0) {
+            const int pend = conv_parent_end(seg, par, s);
+            const float* st = (const float*)states[s];
+            const float* tap[3];
+#pragma unroll
+            for (int j = 0; j < 3; j++) {
+                int tau = t - 3 + j;
+                tap[j] = tau >= 0    ? x + (idx_t)(start + tau) * ld
+                         : pend >= 0 ? x + (idx_t)(pend + tau) * ld
+                                     : st + (idx_t)(3 + tau) * cd;
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int c = c0 + lane + 32 * i;
+                if (lane + 32 * i < size) {
+                    h0[i] = tap[0][c];
+                    h1[i] = tap[1][c];
+                    h2[i] = tap[2][c];
+                }
+            }
+        }
+        const float* xr = x + (idx_t)n * ld + c0;
+        float v[8], cur[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int cc = lane + 32 * i;
+            cur[i] = cc < size ? xr[cc] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            v[i] = 0.0f;
+            if (lane + 32 * i < size) {
+                float acc = 0.0f;
+                acc += wc[i].x * h0[i];
+                acc += wc[i].y * h1[i];
+                acc += wc[i].z * h2[i];
+                acc += wc[i].w * cur[i];
+                v[i] = silu_f(acc);
+            }
+            h0[i] = h1[i];
+            h1[i] = h2[i];
+            h2[i] = cur[i];
+        }
+        float mul = 1.0f;
+        if (norm) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (lane + 32 * i < size) ss += v[i] * v[i];
+            ss = warp_sum(ss);
+            mul = 1.0f / sqrtf(ss + 1e-6f);
+            if (grp < hk) mul *= scale;
+        }
+        float* o = out + (idx_t)n * cd + c0;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (lane + 32 * i < size) o[lane + 32 * i] = norm ? v[i] * mul : v[i];
+    }
 }

@@ -305,7 +305,7 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
 }
 
 #define GDN_TC_PREP(NAME, X3)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                                             \
+    KERNEL(NAME) void __launch_bounds__(256, 2)                                                                      \
         NAME(const float* __restrict__ qkv, int ld, const float* __restrict__ g, const float* __restrict__ beta,     \
              const int* seg, int hk, int hv, int dk, int dv, int nslice, float* __restrict__ U,                      \
              float* __restrict__ W, float* __restrict__ M, float* __restrict__ E) {                                  \

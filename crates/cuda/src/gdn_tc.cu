@@ -328,7 +328,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 // vec (1: 16-byte tile copies are aligned). gdn_tc_state_<BV>: 3xTF32 products; gdn_tc_state_<BV>_tf32: 1xTF32
 // (each operand rounded to TF32 once, a third of the mma and none of the small halves' splits).
 #define GDN_TC_STATE(BV, NAME, X3)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                       \
+    KERNEL(NAME) void __launch_bounds__(256, 1) NAME(                                                                \
         const float* __restrict__ qkv, int ld, const float* __restrict__ U, const float* __restrict__ W,             \
         const float* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,           \
         const u64* states, const u64* init, int keep, int hk, int hv, int dk, int dv, int vec) {                     \

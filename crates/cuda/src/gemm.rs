@@ -680,8 +680,30 @@ pub fn gemm_ex(
     ldy: usize,
     beta: f32,
 ) -> Result<(), CudaError> {
+    gemm_ex_ld(g, x, k, t, k, w, k, n, y, ldy, beta)
+}
+
+/// [`gemm_ex`] with row strides (elements) for x (`ldx`) and w (`ldw`), each at least K.
+pub fn gemm_ex_ld(
+    g: &Gpu,
+    x: u64,
+    ldx: usize,
+    t: usize,
+    k: usize,
+    w: W,
+    ldw: usize,
+    n: usize,
+    y: u64,
+    ldy: usize,
+    beta: f32,
+) -> Result<(), CudaError> {
     if t == 0 || n == 0 {
         return Ok(());
+    }
+    if ldx < k || ldw < k || ldy < n {
+        return Err(CudaError::Unsupported(format!(
+            "gemm strides: ldx {ldx}, ldw {ldw} below K {k}, or ldy {ldy} below N {n}"
+        )));
     }
     use blas_sys::cublasComputeType_t as C;
     let (w, dt, compute) = match w {
@@ -710,10 +732,10 @@ pub fn gemm_ex(
             &alpha as *const f32 as *const _,
             w as *const _,
             dt,
-            k as i32,
+            ldw as i32,
             x as *const _,
             dt,
-            k as i32,
+            ldx as i32,
             &beta as *const f32 as *const _,
             y as *mut _,
             blas_sys::cudaDataType::CUDA_R_32F,
@@ -755,6 +777,27 @@ pub fn gemm(
         }
         _ => gemm_ex(g, x, t, k, w, n, y, ldy, beta),
     }
+}
+
+/// [`gemm`] with row strides (elements) for x (`ldx`) and w (`ldw`): GemmEx unless both are K (then [`gemm`]'s
+/// path).
+pub fn gemm_ld(
+    g: &Gpu,
+    x: u64,
+    ldx: usize,
+    t: usize,
+    k: usize,
+    w: W,
+    ldw: usize,
+    n: usize,
+    y: u64,
+    ldy: usize,
+    beta: f32,
+) -> Result<(), CudaError> {
+    if ldx == k && ldw == k {
+        return gemm(g, x, t, k, w, n, y, ldy, beta);
+    }
+    gemm_ex_ld(g, x, ldx, t, k, w, ldw, n, y, ldy, beta)
 }
 
 /// Whether the stream is capturing a CUDA graph (then nothing may allocate, synchronise or time).

@@ -5,6 +5,14 @@
 // Segment tables: seg[3*s + {0,1,2}] = {start row, rows, position of the first row}; tok[2*n + {0,1}]
 // = {segment, position} of stacked row n; state pointer tables hold one device address per segment.
 
+// Kernel groups: KERNEL(group) opens every kernel (`simt`, or the kernel's own name for the tensor-core kernels).
+// runtime.rs compiles the source as several NVRTC programs at once and defines KERNEL so that each program compiles
+// the kernels of its own groups; a kernel of another group becomes a template that is never instantiated (parsed,
+// not compiled). Without that definition (tools/cuda/ptx-check.py) every kernel is compiled.
+#ifndef KERNEL
+#define KERNEL(group) extern "C" __global__
+#endif
+
 typedef unsigned short bf16_t;
 typedef unsigned long long u64;
 typedef unsigned long long idx_t;
@@ -57,7 +65,7 @@ __device__ float block_sum(float v) {
 }
 
 // x[n, :] = embed[ids[n], :]        embed: [V, H] bf16 (f32 if f32w); x: [N, H] f32. grid N.
-extern "C" __global__ void embed_gather(const void* embed, int f32w, const int* ids, float* x, int hid) {
+KERNEL(simt) void embed_gather(const void* embed, int f32w, const int* ids, float* x, int hid) {
     int n = blockIdx.x;
     idx_t base = (idx_t)ids[n] * hid;
     for (int c = threadIdx.x; c < hid; c += blockDim.x) x[(idx_t)n * hid + c] = load_w(embed, base + c, f32w);
@@ -209,7 +217,7 @@ __device__ __forceinline__ void norm_rows(float* x, int ldx, const float* __rest
 
 // RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * gain, stored as `store_act` with `mode`.
 // x: [R, dim] stride ldx; out: [R, dim] stride ldo. One warp per row (`norm_rows`); grid ceil(R / warps per block).
-extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, float eps, int dim,
+KERNEL(simt) void rms_norm(const float* x, int ldx, const float* gain, float eps, int dim,
                                     void* out, int mode, int ldo, int rows) {
     // x is only read: the cast is for norm_rows' add2 variant, which writes its row back.
     norm_rows<false>((float*)x, ldx, nullptr, 0, gain, eps, dim, out, mode, ldo, rows);
@@ -219,7 +227,7 @@ extern "C" __global__ void rms_norm(const float* x, int ldx, const float* gain, 
 // x: [N, HV, DV] f32; z: row n at z + n*ldz, [HV, DV]; out: [N, HV*DV]. One warp per (row, head), rows = N*HV:
 // the first 256 values in registers (8 per lane), a shuffle reduction and no barrier (a block per (row, head) with
 // block_sum took 11.6 us per call on 402 rows of the 0.8B model, ncu). grid ceil(rows / warps per block).
-extern "C" __global__ void rms_norm_gated(const float* x, const float* z, int ldz, const float* w, float eps,
+KERNEL(simt) void rms_norm_gated(const float* x, const float* z, int ldz, const float* w, float eps,
                                           int hv, int dv, void* out, int mode, int rows) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;  // the whole warp: warp_sum sees full warps only
@@ -248,7 +256,7 @@ extern "C" __global__ void rms_norm_gated(const float* x, const float* z, int ld
 
 // L2-normalises q and k heads of the conv output in place (q also times `scale`).
 // xc: [N, cd] with q heads at 0, k heads at hk*dk. grid (N, 2*hk).
-extern "C" __global__ void qk_l2norm(float* xc, int cd, int hk, int dk, float scale) {
+KERNEL(simt) void qk_l2norm(float* xc, int cd, int hk, int dk, float scale) {
     int n = blockIdx.x, j = blockIdx.y;
     float* row = xc + (idx_t)n * cd + j * dk;  // q heads then k heads are contiguous
     float s = 0.0f;
@@ -261,7 +269,7 @@ extern "C" __global__ void qk_l2norm(float* xc, int cd, int hk, int dk, float sc
 
 // g = neg_a * softplus(a + dt_bias), beta = sigmoid(b); a, b in the projection rows.
 // proj: [N, ld]; g, beta: [N, HV]. One thread per (n, h).
-extern "C" __global__ void gdn_gates(const float* proj, int ld, int off_a, int off_b, const float* neg_a,
+KERNEL(simt) void gdn_gates(const float* proj, int ld, int off_a, int off_b, const float* neg_a,
                                      const float* dt_bias, int hv, int rows, float* g, float* beta) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * hv) return;
@@ -275,7 +283,7 @@ extern "C" __global__ void gdn_gates(const float* proj, int ld, int off_a, int o
 // Depthwise causal conv1d + SiLU per segment, continuing the segment's conv state.
 // x: [N, ld] (channels 0..cd); out: [N, cd]; w: [cd, K] (K <= 8); states[s]: [K-1, cd] oldest first.
 // grid (ceil(cd/blockDim), nseg).
-extern "C" __global__ void conv1d_silu(const float* x, int ld, float* out, const float* w, int K, int cd,
+KERNEL(simt) void conv1d_silu(const float* x, int ld, float* out, const float* w, int K, int cd,
                                        const int* seg, const u64* states) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
     if (c >= cd) return;
@@ -315,7 +323,7 @@ extern "C" __global__ void conv1d_silu(const float* x, int ld, float* out, const
 // qkv: [N, ld] (q heads at 0, k at hk*dk, v at 2*hk*dk; q, k normalised); g, beta: [N, HV];
 // out: [N, HV, DV]; states[s]: [HV, DK, DV]. grid (hv, nseg, ceil(dv/dvs)); dynamic shared memory
 // (see ops::gdn_chunked_smem). Q and K rows are padded to dk+1 floats (no bank conflicts in A, M).
-extern "C" __global__ void gdn_chunked(const float* qkv, int ld, const float* g, const float* beta, float* out,
+KERNEL(simt) void gdn_chunked(const float* qkv, int ld, const float* g, const float* beta, float* out,
                                        const int* seg, const u64* states, int hk, int hv, int dk, int dv, int C,
                                        int dvs) {
     extern __shared__ float sm[];
@@ -484,7 +492,7 @@ __device__ __forceinline__ void tile_load(float* __restrict__ dst, int ldd, cons
 // Pre-pass. grid (max chunks per segment, nseg, hv), block 256 (the 64x64 products as 4x4 tiles per thread);
 // dynamic shared memory (2*GDN_C*(dk+1) + GDN_C*GDN_C + 3*GDN_C) floats. The solve is one thread per column
 // of [U | W], its 64 unknowns in registers (rows past n have zero A rows and right-hand sides).
-extern "C" __global__ void __launch_bounds__(256) gdn_wy_prep(const float* __restrict__ qkv, int ld,
+KERNEL(gdn_wy_prep) void __launch_bounds__(256) gdn_wy_prep(const float* __restrict__ qkv, int ld,
                                                               const float* __restrict__ g,
                                                               const float* __restrict__ beta, const int* seg, int hk,
                                                               int hv, int dk, int dv, float* __restrict__ U,
@@ -717,7 +725,7 @@ __device__ __forceinline__ void gdn_wy_state_t(const float* __restrict__ qkv, in
 }
 
 // State pass. grid (hv, nseg, ceil(dv/dvs)), block 256, dvs in {8, 16, 32}.
-extern "C" __global__ void __launch_bounds__(256) gdn_wy_state(const float* __restrict__ qkv, int ld,
+KERNEL(gdn_wy_state) void __launch_bounds__(256) gdn_wy_state(const float* __restrict__ qkv, int ld,
                                                                const float* __restrict__ U,
                                                                const float* __restrict__ W,
                                                                const float* __restrict__ M,
@@ -744,7 +752,7 @@ __device__ __forceinline__ int conv_parent_end(const int* seg, const int* par, i
 // dt_bias), beta = sigmoid(b). x: [N, ld] (channels 0..cd; a, b at off_a, off_b); out: [N, cd]; w: [cd, K];
 // g, beta: [N, HV]; tok: [N, 2]; states[s]: [K-1, cd]; par: [S] or null (conv_parent_end). grid N, block 256.
 // gdn_conv_state then advances the states.
-extern "C" __global__ void gdn_conv_prep(const float* __restrict__ x, int ld, float* __restrict__ out,
+KERNEL(simt) void gdn_conv_prep(const float* __restrict__ x, int ld, float* __restrict__ out,
                                          const float* __restrict__ w, int K, int cd,
                                          const int* seg, const int* tok, const u64* states, const int* par, int hk,
                                          int dk,
@@ -791,7 +799,7 @@ extern "C" __global__ void gdn_conv_prep(const float* __restrict__ x, int ld, fl
 // Advances each segment's conv state past its rows: state row j (oldest first) becomes the input at segment time
 // len - (K-1) + j, from x or, for short segments, from the older state rows (a child segment: from its parent's
 // rows, conv_parent_end). grid (ceil(cd/256), nseg), block 256.
-extern "C" __global__ void gdn_conv_state(const float* x, int ld, int K, int cd, const int* seg, const u64* states,
+KERNEL(simt) void gdn_conv_state(const float* x, int ld, int K, int cd, const int* seg, const u64* states,
                                           const int* par) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
     if (c >= cd) return;
@@ -809,7 +817,7 @@ extern "C" __global__ void gdn_conv_state(const float* x, int ld, int K, int cd,
 // One-token gated delta rule step for segments of exactly one row (decode). Each thread owns value
 // columns j of S (in global memory): S *= e^g; d = b (v_j - sum_c S_cj k_c); S_cj += k_c d; o_j = sum_c S_cj q_c.
 // grid (hv, nseg); shared memory 2*dk floats.
-extern "C" __global__ void gdn_step(const float* qkv, int ld, const float* g, const float* beta, float* out,
+KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float* beta, float* out,
                                     const int* seg, const u64* states, int hk, int hv, int dk, int dv) {
     extern __shared__ float sm[];
     float* q = sm;
@@ -846,7 +854,7 @@ extern "C" __global__ void gdn_step(const float* qkv, int ld, const float* g, co
 // base v (a forked-from cache, read-only), base length. Position p < base lives at base row p, else at own
 // row p - base. grid (N, H + HKV); D <= 1024.
 #define KV_ENTRIES 5
-extern "C" __global__ void attn_prep(const float* proj, int ld, const float* qn, const float* kn, float eps,
+KERNEL(simt) void attn_prep(const float* proj, int ld, const float* qn, const float* kn, float eps,
                                      const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
                                      const u64* kv, float* q_out) {
     __shared__ float xs[1024];
@@ -886,7 +894,7 @@ extern "C" __global__ void attn_prep(const float* proj, int ld, const float* qn,
 // attn_prep), grouped KV heads, online softmax; the output times sigmoid(gate) is stored as `store_act` with `mode`
 // for o_proj. One warp per (row, head), keys processed 32 at a time (one key per lane for the scores,
 // then the warp accumulates the values): grid (ceil(N/4), H), block 128. q: [N, H, D]; out: [N, H*D]; D <= 512.
-extern "C" __global__ void attention(const float* q, const float* proj, int ld, const int* tok, const u64* kv,
+KERNEL(simt) void attention(const float* q, const float* proj, int ld, const int* tok, const u64* kv,
                                      int N, int H, int HKV, int D, float scale, void* out, int mode) {
     __shared__ float ps[4][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1107,7 +1115,7 @@ __device__ __forceinline__ void attention_tiled_t(const float* __restrict__ q, c
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) attention_tiled(const float* __restrict__ q,
+KERNEL(attention_tiled) void __launch_bounds__(256) attention_tiled(const float* __restrict__ q,
                                                                   const float* __restrict__ proj, int ld,
                                                                   const int* seg, const u64* kv, int H, int HKV,
                                                                   int D, float scale, void* out, int mode) {
@@ -1118,14 +1126,11 @@ extern "C" __global__ void __launch_bounds__(256) attention_tiled(const float* _
     else attention_tiled_t<8>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, sm);
 }
 
-// SwiGLU rows, the body of swiglu and swiglu2 (fused.cu): out[n][c] = silu(gate) * up with gate = gu[n][c] and up
-// = gu[n][inter + c], each plus the value `lo` floats on when TWO (the lo plane's half of a split GEMM). gu: [rows,
-// 2 inter] f32; out: [rows, inter] as `store_act` with `mode`. grid (ceil(inter / (VW * blockDim.x)), up to
-// 65535 rows, walked by stride), VW = 4 (vec: inter % 4 == 0, gu, lo and out aligned for 16-byte loads and
-// store_act_vec) or 1: no division per value (the one-thread-per-value kernel spent its time on 64-bit divisions).
-template <bool TWO>
-__device__ __forceinline__ void swiglu_rows(const float* __restrict__ gu, int inter, int rows, long long lo,
-                                            void* out, int mode, int vec) {
+// SwiGLU: out[n][c] = silu(gate) * up with gate = gu[n][c] and up = gu[n][inter + c]. gu: [rows, 2 inter] f32;
+// out: [rows, inter] as `store_act` with `mode`. grid (ceil(inter / (VW * blockDim.x)), up to 65535 rows, walked by
+// stride), VW = 4 (vec: inter % 4 == 0, gu and out aligned for 16-byte loads and store_act_vec) or 1: no division
+// per value (the one-thread-per-value kernel spent its time on 64-bit divisions).
+KERNEL(simt) void swiglu(const float* __restrict__ gu, int inter, int rows, void* out, int mode, int vec) {
     const int vw = vec ? 4 : 1;
     const int c = vw * (blockIdx.x * blockDim.x + threadIdx.x);
     if (c >= inter) return;
@@ -1134,44 +1139,29 @@ __device__ __forceinline__ void swiglu_rows(const float* __restrict__ gu, int in
         const idx_t o = (idx_t)n * inter + c;
         if (vec) {
             float4 gt = *(const float4*)r, up = *(const float4*)(r + inter);
-            if (TWO) {
-                float4 g2 = *(const float4*)(r + lo), u2 = *(const float4*)(r + inter + lo);
-                gt = make_float4(gt.x + g2.x, gt.y + g2.y, gt.z + g2.z, gt.w + g2.w);
-                up = make_float4(up.x + u2.x, up.y + u2.y, up.z + u2.z, up.w + u2.w);
-            }
             const float v[4] = {silu_f(gt.x) * up.x, silu_f(gt.y) * up.y, silu_f(gt.z) * up.z, silu_f(gt.w) * up.w};
             store_act_vec<4>(out, o, v, mode);
         } else {
-            float gt = r[0], up = r[inter];
-            if (TWO) {
-                gt += r[lo];
-                up += r[inter + lo];
-            }
-            store_act(out, o, silu_f(gt) * up, mode);
+            store_act(out, o, silu_f(r[0]) * r[inter], mode);
         }
     }
 }
 
-// SwiGLU: out = silu(gate) * up, gate|up stacked per row. gu: [N, 2I] f32; out: [N, I] as `store_act` with `mode`.
-extern "C" __global__ void swiglu(const float* gu, int inter, int rows, void* out, int mode, int vec) {
-    swiglu_rows<false>(gu, inter, rows, 0, out, mode, vec);
-}
-
 // x += y (n values).
-extern "C" __global__ void add_inplace(float* x, const float* y, int n) {
+KERNEL(simt) void add_inplace(float* x, const float* y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 // f32 to bf16 (n values).
-extern "C" __global__ void to_bf16(const float* x, bf16_t* y, int n) {
+KERNEL(simt) void to_bf16(const float* x, bf16_t* y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2bf(x[i]);
 }
 
 // Label-row readout: out[p] = hidden[pairs[2p]] . head[pairs[2p+1]]. hidden: [N, H] f32; head: [V, H] bf16
 // (f32 if f32w). One warp per pair: grid ceil(P/4), block 128.
-extern "C" __global__ void rows_dot(const float* hidden, int hid, const int* pairs, int P, const void* head,
+KERNEL(simt) void rows_dot(const float* hidden, int hid, const int* pairs, int P, const void* head,
                                     int f32w, float* out) {
     int p = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (p >= P) return;

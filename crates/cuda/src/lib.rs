@@ -19,7 +19,9 @@ pub mod model;
 pub mod ops;
 pub mod runtime;
 
-pub use model::{CudaHidden, CudaModel, CudaState, Precision};
+pub use model::{
+    CudaHidden, CudaModel, CudaState, Precision, Projection, SplitGemms, SplitGemmsError,
+};
 pub use runtime::{Arith, AttnArith, Gpu, TcArith, TcArithError};
 
 /// Errors of the CUDA backend. Messages name the op, library or shape at fault.

@@ -47,6 +47,112 @@ pub enum Precision {
     F32,
 }
 
+/// The projections of a layer, as [`SplitGemms`] names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Projection {
+    /// The gated delta layer's input projection (q, k, v, z, a, b).
+    GdnIn = 0,
+    /// The gated delta layer's output projection.
+    GdnOut = 1,
+    /// The attention layer's q|gate, k, v projection.
+    AttnIn = 2,
+    /// The attention layer's output projection.
+    AttnOut = 3,
+    /// The MLP's gate|up projection.
+    MlpIn = 4,
+    /// The MLP's down projection.
+    MlpOut = 5,
+}
+
+impl Projection {
+    pub const ALL: [Projection; 6] = [
+        Projection::GdnIn,
+        Projection::GdnOut,
+        Projection::AttnIn,
+        Projection::AttnOut,
+        Projection::MlpIn,
+        Projection::MlpOut,
+    ];
+
+    /// Its name in `--gpu-split-gemms` and device descriptions.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Projection::GdnIn => "gdn_in",
+            Projection::GdnOut => "gdn_out",
+            Projection::AttnIn => "attn_in",
+            Projection::AttnOut => "attn_out",
+            Projection::MlpIn => "mlp_in",
+            Projection::MlpOut => "mlp_out",
+        }
+    }
+}
+
+/// Which projections multiply both bf16 planes of their input in [`Precision::Bf16Split`]; the others multiply the
+/// hi plane alone (a plain bf16 GEMM: half the work, the input rounded to bf16 as in [`Precision::Bf16`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SplitGemms(u8);
+
+/// A `--gpu-split-gemms` spec [`SplitGemms::parse`] does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?}: expected all, none, or projections (comma-separated): gdn_in, gdn_out, attn_in, attn_out, mlp_in, \
+     mlp_out"
+)]
+pub struct SplitGemmsError(pub String);
+
+impl Default for SplitGemms {
+    fn default() -> Self {
+        SplitGemms::ALL
+    }
+}
+
+impl SplitGemms {
+    /// Every projection on both planes.
+    pub const ALL: SplitGemms = SplitGemms(0x3f);
+    /// None: every GEMM input rounded to bf16.
+    pub const NONE: SplitGemms = SplitGemms(0);
+
+    pub fn of(ps: &[Projection]) -> Self {
+        SplitGemms(ps.iter().fold(0, |m, p| m | 1 << *p as u8))
+    }
+
+    pub fn has(self, p: Projection) -> bool {
+        self.0 & 1 << p as u8 != 0
+    }
+
+    /// `all`, `none`, or a comma-separated list of [`Projection`] names.
+    pub fn parse(spec: &str) -> Result<Self, SplitGemmsError> {
+        match spec.trim() {
+            "all" => return Ok(SplitGemms::ALL),
+            "none" => return Ok(SplitGemms::NONE),
+            _ => {}
+        }
+        let mut out = SplitGemms::NONE;
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let p = Projection::ALL
+                .into_iter()
+                .find(|p| p.name() == part)
+                .ok_or_else(|| SplitGemmsError(part.to_string()))?;
+            out.0 |= 1 << p as u8;
+        }
+        Ok(out)
+    }
+
+    /// For a device description: "all", "none", or the names.
+    pub fn describe(self) -> String {
+        match self {
+            SplitGemms::ALL => "all".into(),
+            SplitGemms::NONE => "none".into(),
+            s => Projection::ALL
+                .into_iter()
+                .filter(|p| s.has(*p))
+                .map(Projection::name)
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+}
+
 impl TcArith {
     /// The default for a precision:
     /// - f32: 3xTF32 everywhere (f32 accuracy; the mode checks the forward against the CPU).
@@ -100,6 +206,9 @@ struct Weight {
     /// Owns the memory `w` points into.
     _buf: WeightBuf,
     w: W,
+    /// Row stride in elements: the column count K, or 2K where every row is stored twice (`[W | W]`, an input
+    /// projection in [`Precision::Bf16Split`]: one GEMM over K = 2K multiplies both planes of its input).
+    ld: usize,
 }
 
 #[allow(dead_code)] // the variants own the memory `Weight::w` points into
@@ -108,21 +217,47 @@ enum WeightBuf {
     F32(CudaSlice<f32>),
 }
 
+impl Weight {
+    /// Device bytes.
+    fn bytes(&self) -> usize {
+        match &self._buf {
+            WeightBuf::Bf16(b) => 2 * b.len(),
+            WeightBuf::F32(b) => 4 * b.len(),
+        }
+    }
+}
+
 /// Uploads weights stacked by rows (all with the same column count) as one matrix: bf16, or f32 (the
-/// checkpoint's values exactly) in [`Precision::F32`].
-fn upload_stacked(g: &Gpu, parts: &[&Tensor], prec: Precision) -> Result<Weight, CudaError> {
+/// checkpoint's values exactly) in [`Precision::F32`]. `twice` (bf16): every row stored twice, `[W | W]`.
+fn upload_stacked(
+    g: &Gpu,
+    parts: &[&Tensor],
+    prec: Precision,
+    twice: bool,
+) -> Result<Weight, CudaError> {
     let total: usize = parts.iter().map(|t| t.numel()).sum();
+    let cols = parts
+        .first()
+        .and_then(|t| t.shape().last().copied())
+        .unwrap_or(0);
     Ok(match prec {
         Precision::Bf16 | Precision::Bf16Split => {
             let mut host = Vec::with_capacity(total);
             for t in parts {
                 push_bf16(&mut host, t);
             }
+            if twice && cols > 0 {
+                host = host
+                    .chunks(cols)
+                    .flat_map(|row| row.iter().chain(row).copied())
+                    .collect();
+            }
             let buf = g.upload(&host)?;
             let w = W::Bf16(g.ptr(&buf));
             Weight {
                 _buf: WeightBuf::Bf16(buf),
                 w,
+                ld: if twice { 2 * cols } else { cols },
             }
         }
         Precision::F32 => {
@@ -135,6 +270,7 @@ fn upload_stacked(g: &Gpu, parts: &[&Tensor], prec: Precision) -> Result<Weight,
             Weight {
                 _buf: WeightBuf::F32(buf),
                 w,
+                ld: cols,
             }
         }
     })
@@ -269,6 +405,8 @@ struct Shape {
     /// Key splits per tile of the tensor-core attention ([`crate::attn_tc::attention_tc_plan`] of the segments; 1
     /// when no layer runs it).
     attn_splits: usize,
+    /// The projections on both planes (split mode; read once per forward).
+    split: SplitGemms,
 }
 
 /// Values per token row of the forward scratch buffers.
@@ -505,6 +643,8 @@ pub struct CudaModel {
     use_graphs: std::sync::atomic::AtomicBool,
     /// How the tensor-core kernels multiply ([`CudaModel::set_tc_arith`]; the precision's default).
     tc: Mutex<TcArith>,
+    /// The projections that multiply both planes in split mode ([`CudaModel::set_split_gemms`]).
+    split: Mutex<SplitGemms>,
 }
 
 /// K and V rows of one attention layer: [cap, HKV, D] f32 each.
@@ -577,7 +717,10 @@ impl CudaModel {
         let g = &*gpu;
         let c = m.text_config();
         let w = m.weights();
-        let up = |parts: &[&Tensor]| upload_stacked(g, parts, prec);
+        let up = |parts: &[&Tensor]| upload_stacked(g, parts, prec, false);
+        // The input projections (their input is a norm's output): both planes in one GEMM in split mode.
+        let up_in =
+            |parts: &[&Tensor]| upload_stacked(g, parts, prec, prec == Precision::Bf16Split);
         let embed = up(&[w.embed])?;
         let lm_head = if c.tie_word_embeddings {
             None
@@ -603,7 +746,7 @@ impl CudaModel {
                     // Each layer's state starts on a 16-byte boundary.
                     rec_len = (ssm_off + v.hv * v.dk * v.dv).next_multiple_of(4);
                     Mixer::Gdn(GdnLayer {
-                        w_in: up(&[v.in_qkv, v.in_z, v.in_a, v.in_b])?,
+                        w_in: up_in(&[v.in_qkv, v.in_z, v.in_a, v.in_b])?,
                         w_out: up(&[v.out])?,
                         conv_off,
                         ssm_off,
@@ -631,7 +774,7 @@ impl CudaModel {
                         half: v.inv_freq.len(),
                     };
                     Mixer::Attn(AttnLayer {
-                        w_in: up(&[v.q, v.k, v.v])?,
+                        w_in: up_in(&[v.q, v.k, v.v])?,
                         w_o: up(&[v.o])?,
                         q_norm: upload_f32(g, v.q_norm)?,
                         k_norm: upload_f32(g, v.k_norm)?,
@@ -653,7 +796,7 @@ impl CudaModel {
                 in_norm: upload_f32(g, l.input_norm)?,
                 post_norm: upload_f32(g, l.post_norm)?,
                 mixer,
-                w_gu: up(&[l.mlp_gate, l.mlp_up])?,
+                w_gu: up_in(&[l.mlp_gate, l.mlp_up])?,
                 w_down: up(&[l.mlp_down])?,
             });
         }
@@ -714,6 +857,7 @@ impl CudaModel {
                 std::env::var("ONEPASS_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
             tc: Mutex::new(TcArith::for_precision(prec)),
+            split: Mutex::new(SplitGemms::default()),
         })
     }
 
@@ -731,6 +875,23 @@ impl CudaModel {
 
     pub fn vocab_size(&self) -> usize {
         self.vocab
+    }
+
+    /// Device bytes of the weight matrices (in split precision the input projections are stored twice).
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.w_gu.bytes()
+                    + l.w_down.bytes()
+                    + match &l.mixer {
+                        Mixer::Gdn(m) => m.w_in.bytes() + m.w_out.bytes(),
+                        Mixer::Attn(m) => m.w_in.bytes() + m.w_o.bytes(),
+                    }
+            })
+            .sum();
+        self.embed.bytes() + self.lm_head.as_ref().map_or(0, Weight::bytes) + layers
     }
 
     /// Bytes of KV cache per token (all attention layers, k and v).
@@ -780,8 +941,20 @@ impl CudaModel {
         }
     }
 
-    /// `y = x · wᵀ + beta · y`; `x` [T, K] as [`CudaModel::act`] wrote it (split: two GEMMs over its planes).
-    fn gemm(
+    /// The input buffer of an input projection at `p` (a norm writes it) and its row stride: in
+    /// [`Precision::Bf16Split`] each row holds its hi and lo planes side by side (`[hi | lo]`, 2K bf16), which the
+    /// projection's twice-stored weight (`[W | W]`) multiplies in one GEMM over 2K; else as [`CudaModel::act`].
+    fn act_in(&self, p: u64, k: usize) -> (Out, usize) {
+        match self.prec {
+            Precision::Bf16Split => (Out::Split(p, k), 2 * k),
+            Precision::Bf16 => (Out::Bf16(p), k),
+            Precision::F32 => (Out::F32(p), k),
+        }
+    }
+
+    /// `y = x · wᵀ` for an input projection: `x` [T, K] as [`CudaModel::act_in`] laid it out; in split mode both
+    /// planes (`both`: one GEMM over 2K) or the hi plane alone.
+    fn gemm_in(
         &self,
         x: u64,
         t: usize,
@@ -790,14 +963,11 @@ impl CudaModel {
         n: usize,
         y: u64,
         ldy: usize,
-        beta: f32,
+        both: bool,
     ) -> Result<(), CudaError> {
-        if self.prec != Precision::Bf16Split {
-            return self.gpu.gemm(x, t, k, w.w, n, y, ldy, beta);
-        }
-        let (hi, lo) = (x, x + 2 * (t * k) as u64);
-        self.gpu.gemm(hi, t, k, w.w, n, y, ldy, beta)?;
-        self.gpu.gemm(lo, t, k, w.w, n, y, ldy, 1.0)
+        let (_, ldx) = self.act_in(x, k);
+        let kk = if both { 2 * k } else { k };
+        self.gpu.gemm_ld(x, ldx, t, kk, w.w, w.ld, n, y, ldy, 0.0)
     }
 
     /// How the tensor-core kernels multiply from the next forward on (captured graphs are dropped).
@@ -809,6 +979,18 @@ impl CudaModel {
     /// How the tensor-core kernels multiply.
     pub fn tc_arith(&self) -> TcArith {
         *self.tc.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Which projections multiply both planes of their input in [`Precision::Bf16Split`] from the next forward on
+    /// (captured graphs are dropped); no effect in the other precisions.
+    pub fn set_split_gemms(&self, s: SplitGemms) {
+        *self.split.lock().unwrap_or_else(|e| e.into_inner()) = s;
+        self.drop_graphs();
+    }
+
+    /// The projections that multiply both planes in split mode.
+    pub fn split_gemms(&self) -> SplitGemms {
+        *self.split.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Turns CUDA graphs for repeated forward shapes on or off (default: on unless ONEPASS_CUDA_GRAPHS=0).
@@ -1234,6 +1416,7 @@ impl CudaModel {
             roots,
             keep_children,
             max_len: items.iter().map(|(_, s)| s.len()).max().unwrap_or(0),
+            split: self.split_gemms(),
             attn_splits: self.attn_tc_dims().map_or(1, |a| {
                 crate::attn_tc::attention_tc_plan(
                     items.iter().map(|(st, s)| (s.len(), st.pos)),
@@ -1272,7 +1455,7 @@ impl CudaModel {
             let p = a.ptrs(self, shape);
             g.upload_into(&table, &a.table.buf)?;
             self.run_layers_graphed(&p, shape)?;
-            self.final_norm(&p, n, &out)?;
+            self.final_norm(&p, shape, &out)?;
         } else {
             let mut sc = self.scratch(n, table.len())?;
             sc.attn
@@ -1280,7 +1463,7 @@ impl CudaModel {
             let p = sc.ptrs(self, shape);
             g.upload_into(&table, &sc.table.buf)?;
             self.run_layers(&p, shape)?;
-            self.final_norm(&p, n, &out)?;
+            self.final_norm(&p, shape, &out)?;
             // The scratch is freed in stream order when it drops here.
         }
         for (st, seq) in items.iter_mut() {
@@ -1395,8 +1578,7 @@ impl CudaModel {
             fold: 0,
         };
         if self.prec == Precision::Bf16Split {
-            // One GEMM over both planes: gate|up writes 2N rows of 2I; residual GEMMs 2N rows of H.
-            w.proj = w.proj.max(4 * self.inter);
+            // Residual GEMMs over both planes write 2N rows of H.
             w.fold = 2 * self.hid;
         }
         for l in &self.layers {
@@ -1492,9 +1674,16 @@ impl CudaModel {
     }
 
     /// `out = rms_norm(x) · final_norm` for `n` rows (f32).
-    fn final_norm(&self, p: &FwdPtrs, n: usize, out: &CudaSlice<f32>) -> Result<(), CudaError> {
+    fn final_norm(&self, p: &FwdPtrs, s: Shape, out: &CudaSlice<f32>) -> Result<(), CudaError> {
         let o = Out::F32(self.gpu.ptr(out));
-        self.norm(p, n, self.final_norm.ptr, true, o)
+        let pending = self.both_planes(s.split, Projection::MlpOut);
+        self.norm(p, s.n, self.final_norm.ptr, pending, (o, self.hid))
+    }
+
+    /// Whether projection `p` multiplies both planes of its input (split mode, and `p` among `split`): its residual
+    /// GEMM then leaves two halves for the next [`CudaModel::norm`] to add.
+    fn both_planes(&self, split: SplitGemms, p: Projection) -> bool {
+        self.prec == Precision::Bf16Split && split.has(p)
     }
 
     /// RMSNorm of the residual x into `out`; in split mode, `pending` first adds the two halves of the last
@@ -1505,7 +1694,7 @@ impl CudaModel {
         n: usize,
         gain: u64,
         pending: bool,
-        out: Out,
+        (out, ldo): (Out, usize),
     ) -> Result<(), CudaError> {
         let (g, hid) = (&*self.gpu, self.hid);
         if pending && self.prec == Precision::Bf16Split {
@@ -1520,23 +1709,32 @@ impl CudaModel {
                 n,
                 hid,
                 out,
-                hid,
+                ldo,
             )?;
         } else {
-            ops::rms_norm(g, p.x, hid, gain, self.eps, n, hid, out, hid)?;
+            ops::rms_norm(g, p.x, hid, gain, self.eps, n, hid, out, ldo)?;
         }
         self.mark("rms_norm")
     }
 
-    /// The residual update `x += act · wᵀ` (act: [T, K]). In split mode one GEMM over both planes writes its
-    /// two halves to the fold buffer and the next [`CudaModel::norm`] adds them to x (weights read once).
-    fn gemm_residual(&self, p: &FwdPtrs, t: usize, k: usize, w: &Weight) -> Result<(), CudaError> {
+    /// The residual update `x += act · wᵀ` (act: [T, K]). On both planes (`both`, split mode) one GEMM over both
+    /// writes its two halves to the fold buffer and the next [`CudaModel::norm`] adds them to x (weights read
+    /// once); → whether that add is pending. Otherwise the GEMM accumulates into x (split mode: the hi plane alone).
+    fn gemm_residual(
+        &self,
+        p: &FwdPtrs,
+        t: usize,
+        k: usize,
+        w: &Weight,
+        both: bool,
+    ) -> Result<bool, CudaError> {
         let hid = self.hid;
-        if self.prec == Precision::Bf16Split {
-            self.gpu.gemm(p.act, 2 * t, k, w.w, hid, p.fold, hid, 0.0)
+        if both {
+            self.gpu.gemm(p.act, 2 * t, k, w.w, hid, p.fold, hid, 0.0)?;
         } else {
-            self.gpu.gemm(p.act, t, k, w.w, hid, p.x, hid, 1.0)
+            self.gpu.gemm(p.act, t, k, w.w, hid, p.x, hid, 1.0)?;
         }
+        Ok(both)
     }
 
     /// Every layer of one forward over the scratch at `p` (no allocation, no host synchronisation: capturable).
@@ -1550,7 +1748,11 @@ impl CudaModel {
             keep_children,
             max_len,
             attn_splits,
+            split,
         } = s;
+        let both = |proj| self.both_planes(split, proj);
+        // The last residual GEMM left two halves in the fold buffer (see `gemm_residual`).
+        let mut pending = false;
         let (xp, hbp, pp, midp, gp, wyp) = (p.x, p.act, p.proj, p.mid, p.gates, p.wy);
         // Read once: every layer of this forward multiplies the same way.
         let tc = self.tc_arith();
@@ -1559,8 +1761,8 @@ impl CudaModel {
         ops::embed_gather(g, self.embed.w, ids_p, xp, n, hid)?;
         self.mark("embed")?;
         let mut poff = 0usize;
-        for (li, l) in self.layers.iter().enumerate() {
-            self.norm(p, n, l.in_norm.ptr, li > 0, self.act(hbp, n, hid))?;
+        for l in &self.layers {
+            self.norm(p, n, l.in_norm.ptr, pending, self.act_in(hbp, hid))?;
             match &l.mixer {
                 Mixer::Gdn(m) => {
                     let d = m.d;
@@ -1569,7 +1771,7 @@ impl CudaModel {
                     let ssm_p = conv_p + 8 * nseg as u64;
                     let init_p = ssm_p + 8 * nseg as u64;
                     poff += GDN_ENTRIES * nseg;
-                    self.gemm(hbp, n, hid, &m.w_in, pw, pp, pw, 0.0)?;
+                    self.gemm_in(hbp, n, hid, &m.w_in, pw, pp, pw, both(Projection::GdnIn))?;
                     self.mark("gemm gdn in")?;
                     // mid: conv output [N, cd] then core [N, HV*DV]
                     let core_p = midp + 4 * (n * m.cd) as u64;
@@ -1649,7 +1851,8 @@ impl CudaModel {
                         self.act(hbp, n, d.hv * d.dv),
                     )?;
                     self.mark("gated norm")?;
-                    self.gemm_residual(p, n, d.hv * d.dv, &m.w_out)?;
+                    pending =
+                        self.gemm_residual(p, n, d.hv * d.dv, &m.w_out, both(Projection::GdnOut))?;
                     self.mark("gemm gdn out")?;
                 }
                 Mixer::Attn(m) => {
@@ -1657,7 +1860,7 @@ impl CudaModel {
                     let pw = m.proj_width();
                     let kv_p = ptrs_p + 8 * poff as u64;
                     poff += KV_ENTRIES * nseg;
-                    self.gemm(hbp, n, hid, &m.w_in, pw, pp, pw, 0.0)?;
+                    self.gemm_in(hbp, n, hid, &m.w_in, pw, pp, pw, both(Projection::AttnIn))?;
                     self.mark("gemm attn in")?;
                     ops::attn_prep(
                         g,
@@ -1700,24 +1903,23 @@ impl CudaModel {
                         )?;
                     }
                     self.mark("attention")?;
-                    self.gemm_residual(p, n, a.heads * a.head_dim, &m.w_o)?;
+                    pending = self.gemm_residual(
+                        p,
+                        n,
+                        a.heads * a.head_dim,
+                        &m.w_o,
+                        both(Projection::AttnOut),
+                    )?;
                     self.mark("gemm attn out")?;
                 }
             }
-            self.norm(p, n, l.post_norm.ptr, true, self.act(hbp, n, hid))?;
-            if self.prec == Precision::Bf16Split {
-                // gate|up over both planes at once (2N rows), summed inside the SwiGLU.
-                let gu = 2 * inter;
-                self.gpu.gemm(hbp, 2 * n, hid, l.w_gu.w, gu, pp, gu, 0.0)?;
-                self.mark("gemm mlp gate|up")?;
-                ops::swiglu2(g, pp, inter, n, n * gu, self.act(hbp, n, inter))?;
-            } else {
-                self.gemm(hbp, n, hid, &l.w_gu, 2 * inter, pp, 2 * inter, 0.0)?;
-                self.mark("gemm mlp gate|up")?;
-                ops::swiglu(g, pp, inter, n, self.act(hbp, n, inter))?;
-            }
+            self.norm(p, n, l.post_norm.ptr, pending, self.act_in(hbp, hid))?;
+            let gu = 2 * inter;
+            self.gemm_in(hbp, n, hid, &l.w_gu, gu, pp, gu, both(Projection::MlpIn))?;
+            self.mark("gemm mlp gate|up")?;
+            ops::swiglu(g, pp, inter, n, self.act(hbp, n, inter))?;
             self.mark("swiglu")?;
-            self.gemm_residual(p, n, inter, &l.w_down)?;
+            pending = self.gemm_residual(p, n, inter, &l.w_down, both(Projection::MlpOut))?;
             self.mark("gemm mlp down")?;
         }
         Ok(())

@@ -316,7 +316,7 @@ pub fn gdn_wy_prep(
         256,
         smem as u32,
     );
-    launch!(g, g.k.gdn_wy_prep, lc;
+    launch!(g, g.fallbacks()?.gdn_wy_prep, lc;
         qkv, ld as i32, gg, beta, segs, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, u, w, m, e)
 }
 
@@ -346,7 +346,7 @@ pub fn gdn_wy_state(
         256,
         smem as u32,
     );
-    launch!(g, g.k.gdn_wy_state, lc;
+    launch!(g, g.fallbacks()?.gdn_wy_state, lc;
         qkv, ld as i32, u, w, m, e, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, dvs as i32)
 }
 
@@ -379,10 +379,21 @@ pub fn gdn_conv_prep(
 ) -> Result<(), CudaError> {
     check_conv_kernel(kernel)?;
     let (off_a, off_b, neg_a, dt_bias) = gates;
+    let warps_fit = d.dk <= 256 && cd >= 2 * d.hk * d.dk;
+    let groups = 2 * d.hk + cd.saturating_sub(2 * d.hk * d.dk).div_ceil(128);
+    if warps_fit && kernel == 4 && w.is_multiple_of(16) {
+        // The sliding kernel (fused.cu gdn_conv_prep_w4): runs of consecutive rows per warp, longer for longer
+        // batches (more reuse) while the grid still holds several warps per multiprocessor.
+        let tt = conv_run(n);
+        launch!(g, g.k.gdn_conv_prep_w4, cfg((blocks(n, tt), blocks(groups, 4)), 128, 0);
+            x, ld as i32, out, w, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32, scale,
+            off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta, n as i32, tt as i32)?;
+        return launch!(g, g.k.gdn_conv_state, cfg((blocks(cd, 256), nseg as u32), 256, 0);
+            x, ld as i32, kernel as i32, cd as i32, segs, states, par);
+    }
     // One warp per channel group (fused.cu gdn_conv_prep_w): the same arithmetic, far more parallel; the
     // block-per-token kernel for heads its warps do not hold (dk > 256). Same arguments.
-    let (gdn_conv_prep, lc) = if d.dk <= 256 && cd >= 2 * d.hk * d.dk {
-        let groups = 2 * d.hk + (cd - 2 * d.hk * d.dk).div_ceil(128);
+    let (gdn_conv_prep, lc) = if warps_fit {
         (
             &g.k.gdn_conv_prep_w,
             cfg((n as u32, blocks(groups, 4)), 128, 0),
@@ -395,6 +406,15 @@ pub fn gdn_conv_prep(
         scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
     launch!(g, g.k.gdn_conv_state, cfg((blocks(cd, 256), nseg as u32), 256, 0);
         x, ld as i32, kernel as i32, cd as i32, segs, states, par)
+}
+
+/// Rows per warp of `gdn_conv_prep_w4` for a batch of `n` rows: 4 up to 1,024 rows, 8 up to 4,096, then 16.
+pub fn conv_run(n: usize) -> usize {
+    match n {
+        0..=1024 => 4,
+        1025..=4096 => 8,
+        _ => 16,
+    }
 }
 
 /// One-token gated delta step for segments of exactly one row.
@@ -513,32 +533,23 @@ pub fn attention_tiled(
         256,
         smem as u32,
     );
-    launch!(g, g.k.attention_tiled, lc;
+    launch!(g, g.fallbacks()?.attention_tiled, lc;
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, mode)
 }
 
 /// out [N, I] = silu(gu[:, :I]) * gu[:, I:].
 pub fn swiglu(g: &Gpu, gu: u64, inter: usize, n: usize, out: Out) -> Result<(), CudaError> {
     let (o, mode) = out.parts();
-    let (lc, vec) = swiglu_cfg(gu, inter, n, 0, o, mode);
+    let (lc, vec) = swiglu_cfg(gu, inter, n, o, mode);
     launch!(g, g.k.swiglu, lc; gu, inter as i32, n as i32, o, mode, vec as i32)
 }
 
-/// Grid of `swiglu` / `swiglu2` (`swiglu_rows` in kernels.cu), and whether its 4-wide path applies: inter a
-/// multiple of 4, gu and the lo offset (floats) 16-byte aligned, out (and its lo plane, `-mode` values on) aligned
-/// for `store_act_vec`.
-fn swiglu_cfg(
-    gu: u64,
-    inter: usize,
-    n: usize,
-    lo: usize,
-    o: u64,
-    mode: i32,
-) -> (LaunchConfig, bool) {
+/// Grid of `swiglu`, and whether its 4-wide path applies: inter a multiple of 4, gu 16-byte aligned, out (and its lo
+/// plane, `-mode` values on) aligned for `store_act_vec`.
+fn swiglu_cfg(gu: u64, inter: usize, n: usize, o: u64, mode: i32) -> (LaunchConfig, bool) {
     let out_align = if mode == 1 { 16 } else { 8 };
     let vec = inter.is_multiple_of(4)
         && gu.is_multiple_of(16)
-        && lo.is_multiple_of(4)
         && o.is_multiple_of(out_align)
         && (mode >= 0 || (mode % 4) == 0);
     let per = if vec { inter / 4 } else { inter };
@@ -588,18 +599,4 @@ pub fn add2_rms_norm(
     let (o, mode) = out.parts();
     let c = cfg((blocks(rows, NORM_ROWS), 1), 32 * NORM_ROWS as u32, 0);
     launch!(g, g.k.add2_rms_norm, c; x, ldx as i32, f, lo as i64, gain, eps, dim as i32, o, mode, ldo as i32, rows as i32)
-}
-
-/// [`swiglu`] of `gu[..N] + gu[N..]` (gu: [2N, 2I], the second half `lo` values after the first).
-pub fn swiglu2(
-    g: &Gpu,
-    gu: u64,
-    inter: usize,
-    n: usize,
-    lo: usize,
-    out: Out,
-) -> Result<(), CudaError> {
-    let (o, mode) = out.parts();
-    let (lc, vec) = swiglu_cfg(gu, inter, n, lo, o, mode);
-    launch!(g, g.k.swiglu2, lc; gu, inter as i32, n as i32, lo as i64, o, mode, vec as i32)
 }

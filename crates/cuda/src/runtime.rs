@@ -1,11 +1,12 @@
 //! One GPU: context, stream, cuBLAS handle, and the onepass kernels.
 //!
-//! The kernels (`kernels.cu`) are compiled by NVRTC to PTX for the device's compute capability
-//! (`compute_XY`) on first use and cached at `$XDG_CACHE_HOME/onepass/cuda/<hash>-compute_XY.ptx`
-//! (else `$HOME/.cache/...`), the hash (FNV-1a 64) covering the source, the arch and the NVRTC
-//! options; the driver's own cache then keeps the machine code it JIT-compiles from that PTX.
-//! Everything runs on one stream; the context's per-buffer event tracking is switched off (one
-//! stream needs none), so buffers are passed to kernels as raw device addresses.
+//! The kernels (`kernels.cu` and the files [`KERNELS_CU`] joins) are compiled by NVRTC as several programs at once
+//! ([`PROGRAMS`], one thread each), to machine code for the device (`sm_XY`; PTX for `compute_XY` where NVRTC does
+//! not know the GPU, which the driver JIT-compiles), and cached per program at
+//! `$XDG_CACHE_HOME/onepass/cuda/<hash>-sm_XY-<program>.cubin` (else `$HOME/.cache/...`), the hash (FNV-1a 64)
+//! covering the source, the arch, the NVRTC options and the program's kernel groups. The fallback kernels
+//! ([`Fallbacks`]) are compiled at their first use. Everything runs on one stream; the context's per-buffer event
+//! tracking is switched off (one stream needs none), so buffers are passed to kernels as raw device addresses.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,10 +14,11 @@ use std::sync::Arc;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    ValidAsZeroBits,
 };
 pub use cudarc::driver::{LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 
 use crate::{CudaError, DrvCtx};
 
@@ -41,22 +43,19 @@ pub struct Kernels {
     pub gdn_gates: CudaFunction,
     pub conv1d_silu: CudaFunction,
     pub gdn_chunked: CudaFunction,
-    pub gdn_wy_prep: CudaFunction,
-    pub gdn_wy_state: CudaFunction,
     pub gdn_conv_prep: CudaFunction,
     pub gdn_conv_state: CudaFunction,
     pub gdn_step: CudaFunction,
     pub attn_prep: CudaFunction,
     pub attention: CudaFunction,
-    pub attention_tiled: CudaFunction,
     pub swiglu: CudaFunction,
     pub add_inplace: CudaFunction,
     pub to_bf16: CudaFunction,
     pub rows_dot: CudaFunction,
     // fused.cu
     pub add2_rms_norm: CudaFunction,
-    pub swiglu2: CudaFunction,
     pub gdn_conv_prep_w: CudaFunction,
+    pub gdn_conv_prep_w4: CudaFunction,
     pub spin_wait: CudaFunction,
     // The tensor-core files: one kernel per [`Arith`], indexed by `Arith as usize`.
     pub gdn_tc_prep: [CudaFunction; 2],
@@ -66,6 +65,18 @@ pub struct Kernels {
     pub attention_tc: [CudaFunction; 4],
     pub attention_tc_combine: CudaFunction,
 }
+
+/// The f32 SIMT kernels that only fallbacks and tests run (ONEPASS_GDN=wy, ONEPASS_ATTN=tiled, attention head dims
+/// the tensor-core kernels do not take): compiled and loaded on first use ([`Gpu::fallbacks`]), so that a first
+/// load compiles only what the default path runs (they are the slowest to compile: [`PROGRAMS`]).
+pub struct Fallbacks {
+    pub gdn_wy_prep: CudaFunction,
+    pub gdn_wy_state: CudaFunction,
+    pub attention_tiled: CudaFunction,
+}
+
+/// The groups of [`Fallbacks`]; the programs that compile them are [`Gpu::fallbacks`]'.
+const FALLBACK_GROUPS: &[&str] = &["gdn_wy_prep", "gdn_wy_state", "attention_tiled"];
 
 /// How the gated-delta tensor-core kernels (`gdn_tc_prep`, `gdn_tc_state_*`) multiply; each has one kernel per
 /// kind ([`Kernels`], indexed by `Arith as usize`). Attention has more kinds: [`AttnArith`].
@@ -211,6 +222,10 @@ pub struct Gpu {
     pub max_smem: usize,
     /// Multiprocessors (grid sizing of the launchers, GEMM split-K candidates).
     pub sms: usize,
+    /// Compute capability (major, minor).
+    cc: (i32, i32),
+    /// [`Gpu::fallbacks`], once loaded.
+    fallbacks: std::sync::OnceLock<Fallbacks>,
     /// GEMM path, cuBLASLt handle and workspace (made at first use), tuned algorithms ([`crate::gemm`]).
     pub(crate) gemm_state: crate::gemm::GemmState,
 }
@@ -235,52 +250,296 @@ fn cache_dir() -> Option<PathBuf> {
     Some(base.join("onepass").join("cuda"))
 }
 
-/// PTX for `arch` (e.g. `compute_90`), from the disk cache or compiled now.
-pub fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
-    let key = fnv1a(&[
-        KERNELS_CU.as_bytes(),
-        arch.as_bytes(),
-        NVRTC_OPTS.join(" ").as_bytes(),
-    ]);
-    let path = cache_dir().map(|d| d.join(format!("{key:016x}-{arch}.ptx")));
-    if let Some(p) = &path {
-        if let Ok(src) = std::fs::read_to_string(p) {
-            return Ok(Ptx::from_src(src));
-        }
+/// Kernel groups (`KERNEL(group)` in kernels.cu): `simt` for the light kernels, a kernel's own name for each slow
+/// one. Every group is compiled by exactly one of [`PROGRAMS`].
+const GROUPS: &[&str] = &[
+    "simt",
+    "gdn_wy_prep",
+    "gdn_wy_state",
+    "attention_tiled",
+    "attention_tc",
+    "attention_tc_tf32",
+    "attention_bf",
+    "attention_bf1",
+    "gdn_tc_prep",
+    "gdn_tc_prep_tf32",
+    "gdn_tc_state_8",
+    "gdn_tc_state_16",
+    "gdn_tc_state_32",
+    "gdn_tc_state_64",
+    "gdn_tc_state_8_tf32",
+    "gdn_tc_state_16_tf32",
+    "gdn_tc_state_32_tf32",
+    "gdn_tc_state_64_tf32",
+];
+
+/// The NVRTC programs the kernel source is compiled as, at once, each to its own module: the groups each compiles,
+/// slowest first (NVRTC to sm_90 cubin on a 2-core build machine, seconds: gdn_wy_prep 16.8, gdn_wy_state 6.9, simt
+/// about 5, each attention kernel 3.1–4.6, the eight state passes 2.6 together, the two pre-passes 1.6; the whole
+/// source as one program 54). The three fallback programs ([`is_fallback`]) are compiled at their first use.
+pub const PROGRAMS: &[&[&str]] = &[
+    &["gdn_wy_prep"],
+    &["gdn_wy_state"],
+    &["simt"],
+    &["attention_bf"],
+    &["attention_tiled"],
+    &["attention_tc"],
+    &["attention_bf1"],
+    &["attention_tc_tf32"],
+    &[
+        "gdn_tc_state_8",
+        "gdn_tc_state_16",
+        "gdn_tc_state_32",
+        "gdn_tc_state_64",
+        "gdn_tc_state_8_tf32",
+        "gdn_tc_state_16_tf32",
+        "gdn_tc_state_32_tf32",
+        "gdn_tc_state_64_tf32",
+    ],
+    &["gdn_tc_prep", "gdn_tc_prep_tf32"],
+];
+
+/// Whether program `i` compiles fallback kernels only (loaded by [`Gpu::fallbacks`], not when the GPU opens).
+pub fn is_fallback(i: usize) -> bool {
+    PROGRAMS[i].iter().all(|g| FALLBACK_GROUPS.contains(g))
+}
+
+/// The index in [`PROGRAMS`] of the program that compiles kernel `name` (its group: its own name, else `simt`).
+pub fn program_of(name: &str) -> Option<usize> {
+    let group = if GROUPS.contains(&name) { name } else { "simt" };
+    PROGRAMS.iter().position(|p| p.contains(&group))
+}
+
+/// The source of program `i`: KERNEL defined so that the program's groups are compiled and every other kernel is a
+/// template never instantiated.
+pub fn program_source(i: usize) -> String {
+    let mut s = String::from("#define KERNEL(group) KERNEL_##group\n");
+    for g in GROUPS {
+        let open = if PROGRAMS[i].contains(g) {
+            "extern \"C\" __global__"
+        } else {
+            "template <int> __global__"
+        };
+        s.push_str(&format!("#define KERNEL_{g} {open}\n"));
     }
-    // Long enough to look like a hang without a word (about a minute on an H200 machine, with the driver's JIT).
-    let cache_note = path.as_ref().map_or(
-        "no cache directory: HOME and XDG_CACHE_HOME unset".to_string(),
-        |p| format!("cached in {}", p.display()),
-    );
-    eprintln!(
-        "onepass: compiling the CUDA kernels for {arch} (the first load of this build on this kind of GPU takes \
-         about a minute; {cache_note})"
-    );
-    let arch_static: &'static str = Box::leak(arch.to_string().into_boxed_str());
-    let opts = CompileOptions {
-        arch: Some(arch_static),
-        options: NVRTC_OPTS.iter().map(|s| s.to_string()).collect(),
-        name: Some("onepass_kernels.cu".into()),
-        ..Default::default()
+    s.push_str(KERNELS_CU);
+    s
+}
+
+/// What NVRTC made of a program: machine code for one GPU (`sm_XY`), or PTX (`compute_XY`) for the driver to
+/// JIT-compile.
+pub enum Image {
+    Cubin(Vec<u8>),
+    Ptx(String),
+}
+
+/// Compiles program `i` ([`program_source`]) for `arch` (`sm_XY`: a cubin; `compute_XY`: PTX).
+pub fn compile_program(i: usize, arch: &str) -> Result<Image, CudaError> {
+    use cudarc::nvrtc::{result, sys};
+    let err = |msg: String| CudaError::Compile {
+        arch: arch.to_string(),
+        msg,
     };
-    let ptx =
-        cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, opts).map_err(|e| CudaError::Compile {
-            arch: arch.to_string(),
-            msg: format!("{e:?}"),
-        })?;
-    if let Some(p) = &path {
-        // A cache that cannot be written only costs a recompile next time.
-        let src = ptx.to_src();
-        if let Some(dir) = p.parent() {
-            let _ = std::fs::create_dir_all(dir);
+    let src = std::ffi::CString::new(program_source(i)).map_err(|e| err(e.to_string()))?;
+    let name = std::ffi::CString::new(format!("onepass_kernels_{i}.cu"))
+        .map_err(|e| err(e.to_string()))?;
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| err(format!("{e:?}")))?;
+    let mut opts: Vec<String> = NVRTC_OPTS.iter().map(|s| s.to_string()).collect();
+    opts.push(format!("--gpu-architecture={arch}"));
+    // SAFETY: `prog` was created above and is destroyed once, below; `src` and `name` outlive it.
+    let out = unsafe {
+        let r = match result::compile_program(prog, &opts) {
+            Err(e) => {
+                let log = result::get_program_log(prog).unwrap_or_default();
+                let log: Vec<u8> = log
+                    .iter()
+                    .take_while(|c| **c != 0)
+                    .map(|c| *c as u8)
+                    .collect();
+                Err(err(format!("{e:?}: {}", String::from_utf8_lossy(&log))))
+            }
+            Ok(()) if arch.starts_with("sm_") => {
+                let mut n = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut n)
+                    .result()
+                    .and_then(|()| {
+                        let mut buf = vec![0u8; n];
+                        sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| Image::Cubin(buf))
+                    })
+                    .map_err(|e| err(format!("cubin: {e:?}")))
+            }
+            Ok(()) => result::get_ptx(prog)
+                .map(|p| {
+                    let b: Vec<u8> = p
+                        .iter()
+                        .take_while(|c| **c != 0)
+                        .map(|c| *c as u8)
+                        .collect();
+                    Image::Ptx(String::from_utf8_lossy(&b).into_owned())
+                })
+                .map_err(|e| err(format!("ptx: {e:?}"))),
+        };
+        let _ = result::destroy_program(prog);
+        r
+    };
+    out
+}
+
+/// The images of `programs` (indices into [`PROGRAMS`], in that order) for a device of compute capability
+/// `maj`.`min`, from the disk cache or compiled now, at once (one thread each, up to the host's cores, slowest
+/// first). Machine code (`sm_XY`) where this NVRTC knows the GPU; else PTX (`compute_XY`), which the driver
+/// JIT-compiles. `what` names them in the progress lines.
+pub fn images_for(
+    maj: i32,
+    min: i32,
+    programs: &[usize],
+    what: &str,
+) -> Result<Vec<Image>, CudaError> {
+    let sm = format!("sm_{maj}{min}");
+    let key = |i: usize, arch: &str| {
+        fnv1a(&[
+            KERNELS_CU.as_bytes(),
+            arch.as_bytes(),
+            NVRTC_OPTS.join(" ").as_bytes(),
+            PROGRAMS[i].join(",").as_bytes(),
+        ])
+    };
+    let path =
+        |i: usize| cache_dir().map(|d| d.join(format!("{:016x}-{sm}-{i}.cubin", key(i, &sm))));
+    let mut images: Vec<Option<Image>> = programs
+        .iter()
+        .map(|&i| {
+            path(i)
+                .and_then(|p| std::fs::read(p).ok())
+                .map(Image::Cubin)
+        })
+        .collect();
+    // Positions in `programs` still to compile.
+    let todo: Vec<usize> = (0..programs.len())
+        .filter(|k| images[*k].is_none())
+        .collect();
+    if !todo.is_empty() {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |t| t.get())
+            .min(todo.len());
+        // Long enough to look like a hang without a word.
+        let cache_note = path(0)
+            .and_then(|p| p.parent().map(|d| d.display().to_string()))
+            .map_or(
+                "no cache directory: HOME and XDG_CACHE_HOME unset".to_string(),
+                |d| format!("cached in {d}"),
+            );
+        eprintln!(
+            "onepass: compiling the {what} for {sm} ({} programs on {threads} threads; once per build and kind of \
+             GPU; {cache_note})",
+            todo.len()
+        );
+        let t0 = std::time::Instant::now();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done: Vec<(usize, Result<Image, CudaError>)> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut out = Vec::new();
+                        loop {
+                            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(&at) = todo.get(k) else { break };
+                            out.push((at, compile_program(programs[at], &sm)));
+                        }
+                        out
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap_or_default())
+                .collect()
+        });
+        for (at, r) in done {
+            let i = programs[at];
+            images[at] = Some(match r {
+                Ok(im) => {
+                    if let (Some(p), Image::Cubin(b)) = (path(i), &im) {
+                        write_cache(&p, b);
+                    }
+                    im
+                }
+                // An NVRTC older than the GPU: PTX for its compute capability, JIT-compiled by the driver.
+                Err(e) => match compile_program(i, &format!("compute_{maj}{min}")) {
+                    Ok(im) => im,
+                    Err(_) => return Err(e),
+                },
+            });
         }
-        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, src).is_ok() {
-            let _ = std::fs::rename(&tmp, p);
-        }
+        eprintln!(
+            "onepass: compiled the {what} in {:.1}s",
+            t0.elapsed().as_secs_f64()
+        );
     }
-    Ok(ptx)
+    // None left only where a compile thread panicked.
+    images
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| CudaError::Compile {
+            arch: sm,
+            msg: "a compile thread panicked".into(),
+        })
+}
+
+/// Writes a cache file whole or not at all; a cache that cannot be written only costs a recompile next time.
+fn write_cache(p: &std::path::Path, bytes: &[u8]) {
+    if let Some(dir) = p.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, bytes).is_ok() {
+        let _ = std::fs::rename(&tmp, p);
+    }
+}
+
+/// Loads `programs` (indices into [`PROGRAMS`]) into `ctx`: → one slot per program, the loaded ones filled.
+fn load_programs(
+    ctx: &Arc<CudaContext>,
+    (maj, min): (i32, i32),
+    programs: &[usize],
+    what: &str,
+) -> Result<Vec<Option<Arc<CudaModule>>>, CudaError> {
+    let mut out = vec![None; PROGRAMS.len()];
+    for (&i, im) in programs.iter().zip(images_for(maj, min, programs, what)?) {
+        let m = ctx
+            .load_module(match im {
+                Image::Cubin(b) => Ptx::from_binary(b),
+                Image::Ptx(p) => Ptx::from_src(p),
+            })
+            .op("load module")?;
+        out[i] = Some(m);
+    }
+    Ok(out)
+}
+
+/// Kernel `name` from the module of its program ([`program_of`]).
+fn kernel(modules: &[Option<Arc<CudaModule>>], name: &str) -> Result<CudaFunction, CudaError> {
+    program_of(name)
+        .and_then(|i| modules[i].as_ref())
+        .ok_or_else(|| CudaError::Unsupported(format!("kernel {name}: in no loaded program")))?
+        .load_function(name)
+        .op("load function")
+}
+
+/// A kernel whose dynamic shared memory may pass the 48 KB default: its limit raised to the device's opt-in
+/// maximum `max_smem`, less the kernel's static shared memory (the opt-in maximum counts both).
+fn big_smem(k: CudaFunction, max_smem: usize) -> Result<CudaFunction, CudaError> {
+    let fixed = k
+        .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        .op("static shared memory")?;
+    k.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        (max_smem as i32 - fixed).max(0),
+    )
+    .op("shared memory limit")?;
+    Ok(k)
 }
 
 impl Gpu {
@@ -303,8 +562,8 @@ impl Gpu {
         })?;
         let (maj, min) = ctx.compute_capability().op("compute capability")?;
         let arch = format!("compute_{maj}{min}");
-        let ptx = ptx_for(&arch)?;
-        let module = ctx.load_module(ptx).op("load module")?;
+        let eager: Vec<usize> = (0..PROGRAMS.len()).filter(|i| !is_fallback(*i)).collect();
+        let modules = load_programs(&ctx, (maj, min), &eager, "CUDA kernels")?;
         let max_smem = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .op("shared memory limit")? as usize;
@@ -312,21 +571,8 @@ impl Gpu {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .op("multiprocessor count")?
             .max(1) as usize;
-        let f = |name: &str| module.load_function(name).op("load function");
-        // Kernels whose dynamic shared memory may pass the 48 KB default: the limit raised to the device's opt-in
-        // maximum, less the kernel's static shared memory (the opt-in maximum counts both).
-        let big = |name: &str| -> Result<CudaFunction, CudaError> {
-            let k = f(name)?;
-            let fixed = k
-                .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-                .op("static shared memory")?;
-            k.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                (max_smem as i32 - fixed).max(0),
-            )
-            .op("shared memory limit")?;
-            Ok(k)
-        };
+        let f = |name: &str| kernel(&modules, name);
+        let big = |name: &str| big_smem(f(name)?, max_smem);
         let [s0, s1, s2, s3] = crate::gdn_tc::GDN_TC_SLICES;
         let (x3, tf) = (Arith::X3.suffix(), Arith::Tf32.suffix());
         let k = Kernels {
@@ -337,21 +583,18 @@ impl Gpu {
             gdn_gates: f("gdn_gates")?,
             conv1d_silu: f("conv1d_silu")?,
             gdn_chunked: big("gdn_chunked")?,
-            gdn_wy_prep: big("gdn_wy_prep")?,
-            gdn_wy_state: big("gdn_wy_state")?,
             gdn_conv_prep: f("gdn_conv_prep")?,
             gdn_conv_state: f("gdn_conv_state")?,
             gdn_step: f("gdn_step")?,
             attn_prep: f("attn_prep")?,
             attention: f("attention")?,
-            attention_tiled: big("attention_tiled")?,
             swiglu: f("swiglu")?,
             add_inplace: f("add_inplace")?,
             to_bf16: f("to_bf16")?,
             rows_dot: f("rows_dot")?,
             add2_rms_norm: f("add2_rms_norm")?,
-            swiglu2: f("swiglu2")?,
             gdn_conv_prep_w: f("gdn_conv_prep_w")?,
+            gdn_conv_prep_w4: f("gdn_conv_prep_w4")?,
             spin_wait: f("spin_wait")?,
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
@@ -389,8 +632,31 @@ impl Gpu {
             arch,
             max_smem,
             sms,
+            cc: (maj, min),
+            fallbacks: std::sync::OnceLock::new(),
             gemm_state: crate::gemm::GemmState::from_env(),
         }))
+    }
+
+    /// The fallback kernels, compiled (or read from the cache) and loaded at the first call. Not while a CUDA graph
+    /// is being captured on this thread: a forward's first run of a shape is never captured.
+    pub fn fallbacks(&self) -> Result<&Fallbacks, CudaError> {
+        if let Some(f) = self.fallbacks.get() {
+            return Ok(f);
+        }
+        let lazy: Vec<usize> = (0..PROGRAMS.len()).filter(|i| is_fallback(*i)).collect();
+        let modules = load_programs(&self.ctx, self.cc, &lazy, "fallback CUDA kernels")?;
+        let big = |name: &str| big_smem(kernel(&modules, name)?, self.max_smem);
+        let f = Fallbacks {
+            gdn_wy_prep: big("gdn_wy_prep")?,
+            gdn_wy_state: big("gdn_wy_state")?,
+            attention_tiled: big("attention_tiled")?,
+        };
+        // Two threads that both loaded them keep the first set.
+        let _ = self.fallbacks.set(f);
+        self.fallbacks
+            .get()
+            .ok_or_else(|| CudaError::Unsupported("fallback kernels".into()))
     }
 
     /// Uninitialised device memory for `n` values.
@@ -508,6 +774,23 @@ impl Gpu {
         beta: f32,
     ) -> Result<(), CudaError> {
         crate::gemm::gemm(self, x, t, k, w, n, y, ldy, beta)
+    }
+
+    /// [`Gpu::gemm`] with row strides (elements) for x (`ldx`) and w (`ldw`), each at least K.
+    pub fn gemm_ld(
+        &self,
+        x: u64,
+        ldx: usize,
+        t: usize,
+        k: usize,
+        w: crate::ops::W,
+        ldw: usize,
+        n: usize,
+        y: u64,
+        ldy: usize,
+        beta: f32,
+    ) -> Result<(), CudaError> {
+        crate::gemm::gemm_ld(self, x, ldx, t, k, w, ldw, n, y, ldy, beta)
     }
 }
 

@@ -523,8 +523,10 @@ fn gdn_conv_prep_matches_slow_twins() {
         };
         let cd = 2 * d.hk * d.dk + d.hv * d.dv;
         let (off_a, off_b, ld) = (cd + 7, cd + 7 + d.hv, cd + 7 + 2 * d.hv + 3);
-        let lens = [1usize, 2, 63, 130, 3];
+        // 1,099 rows: runs of 8 rows per warp in the sliding kernel (K 4), crossing short segments.
+        let lens = [1usize, 2, 63, 130, 3, 900];
         let n: usize = lens.iter().sum();
+        assert_eq!(ops::conv_run(n), 8);
         let x = rnd(n * ld, 90 + k as u64);
         let w = rnd(cd * k, 91);
         let neg_a: Vec<f32> = rnd(d.hv, 92).iter().map(|v| -(v + 1.5)).collect();
@@ -768,11 +770,11 @@ fn gated_delta_timings() {
     }
 }
 
-/// The split-mode consumers of a GEMM run over both planes: `add2_rms_norm` (x += f[..R] + f[R..], then RMSNorm,
-/// x updated in place) and `swiglu2` (SwiGLU of gu[..N] + gu[N..]), against the CPU on the summed inputs.
+/// The split-mode consumer of a residual GEMM run over both planes: `add2_rms_norm` (x += f[..R] + f[R..], then
+/// RMSNorm, x updated in place), against the CPU on the summed inputs.
 #[test]
-fn split_halves_fold_into_norm_and_swiglu() {
-    let Some(g) = gpu("split_halves_fold_into_norm_and_swiglu") else {
+fn split_halves_fold_into_norm() {
+    let Some(g) = gpu("split_halves_fold_into_norm") else {
         return;
     };
     // 16-byte rows (dim 100), one value per lane (odd dim), rows past what a warp keeps in registers (2,048).
@@ -818,28 +820,94 @@ fn split_halves_fold_into_norm_and_swiglu() {
             F32_TOL,
         );
     }
+}
 
-    // One value per thread (inter 70) and four (72).
-    for (n, inter) in [(29, 70), (29, 72)] {
-        let gu = rnd(2 * n * 2 * inter, 34);
-        let half = n * 2 * inter;
-        let mut want = Vec::with_capacity(n * inter);
-        for r in 0..n {
-            let row: Vec<f32> = (0..2 * inter)
-                .map(|c| gu[r * 2 * inter + c] + gu[half + r * 2 * inter + c])
-                .collect();
-            let mut a = row[..inter].to_vec();
-            cpu::swiglu(&mut a, &row[inter..]);
-            want.extend(a);
-        }
-        let gud = g.upload(&gu).unwrap();
-        let of = g.alloc::<f32>(n * inter).unwrap();
-        ops::swiglu2(&g, g.ptr(&gud), inter, n, half, Out::F32(g.ptr(&of))).unwrap();
+/// Split mode's input projections: a norm writes each row's hi and lo planes side by side (`Out::Split(p, K)`,
+/// row stride 2K), and one GEMM over K = 2K against the weight stored twice per row (`[W | W]`, row stride 2K)
+/// multiplies both planes; the same buffers with K alone multiply the hi plane. Against the CPU: the f32 norm's
+/// output times W (both planes carry it to about 2^-16), and the downloaded hi plane times W.
+#[test]
+fn split_rows_multiply_both_planes_in_one_gemm() {
+    let Some(g) = gpu("split_rows_multiply_both_planes_in_one_gemm") else {
+        return;
+    };
+    for &(t, k, n) in &[(63, 100, 130), (5, 2048, 33)] {
+        let x = rnd(t * k, 40);
+        let gain: Vec<f32> = rnd(k, 41).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let mut normed = x.clone();
+        cpu::rms_norm(&mut normed, &gain, 1e-6);
+        let w = bf16_round(&rnd(n * k, 42));
+        let wt = Tensor::from_f32("w", vec![n, k], &w);
+        let twice: Vec<f32> = w
+            .chunks(k)
+            .flat_map(|r| r.iter().chain(r).copied())
+            .collect();
+        let (xd, gd, wd) = (
+            g.upload(&x).unwrap(),
+            g.upload(&gain).unwrap(),
+            g.upload(&to_bf16_bits(&twice)).unwrap(),
+        );
+        let act = g.alloc::<u16>(2 * t * k).unwrap();
+        ops::rms_norm(
+            &g,
+            g.ptr(&xd),
+            k,
+            g.ptr(&gd),
+            1e-6,
+            t,
+            k,
+            Out::Split(g.ptr(&act), k),
+            2 * k,
+        )
+        .unwrap();
+        let rows = from_bf16_bits(&g.download(&act, 2 * t * k).unwrap());
+        let hi: Vec<f32> = rows.chunks(2 * k).flat_map(|r| r[..k].to_vec()).collect();
+        let sum: Vec<f32> = rows
+            .chunks(2 * k)
+            .flat_map(|r| (0..k).map(|c| r[c] + r[k + c]).collect::<Vec<_>>())
+            .collect();
+        check(&format!("[hi | lo] rows {t} x {k}"), &sum, &normed, 3e-5);
+        let y = g.alloc::<f32>(t * n).unwrap();
+        let mut want = vec![0.0; t * n];
+        cpu::matmul_t_reference(&normed, t, &wt, &mut want);
+        g.gemm_ld(
+            g.ptr(&act),
+            2 * k,
+            t,
+            2 * k,
+            W::Bf16(g.ptr(&wd)),
+            2 * k,
+            n,
+            g.ptr(&y),
+            n,
+            0.0,
+        )
+        .unwrap();
         check(
-            &format!("swiglu2 f32 inter {inter}"),
-            &g.download(&of, n * inter).unwrap(),
+            &format!("both planes, one gemm over 2K: t={t} k={k} n={n}"),
+            &g.download(&y, t * n).unwrap(),
             &want,
-            F32_TOL,
+            1e-4,
+        );
+        cpu::matmul_t_reference(&hi, t, &wt, &mut want);
+        g.gemm_ld(
+            g.ptr(&act),
+            2 * k,
+            t,
+            k,
+            W::Bf16(g.ptr(&wd)),
+            2 * k,
+            n,
+            g.ptr(&y),
+            n,
+            0.0,
+        )
+        .unwrap();
+        check(
+            &format!("hi plane alone, strided: t={t} k={k} n={n}"),
+            &g.download(&y, t * n).unwrap(),
+            &want,
+            1e-5,
         );
     }
 }
