@@ -21,6 +21,53 @@ KERNEL(simt) void add2_rms_norm(float* x, int ldx, const float* __restrict__ f, 
     norm_rows<true>(x, ldx, f, lo, gain, eps, dim, out, mode, ldo, rows);
 }
 
+// The gates of row n: g = neg_a * softplus(a + dt_bias), beta = sigmoid(b), one head per lane.
+__device__ __forceinline__ void gdn_gates_row(const float* __restrict__ x, int ld, int n, int off_a, int off_b,
+                                              const float* neg_a, const float* dt_bias, int hv, float* g,
+                                              float* beta, int lane) {
+    for (int h = lane; h < hv; h += 32) {
+        float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
+        float sp = a > 20.0f ? a : log1pf(expf(a));
+        g[(idx_t)n * hv + h] = neg_a[h] * sp;
+        beta[(idx_t)n * hv + h] = sigmoid_f(x[(idx_t)n * ld + off_b + h]);
+    }
+}
+
+// The channels of conv warp group `grp`: a q or k head (grp < 2 hk, dk channels: L2-normalised) or 128 v channels.
+// → whether the group exists (c0, size: its first channel and count).
+__device__ __forceinline__ bool conv_group(int grp, int hk, int dk, int cd, int& c0, int& size) {
+    const int nqk = 2 * hk, vch = cd - nqk * dk;
+    if (grp < nqk) {
+        c0 = grp * dk;
+        size = dk;
+        return true;
+    }
+    const int vg = grp - nqk;
+    c0 = nqk * dk + vg * 128;
+    size = min(128, vch - vg * 128);
+    return vg * 128 < vch;
+}
+
+// One row's conv outputs v (channel lane + 32 i of the group) to o: a q or k head (grp < 2 hk) L2-normalised
+// (shuffle reduction, whole warp), q also times scale.
+__device__ __forceinline__ void conv_store(const float (&v)[8], int grp, int hk, int size, float scale, float* o,
+                                           int lane) {
+    const bool norm = grp < 2 * hk;
+    float mul = 1.0f;
+    if (norm) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (lane + 32 * i < size) ss += v[i] * v[i];
+        ss = warp_sum(ss);
+        mul = 1.0f / sqrtf(ss + 1e-6f);
+        if (grp < hk) mul *= scale;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (lane + 32 * i < size) o[lane + 32 * i] = norm ? v[i] * mul : v[i];
+}
+
 // The Gated DeltaNet mixer inputs, one warp per channel group of one token: the q and k heads (dk channels each,
 // L2-normalised; q also times `scale`) and the v channels in groups of 128; depthwise causal conv1d + SiLU as
 // gdn_conv_prep (the K-1 inputs before a segment from its conv state or parent rows, taps summed in the same order),
@@ -37,27 +84,10 @@ KERNEL(simt) void gdn_conv_prep_w(const float* __restrict__ x, int ld, float* __
     int s = tok[2 * n];
     int start = seg[3 * s], t = n - start, pend = conv_parent_end(seg, par, s);
     const float* st = (const float*)states[s];
-    if (blockIdx.y == 0 && warp == 0) {
-        for (int h = lane; h < hv; h += 32) {
-            float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
-            float sp = a > 20.0f ? a : log1pf(expf(a));
-            g[(idx_t)n * hv + h] = neg_a[h] * sp;
-            beta[(idx_t)n * hv + h] = sigmoid_f(x[(idx_t)n * ld + off_b + h]);
-        }
-    }
-    int grp = blockIdx.y * 4 + warp;
-    int nqk = 2 * hk, vch = cd - nqk * dk;
+    if (blockIdx.y == 0 && warp == 0) gdn_gates_row(x, ld, n, off_a, off_b, neg_a, dt_bias, hv, g, beta, lane);
+    const int grp = blockIdx.y * 4 + warp;
     int c0, size;
-    bool norm = grp < nqk;
-    if (norm) {
-        c0 = grp * dk;
-        size = dk;
-    } else {
-        int vg = grp - nqk;
-        c0 = nqk * dk + vg * 128;
-        if (vg * 128 >= vch) return;
-        size = min(128, vch - vg * 128);
-    }
+    if (!conv_group(grp, hk, dk, cd, c0, size)) return;
     // The row each tap reads (this token's own rows, the parent's or the conv state's), found once per token rather
     // than per channel: the kernel was bound by issuing that index arithmetic (ncu: 62% SM throughput, 6% of DRAM).
     const float* tap[8];
@@ -91,20 +121,7 @@ KERNEL(simt) void gdn_conv_prep_w(const float* __restrict__ x, int ld, float* __
             v[i] = silu_f(acc);
         }
     }
-    float mul = 1.0f;
-    if (norm) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (lane + 32 * i < size) ss += v[i] * v[i];
-        ss = warp_sum(ss);
-        mul = 1.0f / sqrtf(ss + 1e-6f);
-        if (grp < hk) mul *= scale;
-    }
-    float* o = out + (idx_t)n * cd + c0;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (lane + 32 * i < size) o[lane + 32 * i] = norm ? v[i] * mul : v[i];
+    conv_store(v, grp, hk, size, scale, out + (idx_t)n * cd + c0, lane);
 }
 
 // gdn_conv_prep_w for conv kernels of 4 taps, sliding: one warp per (channel group, run of `tt` consecutive rows).
@@ -120,29 +137,11 @@ KERNEL(simt) void gdn_conv_prep_w4(const float* __restrict__ x, int ld, float* _
                                    float* beta, int rows, int tt) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n0 = blockIdx.x * tt, n1 = min(n0 + tt, rows);
-    if (blockIdx.y == 0 && warp == 0) {
-        for (int n = n0; n < n1; n++) {
-            for (int h = lane; h < hv; h += 32) {
-                float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
-                float sp = a > 20.0f ? a : log1pf(expf(a));
-                g[(idx_t)n * hv + h] = neg_a[h] * sp;
-                beta[(idx_t)n * hv + h] = sigmoid_f(x[(idx_t)n * ld + off_b + h]);
-            }
-        }
-    }
+    if (blockIdx.y == 0 && warp == 0)
+        for (int n = n0; n < n1; n++) gdn_gates_row(x, ld, n, off_a, off_b, neg_a, dt_bias, hv, g, beta, lane);
     const int grp = blockIdx.y * 4 + warp;
-    const int nqk = 2 * hk, vch = cd - nqk * dk;
     int c0, size;
-    const bool norm = grp < nqk;
-    if (norm) {
-        c0 = grp * dk;
-        size = dk;
-    } else {
-        int vg = grp - nqk;
-        c0 = nqk * dk + vg * 128;
-        if (vg * 128 >= vch) return;
-        size = min(128, vch - vg * 128);
-    }
+    if (!conv_group(grp, hk, dk, cd, c0, size)) return;
     float4 wc[8];
     float h0[8], h1[8], h2[8];  // the inputs 3, 2 and 1 rows before the current one
 #pragma unroll
@@ -196,19 +195,6 @@ KERNEL(simt) void gdn_conv_prep_w4(const float* __restrict__ x, int ld, float* _
             h1[i] = h2[i];
             h2[i] = cur[i];
         }
-        float mul = 1.0f;
-        if (norm) {
-            float ss = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (lane + 32 * i < size) ss += v[i] * v[i];
-            ss = warp_sum(ss);
-            mul = 1.0f / sqrtf(ss + 1e-6f);
-            if (grp < hk) mul *= scale;
-        }
-        float* o = out + (idx_t)n * cd + c0;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (lane + 32 * i < size) o[lane + 32 * i] = norm ? v[i] * mul : v[i];
+        conv_store(v, grp, hk, size, scale, out + (idx_t)n * cd + c0, lane);
     }
 }

@@ -779,27 +779,6 @@ pub fn gemm(
     }
 }
 
-/// [`gemm`] with row strides (elements) for x (`ldx`) and w (`ldw`): GemmEx unless both are K (then [`gemm`]'s
-/// path).
-pub fn gemm_ld(
-    g: &Gpu,
-    x: u64,
-    ldx: usize,
-    t: usize,
-    k: usize,
-    w: W,
-    ldw: usize,
-    n: usize,
-    y: u64,
-    ldy: usize,
-    beta: f32,
-) -> Result<(), CudaError> {
-    if ldx == k && ldw == k {
-        return gemm(g, x, t, k, w, n, y, ldy, beta);
-    }
-    gemm_ex_ld(g, x, ldx, t, k, w, ldw, n, y, ldy, beta)
-}
-
 /// Whether the stream is capturing a CUDA graph (then nothing may allocate, synchronise or time).
 fn capturing(g: &Gpu) -> bool {
     !matches!(

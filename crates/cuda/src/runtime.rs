@@ -250,30 +250,9 @@ fn cache_dir() -> Option<PathBuf> {
     Some(base.join("onepass").join("cuda"))
 }
 
-/// Kernel groups (`KERNEL(group)` in kernels.cu): `simt` for the light kernels, a kernel's own name for each slow
-/// one. Every group is compiled by exactly one of [`PROGRAMS`].
-const GROUPS: &[&str] = &[
-    "simt",
-    "gdn_wy_prep",
-    "gdn_wy_state",
-    "attention_tiled",
-    "attention_tc",
-    "attention_tc_tf32",
-    "attention_bf",
-    "attention_bf1",
-    "gdn_tc_prep",
-    "gdn_tc_prep_tf32",
-    "gdn_tc_state_8",
-    "gdn_tc_state_16",
-    "gdn_tc_state_32",
-    "gdn_tc_state_64",
-    "gdn_tc_state_8_tf32",
-    "gdn_tc_state_16_tf32",
-    "gdn_tc_state_32_tf32",
-    "gdn_tc_state_64_tf32",
-];
-
-/// The NVRTC programs the kernel source is compiled as, at once, each to its own module: the groups each compiles,
+/// The NVRTC programs the kernel source is compiled as, at once, each to its own module: the kernel groups each
+/// compiles (`KERNEL(group)` in kernels.cu: `simt` for the light kernels, a kernel's own name for each slow one; every
+/// group in exactly one program),
 /// slowest first (NVRTC to sm_90 cubin on a 2-core build machine, seconds: gdn_wy_prep 16.8, gdn_wy_state 6.9, simt
 /// about 5, each attention kernel 3.1–4.6, the eight state passes 2.6 together, the two pre-passes 1.6; the whole
 /// source as one program 54). The three fallback programs ([`is_fallback`]) are compiled at their first use.
@@ -306,15 +285,17 @@ pub fn is_fallback(i: usize) -> bool {
 
 /// The index in [`PROGRAMS`] of the program that compiles kernel `name` (its group: its own name, else `simt`).
 pub fn program_of(name: &str) -> Option<usize> {
-    let group = if GROUPS.contains(&name) { name } else { "simt" };
-    PROGRAMS.iter().position(|p| p.contains(&group))
+    PROGRAMS
+        .iter()
+        .position(|p| p.contains(&name))
+        .or_else(|| PROGRAMS.iter().position(|p| p.contains(&"simt")))
 }
 
 /// The source of program `i`: KERNEL defined so that the program's groups are compiled and every other kernel is a
 /// template never instantiated.
 pub fn program_source(i: usize) -> String {
     let mut s = String::from("#define KERNEL(group) KERNEL_##group\n");
-    for g in GROUPS {
+    for g in PROGRAMS.iter().flat_map(|p| p.iter()) {
         let open = if PROGRAMS[i].contains(g) {
             "extern \"C\" __global__"
         } else {
@@ -776,7 +757,8 @@ impl Gpu {
         crate::gemm::gemm(self, x, t, k, w, n, y, ldy, beta)
     }
 
-    /// [`Gpu::gemm`] with row strides (elements) for x (`ldx`) and w (`ldw`), each at least K.
+    /// [`Gpu::gemm`] with row strides (elements) for x (`ldx`) and w (`ldw`), each at least K: GemmEx unless both
+    /// are K (then [`Gpu::gemm`]'s path).
     pub fn gemm_ld(
         &self,
         x: u64,
@@ -790,7 +772,10 @@ impl Gpu {
         ldy: usize,
         beta: f32,
     ) -> Result<(), CudaError> {
-        crate::gemm::gemm_ld(self, x, ldx, t, k, w, ldw, n, y, ldy, beta)
+        if ldx == k && ldw == k {
+            return self.gemm(x, t, k, w, n, y, ldy, beta);
+        }
+        crate::gemm::gemm_ex_ld(self, x, ldx, t, k, w, ldw, n, y, ldy, beta)
     }
 }
 

@@ -868,46 +868,22 @@ fn split_rows_multiply_both_planes_in_one_gemm() {
             .collect();
         check(&format!("[hi | lo] rows {t} x {k}"), &sum, &normed, 3e-5);
         let y = g.alloc::<f32>(t * n).unwrap();
-        let mut want = vec![0.0; t * n];
-        cpu::matmul_t_reference(&normed, t, &wt, &mut want);
-        g.gemm_ld(
-            g.ptr(&act),
-            2 * k,
-            t,
-            2 * k,
-            W::Bf16(g.ptr(&wd)),
-            2 * k,
-            n,
-            g.ptr(&y),
-            n,
-            0.0,
-        )
-        .unwrap();
-        check(
-            &format!("both planes, one gemm over 2K: t={t} k={k} n={n}"),
-            &g.download(&y, t * n).unwrap(),
-            &want,
-            1e-4,
-        );
-        cpu::matmul_t_reference(&hi, t, &wt, &mut want);
-        g.gemm_ld(
-            g.ptr(&act),
-            2 * k,
-            t,
-            k,
-            W::Bf16(g.ptr(&wd)),
-            2 * k,
-            n,
-            g.ptr(&y),
-            n,
-            0.0,
-        )
-        .unwrap();
-        check(
-            &format!("hi plane alone, strided: t={t} k={k} n={n}"),
-            &g.download(&y, t * n).unwrap(),
-            &want,
-            1e-5,
-        );
+        let cases = [
+            ("both planes, one gemm over 2K", 2 * k, &normed, 1e-4),
+            ("hi plane alone, strided", k, &hi, 1e-5),
+        ];
+        for (what, kk, input, tol) in cases {
+            let mut want = vec![0.0; t * n];
+            cpu::matmul_t_reference(input, t, &wt, &mut want);
+            let w = W::Bf16(g.ptr(&wd));
+            g.gemm_ld(g.ptr(&act), 2 * k, t, kk, w, 2 * k, n, g.ptr(&y), n, 0.0)
+                .unwrap();
+            check(
+                &format!("{what}: t={t} k={k} n={n}"),
+                &g.download(&y, t * n).unwrap(),
+                &want,
+                tol,
+            );
+        }
     }
 }
