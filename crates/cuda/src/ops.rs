@@ -379,21 +379,10 @@ pub fn gdn_conv_prep(
 ) -> Result<(), CudaError> {
     check_conv_kernel(kernel)?;
     let (off_a, off_b, neg_a, dt_bias) = gates;
-    let warps_fit = d.dk <= 256 && cd >= 2 * d.hk * d.dk;
-    let groups = 2 * d.hk + cd.saturating_sub(2 * d.hk * d.dk).div_ceil(128);
-    if warps_fit && kernel == 4 && w.is_multiple_of(16) {
-        // The sliding kernel (fused.cu gdn_conv_prep_w4): runs of consecutive rows per warp, longer for longer
-        // batches (more reuse) while the grid still holds several warps per multiprocessor.
-        let tt = conv_run(n);
-        launch!(g, g.k.gdn_conv_prep_w4, cfg((blocks(n, tt), blocks(groups, 4)), 128, 0);
-            x, ld as i32, out, w, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32, scale,
-            off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta, n as i32, tt as i32)?;
-        return launch!(g, g.k.gdn_conv_state, cfg((blocks(cd, 256), nseg as u32), 256, 0);
-            x, ld as i32, kernel as i32, cd as i32, segs, states, par);
-    }
     // One warp per channel group (fused.cu gdn_conv_prep_w): the same arithmetic, far more parallel; the
     // block-per-token kernel for heads its warps do not hold (dk > 256). Same arguments.
-    let (gdn_conv_prep, lc) = if warps_fit {
+    let (gdn_conv_prep, lc) = if d.dk <= 256 && cd >= 2 * d.hk * d.dk {
+        let groups = 2 * d.hk + (cd - 2 * d.hk * d.dk).div_ceil(128);
         (
             &g.k.gdn_conv_prep_w,
             cfg((n as u32, blocks(groups, 4)), 128, 0),
@@ -406,15 +395,6 @@ pub fn gdn_conv_prep(
         scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
     launch!(g, g.k.gdn_conv_state, cfg((blocks(cd, 256), nseg as u32), 256, 0);
         x, ld as i32, kernel as i32, cd as i32, segs, states, par)
-}
-
-/// Rows per warp of `gdn_conv_prep_w4` for a batch of `n` rows: 4 up to 1,024 rows, 8 up to 4,096, then 16.
-pub fn conv_run(n: usize) -> usize {
-    match n {
-        0..=1024 => 4,
-        1025..=4096 => 8,
-        _ => 16,
-    }
 }
 
 /// One-token gated delta step for segments of exactly one row.

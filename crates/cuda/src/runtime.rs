@@ -55,7 +55,6 @@ pub struct Kernels {
     // fused.cu
     pub add2_rms_norm: CudaFunction,
     pub gdn_conv_prep_w: CudaFunction,
-    pub gdn_conv_prep_w4: CudaFunction,
     pub spin_wait: CudaFunction,
     // The tensor-core files: one kernel per [`Arith`], indexed by `Arith as usize`.
     pub gdn_tc_prep: [CudaFunction; 2],
@@ -575,7 +574,6 @@ impl Gpu {
             rows_dot: f("rows_dot")?,
             add2_rms_norm: f("add2_rms_norm")?,
             gdn_conv_prep_w: f("gdn_conv_prep_w")?,
-            gdn_conv_prep_w4: f("gdn_conv_prep_w4")?,
             spin_wait: f("spin_wait")?,
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
