@@ -33,10 +33,12 @@ use crate::CudaError;
 /// The arithmetic of the projections (GEMMs) and their inputs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
-    /// bf16 weights; each GEMM input (f32) split into two bf16 planes, hi + lo, and multiplied twice (two bf16
-    /// GEMMs, f32 accumulation): activations carried to about 2^-16 instead of bf16's 2^-8, at twice the GEMM
-    /// work; attention's products the same way (bf16x3), the gated delta rule's in 3xTF32. The default: on the
-    /// synthetic checkpoints plain bf16 inputs miss the System One ship bar (docs/cuda.md).
+    /// bf16 weights; each GEMM input (f32) split into two bf16 planes, hi + lo, both multiplied (f32
+    /// accumulation): activations carried to about 2^-16 instead of bf16's 2^-8, at twice the GEMM work. The input
+    /// projections run one GEMM over K = 2K (`[hi | lo]` rows times their weight stored twice per row, `[W | W]`),
+    /// the residual ones one GEMM of 2N rows whose halves the next norm adds ([`SplitGemms`] picks the projections
+    /// that take both planes). Attention's products the same way (bf16x3), the gated delta rule's in 3xTF32. The
+    /// default: on the synthetic checkpoints plain bf16 inputs miss the System One ship bar (docs/cuda.md).
     #[default]
     Bf16Split,
     /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
