@@ -16,8 +16,8 @@ KERNEL(simt) void spin_wait(long long cycles) {
 // same body, `norm_rows` in kernels.cu). x: [R, dim] stride ldx; out: [R, dim] stride ldo, stored as `store_act`
 // with `mode`. One warp per row; grid ceil(R / warps per block).
 KERNEL(simt) void add2_rms_norm(float* x, int ldx, const float* __restrict__ f, long long lo,
-                                         const float* gain, float eps, int dim, void* out, int mode, int ldo,
-                                         int rows) {
+                                const float* gain, float eps, int dim, void* out, int mode, int ldo,
+                                int rows) {
     norm_rows<true>(x, ldx, f, lo, gain, eps, dim, out, mode, ldo, rows);
 }
 
@@ -75,11 +75,11 @@ __device__ __forceinline__ void conv_store(const float (&v)[8], int grp, int hk,
 // and the gates (block y 0, warp 0). Many small blocks instead of one block per token: every load of a warp in
 // flight at once. grid (N, ceil(groups / 4)), block 128; needs dk <= 256. gdn_conv_state then advances the states.
 KERNEL(simt) void gdn_conv_prep_w(const float* __restrict__ x, int ld, float* __restrict__ out,
-                                           const float* __restrict__ w, int K, int cd, const int* seg,
-                                           const int* tok, const u64* states, const int* par, int hk, int dk,
-                                           float scale,
-                                           int off_a, int off_b, const float* neg_a, const float* dt_bias, int hv,
-                                           float* g, float* beta) {
+                                  const float* __restrict__ w, int K, int cd, const int* seg,
+                                  const int* tok, const u64* states, const int* par, int hk, int dk,
+                                  float scale,
+                                  int off_a, int off_b, const float* neg_a, const float* dt_bias, int hv,
+                                  float* g, float* beta) {
     int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int s = tok[2 * n];
     int start = seg[3 * s], t = n - start, pend = conv_parent_end(seg, par, s);

@@ -218,7 +218,7 @@ __device__ __forceinline__ void norm_rows(float* x, int ldx, const float* __rest
 // RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * gain, stored as `store_act` with `mode`.
 // x: [R, dim] stride ldx; out: [R, dim] stride ldo. One warp per row (`norm_rows`); grid ceil(R / warps per block).
 KERNEL(simt) void rms_norm(const float* x, int ldx, const float* gain, float eps, int dim,
-                                    void* out, int mode, int ldo, int rows) {
+                           void* out, int mode, int ldo, int rows) {
     // x is only read: the cast is for norm_rows' add2 variant, which writes its row back.
     norm_rows<false>((float*)x, ldx, nullptr, 0, gain, eps, dim, out, mode, ldo, rows);
 }
@@ -228,7 +228,7 @@ KERNEL(simt) void rms_norm(const float* x, int ldx, const float* gain, float eps
 // the first 256 values in registers (8 per lane), a shuffle reduction and no barrier (a block per (row, head) with
 // block_sum took 11.6 us per call on 402 rows of the 0.8B model, ncu). grid ceil(rows / warps per block).
 KERNEL(simt) void rms_norm_gated(const float* x, const float* z, int ldz, const float* w, float eps,
-                                          int hv, int dv, void* out, int mode, int rows) {
+                                 int hv, int dv, void* out, int mode, int rows) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;  // the whole warp: warp_sum sees full warps only
     int n = r / hv, h = r % hv;
@@ -270,7 +270,7 @@ KERNEL(simt) void qk_l2norm(float* xc, int cd, int hk, int dk, float scale) {
 // g = neg_a * softplus(a + dt_bias), beta = sigmoid(b); a, b in the projection rows.
 // proj: [N, ld]; g, beta: [N, HV]. One thread per (n, h).
 KERNEL(simt) void gdn_gates(const float* proj, int ld, int off_a, int off_b, const float* neg_a,
-                                     const float* dt_bias, int hv, int rows, float* g, float* beta) {
+                            const float* dt_bias, int hv, int rows, float* g, float* beta) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * hv) return;
     int n = i / hv, h = i % hv;
@@ -284,7 +284,7 @@ KERNEL(simt) void gdn_gates(const float* proj, int ld, int off_a, int off_b, con
 // x: [N, ld] (channels 0..cd); out: [N, cd]; w: [cd, K] (K <= 8); states[s]: [K-1, cd] oldest first.
 // grid (ceil(cd/blockDim), nseg).
 KERNEL(simt) void conv1d_silu(const float* x, int ld, float* out, const float* w, int K, int cd,
-                                       const int* seg, const u64* states) {
+                              const int* seg, const u64* states) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
     if (c >= cd) return;
     int start = seg[3 * s], len = seg[3 * s + 1];
@@ -324,8 +324,8 @@ KERNEL(simt) void conv1d_silu(const float* x, int ld, float* out, const float* w
 // out: [N, HV, DV]; states[s]: [HV, DK, DV]. grid (hv, nseg, ceil(dv/dvs)); dynamic shared memory
 // (see ops::gdn_chunked_smem). Q and K rows are padded to dk+1 floats (no bank conflicts in A, M).
 KERNEL(simt) void gdn_chunked(const float* qkv, int ld, const float* g, const float* beta, float* out,
-                                       const int* seg, const u64* states, int hk, int hv, int dk, int dv, int C,
-                                       int dvs) {
+                              const int* seg, const u64* states, int hk, int hv, int dk, int dv, int C,
+                              int dvs) {
     extern __shared__ float sm[];
     int lk = dk + 1;
     float* S = sm;                 // [dk, dvs]
@@ -493,11 +493,11 @@ __device__ __forceinline__ void tile_load(float* __restrict__ dst, int ldd, cons
 // dynamic shared memory (2*GDN_C*(dk+1) + GDN_C*GDN_C + 3*GDN_C) floats. The solve is one thread per column
 // of [U | W], its 64 unknowns in registers (rows past n have zero A rows and right-hand sides).
 KERNEL(gdn_wy_prep) void __launch_bounds__(256) gdn_wy_prep(const float* __restrict__ qkv, int ld,
-                                                              const float* __restrict__ g,
-                                                              const float* __restrict__ beta, const int* seg, int hk,
-                                                              int hv, int dk, int dv, float* __restrict__ U,
-                                                              float* __restrict__ W, float* __restrict__ M,
-                                                              float* __restrict__ E) {
+                                                            const float* __restrict__ g,
+                                                            const float* __restrict__ beta, const int* seg, int hk,
+                                                            int hv, int dk, int dv, float* __restrict__ U,
+                                                            float* __restrict__ W, float* __restrict__ M,
+                                                            float* __restrict__ E) {
     extern __shared__ float sm[];
     int lk = dk + 1;
     float* Q = sm;                 // [C, dk+1]
@@ -726,12 +726,12 @@ __device__ __forceinline__ void gdn_wy_state_t(const float* __restrict__ qkv, in
 
 // State pass. grid (hv, nseg, ceil(dv/dvs)), block 256, dvs in {8, 16, 32}.
 KERNEL(gdn_wy_state) void __launch_bounds__(256) gdn_wy_state(const float* __restrict__ qkv, int ld,
-                                                               const float* __restrict__ U,
-                                                               const float* __restrict__ W,
-                                                               const float* __restrict__ M,
-                                                               const float* __restrict__ E, float* __restrict__ out,
-                                                               const int* seg, const u64* states,
-                                                               int hk, int hv, int dk, int dv, int dvs) {
+                                                              const float* __restrict__ U,
+                                                              const float* __restrict__ W,
+                                                              const float* __restrict__ M,
+                                                              const float* __restrict__ E, float* __restrict__ out,
+                                                              const int* seg, const u64* states,
+                                                              int hk, int hv, int dk, int dv, int dvs) {
     extern __shared__ float sm[];
     if (dvs == 8) gdn_wy_state_t<8>(qkv, ld, U, W, M, E, out, seg, states, hk, hv, dk, dv, sm);
     else if (dvs == 16) gdn_wy_state_t<16>(qkv, ld, U, W, M, E, out, seg, states, hk, hv, dk, dv, sm);
@@ -753,11 +753,11 @@ __device__ __forceinline__ int conv_parent_end(const int* seg, const int* par, i
 // g, beta: [N, HV]; tok: [N, 2]; states[s]: [K-1, cd]; par: [S] or null (conv_parent_end). grid N, block 256.
 // gdn_conv_state then advances the states.
 KERNEL(simt) void gdn_conv_prep(const float* __restrict__ x, int ld, float* __restrict__ out,
-                                         const float* __restrict__ w, int K, int cd,
-                                         const int* seg, const int* tok, const u64* states, const int* par, int hk,
-                                         int dk,
-                                         float scale, int off_a, int off_b, const float* neg_a,
-                                         const float* dt_bias, int hv, float* g, float* beta) {
+                                const float* __restrict__ w, int K, int cd,
+                                const int* seg, const int* tok, const u64* states, const int* par, int hk,
+                                int dk,
+                                float scale, int off_a, int off_b, const float* neg_a,
+                                const float* dt_bias, int hv, float* g, float* beta) {
     int n = blockIdx.x, tid = threadIdx.x;
     int s = tok[2 * n];
     int start = seg[3 * s], t = n - start, pend = conv_parent_end(seg, par, s);
@@ -800,7 +800,7 @@ KERNEL(simt) void gdn_conv_prep(const float* __restrict__ x, int ld, float* __re
 // len - (K-1) + j, from x or, for short segments, from the older state rows (a child segment: from its parent's
 // rows, conv_parent_end). grid (ceil(cd/256), nseg), block 256.
 KERNEL(simt) void gdn_conv_state(const float* x, int ld, int K, int cd, const int* seg, const u64* states,
-                                          const int* par) {
+                                 const int* par) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
     if (c >= cd) return;
     int start = seg[3 * s], len = seg[3 * s + 1], pend = conv_parent_end(seg, par, s);
@@ -818,7 +818,7 @@ KERNEL(simt) void gdn_conv_state(const float* x, int ld, int K, int cd, const in
 // columns j of S (in global memory): S *= e^g; d = b (v_j - sum_c S_cj k_c); S_cj += k_c d; o_j = sum_c S_cj q_c.
 // grid (hv, nseg); shared memory 2*dk floats.
 KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float* beta, float* out,
-                                    const int* seg, const u64* states, int hk, int hv, int dk, int dv) {
+                           const int* seg, const u64* states, int hk, int hv, int dk, int dv) {
     extern __shared__ float sm[];
     float* q = sm;
     float* k = sm + dk;
@@ -855,8 +855,8 @@ KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float
 // row p - base. grid (N, H + HKV); D <= 1024.
 #define KV_ENTRIES 5
 KERNEL(simt) void attn_prep(const float* proj, int ld, const float* qn, const float* kn, float eps,
-                                     const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
-                                     const u64* kv, float* q_out) {
+                            const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
+                            const u64* kv, float* q_out) {
     __shared__ float xs[1024];
     int n = blockIdx.x, j = blockIdx.y;
     int s = tok[2 * n], pos = tok[2 * n + 1];
@@ -895,7 +895,7 @@ KERNEL(simt) void attn_prep(const float* proj, int ld, const float* qn, const fl
 // for o_proj. One warp per (row, head), keys processed 32 at a time (one key per lane for the scores,
 // then the warp accumulates the values): grid (ceil(N/4), H), block 128. q: [N, H, D]; out: [N, H*D]; D <= 512.
 KERNEL(simt) void attention(const float* q, const float* proj, int ld, const int* tok, const u64* kv,
-                                     int N, int H, int HKV, int D, float scale, void* out, int mode) {
+                            int N, int H, int HKV, int D, float scale, void* out, int mode) {
     __shared__ float ps[4][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n = blockIdx.x * 4 + warp, h = blockIdx.y;
@@ -1116,9 +1116,9 @@ __device__ __forceinline__ void attention_tiled_t(const float* __restrict__ q, c
 }
 
 KERNEL(attention_tiled) void __launch_bounds__(256) attention_tiled(const float* __restrict__ q,
-                                                                  const float* __restrict__ proj, int ld,
-                                                                  const int* seg, const u64* kv, int H, int HKV,
-                                                                  int D, float scale, void* out, int mode) {
+                                                                    const float* __restrict__ proj, int ld,
+                                                                    const int* seg, const u64* kv, int H, int HKV,
+                                                                    int D, float scale, void* out, int mode) {
     extern __shared__ float sm[];
     if (D <= 64) attention_tiled_t<1>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, sm);
     else if (D <= 128) attention_tiled_t<2>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, sm);
@@ -1162,7 +1162,7 @@ KERNEL(simt) void to_bf16(const float* x, bf16_t* y, int n) {
 // Label-row readout: out[p] = hidden[pairs[2p]] . head[pairs[2p+1]]. hidden: [N, H] f32; head: [V, H] bf16
 // (f32 if f32w). One warp per pair: grid ceil(P/4), block 128.
 KERNEL(simt) void rows_dot(const float* hidden, int hid, const int* pairs, int P, const void* head,
-                                    int f32w, float* out) {
+                           int f32w, float* out) {
     int p = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (p >= P) return;
     const float* x = hidden + (idx_t)pairs[2 * p] * hid;
