@@ -47,7 +47,7 @@ fn upload(m: &Model) -> Result<CudaModel> {
     eprintln!(
         "uploaded to {} ({}) in {:.2}s",
         g.gpu().name,
-        g.gpu().arch,
+        g.gpu().arch(),
         t0.elapsed().as_secs_f64()
     );
     Ok(g)
@@ -174,7 +174,7 @@ pub fn bench_cuda(
     println!(
         "{}",
         json!({
-            "device": gpu.name, "arch": gpu.arch,
+            "device": gpu.name, "arch": gpu.arch(),
             "prefill": prefill,
             "systemone_like": {"rows": rows, "prefix": pre, "suffix": suf, "unique_tokens": pre + rows * suf,
                 "p50_ms": p50 * 1e3, "p95_ms": p95 * 1e3, "requests": times.len()},

@@ -216,13 +216,12 @@ pub struct Gpu {
     pub blas: CudaBlas,
     pub k: Kernels,
     pub name: String,
-    pub arch: String,
     /// Largest dynamic shared memory one block may opt into (bytes).
     pub max_smem: usize,
     /// Multiprocessors (grid sizing of the launchers, GEMM split-K candidates).
     pub sms: usize,
     /// Compute capability (major, minor).
-    cc: (i32, i32),
+    pub cc: (i32, i32),
     /// [`Gpu::fallbacks`], once loaded.
     fallbacks: std::sync::OnceLock<Fallbacks>,
     /// GEMM path, cuBLASLt handle and workspace (made at first use), tuned algorithms ([`crate::gemm`]).
@@ -251,19 +250,19 @@ fn cache_dir() -> Option<PathBuf> {
 
 /// The NVRTC programs the kernel source is compiled as, at once, each to its own module: the kernel groups each
 /// compiles (`KERNEL(group)` in kernels.cu: `simt` for the light kernels, a kernel's own name for each slow one; every
-/// group in exactly one program),
-/// slowest first (NVRTC to sm_90 cubin on a 2-core build machine, seconds: gdn_wy_prep 16.8, gdn_wy_state 6.9, simt
-/// about 5, each attention kernel 3.1–4.6, the eight state passes 2.6 together, the two pre-passes 1.6; the whole
-/// source as one program 54). The three fallback programs ([`is_fallback`]) are compiled at their first use.
+/// group in exactly one program), slowest first, so that fewer threads than programs still finish early. Seconds
+/// to an sm_90 cubin, one thread of the 2-core build machine: gdn_wy_prep 16.1, gdn_wy_state 6.9, attention_bf 5.2,
+/// attention_tiled 4.8, attention_tc 3.6, attention_tc_tf32 3.6, attention_bf1 2.8, the eight state passes 2.5,
+/// simt 2.4, the two pre-passes 1.6; the whole source as one program 58.8. The three fallback programs
+/// ([`is_fallback`]) are compiled at their first use.
 pub const PROGRAMS: &[&[&str]] = &[
     &["gdn_wy_prep"],
     &["gdn_wy_state"],
-    &["simt"],
     &["attention_bf"],
     &["attention_tiled"],
     &["attention_tc"],
-    &["attention_bf1"],
     &["attention_tc_tf32"],
+    &["attention_bf1"],
     &[
         "gdn_tc_state_8",
         "gdn_tc_state_16",
@@ -274,6 +273,7 @@ pub const PROGRAMS: &[&[&str]] = &[
         "gdn_tc_state_32_tf32",
         "gdn_tc_state_64_tf32",
     ],
+    &["simt"],
     &["gdn_tc_prep", "gdn_tc_prep_tf32"],
 ];
 
@@ -313,6 +313,14 @@ pub enum Image {
     Ptx(String),
 }
 
+/// The bytes of a NUL-terminated C string NVRTC returned (log, PTX), up to the NUL.
+fn c_bytes(v: &[std::ffi::c_char]) -> Vec<u8> {
+    v.iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect()
+}
+
 /// Compiles program `i` ([`program_source`]) for `arch` (`sm_XY`: a cubin; `compute_XY`: PTX).
 pub fn compile_program(i: usize, arch: &str) -> Result<Image, CudaError> {
     use cudarc::nvrtc::{result, sys};
@@ -330,12 +338,7 @@ pub fn compile_program(i: usize, arch: &str) -> Result<Image, CudaError> {
     let out = unsafe {
         let r = match result::compile_program(prog, &opts) {
             Err(e) => {
-                let log = result::get_program_log(prog).unwrap_or_default();
-                let log: Vec<u8> = log
-                    .iter()
-                    .take_while(|c| **c != 0)
-                    .map(|c| *c as u8)
-                    .collect();
+                let log = c_bytes(&result::get_program_log(prog).unwrap_or_default());
                 Err(err(format!("{e:?}: {}", String::from_utf8_lossy(&log))))
             }
             Ok(()) if arch.starts_with("sm_") => {
@@ -351,14 +354,7 @@ pub fn compile_program(i: usize, arch: &str) -> Result<Image, CudaError> {
                     .map_err(|e| err(format!("cubin: {e:?}")))
             }
             Ok(()) => result::get_ptx(prog)
-                .map(|p| {
-                    let b: Vec<u8> = p
-                        .iter()
-                        .take_while(|c| **c != 0)
-                        .map(|c| *c as u8)
-                        .collect();
-                    Image::Ptx(String::from_utf8_lossy(&b).into_owned())
-                })
+                .map(|p| Image::Ptx(String::from_utf8_lossy(&c_bytes(&p)).into_owned()))
                 .map_err(|e| err(format!("ptx: {e:?}"))),
         };
         let _ = result::destroy_program(prog);
@@ -370,32 +366,33 @@ pub fn compile_program(i: usize, arch: &str) -> Result<Image, CudaError> {
 /// The images of `programs` (indices into [`PROGRAMS`], in that order) for a device of compute capability
 /// `maj`.`min`, from the disk cache or compiled now, at once (one thread each, up to the host's cores, slowest
 /// first). Machine code (`sm_XY`) where this NVRTC knows the GPU; else PTX (`compute_XY`), which the driver
-/// JIT-compiles. `what` names them in the progress lines.
+/// JIT-compiles. Either is cached. `what` names them in the progress lines.
 pub fn images_for(
     maj: i32,
     min: i32,
     programs: &[usize],
     what: &str,
 ) -> Result<Vec<Image>, CudaError> {
-    let sm = format!("sm_{maj}{min}");
-    let key = |i: usize, arch: &str| {
-        fnv1a(&[
-            KERNELS_CU.as_bytes(),
+    let (sm, compute) = (format!("sm_{maj}{min}"), format!("compute_{maj}{min}"));
+    // The source hashed once; each program's file adds its groups and the image kind.
+    let source = fnv1a(&[KERNELS_CU.as_bytes(), NVRTC_OPTS.join(" ").as_bytes()]);
+    let dir = cache_dir();
+    let path = |i: usize, arch: &str, ext: &str| {
+        let key = fnv1a(&[
+            &source.to_le_bytes(),
             arch.as_bytes(),
-            NVRTC_OPTS.join(" ").as_bytes(),
             PROGRAMS[i].join(",").as_bytes(),
-        ])
+        ]);
+        dir.as_ref()
+            .map(|d| d.join(format!("{key:016x}-{arch}-{i}.{ext}")))
     };
-    let path =
-        |i: usize| cache_dir().map(|d| d.join(format!("{:016x}-{sm}-{i}.cubin", key(i, &sm))));
-    let mut images: Vec<Option<Image>> = programs
-        .iter()
-        .map(|&i| {
-            path(i)
-                .and_then(|p| std::fs::read(p).ok())
-                .map(Image::Cubin)
+    let cached = |i: usize| {
+        let read = |arch: &str, ext: &str| path(i, arch, ext).and_then(|p| std::fs::read(p).ok());
+        read(&sm, "cubin").map(Image::Cubin).or_else(|| {
+            read(&compute, "ptx").map(|b| Image::Ptx(String::from_utf8_lossy(&b).into_owned()))
         })
-        .collect();
+    };
+    let mut images: Vec<Option<Image>> = programs.iter().map(|&i| cached(i)).collect();
     // Positions in `programs` still to compile.
     let todo: Vec<usize> = (0..programs.len())
         .filter(|k| images[*k].is_none())
@@ -404,13 +401,11 @@ pub fn images_for(
         let threads = std::thread::available_parallelism()
             .map_or(1, |t| t.get())
             .min(todo.len());
-        // Long enough to look like a hang without a word.
-        let cache_note = path(0)
-            .and_then(|p| p.parent().map(|d| d.display().to_string()))
-            .map_or(
-                "no cache directory: HOME and XDG_CACHE_HOME unset".to_string(),
-                |d| format!("cached in {d}"),
-            );
+        // Seconds to a minute: said before, not left to look like a hang.
+        let cache_note = dir.as_ref().map_or(
+            "no cache directory: HOME and XDG_CACHE_HOME unset".to_string(),
+            |d| format!("cached in {}", d.display()),
+        );
         eprintln!(
             "onepass: compiling the {what} for {sm} ({} programs on {threads} threads; once per build and kind of \
              GPU; {cache_note})",
@@ -439,19 +434,19 @@ pub fn images_for(
         });
         for (at, r) in done {
             let i = programs[at];
-            images[at] = Some(match r {
-                Ok(im) => {
-                    if let (Some(p), Image::Cubin(b)) = (path(i), &im) {
-                        write_cache(&p, b);
-                    }
-                    im
-                }
-                // An NVRTC older than the GPU: PTX for its compute capability, JIT-compiled by the driver.
-                Err(e) => match compile_program(i, &format!("compute_{maj}{min}")) {
-                    Ok(im) => im,
-                    Err(_) => return Err(e),
-                },
-            });
+            // An NVRTC older than the GPU: PTX for its compute capability, JIT-compiled by the driver.
+            let im = match r {
+                Ok(im) => im,
+                Err(e) => compile_program(i, &compute).map_err(|_| e)?,
+            };
+            let file = match &im {
+                Image::Cubin(b) => path(i, &sm, "cubin").map(|p| (p, b.as_slice())),
+                Image::Ptx(p) => path(i, &compute, "ptx").map(|f| (f, p.as_bytes())),
+            };
+            if let Some((p, bytes)) = file {
+                write_cache(&p, bytes);
+            }
+            images[at] = Some(im);
         }
         eprintln!(
             "onepass: compiled the {what} in {:.1}s",
@@ -541,7 +536,6 @@ impl Gpu {
             err,
         })?;
         let (maj, min) = ctx.compute_capability().op("compute capability")?;
-        let arch = format!("compute_{maj}{min}");
         let eager: Vec<usize> = (0..PROGRAMS.len()).filter(|i| !is_fallback(*i)).collect();
         let modules = load_programs(&ctx, (maj, min), &eager, "CUDA kernels")?;
         let max_smem = ctx
@@ -608,13 +602,17 @@ impl Gpu {
             blas,
             k,
             name,
-            arch,
             max_smem,
             sms,
             cc: (maj, min),
             fallbacks: std::sync::OnceLock::new(),
             gemm_state: crate::gemm::GemmState::from_env(),
         }))
+    }
+
+    /// The device's architecture as NVRTC names it, `compute_XY`.
+    pub fn arch(&self) -> String {
+        format!("compute_{}{}", self.cc.0, self.cc.1)
     }
 
     /// The fallback kernels, compiled (or read from the cache) and loaded at the first call. Not while a CUDA graph
