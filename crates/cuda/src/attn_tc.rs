@@ -37,7 +37,7 @@ fn tile_tokens(a: AttnDims) -> usize {
     ROWS / (a.heads / a.kv_heads.max(1)).max(1)
 }
 
-/// Key splits per tile for [`attention_tc`] over segments of `(rows, position of the first row)` on a GPU of `sms`
+/// Key splits per tile for [`attention_tc`] over segments of `lens` rows on a GPU of `sms`
 /// multiprocessors: enough blocks to fill it ([`BLOCKS_PER_SM`] each) counting every segment at the longest one's
 /// tiles (the grid's shape), at most [`MAX_SPLITS`]; the kernel uses fewer for tiles with fewer keys (at least 32
 /// keys per split). Measured on an H200 against a plan that cut the longest tile down to an even share of all the
@@ -45,13 +45,9 @@ fn tile_tokens(a: AttnDims) -> usize {
 /// splits (118 unsplit), the events of the System One bench 85 per layer at this one's 2 and 92 at 5; a 3,400-token
 /// prefix with 10 suffixes of 30: 1,441 unsplit (this plan) against 1,641 at 2. Every split reloads the query
 /// tile and writes partials, which only pays while blocks are too few to fill the GPU.
-pub fn attention_tc_plan(
-    segs: impl IntoIterator<Item = (usize, usize)>,
-    a: AttnDims,
-    sms: usize,
-) -> usize {
+pub fn attention_tc_plan(lens: impl IntoIterator<Item = usize>, a: AttnDims, sms: usize) -> usize {
     let (mut nseg, mut max_len) = (0usize, 0usize);
-    for (len, _) in segs {
+    for len in lens {
         nseg += 1;
         max_len = max_len.max(len);
     }
@@ -478,16 +474,13 @@ mod tests {
             half: 32,
         };
         let tree = |root: usize, kids: usize, len: usize| {
-            std::iter::once((root, 0)).chain(std::iter::repeat_n((len, root), kids))
+            std::iter::once(root).chain(std::iter::repeat_n(len, kids))
         };
         assert_eq!(attention_tc_plan(tree(199, 7, 29), a, 132), 2);
-        assert_eq!(attention_tc_plan([(175, 0)], a, 132), 12);
+        assert_eq!(attention_tc_plan([175], a, 132), 12);
         assert_eq!(attention_tc_plan(tree(3400, 10, 30), a, 132), 1);
         assert_eq!(attention_tc_plan(std::iter::empty(), a, 132), 1);
-        // Capped at MAX_SPLITS: one short query over a long cache on a large GPU.
-        assert_eq!(
-            attention_tc_plan([(1, 100_000)], a, 1000),
-            super::MAX_SPLITS
-        );
+        // Capped at MAX_SPLITS: one short query (over a long cache) on a large GPU.
+        assert_eq!(attention_tc_plan([1], a, 1000), super::MAX_SPLITS);
     }
 }

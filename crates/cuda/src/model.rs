@@ -1420,11 +1420,7 @@ impl CudaModel {
             max_len: items.iter().map(|(_, s)| s.len()).max().unwrap_or(0),
             split: self.split_gemms(),
             attn_splits: self.attn_tc_dims().map_or(1, |a| {
-                crate::attn_tc::attention_tc_plan(
-                    items.iter().map(|(st, s)| (s.len(), st.pos)),
-                    a,
-                    g.sms,
-                )
+                crate::attn_tc::attention_tc_plan(items.iter().map(|(_, s)| s.len()), a, g.sms)
             }),
         };
         let table = self.table(items, par, keep_children);

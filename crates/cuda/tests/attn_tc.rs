@@ -56,7 +56,7 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
         want_o,
         F32_TOL,
     );
-    let auto = attn_tc::attention_tc_plan(SEGS, a, g.sms);
+    let auto = attn_tc::attention_tc_plan(SEGS.map(|(len, _)| len), a, g.sms);
     let runs = [X3, TF, Bf16x3, Bf16]
         .into_iter()
         .flat_map(|ar| [auto, 1, attn_tc::MAX_SPLITS].map(|s| (ar, s)));
@@ -184,7 +184,7 @@ fn attention_tc_timings() {
             .collect();
         let (kvd, sgd) = (g.upload(&ptrs).unwrap(), g.upload(&segs).unwrap());
         let od = g.alloc::<u16>(n * h * dd).unwrap();
-        let splits = attn_tc::attention_tc_plan(segs_h.iter().copied(), a, g.sms);
+        let splits = attn_tc::attention_tc_plan(segs_h.iter().map(|&(len, _)| len), a, g.sms);
         let scratch = g
             .alloc::<f32>(attn_tc::attention_tc_scratch_len(splits, n, a).max(1))
             .unwrap();
