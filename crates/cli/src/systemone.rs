@@ -132,8 +132,8 @@ pub fn render(a: RenderArgs) -> Result<()> {
     let dir = onepass_formats::resolve_model_dir(&a.model)?;
     let body = read_body(&a.request)?;
     // The engine's tokenizer and config, without the weights; the chat layout honours DECIDER_LAYOUT (R6.3).
-    let layout = std::env::var("DECIDER_LAYOUT").ok();
-    let temperature = std::env::var("DECIDER_TEMPERATURE").ok();
+    let layout = crate::flag_or_env(None, "DECIDER_LAYOUT");
+    let temperature = crate::flag_or_env(None, "DECIDER_TEMPERATURE");
     // The server's limits: its state cap and its 413s, so the rows printed are the ones it would run.
     let limits = a.limits.resolve()?;
     let (tok, mut cfg) = onepass_decide::engine::load_planner(

@@ -129,15 +129,18 @@ impl SplitGemms {
             "none" => return Ok(SplitGemms::NONE),
             _ => {}
         }
-        let mut out = SplitGemms::NONE;
-        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let p = Projection::ALL
-                .into_iter()
-                .find(|p| p.name() == part)
-                .ok_or_else(|| SplitGemmsError(part.to_string()))?;
-            out.0 |= 1 << p as u8;
-        }
-        Ok(out)
+        let ps = spec
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|part| {
+                Projection::ALL
+                    .into_iter()
+                    .find(|p| p.name() == part)
+                    .ok_or_else(|| SplitGemmsError(part.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SplitGemms::of(&ps))
     }
 
     /// For a device description: "all", "none", or the names.
@@ -1684,8 +1687,9 @@ impl CudaModel {
         self.prec == Precision::Bf16Split && split.has(p)
     }
 
-    /// RMSNorm of the residual x into `out`; in split mode, `pending` first adds the two halves of the last
-    /// residual GEMM's output (see [`CudaModel::gemm_residual`]).
+    /// RMSNorm of the residual x into `out` (row stride `ldo`); `pending` (split mode only: see
+    /// [`CudaModel::both_planes`]) first adds the two halves of the last residual GEMM's output
+    /// ([`CudaModel::gemm_residual`]).
     fn norm(
         &self,
         p: &FwdPtrs,
@@ -1695,7 +1699,7 @@ impl CudaModel {
         (out, ldo): (Out, usize),
     ) -> Result<(), CudaError> {
         let (g, hid) = (&*self.gpu, self.hid);
-        if pending && self.prec == Precision::Bf16Split {
+        if pending {
             ops::add2_rms_norm(
                 g,
                 p.x,
