@@ -5,7 +5,7 @@
 # suffixes as two forwards, ONEPASS_TREE=0; with "nograph" split without CUDA graphs), b2b (the 2B shape),
 # decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
 # load through `onepass serve --device cuda`), profile (one request under nsys and ncu; PROFILE_WORKLOAD=1|2|3,
-# PROFILE_NCU=0 for nsys only). Logs: $OUT/tests.log, $OUT/bench.log,
+# PROFILE_NCU=0 for nsys only; NCU_KERNELS: a kernel-name regex, NCU_COUNT: launches, NCU_ARGS: more ncu arguments). Logs: $OUT/tests.log, $OUT/bench.log,
 # $OUT/bench.jsonl, $OUT/http.*, $OUT/kern_*.csv, $OUT/ncu.csv. BENCH_ARGS: more bench-systemone arguments
 # (e.g. "--profile-workload 3").
 set -uo pipefail
@@ -87,9 +87,9 @@ if [[ $WHAT == *profile* ]]; then
     $NSYS stats -r cuda_gpu_kern_sum --format csv -o "$OUT/kern" /tmp/prof.nsys-rep >>"$OUT/profile.log" 2>&1
   else echo "no nsys" | tee -a "$OUT/profile.log"; fi
   if [[ -n $NCU && ${PROFILE_NCU:-1} == 1 ]]; then
-    timeout 300 $NCU -k 'regex:gdn_tc_state|gdn_tc_prep|gdn_conv_prep_w|gdn_conv_state|rms_norm|attention_tc|swiglu' \
+    timeout 300 $NCU -k "regex:${NCU_KERNELS:-gdn_tc_state|gdn_tc_prep|gdn_conv_prep_w|gdn_conv_state|rms_norm|attention_tc|swiglu}" \
       --launch-count ${NCU_COUNT:-14} --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details "${one[@]}" \
+      --section WarpStateStats --section MemoryWorkloadAnalysis ${NCU_ARGS:-} --csv --page details "${one[@]}" \
       >"$OUT/ncu.csv" 2>>"$OUT/profile.log"
   else echo "no ncu" | tee -a "$OUT/profile.log"; fi
   ls -la "$OUT" | tail -5

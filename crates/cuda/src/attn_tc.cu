@@ -21,13 +21,6 @@
 #define ATC_MIN_CHUNK 32  // fewest keys per split
 #define ATC_MAX_SPLITS 16
 
-// x = big + small: big = TF32(x) rounded to nearest (ties away, as cvt.rna; finite x), small = x - big exactly
-// in f32, passed as is (the tensor core reads its top 19 bits): |x - big - tf32(small)| <= 2^-21 |x|. Two integer
-// ops fewer than tc_split (tc_common.cu), which rounds small too.
-__device__ __forceinline__ void atc_split(float x, unsigned& big, unsigned& small) {
-    big = tc_tf32(x);
-    small = __float_as_uint(x - __uint_as_float(big));
-}
 // Keys per split and splits used for a tile that sees `nkeys` keys, with at most `ns` splits.
 __device__ __forceinline__ void atc_plan(int nkeys, int ns, int& chunk, int& used) {
     int c = (nkeys + ns - 1) / ns;
@@ -279,16 +272,16 @@ __device__ __forceinline__ void atc_qk_tf32(float (&sc)[ATC_NK / 8][4], const fl
             const float2 qlo = *(const float2*)(Qs + r0 * ldq + (kk + u) * 8 + 2 * tg);
             const float2 qhi = *(const float2*)(Qs + (r0 + 8) * ldq + (kk + u) * 8 + 2 * tg);
             unsigned ab[4], as[4];
-            atc_split(qlo.x, ab[0], as[0]);
-            atc_split(qhi.x, ab[1], as[1]);
-            atc_split(qlo.y, ab[2], as[2]);
-            atc_split(qhi.y, ab[3], as[3]);
+            tc_split(qlo.x, ab[0], as[0]);
+            tc_split(qhi.x, ab[1], as[1]);
+            tc_split(qlo.y, ab[2], as[2]);
+            tc_split(qhi.y, ab[3], as[3]);
 #pragma unroll
             for (int j = 0; j < ATC_NK / 8; j++) {
                 const float2 kv2 = *(const float2*)(Ks + (j * 8 + g) * ldq + (kk + u) * 8 + 2 * tg);
                 unsigned bb0, bs0, bb1, bs1;
-                atc_split(kv2.x, bb0, bs0);
-                atc_split(kv2.y, bb1, bs1);
+                tc_split(kv2.x, bb0, bs0);
+                tc_split(kv2.y, bb1, bs1);
                 if (X3) {
                     tc_mma(sx[u][j], as, bb0, bb1);
                     tc_mma(sx[u][j], ab, bs0, bs1);
@@ -310,16 +303,16 @@ __device__ __forceinline__ void atc_pv_tf32(float (&o)[NT][4], const float (&sc)
 #pragma unroll
     for (int j = 0; j < ATC_NK / 8; j++) {
         unsigned pb[4], ps[4];
-        atc_split(sc[j][0], pb[0], ps[0]);
-        atc_split(sc[j][2], pb[1], ps[1]);
-        atc_split(sc[j][1], pb[2], ps[2]);
-        atc_split(sc[j][3], pb[3], ps[3]);
+        tc_split(sc[j][0], pb[0], ps[0]);
+        tc_split(sc[j][2], pb[1], ps[1]);
+        tc_split(sc[j][1], pb[2], ps[2]);
+        tc_split(sc[j][3], pb[3], ps[3]);
         const float* vr = Vs + (j * 8 + 2 * tg) * lds + g;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             unsigned bb0, bs0, bb1, bs1;
-            atc_split(vr[nt * 8], bb0, bs0);
-            atc_split(vr[lds + nt * 8], bb1, bs1);
+            tc_split(vr[nt * 8], bb0, bs0);
+            tc_split(vr[lds + nt * 8], bb1, bs1);
             tc_mma3<X3>(o[nt], pb, ps, bb0, bb1, bs0, bs1);
         }
     }

@@ -9,11 +9,15 @@
 // 3,400-token state pass of the 0.8B shape from 502 to 327 µs).
 __device__ __forceinline__ unsigned tc_tf32_bits(unsigned u) { return (u + 0x1000u) & 0xffffe000u; }
 __device__ __forceinline__ unsigned tc_tf32(float x) { return tc_tf32_bits(__float_as_uint(x)); }
-// x = big + small, both TF32 (the 3xTF32 split; x - big is exact in f32, and the dropped small*small term of a
-// product is below 2^-22 relative).
+// x = big + small (the 3xTF32 split): big = TF32(x) rounded to nearest (ties away, as cvt.rna; finite x), small =
+// x - big exactly in f32, passed as is (the tensor core reads its top 19 bits): |x - big - tf32(small)| <= 2^-21 |x|,
+// and the dropped small*small term of a product is below 2^-22 relative. Rounding small too (two more integer ops on
+// the chain from each operand load to its mma, as the gated delta kernels did until run s11c) tightens the first bound
+// to 2^-22 and cost 4-5% of their time (H200, 0.8B heads, 3xTF32: state pass 1 x 3,400 307.5 -> 292.3 µs, pre-pass
+// 137 -> 131; largest state-pass output error against the CPU 1.86e-7 either way, final states 5.0e-7 -> 5.1e-7).
 __device__ __forceinline__ void tc_split(float x, unsigned& big, unsigned& small) {
     big = tc_tf32(x);
-    small = tc_tf32(x - __uint_as_float(big));
+    small = __float_as_uint(x - __uint_as_float(big));
 }
 // c[16x8] += a[16x8] · b[8x8], TF32 in, f32 accumulation. Fragments (PTX ISA layouts; g = lane >> 2, t = lane & 3):
 // a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 (k t, n g), b1 (k t+4, n g); c0 (g, 2t), c1 (g, 2t+1),
