@@ -22,6 +22,9 @@ pub struct SegStates {
     /// Whether the states of segments `roots..` are written (false: they are dropped after the forward, so the last
     /// chunk's update and the write-back are skipped).
     pub keep_children: bool,
+    /// Segments `roots..` are each at most one chunk ([`GDN_CHUNK`] tokens) long: with `keep_children` false they
+    /// then take [`gdn_tc_leaf`] instead of the second state pass.
+    pub leaf_children: bool,
 }
 
 impl SegStates {
@@ -32,6 +35,7 @@ impl SegStates {
             init: states,
             roots: nseg,
             keep_children: true,
+            leaf_children: false,
         }
     }
 }
@@ -142,13 +146,98 @@ pub fn gdn_tc_state(
         d.dv as i32, vec as i32)
 }
 
+/// Value columns per block that [`gdn_tc_leaf`] supports (one kernel each).
+pub const GDN_TC_LEAF_SLICES: [usize; 3] = [32, 64, 128];
+
+/// Shared memory (bytes) of [`gdn_tc_leaf`] with `bv` value columns per block; mirrors the layout in `gdn_tc.cu`:
+/// W, Q [64, kp8 + 4]; M [64, 68]; S0 [dkp, ldv]; v' [64, ldv] (kp8, dkp, ldv as in [`gdn_tc_smem`]).
+pub fn gdn_tc_leaf_smem(d: GdnDims, bv: usize) -> usize {
+    let c = GDN_CHUNK;
+    let kp8 = d.dk.div_ceil(8) * 8;
+    let dkp = d.dk.div_ceil(16) * 16;
+    let ldv = if ((bv + 8) / 8) % 2 == 1 {
+        bv + 8
+    } else {
+        bv + 16
+    };
+    4 * (2 * c * (kp8 + 4) + c * (c + 4) + dkp * ldv + c * ldv)
+}
+
+/// Value columns per block of [`gdn_tc_leaf`] for `nseg` segments: the widest slice (128: every block reads the
+/// chunk's W, Q and M tiles, so narrower slices read them more often) unless that leaves fewer than 96 blocks, down
+/// to 32. Measured on an H200 (0.8B heads, µs for 32 / 64 / 128 columns; run s11d): 7 x 33 tokens 20.0 / 18.9 / 15.7,
+/// 224 x 33 486.2 / 507.2 / 414.8, against 21.9 and 545.5 for the fused pass at its slice with the states dropped.
+/// Fewer than 7 segments (the narrower picks) were not timed.
+pub fn gdn_tc_leaf_slice(d: GdnDims, nseg: usize) -> usize {
+    let mut bv = 128;
+    while bv > 32 && d.hv * nseg * d.dv.div_ceil(bv) < 96 {
+        bv /= 2;
+    }
+    bv
+}
+
+/// Whether [`gdn_tc_leaf`] runs these dims with `bv` value columns per block.
+pub fn gdn_tc_leaf_supported(g: &Gpu, d: GdnDims, bv: usize) -> bool {
+    GDN_TC_LEAF_SLICES.contains(&bv)
+        && gdn_tc_supported(g, d, 16)
+        && gdn_tc_leaf_smem(d, bv) <= g.max_smem
+}
+
+/// The state pass of segments of at most one chunk ([`GDN_CHUNK`] tokens) whose states are dropped, `o = e^γ Q S0 +
+/// M (U − W S0)` with S0 read at `init` (a tree's children, `keep` false: [`gdn_tc_chunked`]): arguments as
+/// [`gdn_tc_state`]'s without the states written; `dvs` is one of [`GDN_TC_LEAF_SLICES`]. Every segment must be at most one chunk long
+/// (the kernel reads the first chunk only). Same products as the fused pass, shared so that every warp has the same
+/// work (see `gdn_tc.cu`).
+pub fn gdn_tc_leaf(
+    g: &Gpu,
+    arith: Arith,
+    qkv: u64,
+    ld: usize,
+    out: u64,
+    segs: u64,
+    init: u64,
+    nseg: usize,
+    d: GdnDims,
+    rows: usize,
+    scratch: u64,
+    dvs: usize,
+) -> Result<(), CudaError> {
+    if !gdn_tc_leaf_supported(g, d, dvs) {
+        return Err(CudaError::Unsupported(format!(
+            "tensor-core gated delta leaf pass: dims {d:?}, {dvs} value columns per block (slices \
+             {GDN_TC_LEAF_SLICES:?}, {} of {} bytes of shared memory)",
+            gdn_tc_leaf_smem(d, dvs),
+            g.max_smem
+        )));
+    }
+    if nseg == 0 {
+        return Ok(());
+    }
+    let slice = GDN_TC_LEAF_SLICES
+        .iter()
+        .position(|&s| s == dvs)
+        .unwrap_or(0);
+    let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
+    let vec = d.dk.is_multiple_of(4)
+        && ld.is_multiple_of(4)
+        && [qkv, w, m].iter().all(|a| a.is_multiple_of(16));
+    let lc = cfg3(
+        (d.hv as u32, nseg as u32, ops::blocks(d.dv, dvs)),
+        256,
+        gdn_tc_leaf_smem(d, dvs) as u32,
+    );
+    launch!(g, g.k.gdn_tc_leaf[arith as usize][slice], lc;
+        qkv, ld as i32, u, w, m, e, out, segs, init, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, vec as i32)
+}
+
 /// The chunked gated delta rule on tensor cores: [`crate::gdn_prep_tc::gdn_tc_prep`] (or [`ops::gdn_wy_prep`] for
 /// dims it does not take) + [`gdn_tc_state`] (slice from [`gdn_tc_slice`]); same arguments and results as
 /// [`ops::gdn_chunked_wy`], into which it falls back for dims the tensor-core state pass does not take (DK > 128).
 /// The forward's path (`CudaModel`, unless `ONEPASS_GDN=wy`).
 ///
 /// `st` ([`SegStates`]): segments `st.roots..nseg` may continue others of the batch (`CudaModel::forward_tree`); the
-/// state pass then runs twice, over `0..roots` and then over the rest, which read what the first wrote.
+/// state pass then runs twice, over `0..roots` and then over the rest, which read what the first wrote (the second
+/// as [`gdn_tc_leaf`] when their states are dropped and each is at most one chunk long).
 /// [`SegStates::own`]: every segment continues its own state (one pass). Continuing segments need the tensor-core
 /// state pass ([`gdn_tc_supported`]; else [`CudaError::Unsupported`], nothing launched).
 pub fn gdn_tc_chunked(
@@ -205,6 +294,23 @@ pub fn gdn_tc_chunked(
     )?;
     if roots < nseg {
         let (o, a) = (12 * roots as u64, 8 * roots as u64); // segs: 3 i32 per segment; states, init: one u64
+        let leaf = gdn_tc_leaf_slice(d, nseg - roots);
+        if st.leaf_children && !st.keep_children && gdn_tc_leaf_supported(g, d, leaf) {
+            return gdn_tc_leaf(
+                g,
+                tc.state,
+                qkv,
+                ld,
+                out,
+                segs + o,
+                init + a,
+                nseg - roots,
+                d,
+                rows,
+                scratch,
+                leaf,
+            );
+        }
         gdn_tc_state(
             g,
             tc.state,

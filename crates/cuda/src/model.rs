@@ -405,6 +405,8 @@ struct Shape {
     roots: usize,
     /// Whether the states of segments `roots..` are written (false: dropped after the forward).
     keep_children: bool,
+    /// Segments `roots..` (if any) are each at most one gated delta chunk long ([`crate::gdn_tc::SegStates`]).
+    short_children: bool,
     /// The longest segment (1: every segment one token, the decode step).
     max_len: usize,
     /// Key splits per tile of the tensor-core attention ([`crate::attn_tc::attention_tc_plan`] of the segments; 1
@@ -637,6 +639,9 @@ pub struct CudaModel {
     graphs: Mutex<GraphCache>,
     /// The gated delta rule on tensor cores (ONEPASS_GDN=wy: the f32 SIMT kernels).
     gdn_tc: bool,
+    /// A tree's one-chunk children whose states are dropped take `gdn_tc_leaf` (ONEPASS_GDN=fused: the second fused
+    /// state pass, for comparison).
+    gdn_leaf: bool,
     /// Fewest ids of a root that [`CudaModel::forward_tree`] continues in the same forward (`None`: it never does:
     /// ONEPASS_GDN=wy, or a GDN layer the tensor-core state pass does not take). At least 2 (so a tree never runs the
     /// one-token path) and every GDN layer's conv kernel − 1 (a child's conv reads only its root's rows).
@@ -818,7 +823,9 @@ impl CudaModel {
             }
         }
         let final_norm = upload_f32(g, w.final_norm)?;
-        let gdn_tc = std::env::var("ONEPASS_GDN").map_or(true, |v| v != "wy");
+        let gdn_env = std::env::var("ONEPASS_GDN").unwrap_or_default();
+        let gdn_tc = gdn_env != "wy";
+        let gdn_leaf = gdn_env != "fused";
         let mut tree_min_root = gdn_tc.then_some(2);
         for l in &layers {
             if let Mixer::Gdn(m) = &l.mixer {
@@ -854,6 +861,7 @@ impl CudaModel {
             arena: Mutex::new(None),
             graphs: Mutex::new(GraphCache::default()),
             gdn_tc,
+            gdn_leaf,
             tree_min_root,
             tree_on: std::sync::atomic::AtomicBool::new(
                 std::env::var("ONEPASS_TREE").map_or(true, |v| v != "0"),
@@ -1420,6 +1428,9 @@ impl CudaModel {
             nseg,
             roots,
             keep_children,
+            short_children: items[roots..]
+                .iter()
+                .all(|(_, s)| s.len() <= ops::GDN_CHUNK),
             max_len: items.iter().map(|(_, s)| s.len()).max().unwrap_or(0),
             split: self.split_gemms(),
             attn_splits: self.attn_tc_dims().map_or(1, |a| {
@@ -1748,6 +1759,7 @@ impl CudaModel {
             nseg,
             roots,
             keep_children,
+            short_children,
             max_len,
             attn_splits,
             split,
@@ -1825,6 +1837,7 @@ impl CudaModel {
                                     init: init_p,
                                     roots,
                                     keep_children,
+                                    leaf_children: short_children && self.gdn_leaf,
                                 },
                                 nseg,
                                 d,

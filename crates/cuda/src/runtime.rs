@@ -60,6 +60,8 @@ pub struct Kernels {
     pub gdn_tc_prep: [CudaFunction; 2],
     /// `gdn_tc_state_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_SLICES`], in that order.
     pub gdn_tc_state: [[CudaFunction; 4]; 2],
+    /// `gdn_tc_leaf_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_LEAF_SLICES`], in that order.
+    pub gdn_tc_leaf: [[CudaFunction; 3]; 2],
     /// `attention_tc`, `attention_tc_tf32`, `attention_bf`, `attention_bf1`: indexed by `AttnArith as usize`.
     pub attention_tc: [CudaFunction; 4],
     pub attention_tc_combine: CudaFunction,
@@ -252,17 +254,13 @@ fn cache_dir() -> Option<PathBuf> {
 /// compiles (`KERNEL(group)` in kernels.cu: `simt` for the light kernels, a kernel's own name for each slow one; every
 /// group in exactly one program), slowest first, so that fewer threads than programs still finish early. Seconds
 /// to an sm_90 cubin, one thread of the 2-core build machine: gdn_wy_prep 16.1, gdn_wy_state 6.9, attention_bf 5.2,
-/// attention_tiled 4.8, attention_tc 3.6, attention_tc_tf32 3.6, attention_bf1 2.8, the eight state passes 2.5,
-/// simt 2.4, the two pre-passes 1.6; the whole source as one program 58.8. The three fallback programs
-/// ([`is_fallback`]) are compiled at their first use.
+/// the eight state passes and six leaf passes 5.1 (2.4 and 1.8 apart), attention_tiled 4.8, attention_tc 3.6,
+/// attention_tc_tf32 3.6, attention_bf1 2.8, simt 2.4, the two pre-passes 1.6; the whole source as one program 58.8
+/// (before the leaf passes). The three fallback programs ([`is_fallback`]) are compiled at their first use.
 pub const PROGRAMS: &[&[&str]] = &[
     &["gdn_wy_prep"],
     &["gdn_wy_state"],
     &["attention_bf"],
-    &["attention_tiled"],
-    &["attention_tc"],
-    &["attention_tc_tf32"],
-    &["attention_bf1"],
     &[
         "gdn_tc_state_8",
         "gdn_tc_state_16",
@@ -272,7 +270,17 @@ pub const PROGRAMS: &[&[&str]] = &[
         "gdn_tc_state_16_tf32",
         "gdn_tc_state_32_tf32",
         "gdn_tc_state_64_tf32",
+        "gdn_tc_leaf_32",
+        "gdn_tc_leaf_64",
+        "gdn_tc_leaf_128",
+        "gdn_tc_leaf_32_tf32",
+        "gdn_tc_leaf_64_tf32",
+        "gdn_tc_leaf_128_tf32",
     ],
+    &["attention_tiled"],
+    &["attention_tc"],
+    &["attention_tc_tf32"],
+    &["attention_bf1"],
     &["simt"],
     &["gdn_tc_prep", "gdn_tc_prep_tf32"],
 ];
@@ -548,6 +556,7 @@ impl Gpu {
         let f = |name: &str| kernel(&modules, name);
         let big = |name: &str| big_smem(f(name)?, max_smem);
         let [s0, s1, s2, s3] = crate::gdn_tc::GDN_TC_SLICES;
+        let [l0, l1, l2] = crate::gdn_tc::GDN_TC_LEAF_SLICES;
         let (x3, tf) = (Arith::X3.suffix(), Arith::Tf32.suffix());
         let k = Kernels {
             embed_gather: f("embed_gather")?,
@@ -585,6 +594,18 @@ impl Gpu {
                     big(&format!("gdn_tc_state_{s1}{tf}"))?,
                     big(&format!("gdn_tc_state_{s2}{tf}"))?,
                     big(&format!("gdn_tc_state_{s3}{tf}"))?,
+                ],
+            ],
+            gdn_tc_leaf: [
+                [
+                    big(&format!("gdn_tc_leaf_{l0}{x3}"))?,
+                    big(&format!("gdn_tc_leaf_{l1}{x3}"))?,
+                    big(&format!("gdn_tc_leaf_{l2}{x3}"))?,
+                ],
+                [
+                    big(&format!("gdn_tc_leaf_{l0}{tf}"))?,
+                    big(&format!("gdn_tc_leaf_{l1}{tf}"))?,
+                    big(&format!("gdn_tc_leaf_{l2}{tf}"))?,
                 ],
             ],
             attention_tc: [

@@ -23,6 +23,9 @@ enum Pass {
     Tc(usize, Arith),
     /// `gdn_tc::gdn_tc_chunked` (prep + state pass, its own slice), both kernels' products as given.
     TcChunked(Arith),
+    /// `gdn_tc::gdn_tc_leaf` (segments of at most one chunk, their states read and left as they are) with this many
+    /// value columns per block.
+    Leaf(usize, Arith),
 }
 
 impl Pass {
@@ -30,7 +33,9 @@ impl Pass {
     /// [`TF32_DELTA_TOL`] for 1xTF32.
     fn tol(self) -> f32 {
         match self {
-            Pass::Tc(_, Arith::Tf32) | Pass::TcChunked(Arith::Tf32) => TF32_DELTA_TOL,
+            Pass::Tc(_, Arith::Tf32)
+            | Pass::TcChunked(Arith::Tf32)
+            | Pass::Leaf(_, Arith::Tf32) => TF32_DELTA_TOL,
             _ => 1e-4,
         }
     }
@@ -76,10 +81,11 @@ fn run(g: &Gpu, c: &DeltaCase, dev: &TcDev, pass: Pass) -> Result<(), CudaError>
             ml,
             wy,
         ),
-        Pass::Wy | Pass::Tc(..) => {
+        Pass::Wy | Pass::Tc(..) | Pass::Leaf(..) => {
             ops::gdn_wy_prep(g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy)?;
             match pass {
                 Pass::Tc(dvs, a) => tc_state(g, c, dev, dvs, a),
+                Pass::Leaf(dvs, a) => leaf(g, c, dev, dvs, a),
                 _ => wy_state(g, c, dev, ops::gdn_wy_slice(d, ns)),
             }
         }
@@ -100,6 +106,28 @@ fn tc_state(g: &Gpu, c: &DeltaCase, dev: &TcDev, dvs: usize, a: Arith) -> Result
         o,
         p.segs,
         states,
+        c.lens.len(),
+        d,
+        c.rows(),
+        wy,
+        dvs,
+    )
+}
+
+/// `gdn_tc::gdn_tc_leaf` alone (`dvs` value columns per block, products `a`) over the scratch the pre-pass filled,
+/// each segment starting from its own state.
+fn leaf(g: &Gpu, c: &DeltaCase, dev: &TcDev, dvs: usize, a: Arith) -> Result<(), CudaError> {
+    let d = c.d;
+    let p = dev.inp.ptrs(g);
+    let (o, wy) = (g.ptr(&dev.out), g.ptr(&dev.scratch));
+    gdn_tc::gdn_tc_leaf(
+        g,
+        a,
+        p.x,
+        cols(d),
+        o,
+        p.segs,
+        p.states,
         c.lens.len(),
         d,
         c.rows(),
@@ -191,6 +219,46 @@ fn gdn_tc_state_matches_cpu_and_wy() {
     }
 }
 
+/// The leaf pass (segments of one chunk at most, states dropped: a tree's children) at both slice widths and both
+/// arithmetics against the CPU recurrence's outputs, with every state left as it was: segments of 1 to 64 tokens
+/// (every row-tile count), HV != HK, DK != DV not multiples of 8 or 16 (60/24), tiles that take 4-byte copies (dk 30,
+/// odd dv), the 0.8B heads, strong decays (e^gam underflows), 40 segments.
+#[test]
+fn gdn_tc_leaf_matches_cpu() {
+    let Some(g) = gpu("gdn_tc_leaf_matches_cpu") else {
+        return;
+    };
+    let many: Vec<usize> = (0..40)
+        .map(|i| [1, 33, 64, 7, 2, 29, 48, 17, 63, 16][i % 10])
+        .collect();
+    let cases = [
+        (dims(2, 4, 60, 24), vec![1, 63, 64, 17, 33], 1.0),
+        (dims(2, 2, 128, 128), vec![33; 7], 20.0),
+        (dims(1, 2, 30, 25), vec![29, 1, 64], 1.0),
+        (dims(1, 1, 36, 25), vec![40, 3], 1.0),
+        (HEADS_08B, vec![33, 29, 64, 1], 1.0),
+        (dims(2, 4, 64, 72), many, 1.0),
+    ];
+    for (d, lens, gscale) in cases {
+        let c = delta_case(d, &lens, 71).decays_x(gscale);
+        let (want_o, _) = delta_cpu(&c);
+        let short: Vec<usize> = lens.iter().copied().take(8).collect();
+        for a in [Arith::X3, Arith::Tf32] {
+            for &bv in &gdn_tc::GDN_TC_LEAF_SLICES {
+                let pass = Pass::Leaf(bv, a);
+                let (o, s) = delta_gpu(&g, &c, pass);
+                check(
+                    &format!("leaf out vs cpu {pass:?} {d:?} {short:?} g x{gscale}"),
+                    &o,
+                    &want_o,
+                    pass.tol(),
+                );
+                assert!(s == c.s0, "{pass:?} {d:?}: the leaf pass wrote a state");
+            }
+        }
+    }
+}
+
 /// Shapes the tensor-core pass does not take fail with `Unsupported` (nothing launched), and `gdn_tc_chunked`
 /// falls back to the SIMT pass for them.
 #[test]
@@ -234,9 +302,9 @@ fn gdn_tc_timings() {
     };
     let d = HEADS_08B;
     println!(
-        "| segments | prep | wy_state (its slice) | wy 8 / 16 / 32 | tc 8 / 16 / 32 / 64 | tc (its slice) | speed-up | tc 1xTF32 (its slice) |"
+        "| segments | prep | wy_state (its slice) | wy 8 / 16 / 32 | tc 8 / 16 / 32 / 64 | tc (its slice) | speed-up | tc 1xTF32 (its slice) | leaf 32 / 64 / 128 (1xTF32 its slice) |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for lens in bench_lens() {
         let c = delta_case(d, &lens, 80);
         let dev = upload(&g, &c);
@@ -260,8 +328,42 @@ fn gdn_tc_timings() {
             .collect();
         let tc_best = tc_at(tc_pick, Arith::X3);
         let tf_best = tc_at(tc_pick, Arith::Tf32);
+        // The leaf pass takes one-chunk segments only.
+        let leaf = if ml <= ops::GDN_CHUNK {
+            let at = |b: usize, a: Arith| time(&|| leaf(&g, &c, &dev, b, a).unwrap());
+            // What the children took before: the fused pass at its slice, no state kept.
+            let fused = time(&|| {
+                gdn_tc::gdn_tc_state(
+                    &g,
+                    Arith::X3,
+                    p.x,
+                    cd,
+                    g.ptr(&dev.out),
+                    p.segs,
+                    (p.states, p.states, false),
+                    ns,
+                    d,
+                    n,
+                    wy,
+                    tc_pick,
+                )
+                .unwrap()
+            });
+            let all: Vec<String> = gdn_tc::GDN_TC_LEAF_SLICES
+                .iter()
+                .map(|&b| format!("{:.1}", at(b, Arith::X3)))
+                .collect();
+            let pick = gdn_tc::gdn_tc_leaf_slice(d, ns);
+            format!(
+                "{} ({:.1}); fused, states dropped: {fused:.1}",
+                all.join(" / "),
+                at(pick, Arith::Tf32)
+            )
+        } else {
+            "-".into()
+        };
         println!(
-            "| {} x {} | {prep:.1} | {wy_best:.1} ({wy_pick}) | {} | {} | {tc_best:.1} ({tc_pick}) | {:.1}x | {tf_best:.1} |",
+            "| {} x {} | {prep:.1} | {wy_best:.1} ({wy_pick}) | {} | {} | {tc_best:.1} ({tc_pick}) | {:.1}x | {tf_best:.1} | {leaf} |",
             lens.len(),
             lens[0],
             wys.join(" / "),
