@@ -1,5 +1,5 @@
 // Kernels added after kernels.cu: the profiler's spin_wait, the split-mode residual fold (add2_rms_norm) and the
-// warp-per-channel-group conv (gdn_conv_prep_w).
+// warp-per-channel-group conv (gdn_conv_prep_run).
 
 // Keeps the stream busy for about `cycles` clock cycles (one thread), so that the host can queue a whole
 // forward before the GPU starts it: the profiler's events then time the GPU's work, not the host's launches.
@@ -68,28 +68,18 @@ __device__ __forceinline__ void conv_store(const float (&v)[8], int grp, int hk,
         if (lane + 32 * i < size) o[lane + 32 * i] = norm ? v[i] * mul : v[i];
 }
 
-// The Gated DeltaNet mixer inputs, one warp per channel group of one token: the q and k heads (dk channels each,
-// L2-normalised; q also times `scale`) and the v channels in groups of 128; depthwise causal conv1d + SiLU as
+// One token's conv outputs for channel group grp (c0, size from conv_group): depthwise causal conv1d + SiLU as
 // gdn_conv_prep (the K-1 inputs before a segment from its conv state or parent rows, taps summed in the same order),
-// the norms with the same per-lane order and shuffle reduction (so the result equals gdn_conv_prep's bit for bit),
-// and the gates (block y 0, warp 0). Many small blocks instead of one block per token: every load of a warp in
-// flight at once. grid (N, ceil(groups / 4)), block 128; needs dk <= 256. gdn_conv_state then advances the states.
-KERNEL(simt) void gdn_conv_prep_w(const float* __restrict__ x, int ld, float* __restrict__ out,
-                                  const float* __restrict__ w, int K, int cd, const int* seg,
-                                  const int* tok, const u64* states, const int* par, int hk, int dk,
-                                  float scale,
-                                  int off_a, int off_b, const float* neg_a, const float* dt_bias, int hv,
-                                  float* g, float* beta) {
-    int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+// stored through conv_store. The row each tap reads is found once per token, not per channel.
+__device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, float* __restrict__ out,
+                                           const float* __restrict__ w, int K, int cd, const int* seg,
+                                           const int* tok, const u64* states, const int* par, int hk, float scale,
+                                           int n, int grp, int c0, int size, int lane) {
     int s = tok[2 * n];
     int start = seg[3 * s], t = n - start, pend = conv_parent_end(seg, par, s);
     const float* st = (const float*)states[s];
-    if (blockIdx.y == 0 && warp == 0) gdn_gates_row(x, ld, n, off_a, off_b, neg_a, dt_bias, hv, g, beta, lane);
-    const int grp = blockIdx.y * 4 + warp;
-    int c0, size;
-    if (!conv_group(grp, hk, dk, cd, c0, size)) return;
-    // The row each tap reads (this token's own rows, the parent's or the conv state's), found once per token rather
-    // than per channel: the kernel was bound by issuing that index arithmetic (ncu: 62% SM throughput, 6% of DRAM).
+    // The row each tap reads: this token's own rows, the parent's or the conv state's (found once per token: the
+    // one-token-per-warp kernel was bound by issuing that index arithmetic per channel, ncu: 62% SM throughput).
     const float* tap[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
@@ -122,4 +112,64 @@ KERNEL(simt) void gdn_conv_prep_w(const float* __restrict__ x, int ld, float* __
         }
     }
     conv_store(v, grp, hk, size, scale, out + (idx_t)n * cd + c0, lane);
+}
+
+// The Gated DeltaNet mixer inputs, one warp per channel group and run of CONV_RUN consecutive token rows: the q and
+// k heads (dk channels each, L2-normalised; q also times `scale`) and the v channels in groups of 128; depthwise
+// causal conv1d + SiLU as gdn_conv_prep, the norms with the same per-lane order and shuffle reduction (so the result
+// equals gdn_conv_prep's bit for bit), and the gates (block y 0, warp 0). Many small blocks instead of one block per
+// token: every load of a warp in flight at once. When a run's rows are one segment's, past its first K - 1 (and K =
+// 4), the warp loads the run's CONV_RUN + 3 input rows once and computes every output from them: 7 row loads for 4
+// outputs instead of 16 (workload 3's conv op 2.32 -> 2.13 ms, run s11e, against one token per warp; a sliding
+// window of 8 rows per warp, each output waiting for its row's load, had gone 2.30 -> 2.61); other runs go token by
+// token (conv_token). grid (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows.
+// gdn_conv_state then advances the states.
+#define CONV_RUN 4
+KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* __restrict__ out,
+                                    const float* __restrict__ w, int K, int cd, const int* seg,
+                                    const int* tok, const u64* states, const int* par, int hk, int dk,
+                                    float scale,
+                                    int off_a, int off_b, const float* neg_a, const float* dt_bias, int hv,
+                                    float* g, float* beta, int n) {
+    const int n0 = CONV_RUN * blockIdx.x, nt = min(CONV_RUN, n - n0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (blockIdx.y == 0 && warp == 0)
+        for (int j = 0; j < nt; j++) gdn_gates_row(x, ld, n0 + j, off_a, off_b, neg_a, dt_bias, hv, g, beta, lane);
+    const int grp = blockIdx.y * 4 + warp;
+    int c0, size;
+    if (!conv_group(grp, hk, dk, cd, c0, size)) return;
+    const int s = tok[2 * n0];
+    const bool run = K == 4 && ((u64)w & 15) == 0 && nt == CONV_RUN && tok[2 * (n0 + nt - 1)] == s &&
+                     n0 - seg[3 * s] >= K - 1;
+    if (!run) {
+        for (int j = 0; j < nt; j++)
+            conv_token(x, ld, out, w, K, cd, seg, tok, states, par, hk, scale, n0 + j, grp, c0, size, lane);
+        return;
+    }
+    const float* r = x + (idx_t)(n0 - 3) * ld;  // rows n0 - 3 .. n0 + CONV_RUN - 1
+    float v[CONV_RUN][8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int cc = lane + 32 * i;
+#pragma unroll
+        for (int j = 0; j < CONV_RUN; j++) v[j][i] = 0.0f;
+        if (cc < size) {
+            const int c = c0 + cc;
+            const float4 wc = *(const float4*)(w + 4 * c);
+            float xr[CONV_RUN + 3];
+#pragma unroll
+            for (int j = 0; j < CONV_RUN + 3; j++) xr[j] = r[(idx_t)j * ld + c];
+#pragma unroll
+            for (int j = 0; j < CONV_RUN; j++) {
+                float acc = 0.0f;
+                acc += wc.x * xr[j];
+                acc += wc.y * xr[j + 1];
+                acc += wc.z * xr[j + 2];
+                acc += wc.w * xr[j + 3];
+                v[j][i] = silu_f(acc);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_RUN; j++) conv_store(v[j], grp, hk, size, scale, out + (idx_t)(n0 + j) * cd + c0, lane);
 }

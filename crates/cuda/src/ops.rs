@@ -350,6 +350,9 @@ pub fn gdn_wy_state(
         qkv, ld as i32, u, w, m, e, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, dvs as i32)
 }
 
+/// Token rows per warp of `gdn_conv_prep_run` (`CONV_RUN` in fused.cu).
+const CONV_RUN: usize = 4;
+
 /// The Gated DeltaNet mixer inputs, parallel over tokens (the fast twin of [`conv1d_silu`] + [`qk_l2norm`] +
 /// [`gdn_gates`]): conv1d + SiLU of channels 0..cd of x [N, ld] into out [N, cd] (the K-1 inputs before a
 /// segment from its conv state), q/k heads L2-normalised (q times `scale`), gates from columns off_a, off_b
@@ -379,20 +382,18 @@ pub fn gdn_conv_prep(
 ) -> Result<(), CudaError> {
     check_conv_kernel(kernel)?;
     let (off_a, off_b, neg_a, dt_bias) = gates;
-    // One warp per channel group (fused.cu gdn_conv_prep_w): the same arithmetic, far more parallel; the
-    // block-per-token kernel for heads its warps do not hold (dk > 256). Same arguments.
-    let (gdn_conv_prep, lc) = if d.dk <= 256 && cd >= 2 * d.hk * d.dk {
-        let groups = 2 * d.hk + (cd - 2 * d.hk * d.dk).div_ceil(128);
-        (
-            &g.k.gdn_conv_prep_w,
-            cfg((n as u32, blocks(groups, 4)), 128, 0),
-        )
+    // One warp per channel group and run of CONV_RUN token rows (fused.cu gdn_conv_prep_run): the same arithmetic,
+    // far more parallel; the block-per-token kernel for heads its warps do not hold (dk > 256). Same arguments.
+    if d.dk <= 256 && cd >= 2 * d.hk * d.dk {
+        let groups = blocks(2 * d.hk + (cd - 2 * d.hk * d.dk).div_ceil(128), 4);
+        launch!(g, g.k.gdn_conv_prep_run, cfg((blocks(n, CONV_RUN), groups), 128, 0);
+            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
+            scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta, n as i32)?;
     } else {
-        (&g.k.gdn_conv_prep, cfg((n as u32, 1), 256, 0))
-    };
-    launch!(g, gdn_conv_prep, lc;
-        x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
-        scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
+        launch!(g, g.k.gdn_conv_prep, cfg((n as u32, 1), 256, 0);
+            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
+            scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
+    }
     launch!(g, g.k.gdn_conv_state, cfg((blocks(cd, 256), nseg as u32), 256, 0);
         x, ld as i32, kernel as i32, cd as i32, segs, states, par)
 }

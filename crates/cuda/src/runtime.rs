@@ -54,7 +54,7 @@ pub struct Kernels {
     pub rows_dot: CudaFunction,
     // fused.cu
     pub add2_rms_norm: CudaFunction,
-    pub gdn_conv_prep_w: CudaFunction,
+    pub gdn_conv_prep_run: CudaFunction,
     pub spin_wait: CudaFunction,
     // The tensor-core files: one kernel per [`Arith`], indexed by `Arith as usize`.
     pub gdn_tc_prep: [CudaFunction; 2],
@@ -576,7 +576,7 @@ impl Gpu {
             to_bf16: f("to_bf16")?,
             rows_dot: f("rows_dot")?,
             add2_rms_norm: f("add2_rms_norm")?,
-            gdn_conv_prep_w: f("gdn_conv_prep_w")?,
+            gdn_conv_prep_run: f("gdn_conv_prep_run")?,
             spin_wait: f("spin_wait")?,
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
