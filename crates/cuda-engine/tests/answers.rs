@@ -8,14 +8,19 @@
 //! call, measured and bounded.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use onepass_cuda::{Arith, AttnArith, Precision, Projection, SplitGemms, TcArith};
 use onepass_cuda_engine::{load_engine, CudaOptions};
 use onepass_decide::engine::Backend;
 use onepass_decide::{parse_request, Engine, EngineOptions, Plan};
-use onepass_model::synth;
 use serde_json::Value as J;
+
+// The answer fixtures' checkpoints, built as onepass-decide's fixture tests build them (and hashed as they are, the
+// fixture's own weights; the bf16 twins are not).
+#[path = "../../decide/tests/common/mod.rs"]
+mod common;
+use common::{answer_checkpoint_in, answer_fixtures};
 
 const PRESETS: [&str; 2] = ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"];
 
@@ -27,48 +32,8 @@ fn enabled(test: &str) -> bool {
     on
 }
 
-/// The repository root: the working directory when it holds the fixtures (a carried test binary), else the source tree.
-fn root() -> PathBuf {
-    let cwd = std::env::current_dir().unwrap();
-    if cwd.join("tests/fixtures/systemone").is_dir() {
-        return cwd;
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn fixtures() -> PathBuf {
-    root().join("tests/fixtures/systemone/answers")
-}
-
-/// Writes the preset's checkpoint (in `dtype`, else the preset's own) with the real tokenizer and the fixture's
-/// decider_config.json.
-fn checkpoint(preset: &str, dtype: Option<onepass_tensor::DType>) -> tempfile::TempDir {
-    let manifest: J =
-        serde_json::from_str(&std::fs::read_to_string(fixtures().join("manifest.json")).unwrap())
-            .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut spec = synth::preset(preset).unwrap();
-    if let Some(d) = dtype {
-        spec.dtype = d;
-    }
-    synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).unwrap();
-    let tok = root().join("testdata/qwen3_5-tokenizer");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dir.path().join(f))
-            .expect("testdata/qwen3_5-tokenizer (tools/setup-testdata.sh)");
-    }
-    std::fs::write(
-        dir.path().join("decider_config.json"),
-        manifest["presets"][preset]["decider_config"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
-    dir
-}
-
 fn bodies(preset: &str) -> Vec<(String, String)> {
-    std::fs::read_to_string(fixtures().join(format!("{preset}.jsonl")))
+    std::fs::read_to_string(answer_fixtures().join(format!("{preset}.jsonl")))
         .unwrap()
         .lines()
         .map(|l| {
@@ -196,9 +161,9 @@ fn gpu_answers_match_cpu_engine() {
         .iter()
         .flat_map(|p| [(*p, None), (*p, Some(onepass_tensor::DType::BF16))])
     {
-        let dir = checkpoint(preset, dtype);
+        let dir = answer_checkpoint_in(preset, dtype);
         let b = bodies(preset);
-        let cpu = Engine::load(dir.path(), EngineOptions::default()).unwrap();
+        let cpu = Engine::load(dir, EngineOptions::default()).unwrap();
         let ps = plans(&cpu, &b);
         let want = alone(&cpu, &ps);
         let preset = format!(
@@ -221,7 +186,7 @@ fn gpu_answers_match_cpu_engine() {
                 tcs.into_iter().map(move |tc| (prec, tc, max_tol, mean_tol))
             });
         for (prec, tc, max_tol, mean_tol) in runs {
-            let gpu = gpu_engine(dir.path(), prec, 4 << 30);
+            let gpu = gpu_engine(dir, prec, 4 << 30);
             let m = gpu.model().model();
             m.set_tc_arith(tc);
             let trees = m.tree_forwards();
@@ -281,12 +246,12 @@ fn gpu_split_gemms_sweep() {
         sets.push(SplitGemms::of(&[p]));
     }
     for preset in PRESETS {
-        let dir = checkpoint(preset, Some(onepass_tensor::DType::BF16));
+        let dir = answer_checkpoint_in(preset, Some(onepass_tensor::DType::BF16));
         let b = bodies(preset);
-        let cpu = Engine::load(dir.path(), EngineOptions::default()).unwrap();
+        let cpu = Engine::load(dir, EngineOptions::default()).unwrap();
         let ps = plans(&cpu, &b);
         let want = alone(&cpu, &ps);
-        let gpu = gpu_engine(dir.path(), Precision::Bf16Split, 4 << 30);
+        let gpu = gpu_engine(dir, Precision::Bf16Split, 4 << 30);
         let mut all_mean = None;
         for s in &sets {
             gpu.model().model().set_split_gemms(*s);
@@ -325,9 +290,9 @@ fn gpu_memory_budget_fails_the_call_not_the_process() {
         return;
     }
     let preset = PRESETS[0];
-    let dir = checkpoint(preset, None);
+    let dir = answer_checkpoint_in(preset, None);
     let b = bodies(preset);
-    let gpu = gpu_engine(dir.path(), Precision::Bf16, 64 << 10);
+    let gpu = gpu_engine(dir, Precision::Bf16, 64 << 10);
     let ps = plans(&gpu, &b);
     let err = gpu
         .score(&[&ps[0]])

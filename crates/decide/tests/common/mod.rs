@@ -10,7 +10,13 @@ use onepass_tokenizer::Tokenizer;
 use serde_json::Value as J;
 use sha2::{Digest, Sha256};
 
+/// The repository root: the working directory when it holds the fixtures (a test binary carried to another machine
+/// and run from a copy of the repository, as crates/cuda/gpu-run.sh does), else the source tree.
 pub fn root() -> PathBuf {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    if cwd.join("tests/fixtures/systemone").is_dir() {
+        return cwd;
+    }
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
@@ -93,31 +99,45 @@ pub fn answer_manifest() -> &'static J {
 /// The checkpoint folder of an answer-fixture preset: weights (hashed against the manifest, so they are the ones the
 /// oracle saw), the real tokenizer, the fixture's decider_config.json. Written once per test binary.
 pub fn answer_checkpoint(preset: &'static str) -> &'static Path {
-    static DIRS: OnceLock<std::sync::Mutex<Vec<(&'static str, &'static tempfile::TempDir)>>> =
-        OnceLock::new();
+    answer_checkpoint_in(preset, None)
+}
+
+/// [`answer_checkpoint`], or with `dtype` its weights written in that dtype instead (a twin: the bf16 weights a bf16
+/// engine runs; no fixture was made from it, so it is not hashed). Written once per test binary and dtype.
+pub fn answer_checkpoint_in(
+    preset: &'static str,
+    dtype: Option<onepass_tensor::DType>,
+) -> &'static Path {
+    type Dirs = Vec<(
+        &'static str,
+        Option<onepass_tensor::DType>,
+        &'static tempfile::TempDir,
+    )>;
+    static DIRS: OnceLock<std::sync::Mutex<Dirs>> = OnceLock::new();
     let dirs = DIRS.get_or_init(Default::default);
     let mut dirs = dirs.lock().unwrap();
-    if let Some((_, d)) = dirs.iter().find(|(p, _)| *p == preset) {
+    if let Some((_, _, d)) = dirs.iter().find(|(p, t, _)| *p == preset && *t == dtype) {
         return d.path();
     }
     let entry = &answer_manifest()["presets"][preset];
     let dir: &'static tempfile::TempDir =
         Box::leak(Box::new(tempfile::tempdir().expect("tempdir")));
-    synth::write_checkpoint(
-        &synth::preset(preset).expect("preset"),
-        dir.path(),
-        &mut |_, _| {},
-    )
-    .expect("synth");
-    let digest = format!(
-        "{:x}",
-        Sha256::digest(std::fs::read(dir.path().join("model.safetensors")).expect("weights"))
-    );
-    assert_eq!(
-        digest,
-        entry["model_safetensors_sha256"].as_str().unwrap(),
-        "{preset}: the synthetic checkpoint no longer matches the one the answers were made from; rerun tools/oracle/decider_answers.py"
-    );
+    let mut spec = synth::preset(preset).expect("preset");
+    if let Some(d) = dtype {
+        spec.dtype = d;
+    }
+    synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).expect("synth");
+    if dtype.is_none() {
+        let digest = format!(
+            "{:x}",
+            Sha256::digest(std::fs::read(dir.path().join("model.safetensors")).expect("weights"))
+        );
+        assert_eq!(
+            digest,
+            entry["model_safetensors_sha256"].as_str().unwrap(),
+            "{preset}: the synthetic checkpoint no longer matches the one the answers were made from; rerun tools/oracle/decider_answers.py"
+        );
+    }
     let tok = root().join("testdata/qwen3_5-tokenizer");
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(tok.join(f), dir.path().join(f))
@@ -128,6 +148,6 @@ pub fn answer_checkpoint(preset: &'static str) -> &'static Path {
         entry["decider_config"].as_str().unwrap(),
     )
     .unwrap();
-    dirs.push((preset, dir));
+    dirs.push((preset, dtype, dir));
     dir.path()
 }
