@@ -83,6 +83,26 @@ struct GtcLd {
     static constexpr int v = ((BV + 8) / 8) % 2 ? BV + 8 : BV + 16;
 };
 
+// Columns j0..j0+w-1 of the [dk, dv] state at Si into Ss [dkp][LDV] by cp.async (the caller commits and waits),
+// zero-filled past dk rows and w columns; 16-byte copies when the rows allow.
+template <int BV, int LDV>
+__device__ __forceinline__ void gtc_state_slice(float* Ss, const float* Si, int dk, int dkp, int dv, int j0, int w) {
+    if ((dv & 3) == 0 && ((size_t)Si & 15) == 0) {
+        constexpr int Q4 = BV / 4;
+        for (int i = threadIdx.x; i < dkp * Q4; i += blockDim.x) {
+            const int c = i / Q4, j = (i - c * Q4) * 4;
+            const int bytes = c < dk ? 4 * max(0, min(4, w - j)) : 0;
+            tc_cp16(Ss + c * LDV + j, bytes ? Si + (idx_t)c * dv + j0 + j : Si, bytes);
+        }
+    } else {
+        for (int i = threadIdx.x; i < dkp * BV; i += blockDim.x) {
+            const int c = i / BV, j = i - c * BV;
+            const bool ok = c < dk && j < w;
+            tc_cp4(Ss + c * LDV + j, ok ? Si + (idx_t)c * dv + j0 + j : Si, ok ? 4 : 0);
+        }
+    }
+}
+
 // Shared memory (floats), in this order: W, Q [64][kp8 + 4]; K [64][dkp + 8]; M [64][68]; v', e v' [64][LDV];
 // S [dkp][LDV] (kp8, dkp: dk rounded up to 8, 16). Must match gdn_tc_smem in gdn_tc.rs.
 template <int BV, bool X3>
@@ -122,20 +142,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     // The state slice, asynchronously with the first W and Q tiles (a plain copy loop waited out one global load
     // per iteration: several µs per block, most of a one-chunk segment's time). 16-byte copies when the rows
     // allow, zero-filled past dk rows and w columns.
-    if ((dv & 3) == 0 && ((size_t)Si & 15) == 0) {
-        constexpr int Q4 = BV / 4;
-        for (int i = threadIdx.x; i < dkp * Q4; i += blockDim.x) {
-            const int c = i / Q4, j = (i - c * Q4) * 4;
-            const int bytes = c < dk ? 4 * max(0, min(4, w - j)) : 0;
-            tc_cp16(Ss + c * LDV + j, bytes ? Si + (idx_t)c * dv + j0 + j : Si, bytes);
-        }
-    } else {
-        for (int i = threadIdx.x; i < dkp * BV; i += blockDim.x) {
-            const int c = i / BV, j = i - c * BV;
-            const bool ok = c < dk && j < w;
-            tc_cp4(Ss + c * LDV + j, ok ? Si + (idx_t)c * dv + j0 + j : Si, ok ? 4 : 0);
-        }
-    }
+    gtc_state_slice<BV, LDV>(Ss, Si, dk, dkp, dv, j0, w);
     if (len > 0) {
         int n = min(GDN_C, len);
         gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n, dk, kp8, vecb);
@@ -379,20 +386,7 @@ __device__ __forceinline__ void gdn_tc_leaf_t(const float* __restrict__ qkv, int
     const int kh = h / (hv / hk);
     const bool vecb = vec != 0;
     const float* Si = (const float*)init[s] + (idx_t)h * dk * dv;
-    if ((dv & 3) == 0 && ((size_t)Si & 15) == 0) {
-        constexpr int Q4 = BV / 4;
-        for (int i = threadIdx.x; i < dkp * Q4; i += blockDim.x) {
-            const int c = i / Q4, j = (i - c * Q4) * 4;
-            const int bytes = c < dk ? 4 * max(0, min(4, w - j)) : 0;
-            tc_cp16(Ss + c * LDV + j, bytes ? Si + (idx_t)c * dv + j0 + j : Si, bytes);
-        }
-    } else {
-        for (int i = threadIdx.x; i < dkp * BV; i += blockDim.x) {
-            const int c = i / BV, j = i - c * BV;
-            const bool ok = c < dk && j < w;
-            tc_cp4(Ss + c * LDV + j, ok ? Si + (idx_t)c * dv + j0 + j : Si, ok ? 4 : 0);
-        }
-    }
+    gtc_state_slice<BV, LDV>(Ss, Si, dk, dkp, dv, j0, w);
     gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, (idx_t)hv * dk, n, dk, kp8, vecb);
     gtc_tile(Qt, ldx, qkv + kh * dk + (idx_t)start * ld, ld, n, dk, kp8, vecb);
     gtc_tile(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, (idx_t)hv * GDN_C, n, GDN_C, GDN_C, vecb);

@@ -40,6 +40,22 @@ impl SegStates {
     }
 }
 
+/// Row stride (floats) of a [*, bv] tile read down its columns by fragments (`GtcLd` in `gdn_tc.cu`): bv + 8, or
+/// bv + 16 when (bv + 8) / 8 is even.
+fn tile_ld(bv: usize) -> usize {
+    if ((bv + 8) / 8) % 2 == 1 {
+        bv + 8
+    } else {
+        bv + 16
+    }
+}
+
+/// Whether the state and leaf passes may copy tiles 16 bytes at a time: 16-byte aligned tile rows (the qkv, W and M
+/// bases; q and k rows, `ld`; heads, dk).
+fn vec_tiles(d: GdnDims, ld: usize, bases: [u64; 3]) -> bool {
+    d.dk.is_multiple_of(4) && ld.is_multiple_of(4) && bases.iter().all(|a| a.is_multiple_of(16))
+}
+
 /// Value columns per block that [`gdn_tc_state`] supports (one kernel each).
 pub const GDN_TC_SLICES: [usize; 4] = [8, 16, 32, 64];
 
@@ -53,11 +69,7 @@ pub fn gdn_tc_smem(d: GdnDims, bv: usize) -> usize {
     let c = GDN_CHUNK;
     let kp8 = d.dk.div_ceil(8) * 8;
     let dkp = d.dk.div_ceil(16) * 16;
-    let ldv = if ((bv + 8) / 8) % 2 == 1 {
-        bv + 8
-    } else {
-        bv + 16
-    };
+    let ldv = tile_ld(bv);
     4 * (2 * c * (kp8 + 4) + c * (dkp + 8) + c * (c + 4) + 2 * c * ldv + dkp * ldv)
 }
 
@@ -132,10 +144,7 @@ pub fn gdn_tc_state(
         .position(|&s| s == dvs)
         .unwrap_or(GDN_TC_SLICES.len() - 1);
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
-    // 16-byte tile copies need 16-byte aligned tile rows: W and M bases, q and k rows (ld) and heads (dk).
-    let vec = d.dk.is_multiple_of(4)
-        && ld.is_multiple_of(4)
-        && [qkv, w, m].iter().all(|a| a.is_multiple_of(16));
+    let vec = vec_tiles(d, ld, [qkv, w, m]);
     let lc = cfg3(
         (d.hv as u32, nseg as u32, ops::blocks(d.dv, dvs)),
         256,
@@ -155,11 +164,7 @@ pub fn gdn_tc_leaf_smem(d: GdnDims, bv: usize) -> usize {
     let c = GDN_CHUNK;
     let kp8 = d.dk.div_ceil(8) * 8;
     let dkp = d.dk.div_ceil(16) * 16;
-    let ldv = if ((bv + 8) / 8) % 2 == 1 {
-        bv + 8
-    } else {
-        bv + 16
-    };
+    let ldv = tile_ld(bv);
     4 * (2 * c * (kp8 + 4) + c * (c + 4) + dkp * ldv + c * ldv)
 }
 
@@ -218,9 +223,7 @@ pub fn gdn_tc_leaf(
         .position(|&s| s == dvs)
         .unwrap_or(0);
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
-    let vec = d.dk.is_multiple_of(4)
-        && ld.is_multiple_of(4)
-        && [qkv, w, m].iter().all(|a| a.is_multiple_of(16));
+    let vec = vec_tiles(d, ld, [qkv, w, m]);
     let lc = cfg3(
         (d.hv as u32, nseg as u32, ops::blocks(d.dv, dvs)),
         256,
