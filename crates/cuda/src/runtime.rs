@@ -525,6 +525,34 @@ fn big_smem(k: CudaFunction, max_smem: usize) -> Result<CudaFunction, CudaError>
     Ok(k)
 }
 
+/// Keeps the device's default memory pool (where every `Gpu::alloc` comes from, stream-ordered) from handing freed
+/// memory back to the driver at every synchronisation: its release threshold, 0 by default, raised to the maximum.
+/// A request allocates its states (a System One tree of the first workload: about 100 buffers, two per attention
+/// layer per state) and frees them after its readout, which synchronises; with the default threshold the next
+/// request maps all of that memory anew. The pool then holds up to the high-water mark of what the process had
+/// allocated (as PyTorch's caching allocator does); ONEPASS_CUDA_POOL=release keeps the driver's default.
+fn keep_pool(ctx: &Arc<CudaContext>) {
+    if !ctx.has_async_alloc() || std::env::var("ONEPASS_CUDA_POOL").as_deref() == Ok("release") {
+        return;
+    }
+    let mut keep: u64 = u64::MAX;
+    // SAFETY: the context's own device; CU_MEMPOOL_ATTR_RELEASE_THRESHOLD takes a cuuint64_t, which `keep` is.
+    let r = unsafe {
+        cudarc::driver::result::device::get_default_mem_pool(ctx.cu_device()).and_then(|pool| {
+            cudarc::driver::result::mem_pool::set_attribute(
+                pool,
+                cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
+            )
+        })
+    };
+    if let Err(e) = r {
+        eprintln!(
+            "onepass: the CUDA memory pool keeps releasing memory at every synchronisation ({e})"
+        );
+    }
+}
+
 impl Gpu {
     /// Opens device `ordinal` and loads the kernels.
     pub fn new(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
@@ -537,6 +565,7 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal).op("cuCtx create")?;
         // SAFETY: every buffer and kernel of this backend uses the one stream below.
         unsafe { ctx.disable_event_tracking() };
+        keep_pool(&ctx);
         // A stream of our own: CUDA graphs cannot be captured on the legacy default stream.
         let stream = ctx.new_stream().op("create stream")?;
         let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas {
