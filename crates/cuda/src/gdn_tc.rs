@@ -190,9 +190,9 @@ pub fn gdn_tc_leaf_supported(g: &Gpu, d: GdnDims, bv: usize) -> bool {
 
 /// The state pass of segments of at most one chunk ([`GDN_CHUNK`] tokens) whose states are dropped, `o = e^γ Q S0 +
 /// M (U − W S0)` with S0 read at `init` (a tree's children, `keep` false: [`gdn_tc_chunked`]): arguments as
-/// [`gdn_tc_state`]'s without the states written; `dvs` is one of [`GDN_TC_LEAF_SLICES`]. Every segment must be at most one chunk long
-/// (the kernel reads the first chunk only). Same products as the fused pass, shared so that every warp has the same
-/// work (see `gdn_tc.cu`).
+/// [`gdn_tc_state`]'s without the states written; `dvs` is one of [`GDN_TC_LEAF_SLICES`]. Every segment must be at
+/// most one chunk long (the kernel reads the first chunk only; the caller knows the lengths, the device table does
+/// not say). Same products as the fused pass, shared so that every warp has the same work (see `gdn_tc.cu`).
 pub fn gdn_tc_leaf(
     g: &Gpu,
     arith: Arith,
