@@ -760,8 +760,29 @@ pub fn gemm(
     ldy: usize,
     beta: f32,
 ) -> Result<(), CudaError> {
+    gemm_ld(g, x, k, t, k, w, k, n, y, ldy, beta)
+}
+
+/// [`gemm`] with row strides (elements) for x (`ldx`) and w (`ldw`), each at least K: rows of x and w that are not
+/// contiguous always take GemmEx ([`gemm_ex_ld`]; the Lt path's layouts are contiguous).
+pub fn gemm_ld(
+    g: &Gpu,
+    x: u64,
+    ldx: usize,
+    t: usize,
+    k: usize,
+    w: W,
+    ldw: usize,
+    n: usize,
+    y: u64,
+    ldy: usize,
+    beta: f32,
+) -> Result<(), CudaError> {
     if t == 0 || n == 0 {
         return Ok(());
+    }
+    if ldx != k || ldw != k {
+        return gemm_ex_ld(g, x, ldx, t, k, w, ldw, n, y, ldy, beta);
     }
     match w {
         W::Bf16(wp) if k > 0 && g.gemm_state.mode == Mode::Lt => {

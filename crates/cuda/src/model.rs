@@ -980,7 +980,7 @@ impl CudaModel {
     ) -> Result<(), CudaError> {
         let (_, ldx) = self.act_in(x, k);
         let kk = if both { 2 * k } else { k };
-        self.gpu.gemm_ld(x, ldx, t, kk, w.w, w.ld, n, y, ldy, 0.0)
+        crate::gemm::gemm_ld(&self.gpu, x, ldx, t, kk, w.w, w.ld, n, y, ldy, 0.0)
     }
 
     /// How the tensor-core kernels multiply from the next forward on (captured graphs are dropped).

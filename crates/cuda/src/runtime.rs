@@ -802,27 +802,6 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         crate::gemm::gemm(self, x, t, k, w, n, y, ldy, beta)
     }
-
-    /// [`Gpu::gemm`] with row strides (elements) for x (`ldx`) and w (`ldw`), each at least K: GemmEx unless both
-    /// are K (then [`Gpu::gemm`]'s path).
-    pub fn gemm_ld(
-        &self,
-        x: u64,
-        ldx: usize,
-        t: usize,
-        k: usize,
-        w: crate::ops::W,
-        ldw: usize,
-        n: usize,
-        y: u64,
-        ldy: usize,
-        beta: f32,
-    ) -> Result<(), CudaError> {
-        if ldx == k && ldw == k {
-            return self.gemm(x, t, k, w, n, y, ldy, beta);
-        }
-        crate::gemm::gemm_ex_ld(self, x, ldx, t, k, w, ldw, n, y, ldy, beta)
-    }
 }
 
 /// A launch configuration: `grid` blocks of `block` threads, `smem` bytes of dynamic shared memory.

@@ -9,6 +9,7 @@ use common::delta::{
     bench_lens, cols, delta_case, delta_cpu, dims, wy_cases, DeltaCase, DeltaDev, HEADS_08B,
 };
 use common::*;
+use onepass_cuda::gemm;
 use onepass_cuda::ops::{self, AttnDims, GdnDims, Out, W};
 use onepass_kernels as cpu;
 use onepass_tensor::Tensor;
@@ -874,8 +875,20 @@ fn split_rows_multiply_both_planes_in_one_gemm() {
             let mut want = vec![0.0; t * n];
             cpu::matmul_t_reference(input, t, &wt, &mut want);
             let w = W::Bf16(g.ptr(&wd));
-            g.gemm_ld(g.ptr(&act), 2 * k, t, kk, w, 2 * k, n, g.ptr(&y), n, 0.0)
-                .unwrap();
+            gemm::gemm_ld(
+                &g,
+                g.ptr(&act),
+                2 * k,
+                t,
+                kk,
+                w,
+                2 * k,
+                n,
+                g.ptr(&y),
+                n,
+                0.0,
+            )
+            .unwrap();
             check(
                 &format!("{what}: t={t} k={k} n={n}"),
                 &g.download(&y, t * n).unwrap(),
