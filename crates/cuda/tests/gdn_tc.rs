@@ -84,7 +84,7 @@ fn run(g: &Gpu, c: &DeltaCase, dev: &TcDev, pass: Pass) -> Result<(), CudaError>
         Pass::Wy | Pass::Tc(..) | Pass::Leaf(..) => {
             ops::gdn_wy_prep(g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy)?;
             match pass {
-                Pass::Tc(dvs, a) => tc_state(g, c, dev, dvs, a),
+                Pass::Tc(dvs, a) => tc_state(g, c, dev, dvs, a, true),
                 Pass::Leaf(dvs, a) => leaf(g, c, dev, dvs, a),
                 _ => wy_state(g, c, dev, ops::gdn_wy_slice(d, ns)),
             }
@@ -92,12 +92,20 @@ fn run(g: &Gpu, c: &DeltaCase, dev: &TcDev, pass: Pass) -> Result<(), CudaError>
     }
 }
 
-/// `gdn_tc::gdn_tc_state` alone (`dvs` value columns per block, products `a`) over the scratch the pre-pass filled.
-fn tc_state(g: &Gpu, c: &DeltaCase, dev: &TcDev, dvs: usize, a: Arith) -> Result<(), CudaError> {
+/// `gdn_tc::gdn_tc_state` alone (`dvs` value columns per block, products `a`) over the scratch the pre-pass filled;
+/// `keep` false drops the states (the last chunk's update and the write-back skipped), as for a tree's children.
+fn tc_state(
+    g: &Gpu,
+    c: &DeltaCase,
+    dev: &TcDev,
+    dvs: usize,
+    a: Arith,
+    keep: bool,
+) -> Result<(), CudaError> {
     let d = c.d;
     let p = dev.inp.ptrs(g);
     let (o, wy) = (g.ptr(&dev.out), g.ptr(&dev.scratch));
-    let states = (p.states, p.states, true);
+    let states = (p.states, p.states, keep);
     gdn_tc::gdn_tc_state(
         g,
         a,
@@ -219,7 +227,7 @@ fn gdn_tc_state_matches_cpu_and_wy() {
     }
 }
 
-/// The leaf pass (segments of one chunk at most, states dropped: a tree's children) at both slice widths and both
+/// The leaf pass (segments of one chunk at most, states dropped: a tree's children) at every slice width and both
 /// arithmetics against the CPU recurrence's outputs, with every state left as it was: segments of 1 to 64 tokens
 /// (every row-tile count), HV != HK, DK != DV not multiples of 8 or 16 (60/24), tiles that take 4-byte copies (dk 30,
 /// odd dv), the 0.8B heads, strong decays (e^gam underflows), 40 segments.
@@ -315,7 +323,7 @@ fn gdn_tc_timings() {
         let prep =
             time(&|| ops::gdn_wy_prep(&g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy).unwrap());
         let wy_at = |dvs: usize| time(&|| wy_state(&g, &c, &dev, dvs).unwrap());
-        let tc_at = |dvs: usize, a: Arith| time(&|| tc_state(&g, &c, &dev, dvs, a).unwrap());
+        let tc_at = |dvs: usize, a: Arith| time(&|| tc_state(&g, &c, &dev, dvs, a, true).unwrap());
         let (wy_pick, tc_pick) = (ops::gdn_wy_slice(d, ns), gdn_tc::gdn_tc_slice(d, ns));
         let wy_best = wy_at(wy_pick);
         let wys: Vec<String> = [8, 16, 32]
@@ -332,23 +340,7 @@ fn gdn_tc_timings() {
         let leaf = if ml <= ops::GDN_CHUNK {
             let at = |b: usize, a: Arith| time(&|| leaf(&g, &c, &dev, b, a).unwrap());
             // What the children took before: the fused pass at its slice, no state kept.
-            let fused = time(&|| {
-                gdn_tc::gdn_tc_state(
-                    &g,
-                    Arith::X3,
-                    p.x,
-                    cd,
-                    g.ptr(&dev.out),
-                    p.segs,
-                    (p.states, p.states, false),
-                    ns,
-                    d,
-                    n,
-                    wy,
-                    tc_pick,
-                )
-                .unwrap()
-            });
+            let fused = time(&|| tc_state(&g, &c, &dev, tc_pick, Arith::X3, false).unwrap());
             let all: Vec<String> = gdn_tc::GDN_TC_LEAF_SLICES
                 .iter()
                 .map(|&b| format!("{:.1}", at(b, Arith::X3)))
