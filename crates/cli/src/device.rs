@@ -203,7 +203,7 @@ pub struct CudaArgs {
     pub gpu_kernels: Option<String>,
     /// Split precision only: the projections whose GEMMs multiply both bf16 planes of their input, `all`, `none`, or
     /// comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out; the others multiply the input rounded to
-    /// bf16 (half the GEMM work). Default: ONEPASS_SPLIT_GEMMS when set, else the precision's (docs/cuda.md).
+    /// bf16 (half the GEMM work). Default: ONEPASS_SPLIT_GEMMS when set, else all (docs/cuda.md).
     #[arg(long)]
     pub gpu_split_gemms: Option<String>,
 }

@@ -216,7 +216,7 @@ struct Weight {
     ld: usize,
 }
 
-#[allow(dead_code)] // the variants own the memory `Weight::w` points into
+/// The device memory a [`Weight`]'s `w` points into.
 enum WeightBuf {
     Bf16(CudaSlice<u16>),
     F32(CudaSlice<f32>),
