@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Summarises an Nsight Compute SASS source page (ncu --page source --print-source sass --csv): instruction mix
-by opcode (share of warp instructions executed, share of stall samples), stall reasons, the hottest lines.
+by opcode (share of warp instructions executed, share of stall samples) and the stall reasons.
 Usage: python3 tools/cuda/sass-summary.py sass.csv (docs/benchmarks/cuda-systemone.md, eighth measurement)."""
 import csv, collections, sys
 lines = open(sys.argv[1]).read().splitlines()
