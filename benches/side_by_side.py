@@ -16,28 +16,27 @@ import json
 import sys
 
 
+def rows_of(workloads, level):
+    """(unique tokens, p50, p95, {saturation level: decisions/s}) per workload; `level` names the saturation key."""
+    return [
+        (w["unique_tokens"], w["p50_ms"], w["p95_ms"],
+         {s[level]: s["decisions_per_s"] for s in w.get("saturating") or []})
+        for w in workloads
+    ]
+
+
 def decider_rows(path):
     d = json.load(open(path))
     label = d.get("label", path) + ("" if d.get("complete", True) else " (stopped early: partial)")
-    rows = []
-    for w in d["workloads"]:
-        sat = {s["requests_in_flight"]: s["decisions_per_s"] for s in w.get("saturating") or []}
-        rows.append((w["unique_tokens"], w["p50_ms"], w["p95_ms"], sat))
-    return label, rows
+    return label, rows_of(d["workloads"], "requests_in_flight")
 
 
 def onepass_runs(path):
     runs = []
     for line in open(path):
-        line = line.strip()
-        if not line:
-            continue
-        d = json.loads(line)
-        rows = []
-        for w in d["workloads"]:
-            sat = {s["requests_per_call"]: s["decisions_per_s"] for s in w.get("saturating") or []}
-            rows.append((w["unique_tokens"], w["p50_ms"], w["p95_ms"], sat))
-        runs.append((f"onepass {d.get('device', '?')}", rows))
+        if line.strip():
+            d = json.loads(line)
+            runs.append((f"onepass {d.get('device', '?')}", rows_of(d["workloads"], "requests_per_call")))
     return runs
 
 
