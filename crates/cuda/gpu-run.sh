@@ -5,9 +5,10 @@
 # suffixes as two forwards, ONEPASS_TREE=0; with "nograph" split without CUDA graphs), b2b (the 2B shape),
 # decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
 # load through `onepass serve --device cuda`), profile (one request under nsys and ncu; PROFILE_WORKLOAD=1|2|3,
-# PROFILE_NCU=0 for nsys only; NCU_KERNELS: a kernel-name regex, NCU_COUNT: launches, NCU_ARGS: more ncu arguments). Logs: $OUT/tests.log, $OUT/bench.log,
-# $OUT/bench.jsonl, $OUT/http.*, $OUT/kern_*.csv, $OUT/ncu.csv. BENCH_ARGS: more bench-systemone arguments
-# (e.g. "--profile-workload 3").
+# PROFILE_NCU=0 for nsys only; NCU_KERNELS: a kernel-name regex, NCU_COUNT: launches, NCU_ARGS: more ncu arguments;
+# PROFILE_SASS: a kernel-name regex whose first launch's SASS source page is summarised by tools/cuda/sass-summary.py).
+# Logs: $OUT/tests.log, $OUT/bench.log, $OUT/bench.jsonl, $OUT/http.*, $OUT/kern_*.csv, $OUT/ncu.csv, $OUT/sass.txt.
+# BENCH_ARGS: more bench-systemone arguments (e.g. "--profile-workload 3").
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 WHAT=${1:-"tests bench"}
@@ -92,6 +93,11 @@ if [[ $WHAT == *profile* ]]; then
       --section WarpStateStats --section MemoryWorkloadAnalysis ${NCU_ARGS:-} --csv --page details "${one[@]}" \
       >"$OUT/ncu.csv" 2>>"$OUT/profile.log"
   else echo "no ncu" | tee -a "$OUT/profile.log"; fi
+  if [[ -n $NCU && -n ${PROFILE_SASS:-} ]]; then
+    timeout 300 $NCU -k "regex:$PROFILE_SASS" --launch-count 1 --section SourceCounters --page source \
+      --print-source sass --csv "${one[@]}" >/tmp/sass.csv 2>>"$OUT/profile.log"
+    python3 tools/cuda/sass-summary.py /tmp/sass.csv >"$OUT/sass.txt" 2>>"$OUT/profile.log"
+  fi
   ls -la "$OUT" | tail -5
 fi
 if [[ $WHAT == *decider* ]]; then
