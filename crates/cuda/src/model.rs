@@ -392,10 +392,6 @@ const GRAPHS_KEPT: usize = 64;
 /// the segment starts from (its own, or its parent's in [`CudaModel::forward_tree`]).
 const GDN_ENTRIES: usize = 3;
 
-/// f32 values a tree child whose state is dropped holds in place of a recurrent state (its table entries name its
-/// root's state; nothing writes this one).
-const DROPPED_STATE_LEN: usize = 1;
-
 /// What a forward's launches depend on besides the table's contents (graph key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Shape {
@@ -444,6 +440,8 @@ struct Scratch {
     fold: CudaSlice<f32>,
     /// Partial results of the tensor-core attention's key splits (grown on demand).
     attn: Growing<f32>,
+    /// The KV rows of a tree's children whose states are dropped ([`KvLayout`]; grown on demand).
+    kv: Growing<f32>,
     _charge: Charge,
 }
 
@@ -621,8 +619,8 @@ pub struct CudaModel {
     max_pos: usize,
     /// f32 values of every GDN layer's conv and recurrent state (one [`CudaState::rec`] buffer).
     rec_len: usize,
-    /// Floats per position of every attention layer's KV cache (k or v), in layer order.
-    kv_rows: Vec<usize>,
+    /// Where each attention layer's K and V rows sit in a state's KV buffer.
+    kv: KvLayout,
     ledger: Arc<Ledger>,
     /// Events after each op while profiling (see [`CudaModel::profile_start`]).
     prof: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
@@ -632,7 +630,7 @@ pub struct CudaModel {
     trees: AtomicU64,
     /// CUDA graph launches ([`CudaModel::graph_launches`]).
     graph_runs: AtomicU64,
-    /// The own rows of every cache that has none yet (shared: a fork allocates no KV memory until it appends).
+    /// The own KV rows of every state that has none yet (shared: a fork allocates no KV memory until it appends).
     empty_kv: Arc<KvBuf>,
     /// The persistent forward scratch (forwards of up to [`ARENA_ROWS`] rows).
     arena: Mutex<Option<Scratch>>,
@@ -657,27 +655,45 @@ pub struct CudaModel {
     split: Mutex<SplitGemms>,
 }
 
-/// K and V rows of one attention layer: [cap, HKV, D] f32 each.
-struct KvBuf {
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
-    _charge: Option<Charge>,
+/// Where every attention layer's K and V rows sit in one buffer of `cap` positions ([`KvBuf`], and the forward
+/// scratch's rows for a tree's dropped children): layer a's K rows, [cap, HKV, D] f32, at `cap · pre[a]` floats,
+/// its V rows right after them.
+struct KvLayout {
+    /// Floats per position of each attention layer's K (or V) rows, in layer order.
+    rows: Vec<usize>,
+    /// Floats per position of the layers before each (K and V).
+    pre: Vec<usize>,
+    /// Floats per position of every layer, K and V.
+    per_pos: usize,
 }
 
-/// One attention layer's cache. Positions below `base.1` are read from `base` (the cache of the state this
-/// one was forked from, shared and never written through here); position `p` above lives in own row
-/// `p - base.1`. A fork therefore copies no KV rows.
-struct KvCache {
-    own: Arc<KvBuf>,
-    /// Own rows allocated.
-    cap: usize,
-    base: Option<(Arc<KvBuf>, usize)>,
-}
-
-impl KvCache {
-    fn base_len(&self) -> usize {
-        self.base.as_ref().map_or(0, |b| b.1)
+impl KvLayout {
+    fn new(rows: Vec<usize>) -> Self {
+        let pre = rows
+            .iter()
+            .scan(0, |acc, r| {
+                let at = *acc;
+                *acc += 2 * r;
+                Some(at)
+            })
+            .collect();
+        let per_pos = 2 * rows.iter().sum::<usize>();
+        KvLayout { rows, pre, per_pos }
     }
+
+    /// Float offsets of layer `a`'s K and V rows in a buffer of `cap` positions.
+    fn offsets(&self, cap: usize, a: usize) -> (usize, usize) {
+        let k = cap * self.pre[a];
+        (k, k + cap * self.rows[a])
+    }
+}
+
+/// Every attention layer's own K and V rows of one state, one allocation ([`KvLayout`]).
+struct KvBuf {
+    buf: CudaSlice<f32>,
+    /// Positions it holds (0: none, the shared empty buffer).
+    cap: usize,
+    _charge: Option<Charge>,
 }
 
 /// The state of one sequence on the device.
@@ -685,8 +701,10 @@ pub struct CudaState {
     pos: usize,
     /// Every GDN layer's conv [K-1, cd] and recurrent [HV, DK, DV] state, f32, at the layer's offsets.
     rec: CudaSlice<f32>,
-    /// One per attention layer, in layer order.
-    kv: Vec<KvCache>,
+    /// Own KV rows: position `p` at row `p - base.1`. Positions below `base.1` are read from `base` (the cache of the
+    /// state this one was forked from, shared and never written through here), so a fork copies no KV rows.
+    kv: Arc<KvBuf>,
+    base: Option<(Arc<KvBuf>, usize)>,
     _charge: Charge,
 }
 
@@ -698,8 +716,12 @@ impl CudaState {
 
     /// Device bytes this state holds itself (a forked-from KV base it shares is not counted).
     pub fn bytes(&self) -> usize {
-        let own = |c: &KvCache| if c.cap > 0 { 2 * c.own.k.len() } else { 0 };
-        4 * (self.rec.len() + self.kv.iter().map(own).sum::<usize>())
+        let own = if self.kv.cap > 0 { self.kv.buf.len() } else { 0 };
+        4 * (self.rec.len() + own)
+    }
+
+    fn base_len(&self) -> usize {
+        self.base.as_ref().map_or(0, |b| b.1)
     }
 }
 
@@ -847,15 +869,15 @@ impl CudaModel {
             vocab: c.vocab_size,
             max_pos: c.max_position_embeddings,
             rec_len,
-            kv_rows,
+            kv: KvLayout::new(kv_rows),
             ledger: Arc::default(),
             prof: Mutex::new(None),
             enqueue_ns: AtomicU64::new(0),
             trees: AtomicU64::new(0),
             graph_runs: AtomicU64::new(0),
             empty_kv: Arc::new(KvBuf {
-                k: g.alloc(1)?,
-                v: g.alloc(1)?,
+                buf: g.alloc(1)?,
+                cap: 0,
                 _charge: None,
             }),
             arena: Mutex::new(None),
@@ -909,7 +931,7 @@ impl CudaModel {
 
     /// Bytes of KV cache per token (all attention layers, k and v).
     pub fn kv_bytes_per_token(&self) -> usize {
-        8 * self.kv_rows.iter().sum::<usize>()
+        4 * self.kv.per_pos
     }
 
     /// Bytes of one fresh state (the recurrent state of every GDN layer).
@@ -930,7 +952,9 @@ impl CudaModel {
             .lock()
             .map(|a| {
                 a.as_ref()
-                    .map_or(0, |a| a.bytes + a.table.bytes() + a.attn.bytes())
+                    .map_or(0, |a| {
+                        a.bytes + a.table.bytes() + a.attn.bytes() + a.kv.bytes()
+                    })
             })
             .unwrap_or(0)
     }
@@ -1042,9 +1066,10 @@ impl CudaModel {
     }
 
     /// Bytes [`CudaModel::forward_tree`] allocates and charges for a child whose state is not kept, besides the KV rows
-    /// it appends (the engine's fork budget): a placeholder of [`DROPPED_STATE_LEN`] f32, no recurrent state.
+    /// it appends (the engine's fork budget): none (its KV rows live in the forward scratch, and it has no recurrent
+    /// state: the forward's table names its root's, which nothing writes for it).
     pub fn tree_child_bytes(&self) -> usize {
-        4 * DROPPED_STATE_LEN
+        0
     }
 
     /// Fewest ids a root with children may have in [`CudaModel::forward_tree`] (max(2, K − 1) over the GDN layers'
@@ -1129,13 +1154,34 @@ impl CudaModel {
         Ok(())
     }
 
-    fn kv_buf(&self, rows: usize, row: usize) -> Result<KvBuf, CudaError> {
-        let charge = self.ledger.charge(8 * rows * row, "KV cache")?;
+    /// A KV buffer of `cap` positions: every attention layer's K and V rows ([`KvLayout`]), one allocation.
+    fn kv_buf(&self, cap: usize) -> Result<KvBuf, CudaError> {
+        let floats = cap * self.kv.per_pos;
+        let charge = self.ledger.charge(4 * floats, "KV cache")?;
         Ok(KvBuf {
-            k: self.gpu.alloc(rows * row)?,
-            v: self.gpu.alloc(rows * row)?,
+            buf: self.gpu.alloc(floats)?,
+            cap,
             _charge: Some(charge),
         })
+    }
+
+    /// Copies positions `0..rows` of every layer's K and V rows from `src` to `dst` starting at position `at`.
+    fn copy_kv(
+        &self,
+        src: &KvBuf,
+        dst: &mut KvBuf,
+        at: usize,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        for (a, &row) in self.kv.rows.iter().enumerate() {
+            let (sk, sv) = self.kv.offsets(src.cap, a);
+            let (dk, dv) = self.kv.offsets(dst.cap, a);
+            for (s, d) in [(sk, dk), (sv, dv)] {
+                self.gpu
+                    .copy(&src.buf, s, &mut dst.buf, d + at * row, rows * row)?;
+            }
+        }
+        Ok(())
     }
 
     /// A fresh, empty sequence state.
@@ -1143,21 +1189,11 @@ impl CudaModel {
         let g = &*self.gpu;
         let charge = self.ledger.charge(4 * self.rec_len, "sequence state")?;
         let rec = g.zeros(self.rec_len)?;
-        let kv = self
-            .kv_rows
-            .iter()
-            .map(|_| {
-                Ok(KvCache {
-                    own: self.empty_kv.clone(),
-                    cap: 0,
-                    base: None,
-                })
-            })
-            .collect::<Result<_, CudaError>>()?;
         Ok(CudaState {
             pos: 0,
             rec,
-            kv,
+            kv: self.empty_kv.clone(),
+            base: None,
             _charge: charge,
         })
     }
@@ -1177,62 +1213,45 @@ impl CudaModel {
         let charge = self.ledger.charge(4 * self.rec_len, "sequence state")?;
         let mut rec = g.alloc(self.rec_len)?;
         g.copy(&st.rec, 0, &mut rec, 0, self.rec_len)?;
-        let mut kv = Vec::with_capacity(st.kv.len());
-        for (c, &row) in st.kv.iter().zip(&self.kv_rows) {
-            kv.push(match &c.base {
-                // The usual case: share everything this state holds.
-                None => KvCache {
-                    own: self.empty_kv.clone(),
-                    cap: 0,
-                    base: Some((c.own.clone(), st.pos)),
-                },
-                // A fork of a fork: one level of sharing only, so copy base and own rows into a new cache.
-                Some((b, blen)) => {
-                    let cap = st.pos.next_multiple_of(256);
-                    let mut nb = self.kv_buf(cap, row)?;
-                    g.copy(&b.k, 0, &mut nb.k, 0, blen * row)?;
-                    g.copy(&b.v, 0, &mut nb.v, 0, blen * row)?;
-                    let own = (st.pos - blen) * row;
-                    g.copy(&c.own.k, 0, &mut nb.k, blen * row, own)?;
-                    g.copy(&c.own.v, 0, &mut nb.v, blen * row, own)?;
-                    KvCache {
-                        own: Arc::new(nb),
-                        cap,
-                        base: None,
-                    }
-                }
-            });
-        }
+        let (kv, base) = match &st.base {
+            // The usual case: share everything this state holds.
+            None => (self.empty_kv.clone(), Some((st.kv.clone(), st.pos))),
+            // A fork of a fork: one level of sharing only, so copy base and own rows into a new buffer.
+            Some((b, blen)) => {
+                let mut nb = self.kv_buf(st.pos.next_multiple_of(256))?;
+                self.copy_kv(b, &mut nb, 0, *blen)?;
+                self.copy_kv(&st.kv, &mut nb, *blen, st.pos - blen)?;
+                (Arc::new(nb), None)
+            }
+        };
         Ok(CudaState {
             pos: st.pos,
             rec,
             kv,
+            base,
             _charge: charge,
         })
     }
 
     /// Grows the own KV rows of `st` to hold positions up to `need`.
     fn reserve(&self, st: &mut CudaState, need: usize) -> Result<(), CudaError> {
-        let g = &*self.gpu;
-        let pos = st.pos;
-        for (c, &row) in st.kv.iter_mut().zip(&self.kv_rows) {
-            let blen = c.base_len();
-            let rows = need - blen;
-            if rows > c.cap {
-                let ncap = rows.next_multiple_of(256).max(c.cap * 2);
-                let mut nb = self.kv_buf(ncap, row)?;
-                g.copy(&c.own.k, 0, &mut nb.k, 0, (pos - blen) * row)?;
-                g.copy(&c.own.v, 0, &mut nb.v, 0, (pos - blen) * row)?;
-                c.own = Arc::new(nb);
-                c.cap = ncap;
-            }
+        let blen = st.base_len();
+        let rows = need - blen;
+        if rows > st.kv.cap {
+            let mut nb = self.kv_buf(rows.next_multiple_of(256).max(st.kv.cap * 2))?;
+            self.copy_kv(&st.kv, &mut nb, 0, st.pos - blen)?;
+            st.kv = Arc::new(nb);
         }
         Ok(())
     }
 
     fn check_input(&self, st: &CudaState, ids: &[u32]) -> Result<(), CudaError> {
         self.check_ids(st.pos, ids)?;
-        if st.kv.len() != self.kv_rows.len() || st.rec.len() != self.rec_len.max(1) {
+        let fits = |b: &KvBuf| b.cap == 0 || b.buf.len() == b.cap * self.kv.per_pos;
+        if !fits(&st.kv)
+            || !st.base.as_ref().is_none_or(|b| fits(&b.0))
+            || st.rec.len() != self.rec_len.max(1)
+        {
             return Err(CudaError::Model(ModelError::Input(
                 "sequence state belongs to another model".into(),
             )));
@@ -1277,7 +1296,7 @@ impl CudaModel {
         let par = vec![-1; items.len()];
         let r = self
             .prepare(items)
-            .and_then(|()| self.forward_queue(items, &par, true));
+            .and_then(|()| self.forward_queue(items, &[], &par));
         self.enqueue_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         r
@@ -1302,7 +1321,8 @@ impl CudaModel {
     /// layer). Every weight is read and every kernel launched once for roots and children together, instead of once
     /// for the roots and again for the forks. → the hidden rows of the roots' ids then of the children's, and with
     /// `keep` the children's states (equal to forks of the roots after their ids, sharing the roots' KV caches
-    /// read-only); without it none (their recurrent states are never written: the state pass skips its last update).
+    /// read-only); without it none, and nothing is allocated for them: their recurrent states are never written (the
+    /// state pass skips its last update) and their KV rows live in the forward scratch.
     ///
     /// `Ok(None)`, with nothing run: this model does not take the tree (`ONEPASS_GDN=wy`, a GDN layer the tensor-core
     /// state pass does not take, `ONEPASS_TREE=0`), or a root with children has fewer ids than `tree_min_root` or is
@@ -1329,25 +1349,46 @@ impl CudaModel {
                     roots.len()
                 ))));
             };
-            if ids.len() < min_root || st.kv.iter().any(|c| c.base.is_some()) {
+            if ids.len() < min_root || st.base.is_some() {
                 return Ok(None);
             }
         }
         let t0 = std::time::Instant::now();
-        // The roots' KV rows first: a child shares its root's buffers as they stand after this.
+        let r = self.run_tree(roots, children, keep);
+        self.enqueue_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let r = r?;
+        self.trees.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(r))
+    }
+
+    /// [`CudaModel::forward_tree`] once it takes the tree.
+    fn run_tree(
+        &self,
+        roots: &mut [(&mut CudaState, &[u32])],
+        children: &[(usize, &[u32])],
+        keep: bool,
+    ) -> Result<(CudaHidden, Vec<CudaState>), CudaError> {
+        // The roots' KV rows first: a child shares its root's buffer as it stands after this.
         self.prepare(roots)?;
-        let mut kids = Vec::with_capacity(children.len());
         for &(r, ids) in children {
-            let mut kid = self.continuation(roots[r].0, roots[r].1.len(), keep)?;
-            let need = kid.pos + ids.len();
-            self.check_ids(kid.pos, ids)?;
-            self.reserve(&mut kid, need)?;
-            kids.push(kid);
+            self.check_ids(roots[r].0.pos + roots[r].1.len(), ids)?;
         }
         let par: Vec<i32> = (0..roots.len())
             .map(|_| -1)
             .chain(children.iter().map(|&(r, _)| r as i32))
             .collect();
+        if !keep {
+            let h = self.forward_queue(roots, children, &par)?;
+            return Ok((h, Vec::new()));
+        }
+        let mut kids = Vec::with_capacity(children.len());
+        for &(r, ids) in children {
+            let mut kid = self.continuation(roots[r].0, roots[r].1.len())?;
+            let need = kid.pos + ids.len();
+            self.reserve(&mut kid, need)?;
+            kids.push(kid);
+        }
         let mut items: Vec<(&mut CudaState, &[u32])> = roots
             .iter_mut()
             .map(|(st, ids)| (&mut **st, *ids))
@@ -1357,69 +1398,51 @@ impl CudaModel {
                     .map(|(st, &(_, ids))| (st, ids)),
             )
             .collect();
-        let r = self.forward_queue(&mut items, &par, keep);
-        self.enqueue_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let h = r?;
-        self.trees.fetch_add(1, Ordering::Relaxed);
-        if !keep {
-            kids.clear();
-        }
-        Ok(Some((h, kids)))
+        let h = self.forward_queue(&mut items, &[], &par)?;
+        Ok((h, kids))
     }
 
-    /// The state a continuation of `st` after `ahead` more ids starts from, for [`CudaModel::forward_tree`]: its KV
-    /// caches share `st`'s rows (not yet written); with `keep` its conv and recurrent state are left for that forward
-    /// to write (every value of them: the conv states from the root's and its own rows, the recurrent ones by the state
-    /// pass), without it it has none (the forward's table names the root's in its place, and nothing writes them).
-    fn continuation(
-        &self,
-        st: &CudaState,
-        ahead: usize,
-        keep: bool,
-    ) -> Result<CudaState, CudaError> {
-        let len = if keep {
-            self.rec_len
-        } else {
-            DROPPED_STATE_LEN
-        };
-        let charge = self.ledger.charge(4 * len, "sequence state")?;
+    /// The state a continuation of `st` after `ahead` more ids starts from, for a [`CudaModel::forward_tree`] that
+    /// keeps it: its KV rows share `st`'s (not yet written), its conv and recurrent state are left for that forward to
+    /// write (every value of them: the conv states from the root's and its own rows, the recurrent ones by the state
+    /// pass).
+    fn continuation(&self, st: &CudaState, ahead: usize) -> Result<CudaState, CudaError> {
+        let charge = self.ledger.charge(4 * self.rec_len, "sequence state")?;
         let pos = st.pos + ahead;
         Ok(CudaState {
             pos,
-            rec: self.gpu.alloc(len)?,
-            kv: st
-                .kv
-                .iter()
-                .map(|c| KvCache {
-                    own: self.empty_kv.clone(),
-                    cap: 0,
-                    base: Some((c.own.clone(), pos)),
-                })
-                .collect(),
+            rec: self.gpu.alloc(self.rec_len)?,
+            kv: self.empty_kv.clone(),
+            base: Some((st.kv.clone(), pos)),
             _charge: charge,
         })
     }
 
-    /// One forward over `items` (see [`CudaModel::forward_tree`] for `par`: -1, or the index of the earlier segment a
-    /// segment continues; those come after every segment with -1, and their recurrent states are written only with
-    /// `keep_children`).
+    /// One forward over `items` then `dropped` (see [`CudaModel::forward_tree`] for `par`: -1, or the index of the
+    /// earlier segment a segment continues; those come after every segment with -1). `dropped`: children `(root,
+    /// ids)` without states of their own (their recurrent states are not written, their KV rows live in the forward
+    /// scratch); when empty, the states of every child among `items` are written.
     fn forward_queue(
         &self,
         items: &mut [(&mut CudaState, &[u32])],
+        dropped: &[(usize, &[u32])],
         par: &[i32],
-        keep_children: bool,
     ) -> Result<CudaHidden, CudaError> {
         let g = &*self.gpu;
         let hid = self.hid;
-        let nseg = items.len();
+        let lens: Vec<usize> = items
+            .iter()
+            .map(|(_, s)| s.len())
+            .chain(dropped.iter().map(|(_, s)| s.len()))
+            .collect();
+        let nseg = lens.len();
         let roots = par.iter().take_while(|&&p| p < 0).count();
         if self.profiling() {
             // Hold the GPU (~20 ms at 2 GHz) while this forward is queued: the events then time GPU work only.
             crate::launch!(g, g.k.spin_wait, crate::runtime::cfg((1, 1), 1, 0); 40_000_000i64)?;
         }
         self.mark("start")?;
-        let n: usize = items.iter().map(|(_, s)| s.len()).sum();
+        let n: usize = lens.iter().sum();
         if n == 0 {
             return Err(CudaError::Model(ModelError::Input("empty batch".into())));
         }
@@ -1427,19 +1450,28 @@ impl CudaModel {
             n,
             nseg,
             roots,
-            keep_children,
-            short_children: items[roots..]
-                .iter()
-                .all(|(_, s)| s.len() <= ops::GDN_CHUNK),
-            max_len: items.iter().map(|(_, s)| s.len()).max().unwrap_or(0),
+            keep_children: dropped.is_empty(),
+            short_children: lens[roots..].iter().all(|&l| l <= ops::GDN_CHUNK),
+            max_len: lens.iter().copied().max().unwrap_or(0),
             split: self.split_gemms(),
             attn_splits: self.attn_tc_dims().map_or(1, |a| {
-                crate::attn_tc::attention_tc_plan(items.iter().map(|(_, s)| s.len()), a, g.sms)
+                crate::attn_tc::attention_tc_plan(lens.iter().copied(), a, g.sms)
             }),
         };
-        let table = self.table(items, par, keep_children);
+        let table_len = TableLayout::new(&self.layers, n, nseg).len;
+        // Positions of KV rows the dropped children write into the scratch.
+        let kv_rows: usize = dropped.iter().map(|(_, s)| s.len()).sum();
         let out: CudaSlice<f32> = g.alloc(n * hid)?;
         let _out_charge = self.ledger.charge(4 * n * hid, "forward scratch")?;
+        // The table, written once the scratch (which holds the dropped children's KV rows) is in place.
+        let upload = |sc: &mut Scratch| -> Result<FwdPtrs, CudaError> {
+            sc.kv
+                .reserve(self, kv_rows * self.kv.per_pos, "tree children's KV rows")?;
+            let table = self.table(items, dropped, par, (g.ptr(&sc.kv.buf), kv_rows));
+            debug_assert_eq!(table.len(), table_len, "the table and its layout disagree");
+            g.upload_into(&table, &sc.table.buf)?;
+            Ok(sc.ptrs(self, shape))
+        };
         if n <= ARENA_ROWS {
             // The persistent scratch: fixed addresses, so a repeated shape can replay a captured CUDA graph.
             let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
@@ -1450,30 +1482,28 @@ impl CudaModel {
                 *arena = None;
                 self.drop_graphs();
                 let rows = n.max(rows).next_power_of_two().clamp(256, ARENA_ROWS);
-                *arena = Some(self.scratch(rows, table.len().max(tl).next_power_of_two())?);
+                *arena = Some(self.scratch(rows, table_len.max(tl).next_power_of_two())?);
             }
             let a = arena
                 .as_mut()
                 .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
             // A longer table or more attention splits than before: those buffers alone move (and the graphs that
-            // captured their addresses go).
-            let moved = a.table.reserve(self, table.len(), "forward table")?;
+            // captured their addresses go). The children's KV rows may move freely: only the table names them.
+            let moved = a.table.reserve(self, table_len, "forward table")?;
             if a.attn
                 .reserve(self, self.attn_scratch(shape), "attention scratch")?
                 || moved
             {
                 self.drop_graphs();
             }
-            let p = a.ptrs(self, shape);
-            g.upload_into(&table, &a.table.buf)?;
+            let p = upload(a)?;
             self.run_layers_graphed(&p, shape)?;
             self.final_norm(&p, shape, &out)?;
         } else {
-            let mut sc = self.scratch(n, table.len())?;
+            let mut sc = self.scratch(n, table_len)?;
             sc.attn
                 .reserve(self, self.attn_scratch(shape), "attention scratch")?;
-            let p = sc.ptrs(self, shape);
-            g.upload_into(&table, &sc.table.buf)?;
+            let p = upload(&mut sc)?;
             self.run_layers(&p, shape)?;
             self.final_norm(&p, shape, &out)?;
             // The scratch is freed in stream order when it drops here.
@@ -1488,71 +1518,107 @@ impl CudaModel {
         })
     }
 
-    /// The bytes of one forward's table, laid out as [`TableLayout`] says. Per layer: GDN conv [S] | ssm [S] | the
-    /// ssm each segment starts from [S] (its parent's when `par[s] >= 0`); attention [S, KV_ENTRIES].
+    /// The bytes of one forward's table over `items` then `dropped` (as [`CudaModel::forward_queue`]), laid out as
+    /// [`TableLayout`] says. Per layer: GDN conv [S] | ssm [S] | the ssm each segment starts from [S] (its parent's
+    /// when `par[s] >= 0`); attention [S, KV_ENTRIES]. `kv`: the address of the dropped children's KV rows and the
+    /// positions it holds ([`KvLayout`]; the children's rows one after another).
     fn table(
         &self,
         items: &[(&mut CudaState, &[u32])],
+        dropped: &[(usize, &[u32])],
         par: &[i32],
-        keep_children: bool,
+        kv: (u64, usize),
     ) -> Vec<u8> {
         let g = &*self.gpu;
-        let nseg = items.len();
-        // The recurrent state segment s starts from (its root's for a child), and the one it is written to (a child
-        // whose state is dropped has none: it names its root's, which no launch then writes for it).
-        let root = |s: usize| usize::try_from(par[s]).ok().map(|p| &items[p].0.rec);
-        let from: Vec<&CudaSlice<f32>> = (0..nseg)
-            .map(|s| root(s).unwrap_or(&items[s].0.rec))
-            .collect();
-        let to: Vec<&CudaSlice<f32>> = (0..nseg)
-            .map(|s| match root(s) {
-                Some(r) if !keep_children => r,
-                _ => &items[s].0.rec,
-            })
-            .collect();
-        let mut ptrs: Vec<u64> = Vec::with_capacity(self.layers.len() * KV_ENTRIES * nseg);
+        let keep_children = dropped.is_empty();
+        // Per segment: the recurrent state it starts from (its root's for a child) and the one it is written to (a
+        // child whose state is dropped names its root's, which no launch then writes for it); its position, ids and
+        // KV entries per attention layer.
+        struct Seg<'a> {
+            from: u64,
+            to: u64,
+            pos: usize,
+            ids: &'a [u32],
+            /// The own rows' address in a KV buffer of layout `cap` positions, at position `at`, and the base.
+            own: (u64, usize, usize),
+            base: Option<(&'a KvBuf, usize)>,
+        }
+        let root_of = |s: usize| usize::try_from(par[s]).ok().map(|p| &*items[p].0);
+        let mut segs: Vec<Seg> = Vec::with_capacity(items.len() + dropped.len());
+        for (s, (st, ids)) in items.iter().enumerate() {
+            let to = g.ptr(&st.rec);
+            segs.push(Seg {
+                from: root_of(s).map_or(to, |r| g.ptr(&r.rec)),
+                to,
+                pos: st.pos,
+                ids,
+                own: (g.ptr(&st.kv.buf), st.kv.cap, 0),
+                base: st.base.as_ref().map(|(b, l)| (&**b, *l)),
+            });
+        }
+        let mut at = 0;
+        for &(r, ids) in dropped {
+            let (root, root_ids) = (&items[r].0, items[r].1);
+            let rec = g.ptr(&root.rec);
+            let pos = root.pos + root_ids.len();
+            segs.push(Seg {
+                from: rec,
+                to: rec,
+                pos,
+                ids,
+                own: (kv.0, kv.1, at),
+                base: Some((&root.kv, pos)),
+            });
+            at += ids.len();
+        }
+        debug_assert!(keep_children || items.len() == par.iter().filter(|&&p| p < 0).count());
+        let mut ptrs: Vec<u64> = Vec::with_capacity(self.layers.len() * KV_ENTRIES * segs.len());
         let mut ai = 0;
         for l in &self.layers {
             match &l.mixer {
                 Mixer::Gdn(m) => {
-                    for (rec, off) in [(&to, m.conv_off), (&to, m.ssm_off), (&from, m.ssm_off)] {
-                        ptrs.extend(rec.iter().map(|r| g.ptr(*r) + 4 * off as u64));
-                    }
+                    let (conv, ssm) = (4 * m.conv_off as u64, 4 * m.ssm_off as u64);
+                    ptrs.extend(segs.iter().map(|s| s.to + conv));
+                    ptrs.extend(segs.iter().map(|s| s.to + ssm));
+                    ptrs.extend(segs.iter().map(|s| s.from + ssm));
                 }
                 Mixer::Attn(_) => {
-                    for (st, _) in items.iter() {
-                        let c = &st.kv[ai];
-                        let (bk, bv, blen) = match &c.base {
-                            Some((b, len)) => (g.ptr(&b.k), g.ptr(&b.v), *len as u64),
+                    let row = self.kv.rows[ai];
+                    let kv_at = |p: u64, cap: usize, at: usize| {
+                        let (k, v) = self.kv.offsets(cap, ai);
+                        (p + 4 * (k + at * row) as u64, p + 4 * (v + at * row) as u64)
+                    };
+                    for s in &segs {
+                        let (ok, ov) = kv_at(s.own.0, s.own.1, s.own.2);
+                        let (bk, bv, blen) = match s.base {
+                            Some((b, len)) => {
+                                let (bk, bv) = kv_at(g.ptr(&b.buf), b.cap, 0);
+                                (bk, bv, len as u64)
+                            }
                             None => (0, 0, 0),
                         };
-                        ptrs.extend([g.ptr(&c.own.k), g.ptr(&c.own.v), bk, bv, blen]);
+                        ptrs.extend([ok, ov, bk, bv, blen]);
                     }
                     ai += 1;
                 }
             }
         }
         let mut ids: Vec<i32> = Vec::new();
-        let mut segs = Vec::with_capacity(nseg * 3);
+        let mut seg_rows = Vec::with_capacity(segs.len() * 3);
         let mut tok = Vec::new();
-        for (si, (st, seq)) in items.iter().enumerate() {
-            segs.extend([ids.len() as i32, seq.len() as i32, st.pos as i32]);
-            for (i, &id) in seq.iter().enumerate() {
-                tok.extend([si as i32, (st.pos + i) as i32]);
+        for (si, s) in segs.iter().enumerate() {
+            seg_rows.extend([ids.len() as i32, s.ids.len() as i32, s.pos as i32]);
+            for (i, &id) in s.ids.iter().enumerate() {
+                tok.extend([si as i32, (s.pos + i) as i32]);
                 ids.push(id as i32);
             }
         }
         let mut bytes: Vec<u8> =
-            Vec::with_capacity(8 * ptrs.len() + 4 * (ids.len() * 3 + segs.len() + par.len()));
+            Vec::with_capacity(8 * ptrs.len() + 4 * (ids.len() * 3 + seg_rows.len() + par.len()));
         bytes.extend(ptrs.iter().flat_map(|p| p.to_le_bytes()));
-        for v in [&ids, &segs, &tok, par] {
+        for v in [&ids, &seg_rows, &tok, par] {
             bytes.extend(v.iter().flat_map(|i| i.to_le_bytes()));
         }
-        debug_assert_eq!(
-            bytes.len(),
-            TableLayout::new(&self.layers, ids.len(), nseg).len,
-            "the table and its layout disagree"
-        );
         bytes
     }
 
@@ -1632,6 +1698,7 @@ impl CudaModel {
             wy: g.alloc(rows * w.wy)?,
             fold: g.alloc(rows * w.fold)?,
             attn: Growing::new(self, 0, "attention scratch")?,
+            kv: Growing::new(self, 0, "tree children's KV rows")?,
             _charge: charge,
         })
     }

@@ -582,8 +582,8 @@ fn unfit_plans_take_two_pass() {
 /// The fork budget: at the engine's estimate the call is one tree; one byte less, two trees; a budget of one byte, a
 /// tree per one-row plan and the two-pass route for the plans of several rows (each alone over the budget). Answers
 /// within [`TOLERANCE`] of the plain engine with the same budget. Twice: children budgeted as fresh states (the
-/// default), and as the 4 bytes the GPU gives a child whose state is dropped (`tree_child_bytes`), which must need
-/// less.
+/// default), and as 4 bytes (a backend whose children hold next to nothing besides their KV rows, as the GPU's, which
+/// hold none: `tree_child_bytes`), which must need less.
 #[test]
 fn fork_budget() {
     let preset = PRESETS[1];
