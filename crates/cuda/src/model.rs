@@ -716,7 +716,11 @@ impl CudaState {
 
     /// Device bytes this state holds itself (a forked-from KV base it shares is not counted).
     pub fn bytes(&self) -> usize {
-        let own = if self.kv.cap > 0 { self.kv.buf.len() } else { 0 };
+        let own = if self.kv.cap > 0 {
+            self.kv.buf.len()
+        } else {
+            0
+        };
         4 * (self.rec.len() + own)
     }
 
@@ -951,10 +955,9 @@ impl CudaModel {
         self.arena
             .lock()
             .map(|a| {
-                a.as_ref()
-                    .map_or(0, |a| {
-                        a.bytes + a.table.bytes() + a.attn.bytes() + a.kv.bytes()
-                    })
+                a.as_ref().map_or(0, |a| {
+                    a.bytes + a.table.bytes() + a.attn.bytes() + a.kv.bytes()
+                })
             })
             .unwrap_or(0)
     }
