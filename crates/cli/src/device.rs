@@ -463,15 +463,40 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
             e.system_one(body)?;
         }
         let ops = m.profile_take()?;
-        // Host-bound or GPU-bound: host time queueing forwards against wall time, 10 requests, no profiling.
-        let (h0, t0) = (m.host_enqueue_ns(), std::time::Instant::now());
+        // Host-bound or GPU-bound: host time queueing forwards (by phase) and each forward's GPU span against wall
+        // time, 10 requests, no profiling.
+        let (h0, p0, t0) = (
+            m.host_enqueue_ns(),
+            m.host_phases(),
+            std::time::Instant::now(),
+        );
+        m.span_start();
         for _ in 0..10 {
             e.system_one(body)?;
         }
         let wall = t0.elapsed().as_secs_f64() * 1e3 / 10.0;
+        let spans = m.span_take()?;
+        let gpu = spans.iter().sum::<f64>() / 10.0;
         let queue = (m.host_enqueue_ns() - h0) as f64 / 1e6 / 10.0;
-        eprintln!("workload {pw} without profiling: {wall:.3} ms per request, of which {queue:.3} ms queueing forwards on the host");
-        host = json!({"workload": pw, "wall_ms_per_request": wall, "host_queue_ms_per_request": queue});
+        let phases: Vec<(&str, f64)> = m
+            .host_phases()
+            .iter()
+            .zip(p0)
+            .map(|(&(name, ns), (_, ns0))| (name, (ns - ns0) as f64 / 1e6 / 10.0))
+            .collect();
+        let parts: Vec<String> = phases
+            .iter()
+            .map(|(name, ms)| format!("{name} {ms:.3}"))
+            .collect();
+        eprintln!(
+            "workload {pw} without profiling: {wall:.3} ms per request, of which {queue:.3} ms queueing forwards on \
+             the host ({}); the GPU from each forward's table upload to its final norm: {gpu:.3} ms ({} forwards)",
+            parts.join(", "),
+            spans.len() / 10
+        );
+        host = json!({"workload": pw, "wall_ms_per_request": wall, "host_queue_ms_per_request": queue,
+            "host_phases_ms": phases.iter().map(|(n, ms)| json!({"phase": n, "ms_per_request": ms})).collect::<Vec<_>>(),
+            "gpu_span_ms_per_request": gpu});
         let total: f64 = ops.iter().map(|o| o.1).sum();
         eprintln!(
             "GPU time per request of workload {pw}, by op (CUDA events, 10 requests): {:.2} ms",

@@ -626,6 +626,11 @@ pub struct CudaModel {
     prof: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
     /// Host nanoseconds spent queueing forwards (no forward waits for the GPU), see [`CudaModel::host_enqueue_ns`].
     enqueue_ns: AtomicU64,
+    /// Parts of `enqueue_ns` ([`CudaModel::host_phases`]): the table (written and uploaded), the layers' launches
+    /// (or graph launch), the output buffer and final norm.
+    phase_ns: [AtomicU64; 3],
+    /// While set ([`CudaModel::span_start`]): per forward, events around its GPU work (table upload to final norm).
+    spans: Mutex<Option<Vec<(CudaEvent, CudaEvent)>>>,
     /// Forwards [`CudaModel::forward_tree`] ran with children in them.
     trees: AtomicU64,
     /// CUDA graph launches ([`CudaModel::graph_launches`]).
@@ -877,6 +882,8 @@ impl CudaModel {
             ledger: Arc::default(),
             prof: Mutex::new(None),
             enqueue_ns: AtomicU64::new(0),
+            phase_ns: Default::default(),
+            spans: Mutex::new(None),
             trees: AtomicU64::new(0),
             graph_runs: AtomicU64::new(0),
             empty_kv: Arc::new(KvBuf {
@@ -1055,6 +1062,69 @@ impl CudaModel {
     /// Whether forwards may replay CUDA graphs (off after a capture failed).
     pub fn graphs_on(&self) -> bool {
         self.use_graphs.load(Ordering::Relaxed)
+    }
+
+    /// [`CudaModel::host_enqueue_ns`] by phase so far, in ns: the states (checks, KV rows, the children's states:
+    /// what the other three leave), the table (written and uploaded), launching the layers (one graph launch when a
+    /// graph replays), the output buffer and final norm.
+    pub fn host_phases(&self) -> [(&'static str, u64); 4] {
+        let [table, launch, out] = self.phase_ns.each_ref().map(|a| a.load(Ordering::Relaxed));
+        let total = self.host_enqueue_ns();
+        [
+            ("states", total.saturating_sub(table + launch + out)),
+            ("table", table),
+            ("launch", launch),
+            ("final norm", out),
+        ]
+    }
+
+    /// Starts recording, per forward, an event before its table upload and one after its final norm (for
+    /// [`CudaModel::span_take`]).
+    pub fn span_start(&self) {
+        if let Ok(mut s) = self.spans.lock() {
+            *s = Some(Vec::new());
+        }
+    }
+
+    /// Stops recording; waits for the GPU; → the GPU time of each forward since [`CudaModel::span_start`], ms (from
+    /// its table upload to its final norm: the GPU's work, and any wait on the host's launches within it).
+    pub fn span_take(&self) -> Result<Vec<f64>, CudaError> {
+        let spans = self
+            .spans
+            .lock()
+            .ok()
+            .and_then(|mut s| s.take())
+            .unwrap_or_default();
+        self.gpu.sync()?;
+        spans
+            .iter()
+            .map(|(a, b)| {
+                a.elapsed_ms(b)
+                    .map(f64::from)
+                    .map_err(|err| CudaError::Driver {
+                        op: "event elapsed",
+                        err,
+                    })
+            })
+            .collect()
+    }
+
+    /// An event recorded now on the stream while spans are recorded.
+    fn span_event(&self) -> Result<Option<CudaEvent>, CudaError> {
+        if !self.spans.lock().is_ok_and(|s| s.is_some()) {
+            return Ok(None);
+        }
+        let e = self
+            .gpu
+            .ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|err| CudaError::Driver { op: "event", err })?;
+        e.record(&self.gpu.stream)
+            .map_err(|err| CudaError::Driver {
+                op: "event record",
+                err,
+            })?;
+        Ok(Some(e))
     }
 
     /// Host nanoseconds spent inside `forward_batch` so far. The forward never waits for the GPU, so when this
@@ -1464,16 +1534,27 @@ impl CudaModel {
         let table_len = TableLayout::new(&self.layers, n, nseg).len;
         // Positions of KV rows the dropped children write into the scratch.
         let kv_rows: usize = dropped.iter().map(|(_, s)| s.len()).sum();
+        let t_out = std::time::Instant::now();
         let out: CudaSlice<f32> = g.alloc(n * hid)?;
         let _out_charge = self.ledger.charge(4 * n * hid, "forward scratch")?;
+        let mut out_ns = t_out.elapsed().as_nanos() as u64;
+        let span0 = self.span_event()?;
         // The table, written once the scratch (which holds the dropped children's KV rows) is in place.
         let upload = |sc: &mut Scratch| -> Result<FwdPtrs, CudaError> {
+            let t = std::time::Instant::now();
             sc.kv
                 .reserve(self, kv_rows * self.kv.per_pos, "tree children's KV rows")?;
             let table = self.table(items, dropped, par, (g.ptr(&sc.kv.buf), kv_rows));
             debug_assert_eq!(table.len(), table_len, "the table and its layout disagree");
             g.upload_into(&table, &sc.table.buf)?;
+            self.phase_ns[0].fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             Ok(sc.ptrs(self, shape))
+        };
+        let timed = |ns: &AtomicU64, f: &dyn Fn() -> Result<(), CudaError>| {
+            let t = std::time::Instant::now();
+            let r = f();
+            ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            r
         };
         if n <= ARENA_ROWS {
             // The persistent scratch: fixed addresses, so a repeated shape can replay a captured CUDA graph.
@@ -1500,16 +1581,26 @@ impl CudaModel {
                 self.drop_graphs();
             }
             let p = upload(a)?;
-            self.run_layers_graphed(&p, shape)?;
+            timed(&self.phase_ns[1], &|| self.run_layers_graphed(&p, shape))?;
+            let t = std::time::Instant::now();
             self.final_norm(&p, shape, &out)?;
+            out_ns += t.elapsed().as_nanos() as u64;
         } else {
             let mut sc = self.scratch(n, table_len)?;
             sc.attn
                 .reserve(self, self.attn_scratch(shape), "attention scratch")?;
             let p = upload(&mut sc)?;
-            self.run_layers(&p, shape)?;
+            timed(&self.phase_ns[1], &|| self.run_layers(&p, shape))?;
+            let t = std::time::Instant::now();
             self.final_norm(&p, shape, &out)?;
+            out_ns += t.elapsed().as_nanos() as u64;
             // The scratch is freed in stream order when it drops here.
+        }
+        self.phase_ns[2].fetch_add(out_ns, Ordering::Relaxed);
+        if let (Some(a), Some(b)) = (span0, self.span_event()?) {
+            if let Ok(mut s) = self.spans.lock() {
+                s.get_or_insert_with(Vec::new).push((a, b));
+            }
         }
         for (st, seq) in items.iter_mut() {
             st.pos += seq.len();
