@@ -6,7 +6,7 @@
 mod common;
 
 use common::delta::{
-    bench_lens, cols, delta_case, delta_cpu, wy_cases, DeltaCase, DeltaDev, HEADS_08B,
+    bench_lens, cols, delta_case, delta_cpu, lens_label, wy_cases, DeltaCase, DeltaDev, HEADS_08B,
 };
 use common::*;
 use onepass_cuda::gdn_prep_tc::{gdn_tc_prep, gdn_tc_prep_sliced, gdn_tc_prep_tiles};
@@ -175,7 +175,7 @@ fn gdn_tc_prep_timings() {
             time(&|| gdn_tc_prep(&g, Arith::Tf32, x, cd, gp, bp, sp, ns, d, n, ml, w2).unwrap());
         let new =
             time(&|| gdn_tc_prep(&g, Arith::X3, x, cd, gp, bp, sp, ns, d, n, ml, w2).unwrap());
-        let shape = format!("{} x {}", ns, lens[0]);
+        let shape = lens_label(&lens);
         eprintln!(
             "{shape:>12} {old:>10.1} {new:>10.1} {:>7.2}x {tf:>10.1}",
             old / new

@@ -6,7 +6,8 @@ mod common;
 
 use common::attn::{attn_prepped, ATTN_08B, ATTN_ODD, BASES, SEGS};
 use common::delta::{
-    bench_lens, cols, delta_case, delta_cpu, dims, wy_cases, DeltaCase, DeltaDev, HEADS_08B,
+    bench_lens, cols, delta_case, delta_cpu, dims, lens_label, wy_cases, DeltaCase, DeltaDev,
+    HEADS_08B,
 };
 use common::*;
 use onepass_cuda::gemm;
@@ -760,9 +761,8 @@ fn gated_delta_timings() {
             })
             .collect();
         println!(
-            "gated delta 0.8B heads, segments {} x {} tokens: gdn_chunked {slow:.3} ms, WY {both:.3} ms (dvs {}) = prep {prep:.3} + {}",
-            lens.len(),
-            lens[0],
+            "gated delta 0.8B heads, segments {} tokens: gdn_chunked {slow:.3} ms, WY {both:.3} ms (dvs {}) = prep {prep:.3} + {}",
+            lens_label(&lens),
             ops::gdn_wy_slice(d, ns),
             state.join(", ")
         );

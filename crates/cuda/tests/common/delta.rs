@@ -34,16 +34,27 @@ pub fn wy_cases() -> Vec<(GdnDims, Vec<usize>, f32)> {
     ]
 }
 
-/// The System One segment shapes the benches time: a 175-token prefix, 7 suffixes of 33, 7 of 29 (the suffixes of
-/// the first workload's one-forward tree), a 3,400-token prefix, 224 suffixes of 33.
-pub fn bench_lens() -> [Vec<usize>; 5] {
+/// The System One segment shapes the benches time: a 175-token prefix, 7 suffixes of 33, 7 of 29, the 7 suffixes of
+/// the bench's workloads (the 11-option question's is 66 tokens), a 3,400-token prefix, 224 suffixes of 33.
+pub fn bench_lens() -> [Vec<usize>; 6] {
     [
         vec![175],
         vec![33; 7],
         vec![29; 7],
+        vec![30, 24, 66, 23, 31, 31, 31],
         vec![3400],
         vec![33; 224],
     ]
+}
+
+/// A segment shape in the timing tables: "7 x 33", or "7 x 23..66" when the lengths differ.
+pub fn lens_label(lens: &[usize]) -> String {
+    let (lo, hi) = (lens.iter().min(), lens.iter().max());
+    match (lo, hi) {
+        (Some(a), Some(b)) if a != b => format!("{} x {a}..{b}", lens.len()),
+        (Some(a), _) => format!("{} x {a}", lens.len()),
+        _ => "none".into(),
+    }
 }
 
 /// One batch of segments, the inputs of every gated delta kernel.
