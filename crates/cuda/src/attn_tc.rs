@@ -152,7 +152,8 @@ pub fn attention_tc(
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, d as i32, scale, o, mode,
         splits as i32, rows as i32, nseg as i32, scratch)?;
     if splits > 1 {
-        let lc = cfg3((max_len as u32, nseg as u32, a.heads as u32), 64, 0);
+        let pairs = (max_len * a.heads).div_ceil(8) as u32;
+        let lc = cfg3((pairs, nseg as u32, 1), 256, 0);
         launch!(g, g.k.attention_tc_combine, lc;
             proj, ld as i32, segs, a.heads as i32, a.kv_heads as i32, d as i32, o, mode,
             splits as i32, rows as i32, nseg as i32, scratch)?;
