@@ -352,211 +352,135 @@ GDN_TC_STATE(32, gdn_tc_state_32_tf32, false)
 GDN_TC_STATE(64, gdn_tc_state_64_tf32, false)
 #undef GDN_TC_STATE
 
-// gdn_tc_leaf_{32,64,128}: the state pass of segments whose states nobody keeps (a tree's children,
-// CudaModel::forward_tree with keep = 0), for short segments (the model sends children of at most two chunks): per
-// chunk
-//   o = e^gam (Q S) + M (U - W S)
-// with S the state it starts from (init[s] for the first chunk), and between chunks the update of the fused pass
-// above, S <- e^gam_last S + (e^(gam_last - gam) K)^T v', with S in shared memory; no update after the last chunk,
-// no write-back. The fused pass runs short segments with one block per multiprocessor, W S and Q S on different
-// warps and M v' on half of them (7 suffixes of 33 tokens of the 0.8B heads: 21.9 µs at its slice of 64 columns).
-// Here warp w owns rows 16 (w & 3) .. + 15 and value columns (w >> 2) BV / 2 .. + BV / 2 - 1 of the block's slice,
-// and computes W S, Q S and M v' for them, so every warp has the same work and no barrier waits on a longer half;
-// and the slice is wide (up to all 128 value columns), so the chunk's W, Q and M tiles are read by fewer blocks
-// (7 x 33: 20.0 / 18.9 / 15.7 µs at BV 32 / 64 / 128; 16 columns, two blocks per multiprocessor, 25.9). In the
-// update warp w owns state rows 16 w .. + 15, 64 columns at a time; the decays scale K's rows as it lands (the fused
-// pass scales v' instead: the same products up to f32 rounding). Chunks are not overlapped with the next one's
-// loads (the update is rare: the 66-token suffix of System One's 11-option question). Shared memory (floats): W, Q
-// [64][kp8 + 4]; M [64][68]; S [dkp][LDV]; v' [64][LDV]; with more than one chunk also K [64][dkp + 8] (185 KB at
-// dk = 128, BV = 128; 219 KB with K). Grid (hv, nseg, ceil(dv / BV)), block 256. Needs dk <= 128.
+// gdn_tc_leaf_{16,32}: the state pass of segments of one chunk (at most GDN_C tokens) whose states nobody keeps (a
+// tree's children, CudaModel::forward_tree with keep = 0; the launcher holds callers to both): per segment
+//   o = e^gam (Q S0) + M (U - W S0)
+// with S0 the state it starts from (init[s]): no update, no K, no write-back. The fused pass above runs them with
+// one block per multiprocessor, W S and Q S on different warps and M v' on half of them (7 suffixes of 33 tokens of
+// the 0.8B heads: 21.9 µs at its slice of 64 columns). Here warp w owns rows 16 (w & 3) .. + 15 and value columns
+// (w >> 2) BV / 2 .. + BV / 2 - 1 of the block's slice, and computes W S0, Q S0 and M v' for them, so every warp has
+// the same work and no barrier waits on a longer half; and the slice is wide (up to all 128 value columns), so the
+// chunk's W, Q and M tiles are read by fewer blocks (7 x 33: 20.0 / 18.9 / 15.7 µs at BV 32 / 64 / 128; 16 columns,
+// two blocks per multiprocessor, 25.9). Shared memory (floats): W, Q [64][kp8 + 4]; M [64][68]; S0 [dkp][LDV]; v'
+// [64][LDV] (185 KB at dk = 128, BV = 128). Grid (hv, nseg, ceil(dv / BV)), block 256. Needs dk <= 128.
 template <int BV, bool X3>
 __device__ __forceinline__ void gdn_tc_leaf_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
                                               const float* __restrict__ W, const float* __restrict__ M,
                                               const float* __restrict__ E, float* __restrict__ out, const int* seg,
-                                              const u64* init, int hk, int hv, int dk, int dv, int vec, int kt,
-                                              float* sm) {
-    constexpr int NH = BV / 16;              // n tiles of 8 value columns per warp
-    constexpr int NU = (BV < 64 ? BV : 64) / 8;  // n tiles per step of the update
+                                              const u64* init, int hk, int hv, int dk, int dv, int vec, float* sm) {
+    constexpr int NH = BV / 16;  // n tiles of 8 value columns per warp
     constexpr int LDV = GtcLd<BV>::v;
     constexpr int LDM = GDN_C + 4;
     const int kp8 = (dk + 7) & ~7, dkp = (dk + 15) & ~15;
-    const int ldx = kp8 + 4, ldk = dkp + 8;
+    const int ldx = kp8 + 4;
     float* Wt = sm;                // [C, ldx]   W of the chunk
     float* Qt = Wt + GDN_C * ldx;  // [C, ldx]   Q
     float* Mt = Qt + GDN_C * ldx;  // [C, LDM]   M
-    float* Ss = Mt + GDN_C * LDM;  // [dkp, LDV] S (rows past dk and columns past w zero)
+    float* Ss = Mt + GDN_C * LDM;  // [dkp, LDV] S0 (rows past dk and columns past w zero)
     float* Vs = Ss + dkp * LDV;    // [C, LDV]   v'
-    float* Kt = Vs + GDN_C * LDV;  // [C, ldk]   e^(gam_last - gam) K (segments of more than one chunk)
 
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     const int h = blockIdx.x, s = blockIdx.y, j0 = blockIdx.z * BV, w = min(BV, dv - j0);
-    // Without room for K (kt = 0: the launcher was told every segment is one chunk at most) the first chunk only.
-    const int start = seg[3 * s], len = kt ? seg[3 * s + 1] : min(GDN_C, seg[3 * s + 1]);
-    if (len <= 0) return;  // the whole block
+    const int start = seg[3 * s], n = min(GDN_C, seg[3 * s + 1]);
+    if (n <= 0) return;  // the whole block
     const int kh = h / (hv / hk);
     const bool vecb = vec != 0;
     const float* Si = (const float*)init[s] + (idx_t)h * dk * dv;
-    const float* Qg = qkv + kh * dk;
-    const float* Kg = qkv + hk * dk + kh * dk;
-    // The tiles of the chunk at row r (n rows; K only when another chunk follows).
-    auto tiles = [&](int r, int n, bool k) {
-        gtc_tile(Wt, ldx, W + ((idx_t)r * hv + h) * dk, (idx_t)hv * dk, n, dk, kp8, vecb);
-        gtc_tile(Qt, ldx, Qg + (idx_t)r * ld, ld, n, dk, kp8, vecb);
-        gtc_tile(Mt, LDM, M + ((idx_t)r * hv + h) * GDN_C, (idx_t)hv * GDN_C, n, GDN_C, GDN_C, vecb);
-        if (k) gtc_tile(Kt, ldk, Kg + (idx_t)r * ld, ld, n, dk, dkp, vecb);
-    };
     gtc_state_slice<BV, LDV>(Ss, Si, dk, dkp, dv, j0, w);
-    tiles(start, min(GDN_C, len), len > GDN_C);
+    gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, (idx_t)hv * dk, n, dk, kp8, vecb);
+    gtc_tile(Qt, ldx, qkv + kh * dk + (idx_t)start * ld, ld, n, dk, kp8, vecb);
+    gtc_tile(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, (idx_t)hv * GDN_C, n, GDN_C, GDN_C, vecb);
     tc_commit();
 
     const int m0 = 16 * (wp & 3), cw = (wp >> 2) * (BV / 2);  // this warp's first row and column
     const int ra = m0 + g, rb = m0 + g + 8;
-    const int sm0 = 16 * wp;  // this warp's first state row in the update
-    for (int c0 = 0; c0 < len; c0 += GDN_C) {
-        const int n = min(GDN_C, len - c0), r0 = start + c0;
-        const bool more = c0 + GDN_C < len;
-        // Under the copies: e^gam of rows ra, rb and U of this warp's rows and columns (zero past n rows, w columns).
-        const float ea = ra < n ? E[2 * ((idx_t)(r0 + ra) * hv + h)] : 0.0f;
-        const float eb = rb < n ? E[2 * ((idx_t)(r0 + rb) * hv + h)] : 0.0f;
-        float u[NH][4];
+    // Under the copies: e^gam of rows ra, rb and U of this warp's rows and columns (zero past n rows, w columns).
+    const float ea = ra < n ? E[2 * ((idx_t)(start + ra) * hv + h)] : 0.0f;
+    const float eb = rb < n ? E[2 * ((idx_t)(start + rb) * hv + h)] : 0.0f;
+    float u[NH][4];
 #pragma unroll
-        for (int nt = 0; nt < NH; nt++)
+    for (int nt = 0; nt < NH; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = i < 2 ? ra : rb, col = cw + nt * 8 + 2 * tg + (i & 1);
-                u[nt][i] = (r < n && col < w) ? U[((idx_t)(r0 + r) * hv + h) * dv + j0 + col] : 0.0f;
-            }
-        tc_wait<0>();
-        __syncthreads();
-        if (more) {
-            // K's rows times e^(gam_last - gam) (rows past n are zeros already), before the barrier after v'.
-            for (int i = threadIdx.x; i < n * dkp; i += blockDim.x) {
-                const int r = i / dkp, c = i - r * dkp;
-                Kt[r * ldk + c] *= E[2 * ((idx_t)(r0 + r) * hv + h) + 1];
-            }
+        for (int i = 0; i < 4; i++) {
+            const int r = i < 2 ? ra : rb, col = cw + nt * 8 + 2 * tg + (i & 1);
+            u[nt][i] = (r < n && col < w) ? U[((idx_t)(start + r) * hv + h) * dv + j0 + col] : 0.0f;
         }
+    tc_wait<0>();
+    __syncthreads();
 
-        // W S and Q S on this warp's rows and columns, k over dk.
-        float hw[NH][4], lw[NH][4], hq[NH][4], lq[NH][4];
+    // W S0 and Q S0 on this warp's rows and columns, k over dk.
+    float hw[NH][4], lw[NH][4], hq[NH][4], lq[NH][4];
 #pragma unroll
-        for (int nt = 0; nt < NH; nt++)
+    for (int nt = 0; nt < NH; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) hw[nt][i] = lw[nt][i] = hq[nt][i] = lq[nt][i] = 0.0f;
-        if (m0 < n) {
-            const float* wa = Wt + ra * ldx + tg;
-            const float* qa = Qt + ra * ldx + tg;
-            const float* sb = Ss + tg * LDV + g + cw;
+        for (int i = 0; i < 4; i++) hw[nt][i] = lw[nt][i] = hq[nt][i] = lq[nt][i] = 0.0f;
+    if (m0 < n) {
+        const float* wa = Wt + ra * ldx + tg;
+        const float* qa = Qt + ra * ldx + tg;
+        const float* sb = Ss + tg * LDV + g + cw;
 #pragma unroll 4
-            for (int kk = 0; kk < kp8; kk += 8) {
-                unsigned wb[4], ws[4], qb[4], qs[4];
-                gtc_frag_a_row(wa + kk, ldx, wb, ws);
-                gtc_frag_a_row(qa + kk, ldx, qb, qs);
+        for (int kk = 0; kk < kp8; kk += 8) {
+            unsigned wb[4], ws[4], qb[4], qs[4];
+            gtc_frag_a_row(wa + kk, ldx, wb, ws);
+            gtc_frag_a_row(qa + kk, ldx, qb, qs);
 #pragma unroll
-                for (int nt = 0; nt < NH; nt++) {
-                    unsigned bb[2], bs[2];
-                    gtc_frag_b(sb + kk * LDV + nt * 8, LDV, bb, bs);
-                    gtc_mma3<X3>(hw[nt], lw[nt], wb, ws, bb, bs);
-                    gtc_mma3<X3>(hq[nt], lq[nt], qb, qs, bb, bs);
-                }
+            for (int nt = 0; nt < NH; nt++) {
+                unsigned bb[2], bs[2];
+                gtc_frag_b(sb + kk * LDV + nt * 8, LDV, bb, bs);
+                gtc_mma3<X3>(hw[nt], lw[nt], wb, ws, bb, bs);
+                gtc_mma3<X3>(hq[nt], lq[nt], qb, qs, bb, bs);
             }
         }
-        // v' = U - W S for every row of the tile (exactly zero past n, as W and U are there: the M v' products and
-        // the update read them), and e^gam Q S kept in hq.
-#pragma unroll
-        for (int nt = 0; nt < NH; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = i < 2 ? ra : rb, col = cw + nt * 8 + 2 * tg + (i & 1);
-                Vs[r * LDV + col] = u[nt][i] - (hw[nt][i] + lw[nt][i]);
-                hq[nt][i] = (i < 2 ? ea : eb) * (hq[nt][i] + lq[nt][i]);
-            }
-        __syncthreads();  // v' (and the scaled K) visible
-        // o = e^gam Q S + M v': M[t][b] is zero for b > t, so k stops at the tile's last row.
-        if (m0 < n) {
-#pragma unroll
-            for (int nt = 0; nt < NH; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) hw[nt][i] = lw[nt][i] = 0.0f;
-            const int kend = min(m0 + 16, (n + 7) & ~7);
-            const float* ma = Mt + ra * LDM + tg;
-            const float* vb = Vs + tg * LDV + g + cw;
-#pragma unroll 4
-            for (int kk = 0; kk < kend; kk += 8) {
-                unsigned ab[4], as[4];
-                gtc_frag_a_row(ma + kk, LDM, ab, as);
-#pragma unroll
-                for (int nt = 0; nt < NH; nt++) {
-                    unsigned bb[2], bs[2];
-                    gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
-                    gtc_mma3<X3>(hw[nt], lw[nt], ab, as, bb, bs);
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < NH; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int r = i < 2 ? ra : rb, col = cw + nt * 8 + 2 * tg + (i & 1);
-                    if (r < n && col < w)
-                        out[((idx_t)(r0 + r) * hv + h) * dv + j0 + col] = hq[nt][i] + (hw[nt][i] + lw[nt][i]);
-                }
-        }
-        if (!more) break;
-        // S <- e^gam_last S + (e K)^T v': this warp's 16 rows of S, NU column tiles at a time, k over the chunk's
-        // tokens (A = (e K)^T read down K's columns, as the fused pass reads it). Only this warp reads or writes
-        // these rows of Ss here (W S and Q S are done: the barrier above).
-        const float el = E[2 * ((idx_t)(r0 + n - 1) * hv + h)];
-        if (sm0 < dkp) {
-            const int kend = (n + 7) & ~7;
-            const float* ka = Kt + tg * ldk + sm0 + g;
-#pragma unroll 1
-            for (int cc = 0; cc < BV; cc += 8 * NU) {
-                float hi[NU][4], lo[NU][4];
-#pragma unroll
-                for (int nt = 0; nt < NU; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
-                const float* vb = Vs + tg * LDV + g + cc;
-#pragma unroll 4
-                for (int kk = 0; kk < kend; kk += 8) {
-                    const float* p = ka + kk * ldk;
-                    unsigned ab[4], as[4];
-                    tc_split(p[0], ab[0], as[0]);
-                    tc_split(p[8], ab[1], as[1]);
-                    tc_split(p[4 * ldk], ab[2], as[2]);
-                    tc_split(p[4 * ldk + 8], ab[3], as[3]);
-#pragma unroll
-                    for (int nt = 0; nt < NU; nt++) {
-                        unsigned bb[2], bs[2];
-                        gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
-                        gtc_mma3<X3>(hi[nt], lo[nt], ab, as, bb, bs);
-                    }
-                }
-#pragma unroll
-                for (int nt = 0; nt < NU; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        float* sp = Ss + (sm0 + g + (i >> 1) * 8) * LDV + cc + nt * 8 + 2 * tg + (i & 1);
-                        *sp = fmaf(el, *sp, hi[nt][i] + lo[nt][i]);
-                    }
-            }
-        }
-        __syncthreads();  // the new S visible; every tile free
-        const int nn = min(GDN_C, len - c0 - GDN_C);
-        tiles(r0 + GDN_C, nn, c0 + 2 * GDN_C < len);
-        tc_commit();
     }
+    // v' = U - W S0 for every row of the tile (exactly zero past n, as W and U are there: the M v' products below
+    // read them), and e^gam Q S0 kept in hq.
+#pragma unroll
+    for (int nt = 0; nt < NH; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = i < 2 ? ra : rb, col = cw + nt * 8 + 2 * tg + (i & 1);
+            Vs[r * LDV + col] = u[nt][i] - (hw[nt][i] + lw[nt][i]);
+            hq[nt][i] = (i < 2 ? ea : eb) * (hq[nt][i] + lq[nt][i]);
+        }
+    __syncthreads();  // v' visible
+    if (m0 >= n) return;
+    // o = e^gam Q S0 + M v': M[t][b] is zero for b > t, so k stops at the tile's last row.
+#pragma unroll
+    for (int nt = 0; nt < NH; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) hw[nt][i] = lw[nt][i] = 0.0f;
+    const int kend = min(m0 + 16, (n + 7) & ~7);
+    const float* ma = Mt + ra * LDM + tg;
+    const float* vb = Vs + tg * LDV + g + cw;
+#pragma unroll 4
+    for (int kk = 0; kk < kend; kk += 8) {
+        unsigned ab[4], as[4];
+        gtc_frag_a_row(ma + kk, LDM, ab, as);
+#pragma unroll
+        for (int nt = 0; nt < NH; nt++) {
+            unsigned bb[2], bs[2];
+            gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
+            gtc_mma3<X3>(hw[nt], lw[nt], ab, as, bb, bs);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NH; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = i < 2 ? ra : rb, col = cw + nt * 8 + 2 * tg + (i & 1);
+            if (r < n && col < w) out[((idx_t)(start + r) * hv + h) * dv + j0 + col] = hq[nt][i] + (hw[nt][i] + lw[nt][i]);
+        }
 }
 
 // grid (hv, nseg, ceil(dv / BV)), block 256, dynamic shared memory from gdn_tc_leaf_smem (gdn_tc.rs). Arguments as
-// gdn_tc_state's without states and keep (nothing is written but out), plus kt (1: shared memory has the K tile, for
-// segments of more than one chunk). _tf32: 1xTF32 products.
+// gdn_tc_state's without states and keep (nothing is written but out). _tf32: 1xTF32 products.
 #define GDN_TC_LEAF(BV, NAME, X3)                                                                                    \
     KERNEL(NAME) void __launch_bounds__(256, BV <= 32 ? 2 : 1) NAME(                                                 \
         const float* __restrict__ qkv, int ld, const float* __restrict__ U, const float* __restrict__ W,             \
         const float* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,           \
-        const u64* init, int hk, int hv, int dk, int dv, int vec, int kt) {                                          \
+        const u64* init, int hk, int hv, int dk, int dv, int vec) {                                                  \
         extern __shared__ float sm[];                                                                                \
-        gdn_tc_leaf_t<BV, X3>(qkv, ld, U, W, M, E, out, seg, init, hk, hv, dk, dv, vec, kt, sm);                     \
+        gdn_tc_leaf_t<BV, X3>(qkv, ld, U, W, M, E, out, seg, init, hk, hv, dk, dv, vec, sm);                         \
     }
 GDN_TC_LEAF(32, gdn_tc_leaf_32, true)
 GDN_TC_LEAF(64, gdn_tc_leaf_64, true)

@@ -22,9 +22,9 @@ pub struct SegStates {
     /// Whether the states of segments `roots..` are written (false: they are dropped after the forward, so the last
     /// chunk's update and the write-back are skipped).
     pub keep_children: bool,
-    /// The longest of segments `roots..` when they may take [`gdn_tc_leaf`] instead of the second state pass (with
-    /// `keep_children` false; the caller keeps it to [`GDN_TC_LEAF_MAX`]); 0: they may not.
-    pub leaf_len: usize,
+    /// Segments `roots..` are each at most one chunk ([`GDN_CHUNK`] tokens) long: with `keep_children` false they
+    /// then take [`gdn_tc_leaf`] instead of the second state pass.
+    pub leaf_children: bool,
 }
 
 impl SegStates {
@@ -35,7 +35,7 @@ impl SegStates {
             init: states,
             roots: nseg,
             keep_children: true,
-            leaf_len: 0,
+            leaf_children: false,
         }
     }
 }
@@ -158,20 +158,14 @@ pub fn gdn_tc_state(
 /// Value columns per block that [`gdn_tc_leaf`] supports (one kernel each).
 pub const GDN_TC_LEAF_SLICES: [usize; 3] = [32, 64, 128];
 
-/// The longest segment [`crate::model::CudaModel::forward_tree`] sends to [`gdn_tc_leaf`] (two chunks: the leaf pass
-/// does not overlap a chunk's loads with the last one's products, so longer segments take the fused pass).
-pub const GDN_TC_LEAF_MAX: usize = 2 * GDN_CHUNK;
-
-/// Shared memory (bytes) of [`gdn_tc_leaf`] with `bv` value columns per block for segments of up to `max_len`
-/// tokens; mirrors the layout in `gdn_tc.cu`: W, Q [64, kp8 + 4]; M [64, 68]; S [dkp, ldv]; v' [64, ldv]; past one
-/// chunk also K [64, dkp + 8] (kp8, dkp, ldv as in [`gdn_tc_smem`]).
-pub fn gdn_tc_leaf_smem(d: GdnDims, bv: usize, max_len: usize) -> usize {
+/// Shared memory (bytes) of [`gdn_tc_leaf`] with `bv` value columns per block; mirrors the layout in `gdn_tc.cu`:
+/// W, Q [64, kp8 + 4]; M [64, 68]; S0 [dkp, ldv]; v' [64, ldv] (kp8, dkp, ldv as in [`gdn_tc_smem`]).
+pub fn gdn_tc_leaf_smem(d: GdnDims, bv: usize) -> usize {
     let c = GDN_CHUNK;
     let kp8 = d.dk.div_ceil(8) * 8;
     let dkp = d.dk.div_ceil(16) * 16;
     let ldv = tile_ld(bv);
-    let k = if max_len > c { c * (dkp + 8) } else { 0 };
-    4 * (2 * c * (kp8 + 4) + c * (c + 4) + dkp * ldv + c * ldv + k)
+    4 * (2 * c * (kp8 + 4) + c * (c + 4) + dkp * ldv + c * ldv)
 }
 
 /// Value columns per block of [`gdn_tc_leaf`] for `nseg` segments: the widest slice (128: every block reads the
@@ -187,21 +181,18 @@ pub fn gdn_tc_leaf_slice(d: GdnDims, nseg: usize) -> usize {
     bv
 }
 
-/// Whether [`gdn_tc_leaf`] runs these dims with `bv` value columns per block, segments of up to `max_len` tokens.
-pub fn gdn_tc_leaf_supported(g: &Gpu, d: GdnDims, bv: usize, max_len: usize) -> bool {
+/// Whether [`gdn_tc_leaf`] runs these dims with `bv` value columns per block.
+pub fn gdn_tc_leaf_supported(g: &Gpu, d: GdnDims, bv: usize) -> bool {
     GDN_TC_LEAF_SLICES.contains(&bv)
         && gdn_tc_supported(g, d, 16)
-        && gdn_tc_leaf_smem(d, bv, max_len) <= g.max_smem
+        && gdn_tc_leaf_smem(d, bv) <= g.max_smem
 }
 
-/// The state pass of short segments whose states are dropped, per chunk `o = e^γ Q S + M (U − W S)` with S read at
-/// `init` for the first and updated in shared memory between chunks (a tree's children, `keep` false:
-/// [`gdn_tc_chunked`]): arguments as [`gdn_tc_state`]'s without the states written; `dvs` is one of
-/// [`GDN_TC_LEAF_SLICES`]; `max_len`: the longest segment (the device table does not say; past one chunk the block
-/// also holds a K tile, and with `max_len` of one chunk or less the kernel reads every segment's first chunk only).
-/// Same products as the fused pass, shared so that every warp has the same work (see `gdn_tc.cu`); it does not
-/// overlap one chunk's loads with the last one's products, so the model sends it segments of up to
-/// [`GDN_TC_LEAF_MAX`] tokens.
+/// The state pass of segments of at most one chunk ([`GDN_CHUNK`] tokens) whose states are dropped, `o = e^γ Q S0 +
+/// M (U − W S0)` with S0 read at `init` (a tree's children, `keep` false: [`gdn_tc_chunked`]): arguments as
+/// [`gdn_tc_state`]'s without the states written; `dvs` is one of [`GDN_TC_LEAF_SLICES`]. Every segment must be at
+/// most one chunk long (the kernel reads the first chunk only; the caller knows the lengths, the device table does
+/// not say). Same products as the fused pass, shared so that every warp has the same work (see `gdn_tc.cu`).
 pub fn gdn_tc_leaf(
     g: &Gpu,
     arith: Arith,
@@ -215,13 +206,12 @@ pub fn gdn_tc_leaf(
     rows: usize,
     scratch: u64,
     dvs: usize,
-    max_len: usize,
 ) -> Result<(), CudaError> {
-    if !gdn_tc_leaf_supported(g, d, dvs, max_len) {
+    if !gdn_tc_leaf_supported(g, d, dvs) {
         return Err(CudaError::Unsupported(format!(
-            "tensor-core gated delta leaf pass: dims {d:?}, {dvs} value columns per block, segments of up to \
-             {max_len} tokens (slices {GDN_TC_LEAF_SLICES:?}, {} of {} bytes of shared memory)",
-            gdn_tc_leaf_smem(d, dvs, max_len),
+            "tensor-core gated delta leaf pass: dims {d:?}, {dvs} value columns per block (slices \
+             {GDN_TC_LEAF_SLICES:?}, {} of {} bytes of shared memory)",
+            gdn_tc_leaf_smem(d, dvs),
             g.max_smem
         )));
     }
@@ -237,12 +227,10 @@ pub fn gdn_tc_leaf(
     let lc = cfg3(
         (d.hv as u32, nseg as u32, ops::blocks(d.dv, dvs)),
         256,
-        gdn_tc_leaf_smem(d, dvs, max_len) as u32,
+        gdn_tc_leaf_smem(d, dvs) as u32,
     );
-    let kt = i32::from(max_len > GDN_CHUNK);
     launch!(g, g.k.gdn_tc_leaf[arith as usize][slice], lc;
-        qkv, ld as i32, u, w, m, e, out, segs, init, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, vec as i32,
-        kt)
+        qkv, ld as i32, u, w, m, e, out, segs, init, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, vec as i32)
 }
 
 /// The chunked gated delta rule on tensor cores: [`crate::gdn_prep_tc::gdn_tc_prep`] (or [`ops::gdn_wy_prep`] for
@@ -310,8 +298,7 @@ pub fn gdn_tc_chunked(
     if roots < nseg {
         let (o, a) = (12 * roots as u64, 8 * roots as u64); // segs: 3 i32 per segment; states, init: one u64
         let leaf = gdn_tc_leaf_slice(d, nseg - roots);
-        let len = st.leaf_len;
-        if len > 0 && !st.keep_children && gdn_tc_leaf_supported(g, d, leaf, len) {
+        if st.leaf_children && !st.keep_children && gdn_tc_leaf_supported(g, d, leaf) {
             return gdn_tc_leaf(
                 g,
                 tc.state,
@@ -325,7 +312,6 @@ pub fn gdn_tc_chunked(
                 rows,
                 scratch,
                 leaf,
-                len,
             );
         }
         gdn_tc_state(

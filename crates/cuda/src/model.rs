@@ -401,9 +401,8 @@ struct Shape {
     roots: usize,
     /// Whether the states of segments `roots..` are written (false: dropped after the forward).
     keep_children: bool,
-    /// The longest of segments `roots..` when at most [`crate::gdn_tc::GDN_TC_LEAF_MAX`] tokens (the leaf pass may
-    /// take them: [`crate::gdn_tc::SegStates`]), rounded up to whole gated delta chunks; else 0.
-    leaf_len: usize,
+    /// Segments `roots..` (if any) are each at most one gated delta chunk long ([`crate::gdn_tc::SegStates`]).
+    short_children: bool,
     /// The longest segment (1: every segment one token, the decode step).
     max_len: usize,
     /// Key splits per tile of the tensor-core attention ([`crate::attn_tc::attention_tc_plan`] of the segments; 1
@@ -1525,11 +1524,7 @@ impl CudaModel {
             nseg,
             roots,
             keep_children: dropped.is_empty(),
-            leaf_len: lens[roots..]
-                .iter()
-                .max()
-                .filter(|&&l| l <= crate::gdn_tc::GDN_TC_LEAF_MAX)
-                .map_or(0, |l| l.next_multiple_of(ops::GDN_CHUNK)),
+            short_children: lens[roots..].iter().all(|&l| l <= ops::GDN_CHUNK),
             max_len: lens.iter().copied().max().unwrap_or(0),
             split: self.split_gemms(),
             attn_splits: self.attn_tc_dims().map_or(1, |a| {
@@ -1925,7 +1920,7 @@ impl CudaModel {
             nseg,
             roots,
             keep_children,
-            leaf_len,
+            short_children,
             max_len,
             attn_splits,
             split,
@@ -2003,7 +1998,7 @@ impl CudaModel {
                                     init: init_p,
                                     roots,
                                     keep_children,
-                                    leaf_len: if self.gdn_leaf { leaf_len } else { 0 },
+                                    leaf_children: short_children && self.gdn_leaf,
                                 },
                                 nseg,
                                 d,

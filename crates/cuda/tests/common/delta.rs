@@ -35,7 +35,8 @@ pub fn wy_cases() -> Vec<(GdnDims, Vec<usize>, f32)> {
 }
 
 /// The System One segment shapes the benches time: a 175-token prefix, 7 suffixes of 33, 7 of 29, the 7 suffixes of
-/// the bench's workloads (the 11-option question's is 66 tokens), a 3,400-token prefix, 224 suffixes of 33.
+/// the bench's workloads (the 11-option question's is 66 tokens, two chunks), a 3,400-token prefix, 224 suffixes of
+/// 33.
 pub fn bench_lens() -> [Vec<usize>; 6] {
     [
         vec![175],
