@@ -560,7 +560,10 @@ KERNEL(simt) void __launch_bounds__(256)
     }
     const float inv = 1.0f / l;
     const idx_t n = start + t;
-    for (int c = 4 * lane; c < D; c += 128) {
+#pragma unroll
+    for (int k = 0; k < 2; k++) {  // D <= 256
+        const int c = 4 * lane + 128 * k;
+        if (c >= D) break;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int j = 0; j < ATC_MAX_SPLITS; j++) {

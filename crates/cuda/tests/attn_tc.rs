@@ -146,6 +146,12 @@ fn attention_tc_timings() {
         same(10, 30, 3400),
         tree(199, 7, 29),
         tree(3400, 10, 30),
+        // The first workload's tree as the bench runs it: a 166-token prefix, the seven questions' suffixes.
+        [166, 30, 24, 66, 23, 31, 31, 31]
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (t, if i == 0 { 0 } else { 166 }))
+            .collect(),
     ] {
         let nseg = segs_h.len();
         let n: usize = segs_h.iter().map(|s| s.0).sum();
@@ -185,8 +191,9 @@ fn attention_tc_timings() {
         let (kvd, sgd) = (g.upload(&ptrs).unwrap(), g.upload(&segs).unwrap());
         let od = g.alloc::<u16>(n * h * dd).unwrap();
         let splits = attn_tc::attention_tc_plan(segs_h.iter().map(|&(len, _)| len), a, g.sms);
+        // Room for the split sweep below.
         let scratch = g
-            .alloc::<f32>(attn_tc::attention_tc_scratch_len(splits, n, a).max(1))
+            .alloc::<f32>(attn_tc::attention_tc_scratch_len(8, n, a).max(1))
             .unwrap();
         let scale = 1.0 / (dd as f32).sqrt();
         let (q, p, sg, kv, o, sc) = (
@@ -226,6 +233,10 @@ fn attention_tc_timings() {
         };
         let (x3, tf, one) = (tc(X3, splits), tc(TF, splits), tc(X3, 1));
         let (bx3, b1) = (tc(Bf16x3, splits), tc(Bf16, splits));
+        // Split mode's kernel (bf16x3) at every key split count up to 8: what the plan's choice costs.
+        let sweep: Vec<String> = (1..=8)
+            .map(|s| format!("{s}: {:.1}", tc(Bf16x3, s)))
+            .collect();
         let shape = if segs_h[0].1 == segs_h[nseg - 1].1 {
             format!(
                 "{nseg} x {} tokens over a {}-token base",
@@ -242,7 +253,8 @@ fn attention_tc_timings() {
         println!(
             "attention 0.8B heads, {shape}: attention_tiled {tiled:.1} µs, attention_tc {x3:.1} µs \
              ({splits} key splits; {one:.1} µs with none), 1xTF32 {tf:.1} µs, bf16x3 {bx3:.1} µs, \
-             bf16 {b1:.1} µs"
+             bf16 {b1:.1} µs; bf16x3 by key splits {}",
+            sweep.join(", ")
         );
     }
 }

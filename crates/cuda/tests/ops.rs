@@ -86,14 +86,22 @@ fn rms_norms_match_cpu() {
     check("rms_norm split hi+lo", &sum, &want, 3e-5);
     check("rms_norm split hi", hi, &want, BF16_TOL);
 
-    // Gated: x [N, HV, DV], z in rows of a wider projection. One warp per (row, head): fewer values than lanes, the
-    // model's 128, and more than the 256 a warp keeps in registers.
-    for (n, hv, dv, ldz) in [(63, 3, 24, 100), (9, 4, 128, 600), (5, 2, 300, 700)] {
+    // Gated: x [N, HV, DV], z in rows of a wider projection, `off` columns in. One warp per (row, head): fewer values
+    // than lanes, the model's 128, and more than the 256 a warp keeps in registers, each with z misaligned (one value
+    // per lane); the 16-byte path (z aligned, dv % 4 == 0, dv <= 256) at 128 and 256 and 36.
+    for (n, hv, dv, ldz, off) in [
+        (63, 3, 24, 100, 7),
+        (9, 4, 128, 600, 7),
+        (5, 2, 300, 700, 7),
+        (9, 4, 128, 600, 8),
+        (5, 2, 256, 520, 4),
+        (11, 3, 36, 120, 4),
+    ] {
         let x = rnd(n * hv * dv, 3);
         let zfull = rnd(n * ldz, 4);
         let w = rnd(dv, 5);
         let z: Vec<f32> = (0..n)
-            .flat_map(|i| zfull[i * ldz + 7..i * ldz + 7 + hv * dv].to_vec())
+            .flat_map(|i| zfull[i * ldz + off..i * ldz + off + hv * dv].to_vec())
             .collect();
         let mut want = x.clone();
         cpu::rms_norm_gated(&mut want, &z, &w, 1e-6);
@@ -102,10 +110,9 @@ fn rms_norms_match_cpu() {
             g.upload(&zfull).unwrap(),
             g.upload(&w).unwrap(),
         );
-        // z starts 7 columns into each row.
-        let z7 = g.ptr(&zd) + 4 * 7;
+        let zo = g.ptr(&zd) + 4 * off as u64;
         let gated = |out: Out| {
-            ops::rms_norm_gated(&g, g.ptr(&xd), z7, ldz, g.ptr(&wd), 1e-6, n, hv, dv, out).unwrap()
+            ops::rms_norm_gated(&g, g.ptr(&xd), zo, ldz, g.ptr(&wd), 1e-6, n, hv, dv, out).unwrap()
         };
         let ob = g.alloc::<u16>(n * hv * dv).unwrap();
         gated(Out::Bf16(g.ptr(&ob)));
@@ -118,10 +125,22 @@ fn rms_norms_match_cpu() {
             F32_TOL,
         );
         check(
-            "rms_norm_gated bf16",
+            &format!("rms_norm_gated bf16 (dv {dv}, z at {off})"),
             &from_bf16_bits(&g.download(&ob, n * hv * dv).unwrap()),
             &want,
             BF16_TOL,
+        );
+        let m = n * hv * dv;
+        let os = g.alloc::<u16>(2 * m).unwrap();
+        gated(Out::Split(g.ptr(&os), m));
+        let planes = from_bf16_bits(&g.download(&os, 2 * m).unwrap());
+        let (hi, lo) = planes.split_at(m);
+        let sum: Vec<f32> = hi.iter().zip(lo).map(|(h, l)| h + l).collect();
+        check(
+            &format!("rms_norm_gated split hi+lo (dv {dv}, z at {off})"),
+            &sum,
+            &want,
+            3e-5,
         );
     }
 }
