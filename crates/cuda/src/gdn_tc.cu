@@ -26,7 +26,7 @@
 // - Two barriers per chunk, loads overlapped: the next chunk's W and Q stream in during M v' and the update, its M
 //   and K during the next W S / Q S. The update accumulates K^T v' from zero and adds e^gam_last S in f32 (no long
 //   accumulation chains inside the tensor cores' adder).
-// - Grid (hv, nseg, ceil(dv / BV)), BV in {8, 16, 32, 64} chosen by the launcher (gdn_tc.rs) so small batches
+// - Grid (hv, ceil(dv / BV), nseg), BV in {8, 16, 32, 64} chosen by the launcher (gdn_tc.rs) so small batches
 //   still fill the multiprocessors; one block per multiprocessor (141 KB of shared memory at dk = 128, BV = 16; 189 KB
 //   at BV = 64).
 // Needs dk <= 128 (the launcher returns Unsupported otherwise). dk, dv, chunk lengths: anything (padding).
@@ -129,7 +129,9 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     float* Ss = Ve + GDN_C * LDV;    // [dkp, LDV] S (rows past dk and columns past w stay zero)
 
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
-    const int h = blockIdx.x, s = blockIdx.y, j0 = blockIdx.z * BV, w = min(BV, dv - j0);
+    // Segment-major blocks (a segment's slices launched together): a tree's longer child, two chunks among
+    // one-chunk siblings, is not split over the first and a later wave of blocks.
+    const int h = blockIdx.x, j0 = blockIdx.y * BV, s = blockIdx.z, w = min(BV, dv - j0);
     const int start = seg[3 * s], len = seg[3 * s + 1];
     const int kh = h / (hv / hk);
     const bool vecb = vec != 0;
@@ -328,7 +330,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     }
 }
 
-// State pass on tensor cores, BV value columns per block. grid (hv, nseg, ceil(dv / BV)), block 256, dynamic shared
+// State pass on tensor cores, BV value columns per block. grid (hv, ceil(dv / BV), nseg), block 256, dynamic shared
 // memory from gdn_tc_smem (gdn_tc.rs). Arguments as gdn_wy_state's, plus init (init[s]: where segment s's state is
 // read from; states[s] itself, or the state of the parent segment it continues, written by an earlier launch), keep
 // (0: the states after the segments are not needed: neither the last chunk's update nor the write-back runs) and

@@ -145,8 +145,9 @@ pub fn gdn_tc_state(
         .unwrap_or(GDN_TC_SLICES.len() - 1);
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
     let vec = vec_tiles(d, ld, [qkv, w, m]);
+    // Segment-major grid (gdn_tc.cu).
     let lc = cfg3(
-        (d.hv as u32, nseg as u32, ops::blocks(d.dv, dvs)),
+        (d.hv as u32, ops::blocks(d.dv, dvs), nseg as u32),
         256,
         gdn_tc_smem(d, dvs) as u32,
     );
