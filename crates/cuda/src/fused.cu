@@ -21,31 +21,15 @@ KERNEL(simt) void add2_rms_norm(float* x, int ldx, const float* __restrict__ f, 
     norm_rows<true>(x, ldx, f, lo, gain, eps, dim, out, mode, ldo, rows);
 }
 
-// The gates of rows n0 .. n0 + nt - 1 (nt <= CONV_RUN): g = neg_a * softplus(a + dt_bias), beta = sigmoid(b), one
-// head per lane; every row's loads issued before any store.
-#define CONV_RUN 4
-__device__ __forceinline__ void gdn_gates_rows(const float* __restrict__ x, int ld, int n0, int nt, int off_a,
-                                               int off_b, const float* __restrict__ neg_a,
-                                               const float* __restrict__ dt_bias, int hv, float* __restrict__ g,
-                                               float* __restrict__ beta, int lane) {
+// The gates of row n: g = neg_a * softplus(a + dt_bias), beta = sigmoid(b), one head per lane.
+__device__ __forceinline__ void gdn_gates_row(const float* __restrict__ x, int ld, int n, int off_a, int off_b,
+                                              const float* neg_a, const float* dt_bias, int hv, float* g,
+                                              float* beta, int lane) {
     for (int h = lane; h < hv; h += 32) {
-        float a[CONV_RUN], b[CONV_RUN];
-#pragma unroll
-        for (int j = 0; j < CONV_RUN; j++) {
-            const idx_t r = (idx_t)(n0 + min(j, nt - 1)) * ld;
-            a[j] = x[r + off_a + h];
-            b[j] = x[r + off_b + h];
-        }
-        const float na = neg_a[h], db = dt_bias[h];
-#pragma unroll
-        for (int j = 0; j < CONV_RUN; j++) {
-            if (j < nt) {
-                const float t = a[j] + db;
-                const float sp = t > 20.0f ? t : log1pf(expf(t));
-                g[(idx_t)(n0 + j) * hv + h] = na * sp;
-                beta[(idx_t)(n0 + j) * hv + h] = sigmoid_f(b[j]);
-            }
-        }
+        float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
+        float sp = a > 20.0f ? a : log1pf(expf(a));
+        g[(idx_t)n * hv + h] = neg_a[h] * sp;
+        beta[(idx_t)n * hv + h] = sigmoid_f(x[(idx_t)n * ld + off_b + h]);
     }
 }
 
@@ -84,13 +68,13 @@ __device__ __forceinline__ void conv_store(const float (&v)[8], int grp, int hk,
         if (lane + 32 * i < size) o[lane + 32 * i] = norm ? v[i] * mul : v[i];
 }
 
-// One token's conv outputs for channel group grp (c0, size from conv_group) into v: depthwise causal conv1d + SiLU as
-// gdn_conv_prep (the K-1 inputs before a segment from its conv state or parent rows, taps summed in the same order).
-// The row each tap reads is found once per token, not per channel. Nothing is stored (conv_store does that), so the
-// caller can have several tokens' loads in flight at once.
-__device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, const float* __restrict__ w, int K,
-                                           int cd, const int* seg, const int* tok, const u64* states,
-                                           const int* par, int n, int c0, int size, int lane, float (&v)[8]) {
+// One token's conv outputs for channel group grp (c0, size from conv_group): depthwise causal conv1d + SiLU as
+// gdn_conv_prep (the K-1 inputs before a segment from its conv state or parent rows, taps summed in the same order),
+// stored through conv_store. The row each tap reads is found once per token, not per channel.
+__device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, float* __restrict__ out,
+                                           const float* __restrict__ w, int K, int cd, const int* seg,
+                                           const int* tok, const u64* states, const int* par, int hk, float scale,
+                                           int n, int grp, int c0, int size, int lane) {
     int s = tok[2 * n];
     int start = seg[3 * s], t = n - start, pend = conv_parent_end(seg, par, s);
     const float* st = (const float*)states[s];
@@ -105,6 +89,7 @@ __device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, 
                              : st + (idx_t)(K - 1 + tau) * cd;
     }
     const bool w4 = K == 4 && ((u64)w & 15) == 0;  // the usual kernel: one 16-byte load of a channel's taps
+    float v[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         int cc = lane + 32 * i;
@@ -126,6 +111,7 @@ __device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, 
             v[i] = silu_f(acc);
         }
     }
+    conv_store(v, grp, hk, size, scale, out + (idx_t)n * cd + c0, lane);
 }
 
 // The Gated DeltaNet mixer inputs, one warp per channel group and run of CONV_RUN consecutive token rows: the q and
@@ -135,10 +121,10 @@ __device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, 
 // token: every load of a warp in flight at once. When a run's rows are one segment's, past its first K - 1 (and K =
 // 4), the warp loads the run's CONV_RUN + 3 input rows once and computes every output from them: 7 row loads for 4
 // outputs instead of 16 (workload 3's conv op 2.32 -> 2.13 ms, run s11e, against one token per warp; a sliding
-// window of 8 rows per warp, each output waiting for its row's load, had gone 2.30 -> 2.61); other runs (a segment's
-// first rows, runs across segments: about one in six of the first workload's tree) go token by token (conv_token),
-// every token's values before any store, so their loads are in flight together. grid (ceil(N / CONV_RUN),
-// ceil(groups / 4)), block 128; needs dk <= 256; n: the rows. gdn_conv_state then advances the states.
+// window of 8 rows per warp, each output waiting for its row's load, had gone 2.30 -> 2.61); other runs go token by
+// token (conv_token). grid (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows.
+// gdn_conv_state then advances the states.
+#define CONV_RUN 4
 KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* __restrict__ out,
                                     const float* __restrict__ w, int K, int cd, const int* seg,
                                     const int* tok, const u64* states, const int* par, int hk, int dk,
@@ -147,7 +133,8 @@ KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* 
                                     float* g, float* beta, int n) {
     const int n0 = CONV_RUN * blockIdx.x, nt = min(CONV_RUN, n - n0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (blockIdx.y == 0 && warp == 0) gdn_gates_rows(x, ld, n0, nt, off_a, off_b, neg_a, dt_bias, hv, g, beta, lane);
+    if (blockIdx.y == 0 && warp == 0)
+        for (int j = 0; j < nt; j++) gdn_gates_row(x, ld, n0 + j, off_a, off_b, neg_a, dt_bias, hv, g, beta, lane);
     const int grp = blockIdx.y * 4 + warp;
     int c0, size;
     if (!conv_group(grp, hk, dk, cd, c0, size)) return;
@@ -155,13 +142,8 @@ KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* 
     const bool run = K == 4 && ((u64)w & 15) == 0 && nt == CONV_RUN && tok[2 * (n0 + nt - 1)] == s &&
                      n0 - seg[3 * s] >= K - 1;
     if (!run) {
-        float v[CONV_RUN][8];
-#pragma unroll
-        for (int j = 0; j < CONV_RUN; j++)
-            if (j < nt) conv_token(x, ld, w, K, cd, seg, tok, states, par, n0 + j, c0, size, lane, v[j]);
-#pragma unroll
-        for (int j = 0; j < CONV_RUN; j++)
-            if (j < nt) conv_store(v[j], grp, hk, size, scale, out + (idx_t)(n0 + j) * cd + c0, lane);
+        for (int j = 0; j < nt; j++)
+            conv_token(x, ld, out, w, K, cd, seg, tok, states, par, hk, scale, n0 + j, grp, c0, size, lane);
         return;
     }
     const float* r = x + (idx_t)(n0 - 3) * ld;  // rows n0 - 3 .. n0 + CONV_RUN - 1
