@@ -130,7 +130,8 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     // Segment-major blocks (a segment's slices launched together): a tree's longer child, two chunks among
-    // one-chunk siblings, is not split over the first and a later wave of blocks.
+    // one-chunk siblings, is not split over the first and a later wave of blocks (run s12h, the bench's suffixes 7 x
+    // 23..66 at 64 columns: 38.2 -> 29.8 µs).
     const int h = blockIdx.x, j0 = blockIdx.y * BV, s = blockIdx.z, w = min(BV, dv - j0);
     const int start = seg[3 * s], len = seg[3 * s + 1];
     const int kh = h / (hv / hk);
