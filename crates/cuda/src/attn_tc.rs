@@ -38,23 +38,19 @@ fn tile_tokens(a: AttnDims) -> usize {
 }
 
 /// Key splits per tile for [`attention_tc`] over segments of `lens` rows on a GPU of `sms`
-/// multiprocessors: enough blocks to fill it ([`BLOCKS_PER_SM`] each) counting every segment at the longest one's
-/// tiles (the grid's shape), at most [`MAX_SPLITS`]; the kernel uses fewer for tiles with fewer keys (at least 32
-/// keys per split). Measured on an H200 against a plan that cut the longest tile down to an even share of all the
-/// tiles' work (µs, 0.8B shape): a 199-token prefix with 7 suffixes of 29 in one launch ran 71 at that plan's 5
-/// splits (118 unsplit), the events of the System One bench 85 per layer at this one's 2 and 92 at 5; a 3,400-token
-/// prefix with 10 suffixes of 30: 1,441 unsplit (this plan) against 1,641 at 2. Every split reloads the query
-/// tile and writes partials, which only pays while blocks are too few to fill the GPU.
+/// multiprocessors: enough blocks to fill it ([`BLOCKS_PER_SM`] each) counting the tiles the segments have (the
+/// grid's blocks past a segment's end exit at once), at most [`MAX_SPLITS`]; the kernel uses fewer for tiles with
+/// fewer keys (at least 32 keys per split). Every split reloads the query tile and writes partials, which only pays
+/// while blocks are too few to fill the GPU: a 3,400-token prefix with 10 suffixes of 30 (464 tiles) ran 901 µs
+/// unsplit against 964 at 2 splits (bf16x3, H200, run s12g). Until run s12i the plan counted every segment at the
+/// longest one's tiles, which left a tree of a long prefix and short suffixes unsplit with too few blocks (the
+/// second workload: 65 tiles per KV head).
 pub fn attention_tc_plan(lens: impl IntoIterator<Item = usize>, a: AttnDims, sms: usize) -> usize {
-    let (mut nseg, mut max_len) = (0usize, 0usize);
-    for len in lens {
-        nseg += 1;
-        max_len = max_len.max(len);
-    }
-    if nseg == 0 || max_len == 0 {
+    let tiles: usize = lens.into_iter().map(|l| l.div_ceil(tile_tokens(a))).sum();
+    if tiles == 0 {
         return 1;
     }
-    let blocks = max_len.div_ceil(tile_tokens(a)) * nseg * a.kv_heads.max(1);
+    let blocks = tiles * a.kv_heads.max(1);
     (BLOCKS_PER_SM * sms.max(1))
         .div_ceil(blocks)
         .clamp(1, MAX_SPLITS)

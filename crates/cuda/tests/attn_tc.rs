@@ -138,6 +138,11 @@ fn attention_tc_timings() {
         v.extend(std::iter::repeat_n((t, root), kids));
         v
     };
+    let bench_tree = |root: usize| -> Vec<(usize, usize)> {
+        std::iter::once((root, 0))
+            .chain([30, 24, 66, 23, 31, 31, 31].map(|t| (t, root)))
+            .collect()
+    };
     // Per segment: (tokens, base cache length = position of its first token).
     for segs_h in [
         same(1, 175, 0),
@@ -146,12 +151,10 @@ fn attention_tc_timings() {
         same(10, 30, 3400),
         tree(199, 7, 29),
         tree(3400, 10, 30),
-        // The first workload's tree as the bench runs it: a 166-token prefix, the seven questions' suffixes.
-        [166, 30, 24, 66, 23, 31, 31, 31]
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| (t, if i == 0 { 0 } else { 166 }))
-            .collect(),
+        // The first and second workloads' trees as the bench runs them: a 166- or 691-token prefix, the seven
+        // questions' suffixes.
+        bench_tree(166),
+        bench_tree(691),
     ] {
         let nseg = segs_h.len();
         let n: usize = segs_h.iter().map(|s| s.0).sum();
@@ -243,11 +246,20 @@ fn attention_tc_timings() {
                 segs_h[0].0, segs_h[0].1
             )
         } else {
+            let kids = &segs_h[1..];
+            let (lo, hi) = (
+                kids.iter().map(|s| s.0).min().unwrap_or(0),
+                kids.iter().map(|s| s.0).max().unwrap_or(0),
+            );
+            let each = if lo == hi {
+                lo.to_string()
+            } else {
+                format!("{lo}..{hi}")
+            };
             format!(
-                "tree: {} tokens and {} x {} over them",
+                "tree: {} tokens and {} x {each} over them",
                 segs_h[0].0,
-                nseg - 1,
-                segs_h[nseg - 1].0
+                nseg - 1
             )
         };
         println!(
