@@ -38,22 +38,19 @@ fn tile_tokens(a: AttnDims) -> usize {
 }
 
 /// Key splits per tile for [`attention_tc`] over segments of `lens` rows on a GPU of `sms`
-/// multiprocessors: enough blocks to fill it ([`BLOCKS_PER_SM`] each) counting the tiles the segments have (the
-/// grid's blocks past a segment's end exit at once), at most [`MAX_SPLITS`]; the kernel uses fewer for tiles with
-/// fewer keys (at least 32 keys per split). Every split reloads the query tile and writes partials, which only pays
-/// while blocks are too few to fill the GPU: a 3,400-token prefix with 10 suffixes of 30 (464 tiles) ran 901 µs
-/// unsplit against 964 at 2 splits (bf16x3, H200, run s12g). Until run s12i the plan counted every segment at the
-/// longest one's tiles, which left a tree of a long prefix and short suffixes unsplit with too few blocks (the
-/// second workload: 65 tiles per KV head).
+/// multiprocessors: the most that keep every block resident at once ([`BLOCKS_PER_SM`] per multiprocessor),
+/// counting the tiles the segments have (the grid's blocks past a segment's end exit at once), at least 1, at most
+/// [`MAX_SPLITS`]; the kernel uses fewer for tiles with fewer keys (at least 32 keys per split). Every split reloads
+/// the query tile and writes partials, which only pays while blocks are too few to fill the GPU. Measured on an H200
+/// (bf16x3, µs per call for 1 / 2 / 3 / 4 / 5 splits; runs s12g, s12i): the bench's first tree (a 166-token prefix,
+/// 7 suffixes of 23 to 66 tokens: 56 tiles, picks 4) 83.7 / 57.9 / 57.7 / 58.3 / 59.3; its second (691-token
+/// prefix: 122 tiles, picks 2) 211.7 / 129.7 / 145.2 / 151.6 / 164.9; its third (3,400 and 10 x 30: 464 tiles,
+/// picks one) 902 / 964 / 1,007. Until run s12i the plan counted every segment at the longest one's tiles and
+/// rounded up, which ran the second tree unsplit.
 pub fn attention_tc_plan(lens: impl IntoIterator<Item = usize>, a: AttnDims, sms: usize) -> usize {
     let tiles: usize = lens.into_iter().map(|l| l.div_ceil(tile_tokens(a))).sum();
-    if tiles == 0 {
-        return 1;
-    }
     let blocks = tiles * a.kv_heads.max(1);
-    (BLOCKS_PER_SM * sms.max(1))
-        .div_ceil(blocks)
-        .clamp(1, MAX_SPLITS)
+    (BLOCKS_PER_SM * sms.max(1) / blocks.max(1)).clamp(1, MAX_SPLITS)
 }
 
 /// Scratch (f32 values) of [`attention_tc`] with `splits` key splits over `rows` token rows: per (split, row,
