@@ -1114,6 +1114,11 @@ impl CudaModel {
         if !self.spans.lock().is_ok_and(|s| s.is_some()) {
             return Ok(None);
         }
+        self.event_now().map(Some)
+    }
+
+    /// A timing event recorded now on the stream (profiling and spans).
+    fn event_now(&self) -> Result<CudaEvent, CudaError> {
         let e = self
             .gpu
             .ctx
@@ -1124,7 +1129,7 @@ impl CudaModel {
                 op: "event record",
                 err,
             })?;
-        Ok(Some(e))
+        Ok(e)
     }
 
     /// Host nanoseconds spent inside `forward_batch` so far. The forward never waits for the GPU, so when this
@@ -1212,17 +1217,7 @@ impl CudaModel {
             return Ok(());
         };
         if let Some(v) = p.as_mut() {
-            let e = self
-                .gpu
-                .ctx
-                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|err| CudaError::Driver { op: "event", err })?;
-            e.record(&self.gpu.stream)
-                .map_err(|err| CudaError::Driver {
-                    op: "event record",
-                    err,
-                })?;
-            v.push((name, e));
+            v.push((name, self.event_now()?));
         }
         Ok(())
     }
