@@ -43,14 +43,17 @@ fn tile_tokens(a: AttnDims) -> usize {
 /// [`MAX_SPLITS`]; the kernel uses fewer for tiles with fewer keys (at least 32 keys per split). Every split reloads
 /// the query tile and writes partials, which only pays while blocks are too few to fill the GPU. Measured on an H200
 /// (bf16x3, µs per call for 1 / 2 / 3 / 4 / 5 splits; runs s12g, s12i): the bench's first tree (a 166-token prefix,
-/// 7 suffixes of 23 to 66 tokens: 56 tiles, picks 4) 83.7 / 57.9 / 57.7 / 58.3 / 59.3; its second (691-token
-/// prefix: 122 tiles, picks 2) 211.7 / 129.7 / 145.2 / 151.6 / 164.9; its third (3,400 and 10 x 30: 464 tiles,
+/// 7 suffixes of 23 to 66 tokens: 56 blocks, picks 4) 83.7 / 57.9 / 57.7 / 58.3 / 59.3; its second (691-token
+/// prefix: 122 blocks, picks 2) 211.7 / 129.7 / 145.2 / 151.6 / 164.9; its third (3,400 and 10 x 30: 466 blocks,
 /// picks one) 902 / 964 / 1,007. Until run s12i the plan counted every segment at the longest one's tiles and
 /// rounded up, which ran the second tree unsplit.
 pub fn attention_tc_plan(lens: impl IntoIterator<Item = usize>, a: AttnDims, sms: usize) -> usize {
     let tiles: usize = lens.into_iter().map(|l| l.div_ceil(tile_tokens(a))).sum();
+    if tiles == 0 {
+        return 1;
+    }
     let blocks = tiles * a.kv_heads.max(1);
-    (BLOCKS_PER_SM * sms.max(1) / blocks.max(1)).clamp(1, MAX_SPLITS)
+    (BLOCKS_PER_SM * sms.max(1) / blocks).clamp(1, MAX_SPLITS)
 }
 
 /// Scratch (f32 values) of [`attention_tc`] with `splits` key splits over `rows` token rows: per (split, row,
@@ -455,9 +458,11 @@ mod tests {
     }
 
     /// The split plan on the 0.8B attention shape (8 heads over 2 KV heads, 16 tokens per tile) and an H200's 132
-    /// multiprocessors (264 resident blocks), worked by hand: a System One tree (a 199-token prefix and 7 suffixes
-    /// of 29: 13 tiles x 8 segments x 2 KV heads = 208 blocks: 2 splits); a 175-token prefix alone (22 blocks:
-    /// 12); a 3,400-token prefix with 10 suffixes (4,686 blocks: 1); nothing (1); at most MAX_SPLITS.
+    /// multiprocessors (264 resident blocks), worked by hand: a tree of a 199-token prefix and 7 suffixes of 29
+    /// ((13 + 7 x 2) tiles x 2 KV heads = 54 blocks: 264 / 54, 4 splits); the bench's first and second trees (166
+    /// and 691 tokens with suffixes of 30, 24, 66, 23, 31, 31, 31: 11 + 17 and 44 + 17 tiles, 56 and 122 blocks: 4
+    /// and 2); a 175-token prefix alone (22 blocks: 12); a 3,400-token prefix with 10 suffixes of 30 (466 blocks:
+    /// 1); nothing (1); at most MAX_SPLITS.
     #[test]
     fn split_plan_matches_hand_counts() {
         use super::{attention_tc_plan, AttnDims};
@@ -470,7 +475,10 @@ mod tests {
         let tree = |root: usize, kids: usize, len: usize| {
             std::iter::once(root).chain(std::iter::repeat_n(len, kids))
         };
-        assert_eq!(attention_tc_plan(tree(199, 7, 29), a, 132), 2);
+        assert_eq!(attention_tc_plan(tree(199, 7, 29), a, 132), 4);
+        let bench = |root: usize| std::iter::once(root).chain([30, 24, 66, 23, 31, 31, 31]);
+        assert_eq!(attention_tc_plan(bench(166), a, 132), 4);
+        assert_eq!(attention_tc_plan(bench(691), a, 132), 2);
         assert_eq!(attention_tc_plan([175], a, 132), 12);
         assert_eq!(attention_tc_plan(tree(3400, 10, 30), a, 132), 1);
         assert_eq!(attention_tc_plan(std::iter::empty(), a, 132), 1);
