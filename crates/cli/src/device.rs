@@ -315,9 +315,13 @@ pub struct BenchSystemoneArgs {
     /// Requests timed per workload, one at a time (after 3 warm-up requests).
     #[arg(long, default_value_t = 50)]
     reps: usize,
-    /// Requests per engine call in the saturating load (what the server's batching worker hands `score`).
+    /// Requests per engine call in the saturating load (what the server's batching worker hands `score`); 0: no
+    /// saturating load.
     #[arg(long, default_value = "8,32", value_delimiter = ',')]
     batch: Vec<usize>,
+    /// The workloads timed (1, 2, 3: about 406, 912 and 3,672 unique tokens), comma-separated.
+    #[arg(long, default_value = "1,2,3", value_delimiter = ',')]
+    workloads: Vec<usize>,
     /// Engine calls timed per batch size.
     #[arg(long, default_value_t = 10)]
     batch_reps: usize,
@@ -378,12 +382,15 @@ pub fn plan_body<B: onepass_decide::engine::Backend>(
 /// One benchmark workload: (name, body, rows, unique tokens, mean row tokens).
 type Workload = (String, Vec<u8>, usize, usize, usize);
 
+/// The workloads of issue #4: extra Choice questions, unique tokens aimed at.
+const WORKLOADS: [(usize, usize); 3] = [(0, 406), (0, 912), (3, 3672)];
+
 /// The three workloads of issue #4.
 fn bench_workloads<B: onepass_decide::engine::Backend>(
     e: &onepass_decide::Engine<B>,
 ) -> Result<Vec<Workload>> {
     let mut out = Vec::new();
-    for (extra, target) in [(0usize, 406usize), (0, 912), (3, 3672)] {
+    for (extra, target) in WORKLOADS {
         #[allow(clippy::type_complexity)]
         let mut best: Option<(usize, Vec<u8>, (usize, usize, usize))> = None;
         // Unique tokens grow with the events; find the count closest to the target (bisection, then neighbours).
@@ -428,6 +435,16 @@ fn bench_workloads<B: onepass_decide::engine::Backend>(
 /// (p50/p95, requests/s, decisions/s), then a saturating load (many requests per `score` call, as the server's
 /// batching worker does). Prints a table on stderr and one JSON object on stdout.
 pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
+    let n = WORKLOADS.len();
+    if let Some(w) = a.workloads.iter().find(|&&w| w == 0 || w > n) {
+        bail!("--workloads {w}: the workloads are 1 to {n}");
+    }
+    if a.profile_workload > n {
+        bail!(
+            "--profile-workload {}: there are {n} workloads (0: none)",
+            a.profile_workload
+        );
+    }
     let dir = onepass_formats::resolve_model_dir(&a.model)?;
     let dev = a.dev.resolve()?;
     let opts = onepass_decide::EngineOptions::default();
@@ -443,14 +460,13 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
     let any = AnyEngine::load(&dir, opts, dev, &a.cuda)?;
     let device = any.device();
     let workloads = with_engine!(&any, e => bench_workloads(e)?);
-    if a.profile_workload > workloads.len() {
-        bail!(
-            "--profile-workload {}: there are {} workloads (0: none)",
-            a.profile_workload,
-            workloads.len()
-        );
-    }
-    let report = with_engine!(&any, e => bench_engine(e, &a, &workloads)?);
+    let timed: Vec<Workload> = workloads
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| a.workloads.contains(&(i + 1)))
+        .map(|(_, w)| w.clone())
+        .collect();
+    let report = with_engine!(&any, e => bench_engine(e, &a, &timed)?);
     // Where the time goes: CUDA events after every op of 10 requests of the profiled workload.
     let mut profile = Vec::new();
     let mut host = serde_json::Value::Null;
@@ -568,7 +584,7 @@ fn bench_engine<B: onepass_decide::engine::Backend>(
         );
         // Saturating load: `b` copies of the planned request per engine call (the engine alone: no parse or plan).
         let mut sat = Vec::new();
-        for &b in &a.batch {
+        for &b in a.batch.iter().filter(|&&b| b > 0) {
             let refs = vec![&plan; b];
             e.score(&refs)?;
             let t0 = Instant::now();

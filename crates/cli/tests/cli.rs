@@ -150,3 +150,73 @@ fn bad_input_is_a_message_and_a_non_zero_exit() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 1"));
 }
+
+/// `bench-systemone` on the CPU, a synthetic checkpoint with the real Qwen3.5 tokenizer (tools/setup-testdata.sh):
+/// only the workloads asked for are timed (the first: 7 rows, the unique token count closest to 406 the state sizes
+/// reach), `--batch 0` runs no saturating load, and a workload or profiled workload out of 1..3 is an error before
+/// anything loads.
+#[test]
+fn bench_systemone_times_the_workloads_asked_for() {
+    let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/qwen3_5-tokenizer");
+    assert!(
+        tok.join("tokenizer.json").is_file(),
+        "{} is missing: run tools/setup-testdata.sh to build the Qwen3.5 test tokenizer",
+        tok.display()
+    );
+    let d = tempfile::tempdir().expect("tempdir");
+    let out = onepass()
+        .args(["synth", "--preset", "tiny-qwen-vocab", "--out"])
+        .arg(d.path())
+        .arg("--tokenizer")
+        .arg(&tok)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(
+        d.path().join("decider_config.json"),
+        r#"{"isolated_levels": true, "neutralize_none": false, "version": "bench"}"#,
+    )
+    .expect("write");
+    let args = [
+        "bench-systemone",
+        "--device",
+        "cpu",
+        "--reps",
+        "1",
+        "--batch",
+        "0",
+        "--workloads",
+        "1",
+        "--profile-workload",
+        "0",
+    ];
+    let v = run_ok(&args, d.path());
+    let w = v["workloads"].as_array().expect("workloads");
+    assert_eq!(w.len(), 1, "{v}");
+    assert_eq!(w[0]["rows"], 7, "{v}");
+    let unique = w[0]["unique_tokens"].as_u64().expect("unique_tokens");
+    assert!(unique.abs_diff(406) <= 20, "{unique} unique tokens");
+    assert!(w[0]["p50_ms"].as_f64().expect("p50") > 0.0);
+    assert_eq!(w[0]["saturating"], serde_json::json!([]), "{v}");
+    let m = d.path().to_str().expect("path");
+    for (flag, value, want) in [
+        ("--workloads", "4", "the workloads are 1 to 3"),
+        ("--workloads", "2,0", "the workloads are 1 to 3"),
+        ("--profile-workload", "5", "there are 3 workloads"),
+    ] {
+        let err = run_err(&[
+            "bench-systemone",
+            "--device",
+            "cpu",
+            "--model",
+            m,
+            flag,
+            value,
+        ]);
+        assert!(err.contains(want), "{flag} {value}: {err}");
+    }
+}
