@@ -626,9 +626,8 @@ pub struct CudaModel {
     prof: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
     /// Host nanoseconds spent queueing forwards (no forward waits for the GPU), see [`CudaModel::host_enqueue_ns`].
     enqueue_ns: AtomicU64,
-    /// Parts of `enqueue_ns` ([`CudaModel::host_phases`]): the table (written and uploaded), the layers' launches
-    /// (or graph launch), the output buffer and final norm.
-    phase_ns: [AtomicU64; 3],
+    /// Parts of `enqueue_ns` ([`CudaModel::host_phases`]).
+    phase_ns: PhaseNs,
     /// While set ([`CudaModel::span_start`]): per forward, events around its GPU work (table upload to final norm).
     spans: Mutex<Option<Vec<(CudaEvent, CudaEvent)>>>,
     /// Forwards [`CudaModel::forward_tree`] ran with children in them.
@@ -658,6 +657,26 @@ pub struct CudaModel {
     tc: Mutex<TcArith>,
     /// The projections that multiply both planes in split mode ([`CudaModel::set_split_gemms`]).
     split: Mutex<SplitGemms>,
+}
+
+/// Host nanoseconds of forward queueing by phase ([`CudaModel::host_phases`]; the states' share is what the total
+/// leaves).
+#[derive(Default)]
+struct PhaseNs {
+    /// The table, written and uploaded (with the children's KV scratch it names).
+    table: AtomicU64,
+    /// The layers' launches, or one graph launch.
+    launch: AtomicU64,
+    /// The output buffer and the final norm.
+    out: AtomicU64,
+}
+
+/// Runs `f`, adding the host nanoseconds it took to `ns`.
+fn timed<R>(ns: &AtomicU64, f: impl FnOnce() -> R) -> R {
+    let t = std::time::Instant::now();
+    let r = f();
+    ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    r
 }
 
 /// Where every attention layer's K and V rows sit in one buffer of `cap` positions ([`KvBuf`], and the forward
@@ -1068,7 +1087,8 @@ impl CudaModel {
     /// what the other three leave), the table (written and uploaded), launching the layers (one graph launch when a
     /// graph replays), the output buffer and final norm.
     pub fn host_phases(&self) -> [(&'static str, u64); 4] {
-        let [table, launch, out] = self.phase_ns.each_ref().map(|a| a.load(Ordering::Relaxed));
+        let p = &self.phase_ns;
+        let [table, launch, out] = [&p.table, &p.launch, &p.out].map(|a| a.load(Ordering::Relaxed));
         let total = self.host_enqueue_ns();
         [
             ("states", total.saturating_sub(table + launch + out)),
@@ -1132,7 +1152,7 @@ impl CudaModel {
         Ok(e)
     }
 
-    /// Host nanoseconds spent inside `forward_batch` so far. The forward never waits for the GPU, so when this
+    /// Host nanoseconds spent inside `forward_batch` and `forward_tree` so far. The forward never waits for the GPU, so when this
     /// grows as fast as the wall clock the host's kernel launches, not the GPU, bound the request.
     pub fn host_enqueue_ns(&self) -> u64 {
         self.enqueue_ns.load(Ordering::Relaxed)
@@ -1360,14 +1380,11 @@ impl CudaModel {
         &self,
         items: &mut [(&mut CudaState, &[u32])],
     ) -> Result<CudaHidden, CudaError> {
-        let t0 = std::time::Instant::now();
-        let par = vec![-1; items.len()];
-        let r = self
-            .prepare(items)
-            .and_then(|()| self.forward_queue(items, &[], &par));
-        self.enqueue_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        r
+        timed(&self.enqueue_ns, || {
+            let par = vec![-1; items.len()];
+            self.prepare(items)?;
+            self.forward_queue(items, &[], &par)
+        })
     }
 
     /// Checks every item's ids against its state, then grows each state's KV rows to hold them.
@@ -1421,11 +1438,7 @@ impl CudaModel {
                 return Ok(None);
             }
         }
-        let t0 = std::time::Instant::now();
-        let r = self.run_tree(roots, children, keep);
-        self.enqueue_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let r = r?;
+        let r = timed(&self.enqueue_ns, || self.run_tree(roots, children, keep))?;
         self.trees.fetch_add(1, Ordering::Relaxed);
         Ok(Some(r))
     }
@@ -1529,27 +1542,22 @@ impl CudaModel {
         let table_len = TableLayout::new(&self.layers, n, nseg).len;
         // Positions of KV rows the dropped children write into the scratch.
         let kv_rows: usize = dropped.iter().map(|(_, s)| s.len()).sum();
-        let t_out = std::time::Instant::now();
-        let out: CudaSlice<f32> = g.alloc(n * hid)?;
-        let _out_charge = self.ledger.charge(4 * n * hid, "forward scratch")?;
-        let mut out_ns = t_out.elapsed().as_nanos() as u64;
+        let ph = &self.phase_ns;
+        let (out, _out_charge) = timed(&ph.out, || -> Result<_, CudaError> {
+            let out: CudaSlice<f32> = g.alloc(n * hid)?;
+            Ok((out, self.ledger.charge(4 * n * hid, "forward scratch")?))
+        })?;
         let span0 = self.span_event()?;
         // The table, written once the scratch (which holds the dropped children's KV rows) is in place.
-        let upload = |sc: &mut Scratch| -> Result<FwdPtrs, CudaError> {
-            let t = std::time::Instant::now();
-            sc.kv
-                .reserve(self, kv_rows * self.kv.per_pos, "tree children's KV rows")?;
-            let table = self.table(items, dropped, par, (g.ptr(&sc.kv.buf), kv_rows));
-            debug_assert_eq!(table.len(), table_len, "the table and its layout disagree");
-            g.upload_into(&table, &sc.table.buf)?;
-            self.phase_ns[0].fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            Ok(sc.ptrs(self, shape))
-        };
-        let timed = |ns: &AtomicU64, f: &dyn Fn() -> Result<(), CudaError>| {
-            let t = std::time::Instant::now();
-            let r = f();
-            ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            r
+        let upload = |sc: &mut Scratch| {
+            timed(&ph.table, || -> Result<FwdPtrs, CudaError> {
+                sc.kv
+                    .reserve(self, kv_rows * self.kv.per_pos, "tree children's KV rows")?;
+                let table = self.table(items, dropped, par, (g.ptr(&sc.kv.buf), kv_rows));
+                debug_assert_eq!(table.len(), table_len, "the table and its layout disagree");
+                g.upload_into(&table, &sc.table.buf)?;
+                Ok(sc.ptrs(self, shape))
+            })
         };
         if n <= ARENA_ROWS {
             // The persistent scratch: fixed addresses, so a repeated shape can replay a captured CUDA graph.
@@ -1576,22 +1584,17 @@ impl CudaModel {
                 self.drop_graphs();
             }
             let p = upload(a)?;
-            timed(&self.phase_ns[1], &|| self.run_layers_graphed(&p, shape))?;
-            let t = std::time::Instant::now();
-            self.final_norm(&p, shape, &out)?;
-            out_ns += t.elapsed().as_nanos() as u64;
+            timed(&ph.launch, || self.run_layers_graphed(&p, shape))?;
+            timed(&ph.out, || self.final_norm(&p, shape, &out))?;
         } else {
             let mut sc = self.scratch(n, table_len)?;
             sc.attn
                 .reserve(self, self.attn_scratch(shape), "attention scratch")?;
             let p = upload(&mut sc)?;
-            timed(&self.phase_ns[1], &|| self.run_layers(&p, shape))?;
-            let t = std::time::Instant::now();
-            self.final_norm(&p, shape, &out)?;
-            out_ns += t.elapsed().as_nanos() as u64;
+            timed(&ph.launch, || self.run_layers(&p, shape))?;
+            timed(&ph.out, || self.final_norm(&p, shape, &out))?;
             // The scratch is freed in stream order when it drops here.
         }
-        self.phase_ns[2].fetch_add(out_ns, Ordering::Relaxed);
         if let (Some(a), Some(b)) = (span0, self.span_event()?) {
             if let Ok(mut s) = self.spans.lock() {
                 s.get_or_insert_with(Vec::new).push((a, b));
