@@ -525,12 +525,29 @@ fn big_smem(k: CudaFunction, max_smem: usize) -> Result<CudaFunction, CudaError>
     Ok(k)
 }
 
+/// One kernel per slice width: `{name}_{bv}{suffix}` for each `bv` of `slices`, in that order, loaded by `load`.
+fn per_slice<const N: usize>(
+    slices: [usize; N],
+    name: &str,
+    suffix: &str,
+    load: &dyn Fn(&str) -> Result<CudaFunction, CudaError>,
+) -> Result<[CudaFunction; N], CudaError> {
+    let v = slices
+        .iter()
+        .map(|bv| load(&format!("{name}_{bv}{suffix}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    v.try_into()
+        .map_err(|_| CudaError::Unsupported(format!("{name}: one kernel per slice")))
+}
+
 /// Keeps the device's default memory pool (where every `Gpu::alloc` comes from, stream-ordered) from handing freed
 /// memory back to the driver at every synchronisation: its release threshold, 0 by default, raised to the maximum.
-/// A request allocates its states (a System One tree of the first workload: about 100 buffers, two per attention
-/// layer per state) and frees them after its readout, which synchronises; with the default threshold the next
-/// request maps all of that memory anew. The pool then holds up to the high-water mark of what the process had
-/// allocated (as PyTorch's caching allocator does); ONEPASS_CUDA_POOL=release keeps the driver's default.
+/// A request allocates its states and per-call buffers and frees them after its readout, which synchronises; with
+/// the default threshold the next request maps that memory anew. The pool then holds up to the high-water mark of
+/// what the process had allocated (as PyTorch's caching allocator does); ONEPASS_CUDA_POOL=release keeps the driver's
+/// default. Measured against `release` in one device session (run s12b, the first workload, one request at a time,
+/// one process each): p50 4.88 ms kept against 4.53 released, inside the spread of that
+/// session (4.53 to 4.98 ms across its runs); no gain was shown.
 fn keep_pool(ctx: &Arc<CudaContext>) {
     if !ctx.has_async_alloc() || std::env::var("ONEPASS_CUDA_POOL").as_deref() == Ok("release") {
         return;
@@ -584,9 +601,11 @@ impl Gpu {
             .max(1) as usize;
         let f = |name: &str| kernel(&modules, name);
         let big = |name: &str| big_smem(f(name)?, max_smem);
-        let [s0, s1, s2, s3] = crate::gdn_tc::GDN_TC_SLICES;
-        let [l0, l1, l2] = crate::gdn_tc::GDN_TC_LEAF_SLICES;
         let (x3, tf) = (Arith::X3.suffix(), Arith::Tf32.suffix());
+        let (states, leaves) = (
+            crate::gdn_tc::GDN_TC_SLICES,
+            crate::gdn_tc::GDN_TC_LEAF_SLICES,
+        );
         let k = Kernels {
             embed_gather: f("embed_gather")?,
             rms_norm: f("rms_norm")?,
@@ -612,30 +631,12 @@ impl Gpu {
                 big(&format!("gdn_tc_prep{tf}"))?,
             ],
             gdn_tc_state: [
-                [
-                    big(&format!("gdn_tc_state_{s0}{x3}"))?,
-                    big(&format!("gdn_tc_state_{s1}{x3}"))?,
-                    big(&format!("gdn_tc_state_{s2}{x3}"))?,
-                    big(&format!("gdn_tc_state_{s3}{x3}"))?,
-                ],
-                [
-                    big(&format!("gdn_tc_state_{s0}{tf}"))?,
-                    big(&format!("gdn_tc_state_{s1}{tf}"))?,
-                    big(&format!("gdn_tc_state_{s2}{tf}"))?,
-                    big(&format!("gdn_tc_state_{s3}{tf}"))?,
-                ],
+                per_slice(states, "gdn_tc_state", x3, &big)?,
+                per_slice(states, "gdn_tc_state", tf, &big)?,
             ],
             gdn_tc_leaf: [
-                [
-                    big(&format!("gdn_tc_leaf_{l0}{x3}"))?,
-                    big(&format!("gdn_tc_leaf_{l1}{x3}"))?,
-                    big(&format!("gdn_tc_leaf_{l2}{x3}"))?,
-                ],
-                [
-                    big(&format!("gdn_tc_leaf_{l0}{tf}"))?,
-                    big(&format!("gdn_tc_leaf_{l1}{tf}"))?,
-                    big(&format!("gdn_tc_leaf_{l2}{tf}"))?,
-                ],
+                per_slice(leaves, "gdn_tc_leaf", x3, &big)?,
+                per_slice(leaves, "gdn_tc_leaf", tf, &big)?,
             ],
             attention_tc: [
                 big(&format!("attention_tc{x3}"))?,
@@ -835,7 +836,29 @@ macro_rules! launch {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::{Arith, AttnArith, TcArith};
+    use super::{Arith, AttnArith, TcArith, PROGRAMS};
+
+    /// The slice kernels `Gpu::new` loads by name (`per_slice`: `{name}_{bv}{suffix}`) are each a group of
+    /// [`PROGRAMS`], so each is compiled by its own program (a name not there would be looked up in the `simt`
+    /// program, which does not compile it).
+    #[test]
+    fn slice_kernel_names_are_program_groups() {
+        let sets: [(&str, &[usize]); 2] = [
+            ("gdn_tc_state", &crate::gdn_tc::GDN_TC_SLICES),
+            ("gdn_tc_leaf", &crate::gdn_tc::GDN_TC_LEAF_SLICES),
+        ];
+        for (name, slices) in sets {
+            for suffix in [Arith::X3.suffix(), Arith::Tf32.suffix()] {
+                for bv in slices {
+                    let k = format!("{name}_{bv}{suffix}");
+                    assert!(
+                        PROGRAMS.iter().any(|p| p.contains(&k.as_str())),
+                        "{k} is in no program's groups"
+                    );
+                }
+            }
+        }
+    }
 
     /// `--gpu-kernels` / `ONEPASS_TC`: the two names for all kernels alike, the per-kernel list (spaces allowed), and
     /// a named error for anything else; the device line says which kernels run what.
