@@ -355,7 +355,7 @@ GDN_TC_STATE(32, gdn_tc_state_32_tf32, false)
 GDN_TC_STATE(64, gdn_tc_state_64_tf32, false)
 #undef GDN_TC_STATE
 
-// gdn_tc_leaf_{16,32}: the state pass of segments of one chunk (at most GDN_C tokens) whose states nobody keeps (a
+// gdn_tc_leaf_{32,64,128}: the state pass of segments of one chunk (at most GDN_C tokens) whose states nobody keeps (a
 // tree's children, CudaModel::forward_tree with keep = 0; the launcher holds callers to both): per segment
 //   o = e^gam (Q S0) + M (U - W S0)
 // with S0 the state it starts from (init[s]): no update, no K, no write-back. The fused pass above runs them with

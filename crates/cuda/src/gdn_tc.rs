@@ -50,6 +50,17 @@ fn tile_ld(bv: usize) -> usize {
     }
 }
 
+/// The chunk, dk rounded up to 8 and to 16, and [`tile_ld`] of `bv`: the shared-memory tile sizes of the state and
+/// leaf passes (`kp8`, `dkp`, `LDV` in gdn_tc.cu).
+fn tile_dims(d: GdnDims, bv: usize) -> (usize, usize, usize, usize) {
+    (
+        GDN_CHUNK,
+        d.dk.div_ceil(8) * 8,
+        d.dk.div_ceil(16) * 16,
+        tile_ld(bv),
+    )
+}
+
 /// Whether the state and leaf passes may copy tiles 16 bytes at a time: 16-byte aligned tile rows (the qkv, W and M
 /// bases; q and k rows, `ld`; heads, dk).
 fn vec_tiles(d: GdnDims, ld: usize, bases: [u64; 3]) -> bool {
@@ -66,10 +77,7 @@ pub const GDN_TC_MAX_DK: usize = 128;
 /// `gdn_tc.cu`: W, Q [64, kp8 + 4]; K [64, dkp + 8]; M [64, 68]; v', e v' [64, ldv]; S [dkp, ldv], with
 /// kp8, dkp = dk rounded up to 8, 16 and ldv = bv + 8 (bv + 16 when (bv + 8) / 8 is even).
 pub fn gdn_tc_smem(d: GdnDims, bv: usize) -> usize {
-    let c = GDN_CHUNK;
-    let kp8 = d.dk.div_ceil(8) * 8;
-    let dkp = d.dk.div_ceil(16) * 16;
-    let ldv = tile_ld(bv);
+    let (c, kp8, dkp, ldv) = tile_dims(d, bv);
     4 * (2 * c * (kp8 + 4) + c * (dkp + 8) + c * (c + 4) + 2 * c * ldv + dkp * ldv)
 }
 
@@ -162,10 +170,7 @@ pub const GDN_TC_LEAF_SLICES: [usize; 3] = [32, 64, 128];
 /// Shared memory (bytes) of [`gdn_tc_leaf`] with `bv` value columns per block; mirrors the layout in `gdn_tc.cu`:
 /// W, Q [64, kp8 + 4]; M [64, 68]; S0 [dkp, ldv]; v' [64, ldv] (kp8, dkp, ldv as in [`gdn_tc_smem`]).
 pub fn gdn_tc_leaf_smem(d: GdnDims, bv: usize) -> usize {
-    let c = GDN_CHUNK;
-    let kp8 = d.dk.div_ceil(8) * 8;
-    let dkp = d.dk.div_ceil(16) * 16;
-    let ldv = tile_ld(bv);
+    let (c, kp8, dkp, ldv) = tile_dims(d, bv);
     4 * (2 * c * (kp8 + 4) + c * (c + 4) + dkp * ldv + c * ldv)
 }
 

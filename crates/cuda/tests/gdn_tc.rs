@@ -338,7 +338,7 @@ fn gdn_tc_timings() {
         let tc_best = tc_at(tc_pick, Arith::X3);
         let tf_best = tc_at(tc_pick, Arith::Tf32);
         // The leaf pass takes one-chunk segments only.
-        let leaf = if ml <= ops::GDN_CHUNK {
+        let leaf_cols = if ml <= ops::GDN_CHUNK {
             let at = |b: usize, a: Arith| time(&|| leaf(&g, &c, &dev, b, a).unwrap());
             // What the children took before: the fused pass at its slice, no state kept.
             let fused = time(&|| tc_state(&g, &c, &dev, tc_pick, Arith::X3, false).unwrap());
@@ -356,7 +356,7 @@ fn gdn_tc_timings() {
             "-".into()
         };
         println!(
-            "| {} | {prep:.1} | {wy_best:.1} ({wy_pick}) | {} | {} | {tc_best:.1} ({tc_pick}) | {:.1}x | {tf_best:.1} | {leaf} |",
+            "| {} | {prep:.1} | {wy_best:.1} ({wy_pick}) | {} | {} | {tc_best:.1} ({tc_pick}) | {:.1}x | {tf_best:.1} | {leaf_cols} |",
             lens_label(&lens),
             wys.join(" / "),
             tcs.join(" / "),
