@@ -468,79 +468,97 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
         .collect();
     let report = with_engine!(&any, e => bench_engine(e, &a, &timed)?);
     // Where the time goes: CUDA events after every op of 10 requests of the profiled workload.
-    let mut profile = Vec::new();
-    let mut host = serde_json::Value::Null;
+    // Where the time goes (the profiled workload: GPU time by op, then host time against GPU time).
+    let (mut profile, mut host) = (Vec::new(), serde_json::Value::Null);
     let pw = a.profile_workload;
     if let (AnyEngine::Cuda(e), true) = (&any, pw > 0) {
         let body = &workloads[pw - 1].1;
-        let m = e.model().model();
-        m.profile_start();
-        for _ in 0..10 {
-            e.system_one(body)?;
-        }
-        let ops = m.profile_take()?;
-        // Host-bound or GPU-bound: host time queueing forwards (by phase) and each forward's GPU span against wall
-        // time, 10 requests, no profiling. Warm-up first: the profiled requests ran without graphs, and the
-        // saturating load may have moved the forward scratch (which drops the captured graphs).
-        for _ in 0..3 {
-            e.system_one(body)?;
-        }
-        let (h0, p0, t0) = (
-            m.host_enqueue_ns(),
-            m.host_phases(),
-            std::time::Instant::now(),
-        );
-        m.span_start();
-        for _ in 0..10 {
-            e.system_one(body)?;
-        }
-        let wall = t0.elapsed().as_secs_f64() * 1e3 / 10.0;
-        let spans = m.span_take()?;
-        let gpu = spans.iter().sum::<f64>() / 10.0;
-        let (lo, hi) = spans
-            .iter()
-            .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
-        let queue = (m.host_enqueue_ns() - h0) as f64 / 1e6 / 10.0;
-        let phases: Vec<(&str, f64)> = m
-            .host_phases()
-            .iter()
-            .zip(p0)
-            .map(|(&(name, ns), (_, ns0))| (name, (ns - ns0) as f64 / 1e6 / 10.0))
-            .collect();
-        let parts: Vec<String> = phases
-            .iter()
-            .map(|(name, ms)| format!("{name} {ms:.3}"))
-            .collect();
-        eprintln!(
-            "workload {pw} without profiling: {wall:.3} ms per request, of which {queue:.3} ms queueing forwards on \
-             the host ({}); the GPU from each forward's table upload to its final norm: {gpu:.3} ms per request ({} forwards, {lo:.3} to {hi:.3} ms each)",
-            parts.join(", "),
-            spans.len() / 10
-        );
-        host = json!({"workload": pw, "wall_ms_per_request": wall, "host_queue_ms_per_request": queue,
-            "host_phases_ms": phases.iter().map(|(n, ms)| json!({"phase": n, "ms_per_request": ms})).collect::<Vec<_>>(),
-            "gpu_span_ms_per_request": gpu, "gpu_span_ms_range": [lo, hi]});
-        let total: f64 = ops.iter().map(|o| o.1).sum();
-        eprintln!(
-            "GPU time per request of workload {pw}, by op (CUDA events, 10 requests): {:.2} ms",
-            total / 10.0
-        );
-        for (name, ms, count) in &ops {
-            eprintln!(
-                "  {name:<22} {:>8.3} ms {:>5.1}% {:>6} launches/request",
-                ms / 10.0,
-                100.0 * ms / total,
-                count / 10
-            );
-            profile
-                .push(json!({"op": name, "ms_per_request": ms / 10.0, "per_request": count / 10}));
-        }
+        profile = ops_report(e, body, pw)?;
+        host = host_report(e, body, pw)?;
     }
     println!(
         "{}",
         json!({"device": device, "model": dir.display().to_string(), "workloads": report, "profile": profile, "host": host})
     );
     Ok(())
+}
+
+type CudaEngine = onepass_decide::Engine<onepass_cuda_engine::CudaBackend>;
+
+/// GPU time by op of workload `pw` (`body`): CUDA events after every op of 10 requests. Prints the table; → its
+/// JSON rows.
+fn ops_report(e: &CudaEngine, body: &[u8], pw: usize) -> Result<Vec<serde_json::Value>> {
+    let m = e.model().model();
+    m.profile_start();
+    for _ in 0..10 {
+        e.system_one(body)?;
+    }
+    let ops = m.profile_take()?;
+    let total: f64 = ops.iter().map(|o| o.1).sum();
+    eprintln!(
+        "GPU time per request of workload {pw}, by op (CUDA events, 10 requests): {:.2} ms",
+        total / 10.0
+    );
+    let mut rows = Vec::with_capacity(ops.len());
+    for (name, ms, count) in &ops {
+        eprintln!(
+            "  {name:<22} {:>8.3} ms {:>5.1}% {:>6} launches/request",
+            ms / 10.0,
+            100.0 * ms / total,
+            count / 10
+        );
+        rows.push(json!({"op": name, "ms_per_request": ms / 10.0, "per_request": count / 10}));
+    }
+    Ok(rows)
+}
+
+/// Host-bound or GPU-bound: the wall time of 10 requests of workload `pw` without profiling against the host time
+/// queueing their forwards (by phase) and each forward's GPU span. Warm-up first: profiled requests run without
+/// graphs, and a saturating load may have moved the forward scratch (which drops the captured graphs). Prints the
+/// line; → its JSON.
+fn host_report(e: &CudaEngine, body: &[u8], pw: usize) -> Result<serde_json::Value> {
+    let m = e.model().model();
+    for _ in 0..3 {
+        e.system_one(body)?;
+    }
+    let (h0, p0, t0) = (
+        m.host_enqueue_ns(),
+        m.host_phases(),
+        std::time::Instant::now(),
+    );
+    m.span_start();
+    for _ in 0..10 {
+        e.system_one(body)?;
+    }
+    let wall = t0.elapsed().as_secs_f64() * 1e3 / 10.0;
+    let spans = m.span_take()?;
+    let gpu = spans.iter().sum::<f64>() / 10.0;
+    let (lo, hi) = spans
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    let queue = (m.host_enqueue_ns() - h0) as f64 / 1e6 / 10.0;
+    let phases: Vec<(&str, f64)> = m
+        .host_phases()
+        .iter()
+        .zip(p0)
+        .map(|(&(name, ns), (_, ns0))| (name, (ns - ns0) as f64 / 1e6 / 10.0))
+        .collect();
+    let parts: Vec<String> = phases
+        .iter()
+        .map(|(name, ms)| format!("{name} {ms:.3}"))
+        .collect();
+    eprintln!(
+        "workload {pw} without profiling: {wall:.3} ms per request, of which {queue:.3} ms queueing forwards on \
+         the host ({}); the GPU from each forward's table upload to its final norm: {gpu:.3} ms per request ({} \
+         forwards, {lo:.3} to {hi:.3} ms each)",
+        parts.join(", "),
+        spans.len() / 10
+    );
+    Ok(
+        json!({"workload": pw, "wall_ms_per_request": wall, "host_queue_ms_per_request": queue,
+        "host_phases_ms": phases.iter().map(|(n, ms)| json!({"phase": n, "ms_per_request": ms})).collect::<Vec<_>>(),
+        "gpu_span_ms_per_request": gpu, "gpu_span_ms_range": [lo, hi]}),
+    )
 }
 
 fn bench_engine<B: onepass_decide::engine::Backend>(

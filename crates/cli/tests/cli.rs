@@ -10,10 +10,16 @@ fn onepass() -> Command {
 }
 
 fn synth(preset: &str) -> tempfile::TempDir {
+    synth_with(preset, &[])
+}
+
+/// `onepass synth --preset PRESET --out DIR` with `more` arguments (e.g. `--tokenizer`).
+fn synth_with(preset: &str, more: &[&std::ffi::OsStr]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = onepass()
         .args(["synth", "--preset", preset, "--out"])
         .arg(dir.path())
+        .args(more)
         .output()
         .expect("run");
     assert!(
@@ -163,18 +169,9 @@ fn bench_systemone_times_the_workloads_asked_for() {
         "{} is missing: run tools/setup-testdata.sh to build the Qwen3.5 test tokenizer",
         tok.display()
     );
-    let d = tempfile::tempdir().expect("tempdir");
-    let out = onepass()
-        .args(["synth", "--preset", "tiny-qwen-vocab", "--out"])
-        .arg(d.path())
-        .arg("--tokenizer")
-        .arg(&tok)
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let d = synth_with(
+        "tiny-qwen-vocab",
+        &["--tokenizer".as_ref(), tok.as_os_str()],
     );
     std::fs::write(
         d.path().join("decider_config.json"),
