@@ -4,7 +4,8 @@
 # timing tables), bench (System One on the 0.8B shape: split, bf16; with "twopass" also split with prefixes and
 # suffixes as two forwards, ONEPASS_TREE=0; with "nograph" split without CUDA graphs), b2b (the 2B shape),
 # decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
-# load through `onepass serve --device cuda`), profile (one request under nsys and ncu; PROFILE_WORKLOAD=1|2|3,
+# load through `onepass serve --device cuda`), profile (one request under nsys and ncu where the machine has them: run
+# s12's H200 machine had ncu only; PROFILE_WORKLOAD=1|2|3,
 # PROFILE_NCU=0 for nsys only; NCU_KERNELS: a kernel-name regex, NCU_COUNT: launches, NCU_ARGS: more ncu arguments;
 # PROFILE_SASS: a kernel-name regex whose first launch's SASS source page is summarised by tools/cuda/sass-summary.py).
 # Logs: $OUT/tests.log, $OUT/bench.log, $OUT/bench.jsonl, $OUT/http.*, $OUT/kern_*.csv, $OUT/ncu.csv, $OUT/sass.txt.
