@@ -623,13 +623,13 @@ pub struct CudaModel {
     kv: KvLayout,
     ledger: Arc<Ledger>,
     /// Events after each op while profiling (see [`CudaModel::profile_start`]).
-    prof: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
+    prof: Recorder<(&'static str, CudaEvent)>,
     /// Host nanoseconds spent queueing forwards (no forward waits for the GPU), see [`CudaModel::host_enqueue_ns`].
     enqueue_ns: AtomicU64,
     /// Parts of `enqueue_ns` ([`CudaModel::host_phases`]).
     phase_ns: PhaseNs,
     /// While set ([`CudaModel::span_start`]): per forward, events around its GPU work (table upload to final norm).
-    spans: Mutex<Option<Vec<(CudaEvent, CudaEvent)>>>,
+    spans: Recorder<(CudaEvent, CudaEvent)>,
     /// Forwards [`CudaModel::forward_tree`] ran with children in them.
     trees: AtomicU64,
     /// CUDA graph launches ([`CudaModel::graph_launches`]).
@@ -669,6 +669,55 @@ struct PhaseNs {
     launch: AtomicU64,
     /// The output buffer and the final norm.
     out: AtomicU64,
+}
+
+/// What a forward records while asked to (the profiling marks, the forward spans): `start` turns it on, `take` off,
+/// with what it holds.
+struct Recorder<T>(Mutex<Option<Vec<T>>>);
+
+impl<T> Default for Recorder<T> {
+    fn default() -> Self {
+        Recorder(Mutex::new(None))
+    }
+}
+
+impl<T> Recorder<T> {
+    fn start(&self) {
+        if let Ok(mut r) = self.0.lock() {
+            *r = Some(Vec::new());
+        }
+    }
+
+    fn take(&self) -> Vec<T> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut r| r.take())
+            .unwrap_or_default()
+    }
+
+    fn on(&self) -> bool {
+        self.0.lock().is_ok_and(|r| r.is_some())
+    }
+
+    /// Keeps `x` while on.
+    fn push(&self, x: T) {
+        if let Ok(mut r) = self.0.lock() {
+            if let Some(v) = r.as_mut() {
+                v.push(x);
+            }
+        }
+    }
+}
+
+/// Milliseconds between two recorded events (the GPU has passed both).
+fn elapsed_ms(a: &CudaEvent, b: &CudaEvent) -> Result<f64, CudaError> {
+    a.elapsed_ms(b)
+        .map(f64::from)
+        .map_err(|err| CudaError::Driver {
+            op: "event elapsed",
+            err,
+        })
 }
 
 /// Runs `f`, adding the host nanoseconds it took to `ns`.
@@ -899,10 +948,10 @@ impl CudaModel {
             rec_len,
             kv: KvLayout::new(kv_rows),
             ledger: Arc::default(),
-            prof: Mutex::new(None),
+            prof: Recorder::default(),
             enqueue_ns: AtomicU64::new(0),
             phase_ns: Default::default(),
-            spans: Mutex::new(None),
+            spans: Recorder::default(),
             trees: AtomicU64::new(0),
             graph_runs: AtomicU64::new(0),
             empty_kv: Arc::new(KvBuf {
@@ -1101,37 +1150,20 @@ impl CudaModel {
     /// Starts recording, per forward, an event before its table upload and one after its final norm (for
     /// [`CudaModel::span_take`]).
     pub fn span_start(&self) {
-        if let Ok(mut s) = self.spans.lock() {
-            *s = Some(Vec::new());
-        }
+        self.spans.start();
     }
 
     /// Stops recording; waits for the GPU; → the GPU time of each forward since [`CudaModel::span_start`], ms (from
     /// its table upload to its final norm: the GPU's work, and any wait on the host's launches within it).
     pub fn span_take(&self) -> Result<Vec<f64>, CudaError> {
-        let spans = self
-            .spans
-            .lock()
-            .ok()
-            .and_then(|mut s| s.take())
-            .unwrap_or_default();
+        let spans = self.spans.take();
         self.gpu.sync()?;
-        spans
-            .iter()
-            .map(|(a, b)| {
-                a.elapsed_ms(b)
-                    .map(f64::from)
-                    .map_err(|err| CudaError::Driver {
-                        op: "event elapsed",
-                        err,
-                    })
-            })
-            .collect()
+        spans.iter().map(|(a, b)| elapsed_ms(a, b)).collect()
     }
 
     /// An event recorded now on the stream while spans are recorded.
     fn span_event(&self) -> Result<Option<CudaEvent>, CudaError> {
-        if !self.spans.lock().is_ok_and(|s| s.is_some()) {
+        if !self.spans.on() {
             return Ok(None);
         }
         self.event_now().map(Some)
@@ -1152,8 +1184,8 @@ impl CudaModel {
         Ok(e)
     }
 
-    /// Host nanoseconds spent inside `forward_batch` and `forward_tree` so far. The forward never waits for the GPU, so when this
-    /// grows as fast as the wall clock the host's kernel launches, not the GPU, bound the request.
+    /// Host nanoseconds spent inside `forward_batch` and `forward_tree` so far. The forward never waits for the GPU,
+    /// so when this grows as fast as the wall clock the host's kernel launches, not the GPU, bound the request.
     pub fn host_enqueue_ns(&self) -> u64 {
         self.enqueue_ns.load(Ordering::Relaxed)
     }
@@ -1187,39 +1219,26 @@ impl CudaModel {
     }
 
     fn profiling(&self) -> bool {
-        self.prof.lock().map(|p| p.is_some()).unwrap_or(false)
+        self.prof.on()
     }
 
     /// Starts recording one CUDA event after every op of the following forwards (for `profile_take`). Each
     /// forward then starts behind a ~20 ms busy wait on the GPU, so the events time the GPU's work and not the
     /// host's launches (the wait itself is left out of the figures).
     pub fn profile_start(&self) {
-        if let Ok(mut p) = self.prof.lock() {
-            *p = Some(Vec::new());
-        }
+        self.prof.start();
     }
 
     /// Stops recording; waits for the GPU; → (op, total ms, count) per op name, in first-seen order.
     pub fn profile_take(&self) -> Result<Vec<(&'static str, f64, usize)>, CudaError> {
-        let marks = self
-            .prof
-            .lock()
-            .ok()
-            .and_then(|mut p| p.take())
-            .unwrap_or_default();
+        let marks = self.prof.take();
         self.gpu.sync()?;
         let mut out: Vec<(&'static str, f64, usize)> = Vec::new();
         for w in marks.windows(2) {
             if w[1].0 == "start" {
                 continue;
             }
-            let ms = w[0]
-                .1
-                .elapsed_ms(&w[1].1)
-                .map_err(|err| CudaError::Driver {
-                    op: "event elapsed",
-                    err,
-                })? as f64;
+            let ms = elapsed_ms(&w[0].1, &w[1].1)?;
             match out.iter_mut().find(|e| e.0 == w[1].0) {
                 Some(e) => {
                     e.1 += ms;
@@ -1233,11 +1252,8 @@ impl CudaModel {
 
     /// Records that the work queued so far ends op `name` (only while profiling).
     fn mark(&self, name: &'static str) -> Result<(), CudaError> {
-        let Ok(mut p) = self.prof.lock() else {
-            return Ok(());
-        };
-        if let Some(v) = p.as_mut() {
-            v.push((name, self.event_now()?));
+        if self.prof.on() {
+            self.prof.push((name, self.event_now()?));
         }
         Ok(())
     }
@@ -1596,9 +1612,7 @@ impl CudaModel {
             // The scratch is freed in stream order when it drops here.
         }
         if let (Some(a), Some(b)) = (span0, self.span_event()?) {
-            if let Ok(mut s) = self.spans.lock() {
-                s.get_or_insert_with(Vec::new).push((a, b));
-            }
+            self.spans.push((a, b));
         }
         for (st, seq) in items.iter_mut() {
             st.pos += seq.len();
