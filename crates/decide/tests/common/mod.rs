@@ -108,29 +108,29 @@ pub fn answer_checkpoint_in(
     preset: &'static str,
     dtype: Option<onepass_tensor::DType>,
 ) -> &'static Path {
-    type Dirs = Vec<(
-        &'static str,
-        Option<onepass_tensor::DType>,
-        &'static tempfile::TempDir,
-    )>;
+    type Dirs = Vec<(&'static str, Option<onepass_tensor::DType>, &'static Path)>;
     static DIRS: OnceLock<std::sync::Mutex<Dirs>> = OnceLock::new();
     let dirs = DIRS.get_or_init(Default::default);
     let mut dirs = dirs.lock().unwrap();
     if let Some((_, _, d)) = dirs.iter().find(|(p, t, _)| *p == preset && *t == dtype) {
-        return d.path();
+        return d;
     }
     let entry = &answer_manifest()["presets"][preset];
-    let dir: &'static tempfile::TempDir =
-        Box::leak(Box::new(tempfile::tempdir().expect("tempdir")));
+    let name = match dtype {
+        None => preset.to_string(),
+        Some(d) => format!("{preset}-{d:?}"),
+    };
+    let dir: &'static Path = Box::leak(process_dir().join(name).into_boxed_path());
+    std::fs::create_dir_all(dir).expect("checkpoint dir");
     let mut spec = synth::preset(preset).expect("preset");
     if let Some(d) = dtype {
         spec.dtype = d;
     }
-    synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).expect("synth");
+    synth::write_checkpoint(&spec, dir, &mut |_, _| {}).expect("synth");
     if dtype.is_none() {
         let digest = format!(
             "{:x}",
-            Sha256::digest(std::fs::read(dir.path().join("model.safetensors")).expect("weights"))
+            Sha256::digest(std::fs::read(dir.join("model.safetensors")).expect("weights"))
         );
         assert_eq!(
             digest,
@@ -140,14 +140,32 @@ pub fn answer_checkpoint_in(
     }
     let tok = root().join("testdata/qwen3_5-tokenizer");
     for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dir.path().join(f))
+        std::fs::copy(tok.join(f), dir.join(f))
             .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
     }
     std::fs::write(
-        dir.path().join("decider_config.json"),
+        dir.join("decider_config.json"),
         entry["decider_config"].as_str().unwrap(),
     )
     .unwrap();
     dirs.push((preset, dtype, dir));
-    dir.path()
+    dir
+}
+
+/// A directory under the system temp dir for this test binary's shared checkpoints, removed when the process exits.
+/// Statics are never dropped, so a `TempDir` held in one would stay behind after every run (about 100 MB each).
+pub fn process_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    extern "C" fn remove() {
+        if let Some(d) = DIR.get() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir").keep();
+        // SAFETY: `remove` is a plain function that touches only a static set before registration; the test
+        // harness leaves through `exit`, which runs it once.
+        unsafe { libc::atexit(remove) };
+        dir
+    })
 }

@@ -33,18 +33,36 @@ pub fn tokenizer() -> Tokenizer {
 
 /// A `tiny-qwen-vocab` synthetic checkpoint with the real tokenizer, written once per test binary.
 pub fn checkpoint() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = process_dir().join("tiny-qwen-vocab");
+        std::fs::create_dir_all(&dir).expect("checkpoint dir");
         let spec = onepass_model::synth::preset("tiny-qwen-vocab").expect("preset");
-        onepass_model::synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).expect("synth");
+        onepass_model::synth::write_checkpoint(&spec, &dir, &mut |_, _| {}).expect("synth");
         let tok = tokenizer_dir();
         for f in ["tokenizer.json", "tokenizer_config.json"] {
-            std::fs::copy(tok.join(f), dir.path().join(f)).expect("copy tokenizer");
+            std::fs::copy(tok.join(f), dir.join(f)).expect("copy tokenizer");
         }
         dir
     })
-    .path()
+}
+
+/// A directory under the system temp dir for this test binary's shared checkpoints, removed when the process exits.
+/// Statics are never dropped, so a `TempDir` held in one would stay behind after every run (about 100 MB each).
+pub fn process_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    extern "C" fn remove() {
+        if let Some(d) = DIR.get() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir").keep();
+        // SAFETY: `remove` is a plain function that touches only a static set before registration; the test
+        // harness leaves through `exit`, which runs it once.
+        unsafe { libc::atexit(remove) };
+        dir
+    })
 }
 
 /// The real engine on the synthetic checkpoint, loaded once per test binary.
