@@ -15,6 +15,15 @@ fn lines(name: &str) -> Vec<J> {
     common::jsonl(&root().join("tests/fixtures/systemone").join(name))
 }
 
+/// A file of the random-request golden files: tests/fixtures/systemone/fuzz (tools/oracle/decider_fuzz.py, seed 1),
+/// or the folder ONEPASS_SYSTEMONE_FUZZ names (another seed or count of the same script).
+fn fuzz_lines(name: &str) -> Vec<J> {
+    let dir = std::env::var_os("ONEPASS_SYSTEMONE_FUZZ")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root().join("tests/fixtures/systemone/fuzz"));
+    common::jsonl(&dir.join(name))
+}
+
 /// The temperature configs of decider_fixtures.py TEMP_CONFIGS.
 const TEMP_CONFIGS: &[(&str, &str)] = &[
     ("scalar", r#"{"temperature": 1.3}"#),
@@ -50,9 +59,39 @@ fn label_table_matches() {
 
 #[test]
 fn render_fixtures() {
-    let cases = lines("render.jsonl");
-    assert!(cases.len() >= 60);
-    for c in &cases {
+    check_render(&lines("render.jsonl"));
+}
+
+#[test]
+fn fuzz_render_fixtures() {
+    check_render(&fuzz_lines("render.jsonl"));
+}
+
+/// Requests the reference answers with a 500 (an AttributeError on a question spec that is not an object): onepass
+/// answers a 422 naming the question, as for the hand-written `divergence` cases.
+#[test]
+fn fuzz_left_out_are_422s() {
+    for c in &fuzz_lines("left-out.jsonl") {
+        let name = c["name"].as_str().unwrap();
+        assert!(
+            c["exception"]
+                .as_str()
+                .unwrap()
+                .starts_with("AttributeError"),
+            "{name}"
+        );
+        let iso = c["isolated_levels"].as_bool().unwrap();
+        let e = parse_request(c["body"].as_str().unwrap().as_bytes())
+            .and_then(|r| plan(&r, tok(), &config("{}", iso)))
+            .expect_err(name);
+        assert_eq!(e.status, 422, "{name}");
+        assert!(e.message().unwrap().starts_with("question "), "{name}: {e}");
+    }
+}
+
+fn check_render(cases: &[J]) {
+    assert!(!cases.is_empty());
+    for c in cases {
         let name = c["name"].as_str().unwrap();
         let body = c["body"].as_str().unwrap().as_bytes();
         let iso = c["isolated_levels"].as_bool().unwrap();
@@ -92,9 +131,17 @@ fn render_fixtures() {
 
 #[test]
 fn assemble_fixtures() {
-    let cases = lines("assemble.jsonl");
+    check_assemble(&lines("assemble.jsonl"));
+}
+
+#[test]
+fn fuzz_assemble_fixtures() {
+    check_assemble(&fuzz_lines("assemble.jsonl"));
+}
+
+fn check_assemble(cases: &[J]) {
     assert!(!cases.is_empty());
-    for c in &cases {
+    for c in cases {
         let name = c["name"].as_str().unwrap();
         let req = parse_request(c["body"].as_str().unwrap().as_bytes()).unwrap();
         let p = plan(
