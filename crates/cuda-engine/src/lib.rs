@@ -144,6 +144,10 @@ impl Backend for CudaBackend {
         self.model.vocab_size()
     }
 
+    fn max_positions(&self) -> usize {
+        self.model.max_positions()
+    }
+
     fn state_bytes_per_token(&self) -> usize {
         self.model.kv_bytes_per_token()
     }

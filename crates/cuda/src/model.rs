@@ -987,6 +987,11 @@ impl CudaModel {
         self.hid
     }
 
+    /// Longest sequence a state may hold (`max_position_embeddings`); a longer forward is refused.
+    pub fn max_positions(&self) -> usize {
+        self.max_pos
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.vocab
     }

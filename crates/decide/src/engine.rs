@@ -44,7 +44,7 @@ use crate::config::{ConfigError, DecideConfig};
 use crate::error::ApiError;
 use crate::pyjson::Value;
 use crate::request::{parse_request, Request};
-use crate::rows::{check_size, common_prefix_len, plan, Limits, Plan, Row};
+use crate::rows::{check_positions, check_size, common_prefix_len, plan, Limits, Plan, Row};
 
 /// Most tokens stacked into one `forward_batch` call (bounds activation memory: `[N, intermediate]` f32 buffers).
 /// A row longer than this still runs, alone; a shared prefix runs in pieces of this size.
@@ -121,6 +121,11 @@ pub trait Backend: Send + Sync {
     /// Where it runs, for logs and `/health` (`cpu`, `cuda:0 NVIDIA H200`).
     fn device(&self) -> String;
     fn vocab_size(&self) -> usize;
+    /// Longest sequence a state may hold (the model's `max_position_embeddings`); a longer row is a 413
+    /// ([`crate::check_positions`]). Default: no limit.
+    fn max_positions(&self) -> usize {
+        usize::MAX
+    }
     /// State bytes added per token (KV caches), for the fork budget.
     fn state_bytes_per_token(&self) -> usize;
     fn new_state(&self) -> Result<Self::State, Self::Error>;
@@ -183,6 +188,9 @@ impl Backend for Model {
     }
     fn vocab_size(&self) -> usize {
         Model::vocab_size(self)
+    }
+    fn max_positions(&self) -> usize {
+        self.config().text.max_position_embeddings
     }
     fn state_bytes_per_token(&self) -> usize {
         self.info().state_bytes_per_token
@@ -780,6 +788,7 @@ impl<B: Backend> Engine<B> {
         let req = parse_request(body)?;
         let plan = self.plan(&req)?;
         check_size(&plan, &self.opts.limits)?;
+        check_positions(&plan, self.model.max_positions())?;
         let mut probs = self.score(&[&plan])?;
         let probs = probs.pop().unwrap_or_default();
         assemble(&plan, &probs, self.model_name()).map_err(|e| ApiError::detail(500, e.to_string()))

@@ -44,6 +44,13 @@ pub enum LimitError {
         rows: usize,
         max_request_tokens: usize,
     },
+    /// onepass-only: a row longer than the model's positions ([`crate::check_positions`]). The reference runs it
+    /// (transformers checks no position), which only a model with fewer positions than DECIDER_MAX_ROW_TOKENS allows.
+    #[error("too many tokens: one row has {longest} tokens, the model has {max_positions} positions (max_position_embeddings in config.json)")]
+    Positions {
+        longest: usize,
+        max_positions: usize,
+    },
 }
 
 /// An HTTP error answer: status and body exactly as decider's FastAPI app sends them.

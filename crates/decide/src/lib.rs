@@ -25,4 +25,4 @@ pub use assemble::{assemble, softmax};
 pub use chat::{ChatError, ChatTemplate};
 pub use config::{ConfigError, DecideConfig, Layout, Order, DEFAULT_MAX_STATE_TOKENS};
 pub use engine::{Engine, EngineError, EngineOptions};
-pub use rows::{check_size, plan, Limits, Plan, Row};
+pub use rows::{check_positions, check_size, plan, Limits, Plan, Row};

@@ -429,6 +429,22 @@ pub fn check_size(plan: &Plan, limits: &Limits) -> Result<(), LimitError> {
     }
 }
 
+/// onepass-only, after [`check_size`]: every row fits the model's `max_positions` (413 naming them). The reference
+/// has no such check (transformers runs any position), but a row past a model's positions is outside what it was
+/// made for, and onepass's engines refuse it at the forward; here it is a client error before any model work, not a
+/// failed forward (docs/systemone.md, "Divergences").
+pub fn check_positions(plan: &Plan, max_positions: usize) -> Result<(), LimitError> {
+    let longest = plan.rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
+    if longest > max_positions {
+        Err(LimitError::Positions {
+            longest,
+            max_positions,
+        })
+    } else {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

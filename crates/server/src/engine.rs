@@ -16,6 +16,10 @@ pub trait DecideEngine: Send + Sync + 'static {
     fn model_name(&self) -> &str;
     fn config(&self) -> &DecideConfig;
     fn tokenizer(&self) -> &Tokenizer;
+    /// Longest row the model takes ([`onepass_decide::check_positions`]); default: no limit.
+    fn max_positions(&self) -> usize {
+        usize::MAX
+    }
     /// One call for every plan's rows; an error fails every plan of the call (the batcher then retries them one by
     /// one so a single bad request cannot fail its neighbours).
     fn score(&self, plans: &[&Plan]) -> Result<Scores, String>;
@@ -30,6 +34,9 @@ impl<B: Backend + 'static> DecideEngine for Engine<B> {
     }
     fn tokenizer(&self) -> &Tokenizer {
         Engine::tokenizer(self)
+    }
+    fn max_positions(&self) -> usize {
+        self.model().max_positions()
     }
     fn score(&self, plans: &[&Plan]) -> Result<Scores, String> {
         Engine::score(self, plans).map_err(|e| e.to_string())

@@ -27,7 +27,9 @@ use axum::Router;
 use batcher::{Admission, Batcher, Job};
 use metrics::Metrics;
 use onepass_decide::pyjson::{dumps_compact, obj, py_str, Object, Value};
-use onepass_decide::{assemble, check_size, parse_request, ApiError, Layout, Limits, Plan};
+use onepass_decide::{
+    assemble, check_positions, check_size, parse_request, ApiError, Layout, Limits, Plan,
+};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -337,6 +339,7 @@ async fn systemone(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
         }
         let plan = onepass_decide::plan(&req, app.engine.tokenizer(), app.engine.config())?;
         check_size(&plan, &app.opts.limits)?;
+        check_positions(&plan, app.engine.max_positions())?;
         Ok(Arc::new(plan))
     })
     .await;
@@ -364,6 +367,7 @@ async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
         let prep = decide_route::prepare(&bytes, app.engine.tokenizer(), app.engine.config())?;
         if let Some(plan) = &prep.plan {
             check_size(plan, &app.opts.limits)?;
+            check_positions(plan, app.engine.max_positions())?;
         }
         Ok(prep)
     })

@@ -204,6 +204,52 @@ async fn limits_are_413_in_the_reference_order() {
     assert_eq!(r.status, 413);
 }
 
+/// A row past the model's positions (config.json `max_position_embeddings`) is a 413 before any model work, on both
+/// routes and in `Engine::system_one` (the reference has no such check; its forward would run); the server goes on
+/// answering.
+#[tokio::test]
+async fn rows_past_the_models_positions_are_413s() {
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(checkpoint().join("config.json")).unwrap()).unwrap();
+    let max = cfg["max_position_embeddings"]
+        .as_u64()
+        .or_else(|| cfg["text_config"]["max_position_embeddings"].as_u64())
+        .unwrap() as usize;
+    let app = real_app(ServerOptions::default());
+    let long = format!(
+        r#"{{"state":"{}","questions":{{"q":{{"type":"noul","instructions":"ok?"}}}}}}"#,
+        "word ".repeat(max + 10)
+    );
+    let rows = onepass_decide::plan(
+        &onepass_decide::parse_request(long.as_bytes()).unwrap(),
+        real_engine().tokenizer(),
+        real_engine().config(),
+    )
+    .unwrap();
+    let longest = rows.rows[0].ids.len();
+    assert!(longest > max && longest <= Limits::default().max_row_tokens);
+    let want = format!(
+        r#"{{"detail":"too many tokens: one row has {longest} tokens, the model has {max} positions (max_position_embeddings in config.json)"}}"#
+    );
+    let r = post_json(&app, "/v1/systemone", &long).await;
+    assert_eq!((r.status, r.text()), (413, want.clone()));
+    let e = real_engine().system_one(long.as_bytes()).unwrap_err();
+    assert_eq!((e.status, e.http_body().2), (413, want));
+    let r = post_json(
+        &app,
+        "/decide",
+        &format!(
+            r#"{{"context":"hi","schema":{{"{}?":{{"type":"bool"}}}}}}"#,
+            "why ".repeat(max + 10)
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(r.text().contains(&format!("the model has {max} positions")));
+    let r = post_json(&app, "/v1/systemone", REQ).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 #[tokio::test]
 async fn queue_full_is_a_503_and_rows_are_released() {
     // The engine blocks until released, so the first request holds its rows in the queue.
