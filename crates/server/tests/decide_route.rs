@@ -1,7 +1,8 @@
 //! POST /decide against decider-ai 1.10.0's own FastAPI app (tests/fixtures/decide_route.jsonl, made by
 //! tests/oracle/decide_route.py): status, content type and body bytes equal, and the one packed row (ids, slots,
-//! option counts, answer types) equal to the reference's. The engine is a fake returning the oracle's fixed
-//! probabilities, so this checks everything around the model.
+//! option counts, answer types) equal to the reference's; likewise the chat layout (decide_route_chat.jsonl) and
+//! random bodies (decide_route_fuzz.jsonl, `decide_route.py --fuzz 1 150`). The engine is a fake returning the
+//! oracle's fixed probabilities, so this checks everything around the model.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -32,15 +33,16 @@ fn oracle_engine() -> FakeEngine {
     })
 }
 
+fn fixture(name: &str) -> std::path::PathBuf {
+    common::root()
+        .join("crates/server/tests/fixtures")
+        .join(name)
+}
+
 /// Every case of a fixture file: status, body bytes, content type, and the packed row the engine was handed.
-async fn check_cases(fake: Arc<FakeEngine>, fixture: &str) -> usize {
+async fn check_cases(fake: Arc<FakeEngine>, path: &std::path::Path) -> usize {
     let (app, _state) = router(fake.clone(), quiet(ServerOptions::default())).unwrap();
-    let text = std::fs::read_to_string(
-        common::root()
-            .join("crates/server/tests/fixtures")
-            .join(fixture),
-    )
-    .unwrap();
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut n = 0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let case: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -84,8 +86,18 @@ async fn check_cases(fake: Arc<FakeEngine>, fixture: &str) -> usize {
 
 #[tokio::test]
 async fn decide_matches_the_reference() {
-    let n = check_cases(Arc::new(oracle_engine()), "decide_route.jsonl").await;
+    let n = check_cases(Arc::new(oracle_engine()), &fixture("decide_route.jsonl")).await;
     assert!(n >= 40, "only {n} cases");
+}
+
+/// Random bodies (`decide_route.py --fuzz 1 150`), or the file ONEPASS_DECIDE_FUZZ names (another seed or count).
+#[tokio::test]
+async fn decide_fuzz_matches_the_reference() {
+    let path = std::env::var_os("ONEPASS_DECIDE_FUZZ")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| fixture("decide_route_fuzz.jsonl"));
+    let n = check_cases(Arc::new(oracle_engine()), &path).await;
+    assert!(n > 0);
 }
 
 /// The chat layout (a model whose decider_config.json says "layout": "chat"), with the Qwen3-style template of the
@@ -110,7 +122,7 @@ async fn decide_chat_layout_matches_the_reference() {
     fake.cfg.layout = onepass_decide::config::Layout::Chat;
     fake.cfg.attach_chat(&tok, Some(t.path())).unwrap();
     fake.tok = Arc::new(tok);
-    let n = check_cases(Arc::new(fake), "decide_route_chat.jsonl").await;
+    let n = check_cases(Arc::new(fake), &fixture("decide_route_chat.jsonl")).await;
     assert!(n >= 12, "only {n} cases");
 }
 
