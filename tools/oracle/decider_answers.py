@@ -11,6 +11,13 @@ request of REQUESTS (decider-contract §7). It writes <preset>.jsonl: one line p
 reference response (compact JSON, as the server writes it) and the raw float32 probabilities per slot that the library
 handed to `assemble`; and manifest.json: per preset the decider_config.json text and the sha256 of model.safetensors
 (crates/decide/tests/answers.rs regenerates the checkpoint and checks the hash before comparing).
+
+    /root/ovenv/bin/python tools/oracle/decider_answers.py --fuzz 3 200 --out /tmp/ans3
+    ONEPASS_ANSWER_FIXTURES=/tmp/ans3 cargo test --release -p onepass-decide --test answers
+
+--fuzz SEED COUNT: COUNT random requests (the grammar of decider_fuzz.py, keeping those the reference answers: no
+byte edits, no error answers, states under 3,000 characters, rows within the checkpoints' 4,096 positions) instead of REQUESTS, in the same format, so the answer
+tests (and the GPU's, crates/cuda-engine/tests/answers.rs) read them from ONEPASS_ANSWER_FIXTURES.
 """
 import argparse, hashlib, json, os, platform, subprocess, sys, tempfile, warnings
 
@@ -129,11 +136,41 @@ def compact(obj):
     return json.dumps(obj, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
 
 
+def fuzz_requests(seed, count, tokenizer):
+    """Random requests the reference answers (decider_fuzz.py's grammar; the HTTP layer's checks and render decide)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import decider_fixtures as F
+    from decider_fuzz import Gen, has_lone_surrogate
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    g, out, tries = Gen(seed), [], 0
+    while len(out) < count:
+        tries += 1
+        text, _ = g.request()
+        r, err = F.parse_http(text)
+        if err is not None or len(json.dumps(r.state, ensure_ascii=False)) > 3000 or not r.questions:
+            continue
+        body = json.loads(text.encode("utf-8"))
+        if has_lone_surrogate(body) or "state" not in body:
+            continue
+        try:
+            rows = [it["ids"] for iso in (False, True) for it in F.prepare(tok, r, iso, {})[2]]
+        except Exception:
+            continue
+        if max(map(len, rows), default=0) > 4096:  # the synthetic checkpoints' positions (a 413 in onepass)
+            continue
+        req = {"state": r.state, "questions": r.questions, "independent": r.independent}
+        out.append((f"fuzz{seed}_{len(out)}", req))
+    print(f"fuzz seed {seed}: {count} requests from {tries} drawn", file=sys.stderr)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", default="testdata/qwen3_5-tokenizer")
     ap.add_argument("--out", default="tests/fixtures/systemone/answers")
     ap.add_argument("--onepass", default="target/release/onepass")
+    ap.add_argument("--fuzz", nargs=2, type=int, metavar=("SEED", "COUNT"))
     a = ap.parse_args()
 
     import torch, transformers, tokenizers
@@ -163,7 +200,7 @@ def main():
                 f.write(cfg_text)
             dec = Decider(d, device="cpu")
             lines = []
-            for name, req in REQUESTS:
+            for name, req in (fuzz_requests(a.fuzz[0], a.fuzz[1], a.tokenizer) if a.fuzz else REQUESTS):
                 body = json.dumps(req, ensure_ascii=False)
                 r = json.loads(body)
                 captured.clear()

@@ -82,7 +82,11 @@ pub fn check_rows(name: &str, plan: &Plan, case: &J) {
 
 /// The folder of the System One answer fixtures (tests/fixtures/systemone/answers, tools/oracle/decider_answers.py).
 pub fn answer_fixtures() -> PathBuf {
-    root().join("tests/fixtures/systemone/answers")
+    match std::env::var_os("ONEPASS_ANSWER_FIXTURES") {
+        // Another set in the same format: `decider_answers.py --fuzz SEED COUNT --out DIR` (random requests).
+        Some(dir) => PathBuf::from(dir),
+        None => root().join("tests/fixtures/systemone/answers"),
+    }
 }
 
 /// Their manifest (per preset: the checkpoint's digest and decider_config.json).
