@@ -33,11 +33,13 @@ def draw(seed):
     lv_heads = lk_heads * r.choice([1, 2, 3])
     layers = r.randint(2, 6)
     if r.random() < 0.3:
-        interval = r.randint(1, 4)
+        interval = r.randint(1, min(4, layers))
         types = None
     else:
         interval = None
         types = [r.choice(["linear_attention", "full_attention"]) for _ in range(layers)]
+        if "full_attention" not in types:  # transformers' cache needs one (every Qwen3.5 has several)
+            types[r.randrange(layers)] = "full_attention"
     rope = {"rope_type": "default", "rope_theta": r.choice([10000.0, 1e6, 1e7]), "partial_rotary_factor": partial}
     if r.random() < 0.6 and rot >= 6:
         h = rot // 2
