@@ -10,6 +10,11 @@ use onepass_tokenizer::Tokenizer;
 use serde_json::Value as J;
 use sha2::{Digest, Sha256};
 
+// Shared with crates/server/tests/common (and, through this file, crates/cuda-engine/tests/answers.rs).
+#[path = "process_dir.rs"]
+mod process_dir;
+pub use process_dir::process_dir;
+
 /// The repository root: the working directory when it holds the fixtures (a test binary carried to another machine
 /// and run from a copy of the repository, as crates/cuda/gpu-run.sh does), else the source tree.
 pub fn root() -> PathBuf {
@@ -154,22 +159,4 @@ pub fn answer_checkpoint_in(
     .unwrap();
     dirs.push((preset, dtype, dir));
     dir
-}
-
-/// A directory under the system temp dir for this test binary's shared checkpoints, removed when the process exits.
-/// Statics are never dropped, so a `TempDir` held in one would stay behind after every run (about 100 MB each).
-pub fn process_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    extern "C" fn remove() {
-        if let Some(d) = DIR.get() {
-            let _ = std::fs::remove_dir_all(d);
-        }
-    }
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir").keep();
-        // SAFETY: `remove` is a plain function that touches only a static set before registration; the test
-        // harness leaves through `exit`, which runs it once.
-        unsafe { libc::atexit(remove) };
-        dir
-    })
 }

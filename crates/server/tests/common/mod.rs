@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use tower::ServiceExt;
 
+#[path = "../../../decide/tests/common/process_dir.rs"]
+mod process_dir;
+pub use process_dir::process_dir;
+
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -43,24 +47,6 @@ pub fn checkpoint() -> &'static Path {
         for f in ["tokenizer.json", "tokenizer_config.json"] {
             std::fs::copy(tok.join(f), dir.join(f)).expect("copy tokenizer");
         }
-        dir
-    })
-}
-
-/// A directory under the system temp dir for this test binary's shared checkpoints, removed when the process exits.
-/// Statics are never dropped, so a `TempDir` held in one would stay behind after every run (about 100 MB each).
-pub fn process_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    extern "C" fn remove() {
-        if let Some(d) = DIR.get() {
-            let _ = std::fs::remove_dir_all(d);
-        }
-    }
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir").keep();
-        // SAFETY: `remove` is a plain function that touches only a static set before registration; the test
-        // harness leaves through `exit`, which runs it once.
-        unsafe { libc::atexit(remove) };
         dir
     })
 }
