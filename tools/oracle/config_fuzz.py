@@ -14,7 +14,7 @@ sequences (1 token, a short one, one past a 64-token chunk) from the saved weigh
 are checkpoints onepass's synthetic presets never made: a check of the loader and the model against transformers on
 shapes nobody chose. Not a CI test (it needs torch).
 """
-import argparse, json, math, os, random, subprocess, sys, tempfile, warnings
+import argparse, json, math, os, random, shutil, subprocess, sys, tempfile, warnings
 
 warnings.filterwarnings("ignore")
 
@@ -104,39 +104,43 @@ def main():
     worst = 0.0
     for seed in seeds:
         text, interval, composite, dtype, shard, r = draw(seed)
-        model = build(text, interval, composite, r)
         d = os.path.join(a.keep, f"seed-{seed}") if a.keep else tempfile.mkdtemp(prefix="cfgfuzz-")
-        model.to(getattr(torch, dtype)).save_pretrained(d, max_shard_size="200KB" if shard else "10GB")
-        ref = (transformers.Qwen3_5ForConditionalGeneration if composite else transformers.Qwen3_5ForCausalLM) \
-            .from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
-        V = text["vocab_size"]
-        line = []
-        for n in (1, r.randint(2, 40), r.randint(65, 150)):
-            ids = [r.randrange(V) for _ in range(n)]
-            with torch.no_grad():
-                want = ref(input_ids=torch.tensor([ids])).logits[0].float()
-            out = subprocess.run([a.onepass, "logits", "--device", "cpu", "--model", d, "--ids",
-                                  ",".join(map(str, ids))], capture_output=True, text=True)
-            if out.returncode != 0:
-                print(f"seed {seed}: onepass failed: {out.stderr.strip()[:400]}")
-                line = None
-                break
-            got = torch.tensor(json.loads(out.stdout)["logits"])
-            spread = want.std().item()
-            rel = (got - want).abs().max().item() / max(spread, 1e-6)
-            line.append(f"{n}:{rel:.1e}")
-            worst = max(worst, rel)
-        if line is not None:
-            shape = (f"{'composite' if composite else 'text'} {dtype}{' sharded' if shard else ''} L{text['num_hidden_layers']}"
-                     f" h{text['hidden_size']} H{text['num_attention_heads']}/{text['num_key_value_heads']}x{text['head_dim']}"
-                     f" rope {text['rope_parameters'].get('partial_rotary_factor')}"
-                     f"{' m' + str(text['rope_parameters']['mrope_section']) if 'mrope_section' in text['rope_parameters'] else ''}"
-                     f" lin {text['linear_num_key_heads']}/{text['linear_num_value_heads']}x{text['linear_key_head_dim']}/{text['linear_value_head_dim']}"
-                     f" conv{text['linear_conv_kernel_dim']} {'tied' if text['tie_word_embeddings'] else 'untied'}"
-                     f" {'interval ' + str(interval) if interval else 'types ' + ''.join('A' if t == 'full_attention' else 'L' for t in text['layer_types'])}")
-            print(f"seed {seed}: {shape}: max |diff| / std(logits) {' '.join(line)}", flush=True)
-        if not a.keep:
-            subprocess.run(["rm", "-rf", d])
+        try:
+            model = build(text, interval, composite, r)
+            model.to(getattr(torch, dtype)).save_pretrained(d, max_shard_size="200KB" if shard else "10GB")
+            ref = (transformers.Qwen3_5ForConditionalGeneration if composite else transformers.Qwen3_5ForCausalLM) \
+                .from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+            V = text["vocab_size"]
+            line = []
+            for n in (1, r.randint(2, 40), r.randint(65, 150)):
+                ids = [r.randrange(V) for _ in range(n)]
+                with torch.no_grad():
+                    want = ref(input_ids=torch.tensor([ids])).logits[0].float()
+                out = subprocess.run([a.onepass, "logits", "--device", "cpu", "--model", d, "--ids",
+                                      ",".join(map(str, ids))], capture_output=True, text=True)
+                if out.returncode != 0:
+                    print(f"seed {seed}: onepass failed: {out.stderr.strip()[:400]}")
+                    line = None
+                    break
+                got = torch.tensor(json.loads(out.stdout)["logits"])
+                spread = want.std().item()
+                rel = (got - want).abs().max().item() / max(spread, 1e-6)
+                line.append(f"{n}:{rel:.1e}")
+                worst = max(worst, rel)
+            if line is not None:
+                shape = (f"{'composite' if composite else 'text'} {dtype}{' sharded' if shard else ''} L{text['num_hidden_layers']}"
+                         f" h{text['hidden_size']} H{text['num_attention_heads']}/{text['num_key_value_heads']}x{text['head_dim']}"
+                         f" rope {text['rope_parameters'].get('partial_rotary_factor')}"
+                         f"{' m' + str(text['rope_parameters']['mrope_section']) if 'mrope_section' in text['rope_parameters'] else ''}"
+                         f" lin {text['linear_num_key_heads']}/{text['linear_num_value_heads']}x{text['linear_key_head_dim']}/{text['linear_value_head_dim']}"
+                         f" conv{text['linear_conv_kernel_dim']} {'tied' if text['tie_word_embeddings'] else 'untied'}"
+                         f" {'interval ' + str(interval) if interval else 'types ' + ''.join('A' if t == 'full_attention' else 'L' for t in text['layer_types'])}")
+                print(f"seed {seed}: {shape}: max |diff| / std(logits) {' '.join(line)}", flush=True)
+        except Exception as e:  # transformers refusing a drawn configuration: say so, go on
+            print(f"seed {seed}: transformers failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        finally:
+            if not a.keep:
+                shutil.rmtree(d, ignore_errors=True)
     print(f"worst {worst:.2e}")
 
 
