@@ -12,7 +12,7 @@ Usage: python3 tools/cuda/ptx-check.py [--root /opt/nvrtc] [--arch 90] [--sass K
 nvidia-cuda-nvdisasm, 13.2 or later, unpacked under --root the same way) and print, per loop that holds mma
 instructions (the four smallest: the innermost), its static instruction count and the most frequent opcodes: how
 this project found that the attention kernels spent a third of each tile on address arithmetic (docs/cuda.md).
---sass-out DIR keeps the disassembly there.
+--sass-out DIR keeps the disassembly there. --ptx-out FILE keeps the PTX (compare two builds with cmp or diff).
 """
 import argparse, ctypes, os, pathlib, re, subprocess, sys, tempfile
 
@@ -22,6 +22,8 @@ ap.add_argument("--arch", default="90")
 ap.add_argument("--quiet", action="store_true", help="only errors, spills and the kernel count")
 ap.add_argument("--sass", nargs="*", default=[], help="kernels to disassemble and summarise (loops with mma)")
 ap.add_argument("--sass-out", help="folder for the disassembly (default: a temporary folder)")
+ap.add_argument("--ptx-out", help="write the PTX there too: two builds' PTX compared show whether a source change that "
+                "should not change the code (a helper factored out) did not")
 a = ap.parse_args()
 lib = pathlib.Path(a.root) / "nvidia/cu13/lib/libnvrtc.so.13"
 if str(lib.parent) not in os.environ.get("LD_LIBRARY_PATH", ""):
@@ -53,6 +55,8 @@ if rc != 0:
 nv.nvrtcGetPTXSize(prog, ctypes.byref(n))
 ptx = ctypes.create_string_buffer(n.value)
 nv.nvrtcGetPTX(prog, ptx)
+if a.ptx_out:
+    pathlib.Path(a.ptx_out).write_bytes(ptx.value)
 with tempfile.TemporaryDirectory() as d:
     p = pathlib.Path(d) / "k.ptx"
     p.write_bytes(ptx.value)

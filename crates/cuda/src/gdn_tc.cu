@@ -56,6 +56,24 @@ __device__ __forceinline__ void gtc_frag_b(const float* p, int ld, unsigned (&bb
     tc_split(p[0], bb[0], bs[0]);
     tc_split(p[4 * ld], bb[1], bs[1]);
 }
+// (hi, lo) += A B over the k steps 0, 8, .. below kend: A's rows (g, g + 8) of a row-major tile, a at its element
+// (g, t), row stride lda; B a row-major [k][n] tile, b at its element (k t, n g), row stride LDB, NT n tiles of 8
+// columns. The k loop unrolled U times.
+template <int NT, int U, int LDB, bool X3>
+__device__ __forceinline__ void gtc_rows_mma(float (&hi)[NT][4], float (&lo)[NT][4], const float* a, int lda,
+                                             const float* b, int kend) {
+#pragma unroll U
+    for (int kk = 0; kk < kend; kk += 8) {
+        unsigned ab[4], as[4];
+        gtc_frag_a_row(a + kk, lda, ab, as);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            unsigned bb[2], bs[2];
+            gtc_frag_b(b + kk * LDB + nt * 8, LDB, bb, bs);
+            gtc_mma3<X3>(hi[nt], lo[nt], ab, as, bb, bs);
+        }
+    }
+}
 
 // dst[t * ldd + c] = src[t * lds + c] for t < n, c < ws; zero for the rest of t < GDN_C, c < wd (cp.async, the
 // caller commits and waits). vec: 16-byte copies (src, lds and ws multiples of 4 floats, wd too); else 4-byte.
@@ -202,21 +220,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 #pragma unroll
             for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
         // W S (warps 0-3) and Q S (warps 4-7), k over dk.
-        if (m0 < n) {
-            const float* xa = X + ra * ldx + tg;
-            const float* sb = Ss + tg * LDV + g;
-#pragma unroll UNROLL
-            for (int kk = 0; kk < kp8; kk += 8) {
-                unsigned ab[4], as[4];
-                gtc_frag_a_row(xa + kk, ldx, ab, as);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    unsigned bb[2], bs[2];
-                    gtc_frag_b(sb + kk * LDV + nt * 8, LDV, bb, bs);
-                    gtc_mma3<X3>(hi[nt], lo[nt], ab, as, bb, bs);
-                }
-            }
-        }
+        if (m0 < n) gtc_rows_mma<NT, UNROLL, LDV, X3>(hi, lo, X + ra * ldx + tg, ldx, Ss + tg * LDV + g, kp8);
         if (vwarp) {
             // v' = U - W S (rows past n: exactly zero, as W and U are zero there), and e^(gam_last - gam) v'.
 #pragma unroll
@@ -251,19 +255,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 #pragma unroll
                 for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
             const int kend = min(m0 + 16, (n + 7) & ~7);
-            const float* ma = Mt + ra * LDM + tg;
-            const float* vb = Vs + tg * LDV + g;
-#pragma unroll UNROLL
-            for (int kk = 0; kk < kend; kk += 8) {
-                unsigned ab[4], as[4];
-                gtc_frag_a_row(ma + kk, LDM, ab, as);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    unsigned bb[2], bs[2];
-                    gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
-                    gtc_mma3<X3>(hi[nt], lo[nt], ab, as, bb, bs);
-                }
-            }
+            gtc_rows_mma<NT, UNROLL, LDV, X3>(hi, lo, Mt + ra * LDM + tg, LDM, Vs + tg * LDV + g, kend);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
@@ -453,19 +445,7 @@ __device__ __forceinline__ void gdn_tc_leaf_t(const float* __restrict__ qkv, int
 #pragma unroll
         for (int i = 0; i < 4; i++) hw[nt][i] = lw[nt][i] = 0.0f;
     const int kend = min(m0 + 16, (n + 7) & ~7);
-    const float* ma = Mt + ra * LDM + tg;
-    const float* vb = Vs + tg * LDV + g + cw;
-#pragma unroll 4
-    for (int kk = 0; kk < kend; kk += 8) {
-        unsigned ab[4], as[4];
-        gtc_frag_a_row(ma + kk, LDM, ab, as);
-#pragma unroll
-        for (int nt = 0; nt < NH; nt++) {
-            unsigned bb[2], bs[2];
-            gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
-            gtc_mma3<X3>(hw[nt], lw[nt], ab, as, bb, bs);
-        }
-    }
+    gtc_rows_mma<NH, 4, LDV, X3>(hw, lw, Mt + ra * LDM + tg, LDM, Vs + tg * LDV + g + cw, kend);
 #pragma unroll
     for (int nt = 0; nt < NH; nt++)
 #pragma unroll
