@@ -1,5 +1,5 @@
 //! Every CUDA op against its CPU twin in `onepass-kernels`, on odd shapes (T = 63, 65, 130; dims
-//! not multiples of 32; HV != HK), outputs and states. Runs only with ONEPASS_CUDA_TESTS=1.
+//! not multiples of 32; HV != HK), outputs and states. GPU tests: `#[ignore]`d, run with `--include-ignored` on a GPU machine.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -16,10 +16,9 @@ use onepass_kernels as cpu;
 use onepass_tensor::Tensor;
 
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn rms_norms_match_cpu() {
-    let Some(g) = gpu("rms_norms_match_cpu") else {
-        return;
-    };
+    let g = gpu();
     // The kernel's paths: 16-byte rows (dim 100), one value per lane (odd dim 37; rows at an odd offset and stride),
     // rows longer than a warp keeps in registers (2,048 and 1,030, the latter unaligned), row counts that do not
     // fill the last block.
@@ -146,10 +145,9 @@ fn rms_norms_match_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
-    let Some(g) = gpu("l2norm_gates_swiglu_add_embed_readout_match_cpu") else {
-        return;
-    };
+    let g = gpu();
     // q, k L2 norm in place inside conv rows [N, cd]; v untouched.
     let (n, hk, dk, hv, dv) = (65, 3, 60, 6, 20);
     let cd = 2 * hk * dk + hv * dv;
@@ -299,10 +297,9 @@ fn l2norm_gates_swiglu_add_embed_readout_match_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gemm_bf16_matches_cpu() {
-    let Some(g) = gpu("gemm_bf16_matches_cpu") else {
-        return;
-    };
+    let g = gpu();
     for &(t, k, n) in &[(63, 100, 130), (1, 64, 33), (130, 257, 65)] {
         let x = bf16_round(&rnd(t * k, 20));
         let w = bf16_round(&rnd(n * k, 21));
@@ -337,10 +334,9 @@ fn gemm_bf16_matches_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn conv1d_silu_matches_cpu_per_segment() {
-    let Some(g) = gpu("conv1d_silu_matches_cpu_per_segment") else {
-        return;
-    };
+    let g = gpu();
     let (cd, k, ld) = (100, 4, 123);
     let lens = [63usize, 130, 1, 65];
     let n: usize = lens.iter().sum();
@@ -469,10 +465,9 @@ fn delta_gpu(g: &onepass_cuda::Gpu, c: &DeltaCase, kind: Delta) -> (Vec<f32>, Ve
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gated_delta_chunked_and_step_match_cpu() {
-    let Some(g) = gpu("gated_delta_chunked_and_step_match_cpu") else {
-        return;
-    };
+    let g = gpu();
     // Segments of 63, 65, 130 and 1 tokens; GVA (hv = 2 hk); dims not multiples of 32; and the
     // 0.8B shape (dk = dv = 128), whose chunk state needs the opt-in shared memory.
     for (d, lens) in [
@@ -508,10 +503,9 @@ fn gated_delta_chunked_and_step_match_cpu() {
 /// slow twin `gdn_chunked`, outputs and final states: T = 1, 63, 65, 130, 200 in one batch; HV != HK;
 /// DK != DV (both ways, and not multiples of 32); the 0.8B head shape; strong decays (e^gam underflows).
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gated_delta_wy_matches_chunked_and_cpu() {
-    let Some(g) = gpu("gated_delta_wy_matches_chunked_and_cpu") else {
-        return;
-    };
+    let g = gpu();
     for (d, lens, gscale) in wy_cases() {
         let c = delta_case(d, &lens, 70).decays_x(gscale);
         let (want_o, want_s) = delta_cpu(&c);
@@ -531,10 +525,9 @@ fn gated_delta_wy_matches_chunked_and_cpu() {
 /// gdn_gates), which the tests above hold to the CPU: outputs, gates and the advanced conv states, on
 /// segments of 1, 2, 63, 130 and 3 tokens (shorter and longer than the conv window) and K = 4 and 2.
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gdn_conv_prep_matches_slow_twins() {
-    let Some(g) = gpu("gdn_conv_prep_matches_slow_twins") else {
-        return;
-    };
+    let g = gpu();
     for k in [4usize, 2] {
         let d = GdnDims {
             hk: 2,
@@ -652,10 +645,9 @@ fn gdn_conv_prep_matches_slow_twins() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn attention_prep_and_attention_match_cpu() {
-    let Some(g) = gpu("attention_prep_and_attention_match_cpu") else {
-        return;
-    };
+    let g = gpu();
     // Odd head dims, then the Qwen3.5 attention shape (8 heads over 2 KV heads of 256, a quarter rotated).
     for a in [ATTN_ODD, ATTN_08B] {
         attention_case(&g, a);
@@ -737,13 +729,12 @@ fn attention_case(g: &onepass_cuda::Gpu, a: AttnDims) {
     );
 }
 
-/// Not a test: with ONEPASS_CUDA_BENCH=1 (and ONEPASS_CUDA_TESTS=1), prints the time of the gated delta kernels
+/// Not a check (ignored like the GPU tests): prints the time of the gated delta kernels
 /// (slow twin against the WY pair) on the Qwen3.5-0.8B head shape for the System One segment shapes.
 #[test]
+#[ignore = "a timing table on a CUDA GPU, not a check (run with --include-ignored on a GPU machine)"]
 fn gated_delta_timings() {
-    let Some(g) = bench_gpu("gated_delta_timings") else {
-        return;
-    };
+    let g = gpu();
     let d = HEADS_08B;
     for lens in bench_lens() {
         let c = delta_case(d, &lens, 80);
@@ -791,10 +782,9 @@ fn gated_delta_timings() {
 /// The split-mode consumer of a residual GEMM run over both planes: `add2_rms_norm` (x += f[..R] + f[R..], then
 /// RMSNorm, x updated in place), against the CPU on the summed inputs.
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn split_halves_fold_into_norm() {
-    let Some(g) = gpu("split_halves_fold_into_norm") else {
-        return;
-    };
+    let g = gpu();
     // 16-byte rows (dim 100), one value per lane (odd dim), rows past what a warp keeps in registers (2,048).
     for (rows, dim) in [(37, 100), (7, 37), (5, 2048)] {
         let x = rnd(rows * dim, 31);
@@ -845,10 +835,9 @@ fn split_halves_fold_into_norm() {
 /// multiplies both planes; the same buffers with K alone multiply the hi plane. Against the CPU: the f32 norm's
 /// output times W (both planes carry it to about 2^-16), and the downloaded hi plane times W.
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn split_rows_multiply_both_planes_in_one_gemm() {
-    let Some(g) = gpu("split_rows_multiply_both_planes_in_one_gemm") else {
-        return;
-    };
+    let g = gpu();
     for &(t, k, n) in &[(63, 100, 130), (5, 2048, 33)] {
         let x = rnd(t * k, 40);
         let gain: Vec<f32> = rnd(k, 41).iter().map(|v| 1.0 + 0.5 * v).collect();
