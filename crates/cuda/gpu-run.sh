@@ -2,7 +2,7 @@
 # One device run over .devcarry/pack.tar.gz (made by crates/cuda/gpu-pack.sh): phases named in $1 (default
 # "tests bench"): tests (every GPU test executable with --include-ignored: the GPU tests are #[ignore]d so that
 # machines without one count them as ignored; ONEPASS_CUDA_BENCH=0 skips the kernel timing tables), bench (System One on the 0.8B shape: split, bf16; with "twopass" also split with prefixes and
-# suffixes as two forwards, ONEPASS_TREE=0; with "nograph" split without CUDA graphs), b2b (the 2B shape),
+# suffixes as two forwards, --gpu-no-trees; with "nograph" split without CUDA graphs, --gpu-no-graphs), b2b (the 2B shape),
 # decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
 # load through `onepass serve --device cuda`), profile (one request under nsys and ncu where the machine has them: run
 # s12's H200 machine had ncu only; PROFILE_WORKLOAD=1|2|3,
@@ -51,10 +51,10 @@ if [[ $WHAT == *bench* ]]; then
     bench "0.8B $P_" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 --reps 30 --batch-reps 2
   done
   if [[ $WHAT == *twopass* ]]; then
-    ONEPASS_TREE=0 bench "0.8B split, prefix and suffixes as two forwards" --device cuda --gpu-precision split --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
+    bench "0.8B split, prefix and suffixes as two forwards" --device cuda --gpu-precision split --gpu-no-trees --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
   fi
   if [[ $WHAT == *nograph* ]]; then
-    ONEPASS_CUDA_GRAPHS=0 bench "0.8B split, no CUDA graphs" --device cuda --gpu-precision split --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
+    bench "0.8B split, no CUDA graphs" --device cuda --gpu-precision split --gpu-no-graphs --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
   fi
   grep -vE "^\s+[a-z].* ms .*launches" "$OUT/bench.log" | tail -40
 fi

@@ -27,6 +27,7 @@ use onepass_model::{LayerKind, MixerView, Model, ModelError};
 use onepass_tensor::{Tensor, View};
 
 use crate::ops::{self, AttnDims, GdnDims, Out, KV_ENTRIES, W};
+use crate::options::{AttnKernels, CudaOptions, GdnKernels};
 use crate::runtime::{Arith, AttnArith, Gpu, TcArith};
 use crate::CudaError;
 
@@ -357,7 +358,8 @@ struct AttnLayer {
     inv_freq: Dev<f32>,
     a: AttnDims,
     eps: f32,
-    /// Runs `attention_tc` (else `attention_tiled`: ONEPASS_ATTN=tiled, or dims the tensor-core kernel does not take).
+    /// Runs `attention_tc` (else `attention_tiled`: [`AttnKernels::Tiled`], or dims the tensor-core kernel does not
+    /// take).
     tc: bool,
 }
 
@@ -639,19 +641,19 @@ pub struct CudaModel {
     /// The persistent forward scratch (forwards of up to [`ARENA_ROWS`] rows).
     arena: Mutex<Option<Scratch>>,
     graphs: Mutex<GraphCache>,
-    /// The gated delta rule on tensor cores (ONEPASS_GDN=wy: the f32 SIMT kernels).
+    /// The gated delta rule on tensor cores (else the f32 SIMT kernels: [`GdnKernels::Simt`]).
     gdn_tc: bool,
-    /// A tree's one-chunk children whose states are dropped take `gdn_tc_leaf` (ONEPASS_GDN=fused: the second fused
+    /// A tree's one-chunk children whose states are dropped take `gdn_tc_leaf` ([`GdnKernels::TensorCoreNoLeaf`]: the
     /// state pass, for comparison).
     gdn_leaf: bool,
     /// Fewest ids of a root that [`CudaModel::forward_tree`] continues in the same forward (`None`: it never does:
-    /// ONEPASS_GDN=wy, or a GDN layer the tensor-core state pass does not take). At least 2 (so a tree never runs the
+    /// [`GdnKernels::Simt`], or a GDN layer the tensor-core state pass does not take). At least 2 (so a tree never runs the
     /// one-token path) and every GDN layer's conv kernel − 1 (a child's conv reads only its root's rows).
     tree_min_root: Option<usize>,
-    /// [`CudaModel::forward_tree`] runs trees (ONEPASS_TREE=0 or [`CudaModel::set_tree`] turn it off: the two-pass
-    /// path, for comparison).
+    /// [`CudaModel::forward_tree`] runs trees ([`CudaOptions::trees`] or [`CudaModel::set_tree`] turn it off: the
+    /// two-pass path, for comparison).
     tree_on: std::sync::atomic::AtomicBool,
-    /// CUDA graphs for repeated shapes (ONEPASS_CUDA_GRAPHS=0 turns them off; a failed capture too).
+    /// CUDA graphs for repeated shapes ([`CudaOptions::graphs`] turns them off; a failed capture too).
     use_graphs: std::sync::atomic::AtomicBool,
     /// How the tensor-core kernels multiply ([`CudaModel::set_tc_arith`]; the precision's default).
     tc: Mutex<TcArith>,
@@ -810,19 +812,37 @@ pub struct CudaHidden {
 }
 
 impl CudaModel {
-    /// Uploads a loaded CPU model's weights to device `ordinal` (bf16).
+    /// Uploads a loaded CPU model's weights to device `ordinal` (bf16, the other options their defaults, no memory
+    /// cap).
     pub fn from_model(m: &Model, ordinal: usize) -> Result<Self, CudaError> {
         let gpu = Gpu::new(ordinal)?;
-        Self::with_gpu(m, gpu)
+        Self::with_precision(m, gpu, Precision::Bf16)
     }
 
-    /// Uploads onto an opened GPU (bf16).
+    /// Opens device `o.device` and uploads a loaded CPU model as `o` says.
+    pub fn load(m: &Model, o: &CudaOptions) -> Result<Self, CudaError> {
+        let gpu = Gpu::open(o.device, o.keep_freed_memory)?;
+        Self::with_options(m, gpu, o)
+    }
+
+    /// Uploads onto an opened GPU (bf16, the other options their defaults, no memory cap).
     pub fn with_gpu(m: &Model, gpu: Arc<Gpu>) -> Result<Self, CudaError> {
         Self::with_precision(m, gpu, Precision::Bf16)
     }
 
-    /// Uploads onto an opened GPU in the given precision.
+    /// Uploads onto an opened GPU in the given precision (the other options their defaults, no memory cap).
     pub fn with_precision(m: &Model, gpu: Arc<Gpu>, prec: Precision) -> Result<Self, CudaError> {
+        let o = CudaOptions {
+            precision: prec,
+            memory_budget_bytes: 0,
+            ..CudaOptions::default()
+        };
+        Self::with_options(m, gpu, &o)
+    }
+
+    /// Uploads onto an opened GPU as `o` says (`o.device` and `o.keep_freed_memory` are the opener's).
+    pub fn with_options(m: &Model, gpu: Arc<Gpu>, o: &CudaOptions) -> Result<Self, CudaError> {
+        let prec = o.precision;
         let g = &*gpu;
         let c = m.text_config();
         let w = m.weights();
@@ -836,7 +856,7 @@ impl CudaModel {
         } else {
             Some(up(&[w.lm_head])?)
         };
-        let attn_tc = std::env::var("ONEPASS_ATTN").map_or(true, |v| v != "tiled");
+        let attn_tc = o.attention == AttnKernels::TensorCore;
         let mut layers = Vec::with_capacity(w.layers.len());
         let mut rec_len = 0usize;
         let mut kv_rows = Vec::new();
@@ -922,9 +942,8 @@ impl CudaModel {
             }
         }
         let final_norm = upload_f32(g, w.final_norm)?;
-        let gdn_env = std::env::var("ONEPASS_GDN").unwrap_or_default();
-        let gdn_tc = gdn_env != "wy";
-        let gdn_leaf = gdn_env != "fused";
+        let gdn_tc = o.gdn != GdnKernels::Simt;
+        let gdn_leaf = o.gdn == GdnKernels::TensorCore;
         let mut tree_min_root = gdn_tc.then_some(2);
         for l in &layers {
             if let Mixer::Gdn(m) = &l.mixer {
@@ -947,7 +966,10 @@ impl CudaModel {
             max_pos: c.max_position_embeddings,
             rec_len,
             kv: KvLayout::new(kv_rows),
-            ledger: Arc::default(),
+            ledger: Arc::new(Ledger {
+                live: AtomicUsize::new(0),
+                budget: AtomicUsize::new(o.memory_budget_bytes),
+            }),
             prof: Recorder::default(),
             enqueue_ns: AtomicU64::new(0),
             phase_ns: Default::default(),
@@ -964,14 +986,10 @@ impl CudaModel {
             gdn_tc,
             gdn_leaf,
             tree_min_root,
-            tree_on: std::sync::atomic::AtomicBool::new(
-                std::env::var("ONEPASS_TREE").map_or(true, |v| v != "0"),
-            ),
-            use_graphs: std::sync::atomic::AtomicBool::new(
-                std::env::var("ONEPASS_CUDA_GRAPHS").map_or(true, |v| v != "0"),
-            ),
-            tc: Mutex::new(TcArith::for_precision(prec)),
-            split: Mutex::new(SplitGemms::default()),
+            tree_on: std::sync::atomic::AtomicBool::new(o.trees),
+            use_graphs: std::sync::atomic::AtomicBool::new(o.graphs),
+            tc: Mutex::new(o.kernels.unwrap_or(TcArith::for_precision(prec))),
+            split: Mutex::new(o.split_gemms.unwrap_or_default()),
         })
     }
 
@@ -1113,7 +1131,7 @@ impl CudaModel {
         *self.split.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Turns CUDA graphs for repeated forward shapes on or off (default: on unless ONEPASS_CUDA_GRAPHS=0).
+    /// Turns CUDA graphs for repeated forward shapes on or off (at first: [`CudaOptions::graphs`]).
     pub fn set_graphs(&self, on: bool) {
         self.use_graphs.store(on, Ordering::Relaxed);
         self.drop_graphs();
@@ -1430,8 +1448,8 @@ impl CudaModel {
     /// read-only); without it none, and nothing is allocated for them: their recurrent states are never written (the
     /// state pass skips its last update) and their KV rows live in the forward scratch.
     ///
-    /// `Ok(None)`, with nothing run: this model does not take the tree (`ONEPASS_GDN=wy`, a GDN layer the tensor-core
-    /// state pass does not take, `ONEPASS_TREE=0`), or a root with children has fewer ids than `tree_min_root` or is
+    /// `Ok(None)`, with nothing run: this model does not take the tree ([`GdnKernels::Simt`], a GDN layer the tensor-core
+    /// state pass does not take, trees turned off), or a root with children has fewer ids than `tree_min_root` or is
     /// itself a fork (its KV caches shared). The caller then runs the roots, forks them and runs the children.
     pub fn forward_tree(
         &self,
@@ -1733,7 +1751,7 @@ impl CudaModel {
         bytes
     }
 
-    /// f32 values of key-split scratch the tensor-core attention needs for this shape (0 with `ONEPASS_ATTN=tiled`).
+    /// f32 values of key-split scratch the tensor-core attention needs for this shape (0 with [`AttnKernels::Tiled`]).
     fn attn_scratch(&self, s: Shape) -> usize {
         self.layers
             .iter()
@@ -1998,7 +2016,7 @@ impl CudaModel {
                         self.mark("gdn step")?;
                     } else {
                         // The WY pre-pass and the state pass on tensor cores (`tc`'s arithmetic, f32 state; the SIMT
-                        // kernels for head dims they do not take), or the f32 SIMT pair with ONEPASS_GDN=wy (never in
+                        // kernels for head dims they do not take), or the f32 SIMT pair with GdnKernels::Simt (never in
                         // a tree: tree_min_root).
                         if self.gdn_tc {
                             crate::gdn_tc::gdn_tc_chunked(
