@@ -5,7 +5,7 @@
 //!
 //! A per-shape cuBLASLt autotuner was measured against this and removed (H200, 2026-11-30): at the System One token
 //! counts no candidate beat GemmEx by more than 2% on any 0.8B projection, and tuning cost 5–50 ms per new shape on a
-//! server's first requests (docs/cuda.md, "Measured and not kept").
+//! server's first requests (docs/benchmarks/history/cuda-notes-2026-11-30.md).
 //!
 //! Column-major view (cuBLAS's): `y_cm[N, T] (ld ldy) = op(w_cm)[N, K] · x_cm[K, T]`, where `w_cm` is
 //! `[K, N]` (ld K) transposed and `x_cm` is `[K, T]` (ld K).

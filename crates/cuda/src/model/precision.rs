@@ -11,7 +11,8 @@ pub enum Precision {
     /// projections run one GEMM over K = 2K (`[hi | lo]` rows times their weight stored twice per row, `[W | W]`),
     /// the residual ones one GEMM of 2N rows whose halves the next norm adds ([`SplitGemms`] picks the projections
     /// that take both planes). Attention's products the same way (bf16x3), the gated delta rule's in 3xTF32. The
-    /// default: on the synthetic checkpoints plain bf16 inputs miss the System One ship bar (docs/cuda.md).
+    /// default: on the bf16 answer fixtures plain bf16 inputs move System One probabilities by up to 1.7e-2 against
+    /// the CPU, split by 5.8e-5 (docs/cuda.md, "Precision modes").
     #[default]
     Bf16Split,
     /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
@@ -139,7 +140,7 @@ impl TcArith {
     ///   prefix: 782 µs against 1,030; the bf16 twins' answers 5.78e-5 against 5.84e-5 max |dp| in the same run).
     /// - bf16: 1xTF32 everywhere (its point is speed; 1xTF32 attention, 584 µs there, beats one bf16 product, 618,
     ///   whose per-tile conversion costs more than the halved mma count saves). Measured (fifth measurement,
-    ///   docs/benchmarks/cuda-systemone.md): 1xTF32 kernels take split-mode requests from 4.98 / 10.61 / 37.86 to
+    ///   docs/benchmarks/history/cuda-systemone-2026-11-30.md): 1xTF32 kernels take split-mode requests from 4.98 / 10.61 / 37.86 to
     ///   4.64 / 9.14 / 32.39 ms and the bf16 twins' answers from max |dp| 5.9e-5 to 2.6e-3 (mean 1.3e-5 to 6.4e-4).
     pub fn for_precision(p: Precision) -> Self {
         match p {

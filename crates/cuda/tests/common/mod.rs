@@ -35,7 +35,7 @@ pub const F32_TOL: f32 = 2e-5;
 pub const BF16_TOL: f32 = 8e-3;
 /// The 1xTF32 gated delta kernels (state pass, pre-pass) against the CPU and their SIMT twins (operands rounded to
 /// 11 significant bits, f32 accumulation): about 10x the worst error measured on an H200, 3.8e-4 and 4.2e-4 of max
-/// |reference| (docs/cuda.md).
+/// |reference| (docs/benchmarks/history/cuda-notes-2026-11-30.md).
 pub const TF32_DELTA_TOL: f32 = 4e-3;
 /// The 1xTF32 attention against the CPU: about 10x the worst measured, 5.4e-4 (f32 out).
 pub const TF32_ATTN_TOL: f32 = 5e-3;
