@@ -36,8 +36,8 @@ warn_synthetic() {
 }
 
 echo "== one decision from the command line: $bin systemone --model $model examples/ticket.json"
-warn_synthetic
 "$bin" systemone --model "$model" examples/ticket.json
+warn_synthetic
 echo
 
 port="${PORT:-8000}"

@@ -264,8 +264,16 @@ fn model_arguments_that_are_not_model_folders_say_what_they_are() {
     }
     let e = model("nobody/nothing".as_ref());
     assert!(
-        e.starts_with("model nobody/nothing is not in the Hugging Face cache at "),
+        e.starts_with("model nobody/nothing: no folder of that name here, and not in the Hugging Face cache at "),
         "{e}"
+    );
+    // A folder that holds no model file at all.
+    assert_eq!(
+        model(d.path().as_os_str()),
+        format!(
+            "model {}: this folder holds neither config.json nor tokenizer.json, so it is not a model folder; {hint}",
+            d.path().display()
+        )
     );
     assert!(e.contains("`hf download nobody/nothing`"), "{e}");
     // The revision is checked before the cache is looked at, so it does not matter that the repo is not there.
@@ -281,8 +289,15 @@ fn model_arguments_that_are_not_model_folders_say_what_they_are() {
 /// file once, the operating system's reason once.
 #[test]
 fn a_failure_names_its_cause_once() {
-    let empty = tempfile::tempdir().expect("tempdir");
-    let m = empty.path().to_str().expect("path");
+    // A folder with a tokenizer.json (so it passes as a model folder) but no config.json, and one the other way round.
+    let no_config = synth("tiny-gva");
+    std::fs::remove_file(no_config.path().join("config.json")).expect("rm");
+    let no_tok = synth("tiny-gva");
+    std::fs::remove_file(no_tok.path().join("tokenizer.json")).expect("rm");
+    let (m, t) = (
+        no_config.path().to_str().expect("path"),
+        no_tok.path().to_str().expect("path"),
+    );
     let req = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/ticket.json");
     let req = req.to_str().expect("path");
     let cases: [(&[&str], &str); 8] = [
@@ -292,8 +307,8 @@ fn a_failure_names_its_cause_once() {
             "config.json",
         ),
         (&["bench", "--device", "cpu", "--model", m], "config.json"),
-        (&["tokenize", "--model", m], "tokenizer.json"),
-        (&["render", "--model", m, req], "tokenizer.json"),
+        (&["tokenize", "--model", t], "tokenizer.json"),
+        (&["render", "--model", t, req], "tokenizer.json"),
         (
             &["systemone", "--device", "cpu", "--model", m, req],
             "config.json",
@@ -351,9 +366,10 @@ fn a_request_file_that_is_not_a_request_is_named() {
             "is not a System One request (`questions`: must be a JSON object)",
         ),
     ];
-    // The model folder does not exist: the request is refused before the model is looked at.
+    // The model folder holds only an empty config.json: the request is refused before the model is read.
     let no_model = d.path().join("model");
     std::fs::create_dir(&no_model).expect("mkdir");
+    std::fs::write(no_model.join("config.json"), "{}").expect("write");
     for (name, body, what) in cases {
         let f = d.path().join(name);
         std::fs::write(&f, body).expect("write");

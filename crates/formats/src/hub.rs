@@ -24,6 +24,9 @@ pub enum ResolveError {
     /// would be accepted here, before this error.)
     #[error("model {path}: this is a file, not a model folder; {FOLDER_HINT}")]
     NotAFolder { path: PathBuf },
+    /// A folder with neither `config.json` nor `tokenizer.json`: no command can use it.
+    #[error("model {path}: this folder holds neither config.json nor tokenizer.json, so it is not a model folder; {FOLDER_HINT}")]
+    NotAModelFolder { path: PathBuf },
     /// An argument written as a path (`./x`, `/x`, `a/b/c`) that does not exist.
     #[error("model {path}: no such folder; {FOLDER_HINT}, or a Hub repo id ORG/NAME")]
     NoSuchFolder { path: PathBuf },
@@ -32,7 +35,7 @@ pub enum ResolveError {
     )]
     NotFound { arg: String },
     #[error(
-        "model {repo} is not in the Hugging Face cache at {cache} (looked for {looked}); download it on a machine with network access (`hf download {repo}` or `huggingface-cli download {repo}`), or pass a local folder"
+        "model {repo}: no folder of that name here, and not in the Hugging Face cache at {cache} (looked for {looked}); download it on a machine with network access (`hf download {repo}` or `huggingface-cli download {repo}`), or pass a local folder"
     )]
     NotCached {
         repo: String,
@@ -77,7 +80,7 @@ pub fn hub_cache_dir() -> PathBuf {
 pub fn resolve_model_dir(arg: &str) -> Result<PathBuf, ResolveError> {
     let path = Path::new(arg);
     if path.is_dir() {
-        return Ok(path.to_path_buf());
+        return model_folder(path.to_path_buf());
     }
     if path.exists() {
         return Err(ResolveError::NotAFolder {
@@ -89,7 +92,17 @@ pub fn resolve_model_dir(arg: &str) -> Result<PathBuf, ResolveError> {
             path: path.to_path_buf(),
         });
     }
-    resolve_in_cache(arg, &hub_cache_dir())
+    resolve_in_cache(arg, &hub_cache_dir()).and_then(model_folder)
+}
+
+/// `dir` when it can be a model folder (it holds `config.json` or `tokenizer.json`; each command then says which
+/// file it misses).
+fn model_folder(dir: PathBuf) -> Result<PathBuf, ResolveError> {
+    if dir.join("config.json").exists() || dir.join("tokenizer.json").exists() {
+        Ok(dir)
+    } else {
+        Err(ResolveError::NotAModelFolder { path: dir })
+    }
 }
 
 /// An argument that cannot be a repo id and reads as a path: it starts with `.`, `/` or `~`, or
@@ -432,6 +445,21 @@ mod tests {
                 "model {}: this is a file, not a model folder; {FOLDER_HINT}",
                 f.display()
             )
+        );
+        let e = resolve_model_dir(d.path().to_str().expect("utf8"))
+            .expect_err("not a model folder")
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "model {}: this folder holds neither config.json nor tokenizer.json, so it is not a model folder; {FOLDER_HINT}",
+                d.path().display()
+            )
+        );
+        std::fs::write(d.path().join("tokenizer.json"), "{}").expect("w");
+        assert_eq!(
+            resolve_model_dir(d.path().to_str().expect("utf8")).expect("a folder"),
+            d.path()
         );
         let missing = d.path().join("nothing");
         let e = resolve_model_dir(missing.to_str().expect("utf8"))
