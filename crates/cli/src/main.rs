@@ -362,6 +362,12 @@ fn synth_cmd(
     if let Some(s) = seed {
         spec.seed = s;
     }
+    if out.exists() && !out.is_dir() {
+        bail!(
+            "--out {}: this is a file; give the path of a folder to write the checkpoint into",
+            out.display()
+        );
+    }
     let t0 = Instant::now();
     let mut last = Instant::now();
     synth::write_checkpoint(&spec, out, &mut |done, total| {

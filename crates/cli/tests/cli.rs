@@ -149,6 +149,12 @@ fn bad_input_is_a_message_and_a_non_zero_exit() {
     assert!(run_err(&["logits", "--model", m, "--ids", "1,999"]).contains("token id 999"));
     assert!(run_err(&["info", "--model", "/nonexistent/folder"]).contains("no such folder"));
     assert!(run_err(&["synth", "--preset", "nope", "--out", "/tmp/x"]).contains("unknown preset"));
+    let file = d.path().join("config.json");
+    let f = file.to_str().expect("path");
+    assert_eq!(
+        run_err(&["synth", "--preset", "tiny-gva", "--out", f]),
+        format!("error: --out {f}: this is a file; give the path of a folder to write the checkpoint into\n")
+    );
     let out = tokenize(d.path(), b"not json\n");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 1"));
