@@ -1,10 +1,10 @@
 //! The ternary matvec/GEMM next to this machine's own memory bandwidth, measured in the same run.
 //!
-//!     cargo run --release -p onepass-kernels --example ternary_bench [-- N K]
+//!     cargo run --release -p onepass-kernels --example ternary_bench [-- N K [MB]]
 //!
 //! Default shape: the 27B model's largest matrix (FFN gate/up, N = 17408 rows × K = 5120), packed
-//! PQ2_0 (23.7 MB). Several copies of the matrix are rotated so each call reads from memory, not
-//! from the last-level cache. The bandwidth yardstick is a parallel read (sum) over a buffer of the
+//! PQ2_0 (23.7 MB). Copies of the matrix adding up to MB megabytes (default 768, more than twice
+//! the largest last-level caches) are rotated so each call reads from memory, not from cache. The bandwidth yardstick is a parallel read (sum) over a buffer of the
 //! same total size, and a parallel copy for reference; the matvec figure is the packed bytes it
 //! reads per second. Prints figures, asserts nothing.
 
@@ -14,20 +14,21 @@ use half::f16;
 use onepass_kernels::{ternary_matmul_t_with, TernaryPath};
 use rayon::prelude::*;
 
-const COPIES_MIN_BYTES: usize = 160 << 20;
+const DEFAULT_TOTAL_MB: usize = 768;
 
 fn main() {
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
         .collect();
-    let (n, k) = match args[..] {
-        [n, k] => (n, k),
-        _ => (17408, 5120),
+    let (n, k, total_mb) = match args[..] {
+        [n, k] => (n, k, DEFAULT_TOTAL_MB),
+        [n, k, mb] => (n, k, mb),
+        _ => (17408, 5120, DEFAULT_TOTAL_MB),
     };
     assert!(k % 128 == 0, "K must be a multiple of 128");
     let bytes = n * k / 128 * 34;
-    let copies = COPIES_MIN_BYTES.div_ceil(bytes).max(2);
+    let copies = (total_mb << 20).div_ceil(bytes).max(2);
     println!(
         "shape N={n} K={k}: {:.1} MB packed PQ2_0, {copies} copies rotated; {} threads",
         bytes as f64 / 1e6,
@@ -95,7 +96,7 @@ fn main() {
             let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) * 0.1).collect();
             let mut y = vec![0f32; t * n];
             let mut which = 0;
-            let reps = if t == 1 { 3 * copies } else { copies.min(4) };
+            let reps = if t == 1 { 2 * copies } else { copies.min(4) };
             let secs = best_of(reps, || {
                 ternary_matmul_t_with(path, &x, t, &mats[which % copies], n, k, &mut y);
                 which += 1;
