@@ -112,7 +112,8 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Answers one /v1/systemone request body (file or `-`): prints the response JSON the server would send.
     Systemone(systemone::SystemoneArgs),
-    /// Plans one /v1/systemone request without the model: prints {"rows":[{"ids","slots","nopts"}],"usage"}.
+    /// Shows the prompts of one /v1/systemone request without running the model: prints
+    /// {"rows":[{"ids","slots","nopts"}],"usage"}.
     Render(systemone::RenderArgs),
 }
 

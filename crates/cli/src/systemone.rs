@@ -24,10 +24,11 @@ pub struct SystemoneArgs {
     model: String,
     /// The request body (JSON); `-` reads stdin.
     request: PathBuf,
-    /// Run every row whole instead of running each request's common prefix once and forking it.
+    /// Run every question's prompt in full instead of running the part they share (the state) once; slower, for
+    /// checking.
     #[arg(long)]
     no_shared_prefix: bool,
-    /// Bytes of forked sequence state alive at once, in MiB.
+    /// Memory for the copies of the shared part's model state alive at once, in MiB.
     #[arg(long, default_value_t = 2048)]
     fork_budget_mb: usize,
     #[command(flatten)]
