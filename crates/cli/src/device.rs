@@ -278,9 +278,10 @@ impl CudaArgs {
                 GdnArg::TcNoLeaf => GdnKernels::TensorCoreNoLeaf,
                 GdnArg::Simt => GdnKernels::Simt,
             },
-            attention: match self.gpu_attention {
-                AttnArg::Tc => AttnKernels::TensorCore,
-                AttnArg::Tiled => AttnKernels::Tiled,
+            attention: if self.gpu_attention == AttnArg::Tiled {
+                AttnKernels::Tiled
+            } else {
+                AttnKernels::TensorCore
             },
             trees: !self.gpu_no_trees,
             graphs: !self.gpu_no_graphs,

@@ -606,20 +606,15 @@ impl Gpu {
             crate::gdn_tc::GDN_TC_SLICES,
             crate::gdn_tc::GDN_TC_LEAF_SLICES,
         );
-        let k = Kernels {
-            embed_gather: f("embed_gather")?,
-            rms_norm: f("rms_norm")?,
-            rms_norm_gated: f("rms_norm_gated")?,
-            gdn_conv_prep: f("gdn_conv_prep")?,
-            gdn_conv_state: f("gdn_conv_state")?,
-            gdn_step: f("gdn_step")?,
-            attn_prep: f("attn_prep")?,
-            swiglu: f("swiglu")?,
-            to_bf16: f("to_bf16")?,
-            rows_dot: f("rows_dot")?,
-            add2_rms_norm: f("add2_rms_norm")?,
-            gdn_conv_prep_run: f("gdn_conv_prep_run")?,
-            spin_wait: f("spin_wait")?,
+        // The kernels loaded by their field's name, then the per-arithmetic and per-slice tables.
+        macro_rules! by_name {
+            ($($name:ident),* ; $($rest:tt)*) => {
+                Kernels { $($name: f(stringify!($name))?,)* $($rest)* }
+            };
+        }
+        let k = by_name! {
+            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, attn_prep, swiglu,
+            to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait;
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,

@@ -21,7 +21,8 @@
 //! By concern: [`precision`] (arithmetic modes), `upload` (weights to the device, constructors), `state` (sequence
 //! state, KV layout, memory budget), `scratch` (forward scratch, table, CUDA graphs), `forward` (entry points,
 //! trees, staging), `layers` (the launches of the layer sequence, readout), `profile` (events and host timing).
-//! This file holds [`CudaModel`] itself, its sizes and its run-time switches.
+//! This file holds [`CudaModel`] itself, its sizes and run-time switches, and the types those modules share (declared
+//! here so that each of them reads their fields).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,10 +48,230 @@ mod upload;
 pub use precision::{Precision, Projection, SplitGemms, SplitGemmsError};
 use profile::*;
 use scratch::*;
-pub use state::CudaState;
-use state::*;
 use upload::*;
 
+// Weights on the device (uploaded by `upload`). Their behaviour is in that module.
+
+/// A device buffer with its address.
+struct Dev<T> {
+    /// Owns the memory `ptr` points into.
+    _buf: CudaSlice<T>,
+    ptr: u64,
+}
+
+/// A weight matrix on the device, in the model's precision.
+struct Weight {
+    /// Owns the memory `w` points into.
+    _buf: WeightBuf,
+    w: W,
+    /// Row stride in elements: the column count K, or 2K where every row is stored twice (`[W | W]`, an input
+    /// projection in [`Precision::Bf16Split`]: one GEMM over K = 2K multiplies both planes of its input).
+    ld: usize,
+}
+
+struct GdnLayer {
+    /// w_in: [cd + HV*DV + 2*HV, H] = in_proj_qkv; in_proj_z; in_proj_a; in_proj_b
+    w_in: Weight,
+    /// w_out: [H, HV*DV]
+    w_out: Weight,
+    /// Offsets (f32 values) of this layer's conv state [K-1, cd] and recurrent state [HV, DK, DV] in a
+    /// [`CudaState`]'s `rec` buffer.
+    conv_off: usize,
+    ssm_off: usize,
+    conv: Dev<f32>,
+    neg_a: Dev<f32>,
+    dt_bias: Dev<f32>,
+    norm: Dev<f32>,
+    d: GdnDims,
+    kernel: usize,
+    eps: f32,
+    cd: usize,
+}
+
+struct AttnLayer {
+    /// w_in: [H*2D + 2*HKV*D, hidden] = q_proj (q|gate per head); k_proj; v_proj
+    w_in: Weight,
+    /// w_o: [hidden, H*D]
+    w_o: Weight,
+    q_norm: Dev<f32>,
+    k_norm: Dev<f32>,
+    inv_freq: Dev<f32>,
+    a: AttnDims,
+    eps: f32,
+    /// Runs `attention_tc` (else `attention_tiled`: [`AttnKernels::Tiled`], or dims the tensor-core kernel does not
+    /// take).
+    tc: bool,
+}
+
+struct Layer {
+    in_norm: Dev<f32>,
+    post_norm: Dev<f32>,
+    mixer: Mixer,
+    /// w_gu: [2I, H] = gate; up
+    w_gu: Weight,
+    /// w_down: [H, I]
+    w_down: Weight,
+}
+
+// Sequence state and the memory ledger (`state`). Their behaviour is in that module.
+
+/// Bytes of sequence state (and forward scratch) alive on the device, against an optional budget.
+#[derive(Debug, Default)]
+struct Ledger {
+    live: AtomicUsize,
+    /// 0: no budget.
+    budget: AtomicUsize,
+}
+
+/// Bytes counted in a [`Ledger`] until dropped.
+struct Charge {
+    ledger: Arc<Ledger>,
+    bytes: usize,
+}
+
+/// Where every attention layer's K and V rows sit in one buffer of `cap` positions ([`KvBuf`], and the forward
+/// scratch's rows for a tree's dropped children): layer a's K rows, [cap, HKV, D] f32, at `cap · pre[a]` floats,
+/// its V rows right after them.
+struct KvLayout {
+    /// Floats per position of each attention layer's K (or V) rows, in layer order.
+    rows: Vec<usize>,
+    /// Floats per position of the layers before each (K and V).
+    pre: Vec<usize>,
+    /// Floats per position of every layer, K and V.
+    per_pos: usize,
+}
+
+/// Every attention layer's own K and V rows of one state, one allocation ([`KvLayout`]).
+struct KvBuf {
+    buf: CudaSlice<f32>,
+    /// Positions it holds (0: none, the shared empty buffer).
+    cap: usize,
+    _charge: Option<Charge>,
+}
+
+/// The state of one sequence on the device.
+pub struct CudaState {
+    pos: usize,
+    /// Every GDN layer's conv [K-1, cd] and recurrent [HV, DK, DV] state, f32, at the layer's offsets.
+    rec: CudaSlice<f32>,
+    /// Own KV rows: position `p` at row `p - base.1`. Positions below `base.1` are read from `base` (the cache of the
+    /// state this one was forked from, shared and never written through here), so a fork copies no KV rows.
+    kv: Arc<KvBuf>,
+    base: Option<(Arc<KvBuf>, usize)>,
+    _charge: Charge,
+}
+
+// Forward scratch, table and graph keys (`scratch`). Their behaviour is in that module.
+
+/// What a forward's launches depend on besides the table's contents (graph key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Shape {
+    n: usize,
+    nseg: usize,
+    /// Segments `roots..nseg` continue one of `0..roots` ([`CudaModel::forward_tree`]); `nseg` in a plain batch.
+    roots: usize,
+    /// Whether the states of segments `roots..` are written (false: dropped after the forward).
+    keep_children: bool,
+    /// Segments `roots..` (if any) are each at most one gated delta chunk long ([`crate::gdn_tc::SegStates`]).
+    short_children: bool,
+    /// The longest segment (1: every segment one token, the decode step).
+    max_len: usize,
+    /// Key splits per tile of the tensor-core attention ([`crate::attn_tc::attention_tc_plan`] of the segments; 1
+    /// when no layer runs it).
+    attn_splits: usize,
+    /// The projections on both planes (split mode; read once per forward).
+    split: SplitGemms,
+}
+
+/// Values per token row of the forward scratch buffers.
+struct Widths {
+    /// Split mode: the two halves of a residual GEMM's output ([2N, H]).
+    fold: usize,
+    proj: usize,
+    mid: usize,
+    act: usize,
+    gates: usize,
+    wy: usize,
+}
+
+/// One forward's device buffers (see [`CudaModel::scratch`]).
+struct Scratch {
+    rows: usize,
+    /// Bytes charged to the budget for the activation buffers (the table and the attention scratch apart).
+    bytes: usize,
+    /// The forward's table ([`CudaModel::table`]; grown on demand, apart from the rest: it depends on the
+    /// segment count and the layers, not only on the rows).
+    table: Growing<u8>,
+    x: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    proj: CudaSlice<f32>,
+    mid: CudaSlice<f32>,
+    gates: CudaSlice<f32>,
+    wy: CudaSlice<f32>,
+    fold: CudaSlice<f32>,
+    /// Partial results of the tensor-core attention's key splits (grown on demand).
+    attn: Growing<f32>,
+    /// The KV rows of a tree's children whose states are dropped ([`KvLayout`]; grown on demand).
+    kv: Growing<f32>,
+    _charge: Charge,
+}
+
+/// A device buffer of the persistent scratch that grows on demand, charged to the budget for what it holds.
+struct Growing<T> {
+    buf: CudaSlice<T>,
+    /// Values it holds (0 while a failed reservation left it uncharged).
+    len: usize,
+    _charge: Option<Charge>,
+}
+
+/// Device addresses one forward's launches use.
+struct FwdPtrs {
+    ptrs: u64,
+    ids: u64,
+    segs: u64,
+    tok: u64,
+    par: u64,
+    x: u64,
+    act: u64,
+    proj: u64,
+    mid: u64,
+    gates: u64,
+    wy: u64,
+    fold: u64,
+    attn: u64,
+}
+
+/// Byte offsets of one forward's table ([`CudaModel::table`] writes it, [`Scratch::ptrs`] addresses it): the
+/// state address table (one u64 per entry: [`GDN_ENTRIES`] per segment of a gated delta layer, [`KV_ENTRIES`] per
+/// segment of an attention layer), then ids [N] | segs [S, 3] | tok [N, 2] | par [S] (i32).
+struct TableLayout {
+    ids: usize,
+    segs: usize,
+    tok: usize,
+    par: usize,
+    len: usize,
+}
+
+/// Graphs by shape, and how often each shape was seen.
+#[derive(Default)]
+struct GraphCache {
+    graphs: Vec<(Shape, Graph)>,
+    seen: std::collections::HashMap<Shape, u32>,
+}
+
+// Host timing (`profile`). Their behaviour is in that module.
+
+/// Host nanoseconds of forward queueing by phase ([`CudaModel::host_phases`]; the states' share is what the total
+/// leaves).
+#[derive(Default)]
+struct PhaseNs {
+    /// The table, written and uploaded (with the children's KV scratch it names).
+    table: AtomicU64,
+    /// The layers' launches, or one graph launch.
+    launch: AtomicU64,
+    /// The output buffer and the final norm.
+    out: AtomicU64,
+}
 /// A model on one GPU.
 pub struct CudaModel {
     gpu: Arc<Gpu>,

@@ -3,18 +3,6 @@
 
 use super::*;
 
-/// Host nanoseconds of forward queueing by phase ([`CudaModel::host_phases`]; the states' share is what the total
-/// leaves).
-#[derive(Default)]
-pub(super) struct PhaseNs {
-    /// The table, written and uploaded (with the children's KV scratch it names).
-    pub(super) table: AtomicU64,
-    /// The layers' launches, or one graph launch.
-    pub(super) launch: AtomicU64,
-    /// The output buffer and the final norm.
-    pub(super) out: AtomicU64,
-}
-
 /// What a forward records while asked to (the profiling marks, the forward spans): `start` turns it on, `take` off,
 /// with what it holds.
 pub(super) struct Recorder<T>(Mutex<Option<Vec<T>>>);

@@ -12,67 +12,6 @@ pub(super) const GRAPHS_KEPT: usize = 64;
 /// the segment starts from (its own, or its parent's in [`CudaModel::forward_tree`]).
 pub(super) const GDN_ENTRIES: usize = 3;
 
-/// What a forward's launches depend on besides the table's contents (graph key).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) struct Shape {
-    pub(super) n: usize,
-    pub(super) nseg: usize,
-    /// Segments `roots..nseg` continue one of `0..roots` ([`CudaModel::forward_tree`]); `nseg` in a plain batch.
-    pub(super) roots: usize,
-    /// Whether the states of segments `roots..` are written (false: dropped after the forward).
-    pub(super) keep_children: bool,
-    /// Segments `roots..` (if any) are each at most one gated delta chunk long ([`crate::gdn_tc::SegStates`]).
-    pub(super) short_children: bool,
-    /// The longest segment (1: every segment one token, the decode step).
-    pub(super) max_len: usize,
-    /// Key splits per tile of the tensor-core attention ([`crate::attn_tc::attention_tc_plan`] of the segments; 1
-    /// when no layer runs it).
-    pub(super) attn_splits: usize,
-    /// The projections on both planes (split mode; read once per forward).
-    pub(super) split: SplitGemms,
-}
-
-/// Values per token row of the forward scratch buffers.
-pub(super) struct Widths {
-    /// Split mode: the two halves of a residual GEMM's output ([2N, H]).
-    pub(super) fold: usize,
-    pub(super) proj: usize,
-    pub(super) mid: usize,
-    pub(super) act: usize,
-    pub(super) gates: usize,
-    pub(super) wy: usize,
-}
-
-/// One forward's device buffers (see [`CudaModel::scratch`]).
-pub(super) struct Scratch {
-    pub(super) rows: usize,
-    /// Bytes charged to the budget for the activation buffers (the table and the attention scratch apart).
-    pub(super) bytes: usize,
-    /// The forward's table ([`CudaModel::table`]; grown on demand, apart from the rest: it depends on the
-    /// segment count and the layers, not only on the rows).
-    pub(super) table: Growing<u8>,
-    pub(super) x: CudaSlice<f32>,
-    pub(super) act: CudaSlice<f32>,
-    pub(super) proj: CudaSlice<f32>,
-    pub(super) mid: CudaSlice<f32>,
-    pub(super) gates: CudaSlice<f32>,
-    pub(super) wy: CudaSlice<f32>,
-    pub(super) fold: CudaSlice<f32>,
-    /// Partial results of the tensor-core attention's key splits (grown on demand).
-    pub(super) attn: Growing<f32>,
-    /// The KV rows of a tree's children whose states are dropped ([`KvLayout`]; grown on demand).
-    pub(super) kv: Growing<f32>,
-    pub(super) _charge: Charge,
-}
-
-/// A device buffer of the persistent scratch that grows on demand, charged to the budget for what it holds.
-pub(super) struct Growing<T> {
-    pub(super) buf: CudaSlice<T>,
-    /// Values it holds (0 while a failed reservation left it uncharged).
-    pub(super) len: usize,
-    pub(super) _charge: Option<Charge>,
-}
-
 impl<T: cudarc::driver::DeviceRepr> Growing<T> {
     /// A buffer of `len` values, charged as `what`.
     pub(super) fn new(m: &CudaModel, len: usize, what: &str) -> Result<Self, CudaError> {
@@ -111,34 +50,6 @@ impl<T: cudarc::driver::DeviceRepr> Growing<T> {
         self.len = len;
         Ok(true)
     }
-}
-
-/// Device addresses one forward's launches use.
-pub(super) struct FwdPtrs {
-    pub(super) ptrs: u64,
-    pub(super) ids: u64,
-    pub(super) segs: u64,
-    pub(super) tok: u64,
-    pub(super) par: u64,
-    pub(super) x: u64,
-    pub(super) act: u64,
-    pub(super) proj: u64,
-    pub(super) mid: u64,
-    pub(super) gates: u64,
-    pub(super) wy: u64,
-    pub(super) fold: u64,
-    pub(super) attn: u64,
-}
-
-/// Byte offsets of one forward's table ([`CudaModel::table`] writes it, [`Scratch::ptrs`] addresses it): the
-/// state address table (one u64 per entry: [`GDN_ENTRIES`] per segment of a gated delta layer, [`KV_ENTRIES`] per
-/// segment of an attention layer), then ids [N] | segs [S, 3] | tok [N, 2] | par [S] (i32).
-pub(super) struct TableLayout {
-    pub(super) ids: usize,
-    pub(super) segs: usize,
-    pub(super) tok: usize,
-    pub(super) par: usize,
-    pub(super) len: usize,
 }
 
 impl TableLayout {
@@ -191,13 +102,6 @@ impl Scratch {
 /// requires graph calls on one object to be serialised, not to stay on one thread).
 pub(super) struct Graph(pub(super) cudarc::driver::CudaGraph);
 unsafe impl Send for Graph {}
-
-/// Graphs by shape, and how often each shape was seen.
-#[derive(Default)]
-pub(super) struct GraphCache {
-    pub(super) graphs: Vec<(Shape, Graph)>,
-    pub(super) seen: std::collections::HashMap<Shape, u32>,
-}
 
 impl GraphCache {
     pub(super) fn get(&self, s: &Shape) -> Option<&cudarc::driver::CudaGraph> {

@@ -3,14 +3,6 @@
 
 use super::*;
 
-/// Bytes of sequence state (and forward scratch) alive on the device, against an optional budget.
-#[derive(Debug, Default)]
-pub(super) struct Ledger {
-    pub(super) live: AtomicUsize,
-    /// 0: no budget.
-    pub(super) budget: AtomicUsize,
-}
-
 impl Ledger {
     /// Counts `bytes` more, or fails (counting nothing) when that would pass the budget.
     pub(super) fn charge(self: &Arc<Self>, bytes: usize, what: &str) -> Result<Charge, CudaError> {
@@ -32,28 +24,10 @@ impl Ledger {
     }
 }
 
-/// Bytes counted in a [`Ledger`] until dropped.
-pub(super) struct Charge {
-    pub(super) ledger: Arc<Ledger>,
-    pub(super) bytes: usize,
-}
-
 impl Drop for Charge {
     fn drop(&mut self) {
         self.ledger.live.fetch_sub(self.bytes, Ordering::Relaxed);
     }
-}
-
-/// Where every attention layer's K and V rows sit in one buffer of `cap` positions ([`KvBuf`], and the forward
-/// scratch's rows for a tree's dropped children): layer a's K rows, [cap, HKV, D] f32, at `cap · pre[a]` floats,
-/// its V rows right after them.
-pub(super) struct KvLayout {
-    /// Floats per position of each attention layer's K (or V) rows, in layer order.
-    pub(super) rows: Vec<usize>,
-    /// Floats per position of the layers before each (K and V).
-    pub(super) pre: Vec<usize>,
-    /// Floats per position of every layer, K and V.
-    pub(super) per_pos: usize,
 }
 
 impl KvLayout {
@@ -75,26 +49,6 @@ impl KvLayout {
         let k = cap * self.pre[a];
         (k, k + cap * self.rows[a])
     }
-}
-
-/// Every attention layer's own K and V rows of one state, one allocation ([`KvLayout`]).
-pub(super) struct KvBuf {
-    pub(super) buf: CudaSlice<f32>,
-    /// Positions it holds (0: none, the shared empty buffer).
-    pub(super) cap: usize,
-    pub(super) _charge: Option<Charge>,
-}
-
-/// The state of one sequence on the device.
-pub struct CudaState {
-    pub(super) pos: usize,
-    /// Every GDN layer's conv [K-1, cd] and recurrent [HV, DK, DV] state, f32, at the layer's offsets.
-    pub(super) rec: CudaSlice<f32>,
-    /// Own KV rows: position `p` at row `p - base.1`. Positions below `base.1` are read from `base` (the cache of the
-    /// state this one was forked from, shared and never written through here), so a fork copies no KV rows.
-    pub(super) kv: Arc<KvBuf>,
-    pub(super) base: Option<(Arc<KvBuf>, usize)>,
-    pub(super) _charge: Charge,
 }
 
 impl CudaState {

@@ -3,13 +3,6 @@
 
 use super::*;
 
-/// A device buffer with its address.
-pub(super) struct Dev<T> {
-    /// Owns the memory `ptr` points into.
-    pub(super) _buf: CudaSlice<T>,
-    pub(super) ptr: u64,
-}
-
 impl<T: cudarc::driver::DeviceRepr> Dev<T> {
     pub(super) fn new(g: &Gpu, buf: CudaSlice<T>) -> Self {
         let ptr = g.ptr(&buf);
@@ -27,16 +20,6 @@ pub(super) fn push_bf16(out: &mut Vec<u16>, t: &Tensor) {
         View::BF16(v) => out.extend(v.iter().map(|x| x.to_bits())),
         _ => out.extend(t.to_f32_vec().iter().map(|x| bf16::from_f32(*x).to_bits())),
     }
-}
-
-/// A weight matrix on the device, in the model's precision.
-pub(super) struct Weight {
-    /// Owns the memory `w` points into.
-    pub(super) _buf: WeightBuf,
-    pub(super) w: W,
-    /// Row stride in elements: the column count K, or 2K where every row is stored twice (`[W | W]`, an input
-    /// projection in [`Precision::Bf16Split`]: one GEMM over K = 2K multiplies both planes of its input).
-    pub(super) ld: usize,
 }
 
 /// The device memory a [`Weight`]'s `w` points into.
@@ -104,44 +87,10 @@ pub(super) fn upload_stacked(
     })
 }
 
-pub(super) struct GdnLayer {
-    /// w_in: [cd + HV*DV + 2*HV, H] = in_proj_qkv; in_proj_z; in_proj_a; in_proj_b
-    pub(super) w_in: Weight,
-    /// w_out: [H, HV*DV]
-    pub(super) w_out: Weight,
-    /// Offsets (f32 values) of this layer's conv state [K-1, cd] and recurrent state [HV, DK, DV] in a
-    /// [`CudaState`]'s `rec` buffer.
-    pub(super) conv_off: usize,
-    pub(super) ssm_off: usize,
-    pub(super) conv: Dev<f32>,
-    pub(super) neg_a: Dev<f32>,
-    pub(super) dt_bias: Dev<f32>,
-    pub(super) norm: Dev<f32>,
-    pub(super) d: GdnDims,
-    pub(super) kernel: usize,
-    pub(super) eps: f32,
-    pub(super) cd: usize,
-}
-
 impl GdnLayer {
     pub(super) fn proj_width(&self) -> usize {
         self.cd + self.d.hv * self.d.dv + 2 * self.d.hv
     }
-}
-
-pub(super) struct AttnLayer {
-    /// w_in: [H*2D + 2*HKV*D, hidden] = q_proj (q|gate per head); k_proj; v_proj
-    pub(super) w_in: Weight,
-    /// w_o: [hidden, H*D]
-    pub(super) w_o: Weight,
-    pub(super) q_norm: Dev<f32>,
-    pub(super) k_norm: Dev<f32>,
-    pub(super) inv_freq: Dev<f32>,
-    pub(super) a: AttnDims,
-    pub(super) eps: f32,
-    /// Runs `attention_tc` (else `attention_tiled`: [`AttnKernels::Tiled`], or dims the tensor-core kernel does not
-    /// take).
-    pub(super) tc: bool,
 }
 
 impl AttnLayer {
@@ -154,16 +103,6 @@ impl AttnLayer {
 pub(super) enum Mixer {
     Gdn(GdnLayer),
     Attn(AttnLayer),
-}
-
-pub(super) struct Layer {
-    pub(super) in_norm: Dev<f32>,
-    pub(super) post_norm: Dev<f32>,
-    pub(super) mixer: Mixer,
-    /// w_gu: [2I, H] = gate; up
-    pub(super) w_gu: Weight,
-    /// w_down: [H, I]
-    pub(super) w_down: Weight,
 }
 
 impl CudaModel {
