@@ -4,13 +4,14 @@
 //! (the GPU forward in `onepass-cuda` is tested against it, and System One in `onepass-decide` runs on it). This
 //! crate turns a checkpoint folder into a runnable model: it reads `config.json`
 //! ([`config`]), binds every weight by its Hugging Face name with a declared shape
-//! ([`weights`]), and runs the forward pass ([`qwen3_5`]) over a [`SequenceState`] that holds
+//! ([`weights`]), and runs the forward pass ([`qwen3_5`]: the layer sequence of [`layer_ops`] over the CPU's ops) over a [`SequenceState`] that holds
 //! everything a sequence needs to continue (attention KV, GDN conv and recurrent state, position).
 //! The blocks (Gated DeltaNet, gated attention, SwiGLU MLP, norms) live in [`blocks`] and call the
 //! op set in `onepass-kernels`; nothing here loops over weights directly.
 
 pub mod blocks;
 pub mod config;
+pub mod layer_ops;
 pub mod qwen3_5;
 pub mod state;
 pub mod synth;

@@ -8,6 +8,9 @@
 //! h = norm(x)                                             h: [N, H]
 //! logits = h · lm_headᵀ   (or only selected rows)         lm_head = embed_tokens when tied
 //! ```
+//!
+//! The layers run through [`run_layers`] (the sequence every backend shares) over `CpuLayers`, the CPU's ops:
+//! the blocks' forwards split at the op seams, each op's arithmetic in the order it always had.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,12 +19,13 @@ use onepass_formats::Checkpoint;
 use onepass_kernels::{add_assign, dot_rows, matmul_t};
 use onepass_tensor::{DType, Tensor};
 
-use crate::blocks::attention::Attention;
-use crate::blocks::gated_deltanet::GatedDeltaNet;
+use crate::blocks::attention::{Attention, AttnScratch};
+use crate::blocks::gated_deltanet::{GatedDeltaNet, GdnScratch};
 use crate::blocks::mlp::Mlp;
 use crate::blocks::norm::RmsNorm;
 use crate::blocks::Seg;
 use crate::config::{LayerKind, ModelConfig, ModelForm, TextConfig};
+use crate::layer_ops::{run_layers, LayerOps, NormSite, Projection};
 use crate::state::{LayerState, SequenceState};
 use crate::weights::Binder;
 use crate::ModelError;
@@ -171,8 +175,6 @@ impl Model {
         &self,
         items: &mut [(&mut SequenceState, &[u32])],
     ) -> Result<Vec<f32>, ModelError> {
-        let c = &self.config.text;
-        let hid = c.hidden_size;
         let mut segs = Vec::with_capacity(items.len());
         let mut n = 0;
         for (st, ids) in items.iter() {
@@ -184,28 +186,19 @@ impl Model {
             });
             n += ids.len();
         }
-        // x: [N, H]
-        let mut x = vec![0.0f32; n * hid];
-        for (seg, (_, ids)) in segs.iter().zip(items.iter()) {
-            for (i, &id) in ids.iter().enumerate() {
-                let r = seg.start + i;
-                self.embed
-                    .read_f32(id as usize * hid, &mut x[r * hid..(r + 1) * hid]);
-            }
-        }
-        for (li, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_norm.forward(&x);
-            let mut states: Vec<&mut LayerState> =
-                items.iter_mut().map(|(s, _)| &mut s.layers[li]).collect();
-            let mixed = match &layer.mixer {
-                Mixer::GatedDeltaNet(m) => m.forward(&h, n, &segs, &mut states),
-                Mixer::Attention(m) => m.forward(&h, n, &segs, &mut states),
-            };
-            add_assign(&mut x, &mixed);
-            let h = layer.post_norm.forward(&x);
-            let y = layer.mlp.forward(&h, n);
-            add_assign(&mut x, &y);
-        }
+        let mut ops = CpuLayers {
+            model: self,
+            items,
+            segs: &segs,
+            n,
+            x: Vec::new(),
+            h: Vec::new(),
+            gdn: None,
+            attn: None,
+            mlp: (Vec::new(), Vec::new()),
+        };
+        run_layers(&self.config.text.layer_types, &mut ops)?;
+        let CpuLayers { mut x, items, .. } = ops;
         self.norm.forward_inplace(&mut x);
         for (st, ids) in items.iter_mut() {
             st.pos += ids.len();
@@ -315,5 +308,172 @@ impl Model {
         // final norm + two per layer + q/k norms per attention layer
         c.hidden_size * (1 + 2 * c.num_hidden_layers)
             + c.count(LayerKind::Attention) * 2 * c.head_dim
+    }
+}
+
+/// The CPU implementation of the op set over one batch: `x` the residual [N, H], `h` the normed rows the next
+/// input projection reads, and each op's activations between the ops of one layer. Every residual update is
+/// added at once (nothing is deferred into the next norm).
+struct CpuLayers<'m, 'i, 's, 'a> {
+    model: &'m Model,
+    items: &'i mut [(&'s mut SequenceState, &'a [u32])],
+    segs: &'i [Seg],
+    n: usize,
+    x: Vec<f32>,
+    h: Vec<f32>,
+    gdn: Option<GdnScratch>,
+    attn: Option<AttnScratch>,
+    /// The MLP's gate and up rows.
+    mlp: (Vec<f32>, Vec<f32>),
+}
+
+impl CpuLayers<'_, '_, '_, '_> {
+    fn layer(&self, l: usize) -> &Layer {
+        &self.model.layers[l]
+    }
+
+    /// Every item's state at layer `l`, in segment order.
+    fn states<'b>(
+        items: &'b mut [(&mut SequenceState, &[u32])],
+        l: usize,
+    ) -> Vec<&'b mut LayerState> {
+        items.iter_mut().map(|(s, _)| &mut s.layers[l]).collect()
+    }
+
+    fn gdn(&self, l: usize) -> &GatedDeltaNet {
+        match &self.model.layers[l].mixer {
+            Mixer::GatedDeltaNet(m) => m,
+            Mixer::Attention(_) => unreachable!("layer {l} is an attention layer"),
+        }
+    }
+
+    fn attn(&self, l: usize) -> &Attention {
+        match &self.model.layers[l].mixer {
+            Mixer::Attention(m) => m,
+            Mixer::GatedDeltaNet(_) => unreachable!("layer {l} is a Gated DeltaNet layer"),
+        }
+    }
+}
+
+impl LayerOps for CpuLayers<'_, '_, '_, '_> {
+    type Error = ModelError;
+
+    fn embed(&mut self) -> Result<(), ModelError> {
+        let hid = self.model.hidden_size();
+        // x: [N, H]
+        let mut x = vec![0.0f32; self.n * hid];
+        for (seg, (_, ids)) in self.segs.iter().zip(self.items.iter()) {
+            for (i, &id) in ids.iter().enumerate() {
+                let r = seg.start + i;
+                self.model
+                    .embed
+                    .read_f32(id as usize * hid, &mut x[r * hid..(r + 1) * hid]);
+            }
+        }
+        self.x = x;
+        Ok(())
+    }
+
+    fn norm(&mut self, l: usize, site: NormSite) -> Result<(), ModelError> {
+        let layer = self.layer(l);
+        let norm = match site {
+            NormSite::Input => &layer.input_norm,
+            NormSite::Post => &layer.post_norm,
+        };
+        self.h = norm.forward(&self.x);
+        Ok(())
+    }
+
+    fn project_in(&mut self, l: usize, proj: Projection) -> Result<(), ModelError> {
+        let n = self.n;
+        match proj {
+            Projection::GdnIn => self.gdn = Some(self.gdn(l).project(&self.h, n)),
+            Projection::AttnIn => self.attn = Some(self.attn(l).project(&self.h, n)),
+            Projection::MlpIn => self.mlp = self.layer(l).mlp.gate_up(&self.h, n),
+            Projection::GdnOut | Projection::AttnOut | Projection::MlpOut => {
+                unreachable!("{proj:?} is an output projection")
+            }
+        }
+        Ok(())
+    }
+
+    fn gdn_prep(&mut self, l: usize) -> Result<(), ModelError> {
+        let m = self.model;
+        let Mixer::GatedDeltaNet(g) = &m.layers[l].mixer else {
+            unreachable!("layer {l} is an attention layer")
+        };
+        let mut states = Self::states(self.items, l);
+        let s = self.gdn.as_mut().expect("the input projection runs first");
+        g.prep(s, self.segs, &mut states);
+        Ok(())
+    }
+
+    fn gated_delta(&mut self, l: usize) -> Result<(), ModelError> {
+        let m = self.model;
+        let Mixer::GatedDeltaNet(g) = &m.layers[l].mixer else {
+            unreachable!("layer {l} is an attention layer")
+        };
+        let mut states = Self::states(self.items, l);
+        let s = self.gdn.as_mut().expect("the input projection runs first");
+        g.delta(s, self.segs, &mut states);
+        Ok(())
+    }
+
+    fn gated_norm(&mut self, l: usize) -> Result<(), ModelError> {
+        let m = self.model;
+        let Mixer::GatedDeltaNet(g) = &m.layers[l].mixer else {
+            unreachable!("layer {l} is an attention layer")
+        };
+        g.gated_norm(self.gdn.as_mut().expect("the input projection runs first"));
+        Ok(())
+    }
+
+    fn attn_prep(&mut self, l: usize) -> Result<(), ModelError> {
+        let m = self.model;
+        let Mixer::Attention(a) = &m.layers[l].mixer else {
+            unreachable!("layer {l} is a Gated DeltaNet layer")
+        };
+        let mut states = Self::states(self.items, l);
+        let s = self.attn.as_mut().expect("the input projection runs first");
+        a.prep(s, self.n, self.segs, &mut states);
+        Ok(())
+    }
+
+    fn attention(&mut self, l: usize) -> Result<(), ModelError> {
+        let m = self.model;
+        let Mixer::Attention(a) = &m.layers[l].mixer else {
+            unreachable!("layer {l} is a Gated DeltaNet layer")
+        };
+        let mut states = Self::states(self.items, l);
+        let s = self.attn.as_mut().expect("the input projection runs first");
+        a.attend(s, self.n, self.segs, &mut states);
+        Ok(())
+    }
+
+    fn swiglu(&mut self, l: usize) -> Result<(), ModelError> {
+        let m = self.model;
+        let (g, u) = &mut self.mlp;
+        m.layers[l].mlp.activate(g, u);
+        Ok(())
+    }
+
+    fn project_residual(&mut self, l: usize, proj: Projection) -> Result<(), ModelError> {
+        let (n, hid) = (self.n, self.model.hidden_size());
+        let y = match proj {
+            Projection::GdnOut => {
+                let s = self.gdn.take().expect("the input projection runs first");
+                self.gdn(l).project_out(&s, n, hid)
+            }
+            Projection::AttnOut => {
+                let s = self.attn.take().expect("the input projection runs first");
+                self.attn(l).project_out(&s, n, hid)
+            }
+            Projection::MlpOut => self.layer(l).mlp.down(&self.mlp.0, n),
+            Projection::GdnIn | Projection::AttnIn | Projection::MlpIn => {
+                unreachable!("{proj:?} is an input projection")
+            }
+        };
+        add_assign(&mut self.x, &y);
+        Ok(())
     }
 }

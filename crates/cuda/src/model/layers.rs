@@ -2,6 +2,8 @@
 //! token mixer and the MLP), the precision-dependent GEMM inputs and residual updates, and the readout (label rows
 //! or full logits).
 
+use onepass_model::layer_ops::{self, LayerOps, NormSite};
+
 use super::*;
 
 impl CudaModel {
@@ -118,194 +120,28 @@ impl CudaModel {
         Ok(both)
     }
 
-    /// Every layer of one forward over the scratch at `p` (no allocation, no host synchronisation: capturable).
+    /// Every layer of one forward over the scratch at `p` (no allocation on the device, no host synchronisation:
+    /// capturable): the model crate's layer sequence over this model's launches ([`Launches`]).
     pub(super) fn run_layers(&self, p: &FwdPtrs, s: Shape) -> Result<(), CudaError> {
-        let g = &*self.gpu;
-        let (hid, inter) = (self.hid, self.inter);
-        let Shape {
-            n,
-            nseg,
-            roots,
-            keep_children,
-            short_children,
-            max_len,
-            attn_splits,
-            split,
-        } = s;
-        let both = |proj| self.both_planes(split, proj);
-        // The last residual GEMM left two halves in the fold buffer (see `gemm_residual`).
-        let mut pending = false;
-        let (xp, hbp, pp, midp, gp, wyp) = (p.x, p.act, p.proj, p.mid, p.gates, p.wy);
-        // Read once: every layer of this forward multiplies the same way.
-        let tc = self.tc_arith();
-        let (ptrs_p, ids_p, segs_p, tok_p) = (p.ptrs, p.ids, p.segs, p.tok);
-        self.mark("upload")?;
-        ops::embed_gather(g, self.embed.w, ids_p, xp, n, hid)?;
-        self.mark("embed")?;
-        let mut poff = 0usize;
-        for l in &self.layers {
-            self.norm(p, n, l.in_norm.ptr, pending, self.act_in(hbp, hid))?;
-            match &l.mixer {
-                Mixer::Gdn(m) => {
-                    let d = m.d;
-                    let pw = m.proj_width();
-                    let conv_p = ptrs_p + 8 * poff as u64;
-                    let ssm_p = conv_p + 8 * nseg as u64;
-                    let init_p = ssm_p + 8 * nseg as u64;
-                    poff += GDN_ENTRIES * nseg;
-                    self.gemm_in(hbp, n, hid, &m.w_in, pw, pp, pw, both(Projection::GdnIn))?;
-                    self.mark("gemm gdn in")?;
-                    // mid: conv output [N, cd] then core [N, HV*DV]
-                    let core_p = midp + 4 * (n * m.cd) as u64;
-                    let beta_p = gp + 4 * (n * d.hv) as u64;
-                    let z_off = m.cd;
-                    let a_off = m.cd + d.hv * d.dv;
-                    ops::gdn_conv_prep(
-                        g,
-                        pp,
-                        pw,
-                        midp,
-                        m.conv.ptr,
-                        m.kernel,
-                        m.cd,
-                        segs_p,
-                        tok_p,
-                        conv_p,
-                        p.par,
-                        // The conv states advanced: every segment's, or the roots' alone when the children's are
-                        // dropped (their rows in the table point at their root's state, which they must not touch).
-                        if keep_children { nseg } else { roots },
-                        n,
-                        d,
-                        1.0 / (d.dk as f32).sqrt(),
-                        (a_off, a_off + d.hv, m.neg_a.ptr, m.dt_bias.ptr),
-                        gp,
-                        beta_p,
-                    )?;
-                    self.mark("conv, l2norm, gates")?;
-                    if max_len == 1 {
-                        ops::gdn_step(g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d)?;
-                        self.mark("gdn step")?;
-                    } else {
-                        // The WY pre-pass and the state pass on tensor cores (`tc`'s arithmetic, f32 state; the SIMT
-                        // kernels for head dims they do not take), or the f32 SIMT pair with GdnKernels::Simt (never in
-                        // a tree: tree_min_root).
-                        if self.gdn_tc {
-                            crate::gdn_tc::gdn_tc_chunked(
-                                g,
-                                tc,
-                                midp,
-                                m.cd,
-                                gp,
-                                beta_p,
-                                core_p,
-                                segs_p,
-                                crate::gdn_tc::SegStates {
-                                    states: ssm_p,
-                                    init: init_p,
-                                    roots,
-                                    keep_children,
-                                    leaf_children: short_children && self.gdn_leaf,
-                                },
-                                nseg,
-                                d,
-                                n,
-                                max_len,
-                                wyp,
-                            )?;
-                        } else {
-                            ops::gdn_chunked_wy(
-                                g, midp, m.cd, gp, beta_p, core_p, segs_p, ssm_p, nseg, d, n,
-                                max_len, wyp,
-                            )?;
-                        }
-                        self.mark("gdn chunked")?;
-                    }
-                    ops::rms_norm_gated(
-                        g,
-                        core_p,
-                        pp + 4 * z_off as u64,
-                        pw,
-                        m.norm.ptr,
-                        m.eps,
-                        n,
-                        d.hv,
-                        d.dv,
-                        self.act(hbp, n, d.hv * d.dv),
-                    )?;
-                    self.mark("gated norm")?;
-                    pending =
-                        self.gemm_residual(p, n, d.hv * d.dv, &m.w_out, both(Projection::GdnOut))?;
-                    self.mark("gemm gdn out")?;
-                }
-                Mixer::Attn(m) => {
-                    let a = m.a;
-                    let pw = m.proj_width();
-                    let kv_p = ptrs_p + 8 * poff as u64;
-                    poff += KV_ENTRIES * nseg;
-                    self.gemm_in(hbp, n, hid, &m.w_in, pw, pp, pw, both(Projection::AttnIn))?;
-                    self.mark("gemm attn in")?;
-                    ops::attn_prep(
-                        g,
-                        pp,
-                        pw,
-                        m.q_norm.ptr,
-                        m.k_norm.ptr,
-                        m.eps,
-                        m.inv_freq.ptr,
-                        a,
-                        n,
-                        tok_p,
-                        kv_p,
-                        midp,
-                    )?;
-                    self.mark("attn prep")?;
-                    let scale = 1.0 / (a.head_dim as f32).sqrt();
-                    let out = self.act(hbp, n, a.heads * a.head_dim);
-                    if m.tc {
-                        crate::attn_tc::attention_tc(
-                            g,
-                            tc.attn,
-                            midp,
-                            pp,
-                            pw,
-                            segs_p,
-                            kv_p,
-                            nseg,
-                            max_len,
-                            n,
-                            a,
-                            scale,
-                            out,
-                            p.attn,
-                            attn_splits,
-                        )?;
-                    } else {
-                        ops::attention_tiled(
-                            g, midp, pp, pw, segs_p, kv_p, nseg, max_len, a, scale, out,
-                        )?;
-                    }
-                    self.mark("attention")?;
-                    pending = self.gemm_residual(
-                        p,
-                        n,
-                        a.heads * a.head_dim,
-                        &m.w_o,
-                        both(Projection::AttnOut),
-                    )?;
-                    self.mark("gemm attn out")?;
-                }
-            }
-            self.norm(p, n, l.post_norm.ptr, pending, self.act_in(hbp, hid))?;
-            let gu = 2 * inter;
-            self.gemm_in(hbp, n, hid, &l.w_gu, gu, pp, gu, both(Projection::MlpIn))?;
-            self.mark("gemm mlp gate|up")?;
-            ops::swiglu(g, pp, inter, n, self.act(hbp, n, inter))?;
-            self.mark("swiglu")?;
-            pending = self.gemm_residual(p, n, inter, &l.w_down, both(Projection::MlpOut))?;
-            self.mark("gemm mlp down")?;
-        }
-        Ok(())
+        let kinds: Vec<LayerKind> = self
+            .layers
+            .iter()
+            .map(|l| match l.mixer {
+                Mixer::Gdn(_) => LayerKind::GatedDeltaNet,
+                Mixer::Attn(_) => LayerKind::Attention,
+            })
+            .collect();
+        let mut ops = Launches {
+            m: self,
+            p,
+            s,
+            // Read once: every layer of this forward multiplies the same way.
+            tc: self.tc_arith(),
+            pending: false,
+            table: 0,
+            next_table: 0,
+        };
+        layer_ops::run_layers(&kinds, &mut ops)
     }
 
     /// Label-row readout: `out[i] = hidden[picks[i].0] · lm_head[picks[i].1]`. One upload, one launch, one
@@ -370,5 +206,302 @@ impl CudaModel {
             0.0,
         )?;
         g.download(&out, h.rows * self.vocab)
+    }
+}
+
+/// The op set of one forward as launches into the model's stream over the scratch at `p`: the precision of every
+/// activation ([`CudaModel::act`]), the deferred residual add of a both-planes GEMM (`pending`) and the choice of
+/// gated delta and attention kernels for this batch's [`Shape`] are this implementation's, not the sequence's.
+struct Launches<'a> {
+    m: &'a CudaModel,
+    p: &'a FwdPtrs,
+    s: Shape,
+    tc: TcArith,
+    /// The last residual GEMM left two halves in the fold buffer (see [`CudaModel::gemm_residual`]).
+    pending: bool,
+    /// The current layer's first entry in the pointer table (its mixer's per-segment state pointers), and the
+    /// next layer's.
+    table: usize,
+    next_table: usize,
+}
+
+impl<'a> Launches<'a> {
+    fn layer(&self, l: usize) -> &'a Layer {
+        let m: &'a CudaModel = self.m;
+        &m.layers[l]
+    }
+
+    fn gdn(&self, l: usize) -> &'a GdnLayer {
+        let m: &'a CudaModel = self.m;
+        match &m.layers[l].mixer {
+            Mixer::Gdn(m) => m,
+            Mixer::Attn(_) => unreachable!("layer {l} is an attention layer"),
+        }
+    }
+
+    fn attn(&self, l: usize) -> &'a AttnLayer {
+        let m: &'a CudaModel = self.m;
+        match &m.layers[l].mixer {
+            Mixer::Attn(m) => m,
+            Mixer::Gdn(_) => unreachable!("layer {l} is a Gated DeltaNet layer"),
+        }
+    }
+
+    fn both(&self, proj: Projection) -> bool {
+        self.m.both_planes(self.s.split, proj)
+    }
+
+    /// A Gated DeltaNet layer's pointers: (conv states, recurrent states, initial states) in the table, the core
+    /// output in `mid` (after the conv output [N, cd]), β in `gates` (after g [N, HV]).
+    fn gdn_ptrs(&self, m: &GdnLayer) -> (u64, u64, u64, u64, u64) {
+        let (p, nseg, n) = (self.p, self.s.nseg as u64, self.s.n);
+        let conv_p = p.ptrs + 8 * self.table as u64;
+        let ssm_p = conv_p + 8 * nseg;
+        let init_p = ssm_p + 8 * nseg;
+        let core_p = p.mid + 4 * (n * m.cd) as u64;
+        let beta_p = p.gates + 4 * (n * m.d.hv) as u64;
+        (conv_p, ssm_p, init_p, core_p, beta_p)
+    }
+
+    fn kv_ptr(&self) -> u64 {
+        self.p.ptrs + 8 * self.table as u64
+    }
+}
+
+/// The model crate's projection as this crate's (the same six).
+fn projection(p: layer_ops::Projection) -> Projection {
+    use layer_ops::Projection as P;
+    match p {
+        P::GdnIn => Projection::GdnIn,
+        P::GdnOut => Projection::GdnOut,
+        P::AttnIn => Projection::AttnIn,
+        P::AttnOut => Projection::AttnOut,
+        P::MlpIn => Projection::MlpIn,
+        P::MlpOut => Projection::MlpOut,
+    }
+}
+
+impl LayerOps for Launches<'_> {
+    type Error = CudaError;
+
+    fn embed(&mut self) -> Result<(), CudaError> {
+        let (m, p) = (self.m, self.p);
+        m.mark("upload")?;
+        ops::embed_gather(&m.gpu, m.embed.w, p.ids, p.x, self.s.n, m.hid)?;
+        m.mark("embed")
+    }
+
+    fn norm(&mut self, l: usize, site: NormSite) -> Result<(), CudaError> {
+        let (m, p) = (self.m, self.p);
+        let layer = self.layer(l);
+        let gain = match site {
+            NormSite::Input => layer.in_norm.ptr,
+            NormSite::Post => layer.post_norm.ptr,
+        };
+        m.norm(p, self.s.n, gain, self.pending, m.act_in(p.act, m.hid))
+    }
+
+    fn project_in(&mut self, l: usize, proj: layer_ops::Projection) -> Result<(), CudaError> {
+        let (m, p, n) = (self.m, self.p, self.s.n);
+        let both = self.both(projection(proj));
+        match proj {
+            layer_ops::Projection::GdnIn => {
+                let g = self.gdn(l);
+                let pw = g.proj_width();
+                self.table = self.next_table;
+                self.next_table += GDN_ENTRIES * self.s.nseg;
+                m.gemm_in(p.act, n, m.hid, &g.w_in, pw, p.proj, pw, both)?;
+                m.mark("gemm gdn in")
+            }
+            layer_ops::Projection::AttnIn => {
+                let a = self.attn(l);
+                let pw = a.proj_width();
+                self.table = self.next_table;
+                self.next_table += KV_ENTRIES * self.s.nseg;
+                m.gemm_in(p.act, n, m.hid, &a.w_in, pw, p.proj, pw, both)?;
+                m.mark("gemm attn in")
+            }
+            layer_ops::Projection::MlpIn => {
+                let gu = 2 * m.inter;
+                m.gemm_in(p.act, n, m.hid, &self.layer(l).w_gu, gu, p.proj, gu, both)?;
+                m.mark("gemm mlp gate|up")
+            }
+            _ => unreachable!("{proj:?} is an output projection"),
+        }
+    }
+
+    fn gdn_prep(&mut self, l: usize) -> Result<(), CudaError> {
+        let (m, p, s) = (self.m, self.p, self.s);
+        let g = self.gdn(l);
+        let (d, pw) = (g.d, g.proj_width());
+        let (conv_p, _, _, _, beta_p) = self.gdn_ptrs(g);
+        let a_off = g.cd + d.hv * d.dv;
+        ops::gdn_conv_prep(
+            &m.gpu,
+            p.proj,
+            pw,
+            p.mid,
+            g.conv.ptr,
+            g.kernel,
+            g.cd,
+            p.segs,
+            p.tok,
+            conv_p,
+            p.par,
+            // The conv states advanced: every segment's, or the roots' alone when the children's are dropped
+            // (their rows in the table point at their root's state, which they must not touch).
+            if s.keep_children { s.nseg } else { s.roots },
+            s.n,
+            d,
+            1.0 / (d.dk as f32).sqrt(),
+            (a_off, a_off + d.hv, g.neg_a.ptr, g.dt_bias.ptr),
+            p.gates,
+            beta_p,
+        )?;
+        m.mark("conv, l2norm, gates")
+    }
+
+    fn gated_delta(&mut self, l: usize) -> Result<(), CudaError> {
+        let (m, p, s) = (self.m, self.p, self.s);
+        let g = self.gdn(l);
+        let d = g.d;
+        let (_, ssm_p, init_p, core_p, beta_p) = self.gdn_ptrs(g);
+        if s.max_len == 1 {
+            ops::gdn_step(
+                &m.gpu, p.mid, g.cd, p.gates, beta_p, core_p, p.segs, ssm_p, s.nseg, d,
+            )?;
+            return m.mark("gdn step");
+        }
+        // The WY pre-pass and the state pass on tensor cores (`tc`'s arithmetic, f32 state; the SIMT kernels for
+        // head dims they do not take), or the f32 SIMT pair with GdnKernels::Simt (never in a tree:
+        // tree_min_root).
+        if m.gdn_tc {
+            crate::gdn_tc::gdn_tc_chunked(
+                &m.gpu,
+                self.tc,
+                p.mid,
+                g.cd,
+                p.gates,
+                beta_p,
+                core_p,
+                p.segs,
+                crate::gdn_tc::SegStates {
+                    states: ssm_p,
+                    init: init_p,
+                    roots: s.roots,
+                    keep_children: s.keep_children,
+                    leaf_children: s.short_children && m.gdn_leaf,
+                },
+                s.nseg,
+                d,
+                s.n,
+                s.max_len,
+                p.wy,
+            )?;
+        } else {
+            ops::gdn_chunked_wy(
+                &m.gpu, p.mid, g.cd, p.gates, beta_p, core_p, p.segs, ssm_p, s.nseg, d, s.n,
+                s.max_len, p.wy,
+            )?;
+        }
+        m.mark("gdn chunked")
+    }
+
+    fn gated_norm(&mut self, l: usize) -> Result<(), CudaError> {
+        let (m, p, n) = (self.m, self.p, self.s.n);
+        let g = self.gdn(l);
+        let d = g.d;
+        let (_, _, _, core_p, _) = self.gdn_ptrs(g);
+        let z_off = g.cd;
+        ops::rms_norm_gated(
+            &m.gpu,
+            core_p,
+            p.proj + 4 * z_off as u64,
+            g.proj_width(),
+            g.norm.ptr,
+            g.eps,
+            n,
+            d.hv,
+            d.dv,
+            m.act(p.act, n, d.hv * d.dv),
+        )?;
+        m.mark("gated norm")
+    }
+
+    fn attn_prep(&mut self, l: usize) -> Result<(), CudaError> {
+        let (m, p, n) = (self.m, self.p, self.s.n);
+        let a = self.attn(l);
+        ops::attn_prep(
+            &m.gpu,
+            p.proj,
+            a.proj_width(),
+            a.q_norm.ptr,
+            a.k_norm.ptr,
+            a.eps,
+            a.inv_freq.ptr,
+            a.a,
+            n,
+            p.tok,
+            self.kv_ptr(),
+            p.mid,
+        )?;
+        m.mark("attn prep")
+    }
+
+    fn attention(&mut self, l: usize) -> Result<(), CudaError> {
+        let (m, p, s) = (self.m, self.p, self.s);
+        let at = self.attn(l);
+        let (a, pw, kv_p) = (at.a, at.proj_width(), self.kv_ptr());
+        let scale = 1.0 / (a.head_dim as f32).sqrt();
+        let out = m.act(p.act, s.n, a.heads * a.head_dim);
+        if at.tc {
+            crate::attn_tc::attention_tc(
+                &m.gpu,
+                self.tc.attn,
+                p.mid,
+                p.proj,
+                pw,
+                p.segs,
+                kv_p,
+                s.nseg,
+                s.max_len,
+                s.n,
+                a,
+                scale,
+                out,
+                p.attn,
+                s.attn_splits,
+            )?;
+        } else {
+            ops::attention_tiled(
+                &m.gpu, p.mid, p.proj, pw, p.segs, kv_p, s.nseg, s.max_len, a, scale, out,
+            )?;
+        }
+        m.mark("attention")
+    }
+
+    fn swiglu(&mut self, _l: usize) -> Result<(), CudaError> {
+        let (m, p, n) = (self.m, self.p, self.s.n);
+        ops::swiglu(&m.gpu, p.proj, m.inter, n, m.act(p.act, n, m.inter))?;
+        m.mark("swiglu")
+    }
+
+    fn project_residual(&mut self, l: usize, proj: layer_ops::Projection) -> Result<(), CudaError> {
+        let (m, p, n) = (self.m, self.p, self.s.n);
+        let both = self.both(projection(proj));
+        let (w, k, name) = match proj {
+            layer_ops::Projection::GdnOut => {
+                let g = self.gdn(l);
+                (&g.w_out, g.d.hv * g.d.dv, "gemm gdn out")
+            }
+            layer_ops::Projection::AttnOut => {
+                let a = self.attn(l);
+                (&a.w_o, a.a.heads * a.a.head_dim, "gemm attn out")
+            }
+            layer_ops::Projection::MlpOut => (&self.layer(l).w_down, m.inter, "gemm mlp down"),
+            _ => unreachable!("{proj:?} is an input projection"),
+        };
+        self.pending = m.gemm_residual(p, n, k, w, both)?;
+        m.mark(name)
     }
 }

@@ -1,4 +1,6 @@
-//! The Qwen3.5 hybrid forward on one GPU, the twin of `onepass_model::Model::forward_batch`.
+//! The Qwen3.5 hybrid forward on one GPU: the layer sequence is the model crate's
+//! (`onepass_model::layer_ops::run_layers`); this module implements its ops as launches (`layers`). What they
+//! compute, per layer:
 //!
 //! ```text
 //! x = embed[ids]                                        x: [N, H] f32 (all segments stacked)

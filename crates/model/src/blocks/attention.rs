@@ -66,14 +66,8 @@ impl Attention {
         [&self.q, &self.k, &self.v, &self.o]
     }
 
-    /// x: [N, hidden] → [N, hidden]
-    pub fn forward(
-        &self,
-        x: &[f32],
-        n: usize,
-        segs: &[Seg],
-        states: &mut [&mut LayerState],
-    ) -> Vec<f32> {
+    /// The q|gate, k and v projections of the normed rows x: [N, hidden].
+    pub fn project(&self, x: &[f32], n: usize) -> AttnScratch {
         let (h, kvh, d) = (self.heads, self.kv_heads, self.d);
         let mut qg = vec![0.0; n * h * 2 * d];
         let mut k = vec![0.0; n * kvh * d];
@@ -81,32 +75,70 @@ impl Attention {
         matmul_t(x, n, &self.q, &mut qg);
         matmul_t(x, n, &self.k, &mut k);
         matmul_t(x, n, &self.v, &mut v);
+        AttnScratch {
+            qg,
+            q: Vec::new(),
+            gate: Vec::new(),
+            k,
+            v,
+            past: Vec::new(),
+            o: Vec::new(),
+        }
+    }
+
+    /// q and gate split per head, the q/k norms, RoPE at each segment's positions, and each segment's k, v
+    /// appended to its KV cache.
+    pub fn prep(
+        &self,
+        s: &mut AttnScratch,
+        n: usize,
+        segs: &[Seg],
+        states: &mut [&mut LayerState],
+    ) {
+        let (h, kvh, d) = (self.heads, self.kv_heads, self.d);
         // De-interleave per head: q [N, H, D], gate [N, H*D].
         let mut q = vec![0.0; n * h * d];
         let mut gate = vec![0.0; n * h * d];
-        for (i, row) in qg.chunks_exact(2 * d).enumerate() {
+        for (i, row) in s.qg.chunks_exact(2 * d).enumerate() {
             q[i * d..(i + 1) * d].copy_from_slice(&row[..d]);
             gate[i * d..(i + 1) * d].copy_from_slice(&row[d..]);
         }
-        drop(qg);
+        s.qg = Vec::new();
         self.q_norm.forward_inplace(&mut q);
-        self.k_norm.forward_inplace(&mut k);
-        let mut o = vec![0.0; n * h * d];
-        let scale = 1.0 / (d as f32).sqrt();
+        self.k_norm.forward_inplace(&mut s.k);
+        s.past.clear();
         for (seg, st) in segs.iter().zip(states.iter_mut()) {
-            let LayerState::Attention(cache) = &mut **st else {
-                unreachable!("an attention layer always holds a KV cache")
-            };
+            let cache = kv_cache(st);
             let t = seg.len;
             let (r0, r1) = (seg.start, seg.start + t);
             let (cos, sin) = rope_tables(seg.pos, t, &self.inv_freq);
             let qs = &mut q[r0 * h * d..r1 * h * d];
             apply_rope(qs, t, h, d, &cos, &sin);
-            let ks = &mut k[r0 * kvh * d..r1 * kvh * d];
+            let ks = &mut s.k[r0 * kvh * d..r1 * kvh * d];
             apply_rope(ks, t, kvh, d, &cos, &sin);
-            let past = cache.k.len() / (kvh * d);
+            s.past.push(cache.k.len() / (kvh * d));
             cache.k.extend_from_slice(ks);
-            cache.v.extend_from_slice(&v[r0 * kvh * d..r1 * kvh * d]);
+            cache.v.extend_from_slice(&s.v[r0 * kvh * d..r1 * kvh * d]);
+        }
+        s.q = q;
+        s.gate = gate;
+    }
+
+    /// Causal attention of each segment over its cache, gated by `sigmoid(gate)`.
+    pub fn attend(
+        &self,
+        s: &mut AttnScratch,
+        n: usize,
+        segs: &[Seg],
+        states: &mut [&mut LayerState],
+    ) {
+        let (h, kvh, d) = (self.heads, self.kv_heads, self.d);
+        let mut o = vec![0.0; n * h * d];
+        let scale = 1.0 / (d as f32).sqrt();
+        for ((seg, st), &past) in segs.iter().zip(states.iter_mut()).zip(&s.past) {
+            let cache = kv_cache(st);
+            let t = seg.len;
+            let (r0, r1) = (seg.start, seg.start + t);
             let sh = AttnShape {
                 t,
                 past,
@@ -116,19 +148,45 @@ impl Attention {
             };
             causal_attention(
                 sh,
-                qs,
+                &s.q[r0 * h * d..r1 * h * d],
                 &cache.k,
                 &cache.v,
                 scale,
                 &mut o[r0 * h * d..r1 * h * d],
             );
         }
-        for (x, g) in o.iter_mut().zip(&gate) {
+        for (x, g) in o.iter_mut().zip(&s.gate) {
             *x *= sigmoid(*g);
         }
-        let hid = x.len() / n.max(1);
+        s.o = o;
+    }
+
+    /// `o_proj` of the gated attention output. → [N, hidden]
+    pub fn project_out(&self, s: &AttnScratch, n: usize, hid: usize) -> Vec<f32> {
         let mut out = vec![0.0; n * hid];
-        matmul_t(&o, n, &self.o, &mut out);
+        matmul_t(&s.o, n, &self.o, &mut out);
         out
     }
+}
+
+/// An attention layer's activations between its ops.
+pub struct AttnScratch {
+    /// [N, H*2D] until [`Attention::prep`] splits it into q [N, H, D] and gate [N, H*D]
+    qg: Vec<f32>,
+    q: Vec<f32>,
+    gate: Vec<f32>,
+    /// [N, HKV*D] each
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Each segment's cached positions before this forward.
+    past: Vec<usize>,
+    /// [N, H*D]
+    o: Vec<f32>,
+}
+
+fn kv_cache<'a>(st: &'a mut &mut LayerState) -> &'a mut KvCache {
+    let LayerState::Attention(cache) = &mut **st else {
+        unreachable!("an attention layer always holds a KV cache")
+    };
+    cache
 }

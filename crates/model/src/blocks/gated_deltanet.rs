@@ -98,15 +98,9 @@ impl GatedDeltaNet {
         self.conv.len() + self.neg_a.len() + self.dt_bias.len() + self.norm.len()
     }
 
-    /// x: [N, H] (normed input of all segments) → [N, H]
-    pub fn forward(
-        &self,
-        x: &[f32],
-        n: usize,
-        segs: &[Seg],
-        states: &mut [&mut LayerState],
-    ) -> Vec<f32> {
-        let (hk, hv, dk, dv) = (self.hk, self.hv, self.dk, self.dv);
+    /// The input projections of the normed rows x: [N, H] (every segment stacked).
+    pub fn project(&self, x: &[f32], n: usize) -> GdnScratch {
+        let (hv, dv) = (self.hv, self.dv);
         let cd = self.conv_dim();
         let mut qkv = vec![0.0; n * cd];
         let mut z = vec![0.0; n * hv * dv];
@@ -116,15 +110,28 @@ impl GatedDeltaNet {
         matmul_t(x, n, &self.in_z, &mut z);
         matmul_t(x, n, &self.in_a, &mut a);
         matmul_t(x, n, &self.in_b, &mut b);
-        let mut core = vec![0.0; n * hv * dv];
+        GdnScratch {
+            qkv,
+            z,
+            a,
+            b,
+            segs: Vec::new(),
+            core: vec![0.0; n * hv * dv],
+        }
+    }
+
+    /// Per segment: the causal conv + SiLU (advancing its conv history), q, k, v split out with q and k
+    /// L2-normed and q scaled, and the gates g and β.
+    pub fn prep(&self, s: &mut GdnScratch, segs: &[Seg], states: &mut [&mut LayerState]) {
+        let (hk, hv, dk, dv) = (self.hk, self.hv, self.dk, self.dv);
+        let cd = self.conv_dim();
         let scale = 1.0 / (dk as f32).sqrt();
+        s.segs.clear();
         for (seg, st) in segs.iter().zip(states.iter_mut()) {
-            let LayerState::Recurrent(st) = &mut **st else {
-                unreachable!("a Gated DeltaNet layer always holds a recurrent state")
-            };
+            let st = recurrent(st);
             let t = seg.len;
             let rows = seg.start..seg.start + t;
-            let xs = &mut qkv[rows.start * cd..rows.end * cd];
+            let xs = &mut s.qkv[rows.start * cd..rows.end * cd];
             causal_conv1d_silu(xs, t, cd, &self.conv, self.kernel, &mut st.conv);
             // Split the conv output into q [T, HK, DK], k [T, HK, DK], v [T, HV, DV].
             let mut q = Vec::with_capacity(t * hk * dk);
@@ -143,21 +150,70 @@ impl GatedDeltaNet {
             for i in 0..t {
                 for h in 0..hv {
                     let r = (rows.start + i) * hv + h;
-                    g[i * hv + h] = self.neg_a[h] * softplus(a[r] + self.dt_bias[h]);
-                    beta[i * hv + h] = sigmoid(b[r]);
+                    g[i * hv + h] = self.neg_a[h] * softplus(s.a[r] + self.dt_bias[h]);
+                    beta[i * hv + h] = sigmoid(s.b[r]);
                 }
             }
+            s.segs.push(SegQkv { q, k, v, g, beta });
+        }
+    }
+
+    /// The gated delta rule of every segment over its recurrent state: one step for a single token, chunked
+    /// otherwise.
+    pub fn delta(&self, s: &mut GdnScratch, segs: &[Seg], states: &mut [&mut LayerState]) {
+        let (hk, hv, dk, dv) = (self.hk, self.hv, self.dk, self.dv);
+        for ((seg, st), p) in segs.iter().zip(states.iter_mut()).zip(&s.segs) {
+            let st = recurrent(st);
+            let t = seg.len;
             let sh = DeltaShape { t, hk, hv, dk, dv };
-            let o = &mut core[rows.start * hv * dv..rows.end * hv * dv];
+            let o = &mut s.core[seg.start * hv * dv..(seg.start + t) * hv * dv];
             if t == 1 {
-                gated_delta_recurrent(sh, &q, &k, &v, &g, &beta, &mut st.ssm, o);
+                gated_delta_recurrent(sh, &p.q, &p.k, &p.v, &p.g, &p.beta, &mut st.ssm, o);
             } else {
-                gated_delta_chunked(sh, &q, &k, &v, &g, &beta, &mut st.ssm, o, CHUNK);
+                gated_delta_chunked(sh, &p.q, &p.k, &p.v, &p.g, &p.beta, &mut st.ssm, o, CHUNK);
             }
         }
-        rms_norm_gated(&mut core, &z, &self.norm, self.eps);
-        let mut out = vec![0.0; n * x.len() / n.max(1)];
-        matmul_t(&core, n, &self.out, &mut out);
+    }
+
+    /// `rmsnorm(o) · weight · silu(z)` per value head, in place on the core output.
+    pub fn gated_norm(&self, s: &mut GdnScratch) {
+        rms_norm_gated(&mut s.core, &s.z, &self.norm, self.eps);
+    }
+
+    /// `out_proj` of the gated core output. → [N, H]
+    pub fn project_out(&self, s: &GdnScratch, n: usize, hid: usize) -> Vec<f32> {
+        let mut out = vec![0.0; n * hid];
+        matmul_t(&s.core, n, &self.out, &mut out);
         out
     }
+}
+
+/// A Gated DeltaNet layer's activations between its ops.
+pub struct GdnScratch {
+    /// [N, conv_dim], the conv output after [`GatedDeltaNet::prep`]
+    qkv: Vec<f32>,
+    /// [N, HV*DV]
+    z: Vec<f32>,
+    /// [N, HV] each
+    a: Vec<f32>,
+    b: Vec<f32>,
+    segs: Vec<SegQkv>,
+    /// [N, HV*DV]
+    core: Vec<f32>,
+}
+
+/// One segment's inputs of the gated delta rule.
+struct SegQkv {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+fn recurrent<'a>(st: &'a mut &mut LayerState) -> &'a mut RecurrentState {
+    let LayerState::Recurrent(st) = &mut **st else {
+        unreachable!("a Gated DeltaNet layer always holds a recurrent state")
+    };
+    st
 }

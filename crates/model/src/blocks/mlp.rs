@@ -26,15 +26,24 @@ impl Mlp {
         })
     }
 
-    /// x: [N, H] → [N, H]
-    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+    /// `gate(x)` and `up(x)` of the normed rows x: [N, H]. → ([N, I], [N, I])
+    pub fn gate_up(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
         let mut g = vec![0.0; n * self.inter];
         let mut u = vec![0.0; n * self.inter];
         matmul_t(x, n, &self.gate, &mut g);
         matmul_t(x, n, &self.up, &mut u);
-        swiglu(&mut g, &u);
+        (g, u)
+    }
+
+    /// `g = silu(g) · u`, the input of [`Mlp::down`].
+    pub fn activate(&self, g: &mut [f32], u: &[f32]) {
+        swiglu(g, u);
+    }
+
+    /// `down_proj` of the SwiGLU output g: [N, I]. → [N, H]
+    pub fn down(&self, g: &[f32], n: usize) -> Vec<f32> {
         let mut out = vec![0.0; n * self.hidden];
-        matmul_t(&g, n, &self.down, &mut out);
+        matmul_t(g, n, &self.down, &mut out);
         out
     }
 

@@ -1,0 +1,184 @@
+//! The Qwen3.5 layer sequence, written once over an op set.
+//!
+//! [`run_layers`] is the only place that knows what a decoder layer does and in which order; a backend
+//! implements [`LayerOps`] (the CPU in [`crate::qwen3_5`], the GPU in `onepass-cuda` as launches into its stream
+//! and CUDA graphs) and holds everything the sequence does not name: where the activations live, their
+//! precision, which kernel runs the gated delta rule for the batch at hand, how a residual update is deferred
+//! into the next norm. The final norm and the readout stay outside, so a backend can capture the layers alone.
+//!
+//! ```text
+//! embed
+//! for each layer:
+//!     norm(Input)              (adds the last residual update first when the backend deferred it)
+//!     Gated DeltaNet:  project_in(GdnIn); gdn_prep; gated_delta; gated_norm; project_residual(GdnOut)
+//!     Attention:       project_in(AttnIn); attn_prep; attention; project_residual(AttnOut)
+//!     norm(Post); project_in(MlpIn); swiglu; project_residual(MlpOut)
+//! ```
+
+use crate::config::LayerKind;
+
+/// Which of a layer's two RMSNorms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormSite {
+    /// `input_layernorm`, before the token mixer.
+    Input,
+    /// `post_attention_layernorm`, before the MLP.
+    Post,
+}
+
+/// A layer's projections: three read the normed residual (`*In`), three add into the residual (`*Out`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Projection {
+    /// Gated DeltaNet `in_proj_qkv | in_proj_z | in_proj_a | in_proj_b`.
+    GdnIn,
+    /// Gated DeltaNet `out_proj`.
+    GdnOut,
+    /// Attention `q_proj | k_proj | v_proj`.
+    AttnIn,
+    /// Attention `o_proj`.
+    AttnOut,
+    /// MLP `gate_proj | up_proj`.
+    MlpIn,
+    /// MLP `down_proj`.
+    MlpOut,
+}
+
+/// The ops of one forward over a batch, each on layer `layer` (an index into the model's layers). A backend
+/// binds the batch (its tokens, segments and states) when it builds the value that implements this.
+pub trait LayerOps {
+    type Error;
+    /// `x = embed_tokens[ids]`.
+    fn embed(&mut self) -> Result<(), Self::Error>;
+    /// The RMSNorm of the residual `x` at `site`, into the input of the next projection; a residual update the
+    /// backend deferred ([`LayerOps::project_residual`]) is added to `x` first (fused residual + norm).
+    fn norm(&mut self, layer: usize, site: NormSite) -> Result<(), Self::Error>;
+    /// An input projection (`GdnIn`, `AttnIn`, `MlpIn`) of the normed residual.
+    fn project_in(&mut self, layer: usize, proj: Projection) -> Result<(), Self::Error>;
+    /// Gated DeltaNet: the causal depthwise conv + SiLU (continuing each segment's conv history), the split into
+    /// q, k, v with q and k L2-normed (q scaled by 1/√DK), and the gates g and β.
+    fn gdn_prep(&mut self, layer: usize) -> Result<(), Self::Error>;
+    /// Gated DeltaNet: the gated delta rule over each segment's recurrent state (chunked for a prefill, one step
+    /// for a single token, or a tree of segments continuing their roots; the backend picks from the batch).
+    fn gated_delta(&mut self, layer: usize) -> Result<(), Self::Error>;
+    /// Gated DeltaNet: `rmsnorm(o) · weight · silu(z)` per value head, the input of `out_proj`.
+    fn gated_norm(&mut self, layer: usize) -> Result<(), Self::Error>;
+    /// Attention: q and gate split per head, q/k norms, RoPE, and k, v appended to each segment's KV cache.
+    fn attn_prep(&mut self, layer: usize) -> Result<(), Self::Error>;
+    /// Attention: causal softmax attention over each segment's cache, gated by `sigmoid(gate)`.
+    fn attention(&mut self, layer: usize) -> Result<(), Self::Error>;
+    /// MLP: `silu(gate) · up`, the input of `down_proj`.
+    fn swiglu(&mut self, layer: usize) -> Result<(), Self::Error>;
+    /// An output projection (`GdnOut`, `AttnOut`, `MlpOut`) added into the residual `x` (now, or deferred into
+    /// the next [`LayerOps::norm`]).
+    fn project_residual(&mut self, layer: usize, proj: Projection) -> Result<(), Self::Error>;
+}
+
+/// Every decoder layer of one forward, in order (`kinds`: each layer's token mixer, from `layer_types`).
+pub fn run_layers<O: LayerOps>(kinds: &[LayerKind], ops: &mut O) -> Result<(), O::Error> {
+    ops.embed()?;
+    for (l, kind) in kinds.iter().enumerate() {
+        ops.norm(l, NormSite::Input)?;
+        match kind {
+            LayerKind::GatedDeltaNet => {
+                ops.project_in(l, Projection::GdnIn)?;
+                ops.gdn_prep(l)?;
+                ops.gated_delta(l)?;
+                ops.gated_norm(l)?;
+                ops.project_residual(l, Projection::GdnOut)?;
+            }
+            LayerKind::Attention => {
+                ops.project_in(l, Projection::AttnIn)?;
+                ops.attn_prep(l)?;
+                ops.attention(l)?;
+                ops.project_residual(l, Projection::AttnOut)?;
+            }
+        }
+        ops.norm(l, NormSite::Post)?;
+        ops.project_in(l, Projection::MlpIn)?;
+        ops.swiglu(l)?;
+        ops.project_residual(l, Projection::MlpOut)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records the calls, to hold the sequence against the architecture written out by hand.
+    #[derive(Default)]
+    struct Trace(Vec<String>);
+
+    impl LayerOps for Trace {
+        type Error = ();
+        fn embed(&mut self) -> Result<(), ()> {
+            self.0.push("embed".into());
+            Ok(())
+        }
+        fn norm(&mut self, l: usize, site: NormSite) -> Result<(), ()> {
+            self.0.push(format!("{l} norm {site:?}"));
+            Ok(())
+        }
+        fn project_in(&mut self, l: usize, p: Projection) -> Result<(), ()> {
+            self.0.push(format!("{l} {p:?}"));
+            Ok(())
+        }
+        fn gdn_prep(&mut self, l: usize) -> Result<(), ()> {
+            self.0.push(format!("{l} gdn_prep"));
+            Ok(())
+        }
+        fn gated_delta(&mut self, l: usize) -> Result<(), ()> {
+            self.0.push(format!("{l} gated_delta"));
+            Ok(())
+        }
+        fn gated_norm(&mut self, l: usize) -> Result<(), ()> {
+            self.0.push(format!("{l} gated_norm"));
+            Ok(())
+        }
+        fn attn_prep(&mut self, l: usize) -> Result<(), ()> {
+            self.0.push(format!("{l} attn_prep"));
+            Ok(())
+        }
+        fn attention(&mut self, l: usize) -> Result<(), ()> {
+            self.0.push(format!("{l} attention"));
+            Ok(())
+        }
+        fn swiglu(&mut self, l: usize) -> Result<(), ()> {
+            self.0.push(format!("{l} swiglu"));
+            Ok(())
+        }
+        fn project_residual(&mut self, l: usize, p: Projection) -> Result<(), ()> {
+            self.0.push(format!("{l} {p:?}"));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_hybrid_stack_runs_each_layer_in_architecture_order() {
+        let mut t = Trace::default();
+        run_layers(&[LayerKind::GatedDeltaNet, LayerKind::Attention], &mut t).unwrap();
+        let want = [
+            "embed",
+            "0 norm Input",
+            "0 GdnIn",
+            "0 gdn_prep",
+            "0 gated_delta",
+            "0 gated_norm",
+            "0 GdnOut",
+            "0 norm Post",
+            "0 MlpIn",
+            "0 swiglu",
+            "0 MlpOut",
+            "1 norm Input",
+            "1 AttnIn",
+            "1 attn_prep",
+            "1 attention",
+            "1 AttnOut",
+            "1 norm Post",
+            "1 MlpIn",
+            "1 swiglu",
+            "1 MlpOut",
+        ];
+        assert_eq!(t.0, want);
+    }
+}
