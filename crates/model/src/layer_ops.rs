@@ -156,7 +156,8 @@ mod tests {
     #[test]
     fn a_hybrid_stack_runs_each_layer_in_architecture_order() {
         let mut t = Trace::default();
-        run_layers(&[LayerKind::GatedDeltaNet, LayerKind::Attention], &mut t).unwrap();
+        let kinds = [LayerKind::GatedDeltaNet, LayerKind::Attention];
+        assert_eq!(run_layers(&kinds, &mut t), Ok(()));
         let want = [
             "embed",
             "0 norm Input",

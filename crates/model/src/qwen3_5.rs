@@ -327,9 +327,10 @@ struct CpuLayers<'m, 'i, 's, 'a> {
     mlp: (Vec<f32>, Vec<f32>),
 }
 
-impl CpuLayers<'_, '_, '_, '_> {
-    fn layer(&self, l: usize) -> &Layer {
-        &self.model.layers[l]
+impl<'m> CpuLayers<'m, '_, '_, '_> {
+    fn layer(&self, l: usize) -> &'m Layer {
+        let m: &'m Model = self.model;
+        &m.layers[l]
     }
 
     /// Every item's state at layer `l`, in segment order.
@@ -340,20 +341,23 @@ impl CpuLayers<'_, '_, '_, '_> {
         items.iter_mut().map(|(s, _)| &mut s.layers[l]).collect()
     }
 
-    fn gdn(&self, l: usize) -> &GatedDeltaNet {
-        match &self.model.layers[l].mixer {
+    fn gdn(&self, l: usize) -> &'m GatedDeltaNet {
+        match &self.layer(l).mixer {
             Mixer::GatedDeltaNet(m) => m,
             Mixer::Attention(_) => unreachable!("layer {l} is an attention layer"),
         }
     }
 
-    fn attn(&self, l: usize) -> &Attention {
-        match &self.model.layers[l].mixer {
+    fn attn(&self, l: usize) -> &'m Attention {
+        match &self.layer(l).mixer {
             Mixer::Attention(m) => m,
             Mixer::GatedDeltaNet(_) => unreachable!("layer {l} is a Gated DeltaNet layer"),
         }
     }
 }
+
+/// The mixer's scratch exists from its input projection on: `run_layers` always calls that first.
+const PROJECTED: &str = "run_layers projects a mixer's input before its other ops";
 
 impl LayerOps for CpuLayers<'_, '_, '_, '_> {
     type Error = ModelError;
@@ -398,62 +402,48 @@ impl LayerOps for CpuLayers<'_, '_, '_, '_> {
     }
 
     fn gdn_prep(&mut self, l: usize) -> Result<(), ModelError> {
-        let m = self.model;
-        let Mixer::GatedDeltaNet(g) = &m.layers[l].mixer else {
-            unreachable!("layer {l} is an attention layer")
-        };
+        let block = self.gdn(l);
         let mut states = Self::states(self.items, l);
-        let s = self.gdn.as_mut().expect("the input projection runs first");
-        g.prep(s, self.segs, &mut states);
+        let s = self.gdn.as_mut().expect(PROJECTED);
+        block.prep(s, self.segs, &mut states);
         Ok(())
     }
 
     fn gated_delta(&mut self, l: usize) -> Result<(), ModelError> {
-        let m = self.model;
-        let Mixer::GatedDeltaNet(g) = &m.layers[l].mixer else {
-            unreachable!("layer {l} is an attention layer")
-        };
+        let block = self.gdn(l);
         let mut states = Self::states(self.items, l);
-        let s = self.gdn.as_mut().expect("the input projection runs first");
-        g.delta(s, self.segs, &mut states);
+        let s = self.gdn.as_mut().expect(PROJECTED);
+        block.delta(s, self.segs, &mut states);
         Ok(())
     }
 
     fn gated_norm(&mut self, l: usize) -> Result<(), ModelError> {
-        let m = self.model;
-        let Mixer::GatedDeltaNet(g) = &m.layers[l].mixer else {
-            unreachable!("layer {l} is an attention layer")
-        };
-        g.gated_norm(self.gdn.as_mut().expect("the input projection runs first"));
+        let block = self.gdn(l);
+        let s = self.gdn.as_mut().expect(PROJECTED);
+        block.gated_norm(s);
         Ok(())
     }
 
     fn attn_prep(&mut self, l: usize) -> Result<(), ModelError> {
-        let m = self.model;
-        let Mixer::Attention(a) = &m.layers[l].mixer else {
-            unreachable!("layer {l} is a Gated DeltaNet layer")
-        };
+        let block = self.attn(l);
         let mut states = Self::states(self.items, l);
-        let s = self.attn.as_mut().expect("the input projection runs first");
-        a.prep(s, self.n, self.segs, &mut states);
+        let s = self.attn.as_mut().expect(PROJECTED);
+        block.prep(s, self.n, self.segs, &mut states);
         Ok(())
     }
 
     fn attention(&mut self, l: usize) -> Result<(), ModelError> {
-        let m = self.model;
-        let Mixer::Attention(a) = &m.layers[l].mixer else {
-            unreachable!("layer {l} is a Gated DeltaNet layer")
-        };
+        let block = self.attn(l);
         let mut states = Self::states(self.items, l);
-        let s = self.attn.as_mut().expect("the input projection runs first");
-        a.attend(s, self.n, self.segs, &mut states);
+        let s = self.attn.as_mut().expect(PROJECTED);
+        block.attend(s, self.n, self.segs, &mut states);
         Ok(())
     }
 
     fn swiglu(&mut self, l: usize) -> Result<(), ModelError> {
-        let m = self.model;
+        let mlp = &self.layer(l).mlp;
         let (g, u) = &mut self.mlp;
-        m.layers[l].mlp.activate(g, u);
+        mlp.activate(g, u);
         Ok(())
     }
 
@@ -461,11 +451,11 @@ impl LayerOps for CpuLayers<'_, '_, '_, '_> {
         let (n, hid) = (self.n, self.model.hidden_size());
         let y = match proj {
             Projection::GdnOut => {
-                let s = self.gdn.take().expect("the input projection runs first");
+                let s = self.gdn.take().expect(PROJECTED);
                 self.gdn(l).project_out(&s, n, hid)
             }
             Projection::AttnOut => {
-                let s = self.attn.take().expect("the input projection runs first");
+                let s = self.attn.take().expect(PROJECTED);
                 self.attn(l).project_out(&s, n, hid)
             }
             Projection::MlpOut => self.layer(l).mlp.down(&self.mlp.0, n),
