@@ -10,7 +10,7 @@ mod parse;
 mod unicode;
 
 pub use number::{float_repr, is_py_space, py_decimal, py_float, py_round, FloatParseError};
-pub use parse::{decode_body, loads, BodyError, JsonDecodeError};
+pub use parse::{decode_body, loads, BodyError, JsonDecodeError, MAX_VALUES};
 
 use indexmap::IndexMap;
 use std::fmt::Write;
