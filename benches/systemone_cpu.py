@@ -2,7 +2,7 @@
 request, same run.
 
     cargo build --release -p onepass
-    /root/ovenv/bin/python benches/systemone_cpu.py [--rounds 3] [--reps 3] [--whole-reps 1] [--decider-reps 1] [--work DIR]
+    python benches/systemone_cpu.py [--rounds 3] [--reps 3] [--whole-reps 1] [--decider-reps 1] [--work DIR]
 
 Checkpoint: `onepass synth --preset qwen3.5-0.8b --tokenizer testdata/qwen3_5-tokenizer` (the Qwen3.5-0.8B shape, bf16,
 random weights; written once into --work) plus decider_config.json {"isolated_levels": true, "neutralize_none": false,

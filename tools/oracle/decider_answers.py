@@ -1,7 +1,7 @@
 """System One answer fixtures: decider-ai 1.10.0 on CPU (float32) over two synthetic checkpoints.
 
     cargo build --release -p onepass
-    /root/ovenv/bin/python tools/oracle/decider_answers.py [--tokenizer testdata/qwen3_5-tokenizer] \
+    python tools/oracle/decider_answers.py [--tokenizer testdata/qwen3_5-tokenizer] \
         [--out tests/fixtures/systemone/answers] [--onepass target/release/onepass]
 
 For each checkpoint in CHECKPOINTS: `onepass synth --preset P --tokenizer T` writes the weights into a temp folder, the
@@ -12,7 +12,7 @@ reference response (compact JSON, as the server writes it) and the raw float32 p
 handed to `assemble`; and manifest.json: per preset the decider_config.json text and the sha256 of model.safetensors
 (crates/decide/tests/answers.rs regenerates the checkpoint and checks the hash before comparing).
 
-    /root/ovenv/bin/python tools/oracle/decider_answers.py --fuzz 3 200 --out /tmp/ans3
+    python tools/oracle/decider_answers.py --fuzz 3 200 --out /tmp/ans3
     ONEPASS_ANSWER_FIXTURES=/tmp/ans3 cargo test --release -p onepass-decide --test answers
 
 --fuzz SEED COUNT: COUNT random requests (the grammar of decider_fuzz.py, keeping those the reference answers: no

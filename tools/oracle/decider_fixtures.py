@@ -1,7 +1,7 @@
 """Golden files for onepass-decide from decider-ai 1.10.0's model-free functions (the reference).
 
-    /root/ovenv/bin/python tools/oracle/decider_fixtures.py [--tokenizer testdata/qwen3_5-tokenizer] [--out tests/fixtures/systemone]
-    /root/ovenv/bin/python tools/oracle/decider_fixtures.py unicode-tables > crates/decide/src/pyjson/unicode.rs
+    python tools/oracle/decider_fixtures.py [--tokenizer testdata/qwen3_5-tokenizer] [--out tests/fixtures/systemone]
+    python tools/oracle/decider_fixtures.py unicode-tables > crates/decide/src/pyjson/unicode.rs
 
 Writes render.jsonl (request -> rows, slots, nopts, types, per-slot temperatures, usage, or the error answer),
 assemble.jsonl (request + synthetic f32 probabilities -> the exact response bytes), invalid.jsonl (HTTP-level

@@ -1,8 +1,8 @@
 """Random System One requests through decider-ai 1.10.0's model-free code: golden files for requests nobody wrote.
 
-    /root/ovenv/bin/python tools/oracle/decider_fuzz.py --seed 1 --count 200 --out tests/fixtures/systemone/fuzz
+    python tools/oracle/decider_fuzz.py --seed 1 --count 200 --out tests/fixtures/systemone/fuzz
     cargo test --release -p onepass-decide --test fixtures fuzz          # the committed seed
-    /root/ovenv/bin/python tools/oracle/decider_fuzz.py --seed 7 --count 5000 --out /tmp/fz7
+    python tools/oracle/decider_fuzz.py --seed 7 --count 5000 --out /tmp/fz7
     ONEPASS_SYSTEMONE_FUZZ=/tmp/fz7 cargo test --release -p onepass-decide --test fixtures fuzz
 
 Writes render.jsonl and assemble.jsonl in decider_fixtures.py's format (the same HTTP reproduction, `prepare`,

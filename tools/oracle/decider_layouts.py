@@ -1,6 +1,6 @@
 """Golden files for the chat layout (decider-contract R2.5) and schema-first rows (R2.4) from decider-ai 1.10.0.
 
-    /root/ovenv/bin/python tools/oracle/decider_layouts.py [--tokenizer testdata/qwen3_5-tokenizer] [--out tests/fixtures/systemone/layouts]
+    python tools/oracle/decider_layouts.py [--tokenizer testdata/qwen3_5-tokenizer] [--out tests/fixtures/systemone/layouts]
 
 Writes into --out:
   templates/*.jinja    the chat templates used (synthetic.jinja is onepass_tokenizer::SYNTHETIC_CHAT_TEMPLATE, read from

@@ -305,7 +305,7 @@ macro_rules! with_engine {
 
 #[derive(clap::Args, Debug)]
 pub struct BenchSystemoneArgs {
-    /// A model folder with tokenizer.json (e.g. `onepass synth --preset qwen3.5-0.8b --tokenizer testdata/qwen3_5-tokenizer`).
+    /// A model folder with tokenizer.json (e.g. `onepass synth --preset qwen3.5-0.8b --tokenizer testdata/qwen3_5-tokenizer --out DIR`).
     #[arg(long)]
     model: String,
     #[command(flatten)]

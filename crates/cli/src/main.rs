@@ -25,7 +25,7 @@ use serde_json::json;
 #[command(
     name = "onepass",
     version,
-    about = "Decisions, log-probabilities and generation with Qwen3.5-family hybrid models"
+    about = "Typed decisions (System One) and log-probabilities with Qwen3.5-family hybrid models, over HTTP or from the command line"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -36,17 +36,22 @@ struct Cli {
 enum Cmd {
     /// Architecture, parameters, weight dtype and bytes, state bytes per token and per sequence.
     Info {
-        /// A model folder, or a Hub repo id (ORG/NAME[@REV]) already in the Hugging Face cache.
+        /// A model folder (config.json, *.safetensors weights, tokenizer.json), or a Hub repo id ORG/NAME[@REVISION]
+        /// already in the Hugging Face cache.
         #[arg(long)]
         model: String,
     },
     /// Reads JSON Lines from stdin (one JSON string per line); writes one JSON array of ids per line.
     Tokenize {
+        /// A model folder, or a Hub repo id ORG/NAME[@REVISION] already in the Hugging Face cache; only its
+        /// tokenizer.json and tokenizer_config.json are read.
         #[arg(long)]
         model: String,
     },
     /// Prints {"logits": [[...], ...]}, one row per position (only the last with --last).
     Logits {
+        /// A model folder (config.json, *.safetensors weights, tokenizer.json), or a Hub repo id ORG/NAME[@REVISION]
+        /// already in the Hugging Face cache.
         #[arg(long)]
         model: String,
         /// Comma-separated token ids.
@@ -61,7 +66,7 @@ enum Cmd {
         #[command(flatten)]
         dev: device::DeviceArg,
     },
-    /// Writes a deterministic synthetic checkpoint folder (config, weights, tokenizer files).
+    /// Writes a deterministic synthetic checkpoint folder (random weights: for tests; its answers mean nothing).
     Synth {
         /// One of the presets (see --list).
         #[arg(long, required_unless_present = "list")]
@@ -85,6 +90,8 @@ enum Cmd {
     },
     /// CPU prefill and decode throughput on one model; prints one JSON object.
     Bench {
+        /// A model folder (config.json, *.safetensors weights, tokenizer.json), or a Hub repo id ORG/NAME[@REVISION]
+        /// already in the Hugging Face cache.
         #[arg(long)]
         model: String,
         /// Prompt lengths to prefill.
@@ -99,13 +106,14 @@ enum Cmd {
         #[command(flatten)]
         dev: device::DeviceArg,
     },
-    /// System One workloads of issue #4 through the engine (cpu or cuda): p50/p95, requests/s, decisions/s.
+    /// System One latency and throughput on three fixed request sizes (cpu or cuda): p50/p95, requests/s, decisions/s.
     BenchSystemone(device::BenchSystemoneArgs),
     /// HTTP server: decider-ai's /v1/systemone, /decide, /v1/models, /health, plus /metrics (docs/server.md).
     Serve(serve::ServeArgs),
     /// Answers one /v1/systemone request body (file or `-`): prints the response JSON the server would send.
     Systemone(systemone::SystemoneArgs),
-    /// Plans one /v1/systemone request without the model: prints {"rows":[{"ids","slots","nopts"}],"usage"}.
+    /// Shows the prompts of one /v1/systemone request without running the model: prints
+    /// {"rows":[{"ids","slots","nopts"}],"usage"}.
     Render(systemone::RenderArgs),
 }
 
@@ -354,6 +362,12 @@ fn synth_cmd(
     }
     if let Some(s) = seed {
         spec.seed = s;
+    }
+    if out.exists() && !out.is_dir() {
+        bail!(
+            "--out {}: this is a file; give the path of a folder to write the checkpoint into",
+            out.display()
+        );
     }
     let t0 = Instant::now();
     let mut last = Instant::now();

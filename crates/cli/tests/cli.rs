@@ -147,11 +147,14 @@ fn bad_input_is_a_message_and_a_non_zero_exit() {
     assert!(run_err(&["logits", "--model", m, "--ids", "1,x"]).contains("\"x\" is not a token id"));
     assert!(run_err(&["logits", "--model", m, "--ids", ""]).contains("--ids is empty"));
     assert!(run_err(&["logits", "--model", m, "--ids", "1,999"]).contains("token id 999"));
-    assert!(run_err(&["info", "--model", "/nonexistent/folder"]).contains("neither a local folder"));
-    assert!(
-        run_err(&["info", "--model", "nobody/nothing"]).contains("not in the Hugging Face cache")
-    );
+    assert!(run_err(&["info", "--model", "/nonexistent/folder"]).contains("no such folder"));
     assert!(run_err(&["synth", "--preset", "nope", "--out", "/tmp/x"]).contains("unknown preset"));
+    let file = d.path().join("config.json");
+    let f = file.to_str().expect("path");
+    assert_eq!(
+        run_err(&["synth", "--preset", "tiny-gva", "--out", f]),
+        format!("error: --out {f}: this is a file; give the path of a folder to write the checkpoint into\n")
+    );
     let out = tokenize(d.path(), b"not json\n");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 1"));
@@ -215,5 +218,246 @@ fn bench_systemone_times_the_workloads_asked_for() {
             value,
         ]);
         assert!(err.contains(want), "{flag} {value}: {err}");
+    }
+}
+
+/// `args` fails with exactly one line on stderr, `error: <msg>`. → msg
+fn one_error_line(cmd: &mut Command) -> String {
+    let out = cmd.stdin(Stdio::null()).output().expect("run");
+    assert!(!out.status.success(), "{cmd:?} should fail");
+    assert!(
+        out.stdout.is_empty(),
+        "{cmd:?} printed to stdout on failure"
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{cmd:?}: {err}");
+    lines[0]
+        .strip_prefix("error: ")
+        .unwrap_or_else(|| panic!("{cmd:?}: {err}"))
+        .to_string()
+}
+
+/// What `--model` can be told apart: a file, a missing path, a repo id not in the cache, a revision that would climb
+/// out of the cache. Each says what it is and what to pass instead.
+#[test]
+fn model_arguments_that_are_not_model_folders_say_what_they_are() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let file = d.path().join("ticket.json");
+    std::fs::write(&file, "{}").expect("write");
+    let hint =
+        "pass the folder that holds config.json, the *.safetensors weights and tokenizer.json";
+    let cache = tempfile::tempdir().expect("cache");
+    let model = |arg: &std::ffi::OsStr| {
+        let mut c = onepass();
+        c.args(["info", "--model"])
+            .arg(arg)
+            .env("HF_HUB_CACHE", cache.path());
+        one_error_line(&mut c)
+    };
+    assert_eq!(
+        model(file.as_os_str()),
+        format!(
+            "model {}: this is a file, not a model folder; {hint}",
+            file.display()
+        )
+    );
+    for missing in ["./no-such-model", "models/a/b", "/no/such/model"] {
+        assert_eq!(
+            model(missing.as_ref()),
+            format!("model {missing}: no such folder; {hint}, or a Hub repo id ORG/NAME")
+        );
+    }
+    let e = model("nobody/nothing".as_ref());
+    assert!(
+        e.starts_with("model nobody/nothing: no folder of that name here, and not in the Hugging Face cache at "),
+        "{e}"
+    );
+    // A folder that holds no model file at all.
+    assert_eq!(
+        model(d.path().as_os_str()),
+        format!(
+            "model {}: this folder holds neither config.json nor tokenizer.json, so it is not a model folder; {hint}",
+            d.path().display()
+        )
+    );
+    assert!(e.contains("`hf download nobody/nothing`"), "{e}");
+    // The revision is checked before the cache is looked at, so it does not matter that the repo is not there.
+    for rev in ["../../../../../../etc/passwd", "/etc", "../.."] {
+        assert_eq!(
+            model(format!("org/name@{rev}").as_ref()),
+            format!("model org/name@{rev}: {rev:?} is not a revision name (a branch, tag or commit: letters, digits, '.', '_', '-' and '/', without '..' or a leading '/')")
+        );
+    }
+}
+
+/// Every command's typical failure (a model folder missing its files) names its cause once: one line, the missing
+/// file once, the operating system's reason once.
+#[test]
+fn a_failure_names_its_cause_once() {
+    // A folder with a tokenizer.json (so it passes as a model folder) but no config.json, and one the other way round.
+    let no_config = synth("tiny-gva");
+    std::fs::remove_file(no_config.path().join("config.json")).expect("rm");
+    let no_tok = synth("tiny-gva");
+    std::fs::remove_file(no_tok.path().join("tokenizer.json")).expect("rm");
+    let (m, t) = (
+        no_config.path().to_str().expect("path"),
+        no_tok.path().to_str().expect("path"),
+    );
+    let req = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/ticket.json");
+    let req = req.to_str().expect("path");
+    let cases: [(&[&str], &str); 8] = [
+        (&["info", "--model", m], "config.json"),
+        (
+            &["logits", "--device", "cpu", "--ids", "1", "--model", m],
+            "config.json",
+        ),
+        (&["bench", "--device", "cpu", "--model", m], "config.json"),
+        (&["tokenize", "--model", t], "tokenizer.json"),
+        (&["render", "--model", t, req], "tokenizer.json"),
+        (
+            &["systemone", "--device", "cpu", "--model", m, req],
+            "config.json",
+        ),
+        (
+            &["serve", "--device", "cpu", "--port", "0", "--model", m],
+            "config.json",
+        ),
+        (
+            &["bench-systemone", "--device", "cpu", "--model", m],
+            "config.json",
+        ),
+    ];
+    for (args, file) in cases {
+        let e = one_error_line(onepass().args(args));
+        assert_eq!(e.matches(file).count(), 1, "{args:?}: {e}");
+        assert_eq!(
+            e.matches("No such file or directory").count(),
+            1,
+            "{args:?}: {e}"
+        );
+    }
+}
+
+/// A request file that is not a request is named, with what is wrong in plain words, before any model loads.
+#[test]
+fn a_request_file_that_is_not_a_request_is_named() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let form =
+        r#"a request is one JSON object {"state": ..., "questions": {...}} (see docs/api.md)"#;
+    let cases = [
+        (
+            "notes.md",
+            "# Title\n\nsome text\n",
+            "is not JSON: Expecting value at line 1 column 1",
+        ),
+        (
+            "broken.json",
+            "{\"state\": 1,\n  \"questions\": {,}}",
+            "is not JSON: Expecting property name enclosed in double quotes at line 2 column 17",
+        ),
+        (
+            "list.json",
+            "[1, 2]",
+            "is not a System One request (the body: must be a JSON object)",
+        ),
+        (
+            "noq.json",
+            "{\"state\": 1}",
+            "is not a System One request (`questions`: Field required)",
+        ),
+        (
+            "qlist.json",
+            "{\"state\": 1, \"questions\": []}",
+            "is not a System One request (`questions`: must be a JSON object)",
+        ),
+    ];
+    // The model folder holds only an empty config.json: the request is refused before the model is read.
+    let no_model = d.path().join("model");
+    std::fs::create_dir(&no_model).expect("mkdir");
+    std::fs::write(no_model.join("config.json"), "{}").expect("write");
+    for (name, body, what) in cases {
+        let f = d.path().join(name);
+        std::fs::write(&f, body).expect("write");
+        for cmd in ["systemone", "render"] {
+            let e = one_error_line(onepass().args([cmd, "--model"]).arg(&no_model).arg(&f));
+            assert_eq!(e, format!("{} {what}; {form}", f.display()), "{cmd} {name}");
+        }
+    }
+}
+
+/// `onepass --help` and every subcommand's `--help` speak to users: no issue numbers, run names, internal
+/// environment switches or reference-document citations, and `--model` is described wherever it is taken.
+#[test]
+#[ignore = "until the GPU flags' help (device.rs) is rewritten in user words; then run by default"]
+fn help_text_is_in_user_words() {
+    let help = |args: &[&str]| {
+        let out = onepass().args(args).output().expect("run");
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).expect("utf8")
+    };
+    let top = help(&["--help"]);
+    assert!(!top.to_lowercase().contains("generation"), "{top}");
+    // Every subcommand the top-level help lists (so a new one is checked too).
+    let cmds: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(cmds.len() >= 9, "{cmds:?}");
+    let mut texts = vec![("onepass".to_string(), top.clone())];
+    for c in &cmds {
+        texts.push((c.clone(), help(&[c, "--help"])));
+    }
+    let run_name = |t: &str| {
+        let b = t.as_bytes();
+        (0..b.len().saturating_sub(6))
+            .any(|i| &b[i..i + 5] == b" run " && b[i + 5] == b's' && b[i + 6].is_ascii_digit())
+    };
+    for (cmd, text) in &texts {
+        let lower = text.to_lowercase();
+        for bad in ["issue #", "issue ", "ship bar", "decider-contract", "§"] {
+            assert!(
+                !lower.contains(bad),
+                "{cmd} --help mentions {bad:?}:\n{text}"
+            );
+        }
+        assert!(!run_name(text), "{cmd} --help names a run:\n{text}");
+        // ONEPASS_API_KEY is a user setting (the key from the environment, out of `ps`); any other ONEPASS_ name is
+        // an internal switch.
+        let others = text.replace("ONEPASS_API_KEY", "");
+        assert!(
+            !others.contains("ONEPASS_"),
+            "{cmd} --help names an internal variable:\n{text}"
+        );
+        // `--model`'s description: on its line or the next.
+        let lines: Vec<&str> = text.lines().collect();
+        if let Some(i) = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with("--model <MODEL>"))
+        {
+            let same = lines[i]
+                .trim_start()
+                .trim_start_matches("--model <MODEL>")
+                .trim();
+            let next = lines.get(i + 1).map_or("", |l| l.trim());
+            let desc = if same.is_empty() { next } else { same };
+            assert!(
+                !desc.is_empty() && !desc.starts_with('-'),
+                "{cmd} --help: --model has no description:\n{text}"
+            );
+        }
+    }
+    // The example of how to make a model for bench-systemone is a complete command.
+    let bench = &texts
+        .iter()
+        .find(|(c, _)| c == "bench-systemone")
+        .expect("bench-systemone")
+        .1;
+    for line in bench.lines().filter(|l| l.contains("onepass synth")) {
+        assert!(line.contains("--out"), "{line}");
     }
 }

@@ -91,18 +91,27 @@ impl Default for EngineOptions {
 /// Why the engine could not load or score (not a client error).
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("model: {0}")]
+    // Transparent: the inner message already names the file (config.json, tokenizer.json, ...), and a prefix with
+    // the inner error also returned as `source()` printed every cause twice.
+    #[error(transparent)]
     Model(#[from] ModelError),
-    #[error("tokenizer: {0}")]
+    #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// Not a `source()`: the message is already in the prefix.
     #[error("decider_config.json: {0}")]
-    Config(#[from] ConfigError),
+    Config(ConfigError),
     #[error("score: plan {plan} row {row}: {reason}")]
     Row {
         plan: usize,
         row: usize,
         reason: String,
     },
+}
+
+impl From<ConfigError> for EngineError {
+    fn from(e: ConfigError) -> Self {
+        EngineError::Config(e)
+    }
 }
 
 impl From<EngineError> for ApiError {

@@ -15,10 +15,11 @@ use serde::Deserialize;
 /// one, the tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    #[error("{path}: {source}")]
+    /// The I/O error is part of the message and not a `source()`, so a chain printer shows it once.
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{path}: not a safetensors file: {why}")]
     Header { path: PathBuf, why: String },
@@ -69,9 +70,9 @@ impl Checkpoint {
             vec![single]
         } else {
             let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-                .map_err(|source| FormatError::Io {
+                .map_err(|cause| FormatError::Io {
                     path: dir.to_path_buf(),
-                    source,
+                    cause,
                 })?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
@@ -141,9 +142,9 @@ impl Checkpoint {
 }
 
 fn shards_from_index(index: &Path) -> Result<Vec<String>, FormatError> {
-    let text = std::fs::read_to_string(index).map_err(|source| FormatError::Io {
+    let text = std::fs::read_to_string(index).map_err(|cause| FormatError::Io {
         path: index.to_path_buf(),
-        source,
+        cause,
     })?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| FormatError::Index {
         path: index.to_path_buf(),
@@ -186,9 +187,9 @@ fn parse_dtype(s: &str) -> Option<DType> {
 }
 
 fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
-    let io = |source| FormatError::Io {
+    let io = |cause| FormatError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     };
     let file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
@@ -308,9 +309,9 @@ pub fn write_safetensors(
     tensors: &[Tensor],
     metadata: &[(&str, &str)],
 ) -> Result<(), FormatError> {
-    let io = |source| FormatError::Io {
+    let io = |cause| FormatError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     };
     let header = safetensors_header(
         tensors.iter().map(|t| (t.name(), t.dtype(), t.shape())),

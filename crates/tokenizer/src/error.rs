@@ -1,5 +1,7 @@
 //! The one error type of this crate. Every variant says what was being done and with which
-//! input, so that a user can act on the message without reading the code.
+//! input, so that a user can act on the message without reading the code. An underlying error is
+//! part of the message (`cause`) and not returned as `source()`, so that a chain printer (anyhow's
+//! `{:#}`) names it once.
 
 use std::path::PathBuf;
 
@@ -8,28 +10,25 @@ pub type TokenizersError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {cause}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     /// `tokenizer.json` is not a tokenizer the `tokenizers` crate can load.
-    #[error("loading tokenizer from {origin}: {source}")]
+    #[error("loading tokenizer from {origin}: {cause}")]
     Load {
         /// A path, or `"<json string>"`.
         origin: String,
-        #[source]
-        source: TokenizersError,
+        cause: TokenizersError,
     },
 
     /// `tokenizer_config.json` is not a JSON object.
-    #[error("parsing {path}: {source}")]
+    #[error("parsing {path}: {cause}")]
     Config {
         path: PathBuf,
-        #[source]
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
 
     /// A `tokenizer_config.json` key has a shape or a value we cannot use.
@@ -48,20 +47,15 @@ pub enum TokenizerError {
     #[error("model type {model}: tokenizer.json normalizer must be NFC, found {found}")]
     UnrecognisedNormalizer { model: String, found: String },
 
-    #[error("encoding {text:?}: {source}")]
+    #[error("encoding {text:?}: {cause}")]
     Encode {
         /// The first characters of the input.
         text: String,
-        #[source]
-        source: TokenizersError,
+        cause: TokenizersError,
     },
 
-    #[error("decoding {n} ids: {source}")]
-    Decode {
-        n: usize,
-        #[source]
-        source: TokenizersError,
-    },
+    #[error("decoding {n} ids: {cause}")]
+    Decode { n: usize, cause: TokenizersError },
 
     #[error(
         "token id {id} at position {index} is not in the vocabulary (vocab_size {vocab_size})"

@@ -84,9 +84,9 @@ impl Tokenizer {
         let config = if config_path.is_file() {
             let text = read(&config_path)?;
             let value: Value =
-                serde_json::from_str(&text).map_err(|source| TokenizerError::Config {
+                serde_json::from_str(&text).map_err(|cause| TokenizerError::Config {
                     path: config_path.clone(),
-                    source,
+                    cause,
                 })?;
             if !value.is_object() {
                 return Err(TokenizerError::ConfigValue {
@@ -130,9 +130,9 @@ impl Tokenizer {
         model_type: Option<&str>,
     ) -> Result<Tokenizer, TokenizerError> {
         let config: Value =
-            serde_json::from_str(config_json).map_err(|source| TokenizerError::Config {
+            serde_json::from_str(config_json).map_err(|cause| TokenizerError::Config {
                 path: "<tokenizer_config string>".into(),
-                source,
+                cause,
             })?;
         Self::build(json, "<json string>", Some(&config), None, model_type)
     }
@@ -144,9 +144,9 @@ impl Tokenizer {
         jinja: Option<String>,
         model_type: Option<&str>,
     ) -> Result<Tokenizer, TokenizerError> {
-        let load_err = |source| TokenizerError::Load {
+        let load_err = |cause| TokenizerError::Load {
             origin: origin.to_string(),
-            source,
+            cause,
         };
         let mut inner: tokenizers::Tokenizer = json.parse().map_err(load_err)?;
         // Ids must not depend on padding/truncation settings stored in the file.
@@ -233,9 +233,9 @@ impl Tokenizer {
         if let Some(fast) = &self.fast {
             let ids = fast
                 .encode(&self.inner, text)
-                .map_err(|source| TokenizerError::Encode {
+                .map_err(|cause| TokenizerError::Encode {
                     text: excerpt(text, 40),
-                    source,
+                    cause,
                 })?;
             if let Some(ids) = ids {
                 return Ok(ids);
@@ -250,9 +250,9 @@ impl Tokenizer {
         let encoding =
             self.inner
                 .encode_fast(text, false)
-                .map_err(|source| TokenizerError::Encode {
+                .map_err(|cause| TokenizerError::Encode {
                     text: excerpt(text, 40),
-                    source,
+                    cause,
                 })?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -272,9 +272,9 @@ impl Tokenizer {
         }
         self.inner
             .decode(ids, false)
-            .map_err(|source| TokenizerError::Decode {
+            .map_err(|cause| TokenizerError::Decode {
                 n: ids.len(),
-                source,
+                cause,
             })
     }
 
@@ -366,9 +366,9 @@ impl Tokenizer {
 }
 
 fn read(path: &Path) -> Result<String, TokenizerError> {
-    std::fs::read_to_string(path).map_err(|source| TokenizerError::Read {
+    std::fs::read_to_string(path).map_err(|cause| TokenizerError::Read {
         path: path.to_path_buf(),
-        source,
+        cause,
     })
 }
 
