@@ -135,7 +135,7 @@ def main():
     n = len(lat)
     res = {
         "clients": a.clients, "seconds": round(secs, 1), "requests": n, "requests_per_s": round(n / secs, 1),
-        "p50_ms": round(pct(lat, 50) * 1e3, 1) if lat else None, "p99_ms": round(pct(lat, 99) * 1e3, 1) if lat else None,
+        "p50_ms": round(pct(lat, 0.50) * 1e3, 1) if lat else None, "p99_ms": round(pct(lat, 0.99) * 1e3, 1) if lat else None,
         "by_status": dict(sorted(by_status.items())), "unexpected_statuses": len(unexpected),
         "connection_failures": len(failures), "mismatched_valid_answers": len(mismatch),
         "rss_mib_first_minute_max": round(max(m for s, m in rss if s < 60), 1) if rss else None,
