@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device run over .devcarry/pack.tar.gz (made by crates/cuda/gpu-pack.sh): phases named in $1 (default
-# "tests bench"): tests (every GPU test executable, ONEPASS_CUDA_TESTS=1; ONEPASS_CUDA_BENCH=1 adds the kernel
-# timing tables), bench (System One on the 0.8B shape: split, bf16; with "twopass" also split with prefixes and
-# suffixes as two forwards, ONEPASS_TREE=0; with "nograph" split without CUDA graphs), b2b (the 2B shape),
+# "tests bench"): tests (every GPU test executable with --include-ignored: the GPU tests are #[ignore]d so that
+# machines without one count them as ignored; ONEPASS_CUDA_BENCH=0 skips the kernel timing tables), bench (System One on the 0.8B shape: split, bf16; with "twopass" also split with prefixes and
+# suffixes as two forwards, --gpu-no-trees; with "nograph" split without CUDA graphs, --gpu-no-graphs), b2b (the 2B shape),
 # decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
 # load through `onepass serve --device cuda`), profile (one request under nsys and ncu where the machine has them: run
 # s12's H200 machine had ncu only; PROFILE_WORKLOAD=1|2|3,
@@ -24,7 +24,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 if [[ $WHAT == *tests* ]]; then
   for t in $(ls $B | grep -v '^onepass$'); do
     echo "== $t" | tee -a "$OUT/tests.log"
-    ONEPASS_CUDA_TESTS=1 ONEPASS_CUDA_BENCH=${ONEPASS_CUDA_BENCH:-1} timeout ${TEST_TIMEOUT:-240} $B/$t --test-threads=1 --nocapture \
+    skip=(); [[ ${ONEPASS_CUDA_BENCH:-1} == 0 ]] && skip=(--skip timings)
+    timeout ${TEST_TIMEOUT:-240} $B/$t --include-ignored "${skip[@]}" --test-threads=1 --nocapture \
       >>"$OUT/tests.log" 2>&1
     echo "== $t exit $?" | tee -a "$OUT/tests.log"
   done
@@ -50,10 +51,10 @@ if [[ $WHAT == *bench* ]]; then
     bench "0.8B $P_" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 --reps 30 --batch-reps 2
   done
   if [[ $WHAT == *twopass* ]]; then
-    ONEPASS_TREE=0 bench "0.8B split, prefix and suffixes as two forwards" --device cuda --gpu-precision split --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
+    bench "0.8B split, prefix and suffixes as two forwards" --device cuda --gpu-precision split --gpu-no-trees --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
   fi
   if [[ $WHAT == *nograph* ]]; then
-    ONEPASS_CUDA_GRAPHS=0 bench "0.8B split, no CUDA graphs" --device cuda --gpu-precision split --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
+    bench "0.8B split, no CUDA graphs" --device cuda --gpu-precision split --gpu-no-graphs --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
   fi
   grep -vE "^\s+[a-z].* ms .*launches" "$OUT/bench.log" | tail -40
 fi

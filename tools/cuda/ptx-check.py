@@ -11,7 +11,7 @@ Usage: python3 tools/cuda/ptx-check.py [--root /opt/nvrtc] [--arch 90] [--sass K
 --sass KERNEL: also disassemble KERNEL (cuobjdump and nvdisasm from the PyPI wheels nvidia-cuda-cuobjdump /
 nvidia-cuda-nvdisasm, 13.2 or later, unpacked under --root the same way) and print, per loop that holds mma
 instructions (the four smallest: the innermost), its static instruction count and the most frequent opcodes: how
-this project found that the attention kernels spent a third of each tile on address arithmetic (docs/cuda.md).
+this project found that the attention kernels spent a third of each tile on address arithmetic (docs/benchmarks/history/cuda-notes-2026-11-30.md).
 --sass-out DIR keeps the disassembly there. --ptx-out FILE keeps the PTX (compare two builds with cmp or diff).
 """
 import argparse, ctypes, os, pathlib, re, subprocess, sys, tempfile

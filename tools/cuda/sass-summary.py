@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarises an Nsight Compute SASS source page (ncu --page source --print-source sass --csv): instruction mix
 by opcode (share of warp instructions executed, share of stall samples) and the stall reasons.
-Usage: python3 tools/cuda/sass-summary.py sass.csv (docs/benchmarks/cuda-systemone.md, eighth measurement)."""
+Usage: python3 tools/cuda/sass-summary.py sass.csv (docs/benchmarks/history/cuda-systemone-2026-11-30.md, eighth measurement)."""
 import csv, collections, sys
 lines = open(sys.argv[1]).read().splitlines()
 i = [k for k, l in enumerate(lines) if l.startswith('"Address"')][0]

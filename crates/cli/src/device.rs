@@ -190,53 +190,102 @@ pub struct CudaArgs {
     /// GPU memory for sequence state and forward scratch, in MiB; a request past it fails alone (cuda only).
     #[arg(long, default_value_t = 16384)]
     pub gpu_memory_mb: usize,
-    /// GPU arithmetic: split (bf16 weights, f32 activations as two bf16 planes into the GEMMs, attention in bf16x3,
-    /// the gated delta rule in 3xTF32; the default), bf16 (fastest: plain bf16 activations, 1xTF32 kernels), f32
-    /// (f32 weights and GEMMs, 3xTF32 kernels, no TF32 GEMMs; for checking).
+    /// GPU arithmetic: split (bf16 weights, activations carried as two bf16 halves into every product; the
+    /// default, closest to the CPU), bf16 (fastest, plain bf16 activations), or f32 (f32 weights; for checking).
     #[arg(long, default_value = "split")]
     pub gpu_precision: String,
-    /// Arithmetic of the tensor-core kernels (gated delta rule, attention), comma-separated items applied in order:
-    /// 3xtf32 (f32 accuracy), tf32 (one TF32 product: faster, answers within the ship bar on the synthetic
-    /// checkpoints; docs/cuda.md), a kernel that runs tf32 (prep, state, attn), or attention's own arithmetic
-    /// (attn=3xtf32|tf32|bf16x3|bf16). Default: ONEPASS_TC when set, else the precision's (docs/cuda.md).
-    #[arg(long)]
+    /// Arithmetic of the tensor-core kernels, comma-separated items applied in order: 3xtf32 (f32 accuracy),
+    /// tf32 (faster, less exact), a kernel that runs tf32 (prep, state, attn), or attn=3xtf32|tf32|bf16x3|bf16.
+    /// Default: the precision's (docs/cuda.md).
+    #[arg(long, help_heading = EXPERT)]
     pub gpu_kernels: Option<String>,
-    /// Split precision only: the projections whose GEMMs multiply both bf16 planes of their input, `all`, `none`, or
-    /// comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out; the others multiply the input rounded to
-    /// bf16 (half the GEMM work). Default: ONEPASS_SPLIT_GEMMS when set, else all (docs/cuda.md).
-    #[arg(long)]
+    /// Split precision only: the projections that multiply both bf16 halves of their input (all, none, or
+    /// comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out); the others round it to bf16.
+    /// Default: all.
+    #[arg(long, help_heading = EXPERT)]
     pub gpu_split_gemms: Option<String>,
+    /// Kernels of the gated delta rule: tc (tensor cores, the default), tc-no-leaf (tree children take the
+    /// full state pass), simt (f32 SIMT kernels, no one-forward trees).
+    #[arg(long, value_enum, default_value_t = GdnArg::Tc, help_heading = EXPERT)]
+    pub gpu_gdn: GdnArg,
+    /// Kernel of attention: tc (tensor cores where the head dim allows, the default) or tiled (f32 SIMT).
+    #[arg(long, value_enum, default_value_t = AttnArg::Tc, help_heading = EXPERT)]
+    pub gpu_attention: AttnArg,
+    /// Run each request's shared prefix and its suffixes as two forwards, never as one.
+    #[arg(long, help_heading = EXPERT)]
+    pub gpu_no_trees: bool,
+    /// Launch every forward kernel by kernel (no CUDA graphs).
+    #[arg(long, help_heading = EXPERT)]
+    pub gpu_no_graphs: bool,
+    /// Hand freed GPU memory back to the driver at every synchronisation instead of keeping it for the next request.
+    #[arg(long, help_heading = EXPERT)]
+    pub gpu_release_memory: bool,
+}
+
+/// The help heading of the GPU flags most users never need.
+const EXPERT: &str = "Expert GPU kernel options";
+
+/// `--gpu-gdn`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnArg {
+    Tc,
+    TcNoLeaf,
+    Simt,
+}
+
+/// `--gpu-attention`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnArg {
+    Tc,
+    Tiled,
 }
 
 impl CudaArgs {
-    pub fn options(&self) -> Result<onepass_cuda_engine::CudaOptions> {
-        use onepass_cuda::{Precision, SplitGemms, TcArith};
+    pub fn options(&self) -> Result<onepass_cuda::CudaOptions> {
+        use onepass_cuda::{AttnKernels, GdnKernels, Precision, SplitGemms, TcArith};
         let precision = match self.gpu_precision.as_str() {
             "split" => Precision::Bf16Split,
             "bf16" => Precision::Bf16,
             "f32" => Precision::F32,
             other => bail!("--gpu-precision {other:?}: expected split, bf16 or f32"),
         };
-        let kernels = crate::flag_or_env(self.gpu_kernels.clone(), "ONEPASS_TC")
-            .map(|spec| TcArith::parse(&spec))
+        let kernels = self
+            .gpu_kernels
+            .as_deref()
+            .map(TcArith::parse)
             .transpose()
-            .map_err(|e| anyhow::anyhow!("--gpu-kernels / ONEPASS_TC {e}"))?;
-        let split_gemms = crate::flag_or_env(self.gpu_split_gemms.clone(), "ONEPASS_SPLIT_GEMMS")
-            .map(|spec| SplitGemms::parse(&spec))
+            .map_err(|e| anyhow::anyhow!("--gpu-kernels {e}"))?;
+        let split_gemms = self
+            .gpu_split_gemms
+            .as_deref()
+            .map(SplitGemms::parse)
             .transpose()
-            .map_err(|e| anyhow::anyhow!("--gpu-split-gemms / ONEPASS_SPLIT_GEMMS {e}"))?;
+            .map_err(|e| anyhow::anyhow!("--gpu-split-gemms {e}"))?;
         if split_gemms.is_some() && precision != Precision::Bf16Split {
             bail!(
-                "--gpu-split-gemms / ONEPASS_SPLIT_GEMMS applies to --gpu-precision split, not {}",
+                "--gpu-split-gemms applies to --gpu-precision split, not {}",
                 self.gpu_precision
             );
         }
-        Ok(onepass_cuda_engine::CudaOptions {
+        Ok(onepass_cuda::CudaOptions {
             device: 0,
             precision,
             memory_budget_bytes: self.gpu_memory_mb << 20,
             kernels,
             split_gemms,
+            gdn: match self.gpu_gdn {
+                GdnArg::Tc => GdnKernels::TensorCore,
+                GdnArg::TcNoLeaf => GdnKernels::TensorCoreNoLeaf,
+                GdnArg::Simt => GdnKernels::Simt,
+            },
+            attention: if self.gpu_attention == AttnArg::Tiled {
+                AttnKernels::Tiled
+            } else {
+                AttnKernels::TensorCore
+            },
+            trees: !self.gpu_no_trees,
+            graphs: !self.gpu_no_graphs,
+            keep_freed_memory: !self.gpu_release_memory,
         })
     }
 }
@@ -382,10 +431,10 @@ pub fn plan_body<B: onepass_decide::engine::Backend>(
 /// One benchmark workload: (name, body, rows, unique tokens, mean row tokens).
 type Workload = (String, Vec<u8>, usize, usize, usize);
 
-/// The workloads of issue #4: extra Choice questions, unique tokens aimed at.
+/// The benchmark workloads: extra Choice questions, unique tokens aimed at.
 const WORKLOADS: [(usize, usize); 3] = [(0, 406), (0, 912), (3, 3672)];
 
-/// The three workloads of issue #4.
+/// The three benchmark workloads.
 fn bench_workloads<B: onepass_decide::engine::Backend>(
     e: &onepass_decide::Engine<B>,
 ) -> Result<Vec<Workload>> {
@@ -431,7 +480,7 @@ fn bench_workloads<B: onepass_decide::engine::Backend>(
     Ok(out)
 }
 
-/// `onepass bench-systemone`: the System One workloads of issue #4 through the engine, one request at a time
+/// `onepass bench-systemone`: the three System One workloads through the engine, one request at a time
 /// (p50/p95, requests/s, decisions/s), then a saturating load (many requests per `score` call, as the server's
 /// batching worker does). Prints a table on stderr and one JSON object on stdout.
 pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
@@ -638,6 +687,11 @@ mod tests {
             gpu_precision: precision.into(),
             gpu_kernels: kernels.map(str::to_string),
             gpu_split_gemms: None,
+            gpu_gdn: GdnArg::Tc,
+            gpu_attention: AttnArg::Tc,
+            gpu_no_trees: false,
+            gpu_no_graphs: false,
+            gpu_release_memory: false,
         }
     }
 
@@ -645,9 +699,8 @@ mod tests {
     fn gpu_options_parse_precision_and_kernels() {
         let o = args("bf16", None).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16);
-        if std::env::var("ONEPASS_TC").is_err() {
-            assert_eq!(o.kernels, None, "unset: the precision's default");
-        }
+        assert_eq!(o.kernels, None, "unset: the precision's default");
+        assert!(o.trees && o.graphs && o.keep_freed_memory);
         assert_eq!(o.memory_budget_bytes, 64 << 20);
         let o = args("split", Some("tf32")).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16Split);
@@ -675,6 +728,79 @@ mod tests {
         );
         let e = args("half", None).options().unwrap_err().to_string();
         assert!(e.contains("--gpu-precision \"half\""), "{e}");
+    }
+
+    /// The GPU flags' help speaks to users: no internal variables, issues or experiments; the expert kernel flags
+    /// under their own heading, the everyday ones not.
+    #[test]
+    fn gpu_flags_help_names_no_internals_and_groups_the_expert_flags() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            cuda: CudaArgs,
+        }
+        let help = Flags::command().render_long_help().to_string();
+        for word in ["ONEPASS_", "issue", "ship bar", "run s"] {
+            assert!(!help.contains(word), "{word:?} in the help:\n{help}");
+        }
+        let (everyday, expert) = help
+            .split_once(&format!("{EXPERT}:"))
+            .unwrap_or_else(|| panic!("no {EXPERT:?} heading:\n{help}"));
+        assert!(everyday.contains("--gpu-precision") && everyday.contains("--gpu-memory-mb"));
+        for flag in [
+            "--gpu-kernels",
+            "--gpu-split-gemms",
+            "--gpu-gdn",
+            "--gpu-attention",
+            "--gpu-no-trees",
+            "--gpu-no-graphs",
+            "--gpu-release-memory",
+        ] {
+            assert!(
+                expert.contains(flag) && !everyday.contains(flag),
+                "{flag}:\n{help}"
+            );
+        }
+    }
+
+    #[test]
+    fn gpu_switches_map_to_options() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            cuda: CudaArgs,
+        }
+        let o = Flags::try_parse_from([
+            "t",
+            "--gpu-gdn",
+            "simt",
+            "--gpu-attention",
+            "tiled",
+            "--gpu-no-trees",
+            "--gpu-no-graphs",
+            "--gpu-release-memory",
+        ])
+        .unwrap()
+        .cuda
+        .options()
+        .unwrap();
+        assert_eq!(o.gdn, onepass_cuda::GdnKernels::Simt);
+        assert_eq!(o.attention, onepass_cuda::AttnKernels::Tiled);
+        assert!(!o.trees && !o.graphs && !o.keep_freed_memory);
+        let o = Flags::try_parse_from(["t", "--gpu-gdn", "tc-no-leaf"])
+            .unwrap()
+            .cuda
+            .options()
+            .unwrap();
+        assert_eq!(o.gdn, onepass_cuda::GdnKernels::TensorCoreNoLeaf);
+        assert_eq!(o.attention, onepass_cuda::AttnKernels::TensorCore);
+        let e = Flags::try_parse_from(["t", "--gpu-gdn", "wy"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("tc-no-leaf") && e.contains("simt"), "{e}");
     }
 
     #[test]

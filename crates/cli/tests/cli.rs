@@ -389,7 +389,6 @@ fn a_request_file_that_is_not_a_request_is_named() {
 /// `onepass --help` and every subcommand's `--help` speak to users: no issue numbers, run names, internal
 /// environment switches or reference-document citations, and `--model` is described wherever it is taken.
 #[test]
-#[ignore = "until the GPU flags' help (device.rs) is rewritten in user words; then run by default"]
 fn help_text_is_in_user_words() {
     let help = |args: &[&str]| {
         let out = onepass().args(args).output().expect("run");

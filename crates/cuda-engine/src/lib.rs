@@ -15,40 +15,11 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use onepass_cuda::{
-    CudaError, CudaHidden, CudaModel, CudaState, Gpu, Precision, SplitGemms, TcArith,
-};
+pub use onepass_cuda::CudaOptions;
+use onepass_cuda::{CudaError, CudaHidden, CudaModel, CudaState, Precision, SplitGemms};
 use onepass_decide::engine::Backend;
 use onepass_decide::{Engine, EngineError, EngineOptions};
 use onepass_model::Model;
-
-/// How the GPU engine is set up.
-#[derive(Clone, Debug)]
-pub struct CudaOptions {
-    /// Device ordinal.
-    pub device: usize,
-    pub precision: Precision,
-    /// Bytes of sequence state and forward scratch alive at once on the device (0: no cap).
-    pub memory_budget_bytes: usize,
-    /// How the tensor-core kernels multiply (`None`: `ONEPASS_TC`, else the precision's default,
-    /// [`onepass_cuda::TcArith::for_precision`]).
-    pub kernels: Option<TcArith>,
-    /// Split precision: the projections that multiply both bf16 planes of their input (`None`: the default,
-    /// [`SplitGemms::default`]).
-    pub split_gemms: Option<SplitGemms>,
-}
-
-impl Default for CudaOptions {
-    fn default() -> Self {
-        CudaOptions {
-            device: 0,
-            precision: Precision::default(),
-            memory_budget_bytes: 16 << 30,
-            kernels: None,
-            split_gemms: None,
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaEngineError {
@@ -68,15 +39,7 @@ pub struct CudaBackend {
 impl CudaBackend {
     /// Uploads a loaded CPU model (which may be dropped afterwards).
     pub fn new(m: &Model, o: &CudaOptions) -> Result<Self, CudaError> {
-        let gpu = Gpu::new(o.device)?;
-        let model = CudaModel::with_precision(m, gpu, o.precision)?;
-        model.set_memory_budget(o.memory_budget_bytes);
-        if let Some(t) = o.kernels {
-            model.set_tc_arith(t);
-        }
-        if let Some(s) = o.split_gemms {
-            model.set_split_gemms(s);
-        }
+        let model = CudaModel::load(m, o)?;
         Ok(CudaBackend {
             model,
             lock: Mutex::new(()),

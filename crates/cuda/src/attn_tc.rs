@@ -13,7 +13,7 @@
 //! attention_tiled → 3xTF32 / 1xTF32 / bf16x3 / bf16: 175-token prefix 98 → 48 / 45 / 48 / 46; 7 × 33 over a 175
 //! base 121 → 40 / 35 / 40 / 38; 3,400-token prefix 4,903 → 1,030 / 584 / 782 / 618; 10 × 30 over a 3,400 base
 //! 1,643 → 280 / 175 / 231 / 184. Nsight Compute on the bf16x3 kernel before its copies were made division- and
-//! branch-free (data/2026-11-30-run-s9-ncu-attention_bf-before.txt): 12.5% occupancy (two blocks of 4 warps per
+//! branch-free (docs/benchmarks/history/data/2026-11-30-run-s9-ncu-attention_bf-before.txt): 12.5% occupancy (two blocks of 4 warps per
 //! multiprocessor, registers and shared memory both limit it), an issue slot used 47% of cycles, about 1,800
 //! instructions per warp and 16-key tile (1xbf16). Since then the main loop's disassembly counts about 750 (static,
 //! `tools/cuda/ptx-check.py --sass attention_bf1`); the faster kernels were not profiled again.

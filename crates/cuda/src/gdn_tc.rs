@@ -242,7 +242,7 @@ pub fn gdn_tc_leaf(
 /// The chunked gated delta rule on tensor cores: [`crate::gdn_prep_tc::gdn_tc_prep`] (or [`ops::gdn_wy_prep`] for
 /// dims it does not take) + [`gdn_tc_state`] (slice from [`gdn_tc_slice`]); same arguments and results as
 /// [`ops::gdn_chunked_wy`], into which it falls back for dims the tensor-core state pass does not take (DK > 128).
-/// The forward's path (`CudaModel`, unless `ONEPASS_GDN=wy`).
+/// The forward's path (`CudaModel`, unless `GdnKernels::Simt`).
 ///
 /// `st` ([`SegStates`]): segments `st.roots..nseg` may continue others of the batch (`CudaModel::forward_tree`); the
 /// state pass then runs twice, over `0..roots` and then over the rest, which read what the first wrote (the second

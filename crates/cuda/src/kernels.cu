@@ -288,192 +288,11 @@ KERNEL(simt) void rms_norm_gated(const float* x, const float* z, int ldz, const 
     for (int c = lane + 256; c < dv; c += 32) store_act(out, o + c, row[c] * inv * w[c] * silu_f(zr[c]), mode);
 }
 
-// L2-normalises q and k heads of the conv output in place (q also times `scale`).
-// xc: [N, cd] with q heads at 0, k heads at hk*dk. grid (N, 2*hk).
-KERNEL(simt) void qk_l2norm(float* xc, int cd, int hk, int dk, float scale) {
-    int n = blockIdx.x, j = blockIdx.y;
-    float* row = xc + (idx_t)n * cd + j * dk;  // q heads then k heads are contiguous
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < dk; c += blockDim.x) s += row[c] * row[c];
-    s = block_sum(s);
-    float inv = 1.0f / sqrtf(s + 1e-6f);
-    if (j < hk) inv *= scale;
-    for (int c = threadIdx.x; c < dk; c += blockDim.x) row[c] *= inv;
-}
-
-// g = neg_a * softplus(a + dt_bias), beta = sigmoid(b); a, b in the projection rows.
-// proj: [N, ld]; g, beta: [N, HV]. One thread per (n, h).
-KERNEL(simt) void gdn_gates(const float* proj, int ld, int off_a, int off_b, const float* neg_a,
-                            const float* dt_bias, int hv, int rows, float* g, float* beta) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * hv) return;
-    int n = i / hv, h = i % hv;
-    float a = proj[(idx_t)n * ld + off_a + h] + dt_bias[h];
-    float sp = a > 20.0f ? a : log1pf(expf(a));
-    g[i] = neg_a[h] * sp;
-    beta[i] = sigmoid_f(proj[(idx_t)n * ld + off_b + h]);
-}
-
-// Depthwise causal conv1d + SiLU per segment, continuing the segment's conv state.
-// x: [N, ld] (channels 0..cd); out: [N, cd]; w: [cd, K] (K <= 8); states[s]: [K-1, cd] oldest first.
-// grid (ceil(cd/blockDim), nseg).
-KERNEL(simt) void conv1d_silu(const float* x, int ld, float* out, const float* w, int K, int cd,
-                              const int* seg, const u64* states) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
-    if (c >= cd) return;
-    int start = seg[3 * s], len = seg[3 * s + 1];
-    float* st = (float*)states[s];
-    float h[8], wk[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        h[j] = (j < K - 1) ? st[(idx_t)j * cd + c] : 0.0f;
-        wk[j] = (j < K) ? w[c * K + j] : 0.0f;
-    }
-    for (int t = 0; t < len; t++) {
-        float xt = x[(idx_t)(start + t) * ld + c];
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 7; j++) if (j < K - 1) acc += wk[j] * h[j];
-        // the newest input meets the last tap
-#pragma unroll
-        for (int j = 0; j < 8; j++) if (j == K - 1) acc += wk[j] * xt;
-        out[(idx_t)(start + t) * cd + c] = silu_f(acc);
-#pragma unroll
-        for (int j = 0; j < 7; j++) if (j < K - 2) h[j] = h[j + 1];
-#pragma unroll
-        for (int j = 0; j < 7; j++) if (j == K - 2) h[j] = xt;
-    }
-#pragma unroll
-    for (int j = 0; j < 7; j++) if (j < K - 1) st[(idx_t)j * cd + c] = h[j];
-}
-
-// Chunked gated delta rule, one block per (value head, segment, slice of DVS value columns): the
-// columns of the state are independent, so each block holds S[:, j0:j0+w] (f32, shared memory) for
-// the whole segment and recomputes the chunk's A and M. Per chunk of n <= C tokens with cumulative
-// log decay gam:
-//   A_ij = b_i (k_i.k_j) e^(gam_i - gam_j) (j < i),  M_ij = (q_i.k_j) e^(gam_i - gam_j) (j <= i)
-//   r_i  = b_i (v_i - e^gam_i k_i S);   solve (I + A) v' = r by forward substitution (per column)
-//   o_i  = e^gam_i q_i S + sum_j M_ij v'_j;   S <- e^gam_n S + sum_i e^(gam_n - gam_i) k_i (x) v'_i
-// qkv: [N, ld] (q heads at 0, k at hk*dk, v at 2*hk*dk; q, k normalised); g, beta: [N, HV];
-// out: [N, HV, DV]; states[s]: [HV, DK, DV]. grid (hv, nseg, ceil(dv/dvs)); dynamic shared memory
-// (see ops::gdn_chunked_smem). Q and K rows are padded to dk+1 floats (no bank conflicts in A, M).
-KERNEL(simt) void gdn_chunked(const float* qkv, int ld, const float* g, const float* beta, float* out,
-                              const int* seg, const u64* states, int hk, int hv, int dk, int dv, int C,
-                              int dvs) {
-    extern __shared__ float sm[];
-    int lk = dk + 1;
-    float* S = sm;                 // [dk, dvs]
-    float* Q = S + dk * dvs;       // [C, dk+1]
-    float* Kc = Q + C * lk;        // [C, dk+1]
-    float* A = Kc + C * lk;        // [C, C]
-    float* M = A + C * C;          // [C, C]
-    float* V = M + C * C;          // [C, dvs]
-    float* gam = V + C * dvs;      // [C]
-    float* bet = gam + C;          // [C]
-    float* eg = bet + C;           // [C] e^gam
-    float* ed = eg + C;            // [C] e^(gam_n - gam)
-    int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
-    int j0 = blockIdx.z * dvs, w = min(dvs, dv - j0);
-    int start = seg[3 * s], len = seg[3 * s + 1];
-    int kh = h / (hv / hk);
-    float* Sg = (float*)states[s] + (idx_t)h * dk * dv;
-    for (int i = tid; i < dk * w; i += nt) S[i] = Sg[(i / w) * dv + j0 + i % w];
-    for (int c0 = 0; c0 < len; c0 += C) {
-        int n = min(C, len - c0);
-        __syncthreads();
-        for (int i = tid; i < n * dk; i += nt) {
-            int t = i / dk, c = i % dk;
-            const float* row = qkv + (idx_t)(start + c0 + t) * ld;
-            Q[t * lk + c] = row[kh * dk + c];
-            Kc[t * lk + c] = row[hk * dk + kh * dk + c];
-        }
-        for (int i = tid; i < n * w; i += nt) {
-            int t = i / w, j = i % w;
-            V[i] = qkv[(idx_t)(start + c0 + t) * ld + 2 * hk * dk + h * dv + j0 + j];
-        }
-        // Cumulative log decay: thread t sums g_0..g_t in order (the CPU's order), all t at once (n <= nt).
-        for (int t = tid; t < n; t += nt) {
-            idx_t r = (idx_t)(start + c0 + t) * hv + h;
-            ed[t] = g[r];
-            bet[t] = beta[r];
-        }
-        __syncthreads();
-        if (tid < n) {
-            float acc = 0.0f;
-            for (int t = 0; t <= tid; t++) acc += ed[t];
-            gam[tid] = acc;
-        }
-        __syncthreads();
-        if (tid < n) {
-            eg[tid] = expf(gam[tid]);
-            ed[tid] = expf(gam[n - 1] - gam[tid]);
-        }
-        __syncthreads();
-        for (int i = tid; i < n * n; i += nt) {
-            int a = i / n, b = i % n;
-            float av = 0.0f, mv = 0.0f;
-            if (b <= a) {
-                float kk = 0.0f, qk = 0.0f;
-                for (int c = 0; c < dk; c++) {
-                    float kb = Kc[b * lk + c];
-                    kk += Kc[a * lk + c] * kb;
-                    qk += Q[a * lk + c] * kb;
-                }
-                float d = expf(gam[a] - gam[b]);
-                if (b < a) av = bet[a] * kk * d;
-                mv = qk * d;
-            }
-            A[i] = av;
-            M[i] = mv;
-        }
-        for (int i = tid; i < n * w; i += nt) {
-            int t = i / w, j = i % w;
-            float ks = 0.0f;
-            for (int c = 0; c < dk; c++) ks += Kc[t * lk + c] * S[c * w + j];
-            V[i] = bet[t] * (V[i] - eg[t] * ks);
-        }
-        __syncthreads();
-        // Forward substitution, 8 lanes per value column (each sums every 8th term, then a shuffle reduction).
-        {
-            int sub = tid & 7;
-            unsigned mask = 0xffu << (tid & 24);
-            for (int j = tid >> 3; j < w; j += nt >> 3) {
-                for (int a = 1; a < n; a++) {
-                    float part = 0.0f;
-                    for (int b = sub; b < a; b += 8) part += A[a * n + b] * V[b * w + j];
-                    part += __shfl_xor_sync(mask, part, 1);
-                    part += __shfl_xor_sync(mask, part, 2);
-                    part += __shfl_xor_sync(mask, part, 4);
-                    if (sub == 0) V[a * w + j] -= part;
-                    __syncwarp(mask);
-                }
-            }
-        }
-        __syncthreads();
-        for (int i = tid; i < n * w; i += nt) {
-            int t = i / w, j = i % w;
-            float qs = 0.0f;
-            for (int c = 0; c < dk; c++) qs += Q[t * lk + c] * S[c * w + j];
-            float o = eg[t] * qs;
-            for (int b = 0; b <= t; b++) o += M[t * n + b] * V[b * w + j];
-            out[((idx_t)(start + c0 + t) * hv + h) * dv + j0 + j] = o;
-        }
-        __syncthreads();
-        float el = eg[n - 1];
-        for (int i = tid; i < dk * w; i += nt) {
-            int c = i / w, j = i % w;
-            float acc = el * S[i];
-            for (int t = 0; t < n; t++) acc += Kc[t * lk + c] * ed[t] * V[t * w + j];
-            S[i] = acc;
-        }
-    }
-    __syncthreads();
-    for (int i = tid; i < dk * w; i += nt) Sg[(i / w) * dv + j0 + i % w] = S[i];
-}
-
 // Chunked gated delta rule in the WY form, in two launches: a parallel pre-pass over every chunk of every
 // (segment, value head), then a state pass per (value head, segment, slice of value columns) that only carries S.
-// Per chunk of n <= GDN_C tokens (gam, A, M as in gdn_chunked), with T = (I + A)^-1:
+// Per chunk of n <= GDN_C tokens with cumulative log decay gam,
+//   A_ij = b_i (k_i.k_j) e^(gam_i - gam_j) (j < i),  M_ij = (q_i.k_j) e^(gam_i - gam_j) (j <= i),
+// and T = (I + A)^-1:
 //   U = T diag(b) V,  W = T diag(b e^gam) K      (so the chunk's v' = U - W S)
 //   o_t = e^gam_t q_t S + sum_{b<=t} M_tb v'_b,  S <- e^gam_last S + sum_t e^(gam_last - gam_t) k_t (x) v'_t
 // Scratch, indexed by stacked token row r and value head h: U [N, HV, DV], W [N, HV, DK], M [N, HV, GDN_C]
@@ -560,7 +379,7 @@ KERNEL(gdn_wy_prep) void __launch_bounds__(256) gdn_wy_prep(const float* __restr
         bet[t] = bv;
     }
     __syncthreads();
-    // Cumulative log decay: thread t sums g_0..g_t in order (the CPU's and gdn_chunked's order).
+    // Cumulative log decay: thread t sums g_0..g_t in order (the CPU's order).
     float cum = 0.0f;
     if (tid < GDN_C)
         for (int t = 0; t <= tid; t++) cum += gam[t];
@@ -924,73 +743,8 @@ KERNEL(simt) void attn_prep(const float* proj, int ld, const float* qn, const fl
     }
 }
 
-// Causal attention over the segment's KV cache (row n at position p sees keys 0..=p; KV table as in
-// attn_prep), grouped KV heads, online softmax; the output times sigmoid(gate) is stored as `store_act` with `mode`
-// for o_proj. One warp per (row, head), keys processed 32 at a time (one key per lane for the scores,
-// then the warp accumulates the values): grid (ceil(N/4), H), block 128. q: [N, H, D]; out: [N, H*D]; D <= 512.
-KERNEL(simt) void attention(const float* q, const float* proj, int ld, const int* tok, const u64* kv,
-                            int N, int H, int HKV, int D, float scale, void* out, int mode) {
-    __shared__ float ps[4][32];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * 4 + warp, h = blockIdx.y;
-    if (n >= N) return;
-    int s = tok[2 * n], pos = tok[2 * n + 1];
-    int kh = h / (H / HKV);
-    const u64* kvs = kv + KV_ENTRIES * s;
-    int base = (int)kvs[4];
-    const float* qr = q + ((idx_t)n * H + h) * D;
-    float acc[16];
-#pragma unroll
-    for (int r = 0; r < 16; r++) acc[r] = 0.0f;
-    float m = __int_as_float(0xff800000), l = 0.0f;  // -inf
-    for (int k0 = 0; k0 <= pos; k0 += 32) {
-        int key = k0 + lane;
-        float d = __int_as_float(0xff800000);
-        if (key <= pos) {
-            const float* kr = key < base ? (const float*)kvs[2] + ((idx_t)key * HKV + kh) * D
-                                         : (const float*)kvs[0] + ((idx_t)(key - base) * HKV + kh) * D;
-            float a = 0.0f;
-            for (int c = 0; c < D; c += 4) {
-                float4 kv4 = *(const float4*)(kr + c);
-                float4 q4 = *(const float4*)(qr + c);
-                a += kv4.x * q4.x + kv4.y * q4.y + kv4.z * q4.z + kv4.w * q4.w;
-            }
-            d = a * scale;
-        }
-        float mx = d;
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        float mn = fmaxf(m, mx);
-        float corr = expf(m - mn);
-        float p = key <= pos ? expf(d - mn) : 0.0f;
-        l = l * corr + warp_sum(p);
-        ps[warp][lane] = p;
-        __syncwarp();
-#pragma unroll
-        for (int r = 0; r < 16; r++) acc[r] *= corr;
-        int cnt = min(32, pos + 1 - k0);
-        for (int i = 0; i < cnt; i++) {
-            int kk = k0 + i;
-            const float* vr = kk < base ? (const float*)kvs[3] + ((idx_t)kk * HKV + kh) * D
-                                        : (const float*)kvs[1] + ((idx_t)(kk - base) * HKV + kh) * D;
-            float pi = ps[warp][i];
-#pragma unroll
-            for (int r = 0; r < 16; r++) {
-                int c = lane + 32 * r;
-                if (c < D) acc[r] += pi * vr[c];
-            }
-        }
-        __syncwarp();
-        m = mn;
-    }
-    const float* gate = proj + (idx_t)n * ld + h * 2 * D + D;
-#pragma unroll
-    for (int r = 0; r < 16; r++) {
-        int c = lane + 32 * r;
-        if (c < D) store_act(out, (idx_t)n * H * D + h * D + c, acc[r] / l * sigmoid_f(gate[c]), mode);
-    }
-}
-
-// Tiled causal attention (the fast twin of `attention`, same result): one block per (tile of ATT_Q query rows
+// Tiled causal attention (the SIMT twin of attention_tc, for head dims it does not take; online softmax, grouped KV
+// heads, the output times sigmoid(gate) stored as `store_act` with `mode` for o_proj): one block per (tile of ATT_Q query rows
 // of one segment, head); keys and values come through shared memory ATT_K at a time and serve every query of
 // the tile. Scores are 2x2 register tiles per thread, the online softmax is one warp per query row, and the
 // output tile [ATT_Q, D] stays in registers (thread owns 8 rows x D/64 columns). q: [N, H, D]; seg: [S, 3];
@@ -1179,12 +933,6 @@ KERNEL(simt) void swiglu(const float* __restrict__ gu, int inter, int rows, void
             store_act(out, o, silu_f(r[0]) * r[inter], mode);
         }
     }
-}
-
-// x += y (n values).
-KERNEL(simt) void add_inplace(float* x, const float* y, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] += y[i];
 }
 
 // f32 to bf16 (n values).

@@ -17,11 +17,13 @@ pub mod gdn_tc;
 pub mod gemm;
 pub mod model;
 pub mod ops;
+pub mod options;
 pub mod runtime;
 
 pub use model::{
     CudaHidden, CudaModel, CudaState, Precision, Projection, SplitGemms, SplitGemmsError,
 };
+pub use options::{AttnKernels, CudaOptions, GdnKernels};
 pub use runtime::{Arith, AttnArith, Gpu, TcArith, TcArithError};
 
 /// Errors of the CUDA backend. Messages name the op, library or shape at fault.

@@ -106,37 +106,6 @@ pub fn rms_norm_gated(
         x, z, ldz as i32, w, eps, hv as i32, dv as i32, o, mode, rows as i32)
 }
 
-/// L2-normalises the q and k heads of xc [N, cd] in place (q times `scale`).
-pub fn qk_l2norm(
-    g: &Gpu,
-    xc: u64,
-    n: usize,
-    cd: usize,
-    hk: usize,
-    dk: usize,
-    scale: f32,
-) -> Result<(), CudaError> {
-    launch!(g, g.k.qk_l2norm, cfg((n as u32, (2 * hk) as u32), 128, 0); xc, cd as i32, hk as i32, dk as i32, scale)
-}
-
-/// g = neg_a * softplus(a + dt_bias), beta = sigmoid(b); a, b at columns off_a, off_b of proj [N, ld].
-pub fn gdn_gates(
-    g: &Gpu,
-    proj: u64,
-    ld: usize,
-    off_a: usize,
-    off_b: usize,
-    neg_a: u64,
-    dt_bias: u64,
-    hv: usize,
-    n: usize,
-    gout: u64,
-    beta: u64,
-) -> Result<(), CudaError> {
-    launch!(g, g.k.gdn_gates, cfg((blocks(n * hv, 256), 1), 256, 0);
-        proj, ld as i32, off_a as i32, off_b as i32, neg_a, dt_bias, hv as i32, n as i32, gout, beta)
-}
-
 /// The conv kernels keep the K-1 previous inputs in registers: K in 2..=8.
 fn check_conv_kernel(kernel: usize) -> Result<(), CudaError> {
     if (2..=8).contains(&kernel) {
@@ -148,25 +117,6 @@ fn check_conv_kernel(kernel: usize) -> Result<(), CudaError> {
     }
 }
 
-/// Causal depthwise conv + SiLU per segment. x: [N, ld] (channels 0..cd); out: [N, cd]; w: [cd, K];
-/// segs: [S, 3] i32; states: [S] addresses of [K-1, cd] f32.
-pub fn conv1d_silu(
-    g: &Gpu,
-    x: u64,
-    ld: usize,
-    out: u64,
-    w: u64,
-    kernel: usize,
-    cd: usize,
-    segs: u64,
-    states: u64,
-    nseg: usize,
-) -> Result<(), CudaError> {
-    check_conv_kernel(kernel)?;
-    launch!(g, g.k.conv1d_silu, cfg((blocks(cd, 128), nseg as u32), 128, 0);
-        x, ld as i32, out, w, kernel as i32, cd as i32, segs, states)
-}
-
 /// Shape of the gated-delta ops.
 #[derive(Clone, Copy, Debug)]
 pub struct GdnDims {
@@ -174,51 +124,6 @@ pub struct GdnDims {
     pub hv: usize,
     pub dk: usize,
     pub dv: usize,
-}
-
-/// Value columns per block of [`gdn_chunked`] (the state's columns are independent; more blocks
-/// per head fill more multiprocessors).
-pub const GDN_DV_SLICE: usize = 32;
-
-/// Shared memory of [`gdn_chunked`] for chunk `c` and `dvs` value columns per block.
-pub fn gdn_chunked_smem(d: GdnDims, c: usize, dvs: usize) -> usize {
-    4 * (d.dk * dvs + 2 * c * (d.dk + 1) + 2 * c * c + c * dvs + 4 * c)
-}
-
-/// Chunked gated delta rule per (value head, segment). qkv: [N, ld]; g, beta: [N, HV]; out: [N, HV, DV];
-/// states: [S] addresses of [HV, DK, DV] f32.
-pub fn gdn_chunked(
-    g: &Gpu,
-    qkv: u64,
-    ld: usize,
-    gg: u64,
-    beta: u64,
-    out: u64,
-    segs: u64,
-    states: u64,
-    nseg: usize,
-    d: GdnDims,
-    chunk: usize,
-) -> Result<(), CudaError> {
-    let dvs = GDN_DV_SLICE.min(d.dv);
-    let mut c = chunk;
-    while c > 1 && gdn_chunked_smem(d, c, dvs) > g.max_smem {
-        c /= 2;
-    }
-    let smem = gdn_chunked_smem(d, c, dvs);
-    if smem > g.max_smem {
-        return Err(CudaError::Unsupported(format!(
-            "gated delta state {}x{} does not fit in shared memory",
-            d.dk, d.dv
-        )));
-    }
-    let lc = cfg3(
-        (d.hv as u32, nseg as u32, blocks(d.dv, dvs)),
-        256,
-        smem as u32,
-    );
-    launch!(g, g.k.gdn_chunked, lc;
-        qkv, ld as i32, gg, beta, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, c as i32, dvs as i32)
 }
 
 /// Chunk length of the WY-form gated delta rule ([`gdn_chunked_wy`]; `GDN_C` in kernels.cu).
@@ -239,7 +144,7 @@ fn gdn_wy_smem(d: GdnDims, dvs: usize) -> (usize, usize) {
     )
 }
 
-/// Chunked gated delta rule in the WY form (the fast twin of [`gdn_chunked`], same arguments and results):
+/// Chunked gated delta rule in the WY form (f32 SIMT; the twin of `gdn_tc::gdn_tc_chunked`):
 /// a pre-pass over every chunk of every (segment, value head) at once (decays, K·Kᵀ, Q·Kᵀ, the triangular
 /// solve for U and W), then a state pass per (value head, segment, slice of value columns) that carries S
 /// through the chunks in order. `rows`: N (stacked rows); `max_len`: the longest segment; `scratch`: room
@@ -353,8 +258,8 @@ pub fn gdn_wy_state(
 /// Token rows per warp of `gdn_conv_prep_run` (`CONV_RUN` in fused.cu).
 const CONV_RUN: usize = 4;
 
-/// The Gated DeltaNet mixer inputs, parallel over tokens (the fast twin of [`conv1d_silu`] + [`qk_l2norm`] +
-/// [`gdn_gates`]): conv1d + SiLU of channels 0..cd of x [N, ld] into out [N, cd] (the K-1 inputs before a
+/// The Gated DeltaNet mixer inputs, parallel over tokens (tests hold it to the CPU's causal conv1d,
+/// L2 norm and gates): conv1d + SiLU of channels 0..cd of x [N, ld] into out [N, cd] (the K-1 inputs before a
 /// segment from its conv state), q/k heads L2-normalised (q times `scale`), gates from columns off_a, off_b
 /// into gout, beta [N, HV]; then each segment's conv state advanced. tok: [N, 2]; segs: [S, 3];
 /// states: [S] addresses of [K-1, cd] f32; par: 0, or [S] i32: a segment with `par[s] >= 0` continues segment
@@ -425,7 +330,7 @@ pub struct AttnDims {
     pub half: usize,
 }
 
-/// Addresses per segment in the KV table of [`attn_prep`] and [`attention`]: own k, own v (caches
+/// Addresses per segment in the KV table of [`attn_prep`] and the attention kernels: own k, own v (caches
 /// [cap, HKV, D] f32), base k, base v (the read-only cache of the state this one was forked from), base
 /// length (positions below it are read from the base, the rest from own rows `pos - base`).
 pub const KV_ENTRIES: usize = 5;
@@ -456,37 +361,14 @@ pub fn attn_prep(
         proj, ld as i32, qn, kn, eps, inv_freq, a.half as i32, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, tok, kv, q_out)
 }
 
-/// Causal attention over the caches, times sigmoid(gate) (gate at h*2D + D of proj rows) → out [N, H*D].
-pub fn attention(
-    g: &Gpu,
-    q: u64,
-    proj: u64,
-    ld: usize,
-    tok: u64,
-    kv: u64,
-    n: usize,
-    a: AttnDims,
-    scale: f32,
-    out: Out,
-) -> Result<(), CudaError> {
-    if a.head_dim > 512 || !a.head_dim.is_multiple_of(4) {
-        return Err(CudaError::Unsupported(format!(
-            "head_dim {} (a multiple of 4, at most 512)",
-            a.head_dim
-        )));
-    }
-    let (o, mode) = out.parts();
-    launch!(g, g.k.attention, cfg((blocks(n, 4), a.heads as u32), 128, 0);
-        q, proj, ld as i32, tok, kv, n as i32, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, mode)
-}
-
 /// Query rows and keys per tile of [`attention_tiled`] (`ATT_Q`, `ATT_K` in kernels.cu).
 const ATT_Q: usize = 32;
 const ATT_K: usize = 32;
 
-/// Tiled causal attention (the fast twin of [`attention`], same result): per (tile of 32 query rows of a
-/// segment, head), keys and values through shared memory 32 at a time. segs: [S, 3] i32; `max_len`: the
-/// longest segment; the rest as in [`attention`].
+/// Tiled causal attention over the caches, times sigmoid(gate) (gate at h*2D + D of proj rows) → out [N, H*D]
+/// (f32 SIMT; the twin of `attn_tc::attention_tc`, and the path for head dims it does not take): per (tile of 32
+/// query rows of a segment, head), keys and values through shared memory 32 at a time. q: [N, H, D]; segs: [S, 3]
+/// i32; kv: the KV table of [`attn_prep`]; `max_len`: the longest segment.
 pub fn attention_tiled(
     g: &Gpu,
     q: u64,
@@ -536,11 +418,6 @@ fn swiglu_cfg(gu: u64, inter: usize, n: usize, o: u64, mode: i32) -> (LaunchConf
     let per = if vec { inter / 4 } else { inter };
     let lc = cfg((blocks(per, 256), n.clamp(1, 65535) as u32), 256, 0);
     (lc, vec)
-}
-
-/// x += y.
-pub fn add_inplace(g: &Gpu, x: u64, y: u64, n: usize) -> Result<(), CudaError> {
-    launch!(g, g.k.add_inplace, cfg((blocks(n, 256), 1), 256, 0); x, y, n as i32)
 }
 
 /// f32 → bf16.

@@ -39,17 +39,11 @@ pub struct Kernels {
     pub embed_gather: CudaFunction,
     pub rms_norm: CudaFunction,
     pub rms_norm_gated: CudaFunction,
-    pub qk_l2norm: CudaFunction,
-    pub gdn_gates: CudaFunction,
-    pub conv1d_silu: CudaFunction,
-    pub gdn_chunked: CudaFunction,
     pub gdn_conv_prep: CudaFunction,
     pub gdn_conv_state: CudaFunction,
     pub gdn_step: CudaFunction,
     pub attn_prep: CudaFunction,
-    pub attention: CudaFunction,
     pub swiglu: CudaFunction,
-    pub add_inplace: CudaFunction,
     pub to_bf16: CudaFunction,
     pub rows_dot: CudaFunction,
     // fused.cu
@@ -67,8 +61,8 @@ pub struct Kernels {
     pub attention_tc_combine: CudaFunction,
 }
 
-/// The f32 SIMT kernels that only fallbacks and tests run (ONEPASS_GDN=wy, ONEPASS_ATTN=tiled, attention head dims
-/// the tensor-core kernels do not take): compiled and loaded on first use ([`Gpu::fallbacks`]), so that a first
+/// The f32 SIMT kernels that only fallbacks and tests run (`GdnKernels::Simt`, `AttnKernels::Tiled`, attention
+/// head dims the tensor-core kernels do not take): compiled and loaded on first use ([`Gpu::fallbacks`]), so that a first
 /// load compiles only what the default path runs (they are the slowest to compile: [`PROGRAMS`]).
 pub struct Fallbacks {
     pub gdn_wy_prep: CudaFunction,
@@ -156,7 +150,7 @@ impl TcArith {
         }
     }
 
-    /// Reads `--gpu-kernels` / `ONEPASS_TC`, comma-separated items applied in order from every kernel in 3xTF32:
+    /// Reads `--gpu-kernels`, comma-separated items applied in order from every kernel in 3xTF32:
     /// `3xtf32` (or `none`) for every kernel in 3xTF32, `tf32` (or `all`) for every kernel in 1xTF32, a kernel that
     /// runs 1xTF32 (`prep`, `state`, `attn`), or attention's arithmetic by name (`attn=3xtf32`, `attn=tf32`,
     /// `attn=bf16x3`, `attn=bf16`).
@@ -220,14 +214,12 @@ pub struct Gpu {
     pub name: String,
     /// Largest dynamic shared memory one block may opt into (bytes).
     pub max_smem: usize,
-    /// Multiprocessors (grid sizing of the launchers, GEMM split-K candidates).
+    /// Multiprocessors (grid sizing of the launchers).
     pub sms: usize,
     /// Compute capability (major, minor).
     pub cc: (i32, i32),
     /// [`Gpu::fallbacks`], once loaded.
     fallbacks: std::sync::OnceLock<Fallbacks>,
-    /// GEMM path, cuBLASLt handle and workspace (made at first use), tuned algorithms ([`crate::gemm`]).
-    pub(crate) gemm_state: crate::gemm::GemmState,
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -544,12 +536,12 @@ fn per_slice<const N: usize>(
 /// memory back to the driver at every synchronisation: its release threshold, 0 by default, raised to the maximum.
 /// A request allocates its states and per-call buffers and frees them after its readout, which synchronises; with
 /// the default threshold the next request maps that memory anew. The pool then holds up to the high-water mark of
-/// what the process had allocated (as PyTorch's caching allocator does); ONEPASS_CUDA_POOL=release keeps the driver's
-/// default. Measured against `release` in one device session (run s12b, the first workload, one request at a time,
+/// what the process had allocated (as PyTorch's caching allocator does); `Gpu::open(_, false)` (`--gpu-release-memory`)
+/// keeps the driver's default. Measured against `release` in one device session (run s12b, the first workload, one request at a time,
 /// one process each): p50 4.88 ms kept against 4.53 released, inside the spread of that
 /// session (4.53 to 4.98 ms across its runs); no gain was shown.
 fn keep_pool(ctx: &Arc<CudaContext>) {
-    if !ctx.has_async_alloc() || std::env::var("ONEPASS_CUDA_POOL").as_deref() == Ok("release") {
+    if !ctx.has_async_alloc() {
         return;
     }
     let mut keep: u64 = u64::MAX;
@@ -571,8 +563,14 @@ fn keep_pool(ctx: &Arc<CudaContext>) {
 }
 
 impl Gpu {
-    /// Opens device `ordinal` and loads the kernels.
+    /// Opens device `ordinal` and loads the kernels; the memory pool keeps what it frees ([`Gpu::open`]).
     pub fn new(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        Self::open(ordinal, true)
+    }
+
+    /// Opens device `ordinal` and loads the kernels. `keep_freed`: the device's memory pool keeps freed memory for
+    /// the next allocation instead of handing it back to the driver at every synchronisation.
+    pub fn open(ordinal: usize, keep_freed: bool) -> Result<Arc<Gpu>, CudaError> {
         let count = crate::probe()?;
         if ordinal >= count {
             return Err(CudaError::Unavailable(format!(
@@ -582,7 +580,9 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal).op("cuCtx create")?;
         // SAFETY: every buffer and kernel of this backend uses the one stream below.
         unsafe { ctx.disable_event_tracking() };
-        keep_pool(&ctx);
+        if keep_freed {
+            keep_pool(&ctx);
+        }
         // A stream of our own: CUDA graphs cannot be captured on the legacy default stream.
         let stream = ctx.new_stream().op("create stream")?;
         let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas {
@@ -606,26 +606,15 @@ impl Gpu {
             crate::gdn_tc::GDN_TC_SLICES,
             crate::gdn_tc::GDN_TC_LEAF_SLICES,
         );
-        let k = Kernels {
-            embed_gather: f("embed_gather")?,
-            rms_norm: f("rms_norm")?,
-            rms_norm_gated: f("rms_norm_gated")?,
-            qk_l2norm: f("qk_l2norm")?,
-            gdn_gates: f("gdn_gates")?,
-            conv1d_silu: f("conv1d_silu")?,
-            gdn_chunked: big("gdn_chunked")?,
-            gdn_conv_prep: f("gdn_conv_prep")?,
-            gdn_conv_state: f("gdn_conv_state")?,
-            gdn_step: f("gdn_step")?,
-            attn_prep: f("attn_prep")?,
-            attention: f("attention")?,
-            swiglu: f("swiglu")?,
-            add_inplace: f("add_inplace")?,
-            to_bf16: f("to_bf16")?,
-            rows_dot: f("rows_dot")?,
-            add2_rms_norm: f("add2_rms_norm")?,
-            gdn_conv_prep_run: f("gdn_conv_prep_run")?,
-            spin_wait: f("spin_wait")?,
+        // The kernels loaded by their field's name, then the per-arithmetic and per-slice tables.
+        macro_rules! by_name {
+            ($($name:ident),* ; $($rest:tt)*) => {
+                Kernels { $($name: f(stringify!($name))?,)* $($rest)* }
+            };
+        }
+        let k = by_name! {
+            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, attn_prep, swiglu,
+            to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait;
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,
@@ -657,7 +646,6 @@ impl Gpu {
             sms,
             cc: (maj, min),
             fallbacks: std::sync::OnceLock::new(),
-            gemm_state: crate::gemm::GemmState::from_env(),
         }))
     }
 
@@ -788,7 +776,7 @@ impl Gpu {
     }
 
     /// `y[T, N] (row stride ldy) = x[T, K] · w[N, K]ᵀ + beta · y`, f32 output and accumulation; x has
-    /// w's dtype. bf16: tensor cores through cublasGemmEx (`ONEPASS_GEMM=lt`: cuBLASLt, autotuned per shape);
+    /// w's dtype. bf16: tensor cores through cublasGemmEx;
     /// f32: cublasGemmEx with `CUBLAS_COMPUTE_32F_PEDANTIC`, so no TF32 (the exact mode). See [`crate::gemm`].
     pub fn gemm(
         &self,
@@ -860,7 +848,7 @@ mod tests {
         }
     }
 
-    /// `--gpu-kernels` / `ONEPASS_TC`: the two names for all kernels alike, the per-kernel list (spaces allowed), and
+    /// `--gpu-kernels`: the two names for all kernels alike, the per-kernel list (spaces allowed), and
     /// a named error for anything else; the device line says which kernels run what.
     #[test]
     fn tc_arith_parses_the_kernel_specs() {

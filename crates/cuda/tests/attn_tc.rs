@@ -1,7 +1,7 @@
 //! `attention_tc` (tensor-core attention in each of its arithmetics: 3xTF32, 1xTF32, bf16x3, bf16) against the CPU
 //! reference and against its SIMT twin `ops::attention_tiled`, on the segments of the attention op test (a forked
-//! base cache included), f32 and bf16 outputs, with the launcher's key splits, none, and the most. Runs only with
-//! ONEPASS_CUDA_TESTS=1; `attention_tc_timings` (ONEPASS_CUDA_BENCH=1 too) times them on the Qwen3.5-0.8B
+//! base cache included), f32 and bf16 outputs, with the launcher's key splits, none, and the most. GPU tests:
+//! `#[ignore]`d, run with `--include-ignored` on a GPU machine; `attention_tc_timings` times them on the Qwen3.5-0.8B
 //! attention shape.
 #![allow(clippy::unwrap_used)]
 
@@ -14,10 +14,9 @@ use onepass_cuda::ops::{self, AttnDims, Out};
 use onepass_cuda::AttnArith::{self, Bf16, Bf16x3, Tf32 as TF, X3};
 
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn attention_tc_matches_cpu_and_tiled() {
-    let Some(g) = gpu("attention_tc_matches_cpu_and_tiled") else {
-        return;
-    };
+    let g = gpu();
     // Odd head dims, then the Qwen3.5 attention shape (8 heads over 2 KV heads of 256, a quarter rotated).
     for a in [ATTN_ODD, ATTN_08B] {
         attention_tc_case(&g, a);
@@ -117,17 +116,16 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
     }
 }
 
-/// Not a test: with ONEPASS_CUDA_BENCH=1 (and ONEPASS_CUDA_TESTS=1), prints µs per call of attention_tiled and
+/// Not a check (ignored like the GPU tests): prints µs per call of attention_tiled and
 /// attention_tc on the Qwen3.5-0.8B attention shape (8 heads, 2 KV heads, D 256) for the System One segment
 /// shapes: a 175-token prefix, 7 suffixes of 33 over a 175-token base, a 3,400-token prefix, 10 suffixes of 30
 /// over a 3,400-token base, and the one-forward trees of workloads 1 and 3 (a 199-token prefix with 7 suffixes of
 /// 29 over it; 3,400 with 10 of 30): attention_tc with its plan's splits (3xTF32, 1xTF32, bf16x3, bf16) and with
 /// none (3xTF32).
 #[test]
+#[ignore = "a timing table on a CUDA GPU, not a check (run with --include-ignored on a GPU machine)"]
 fn attention_tc_timings() {
-    let Some(g) = bench_gpu("attention_tc_timings") else {
-        return;
-    };
+    let g = gpu();
     let a = ATTN_08B;
     let (h, kvh, dd) = (a.heads, a.kv_heads, a.head_dim);
     let ld = h * 2 * dd + 2 * kvh * dd;

@@ -1,6 +1,6 @@
 //! The whole GPU forward against the CPU model on the synthetic presets: a prefill, a segment batch
 //! over forked prefix states (different lengths, one of a single token), a one-token decode step
-//! over every segment, and label-row readout. Runs only with ONEPASS_CUDA_TESTS=1.
+//! over every segment, and label-row readout. GPU tests: `#[ignore]`d, run with `--include-ignored` on a GPU machine.
 //!
 //! The checkpoints are written with bf16 weights (`tiny-gva` and `tiny-attn-first` are f32 presets;
 //! their bf16 twins hold the same draws rounded), so both sides use identical weights and the
@@ -12,8 +12,8 @@
 //! (2026-11-30): 1.5e-2 to 8.7e-2 (worst: tiny-attn-first, batch over forks). The 2e-2 first aimed at
 //! is not reached; every op alone matches its CPU twin to 3e-3 (bf16 outputs) or 3e-7 (f32), and a
 //! structural error (wrong offset, state or position) shows as O(1), so this bound still catches
-//! those. Separating bf16 amplification from a subtle error at the 1e-2 level (an f32-GEMM GPU
-//! mode, or a CPU twin that rounds GEMM inputs to bf16) is left to issue #4; see docs/cuda.md.
+//! those. The f32 mode separates bf16 amplification from a subtle error at the 1e-2 level:
+//! `forward_f32_mode_matches_cpu_within_1e4`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -46,10 +46,9 @@ fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn forward_matches_cpu_on_presets() {
-    let Some(g) = gpu("forward_matches_cpu_on_presets") else {
-        return;
-    };
+    let g = gpu();
     let mut fails = Vec::new();
     for preset in ["tiny-gva", "tiny-attn-first", "tiny-bf16"] {
         let (_dir, m) = load(preset, DType::BF16);
@@ -63,10 +62,9 @@ fn forward_matches_cpu_on_presets() {
 /// dtype, composite and GVA included: what is left is reduction order, so the bound is 1e-4. This is what
 /// separates bf16 rounding from a bug: a structural error fails here whatever the bf16 amplification.
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn forward_f32_mode_matches_cpu_within_1e4() {
-    let Some(g) = gpu("forward_f32_mode_matches_cpu_within_1e4") else {
-        return;
-    };
+    let g = gpu();
     let mut fails = Vec::new();
     for preset in synth::PRESETS.iter().filter(|p| p.starts_with("tiny")) {
         let (_dir, m) = load(preset, synth::preset(preset).expect("preset").dtype);
@@ -177,10 +175,9 @@ fn soft(fails: &mut Vec<String>, name: &str, a: &[f32], b: &[f32], tol: f32) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn fork_is_independent_and_deterministic() {
-    let Some(g) = gpu("fork_is_independent_and_deterministic") else {
-        return;
-    };
+    let g = gpu();
     let (_dir, m) = load("tiny-gva", DType::BF16);
     let gm = CudaModel::with_gpu(&m, g.clone()).expect("upload");
     let v = m.vocab_size();
@@ -209,10 +206,9 @@ fn fork_is_independent_and_deterministic() {
 /// states each time (the table's contents change, the shape does not). Every logit must be bit-identical to the
 /// run without graphs, and a replay must read the states it is given (not those it was captured with).
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn graph_replays_equal_direct_runs() {
-    let Some(g) = gpu("graph_replays_equal_direct_runs") else {
-        return;
-    };
+    let g = gpu();
     let (_dir, m) = load("tiny-gva", DType::BF16);
     let vocab = m.vocab_size();
     let run = |graphs: bool| -> Vec<Vec<f32>> {
@@ -275,10 +271,9 @@ fn graph_replays_equal_direct_runs() {
 /// graphs on the third replays a captured tree. In the exact mode on every tiny preset and in split on tiny-gva; a
 /// structural error (a wrong parent row, state or cache position) shows as O(1).
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn tree_forward_equals_prefix_then_forks() {
-    let Some(g) = gpu("tree_forward_equals_prefix_then_forks") else {
-        return;
-    };
+    let g = gpu();
     const TOL: f32 = 1e-4;
     let mut fails = Vec::new();
     let mut cases: Vec<(String, Precision)> = synth::PRESETS

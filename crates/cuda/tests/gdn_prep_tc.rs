@@ -1,6 +1,6 @@
 //! `gdn_tc_prep` (the tensor-core WY pre-pass) against `ops::gdn_wy_prep` on the same inputs: U, W, M and E of
 //! the scratch, for every column split; then the state pass on its scratch against the CPU recurrence (outputs and
-//! final states). Runs only with ONEPASS_CUDA_TESTS=1; `gdn_tc_prep_timings` also needs ONEPASS_CUDA_BENCH=1.
+//! final states). GPU tests: `#[ignore]`d, run with `--include-ignored` on a GPU machine.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -95,10 +95,9 @@ fn check_parts(tag: &str, d: GdnDims, n: usize, got: &[f32], want: &[f32], tol: 
 /// e^gam underflows). Every column split of the tiles, then the state pass on the launcher's split against the CPU;
 /// the 3xTF32 kernel and the 1xTF32 one (to its own bound).
 #[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gdn_tc_prep_matches_wy_prep_and_cpu() {
-    let Some(g) = gpu("gdn_tc_prep_matches_wy_prep_and_cpu") else {
-        return;
-    };
+    let g = gpu();
     let cases = wy_cases()
         .into_iter()
         .flat_map(|c| [(c.clone(), Arith::X3), (c, Arith::Tf32)]);
@@ -147,14 +146,13 @@ fn gdn_tc_prep_matches_wy_prep_and_cpu() {
     }
 }
 
-/// Not a test: with ONEPASS_CUDA_BENCH=1 (and ONEPASS_CUDA_TESTS=1), µs per call of gdn_wy_prep against
+/// Not a check (ignored like the GPU tests): µs per call of gdn_wy_prep against
 /// gdn_tc_prep on the Qwen3.5-0.8B head shape (hk = hv = 16, dk = dv = 128) for the System One segment shapes
 /// (warm-up, then 20 launches, one sync, host timer); each pair's scratches also compared.
 #[test]
+#[ignore = "a timing table on a CUDA GPU, not a check (run with --include-ignored on a GPU machine)"]
 fn gdn_tc_prep_timings() {
-    let Some(g) = bench_gpu("gdn_tc_prep_timings") else {
-        return;
-    };
+    let g = gpu();
     let d = HEADS_08B;
     eprintln!("gdn pre-pass, 0.8B heads 16 x 128 x 128: µs per call (20 launches)");
     eprintln!(

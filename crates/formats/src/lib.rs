@@ -5,9 +5,22 @@
 //! sharded folders with `model.safetensors.index.json`), checks every tensor's dtype, shape and
 //! byte range against the file before handing out a memory-mapped view, and resolves a model
 //! argument (a local folder or a Hub repo id) to a folder on disk without touching the network.
+//!
+//! GGUF files (llama.cpp's container, also PrismML's ternary packs) are read by [`gguf`]: the
+//! header and metadata checked against the file, tensors memory-mapped; [`quant`] holds the block
+//! layouts (Q8_0, PQ2_0, PTQ1_0) and their reference decoders; [`hadamard`] the validated
+//! `prism.hadamard.*` rotation metadata.
 
+pub mod gguf;
+pub mod hadamard;
 pub mod hub;
+pub mod quant;
 pub mod safetensors;
 
+pub use gguf::{
+    write_gguf, Gguf, GgufArray, GgufError, GgufTensorInfo, GgufValue, GgufWriteTensor,
+};
+pub use hadamard::HadamardMeta;
 pub use hub::{resolve_model_dir, ResolveError};
+pub use quant::{dequantize, ptq1_0_to_pq2_0, GgmlType};
 pub use safetensors::{safetensors_header, write_safetensors, Checkpoint, FormatError};

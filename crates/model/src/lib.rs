@@ -1,6 +1,8 @@
 //! Qwen3.5-family hybrid language models on the CPU.
 //!
-//! This crate turns a checkpoint folder into a runnable model: it reads `config.json`
+//! Why this crate exists: the architecture written once, readably, as the reference every other path is held to
+//! (the GPU forward in `onepass-cuda` is tested against it, and System One in `onepass-decide` runs on it). This
+//! crate turns a checkpoint folder into a runnable model: it reads `config.json`
 //! ([`config`]), binds every weight by its Hugging Face name with a declared shape
 //! ([`weights`]), and runs the forward pass ([`qwen3_5`]) over a [`SequenceState`] that holds
 //! everything a sequence needs to continue (attention KV, GDN conv and recurrent state, position).

@@ -89,6 +89,10 @@ pub enum TokenizerError {
         expected: String,
     },
 
+    /// A GGUF file's `tokenizer.ggml.*` key has a shape or a value we cannot use.
+    #[error("GGUF metadata key `{key}`: {reason}")]
+    GgufValue { key: String, reason: String },
+
     #[error("synthetic tokenizer: vocab_size {vocab_size} is out of range {min}..={max}")]
     SyntheticVocabSize {
         vocab_size: usize,

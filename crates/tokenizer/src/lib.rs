@@ -11,7 +11,8 @@
 //!   (R2.1.2, see [`pretokenizer`]);
 //! - `eos`/`pad` ids and the chat template come from `tokenizer_config.json`;
 //! - the 255-entry label table the readout depends on (§2.2, see [`LabelTable`]);
-//! - a synthetic tokenizer for tiny test checkpoints ([`synthetic_tokenizer_json`]).
+//! - a synthetic tokenizer for tiny test checkpoints ([`synthetic_tokenizer_json`]);
+//! - the tokenizer of a GGUF file, from its `tokenizer.ggml.*` metadata ([`Tokenizer::from_gguf`]).
 //!
 //! `encode` on the Qwen3.5 pipeline does not run the `tokenizers` pre-tokenizer: `src/fast.rs` cuts
 //! pre-tokens with an exact scanner for the split regex and hands them to the same BPE model,
@@ -22,6 +23,7 @@
 
 mod error;
 mod fast;
+mod gguf;
 mod labels;
 pub mod pretokenizer;
 mod synthetic;

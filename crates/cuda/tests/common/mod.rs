@@ -1,4 +1,4 @@
-//! Shared helpers of the GPU tests: the environment switch, random data, tolerances, timing; the gated delta
+//! Shared helpers of the GPU tests: the device, random data, tolerances, timing; the gated delta
 //! inputs ([`delta`]) and the attention setup ([`attn`]) several test files run.
 #![allow(dead_code)]
 
@@ -9,21 +9,10 @@ use std::sync::Arc;
 
 use onepass_cuda::Gpu;
 
-/// The GPU, when `ONEPASS_CUDA_TESTS=1`; otherwise prints a note and returns None (CI has no GPU).
-pub fn gpu(test: &str) -> Option<Arc<Gpu>> {
-    if std::env::var("ONEPASS_CUDA_TESTS").as_deref() != Ok("1") {
-        eprintln!("{test}: skipped (set ONEPASS_CUDA_TESTS=1 on a machine with a CUDA GPU)");
-        return None;
-    }
-    Some(Gpu::new(0).expect("ONEPASS_CUDA_TESTS=1 but no usable CUDA GPU"))
-}
-
-/// The GPU for a timing run (not a test): None, silently, unless ONEPASS_CUDA_BENCH=1; then as [`gpu`].
-pub fn bench_gpu(test: &str) -> Option<Arc<Gpu>> {
-    if std::env::var("ONEPASS_CUDA_BENCH").as_deref() != Ok("1") {
-        return None;
-    }
-    gpu(test)
+/// The GPU. Every test that calls this is `#[ignore]`d, so that a machine without a GPU reports it as ignored
+/// rather than passed; run them with `--include-ignored` where a CUDA GPU is (crates/cuda/gpu-run.sh does).
+pub fn gpu() -> Arc<Gpu> {
+    Gpu::new(0).expect("a GPU test was run (--include-ignored) but no usable CUDA GPU was found")
 }
 
 /// µs per call of `what`: one warm-up call, then 20 calls between two synchronizations, host timer.
@@ -46,7 +35,7 @@ pub const F32_TOL: f32 = 2e-5;
 pub const BF16_TOL: f32 = 8e-3;
 /// The 1xTF32 gated delta kernels (state pass, pre-pass) against the CPU and their SIMT twins (operands rounded to
 /// 11 significant bits, f32 accumulation): about 10x the worst error measured on an H200, 3.8e-4 and 4.2e-4 of max
-/// |reference| (docs/cuda.md).
+/// |reference| (docs/benchmarks/history/cuda-notes-2026-11-30.md).
 pub const TF32_DELTA_TOL: f32 = 4e-3;
 /// The 1xTF32 attention against the CPU: about 10x the worst measured, 5.4e-4 (f32 out).
 pub const TF32_ATTN_TOL: f32 = 5e-3;

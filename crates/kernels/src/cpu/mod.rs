@@ -2,6 +2,8 @@
 
 pub mod attention;
 pub mod deltanet;
+pub mod hadamard;
 pub mod matmul;
 pub mod ops;
 pub(crate) mod sgemm;
+pub mod ternary;

@@ -1,0 +1,286 @@
+//! The forward entry points: input checks, `forward` / `forward_batch`, the one-forward trees (`forward_tree`: a
+//! request's shared prefixes and their suffixes in one forward), and `forward_queue`, which stages states, table and
+//! scratch, then runs the layers (directly or as a CUDA graph) and the final norm.
+
+use super::*;
+
+impl CudaModel {
+    pub(super) fn check_input(&self, st: &CudaState, ids: &[u32]) -> Result<(), CudaError> {
+        self.check_ids(st.pos, ids)?;
+        let fits = |b: &KvBuf| b.cap == 0 || b.buf.len() == b.cap * self.kv.per_pos;
+        if !fits(&st.kv)
+            || !st.base.as_ref().is_none_or(|b| fits(&b.0))
+            || st.rec.len() != self.rec_len.max(1)
+        {
+            return Err(CudaError::Model(ModelError::Input(
+                "sequence state belongs to another model".into(),
+            )));
+        }
+        Ok(())
+    }
+
+    /// `ids` continue a sequence at position `pos`: not empty, in the vocabulary, within the positions.
+    pub(super) fn check_ids(&self, pos: usize, ids: &[u32]) -> Result<(), CudaError> {
+        let bad = |m: String| CudaError::Model(ModelError::Input(m));
+        if ids.is_empty() {
+            return Err(bad("empty token sequence".into()));
+        }
+        if let Some(b) = ids.iter().find(|&&i| i as usize >= self.vocab) {
+            return Err(bad(format!(
+                "token id {b} is outside the vocabulary (0..{})",
+                self.vocab
+            )));
+        }
+        if pos + ids.len() > self.max_pos {
+            return Err(bad(format!(
+                "sequence of {} tokens exceeds max_position_embeddings {}",
+                pos + ids.len(),
+                self.max_pos
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `ids` through the model, continuing `state`. → hidden [T, H] on the device
+    pub fn forward(&self, state: &mut CudaState, ids: &[u32]) -> Result<CudaHidden, CudaError> {
+        self.forward_batch(&mut [(state, ids)])
+    }
+
+    /// Runs several sequences at once (the projections see all tokens stacked, the mixers walk each
+    /// segment with its own state). → hidden [ΣT, H] on the device, sequences in order.
+    pub fn forward_batch(
+        &self,
+        items: &mut [(&mut CudaState, &[u32])],
+    ) -> Result<CudaHidden, CudaError> {
+        timed(&self.enqueue_ns, || {
+            let par = vec![-1; items.len()];
+            self.prepare(items)?;
+            self.forward_queue(items, &[], &par)
+        })
+    }
+
+    /// Checks every item's ids against its state, then grows each state's KV rows to hold them.
+    pub(super) fn prepare(&self, items: &mut [(&mut CudaState, &[u32])]) -> Result<(), CudaError> {
+        for (st, seq) in items.iter() {
+            self.check_input(st, seq)?;
+        }
+        for (st, seq) in items.iter_mut() {
+            let need = st.pos + seq.len();
+            self.reserve(st, need)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `roots` (each continuing its state, as [`CudaModel::forward_batch`]) and `children` — `(root, ids)`, a
+    /// continuation of `roots[root]` after the root's ids — in ONE forward: within each layer the children's mixers
+    /// start from the state their root reached in that layer (conv inputs from the root's last rows, a second state
+    /// pass launch that reads the root's recurrent state, attention over the root's cache rows written earlier in the
+    /// layer). Every weight is read and every kernel launched once for roots and children together, instead of once
+    /// for the roots and again for the forks. → the hidden rows of the roots' ids then of the children's, and with
+    /// `keep` the children's states (equal to forks of the roots after their ids, sharing the roots' KV caches
+    /// read-only); without it none, and nothing is allocated for them: their recurrent states are never written (the
+    /// state pass skips its last update) and their KV rows live in the forward scratch.
+    ///
+    /// `Ok(None)`, with nothing run: this model does not take the tree ([`GdnKernels::Simt`], a GDN layer the tensor-core
+    /// state pass does not take, trees turned off), or a root with children has fewer ids than `tree_min_root` or is
+    /// itself a fork (its KV caches shared). The caller then runs the roots, forks them and runs the children.
+    pub fn forward_tree(
+        &self,
+        roots: &mut [(&mut CudaState, &[u32])],
+        children: &[(usize, &[u32])],
+        keep: bool,
+    ) -> Result<Option<(CudaHidden, Vec<CudaState>)>, CudaError> {
+        if children.is_empty() {
+            return Ok(Some((self.forward_batch(roots)?, Vec::new())));
+        }
+        let Some(min_root) = self
+            .tree_min_root
+            .filter(|_| self.tree_on.load(Ordering::Relaxed))
+        else {
+            return Ok(None);
+        };
+        for &(r, _) in children {
+            let Some((st, ids)) = roots.get(r) else {
+                return Err(CudaError::Model(ModelError::Input(format!(
+                    "child of root {r}, of {} roots",
+                    roots.len()
+                ))));
+            };
+            if ids.len() < min_root || st.base.is_some() {
+                return Ok(None);
+            }
+        }
+        let r = timed(&self.enqueue_ns, || self.run_tree(roots, children, keep))?;
+        self.trees.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(r))
+    }
+
+    /// [`CudaModel::forward_tree`] once it takes the tree.
+    pub(super) fn run_tree(
+        &self,
+        roots: &mut [(&mut CudaState, &[u32])],
+        children: &[(usize, &[u32])],
+        keep: bool,
+    ) -> Result<(CudaHidden, Vec<CudaState>), CudaError> {
+        // The roots' KV rows first: a child shares its root's buffer as it stands after this.
+        self.prepare(roots)?;
+        for &(r, ids) in children {
+            self.check_ids(roots[r].0.pos + roots[r].1.len(), ids)?;
+        }
+        let par: Vec<i32> = (0..roots.len())
+            .map(|_| -1)
+            .chain(children.iter().map(|&(r, _)| r as i32))
+            .collect();
+        if !keep {
+            let h = self.forward_queue(roots, children, &par)?;
+            return Ok((h, Vec::new()));
+        }
+        let mut kids = Vec::with_capacity(children.len());
+        for &(r, ids) in children {
+            let mut kid = self.continuation(roots[r].0, roots[r].1.len())?;
+            let need = kid.pos + ids.len();
+            self.reserve(&mut kid, need)?;
+            kids.push(kid);
+        }
+        let mut items: Vec<(&mut CudaState, &[u32])> = roots
+            .iter_mut()
+            .map(|(st, ids)| (&mut **st, *ids))
+            .chain(
+                kids.iter_mut()
+                    .zip(children)
+                    .map(|(st, &(_, ids))| (st, ids)),
+            )
+            .collect();
+        let h = self.forward_queue(&mut items, &[], &par)?;
+        Ok((h, kids))
+    }
+
+    /// The state a continuation of `st` after `ahead` more ids starts from, for a [`CudaModel::forward_tree`] that
+    /// keeps it: its KV rows share `st`'s (not yet written), its conv and recurrent state are left for that forward to
+    /// write (every value of them: the conv states from the root's and its own rows, the recurrent ones by the state
+    /// pass).
+    pub(super) fn continuation(
+        &self,
+        st: &CudaState,
+        ahead: usize,
+    ) -> Result<CudaState, CudaError> {
+        let charge = self.ledger.charge(4 * self.rec_len, "sequence state")?;
+        let pos = st.pos + ahead;
+        Ok(CudaState {
+            pos,
+            rec: self.gpu.alloc(self.rec_len)?,
+            kv: self.empty_kv.clone(),
+            base: Some((st.kv.clone(), pos)),
+            _charge: charge,
+        })
+    }
+
+    /// One forward over `items` then `dropped` (see [`CudaModel::forward_tree`] for `par`: -1, or the index of the
+    /// earlier segment a segment continues; those come after every segment with -1). `dropped`: children `(root,
+    /// ids)` without states of their own (their recurrent states are not written, their KV rows live in the forward
+    /// scratch); when empty, the states of every child among `items` are written.
+    pub(super) fn forward_queue(
+        &self,
+        items: &mut [(&mut CudaState, &[u32])],
+        dropped: &[(usize, &[u32])],
+        par: &[i32],
+    ) -> Result<CudaHidden, CudaError> {
+        let g = &*self.gpu;
+        let hid = self.hid;
+        let lens: Vec<usize> = items
+            .iter()
+            .map(|(_, s)| s.len())
+            .chain(dropped.iter().map(|(_, s)| s.len()))
+            .collect();
+        let nseg = lens.len();
+        let roots = par.iter().take_while(|&&p| p < 0).count();
+        if self.profiling() {
+            // Hold the GPU (~20 ms at 2 GHz) while this forward is queued: the events then time GPU work only.
+            crate::launch!(g, g.k.spin_wait, crate::runtime::cfg((1, 1), 1, 0); 40_000_000i64)?;
+        }
+        self.mark("start")?;
+        let n: usize = lens.iter().sum();
+        if n == 0 {
+            return Err(CudaError::Model(ModelError::Input("empty batch".into())));
+        }
+        let shape = Shape {
+            n,
+            nseg,
+            roots,
+            keep_children: dropped.is_empty(),
+            short_children: lens[roots..].iter().all(|&l| l <= ops::GDN_CHUNK),
+            max_len: lens.iter().copied().max().unwrap_or(0),
+            split: self.split_gemms(),
+            attn_splits: self.attn_tc_dims().map_or(1, |a| {
+                crate::attn_tc::attention_tc_plan(lens.iter().copied(), a, g.sms)
+            }),
+        };
+        let table_len = TableLayout::new(&self.layers, n, nseg).len;
+        // Positions of KV rows the dropped children write into the scratch.
+        let kv_rows: usize = dropped.iter().map(|(_, s)| s.len()).sum();
+        let ph = &self.phase_ns;
+        let (out, _out_charge) = timed(&ph.out, || -> Result<_, CudaError> {
+            let out: CudaSlice<f32> = g.alloc(n * hid)?;
+            Ok((out, self.ledger.charge(4 * n * hid, "forward scratch")?))
+        })?;
+        let span0 = self.span_event()?;
+        // The table, written once the scratch (which holds the dropped children's KV rows) is in place.
+        let upload = |sc: &mut Scratch| {
+            timed(&ph.table, || -> Result<FwdPtrs, CudaError> {
+                sc.kv
+                    .reserve(self, kv_rows * self.kv.per_pos, "tree children's KV rows")?;
+                let table = self.table(items, dropped, par, (g.ptr(&sc.kv.buf), kv_rows));
+                debug_assert_eq!(table.len(), table_len, "the table and its layout disagree");
+                g.upload_into(&table, &sc.table.buf)?;
+                Ok(sc.ptrs(self, shape))
+            })
+        };
+        if n <= ARENA_ROWS {
+            // The persistent scratch: fixed addresses, so a repeated shape can replay a captured CUDA graph.
+            let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+            if arena.as_ref().is_none_or(|a| a.rows < n) {
+                // More rows than the arena holds: all of it anew (the old one freed first, so that the budget
+                // holds one arena at a time).
+                let (rows, tl) = arena.as_ref().map_or((0, 0), |a| (a.rows, a.table.len));
+                *arena = None;
+                self.drop_graphs();
+                let rows = n.max(rows).next_power_of_two().clamp(256, ARENA_ROWS);
+                *arena = Some(self.scratch(rows, table_len.max(tl).next_power_of_two())?);
+            }
+            let a = arena
+                .as_mut()
+                .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
+            // A longer table or more attention splits than before: those buffers alone move (and the graphs that
+            // captured their addresses go). The children's KV rows may move freely: only the table names them.
+            let moved = a.table.reserve(self, table_len, "forward table")?;
+            if a.attn
+                .reserve(self, self.attn_scratch(shape), "attention scratch")?
+                || moved
+            {
+                self.drop_graphs();
+            }
+            let p = upload(a)?;
+            timed(&ph.launch, || self.run_layers_graphed(&p, shape))?;
+            timed(&ph.out, || self.final_norm(&p, shape, &out))?;
+        } else {
+            let mut sc = self.scratch(n, table_len)?;
+            sc.attn
+                .reserve(self, self.attn_scratch(shape), "attention scratch")?;
+            let p = upload(&mut sc)?;
+            timed(&ph.launch, || self.run_layers(&p, shape))?;
+            timed(&ph.out, || self.final_norm(&p, shape, &out))?;
+            // The scratch is freed in stream order when it drops here.
+        }
+        if let (Some(a), Some(b)) = (span0, self.span_event()?) {
+            self.spans.push((a, b));
+        }
+        for (st, seq) in items.iter_mut() {
+            st.pos += seq.len();
+        }
+        Ok(CudaHidden {
+            buf: out,
+            rows: n,
+            hid,
+        })
+    }
+}

@@ -1,0 +1,155 @@
+//! The arithmetic modes: [`Precision`] (split, bf16, f32), which projections multiply both bf16 planes in split mode
+//! ([`SplitGemms`]), and each precision's tensor-core arithmetic ([`TcArith::for_precision`]).
+
+use super::*;
+
+/// The arithmetic of the projections (GEMMs) and their inputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// bf16 weights; each GEMM input (f32) split into two bf16 planes, hi + lo, both multiplied (f32
+    /// accumulation): activations carried to about 2^-16 instead of bf16's 2^-8, at twice the GEMM work. The input
+    /// projections run one GEMM over K = 2K (`[hi | lo]` rows times their weight stored twice per row, `[W | W]`),
+    /// the residual ones one GEMM of 2N rows whose halves the next norm adds ([`SplitGemms`] picks the projections
+    /// that take both planes). Attention's products the same way (bf16x3), the gated delta rule's in 3xTF32. The
+    /// default: on the bf16 answer fixtures plain bf16 inputs move System One probabilities by up to 1.7e-2 against
+    /// the CPU, split by 5.8e-5 (docs/cuda.md, "Precision modes").
+    #[default]
+    Bf16Split,
+    /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
+    /// attention) in 1xTF32 ([`TcArith::for_precision`]); norms, gates and the recurrent state f32. The fastest.
+    Bf16,
+    /// f32 weights and GEMM inputs, f32 GEMMs without TF32: the CPU model's arithmetic up to reduction
+    /// order. For checking the forward (tests hold it to 1e-4 of the CPU), not for speed.
+    F32,
+}
+
+/// The projections of a layer, as [`SplitGemms`] names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Projection {
+    /// The gated delta layer's input projection (q, k, v, z, a, b).
+    GdnIn = 0,
+    /// The gated delta layer's output projection.
+    GdnOut = 1,
+    /// The attention layer's q|gate, k, v projection.
+    AttnIn = 2,
+    /// The attention layer's output projection.
+    AttnOut = 3,
+    /// The MLP's gate|up projection.
+    MlpIn = 4,
+    /// The MLP's down projection.
+    MlpOut = 5,
+}
+
+impl Projection {
+    pub const ALL: [Projection; 6] = [
+        Projection::GdnIn,
+        Projection::GdnOut,
+        Projection::AttnIn,
+        Projection::AttnOut,
+        Projection::MlpIn,
+        Projection::MlpOut,
+    ];
+
+    /// Its name in `--gpu-split-gemms` and device descriptions.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Projection::GdnIn => "gdn_in",
+            Projection::GdnOut => "gdn_out",
+            Projection::AttnIn => "attn_in",
+            Projection::AttnOut => "attn_out",
+            Projection::MlpIn => "mlp_in",
+            Projection::MlpOut => "mlp_out",
+        }
+    }
+}
+
+/// Which projections multiply both bf16 planes of their input in [`Precision::Bf16Split`]; the others multiply the
+/// hi plane alone (a plain bf16 GEMM: half the work, the input rounded to bf16 as in [`Precision::Bf16`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SplitGemms(u8);
+
+/// A `--gpu-split-gemms` spec [`SplitGemms::parse`] does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?}: expected all, none, or projections (comma-separated): gdn_in, gdn_out, attn_in, attn_out, mlp_in, \
+     mlp_out"
+)]
+pub struct SplitGemmsError(pub String);
+
+impl Default for SplitGemms {
+    fn default() -> Self {
+        SplitGemms::ALL
+    }
+}
+
+impl SplitGemms {
+    /// Every projection on both planes.
+    pub const ALL: SplitGemms = SplitGemms(0x3f);
+    /// None: every GEMM input rounded to bf16.
+    pub const NONE: SplitGemms = SplitGemms(0);
+
+    pub fn of(ps: &[Projection]) -> Self {
+        SplitGemms(ps.iter().fold(0, |m, p| m | 1 << *p as u8))
+    }
+
+    pub fn has(self, p: Projection) -> bool {
+        self.0 & 1 << p as u8 != 0
+    }
+
+    /// `all`, `none`, or a comma-separated list of [`Projection`] names.
+    pub fn parse(spec: &str) -> Result<Self, SplitGemmsError> {
+        match spec.trim() {
+            "all" => return Ok(SplitGemms::ALL),
+            "none" => return Ok(SplitGemms::NONE),
+            _ => {}
+        }
+        let ps = spec
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|part| {
+                Projection::ALL
+                    .into_iter()
+                    .find(|p| p.name() == part)
+                    .ok_or_else(|| SplitGemmsError(part.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SplitGemms::of(&ps))
+    }
+
+    /// For a device description: "all", "none", or the names.
+    pub fn describe(self) -> String {
+        match self {
+            SplitGemms::ALL => "all".into(),
+            SplitGemms::NONE => "none".into(),
+            s => Projection::ALL
+                .into_iter()
+                .filter(|p| s.has(*p))
+                .map(Projection::name)
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+}
+
+impl TcArith {
+    /// The default for a precision:
+    /// - f32: 3xTF32 everywhere (f32 accuracy; the mode checks the forward against the CPU).
+    /// - split: the gated delta kernels in 3xTF32, attention in bf16x3, which carries its operands as the split
+    ///   GEMMs carry theirs (about 2^-17) and is the faster of the two high-precision attentions (H200, 3,400-token
+    ///   prefix: 782 µs against 1,030; the bf16 twins' answers 5.78e-5 against 5.84e-5 max |dp| in the same run).
+    /// - bf16: 1xTF32 everywhere (its point is speed; 1xTF32 attention, 584 µs there, beats one bf16 product, 618,
+    ///   whose per-tile conversion costs more than the halved mma count saves). Measured (fifth measurement,
+    ///   docs/benchmarks/history/cuda-systemone-2026-11-30.md): 1xTF32 kernels take split-mode requests from 4.98 / 10.61 / 37.86 to
+    ///   4.64 / 9.14 / 32.39 ms and the bf16 twins' answers from max |dp| 5.9e-5 to 2.6e-3 (mean 1.3e-5 to 6.4e-4).
+    pub fn for_precision(p: Precision) -> Self {
+        match p {
+            Precision::Bf16 => TcArith::all(Arith::Tf32),
+            Precision::Bf16Split => TcArith {
+                attn: AttnArith::Bf16x3,
+                ..TcArith::all(Arith::X3)
+            },
+            Precision::F32 => TcArith::all(Arith::X3),
+        }
+    }
+}

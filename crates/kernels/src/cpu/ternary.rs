@@ -1,0 +1,433 @@
+//! `y = x · Wᵀ` with `W` stored packed as PQ2_0 blocks: the ternary matvec (decode, one token)
+//! and GEMM (prefill, several tokens), reading the 2-bit codes directly (2.125 bits per weight in
+//! memory; no float copy of the matrix is ever made).
+//!
+//! Layout (the GGUF PQ2_0 type, see docs/formats.md): row `r` of `W[N, K]` is `K / 128`
+//! consecutive 34-byte blocks; a block is an f16 scale `d` and 32 code bytes, value `j` of the
+//! block being `(code − 1)·d` with the code in bits `2·(j % 4)` of byte `j / 4`. Read as a
+//! little-endian `u32`, code bytes `4g..4g+4` hold values `16g..16g+16` at bits `2·i`.
+//!
+//! The fast paths decode 16 values per instruction group: the code word is broadcast to every
+//! lane, each lane shifts it right by `2·lane`, and a 16-entry table lookup (`vpermps`, which
+//! reads the low 4 bits of each index) maps the code in the two low bits to `(code − 1)·d`,
+//! ignoring the neighbouring code above it. The table is built once per block and row, so the
+//! scale costs one multiply per 128 weights. A tile of `R` weight rows × `TT` tokens shares each
+//! decoded vector over `TT` tokens and each activation load over `R` rows; rayon splits the rows
+//! across cores. AVX-512 tiles are 4 rows × up to 4 tokens, AVX2 tiles 2 rows × up to 4 tokens;
+//! [`ternary_matmul_t_reference`] is the slow twin (f64 accumulation, one value at a time).
+
+use half::f16;
+use rayon::prelude::*;
+
+/// Values per PQ2_0 block.
+pub const PQ2_0_BLOCK: usize = 128;
+/// Bytes per PQ2_0 block.
+pub const PQ2_0_BYTES: usize = 34;
+/// Weight rows per rayon task.
+const ROWS_PER_TASK: usize = 64;
+
+/// Which implementation [`ternary_matmul_t_with`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TernaryPath {
+    Avx512,
+    Avx2,
+    /// Plain Rust, the same tiling (for processors without AVX2).
+    Portable,
+}
+
+impl TernaryPath {
+    /// The fastest path this processor supports.
+    pub fn detect() -> TernaryPath {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return TernaryPath::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return TernaryPath::Avx2;
+            }
+        }
+        TernaryPath::Portable
+    }
+
+    /// Whether this processor can run the path.
+    pub fn available(self) -> bool {
+        match self {
+            TernaryPath::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            TernaryPath::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            TernaryPath::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+/// `y[T, N] = x[T, K] · W[N, K]ᵀ`, `w` the PQ2_0 blocks of `W` (`N · K / 128 · 34` bytes).
+///
+/// Panics if the buffers do not match the shapes or `K` is not a multiple of 128 (programming
+/// errors: the loader checks the file's shapes).
+pub fn ternary_matmul_t(x: &[f32], t: usize, w: &[u8], n: usize, k: usize, y: &mut [f32]) {
+    ternary_matmul_t_with(TernaryPath::detect(), x, t, w, n, k, y)
+}
+
+/// [`ternary_matmul_t`] on a chosen path (tests and benchmarks compare them); panics if the
+/// processor lacks it.
+pub fn ternary_matmul_t_with(
+    path: TernaryPath,
+    x: &[f32],
+    t: usize,
+    w: &[u8],
+    n: usize,
+    k: usize,
+    y: &mut [f32],
+) {
+    check_shapes(x, t, w, n, k, y);
+    assert!(
+        path.available(),
+        "ternary matmul: {path:?} is not available on this processor"
+    );
+    if t == 0 || n == 0 {
+        return;
+    }
+    let dst = SharedMut(y.as_mut_ptr());
+    let dst = &dst;
+    (0..n.div_ceil(ROWS_PER_TASK))
+        .into_par_iter()
+        .for_each(|task| {
+            let r0 = task * ROWS_PER_TASK;
+            let r1 = (r0 + ROWS_PER_TASK).min(n);
+            // SAFETY: shapes checked above; this task writes only columns r0..r1 of y, which no
+            // other task writes; the path is available (asserted above).
+            unsafe { rows(path, x, t, w, k, r0, r1, dst.0, n) };
+        });
+}
+
+/// Slow twin: every weight decoded on its own, products summed in f64.
+pub fn ternary_matmul_t_reference(
+    x: &[f32],
+    t: usize,
+    w: &[u8],
+    n: usize,
+    k: usize,
+    y: &mut [f32],
+) {
+    check_shapes(x, t, w, n, k, y);
+    let row_bytes = k / PQ2_0_BLOCK * PQ2_0_BYTES;
+    for r in 0..n {
+        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+        for i in 0..t {
+            let xi = &x[i * k..(i + 1) * k];
+            let mut acc = 0.0f64;
+            for (b, block) in row.chunks_exact(PQ2_0_BYTES).enumerate() {
+                let d = f64::from(f16::from_le_bytes([block[0], block[1]]).to_f32());
+                for j in 0..PQ2_0_BLOCK {
+                    let code = (block[2 + j / 4] >> (2 * (j % 4))) & 3;
+                    acc += (f64::from(code) - 1.0) * d * f64::from(xi[b * PQ2_0_BLOCK + j]);
+                }
+            }
+            y[i * n + r] = acc as f32;
+        }
+    }
+}
+
+fn check_shapes(x: &[f32], t: usize, w: &[u8], n: usize, k: usize, y: &[f32]) {
+    assert!(
+        k.is_multiple_of(PQ2_0_BLOCK),
+        "ternary matmul: K = {k} is not a multiple of {PQ2_0_BLOCK}"
+    );
+    assert_eq!(
+        x.len(),
+        t * k,
+        "ternary matmul: x has {} values, want [{t}, {k}]",
+        x.len()
+    );
+    assert_eq!(
+        y.len(),
+        t * n,
+        "ternary matmul: y has {} values, want [{t}, {n}]",
+        y.len()
+    );
+    assert_eq!(
+        w.len(),
+        n * (k / PQ2_0_BLOCK) * PQ2_0_BYTES,
+        "ternary matmul: w has {} bytes, want {n} rows of {} blocks",
+        w.len(),
+        k / PQ2_0_BLOCK
+    );
+}
+
+/// A destination pointer shared by tasks that write disjoint elements.
+struct SharedMut(*mut f32);
+// SAFETY: only used for disjoint writes (each task owns a range of output columns).
+unsafe impl Sync for SharedMut {}
+
+/// Rows `r0..r1` of the output for every token.
+///
+/// # Safety
+/// `y` is `[t, n]`, the shapes are checked, `path` is available.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows(
+    path: TernaryPath,
+    x: &[f32],
+    t: usize,
+    w: &[u8],
+    k: usize,
+    r0: usize,
+    r1: usize,
+    y: *mut f32,
+    n: usize,
+) {
+    // AVX2 has 16 vector registers: 2 rows × 2 tokens keeps accumulators, activations, tables
+    // and shifts in registers; AVX-512's 32 fit 4 × 4.
+    let (row_tile, token_tile) = match path {
+        TernaryPath::Avx512 => (4, 4),
+        _ => (2, 2),
+    };
+    let mut r = r0;
+    while r < r1 {
+        let rt = row_tile.min(r1 - r);
+        let mut t0 = 0;
+        while t0 < t {
+            let tt = token_tile.min(t - t0);
+            // SAFETY: forwarded from the caller.
+            unsafe { tile(path, rt, tt, x, k, t0, w, r, y, n) };
+            t0 += tt;
+        }
+        r += rt;
+    }
+}
+
+macro_rules! dispatch_tile {
+    ($f:ident, $rt:expr, $tt:expr, $args:tt) => {
+        match ($rt, $tt) {
+            (1, 1) => $f::<1, 1> $args,
+            (1, 2) => $f::<1, 2> $args,
+            (1, 3) => $f::<1, 3> $args,
+            (1, 4) => $f::<1, 4> $args,
+            (2, 1) => $f::<2, 1> $args,
+            (2, 2) => $f::<2, 2> $args,
+            (2, 3) => $f::<2, 3> $args,
+            (2, 4) => $f::<2, 4> $args,
+            (3, 1) => $f::<3, 1> $args,
+            (3, 2) => $f::<3, 2> $args,
+            (3, 3) => $f::<3, 3> $args,
+            (3, 4) => $f::<3, 4> $args,
+            (4, 1) => $f::<4, 1> $args,
+            (4, 2) => $f::<4, 2> $args,
+            (4, 3) => $f::<4, 3> $args,
+            (4, 4) => $f::<4, 4> $args,
+            other => unreachable!("tile {other:?}"),
+        }
+    };
+}
+
+/// One tile: rows `r..r + rt`, tokens `t0..t0 + tt`.
+///
+/// # Safety
+/// As [`rows`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile(
+    path: TernaryPath,
+    rt: usize,
+    tt: usize,
+    x: &[f32],
+    k: usize,
+    t0: usize,
+    w: &[u8],
+    r: usize,
+    y: *mut f32,
+    n: usize,
+) {
+    let row_bytes = k / PQ2_0_BLOCK * PQ2_0_BYTES;
+    let w = &w[r * row_bytes..(r + rt) * row_bytes];
+    let x = &x[t0 * k..(t0 + tt) * k];
+    let y = y.wrapping_add(t0 * n + r);
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512F available (caller); slices bounded above.
+        TernaryPath::Avx512 => unsafe {
+            dispatch_tile!(tile_avx512, rt, tt, (x, k, w, row_bytes, y, n))
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA available (caller); slices bounded above.
+        TernaryPath::Avx2 => unsafe {
+            dispatch_tile!(tile_avx2, rt, tt, (x, k, w, row_bytes, y, n))
+        },
+        // SAFETY: y + i·n + j for i < tt, j < rt lies in the caller's [t, n] buffer.
+        _ => unsafe { dispatch_tile!(tile_portable, rt, tt, (x, k, w, row_bytes, y, n)) },
+    }
+}
+
+/// Scale of a block.
+#[inline(always)]
+fn block_scale(block: &[u8]) -> f32 {
+    f16::from_le_bytes([block[0], block[1]]).to_f32()
+}
+
+/// # Safety
+/// `y + i·n + j` is writable for `i < TT`, `j < R`.
+unsafe fn tile_portable<const R: usize, const TT: usize>(
+    x: &[f32],
+    k: usize,
+    w: &[u8],
+    row_bytes: usize,
+    y: *mut f32,
+    n: usize,
+) {
+    let mut acc = [[0f32; TT]; R];
+    for b in 0..k / PQ2_0_BLOCK {
+        for (rr, acc_r) in acc.iter_mut().enumerate() {
+            let block = &w[rr * row_bytes + b * PQ2_0_BYTES..][..PQ2_0_BYTES];
+            let d = block_scale(block);
+            let table = [-d, 0.0, d, 2.0 * d];
+            let mut part = [0f32; TT];
+            for j in 0..PQ2_0_BLOCK {
+                let v = table[((block[2 + j / 4] >> (2 * (j % 4))) & 3) as usize];
+                for (i, p) in part.iter_mut().enumerate() {
+                    *p += v * x[i * k + b * PQ2_0_BLOCK + j];
+                }
+            }
+            for (a, p) in acc_r.iter_mut().zip(part) {
+                *a += p;
+            }
+        }
+    }
+    for (rr, acc_r) in acc.iter().enumerate() {
+        for (i, &a) in acc_r.iter().enumerate() {
+            // SAFETY: see the function's contract.
+            unsafe { *y.add(i * n + rr) = a };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// # Safety
+/// AVX-512F present; `y + i·n + j` writable for `i < TT`, `j < R`; `x` is `[TT, k]` and `w` holds
+/// `R` rows of `row_bytes`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_avx512<const R: usize, const TT: usize>(
+    x: &[f32],
+    k: usize,
+    w: &[u8],
+    row_bytes: usize,
+    y: *mut f32,
+    n: usize,
+) {
+    assert!(x.len() >= TT * k && w.len() >= R * row_bytes);
+    let shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    // Entry e of the lookup is (e mod 4) − 1: the code in the index's two low bits.
+    let base = _mm512_setr_ps(
+        -1.0, 0.0, 1.0, 2.0, -1.0, 0.0, 1.0, 2.0, -1.0, 0.0, 1.0, 2.0, -1.0, 0.0, 1.0, 2.0,
+    );
+    let mut acc = [[_mm512_setzero_ps(); TT]; R];
+    let xp = x.as_ptr();
+    let wp = w.as_ptr();
+    for b in 0..k / PQ2_0_BLOCK {
+        let mut tables = [base; R];
+        for (rr, table) in tables.iter_mut().enumerate() {
+            let block = &w[rr * row_bytes + b * PQ2_0_BYTES..][..2];
+            *table = _mm512_mul_ps(base, _mm512_set1_ps(block_scale(block)));
+        }
+        for g in 0..PQ2_0_BLOCK / 16 {
+            let col = b * PQ2_0_BLOCK + g * 16;
+            let mut xs = [_mm512_setzero_ps(); TT];
+            for (i, xv) in xs.iter_mut().enumerate() {
+                // SAFETY: col + 16 <= k and i < TT, inside x (asserted above).
+                *xv = unsafe { _mm512_loadu_ps(xp.add(i * k + col)) };
+            }
+            for rr in 0..R {
+                // SAFETY: code word g of block b of row rr, inside w (asserted above).
+                let word = unsafe {
+                    (wp.add(rr * row_bytes + b * PQ2_0_BYTES + 2 + 4 * g) as *const i32)
+                        .read_unaligned()
+                };
+                let idx = _mm512_srlv_epi32(_mm512_set1_epi32(word), shifts);
+                let wv = _mm512_permutexvar_ps(idx, tables[rr]);
+                for i in 0..TT {
+                    acc[rr][i] = _mm512_fmadd_ps(wv, xs[i], acc[rr][i]);
+                }
+            }
+        }
+    }
+    for rr in 0..R {
+        for i in 0..TT {
+            // SAFETY: see the function's contract.
+            unsafe { *y.add(i * n + rr) = _mm512_reduce_add_ps(acc[rr][i]) };
+        }
+    }
+}
+
+/// # Safety
+/// AVX2 and FMA present; otherwise as [`tile_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const R: usize, const TT: usize>(
+    x: &[f32],
+    k: usize,
+    w: &[u8],
+    row_bytes: usize,
+    y: *mut f32,
+    n: usize,
+) {
+    assert!(x.len() >= TT * k && w.len() >= R * row_bytes);
+    let shifts_lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    let shifts_hi = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
+    // vpermps reads the low 3 bits of each index: the code and one bit of the next one.
+    let base = _mm256_setr_ps(-1.0, 0.0, 1.0, 2.0, -1.0, 0.0, 1.0, 2.0);
+    let mut acc = [[_mm256_setzero_ps(); TT]; R];
+    let xp = x.as_ptr();
+    let wp = w.as_ptr();
+    for b in 0..k / PQ2_0_BLOCK {
+        let mut tables = [base; R];
+        for (rr, table) in tables.iter_mut().enumerate() {
+            let block = &w[rr * row_bytes + b * PQ2_0_BYTES..][..2];
+            *table = _mm256_mul_ps(base, _mm256_set1_ps(block_scale(block)));
+        }
+        for g in 0..PQ2_0_BLOCK / 16 {
+            let col = b * PQ2_0_BLOCK + g * 16;
+            let mut xlo = [_mm256_setzero_ps(); TT];
+            let mut xhi = [_mm256_setzero_ps(); TT];
+            for i in 0..TT {
+                // SAFETY: col + 16 <= k and i < TT, inside x (asserted above).
+                unsafe {
+                    xlo[i] = _mm256_loadu_ps(xp.add(i * k + col));
+                    xhi[i] = _mm256_loadu_ps(xp.add(i * k + col + 8));
+                }
+            }
+            for rr in 0..R {
+                // SAFETY: code word g of block b of row rr, inside w (asserted above).
+                let word = unsafe {
+                    (wp.add(rr * row_bytes + b * PQ2_0_BYTES + 2 + 4 * g) as *const i32)
+                        .read_unaligned()
+                };
+                let wb = _mm256_set1_epi32(word);
+                let lo = _mm256_permutevar8x32_ps(tables[rr], _mm256_srlv_epi32(wb, shifts_lo));
+                let hi = _mm256_permutevar8x32_ps(tables[rr], _mm256_srlv_epi32(wb, shifts_hi));
+                for i in 0..TT {
+                    acc[rr][i] = _mm256_fmadd_ps(lo, xlo[i], acc[rr][i]);
+                    acc[rr][i] = _mm256_fmadd_ps(hi, xhi[i], acc[rr][i]);
+                }
+            }
+        }
+    }
+    for rr in 0..R {
+        for i in 0..TT {
+            let v = acc[rr][i];
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+            // SAFETY: see the function's contract.
+            unsafe { *y.add(i * n + rr) = _mm_cvtss_f32(s) };
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The ternary matvec/GEMM and the Hadamard rotation: every fast path against its slow twin and
+//! against an independent route (the formats crate's block decoder, then an f32 matmul), on odd
+//! shapes; the rotation against float64 vectors from the numpy generator
+//! (tests/fixtures/gguf/expected.json).
+
+use std::path::PathBuf;
+
+use half::f16;
+use onepass_formats::gguf::Gguf;
+use onepass_formats::quant::{dequantize, ptq1_0_to_pq2_0, GgmlType};
+use onepass_formats::HadamardMeta;
+use onepass_kernels::{
+    hadamard_rotate, hadamard_rotate_reference, hadamard_unrotate, hadamard_unrotate_reference,
+    matmul_t_reference, ternary_matmul_t, ternary_matmul_t_reference, ternary_matmul_t_with,
+    TernaryPath,
+};
+use onepass_tensor::Tensor;
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    fn normal_ish(&mut self) -> f32 {
+        (self.unit() + self.unit() + self.unit() - 1.5) * 2.0
+    }
+}
+
+/// Random PQ2_0 rows: codes 0..=3 (code 3 rare, as a stress of the +2·d rule), scales in the
+/// range real packs use.
+fn random_pq2_0(rng: &mut Rng, n: usize, k: usize) -> Vec<u8> {
+    let mut w = Vec::with_capacity(n * k / 128 * 34);
+    for _ in 0..n * k / 128 {
+        let d = 0.004 + 0.03 * rng.unit();
+        w.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        for _ in 0..32 {
+            let mut byte = 0u8;
+            for j in 0..4 {
+                let r = rng.next() % 64;
+                let code = if r == 0 { 3 } else { (r % 3) as u8 };
+                byte |= code << (2 * j);
+            }
+            w.push(byte);
+        }
+    }
+    w
+}
+
+fn paths() -> Vec<TernaryPath> {
+    [
+        TernaryPath::Avx512,
+        TernaryPath::Avx2,
+        TernaryPath::Portable,
+    ]
+    .into_iter()
+    .filter(|p| p.available())
+    .collect()
+}
+
+/// Compares `got` with `want` elementwise within 2e-6 of the sum of |w·x| (an f32 rounding
+/// bound for K up to a few thousand), which a wrong code, scale or index breaks by orders of
+/// magnitude.
+fn assert_close(what: &str, got: &[f32], want: &[f32], scale: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let tol = 2e-6 * s + 1e-7;
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: output {i}: {g} vs {w} (|diff| {} > {tol})",
+            (g - w).abs()
+        );
+    }
+}
+
+fn abs_products(x: &[f32], t: usize, wf: &[f32], n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0f32; t * n];
+    for i in 0..t {
+        for r in 0..n {
+            out[i * n + r] = (0..k).map(|c| (x[i * k + c] * wf[r * k + c]).abs()).sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn fast_paths_match_the_slow_twin_and_dequantize_then_matmul_on_odd_shapes() {
+    let mut rng = Rng(0x5eed_0018);
+    let paths = paths();
+    eprintln!("ternary paths on this processor: {paths:?}");
+    for &(n, k) in &[
+        (1, 128),
+        (3, 256),
+        (5, 1152),
+        (7, 640),
+        (13, 384),
+        (67, 1024),
+        (130, 256),
+    ] {
+        let w = random_pq2_0(&mut rng, n, k);
+        let mut wf = vec![0f32; n * k];
+        dequantize(GgmlType::PQ2_0, &w, &mut wf).expect("whole blocks");
+        let wt = Tensor::from_f32("w", vec![n, k], &wf);
+        for &t in &[1usize, 2, 3, 7, 63] {
+            let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
+            let scale = abs_products(&x, t, &wf, n, k);
+            let mut slow = vec![0f32; t * n];
+            ternary_matmul_t_reference(&x, t, &w, n, k, &mut slow);
+            let mut dense = vec![0f32; t * n];
+            matmul_t_reference(&x, t, &wt, &mut dense);
+            assert_close(
+                &format!("slow twin vs dense, N={n} K={k} T={t}"),
+                &slow,
+                &dense,
+                &scale,
+            );
+            for &path in &paths {
+                let mut y = vec![f32::NAN; t * n];
+                ternary_matmul_t_with(path, &x, t, &w, n, k, &mut y);
+                assert_close(&format!("{path:?} N={n} K={k} T={t}"), &y, &slow, &scale);
+            }
+            let mut y = vec![f32::NAN; t * n];
+            ternary_matmul_t(&x, t, &w, n, k, &mut y);
+            assert_close(
+                &format!("detected path N={n} K={k} T={t}"),
+                &y,
+                &slow,
+                &scale,
+            );
+        }
+    }
+}
+
+#[test]
+fn code_three_reads_as_plus_two_d_on_every_path() {
+    // One row, one block: all codes 3, scale 0.5, x all 1 → 128 · 2 · 0.5 = 128.
+    let mut w = f16::from_f32(0.5).to_le_bytes().to_vec();
+    w.extend(std::iter::repeat_n(0xFFu8, 32));
+    let x = vec![1f32; 128];
+    for path in paths() {
+        let mut y = [0f32];
+        ternary_matmul_t_with(path, &x, 1, &w, 1, 128, &mut y);
+        assert_eq!(y[0], 128.0, "{path:?}");
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/gguf")
+        .join(name)
+}
+
+fn expected() -> serde_json::Value {
+    let text = std::fs::read_to_string(fixture("expected.json")).expect("expected.json");
+    serde_json::from_str(&text).expect("parses")
+}
+
+fn ints(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_i64().expect("integer") as f32)
+        .collect()
+}
+
+#[test]
+fn ptq1_0_runs_on_the_pq2_0_kernel_after_transcoding() {
+    let file = Gguf::open(&fixture("ternary.gguf")).expect("fixture");
+    let info = file.tensor("blk.0.ffn_down.weight").expect("tensor");
+    let (n, k) = (info.shape()[0], info.shape()[1]);
+    let src = file.tensor_data(info);
+    let mut words = vec![0u8; src.len() / 28 * 34];
+    ptq1_0_to_pq2_0(src, &mut words).expect("sizes");
+    let mut wf = vec![0f32; n * k];
+    dequantize(GgmlType::PTQ1_0, src, &mut wf).expect("sizes");
+    let wt = Tensor::from_f32("w", vec![n, k], &wf);
+    let mut rng = Rng(7);
+    let t = 3;
+    let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
+    let mut dense = vec![0f32; t * n];
+    matmul_t_reference(&x, t, &wt, &mut dense);
+    let mut y = vec![0f32; t * n];
+    ternary_matmul_t(&x, t, &words, n, k, &mut y);
+    assert_close(
+        "PTQ1_0 via PQ2_0",
+        &y,
+        &dense,
+        &abs_products(&x, t, &wf, n, k),
+    );
+}
+
+#[test]
+fn rotation_matches_the_float64_reference_vectors() {
+    let file = Gguf::open(&fixture("ternary.gguf")).expect("fixture");
+    let meta = HadamardMeta::from_gguf(&file)
+        .expect("valid")
+        .expect("present");
+    let want = expected();
+    let h = &want["hadamard"];
+
+    let x = ints(&h["x2048"]);
+    let rx: Vec<f32> = ints(&h["rx2048_times_32"])
+        .iter()
+        .map(|v| v / 32.0)
+        .collect();
+    let signs = meta.signs_for(2048).expect("width 2048");
+    let mut fast = x.clone();
+    hadamard_rotate(&mut fast, signs);
+    assert_eq!(fast, rx, "fast rotation");
+    let mut slow = x.clone();
+    hadamard_rotate_reference(&mut slow, signs);
+    assert_eq!(slow, rx, "reference rotation");
+
+    let z = ints(&h["z1024"]);
+    let inv: Vec<f32> = ints(&h["inverse1024_times_32"])
+        .iter()
+        .map(|v| v / 32.0)
+        .collect();
+    let signs = meta.signs_for(1024).expect("width 1024");
+    let mut fast = z.clone();
+    hadamard_unrotate(&mut fast, signs);
+    assert_eq!(fast, inv, "fast inverse");
+    let mut slow = z.clone();
+    hadamard_unrotate_reference(&mut slow, signs);
+    assert_eq!(slow, inv, "reference inverse");
+}
+
+#[test]
+fn rotation_is_orthogonal_and_fast_matches_slow_on_several_rows() {
+    let mut rng = Rng(99);
+    let k = 3072;
+    let signs: Vec<f32> = (0..k)
+        .map(|_| if rng.next() & 1 == 0 { 1.0 } else { -1.0 })
+        .collect();
+    let t = 3;
+    let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
+    let mut fast = x.clone();
+    hadamard_rotate(&mut fast, &signs);
+    let mut slow = x.clone();
+    hadamard_rotate_reference(&mut slow, &signs);
+    for (a, b) in fast.iter().zip(&slow) {
+        assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
+    }
+    // Rᵀ·R = I.
+    hadamard_unrotate(&mut fast, &signs);
+    for (a, b) in fast.iter().zip(&x) {
+        assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
+    }
+    // Norms are kept (the fold changes no magnitudes).
+    let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+    assert!((norm(&slow[..k]) - norm(&x[..k])).abs() <= 1e-3 * norm(&x[..k]));
+}
+
+/// The identity a ternary pack relies on: with `W'` the folded weight, `W'·(R·x) = (W'·R)·x`.
+#[test]
+fn folded_matmul_equals_the_unfolded_float_product() {
+    let mut rng = Rng(1234);
+    let (n, k, t) = (9, 2048, 2);
+    let w = random_pq2_0(&mut rng, n, k);
+    let mut wf = vec![0f32; n * k];
+    dequantize(GgmlType::PQ2_0, &w, &mut wf).expect("sizes");
+    let signs: Vec<f32> = (0..k)
+        .map(|_| if rng.next() & 1 == 0 { 1.0 } else { -1.0 })
+        .collect();
+    let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
+
+    let mut rx = x.clone();
+    hadamard_rotate(&mut rx, &signs);
+    let mut y = vec![0f32; t * n];
+    ternary_matmul_t(&rx, t, &w, n, k, &mut y);
+
+    // W = W'·R: row j of W is Rᵀ applied to row j of W' (R is applied on the right).
+    let mut unfolded = wf.clone();
+    hadamard_unrotate_reference(&mut unfolded, &signs);
+    let wt = Tensor::from_f32("w", vec![n, k], &unfolded);
+    let mut want = vec![0f32; t * n];
+    matmul_t_reference(&x, t, &wt, &mut want);
+    for (a, b) in y.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+}
