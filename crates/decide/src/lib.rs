@@ -5,7 +5,7 @@
 //! the state cut at its cap while it is built; plain or chat layout) → the limits (413) → the model reads the label
 //! logits at every slot ([`engine`]) → [`assemble`] (softmax at the slot's temperature, `format_answer`, Python
 //! `round` and float repr on the wire). Every rule cites `decider-contract Rx.y`
-//! (/work/shared/reference/decider-contract.md); docs/systemone.md walks the flow and lists deliberate divergences.
+//! (docs/decider-contract.md); docs/systemone.md walks the flow and lists deliberate divergences.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 

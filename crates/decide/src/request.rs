@@ -58,7 +58,9 @@ pub fn fastapi_json_body(body: &[u8]) -> Result<Value, ApiError> {
         }
         Err(e @ BodyError::TooManyValues) => Err(ApiError::detail(
             413,
-            format!("request too large: {e}; send a smaller state (cut it, or summarise long arrays)"),
+            format!(
+                "request too large: {e}; send a smaller state (cut it, or summarise long arrays)"
+            ),
         )),
         Err(BodyError::Other(_)) => {
             Err(ApiError::detail(400, "There was an error parsing the body"))
