@@ -585,6 +585,28 @@ fn bind_first_auth_fails_closed_and_health_hides_paths() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains(&format!("binding 127.0.0.1:{port}")), "{err}");
+    // Warnings before anything loads: a queue smaller than one request may be, a public bind without a key.
+    let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
+        .args([
+            "serve",
+            "--model",
+            missing.path().to_str().unwrap(),
+            "--port",
+            "0",
+        ])
+        .args(["--max-queue-rows", "10", "--host", "0.0.0.0"])
+        .env_remove("ONEPASS_API_KEY")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--max-queue-rows (10) is below --max-rows (1024)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("listening on 0.0.0.0 without an API key"),
+        "{err}"
+    );
     for blank in ["", "   "] {
         let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
             .args([

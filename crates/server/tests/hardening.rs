@@ -1,7 +1,7 @@
 //! Client input that must get a 4xx, never a 500 or a wrong "too large": non-finite numbers, bodies that cannot be
 //! read, bodies that come too slowly; and the state cut while it is built, whatever the body's size.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
