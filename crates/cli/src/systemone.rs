@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use onepass_decide::engine::Backend;
 use onepass_decide::pyjson::{dumps_compact, py_str, Value};
-use onepass_decide::{parse_request, ApiError, Engine, EngineOptions};
+use onepass_decide::{parse_request, ApiError, Engine, EngineOptions, Pipeline, Route};
 
 use crate::device::{plan_body, AnyEngine, CudaArgs, DeviceArg};
 use crate::limits::LimitArgs;
@@ -240,12 +240,15 @@ pub fn render(a: RenderArgs) -> Result<()> {
         temperature.as_deref(),
     )?;
     cfg.max_state_tokens = limits.max_state_tokens;
+    let pipeline = Pipeline {
+        tokenizer: &tok,
+        config: &cfg,
+        limits: &limits.limits,
+        max_positions: usize::MAX, // no model: its positions are not known here
+    };
     answer(
-        parse_request(&body)
-            .and_then(|r| onepass_decide::plan(&r, &tok, &cfg))
-            .and_then(|p| {
-                onepass_decide::check_size(&p, &limits.limits)?;
-                Ok(p.to_value())
-            }),
+        pipeline
+            .prepare(Route::SystemOne, &body)
+            .map(|p| p.plan.to_value()),
     )
 }

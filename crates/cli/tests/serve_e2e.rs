@@ -429,3 +429,270 @@ fn systemone_applies_the_servers_limits() {
     assert_eq!(usage(&planned), usage(&cut));
     assert_ne!(usage(&stdout_ok(&render(one, &[], &[]))), usage(&cut));
 }
+
+/// Reads from `s` until the peer closes (→ the bytes), or `None` when nothing closes it within `limit`.
+fn read_until_closed(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut out = Vec::new();
+    match s.read_to_end(&mut out) {
+        Ok(_) => Some(out),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Some(out),
+        Err(_) => None,
+    }
+}
+
+/// A drip-fed head and an idle kept-alive connection are closed after --header-timeout; a body shorter than its
+/// Content-Length and then a FIN is a 400, not a 413; a bad chunk-size line is a 400.
+#[test]
+fn connection_timeouts_and_broken_bodies() {
+    let dir = checkpoint();
+    let mut srv = Server::start(
+        dir.path(),
+        &["--header-timeout", "1", "--body-timeout", "2"],
+    );
+    // A head that never ends: one header line, then nothing.
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    s.write_all(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    assert!(
+        read_until_closed(&mut s, Duration::from_secs(20)).is_some(),
+        "a partial head was never cut"
+    );
+    // Idle after one answered request on a kept-alive connection.
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let got =
+        read_until_closed(&mut s, Duration::from_secs(20)).expect("idle connection never closed");
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    // A body cut short: Content-Length 100, 10 bytes, then FIN.
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    s.write_all(
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"state\":1",
+    )
+    .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let got = read_until_closed(&mut s, Duration::from_secs(20)).expect("answer");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    // A bad chunk-size line.
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    s.write_all(
+        b"POST /decide HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n",
+    )
+    .unwrap();
+    let got = read_until_closed(&mut s, Duration::from_secs(20)).expect("answer");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    // A body that stops coming: 408.
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    s.write_all(
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"state\":1",
+    )
+    .unwrap();
+    let got = read_until_closed(&mut s, Duration::from_secs(20)).expect("answer");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    let (_, _, m) = http(&srv.addr, "GET", "/metrics", &[], b"");
+    let m = String::from_utf8(m).unwrap();
+    assert!(m.contains(r#"onepass_errors_total{status="400"} 2"#), "{m}");
+    assert!(m.contains(r#"onepass_errors_total{status="408"} 1"#), "{m}");
+    assert!(!m.contains(r#"status="413""#), "{m}");
+    srv.stop();
+}
+
+/// SIGTERM with a connection holding a partial request exits (cleanly) within the shutdown timeout, and a second
+/// signal exits at once even while a request is stuck.
+#[test]
+fn shutdown_is_bounded_whatever_connections_do() {
+    let dir = checkpoint();
+    // The head timeout is long, so only the shutdown timeout can end the partial request.
+    let mut srv = Server::start(
+        dir.path(),
+        &["--header-timeout", "600", "--shutdown-timeout", "1"],
+    );
+    let mut held = TcpStream::connect(&srv.addr).unwrap();
+    held.write_all(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    // A body that never comes: the request is in the route, past its head.
+    let mut in_body = TcpStream::connect(&srv.addr).unwrap();
+    in_body
+        .write_all(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let log = srv.stop();
+    assert!(log.contains("onepass serve: stopped"), "{log}");
+    drop((held, in_body));
+
+    let mut srv = Server::start(
+        dir.path(),
+        &["--header-timeout", "600", "--shutdown-timeout", "600"],
+    );
+    let mut held = TcpStream::connect(&srv.addr).unwrap();
+    held.write_all(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    srv.term();
+    // Wait for the first signal to be taken before sending the second.
+    loop {
+        let line = srv
+            .rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("no shutdown line");
+        srv.log.push(line.clone());
+        if line.contains("shutting down") {
+            break;
+        }
+    }
+    srv.term();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = srv.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "a second SIGTERM did not stop the server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130));
+    drop(held);
+}
+
+/// The port is bound before the model loads (a taken port is the error, even with a model folder that does not
+/// load); an empty API key is an error; a key from a file works; /health names the folder, not its path.
+#[test]
+fn bind_first_auth_fails_closed_and_health_hides_paths() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let missing = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
+        .args([
+            "serve",
+            "--model",
+            missing.path().to_str().unwrap(),
+            "--port",
+            &port,
+        ])
+        .env_remove("ONEPASS_API_KEY")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&format!("binding 127.0.0.1:{port}")), "{err}");
+    // Warnings before anything loads: a queue smaller than one request may be, a public bind without a key.
+    let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
+        .args([
+            "serve",
+            "--model",
+            missing.path().to_str().unwrap(),
+            "--port",
+            "0",
+        ])
+        .args(["--max-queue-rows", "10", "--host", "0.0.0.0"])
+        .env_remove("ONEPASS_API_KEY")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--max-queue-rows (10) is below --max-rows (1024)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("listening on 0.0.0.0 without an API key"),
+        "{err}"
+    );
+    for blank in ["", "   "] {
+        let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
+            .args([
+                "serve",
+                "--model",
+                missing.path().to_str().unwrap(),
+                "--port",
+                "0",
+                "--api-key",
+                blank,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("API key") && err.contains("empty"),
+            "{err}"
+        );
+    }
+    let dir = checkpoint();
+    let keyfile = dir.path().join("key.txt");
+    std::fs::write(&keyfile, "s3cret\n").unwrap();
+    let mut srv = Server::start(
+        dir.path(),
+        &[
+            "--api-key-file",
+            keyfile.to_str().unwrap(),
+            "--host",
+            "127.0.0.1",
+        ],
+    );
+    let (status, _, _) = http(&srv.addr, "GET", "/v1/models", &[], b"");
+    assert_eq!(status, 401);
+    let (status, _, _) = http(
+        &srv.addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer s3cret")],
+        b"",
+    );
+    assert_eq!(status, 200);
+    let (_, _, health) = http(&srv.addr, "GET", "/health", &[], b"");
+    let health = String::from_utf8(health).unwrap();
+    let name = dir.path().file_name().unwrap().to_str().unwrap();
+    assert!(health.contains(&format!(r#""model":"{name}""#)), "{health}");
+    assert!(!health.contains(dir.path().to_str().unwrap()), "{health}");
+    srv.stop();
+}
+
+/// The issue's reproducer (a million-zero state with real questions) is answered, with the same answer as a state
+/// cut by hand to what the cap keeps, and a body of more than 2,000,000 values is a 413.
+#[test]
+fn a_huge_state_is_answered_and_too_many_values_is_a_413() {
+    let dir = checkpoint();
+    let mut srv = Server::start(dir.path(), &["--max-state-tokens", "3000"]);
+    let questions = r#"{"topic":{"type":"choice","instructions":"What is the ticket about?","criteria":["billing","shipping","login"]}}"#;
+    let zeros = |n: usize| {
+        format!(
+            r#"{{"state":[{}],"questions":{questions}}}"#,
+            vec!["0"; n].join(",")
+        )
+    };
+    // 1,000,000 zeros and 1,000 zeros render the same first 3,000 ids, so they answer alike.
+    let (s1, _, big) = http(
+        &srv.addr,
+        "POST",
+        "/v1/systemone",
+        &[],
+        zeros(1_000_000).as_bytes(),
+    );
+    let (s2, _, small) = http(
+        &srv.addr,
+        "POST",
+        "/v1/systemone",
+        &[],
+        zeros(1_000).as_bytes(),
+    );
+    assert_eq!((s1, s2), (200, 200), "{}", String::from_utf8_lossy(&big));
+    assert_eq!(big, small);
+    let (s, _, body) = http(
+        &srv.addr,
+        "POST",
+        "/v1/systemone",
+        &[],
+        zeros(2_000_001).as_bytes(),
+    );
+    assert_eq!(s, 413, "{}", String::from_utf8_lossy(&body));
+    srv.stop();
+}

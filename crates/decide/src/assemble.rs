@@ -1,9 +1,9 @@
 //! Probabilities → answers (decider/systemone.py `assemble`, `format_answer`): f32 softmax per slot, then f64
 //! assembly with Python 3.11 left-to-right `sum`, Python `round`, and the reference's key order.
 
+use crate::prompt::text::{QType, RenderedQuestion, RowKind};
+use crate::prompt::tokens::Plan;
 use crate::pyjson::{obj, py_round, Object, Value};
-use crate::render::{QType, RenderedQuestion, RowKind};
-use crate::rows::Plan;
 
 /// `softmax(logits[..nopts] / T)` in f32, max-subtracted; the masked tail (`j >= nopts`) is left out.
 // decider-contract R3.1.1, R3.3

@@ -1,9 +1,9 @@
 //! `decider_config.json`: answer temperatures (decider/temperature.py), model name, isolated levels, prompt layout.
 //! Validation happens at load, with the reference's messages (the reference server fails to start).
 
-use crate::chat::{self, ChatTemplate};
+use crate::prompt::chat::{self, ChatTemplate};
+use crate::prompt::text::QType;
 use crate::pyjson::{decode_body, py_float, py_repr, py_str, repr_str, Object, Value};
-use crate::render::QType;
 use onepass_tokenizer::Tokenizer;
 use std::path::Path;
 

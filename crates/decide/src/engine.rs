@@ -39,12 +39,13 @@ use std::path::Path;
 use onepass_model::{Model, ModelError, SequenceState};
 use onepass_tokenizer::{Tokenizer, TokenizerError};
 
-use crate::assemble::{assemble, softmax};
+use crate::assemble::softmax;
 use crate::config::{ConfigError, DecideConfig};
 use crate::error::ApiError;
+use crate::pipeline::{Limits, Pipeline, Route};
+use crate::prompt::tokens::{common_prefix_len, plan, Plan, Row};
 use crate::pyjson::Value;
-use crate::request::{parse_request, Request};
-use crate::rows::{check_positions, check_size, common_prefix_len, plan, Limits, Plan, Row};
+use crate::request::Request;
 
 /// Most tokens stacked into one `forward_batch` call (bounds activation memory: `[N, intermediate]` f32 buffers).
 /// A row longer than this still runs, alone; a shared prefix runs in pieces of this size.
@@ -792,15 +793,36 @@ impl<B: Backend> Engine<B> {
         Ok(states)
     }
 
-    /// The `/v1/systemone` answer for a request body: parse → plan → check_size → score → assemble.
+    /// The request pipeline over this engine's tokenizer, config, limits and positions.
+    pub fn pipeline(&self) -> Pipeline<'_> {
+        Pipeline {
+            tokenizer: &self.tokenizer,
+            config: &self.config,
+            limits: &self.opts.limits,
+            max_positions: self.model.max_positions(),
+        }
+    }
+
+    /// The answer of `route` for a request body: prepare (parse, plan, limits) → score → answer.
+    pub fn answer(&self, route: Route, body: &[u8]) -> Result<Value, ApiError> {
+        let pipeline = self.pipeline();
+        let prepared = pipeline.prepare(route, body)?;
+        let probs = if prepared.plan.rows.is_empty() {
+            Vec::new()
+        } else {
+            self.score(&[&prepared.plan])?.pop().unwrap_or_default()
+        };
+        pipeline.answer(&prepared, &probs, self.model_name())
+    }
+
+    /// The `/v1/systemone` answer for a request body ([`Engine::answer`]).
     pub fn system_one(&self, body: &[u8]) -> Result<Value, ApiError> {
-        let req = parse_request(body)?;
-        let plan = self.plan(&req)?;
-        check_size(&plan, &self.opts.limits)?;
-        check_positions(&plan, self.model.max_positions())?;
-        let mut probs = self.score(&[&plan])?;
-        let probs = probs.pop().unwrap_or_default();
-        assemble(&plan, &probs, self.model_name()).map_err(|e| ApiError::detail(500, e.to_string()))
+        self.answer(Route::SystemOne, body)
+    }
+
+    /// The `/decide` answer for a request body ([`Engine::answer`]).
+    pub fn decide(&self, body: &[u8]) -> Result<Value, ApiError> {
+        self.answer(Route::Decide, body)
     }
 }
 

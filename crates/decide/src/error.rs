@@ -95,6 +95,30 @@ impl ApiError {
             ),
         }
     }
+
+    /// What onepass sends: [`ApiError::http_body`], except that a body echoing a NaN or infinity (from `NaN`,
+    /// `Infinity` or `1e400` in the request) keeps the client error's status and writes each such number as a string,
+    /// Python's `repr` of it (`"nan"`, `"inf"`, `"-inf"`), instead of the reference's plain-text 500 — so clients that
+    /// retry every 5xx do not retry a bad request (docs/server.md, "Divergences").
+    pub fn served_body(&self) -> (u16, &'static str, String) {
+        match dumps_compact(&self.body) {
+            Ok(s) => (self.status, "application/json", s),
+            Err(_) => match dumps_compact(&finite(&self.body)) {
+                Ok(s) => (self.status, "application/json", s),
+                Err(_) => self.http_body(),
+            },
+        }
+    }
+}
+
+/// `v` with every non-finite float replaced by the string of its Python repr.
+fn finite(v: &Value) -> Value {
+    match v {
+        Value::Float(f) if !f.is_finite() => Value::Str(crate::pyjson::float_repr(*f)),
+        Value::Array(a) => Value::Array(a.iter().map(finite).collect()),
+        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), finite(x))).collect()),
+        other => other.clone(),
+    }
 }
 
 impl From<RenderError> for ApiError {

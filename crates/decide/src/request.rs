@@ -56,6 +56,12 @@ pub fn fastapi_json_body(body: &[u8]) -> Result<Value, ApiError> {
                 ("ctx", Value::Object(ctx)),
             ])]))
         }
+        Err(e @ BodyError::TooManyValues) => Err(ApiError::detail(
+            413,
+            format!(
+                "request too large: {e}; send a smaller state (cut it, or summarise long arrays)"
+            ),
+        )),
         Err(BodyError::Other(_)) => {
             Err(ApiError::detail(400, "There was an error parsing the body"))
         }

@@ -18,6 +18,33 @@ pub fn too_large(max: usize, after_decompression: bool) -> ApiError {
     )
 }
 
+/// Why a body could not be read: past the size cap (413), or cut short / badly framed (400: a truncated body, a bad
+/// chunk-size line, a chunked body without its last chunk), never counted as "too large".
+pub fn read_error(e: &axum::Error, max: usize) -> ApiError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return too_large(max, false);
+        }
+        source = s.source();
+    }
+    ApiError::detail(
+        400,
+        format!("the request body could not be read in full ({e}); send a complete body matching its Content-Length or chunked framing"),
+    )
+}
+
+/// The 408 for a body that did not arrive in time.
+pub fn timed_out(limit: std::time::Duration) -> ApiError {
+    ApiError::detail(
+        408,
+        format!(
+            "the request body did not arrive within {} s (--body-timeout); send it faster or raise the limit",
+            limit.as_secs_f64()
+        ),
+    )
+}
+
 /// Undo the `Content-Encoding` header's codings (applied in order, so undone last first). `identity`, `gzip`,
 /// `x-gzip` and `zstd` are known; anything else is a 415.
 pub fn decode(encoding: Option<&str>, raw: Vec<u8>, max: usize) -> Result<Vec<u8>, ApiError> {

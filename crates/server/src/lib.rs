@@ -1,21 +1,25 @@
 //! The onepass HTTP server: decider-ai 1.10.0's serving API over axum, thin over `onepass-decide`.
 //!
 //! Routes: `POST /v1/systemone` (byte-exact with the reference), `POST /decide` (the plain form), `GET /v1/models`,
-//! `GET /health`, `GET /metrics` (Prometheus). A request is read (with a size cap), decompressed (zstd, gzip),
-//! parsed and planned on the blocking pool; the 413 checks and the 503 admission run before any model work
+//! `GET /health`, `GET /metrics` (Prometheus). A scoring request is refused with 503 before its body is read when
+//! the queue is full; otherwise its body is read (with a size cap and a time limit), then decompressed (zstd, gzip),
+//! parsed, planned and checked against the limits by `onepass-decide`'s one [`Pipeline`] on the blocking pool (at
+//! most one preparation per core at a time); the 413 checks and the 503 admission run before any model work
 //! (decider-contract R1.9.1); then its plan goes to the single batching worker ([`batcher`]), which scores every
-//! pending plan in one engine call. [`router`] builds the whole app around any [`DecideEngine`], so tests drive it
-//! without a socket; docs/server.md describes the routes, options and what differs from the reference.
+//! pending plan in one engine call, and the pipeline writes the answer. [`router`] builds the whole app around any
+//! [`DecideEngine`], so tests drive it without a socket; [`serve`] runs it on a listener with the connection
+//! timeouts and a bounded shutdown; docs/server.md describes the routes, options and what differs from the reference.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod batcher;
 pub mod body;
-pub mod decide_route;
 pub mod engine;
 pub mod metrics;
+pub mod serve;
 
 pub use engine::{DecideEngine, Scores};
+pub use serve::{serve, Timeouts};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -27,14 +31,12 @@ use axum::Router;
 use batcher::{Admission, Batcher, Job};
 use metrics::Metrics;
 use onepass_decide::pyjson::{dumps_compact, obj, py_str, Object, Value};
-use onepass_decide::{
-    assemble, check_positions, check_size, parse_request, ApiError, Layout, Limits, Plan,
-};
+use onepass_decide::{ApiError, Layout, Limits, Pipeline, Plan, Prepared, Route};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::oneshot;
+use std::time::{Duration, Instant};
+use tokio::sync::{oneshot, Semaphore};
 
 /// Everything `onepass serve` can set.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,6 +57,11 @@ pub struct ServerOptions {
     pub device: String,
     /// One stderr line per request.
     pub log_requests: bool,
+    /// Time a client has to send a whole request body (408 past it).
+    pub body_timeout: Duration,
+    /// Request preparations (read body, decompress, parse, plan) running at once; more wait their turn. Each one's
+    /// memory is bounded by the body cap and the state's token cap, so this bounds their sum.
+    pub max_preparing: usize,
 }
 
 impl Default for ServerOptions {
@@ -68,6 +75,8 @@ impl Default for ServerOptions {
             model_id: String::new(),
             device: "cpu".into(),
             log_requests: true,
+            body_timeout: Duration::from_secs(30),
+            max_preparing: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
     }
 }
@@ -79,6 +88,7 @@ pub struct App {
     pub admission: Arc<Admission>,
     pub batcher: Batcher,
     pub metrics: Arc<Metrics>,
+    preparing: Semaphore,
     id_seed: u64,
     seq: AtomicU64,
 }
@@ -102,6 +112,7 @@ pub fn router(
         admission: Admission::new(opts.max_queue_rows),
         batcher,
         metrics,
+        preparing: Semaphore::new(opts.max_preparing.max(1)),
         id_seed: std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish(),
@@ -219,7 +230,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// An [`ApiError`] as Starlette writes it. A 503 (queue full) also says when to retry, which the TypeSafe SDK
 /// honours (the reference sends no such header; clients that ignore it see the same response).
 fn json_error(e: ApiError) -> Response {
-    let (status, ctype, body) = e.http_body();
+    let (status, ctype, body) = e.served_body();
     let mut r = raw(status, ctype, body);
     if status == 503 {
         r.headers_mut()
@@ -253,13 +264,18 @@ fn json_ok(v: &Value, work: Work) -> Response {
     r
 }
 
-/// Read the body (capped), then undo its `Content-Encoding` on the blocking pool together with `then`.
-async fn with_body<T: Send + 'static>(
+/// Bodies at least this large (raw or decompressed) give their memory back to the system once prepared.
+const TRIM_AFTER_BYTES: usize = 1 << 20;
+
+/// Read the body (capped in size and time), then, on the blocking pool and at most `max_preparing` at a time, undo its
+/// `Content-Encoding` and run the pipeline's `prepare`. A body that cannot be read (cut short, a bad chunk) is a 400, a
+/// slow one a 408, a large one a 413.
+async fn prepare(
     app: &Arc<App>,
+    route: Route,
     headers: &HeaderMap,
     body: Body,
-    then: impl FnOnce(&App, Vec<u8>) -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
+) -> Result<Prepared, ApiError> {
     let max = app.opts.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -268,18 +284,33 @@ async fn with_body<T: Send + 'static>(
     if declared.is_some_and(|n| n > max as u64) {
         return Err(body::too_large(max, false));
     }
-    let raw = axum::body::to_bytes(body, max)
-        .await
-        .map_err(|_| body::too_large(max, false))?;
+    let raw =
+        match tokio::time::timeout(app.opts.body_timeout, axum::body::to_bytes(body, max)).await {
+            Ok(Ok(raw)) => raw,
+            Ok(Err(e)) => return Err(body::read_error(&e, max)),
+            Err(_) => return Err(body::timed_out(app.opts.body_timeout)),
+        };
     let enc = headers.get(header::CONTENT_ENCODING).map(|v| {
         v.to_str()
             .map(str::to_string)
             .unwrap_or_else(|_| "?".into())
     });
+    let _permit = app
+        .preparing
+        .acquire()
+        .await
+        .map_err(|_| ApiError::detail(500, "the server is shutting down"))?;
     let app = app.clone();
     tokio::task::spawn_blocking(move || {
+        let raw_len = raw.len();
         let bytes = body::decode(enc.as_deref(), Vec::from(raw), max)?;
-        then(&app, bytes)
+        let big = raw_len.max(bytes.len()) >= TRIM_AFTER_BYTES;
+        let r = pipeline(&app).prepare(route, &bytes);
+        drop(bytes);
+        if big {
+            give_memory_back();
+        }
+        r
     })
     .await
     .unwrap_or_else(|e| {
@@ -290,17 +321,53 @@ async fn with_body<T: Send + 'static>(
     })
 }
 
-/// Reserve the plan's rows (503 when the queue is full) and score it on the batching worker.
+/// Return freed heap pages to the system (glibc keeps them otherwise, so one large request would hold its peak).
+fn give_memory_back() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free pages of glibc's heap; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+fn pipeline(app: &App) -> Pipeline<'_> {
+    Pipeline {
+        tokenizer: app.engine.tokenizer(),
+        config: app.engine.config(),
+        limits: &app.opts.limits,
+        max_positions: app.engine.max_positions(),
+    }
+}
+
+/// The 503 for a queue that cannot take `rows` more rows now.
+fn busy(app: &App, outstanding: usize) -> ApiError {
+    ApiError::detail(
+        503,
+        format!(
+            "server busy: {outstanding} rows queued, the limit is {} (DECIDER_MAX_QUEUE_ROWS); retry later",
+            app.admission.max_rows
+        ),
+    )
+}
+
+/// Reserve the plan's rows (413 when they could never fit the queue, 503 when it is full now) and score it on the
+/// batching worker.
 async fn score(app: &App, plan: Arc<Plan>) -> Result<Vec<Vec<f32>>, ApiError> {
-    let admitted = app.admission.admit(plan.rows.len()).map_err(|outstanding| {
-        ApiError::detail(
-            503,
+    let rows = plan.rows.len();
+    if rows > app.admission.max_rows {
+        return Err(ApiError::detail(
+            413,
             format!(
-                "server busy: {outstanding} rows queued, the limit is {} (DECIDER_MAX_QUEUE_ROWS); retry later",
+                "too many rows: the request expands to {rows} scoring rows and the queue holds at most {} \
+                 (--max-queue-rows, DECIDER_MAX_QUEUE_ROWS); split the request",
                 app.admission.max_rows
             ),
-        )
-    })?;
+        ));
+    }
+    let admitted = app
+        .admission
+        .admit(rows)
+        .map_err(|outstanding| busy(app, outstanding))?;
     let (tx, rx) = oneshot::channel();
     app.batcher
         .submit(Job {
@@ -319,6 +386,32 @@ async fn score(app: &App, plan: Arc<Plan>) -> Result<Vec<Vec<f32>>, ApiError> {
     }
 }
 
+/// `POST /v1/systemone` and `POST /decide`: admission, prepare, score, answer.
+async fn scoring(app: Arc<App>, route: Route, headers: HeaderMap, body: Body) -> Response {
+    // Admission before any work: a full queue answers at once, without reading or parsing the body.
+    let outstanding = app.admission.outstanding();
+    if outstanding >= app.admission.max_rows {
+        return json_error(busy(&app, outstanding));
+    }
+    let prepared = match prepare(&app, route, &headers, body).await {
+        Ok(p) => p,
+        Err(e) => return json_error(e),
+    };
+    let probs = if prepared.plan.rows.is_empty() {
+        vec![]
+    } else {
+        match score(&app, prepared.plan.clone()).await {
+            Ok(p) => p,
+            Err(e) => return json_error(e),
+        }
+    };
+    let work = work_of(&prepared.plan, prepared.decisions());
+    match pipeline(&app).answer(&prepared, &probs, app.engine.model_name()) {
+        Ok(v) => json_ok(&v, work),
+        Err(e) => json_error(e),
+    }
+}
+
 fn work_of(plan: &Plan, decisions: usize) -> Work {
     Work {
         rows: plan.rows.len() as u64,
@@ -329,64 +422,12 @@ fn work_of(plan: &Plan, decisions: usize) -> Work {
 
 /// `POST /v1/systemone` (serve.py `systemone`, decider-contract §5.1).
 async fn systemone(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
-    let planned = with_body(&app, &headers, body, |app, bytes| {
-        let req = parse_request(&bytes)?;
-        if req.assets.as_ref().is_some_and(|a| !a.is_empty()) {
-            return Err(ApiError::detail(
-                422,
-                "this server was started without image support (DECIDER_IMAGES=1)",
-            ));
-        }
-        let plan = onepass_decide::plan(&req, app.engine.tokenizer(), app.engine.config())?;
-        check_size(&plan, &app.opts.limits)?;
-        check_positions(&plan, app.engine.max_positions())?;
-        Ok(Arc::new(plan))
-    })
-    .await;
-    let plan = match planned {
-        Ok(p) => p,
-        Err(e) => return json_error(e),
-    };
-    let probs = if plan.rows.is_empty() {
-        vec![]
-    } else {
-        match score(&app, plan.clone()).await {
-            Ok(p) => p,
-            Err(e) => return json_error(e),
-        }
-    };
-    match assemble(&plan, &probs, app.engine.model_name()) {
-        Ok(v) => json_ok(&v, work_of(&plan, plan.rqs.len())),
-        Err(e) => json_error(ApiError::detail(500, e.to_string())),
-    }
+    scoring(app, Route::SystemOne, headers, body).await
 }
 
 /// `POST /decide` (serve.py `decide`, decider-contract §5.2).
 async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
-    let prepared = with_body(&app, &headers, body, |app, bytes| {
-        let prep = decide_route::prepare(&bytes, app.engine.tokenizer(), app.engine.config())?;
-        if let Some(plan) = &prep.plan {
-            check_size(plan, &app.opts.limits)?;
-            check_positions(plan, app.engine.max_positions())?;
-        }
-        Ok(prep)
-    })
-    .await;
-    let prep = match prepared {
-        Ok(p) => p,
-        Err(e) => return json_error(e),
-    };
-    let Some(plan) = prep.plan else {
-        return json_ok(&Value::Object(Object::new()), Work::default());
-    };
-    let plan = Arc::new(plan);
-    match score(&app, plan.clone()).await {
-        Ok(p) => json_ok(
-            &decide_route::format(&prep.questions, &p),
-            work_of(&plan, prep.questions.len()),
-        ),
-        Err(e) => json_error(e),
-    }
+    scoring(app, Route::Decide, headers, body).await
 }
 
 /// `GET /v1/models` (decider-contract §5.3).

@@ -287,7 +287,7 @@ async fn queue_full_is_a_503_and_rows_are_released() {
     assert_eq!(first.await.unwrap().status, 200);
     assert_eq!(state.admission.outstanding(), 0);
     assert_eq!(post_json(&app, "/v1/systemone", REQ).await.status, 200);
-    // a request larger than the whole queue
+    // a request larger than the whole queue can never fit: 413, not "retry later"
     let (app, _) = router(
         real_engine(),
         quiet(ServerOptions {
@@ -297,13 +297,54 @@ async fn queue_full_is_a_503_and_rows_are_released() {
     )
     .unwrap();
     let r = post_json(&app, "/v1/systemone", REQ).await;
-    assert_eq!(
-        (r.status, r.text().as_str()),
-        (
-            503,
-            r#"{"detail":"server busy: 0 rows queued, the limit is 2 (DECIDER_MAX_QUEUE_ROWS); retry later"}"#
-        )
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("3 scoring rows and the queue holds at most 2"),
+        "{}",
+        r.text()
     );
+}
+
+/// A full queue answers 503 before the body is read or parsed: the engine is never asked, the body (here one that
+/// would take the parser long) never reaches the pipeline.
+#[tokio::test]
+async fn a_full_queue_refuses_before_parsing() {
+    let gate = Arc::new(AtomicBool::new(false));
+    let g = gate.clone();
+    let fake = Arc::new(FakeEngine::new(move |p| {
+        while !g.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(uniform(p))
+    }));
+    let (app, state) = router(
+        fake.clone(),
+        quiet(ServerOptions {
+            max_queue_rows: 3,
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { post_json(&app, "/v1/systemone", REQ).await }
+    });
+    while state.admission.outstanding() < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Not even JSON: a parsed body would be a 422, so a 503 shows nothing was parsed.
+    let r = post_json(&app, "/v1/systemone", "{not json").await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let r = post_json(&app, "/decide", "{not json").await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    gate.store(true, Ordering::Release);
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(
+        post_json(&app, "/v1/systemone", "{not json").await.status,
+        422
+    );
+    assert_eq!(fake.calls.lock().unwrap().len(), 1);
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ mod parse;
 mod unicode;
 
 pub use number::{float_repr, is_py_space, py_decimal, py_float, py_round, FloatParseError};
-pub use parse::{decode_body, loads, BodyError, JsonDecodeError};
+pub use parse::{decode_body, loads, BodyError, JsonDecodeError, MAX_VALUES};
 
 use indexmap::IndexMap;
 use std::fmt::Write;
@@ -195,6 +195,136 @@ fn write_json(
     Ok(())
 }
 
+/// The output of [`dumps_capped`] reached its byte cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capped;
+
+/// `json.dumps(annotate_indices(v) if annotate else v, ensure_ascii=False)` written into `out` until it holds more than
+/// `cap` bytes: `Err(Capped)` then, with `out` a prefix of the full text (cut anywhere, at a char boundary) and the
+/// rest never built. `annotate` applies decider's `annotate_indices` on the fly (arrays of at least
+/// [`ANNOTATE_MIN`] elements get `{"_index": i, ...}` elements, decider-contract R1.2.2), so a long array costs no
+/// copy of itself. Below the cap the text is byte-identical to [`dumps`] of the annotated value.
+pub fn dumps_capped(out: &mut String, v: &Value, annotate: bool, cap: usize) -> Result<(), Capped> {
+    Capper { out, cap, annotate }.value(v)
+}
+
+/// Arrays at least this long get `_index` annotations (decider-contract R1.2.2).
+pub const ANNOTATE_MIN: usize = 8;
+
+struct Capper<'a> {
+    out: &'a mut String,
+    cap: usize,
+    annotate: bool,
+}
+
+impl Capper<'_> {
+    fn push(&mut self, s: &str) -> Result<(), Capped> {
+        let room = self.cap.saturating_sub(self.out.len());
+        if s.len() <= room {
+            self.out.push_str(s);
+            return Ok(());
+        }
+        let mut end = room;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.out.push_str(&s[..end]);
+        Err(Capped)
+    }
+
+    fn string(&mut self, s: &str) -> Result<(), Capped> {
+        // Escape in bounded pieces so a huge string is cut without being copied whole.
+        let mut piece = String::new();
+        let mut rest = s;
+        while !rest.is_empty() {
+            let mut end = rest.len().min(4096);
+            while !rest.is_char_boundary(end) {
+                end += 1;
+            }
+            piece.clear();
+            write_json_str_body(&mut piece, &rest[..end]);
+            self.push(&piece)?;
+            rest = &rest[end..];
+        }
+        Ok(())
+    }
+
+    fn key_str(&mut self, s: &str) -> Result<(), Capped> {
+        self.push("\"")?;
+        self.string(s)?;
+        self.push("\"")
+    }
+
+    fn value(&mut self, v: &Value) -> Result<(), Capped> {
+        match v {
+            Value::Null => self.push("null"),
+            Value::Bool(true) => self.push("true"),
+            Value::Bool(false) => self.push("false"),
+            Value::Int(d) => self.push(d),
+            Value::Float(f) => self.push(&json_float(*f)),
+            Value::Str(s) => self.key_str(s),
+            Value::Array(a) if self.annotate && a.len() >= ANNOTATE_MIN => {
+                self.push("[")?;
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        self.push(", ")?;
+                    }
+                    self.annotated(i, x)?;
+                }
+                self.push("]")
+            }
+            Value::Array(a) => {
+                self.push("[")?;
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        self.push(", ")?;
+                    }
+                    self.value(x)?;
+                }
+                self.push("]")
+            }
+            Value::Object(o) => {
+                self.push("{")?;
+                for (i, (k, x)) in o.iter().enumerate() {
+                    if i > 0 {
+                        self.push(", ")?;
+                    }
+                    self.key_str(k)?;
+                    self.push(": ")?;
+                    self.value(x)?;
+                }
+                self.push("}")
+            }
+        }
+    }
+
+    /// Element `i` of an annotated array: `{"_index": i, **d}` for an object `d` (an `"_index"` of `d` replaces the
+    /// value but stays first), else `{"_index": i, "value": x}`.
+    fn annotated(&mut self, i: usize, x: &Value) -> Result<(), Capped> {
+        self.push("{\"_index\": ")?;
+        match x {
+            Value::Object(d) => {
+                match d.get("_index") {
+                    Some(own) => self.value(own)?,
+                    None => self.push(&i.to_string())?,
+                }
+                for (k, v) in d.iter().filter(|(k, _)| k.as_str() != "_index") {
+                    self.push(", ")?;
+                    self.key_str(k)?;
+                    self.push(": ")?;
+                    self.value(v)?;
+                }
+            }
+            other => {
+                self.push(&i.to_string())?;
+                self.push(", \"value\": ")?;
+                self.value(other)?;
+            }
+        }
+        self.push("}")
+    }
+}
+
 /// A float as `json.dumps` writes it: `float.__repr__`, with `NaN`, `Infinity`, `-Infinity`.
 pub fn json_float(f: f64) -> String {
     if f.is_nan() {
@@ -209,6 +339,12 @@ pub fn json_float(f: f64) -> String {
 /// A JSON string literal with `ensure_ascii=False` escapes (`\u00xx` lowercase for other controls).
 pub fn write_json_str(out: &mut String, s: &str) {
     out.push('"');
+    write_json_str_body(out, s);
+    out.push('"');
+}
+
+/// The escaped characters of a JSON string literal, without its quotes.
+fn write_json_str_body(out: &mut String, s: &str) {
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -224,7 +360,6 @@ pub fn write_json_str(out: &mut String, s: &str) {
             c => out.push(c),
         }
     }
-    out.push('"');
 }
 
 /// Python `repr()` of a `str`.

@@ -21,7 +21,15 @@ pub enum BodyError {
     /// `There was an error parsing the body`.
     #[error("There was an error parsing the body: {0}")]
     Other(String),
+    /// onepass-only: more than [`MAX_VALUES`] values (→ 413). The reference parses any number; onepass stops, so a
+    /// small compressed body cannot make the server build gigabytes of values (docs/systemone.md, "Divergences").
+    #[error("the body holds more than {MAX_VALUES} JSON values")]
+    TooManyValues,
 }
+
+/// Most values (numbers, strings, arrays, objects, literals, keys excluded) one body may hold: about 200 MB of parsed
+/// values at most, and twice a million-element state.
+pub const MAX_VALUES: usize = 2_000_000;
 
 /// Python's default `sys.int_max_str_digits`.
 const INT_MAX_STR_DIGITS: usize = 4300;
@@ -36,6 +44,7 @@ pub fn decode_body(body: &[u8]) -> Result<Value, BodyError> {
     Parser {
         s: &chars,
         depth: 0,
+        values: 0,
         lone_surrogate: None,
     }
     .document()
@@ -54,6 +63,7 @@ pub fn loads(text: &str) -> Result<Value, BodyError> {
     Parser {
         s: &chars,
         depth: 0,
+        values: 0,
         lone_surrogate: None,
     }
     .document()
@@ -139,6 +149,8 @@ fn decode_text(b: &[u8]) -> Result<String, BodyError> {
 struct Parser<'a> {
     s: &'a [char],
     depth: usize,
+    /// Values scanned so far ([`MAX_VALUES`]).
+    values: usize,
     /// A `\\uD800`-style lone surrogate was decoded. Python keeps it in the str; a Rust String cannot, so the
     /// document is refused once it has otherwise parsed (later syntax errors still win, as in Python).
     lone_surrogate: Option<u32>,
@@ -217,6 +229,10 @@ impl Parser<'_> {
         let Some(&c) = self.s.get(i) else {
             return Err(Fail::NoValue(i));
         };
+        self.values += 1;
+        if self.values > MAX_VALUES {
+            return Err(Fail::Err(BodyError::TooManyValues));
+        }
         match c {
             '"' => {
                 let (s, end) = self.string(i + 1)?;
@@ -496,6 +512,17 @@ mod tests {
         assert_eq!(e("[é]"), ("Expecting value".into(), 1));
         assert_eq!(e("01"), ("Extra data".into(), 1));
         assert_eq!(e("-"), ("Expecting value".into(), 0));
+    }
+
+    #[test]
+    fn value_count_is_capped() {
+        let body = |n: usize| format!("[{}]", vec!["0"; n].join(","));
+        // the array itself is one value
+        assert!(loads(&body(MAX_VALUES - 1)).is_ok());
+        assert_eq!(loads(&body(MAX_VALUES)), Err(BodyError::TooManyValues));
+        // keys are not values
+        let keys: Vec<String> = (0..MAX_VALUES / 2).map(|i| format!("\"k{i}\":0")).collect();
+        assert!(loads(&format!("{{{}}}", keys.join(","))).is_ok());
     }
 
     #[test]

@@ -8,12 +8,12 @@
 //! little-endian `u32`, code bytes `4g..4g+4` hold values `16g..16g+16` at bits `2·i`.
 //!
 //! The fast paths decode 16 values per instruction group: the code word is broadcast to every
-//! lane, each lane shifts it right by `2·lane`, and a 16-entry table lookup (`vpermps`, which
-//! reads the low 4 bits of each index) maps the code in the two low bits to `(code − 1)·d`,
-//! ignoring the neighbouring code above it. The table is built once per block and row, so the
+//! lane, each lane shifts it right by `2·lane`, and an in-lane table lookup (`vpermilps`, which
+//! reads the two low bits of each index) maps the code to `(code − 1)·d`, ignoring the codes
+//! above it. The table `[−d, 0, d, 2d]` is built once per block and row, so the
 //! scale costs one multiply per 128 weights. A tile of `R` weight rows × `TT` tokens shares each
 //! decoded vector over `TT` tokens and each activation load over `R` rows; rayon splits the rows
-//! across cores. AVX-512 tiles are 4 rows × up to 4 tokens, AVX2 tiles 2 rows × up to 4 tokens;
+//! across cores. AVX-512 tiles are 4 rows × up to 4 tokens, AVX2 tiles 2 rows × up to 2 tokens;
 //! [`ternary_matmul_t_reference`] is the slow twin (f64 accumulation, one value at a time).
 
 use half::f16;
@@ -38,18 +38,10 @@ pub enum TernaryPath {
 impl TernaryPath {
     /// The fastest path this processor supports.
     pub fn detect() -> TernaryPath {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return TernaryPath::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return TernaryPath::Avx2;
-            }
-        }
-        TernaryPath::Portable
+        [TernaryPath::Avx512, TernaryPath::Avx2]
+            .into_iter()
+            .find(|p| p.available())
+            .unwrap_or(TernaryPath::Portable)
     }
 
     /// Whether this processor can run the path.
@@ -57,11 +49,15 @@ impl TernaryPath {
         match self {
             TernaryPath::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            TernaryPath::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            TernaryPath::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            }
             #[cfg(target_arch = "x86_64")]
             TernaryPath::Avx2 => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
@@ -251,12 +247,12 @@ unsafe fn tile(
     let y = y.wrapping_add(t0 * n + r);
     match path {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX-512F available (caller); slices bounded above.
+        // SAFETY: AVX-512F and F16C available (caller); slices bounded above.
         TernaryPath::Avx512 => unsafe {
             dispatch_tile!(tile_avx512, rt, tt, (x, k, w, row_bytes, y, n))
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2 and FMA available (caller); slices bounded above.
+        // SAFETY: AVX2, FMA and F16C available (caller); slices bounded above.
         TernaryPath::Avx2 => unsafe {
             dispatch_tile!(tile_avx2, rt, tt, (x, k, w, row_bytes, y, n))
         },
@@ -310,11 +306,20 @@ unsafe fn tile_portable<const R: usize, const TT: usize>(
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+/// A block's f16 scale through the F16C instruction (inlined, unlike a runtime-dispatched call).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "f16c")]
+fn scale_f16c(block: &[u8]) -> f32 {
+    let bits = u16::from_le_bytes([block[0], block[1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
 /// # Safety
-/// AVX-512F present; `y + i·n + j` writable for `i < TT`, `j < R`; `x` is `[TT, k]` and `w` holds
+/// AVX-512F and F16C present; `y + i·n + j` writable for `i < TT`, `j < R`; `x` is `[TT, k]` and `w` holds
 /// `R` rows of `row_bytes`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,f16c")]
 unsafe fn tile_avx512<const R: usize, const TT: usize>(
     x: &[f32],
     k: usize,
@@ -325,7 +330,7 @@ unsafe fn tile_avx512<const R: usize, const TT: usize>(
 ) {
     assert!(x.len() >= TT * k && w.len() >= R * row_bytes);
     let shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    // Entry e of the lookup is (e mod 4) − 1: the code in the index's two low bits.
+    // The lookup [−1, 0, 1, 2] in every 128-bit lane, indexed by the code in the two low bits.
     let base = _mm512_setr_ps(
         -1.0, 0.0, 1.0, 2.0, -1.0, 0.0, 1.0, 2.0, -1.0, 0.0, 1.0, 2.0, -1.0, 0.0, 1.0, 2.0,
     );
@@ -336,7 +341,7 @@ unsafe fn tile_avx512<const R: usize, const TT: usize>(
         let mut tables = [base; R];
         for (rr, table) in tables.iter_mut().enumerate() {
             let block = &w[rr * row_bytes + b * PQ2_0_BYTES..][..2];
-            *table = _mm512_mul_ps(base, _mm512_set1_ps(block_scale(block)));
+            *table = _mm512_mul_ps(base, _mm512_set1_ps(scale_f16c(block)));
         }
         for g in 0..PQ2_0_BLOCK / 16 {
             let col = b * PQ2_0_BLOCK + g * 16;
@@ -352,7 +357,7 @@ unsafe fn tile_avx512<const R: usize, const TT: usize>(
                         .read_unaligned()
                 };
                 let idx = _mm512_srlv_epi32(_mm512_set1_epi32(word), shifts);
-                let wv = _mm512_permutexvar_ps(idx, tables[rr]);
+                let wv = _mm512_permutevar_ps(tables[rr], idx);
                 for i in 0..TT {
                     acc[rr][i] = _mm512_fmadd_ps(wv, xs[i], acc[rr][i]);
                 }
@@ -368,9 +373,9 @@ unsafe fn tile_avx512<const R: usize, const TT: usize>(
 }
 
 /// # Safety
-/// AVX2 and FMA present; otherwise as [`tile_avx512`].
+/// AVX2, FMA and F16C present; otherwise as [`tile_avx512`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_avx2<const R: usize, const TT: usize>(
     x: &[f32],
     k: usize,
@@ -382,7 +387,7 @@ unsafe fn tile_avx2<const R: usize, const TT: usize>(
     assert!(x.len() >= TT * k && w.len() >= R * row_bytes);
     let shifts_lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     let shifts_hi = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
-    // vpermps reads the low 3 bits of each index: the code and one bit of the next one.
+    // The lookup [−1, 0, 1, 2] in each 128-bit lane; vpermilps reads the two low index bits.
     let base = _mm256_setr_ps(-1.0, 0.0, 1.0, 2.0, -1.0, 0.0, 1.0, 2.0);
     let mut acc = [[_mm256_setzero_ps(); TT]; R];
     let xp = x.as_ptr();
@@ -391,7 +396,7 @@ unsafe fn tile_avx2<const R: usize, const TT: usize>(
         let mut tables = [base; R];
         for (rr, table) in tables.iter_mut().enumerate() {
             let block = &w[rr * row_bytes + b * PQ2_0_BYTES..][..2];
-            *table = _mm256_mul_ps(base, _mm256_set1_ps(block_scale(block)));
+            *table = _mm256_mul_ps(base, _mm256_set1_ps(scale_f16c(block)));
         }
         for g in 0..PQ2_0_BLOCK / 16 {
             let col = b * PQ2_0_BLOCK + g * 16;
@@ -411,8 +416,8 @@ unsafe fn tile_avx2<const R: usize, const TT: usize>(
                         .read_unaligned()
                 };
                 let wb = _mm256_set1_epi32(word);
-                let lo = _mm256_permutevar8x32_ps(tables[rr], _mm256_srlv_epi32(wb, shifts_lo));
-                let hi = _mm256_permutevar8x32_ps(tables[rr], _mm256_srlv_epi32(wb, shifts_hi));
+                let lo = _mm256_permutevar_ps(tables[rr], _mm256_srlv_epi32(wb, shifts_lo));
+                let hi = _mm256_permutevar_ps(tables[rr], _mm256_srlv_epi32(wb, shifts_hi));
                 for i in 0..TT {
                     acc[rr][i] = _mm256_fmadd_ps(lo, xlo[i], acc[rr][i]);
                     acc[rr][i] = _mm256_fmadd_ps(hi, xhi[i], acc[rr][i]);

@@ -1,14 +1,15 @@
-//! Token rows for the model: state-first (decider/prompt_fast.py `build_rows`) and schema-first
-//! (decider/prompt.py `build_schema_first`) rows, plain or chat layout; slots, temperatures, usage.
+//! The prompt as token ids: state-first (decider/prompt_fast.py `build_rows`) and schema-first
+//! (decider/prompt.py `build_schema_first`) rows, plain or chat layout; slots, temperatures, usage. The state is
+//! rendered and tokenized only as far as its token cap needs ([`capped_ids`]).
 
-use crate::chat::{self, ChatError, ChatTemplate};
 use crate::config::{DecideConfig, Layout, Order};
-use crate::error::{ApiError, LimitError};
-use crate::pyjson::{obj, Value};
-use crate::render::{
-    plan_rows, render_questions, render_state, row_types, PlanEntry, PlanRow, QType,
-    RenderedQuestion,
+use crate::error::ApiError;
+use crate::prompt::chat::{self, ChatError, ChatTemplate};
+use crate::prompt::text::{
+    plan_rows, render_questions, row_types, PlanEntry, PlanRow, QType, RenderedQuestion,
 };
+use crate::pyjson::{dumps_capped, Value as Json};
+use crate::pyjson::{obj, Value};
 use crate::request::Request;
 use onepass_tokenizer::{Tokenizer, TokenizerError};
 
@@ -97,8 +98,14 @@ impl Plan {
 /// (decider-contract R1.8.4) and the state cap `cfg.max_state_tokens`.
 pub fn plan(req: &Request, tok: &Tokenizer, cfg: &DecideConfig) -> Result<Plan, ApiError> {
     let rqs = render_questions(&req.questions)?;
-    let context = render_state(&req.state);
-    plan_rendered(rqs, &context, req.independent, tok, cfg).map_err(ApiError::from)
+    plan_rendered(
+        rqs,
+        StateText::Rendered(&req.state),
+        req.independent,
+        tok,
+        cfg,
+    )
+    .map_err(ApiError::from)
 }
 
 /// [`plan`] after rendering (the server's `prepare`; for schema-first, the library's `_system_one_items`).
@@ -106,7 +113,7 @@ pub fn plan(req: &Request, tok: &Tokenizer, cfg: &DecideConfig) -> Result<Plan, 
 /// order `cfg.order`.
 pub fn plan_rendered(
     rqs: Vec<(String, RenderedQuestion)>,
-    context: &str,
+    context: StateText<'_>,
     independent: bool,
     tok: &Tokenizer,
     cfg: &DecideConfig,
@@ -195,7 +202,7 @@ pub type Question<'a> = (&'a str, &'a [String]);
 pub fn state_first_rows(
     tok: &Tokenizer,
     chat: Option<&ChatTemplate>,
-    context: &str,
+    context: StateText<'_>,
     groups: &[Vec<Question<'_>>],
     max_ctx_tokens: usize,
 ) -> Result<(Vec<RowIds>, usize), TokenizerError> {
@@ -236,14 +243,12 @@ pub fn state_first_rows(
 pub fn schema_first_rows(
     tok: &Tokenizer,
     chat: Option<&ChatTemplate>,
-    context: &str,
+    context: StateText<'_>,
     groups: &[Vec<Question<'_>>],
     max_ctx_tokens: usize,
 ) -> Result<(Vec<RowIds>, usize), TokenizerError> {
     let mut state = tok.encode("\n\nContext:\n")?;
-    let mut ctx = tok.encode(context)?;
-    ctx.truncate(max_ctx_tokens);
-    state.extend(ctx);
+    state.extend(capped_ids(tok, "", context, max_ctx_tokens)?);
     let mut rows = Vec::with_capacity(groups.len());
     for group in groups {
         let multi = group.len() > 1;
@@ -327,12 +332,104 @@ fn narrow_options(options: &[String]) -> String {
 // decider-contract R2.3.1
 pub fn context_ids(
     tok: &Tokenizer,
-    context: &str,
+    context: StateText<'_>,
     max_ctx_tokens: usize,
 ) -> Result<Vec<u32>, TokenizerError> {
-    let mut ids = tok.encode(&format!("Context:\n{context}"))?;
-    ids.truncate(max_ctx_tokens);
-    Ok(ids)
+    capped_ids(tok, "Context:\n", context, max_ctx_tokens)
+}
+
+/// The state as the prompt shows it, not yet built: a string shown verbatim (`/decide`'s context), or a request's
+/// `state`, shown as `render_state` writes it (a string verbatim, anything else `json.dumps(annotate_indices(state))`,
+/// decider-contract R1.2.1).
+#[derive(Debug, Clone, Copy)]
+pub enum StateText<'a> {
+    Verbatim(&'a str),
+    Rendered(&'a Json),
+}
+
+/// Bytes of state text first built per id of the cap, and most built per id (see [`capped_ids`]).
+const FIRST_BYTES_PER_ID: usize = 8;
+const MOST_BYTES_PER_ID: usize = 32;
+
+/// `encode(head + text)[:max]`, where `text` is the state's text, with only as much of that text built and tokenized
+/// as the cap needs: peak memory and time are bounded by the cap, not by the request.
+///
+/// The text is built up to a byte budget (`8 * max` bytes at first, doubled up to `32 * max`). When it ends within
+/// the budget, the result is the reference's by construction. Otherwise it is cut at its last *exact cut* — just after
+/// an ASCII digit, or between an ASCII letter, digit or punctuation mark and an ASCII space — and tokenized. Under the
+/// Qwen3.5 pipeline such a cut is a pre-token boundary of the whole text whatever follows it: the split regex takes a
+/// digit alone, none of its greedy runs crosses a digit or starts a non-space run at a space, NFC composes nothing
+/// across either, and no added token holds a digit or a space (checked). So the ids before it are the ids of the whole
+/// text, and once there are `max` of them they are the reference's. A text that reaches `32 * max` bytes without
+/// `max` ids before an exact cut (more than 32 bytes per id, or no digit or space near the cut), or a tokenizer
+/// without the Qwen3.5 pipeline, is cut at the budget: only the ids near that cut can differ from the reference's
+/// (docs/systemone.md, "Divergences").
+pub fn capped_ids(
+    tok: &Tokenizer,
+    head: &str,
+    state: StateText<'_>,
+    max: usize,
+) -> Result<Vec<u32>, TokenizerError> {
+    let verbatim = match state {
+        StateText::Verbatim(s) => Some(s),
+        StateText::Rendered(Json::Str(s)) => Some(s.as_str()),
+        StateText::Rendered(_) => None,
+    };
+    let first = head.len() + FIRST_BYTES_PER_ID.saturating_mul(max).max(1 << 12);
+    let most = head.len() + MOST_BYTES_PER_ID.saturating_mul(max).max(1 << 16);
+    let exact = exact_cuts(tok);
+    let mut budget = first.min(most);
+    loop {
+        let mut text = String::with_capacity(budget.min(1 << 20));
+        text.push_str(head);
+        let whole = match (verbatim, state) {
+            (Some(s), _) => {
+                let mut end = s.len().min(budget.saturating_sub(head.len()));
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text.push_str(&s[..end]);
+                end == s.len()
+            }
+            (None, StateText::Rendered(v)) => dumps_capped(&mut text, v, true, budget).is_ok(),
+            (None, StateText::Verbatim(_)) => unreachable!("a verbatim state is a string"),
+        };
+        if !whole && exact {
+            if let Some(cut) = last_exact_cut(&text) {
+                let mut ids = tok.encode(&text[..cut])?;
+                if ids.len() >= max {
+                    ids.truncate(max);
+                    return Ok(ids);
+                }
+            }
+        }
+        if whole || budget >= most {
+            let mut ids = tok.encode(&text)?;
+            ids.truncate(max);
+            return Ok(ids);
+        }
+        budget = budget.saturating_mul(2).min(most);
+    }
+}
+
+/// Whether [`last_exact_cut`]'s cuts are pre-token boundaries for `tok`: its pipeline is exactly the Qwen3.5 one
+/// and no added token holds an ASCII digit or space.
+fn exact_cuts(tok: &Tokenizer) -> bool {
+    tok.has_fast_path()
+        && tok
+            .inner()
+            .get_added_tokens_decoder()
+            .values()
+            .all(|t| !t.content.bytes().any(|b| b.is_ascii_digit() || b == b' '))
+}
+
+/// The last offset `c` of `text` just after an ASCII digit, or with an ASCII letter, digit or punctuation mark at
+/// `c - 1` and a space at `c` (see [`capped_ids`]).
+fn last_exact_cut(text: &str) -> Option<usize> {
+    let b = text.as_bytes();
+    (1..=b.len()).rev().find(|&c| {
+        b[c - 1].is_ascii_digit() || (b[c - 1].is_ascii_graphic() && b.get(c) == Some(&b' '))
+    })
 }
 
 /// One `\n\nQuestion…: text\nOptions:…\nAnswer…: (` block.
@@ -382,67 +479,6 @@ fn lcp_up_to(rows: &[&[u32]], cap: usize) -> usize {
         n += 1;
     }
     n
-}
-
-/// Request size limits (serve.py; `DECIDER_MAX_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub max_rows: usize,
-    pub max_row_tokens: usize,
-    pub max_request_tokens: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_rows: 1024,
-            max_row_tokens: crate::config::DEFAULT_MAX_STATE_TOKENS + 4096,
-            max_request_tokens: 1 << 20,
-        }
-    }
-}
-
-/// serve.py `check_size`: rows, then the longest row, then the total (413).
-// decider-contract R1.9.1
-pub fn check_size(plan: &Plan, limits: &Limits) -> Result<(), LimitError> {
-    let n = plan.rows.len();
-    let total: usize = plan.rows.iter().map(|r| r.ids.len()).sum();
-    let longest = plan.rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
-    if n > limits.max_rows {
-        Err(LimitError::Rows {
-            rows: n,
-            max_rows: limits.max_rows,
-        })
-    } else if longest > limits.max_row_tokens {
-        Err(LimitError::RowTokens {
-            longest,
-            max_row_tokens: limits.max_row_tokens,
-        })
-    } else if total > limits.max_request_tokens {
-        Err(LimitError::RequestTokens {
-            total,
-            rows: n,
-            max_request_tokens: limits.max_request_tokens,
-        })
-    } else {
-        Ok(())
-    }
-}
-
-/// onepass-only, after [`check_size`]: every row fits the model's `max_positions` (413 naming them). The reference
-/// has no such check (transformers runs any position), but a row past a model's positions is outside what it was
-/// made for, and onepass's engines refuse it at the forward; here it is a client error before any model work, not a
-/// failed forward (docs/systemone.md, "Divergences").
-pub fn check_positions(plan: &Plan, max_positions: usize) -> Result<(), LimitError> {
-    let longest = plan.rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
-    if longest > max_positions {
-        Err(LimitError::Positions {
-            longest,
-            max_positions,
-        })
-    } else {
-        Ok(())
-    }
 }
 
 #[cfg(test)]

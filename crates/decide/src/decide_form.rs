@@ -4,14 +4,17 @@
 //! Body `{"context": str, "schema": {question: field}}` → one packed state-first row (context capped at 1536 ids,
 //! question text raw, options neutralised when `neutralize_none`) → answers keyed by question in schema order.
 
-use onepass_decide::assemble::argmax;
-use onepass_decide::pyjson::{
+use crate::assemble::argmax;
+use crate::config::DecideConfig;
+use crate::error::ApiError;
+use crate::prompt::text::QType;
+use crate::prompt::tokens::{
+    state_first_rows, unique_tokens, Plan, Question, Row, StateText, MAX_OPTIONS,
+};
+use crate::pyjson::{
     dumps_compact, is_py_space, obj, py_float, py_repr, py_round, py_str, repr_str, Object, Value,
 };
-use onepass_decide::render::QType;
-use onepass_decide::request::validation_error;
-use onepass_decide::rows::{state_first_rows, unique_tokens, Question, MAX_OPTIONS};
-use onepass_decide::{ApiError, DecideConfig, Plan, Row};
+use crate::request::validation_error;
 use onepass_tokenizer::Tokenizer;
 
 /// `DECIDE_MAX_CTX_TOKENS` (serve.py; not configurable).
@@ -44,30 +47,28 @@ pub enum FieldKind {
     },
 }
 
-/// A validated `/decide` request: its questions and, unless the schema is empty, its one-row plan.
-#[derive(Debug, Clone)]
-pub struct DecidePrep {
-    pub questions: Vec<DecideQuestion>,
-    pub plan: Option<Plan>,
-}
-
-/// Body → questions → one packed row. Errors are the reference's 422 bodies.
-pub fn prepare(body: &[u8], tok: &Tokenizer, cfg: &DecideConfig) -> Result<DecidePrep, ApiError> {
+/// Body → questions → one packed row (no rows for an empty schema). Errors are the reference's 422 bodies.
+pub fn prepare(
+    body: &[u8],
+    tok: &Tokenizer,
+    cfg: &DecideConfig,
+) -> Result<(Vec<DecideQuestion>, Plan), ApiError> {
     let (context, schema) = validate_body(body)?;
     let questions =
         schema_to_questions(&schema, neutralize_none(cfg)).map_err(|m| ApiError::detail(422, m))?;
     if questions.is_empty() {
-        return Ok(DecidePrep {
-            questions,
-            plan: None,
-        });
+        let plan = Plan {
+            rqs: vec![],
+            index: vec![],
+            rows: vec![],
+            ctx_len: 0,
+            input_tokens: 0,
+        };
+        return Ok((questions, plan));
     }
     let plan = build_plan(&context, &questions, tok, cfg)
         .map_err(|e| ApiError::detail(500, format!("tokenizer: {e}")))?;
-    Ok(DecidePrep {
-        questions,
-        plan: Some(plan),
-    })
+    Ok((questions, plan))
 }
 
 /// `bool(cfg.get("neutralize_none", True))`.
@@ -77,7 +78,7 @@ fn neutralize_none(cfg: &DecideConfig) -> bool {
 
 /// FastAPI + pydantic `Req`: `context: str` required; `schema` (renamed to `schema_` by `Req.__init__`) any value.
 fn validate_body(body: &[u8]) -> Result<(String, Value), ApiError> {
-    let v = onepass_decide::request::fastapi_json_body(body)?;
+    let v = crate::request::fastapi_json_body(body)?;
     let Value::Object(mut kw) = v else {
         return Err(ApiError::validation(vec![validation_error(
             "model_attributes_type",
@@ -146,6 +147,10 @@ pub fn schema_to_questions(
                     Some(Value::Array(a)) if !a.is_empty() => {
                         let strs: Option<Vec<String>> =
                             a.iter().map(|o| o.as_str().map(str::to_string)).collect();
+                        // Duplicates are kept, as decider-ai keeps them: the model sees every copy, and the
+                        // answer's `probabilities` map holds one entry per distinct name (the last copy's), while
+                        // `choice` and `confidence` come from the likeliest copy (docs/server.md, "Duplicate
+                        // options"; the reference fixtures hold such bodies).
                         strs.ok_or_else(|| {
                             format!(
                                 "{place}: \"options\" must be a non-empty list of strings; {form}"
@@ -292,7 +297,7 @@ pub fn build_plan(
     let (mut rows, ctx_len) = state_first_rows(
         tok,
         cfg.chat.as_ref(),
-        context,
+        StateText::Verbatim(context),
         &[group],
         DECIDE_MAX_CTX_TOKENS,
     )?;
@@ -374,4 +379,24 @@ pub fn format(qs: &[DecideQuestion], probs: &[Vec<f32>]) -> Value {
         o.insert(q.text.clone(), ans);
     }
     Value::Object(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pyjson::loads;
+
+    /// `["a", "a"]`: both copies are scored; the answer is the reference's, one `probabilities` entry holding the
+    /// last copy's probability and `choice` / `confidence` from the likeliest copy (docs/server.md).
+    #[test]
+    fn duplicate_options_answer_as_the_reference_does() {
+        let schema = loads(r#"{"q": {"type": "choice", "options": ["a", "a"]}}"#).unwrap();
+        let qs = schema_to_questions(&schema, true).unwrap();
+        assert_eq!(qs[0].options, ["a", "a"]);
+        let v = format(&qs, &[vec![0.9666, 0.0334]]);
+        assert_eq!(
+            dumps_compact(&v).unwrap(),
+            r#"{"q":{"choice":"a","confidence":0.9666,"type":"choice","probabilities":{"a":0.0334}}}"#
+        );
+    }
 }

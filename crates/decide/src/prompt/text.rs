@@ -1,13 +1,13 @@
-//! decider/systemone.py without the model: the state text, each question's text and options, isolated Score
-//! levels and the row plan.
+//! The prompt as text (decider/systemone.py without the model): the state text, each question's text and options,
+//! isolated Score levels, and which questions share a row ([`plan_rows`], the rows as text). Their token ids are
+//! [`super::tokens`]'s.
 
 use crate::error::RenderError;
 use crate::pyjson::{dumps, is_py_space, py_decimal, py_float, py_str, repr_str, Object, Value};
 
 pub const MAX_CHOICE: usize = 255;
 pub const MAX_LEVELS: usize = 10;
-/// Arrays at least this long get `_index` annotations.
-pub const ANNOTATE_MIN: usize = 8;
+pub use crate::pyjson::ANNOTATE_MIN;
 /// The question text of a noul question without instructions (decider-contract R1.7.3).
 pub const NOUL_WITHOUT_INSTRUCTIONS: &str = "Which answer fits the context?";
 
@@ -443,6 +443,37 @@ mod tests {
         assert!(s.contains(r#"{"_index": "x", "a": 1}"#));
         assert!(s.starts_with(r#"[{"_index": 0, "value": 0}, "#));
         assert!(s.ends_with(r#"{"_index": 10, "value": [1]}]"#));
+    }
+
+    /// The capped writer is `json.dumps(annotate_indices(x))` below its cap, and a prefix of it at any cap.
+    #[test]
+    fn capped_render_is_a_prefix_of_the_full_render() {
+        let v = loads(
+            r#"{"a":[0,1,2,3,4,5,6,7,{"_index":"own","b":[1,2]},{"c":null}],"s":"é\n\"x\u0001","n":[1.5,1e400,NaN,-0.0,123456789012345678901234567890],"short":[[1,2],{"k":[9,8,7,6,5,4,3,2,1]}],"e":{},"f":[]}"#,
+        )
+        .expect("valid");
+        let full = dumps(&annotate_indices(&v));
+        let mut s = String::new();
+        assert_eq!(
+            crate::pyjson::dumps_capped(&mut s, &v, true, usize::MAX),
+            Ok(())
+        );
+        assert_eq!(s, full);
+        for cap in 0..full.len() {
+            let mut s = String::new();
+            let r = crate::pyjson::dumps_capped(&mut s, &v, true, cap);
+            assert_eq!(r, Err(crate::pyjson::Capped), "cap {cap}");
+            assert!(
+                full.starts_with(&s) && s.len() <= cap && s.len() + 4 > cap,
+                "cap {cap}: {s}"
+            );
+        }
+        let mut s = String::new();
+        assert_eq!(
+            crate::pyjson::dumps_capped(&mut s, &v, false, usize::MAX),
+            Ok(())
+        );
+        assert_eq!(s, dumps(&v));
     }
 
     #[test]

@@ -18,8 +18,8 @@ use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, ValueKind};
 use minijinja::{Environment, Error as JError, ErrorKind, State, Value as JValue};
 use onepass_tokenizer::{Tokenizer, TokenizerError};
 
+use crate::prompt::tokens::NARROW;
 use crate::pyjson::{is_py_space, json_float, repr_str, write_json_str};
-use crate::rows::NARROW;
 
 /// The user content the template is rendered with; the rendering is split here.
 pub const SENTINEL: &str = "@@DECIDER_USER_CONTENT@@";
@@ -182,7 +182,7 @@ impl ChatTemplate {
         multi: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
         let nl = if k == 0 { "" } else { "\n" };
-        let num = crate::rows::numbering(k, multi);
+        let num = crate::prompt::tokens::numbering(k, multi);
         tok.encode(&format!("{nl}{ANSWER}{num}: ("))
     }
 }
