@@ -1,6 +1,6 @@
-//! The layer sequence as launches ([`CudaModel::run_layers`]: embed, then per layer the norms, projections, the
-//! token mixer and the MLP), the precision-dependent GEMM inputs and residual updates, and the readout (label rows
-//! or full logits).
+//! The model crate's op set as launches ([`Launches`], driven by `onepass_model::layer_ops::run_layers` from
+//! [`CudaModel::run_layers`]: this crate holds no layer loop of its own), the precision-dependent GEMM inputs and
+//! residual updates, and the readout (label rows or full logits).
 
 use onepass_model::layer_ops::{self, LayerOps, NormSite};
 
