@@ -224,38 +224,59 @@ fn model_id(arg: &str) -> String {
 }
 
 /// SIGINT or SIGTERM: stop accepting, let in-flight requests finish (within --shutdown-timeout). A second signal
-/// exits at once.
+/// exits at once. The signal streams exist from the start, so a second signal sent right after the first is not lost.
 async fn shutdown_signal() {
-    signal().await;
+    let mut signals = Signals::new();
+    signals.next().await;
     eprintln!(
         "onepass serve: shutting down, draining in-flight requests (a second signal stops at once)"
     );
-    tokio::spawn(async {
-        signal().await;
+    tokio::spawn(async move {
+        signals.next().await;
         eprintln!("onepass serve: second signal, exiting now");
         std::process::exit(130);
     });
 }
 
-/// The next SIGINT or SIGTERM.
-async fn signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGINT and SIGTERM, listened to for the whole run.
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    streams: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    fn new() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Signals {
+                streams: signal(SignalKind::interrupt())
+                    .and_then(|i| Ok((i, signal(SignalKind::terminate())?)))
+                    .ok(),
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    /// The next SIGINT or SIGTERM.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        match &mut self.streams {
+            Some((int, term)) => {
+                tokio::select! {
+                    _ = int.recv() => {},
+                    _ = term.recv() => {},
+                }
+            }
+            None => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
