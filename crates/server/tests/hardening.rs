@@ -6,13 +6,10 @@
 mod common;
 
 use axum::body::{Body, Bytes};
-use axum::http::Request;
 use common::*;
-use http_body_util::BodyExt;
 use onepass_server::{router, ServerOptions};
 use std::sync::Arc;
 use std::time::Duration;
-use tower::ServiceExt;
 
 fn fake_app(opts: ServerOptions) -> axum::Router {
     router(Arc::new(FakeEngine::new(|p| Ok(uniform(p)))), quiet(opts))
@@ -21,27 +18,14 @@ fn fake_app(opts: ServerOptions) -> axum::Router {
 }
 
 async fn send(app: &axum::Router, path: &str, body: Body) -> Resp {
-    let req = Request::builder()
-        .method("POST")
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(body)
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .to_vec();
-    Resp {
-        status,
-        headers,
+    call_body(
+        app,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
         body,
-    }
+    )
+    .await
 }
 
 /// `NaN`, `Infinity`, `-Infinity` and `1e400` echoed in a validation error: the reference's writer fails and answers a

@@ -148,15 +148,22 @@ pub async fn call(
     headers: &[(&str, &str)],
     body: Vec<u8>,
 ) -> Resp {
+    call_body(router, method, path, headers, Body::from(body)).await
+}
+
+/// [`call`] with any request body (a stream that breaks off or comes slowly, say).
+pub async fn call_body(
+    router: &Router,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Body,
+) -> Resp {
     let mut b = Request::builder().method(method).uri(path);
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
-    let resp = router
-        .clone()
-        .oneshot(b.body(Body::from(body)).unwrap())
-        .await
-        .unwrap();
+    let resp = router.clone().oneshot(b.body(body).unwrap()).await.unwrap();
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = resp
