@@ -11,9 +11,10 @@ unexpected statuses and mismatches, RSS after the first minute, peak and final, 
 
 Arguments after `--` go to `onepass serve`. Standard library only; Linux (/proc) for RSS.
 """
-import argparse, gzip, http.client, json, random, re, subprocess, sys, threading, time
+import argparse, gzip, http.client, json, random, re, sys, threading, time
 
 from percentile import pct  # benches/percentile.py: nearest rank, as onepass
+from serve_proc import start_serve  # benches/serve_proc.py
 
 QUESTIONS = {
     "topic": {"type": "choice", "instructions": "What is the ticket about?", "criteria": ["billing", "shipping", "login"]},
@@ -65,15 +66,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
-    srv = subprocess.Popen([a.onepass, "serve", "--model", a.model, "--port", "0", "--quiet", *a.serve_args],
-                           stderr=subprocess.PIPE, text=True)
-    port = None
-    for line in srv.stderr:
-        m = re.search(r"listening on http://[^\s]+:(\d+)", line)
-        if m:
-            port = int(m.group(1))
-            break
-    threading.Thread(target=lambda: [None for _ in srv.stderr], daemon=True).start()
+    srv, port = start_serve(a.onepass, a.model, a.serve_args)
     work = bodies()
     alone = {}
     for name, path, body, headers, want in work:

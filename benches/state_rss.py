@@ -9,7 +9,9 @@ that renders the whole state before cutting it, or keeps the memory afterwards, 
 
 Arguments after `--` go to `onepass serve`. Standard library only; Linux (/proc) for RSS.
 """
-import argparse, http.client, json, re, subprocess, threading, time
+import argparse, http.client, json, threading, time
+
+from serve_proc import start_serve  # benches/serve_proc.py
 
 
 def rss_mib(pid):
@@ -31,15 +33,7 @@ def main():
     with open("examples/ticket.json") as f:
         questions = json.load(f)["questions"]
     body = b'{"state":[' + b",".join([b"0"] * a.zeros) + b'],"questions":' + json.dumps(questions).encode() + b"}"
-    srv = subprocess.Popen([a.onepass, "serve", "--model", a.model, "--port", "0", "--quiet", *a.serve_args],
-                           stderr=subprocess.PIPE, text=True)
-    port = None
-    for line in srv.stderr:
-        m = re.search(r"listening on http://[^\s]+:(\d+)", line)
-        if m:
-            port = int(m.group(1))
-            break
-    threading.Thread(target=lambda: [None for _ in srv.stderr], daemon=True).start()
+    srv, port = start_serve(a.onepass, a.model, a.serve_args)
     while True:  # the port is bound before the model loads: wait for /health
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
