@@ -14,6 +14,9 @@
 //!     Attention:       project_in(AttnIn); attn_prep; attention; project_residual(AttnOut)
 //!     norm(Post); project_in(MlpIn); swiglu; project_residual(MlpOut)
 //! ```
+//!
+//! The same vocabulary names the weights: a backend that keeps its own copy asks the model for each layer's
+//! [`Projection`]s and [`Param`]s (`Model::linear`, `Model::param`) instead of reading the blocks.
 
 use crate::config::LayerKind;
 
@@ -41,6 +44,59 @@ pub enum Projection {
     MlpIn,
     /// MLP `down_proj`.
     MlpOut,
+}
+
+impl Projection {
+    /// Every projection, in the order a layer runs them.
+    pub const ALL: [Projection; 6] = [
+        Projection::GdnIn,
+        Projection::GdnOut,
+        Projection::AttnIn,
+        Projection::AttnOut,
+        Projection::MlpIn,
+        Projection::MlpOut,
+    ];
+
+    /// Its short name (`gdn_in`, …), as flags and messages spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Projection::GdnIn => "gdn_in",
+            Projection::GdnOut => "gdn_out",
+            Projection::AttnIn => "attn_in",
+            Projection::AttnOut => "attn_out",
+            Projection::MlpIn => "mlp_in",
+            Projection::MlpOut => "mlp_out",
+        }
+    }
+
+    /// Whether it reads the normed residual ([`LayerOps::project_in`]) rather than adding into the residual
+    /// ([`LayerOps::project_residual`]).
+    pub const fn is_input(self) -> bool {
+        matches!(
+            self,
+            Projection::GdnIn | Projection::AttnIn | Projection::MlpIn
+        )
+    }
+}
+
+/// A layer's small f32 parameters, named by the op that reads them and held as that op applies them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    /// [`LayerOps::norm`]: the RMSNorm gain at a site, `1 + weight`. [H]
+    NormGain(NormSite),
+    /// [`LayerOps::gdn_prep`]: the depthwise conv taps, `conv1d.weight`. [conv_dim, K]
+    ConvTaps,
+    /// [`LayerOps::gdn_prep`]: `-exp(A_log)`, the decay rate of the gate g. [HV]
+    NegDecay,
+    /// [`LayerOps::gdn_prep`]: `dt_bias`, added to `a` before the softplus of g. [HV]
+    DtBias,
+    /// [`LayerOps::gated_norm`]: the weight of the gated RMSNorm, as stored (not `1 + w`). [DV]
+    GatedNormWeight,
+    /// [`LayerOps::attn_prep`]: the q and k RMSNorm gains, `1 + weight`. [D]
+    QNormGain,
+    KNormGain,
+    /// [`LayerOps::attn_prep`]: the RoPE inverse frequencies of the rotary dims R. [R/2]
+    RopeInvFreq,
 }
 
 /// The ops of one forward over a batch, each on layer `layer` (an index into the model's layers). A backend

@@ -15,13 +15,11 @@ pub mod layer_ops;
 pub mod qwen3_5;
 pub mod state;
 pub mod synth;
-pub mod view;
 pub mod weights;
 
 pub use config::{LayerKind, ModelConfig, ModelForm, TextConfig};
 pub use qwen3_5::{Model, ModelInfo};
 pub use state::{LayerState, SequenceState};
-pub use view::{AttnView, GdnView, LayerView, MixerView, WeightsView};
 
 /// Errors loading or running a model. Messages name the file, tensor, shape or id at fault.
 #[derive(Debug, thiserror::Error)]

@@ -25,7 +25,7 @@ use crate::blocks::mlp::Mlp;
 use crate::blocks::norm::RmsNorm;
 use crate::blocks::Seg;
 use crate::config::{LayerKind, ModelConfig, ModelForm, TextConfig};
-use crate::layer_ops::{run_layers, LayerOps, NormSite, Projection};
+use crate::layer_ops::{run_layers, LayerOps, NormSite, Param, Projection};
 use crate::state::{LayerState, SequenceState};
 use crate::weights::Binder;
 use crate::ModelError;
@@ -301,6 +301,72 @@ impl Model {
                 * 4,
             max_position_embeddings: c.max_position_embeddings,
         }
+    }
+
+    /// embed_tokens: [V, H]
+    pub fn embedding(&self) -> &Tensor {
+        &self.embed
+    }
+
+    /// lm_head: [V, H] (the embedding when tied)
+    pub fn lm_head(&self) -> &Tensor {
+        &self.lm_head
+    }
+
+    /// The final norm's gain, `1 + weight`. [H]
+    pub fn final_norm_gain(&self) -> &[f32] {
+        &self.norm.gain
+    }
+
+    /// The weights of projection `p` of layer `l`, in the order their rows stack in its output (`GdnIn`:
+    /// in_proj_qkv [2·HK·DK + HV·DV, H], in_proj_z [HV·DV, H], in_proj_a and in_proj_b [HV, H]; `AttnIn`: q_proj
+    /// [H·2D, hidden] (per head D query rows, then D gate rows), k_proj and v_proj [HKV·D, hidden]; `MlpIn`:
+    /// gate_proj and up_proj [I, H]; an output projection one matrix), each the linear weight as loaded, in its
+    /// checkpoint format. An error when layer `l` has no such projection.
+    pub fn linear(&self, l: usize, p: Projection) -> Result<Vec<&Tensor>, ModelError> {
+        let layer = self.layer(l)?;
+        Ok(match (&layer.mixer, p) {
+            (Mixer::GatedDeltaNet(m), Projection::GdnIn) => {
+                vec![&m.in_qkv, &m.in_z, &m.in_a, &m.in_b]
+            }
+            (Mixer::GatedDeltaNet(m), Projection::GdnOut) => vec![&m.out],
+            (Mixer::Attention(m), Projection::AttnIn) => vec![&m.q, &m.k, &m.v],
+            (Mixer::Attention(m), Projection::AttnOut) => vec![&m.o],
+            (_, Projection::MlpIn) => vec![&layer.mlp.gate, &layer.mlp.up],
+            (_, Projection::MlpOut) => vec![&layer.mlp.down],
+            _ => return Err(Self::no_such(l, layer, p.name())),
+        })
+    }
+
+    /// Parameter `p` of layer `l` (see [`Param`] for its shape and form). An error when layer `l` has none.
+    pub fn param(&self, l: usize, p: Param) -> Result<&[f32], ModelError> {
+        let layer = self.layer(l)?;
+        Ok(match (&layer.mixer, p) {
+            (_, Param::NormGain(NormSite::Input)) => &layer.input_norm.gain,
+            (_, Param::NormGain(NormSite::Post)) => &layer.post_norm.gain,
+            (Mixer::GatedDeltaNet(m), Param::ConvTaps) => &m.conv,
+            (Mixer::GatedDeltaNet(m), Param::NegDecay) => &m.neg_a,
+            (Mixer::GatedDeltaNet(m), Param::DtBias) => &m.dt_bias,
+            (Mixer::GatedDeltaNet(m), Param::GatedNormWeight) => &m.norm,
+            (Mixer::Attention(m), Param::QNormGain) => &m.q_norm.gain,
+            (Mixer::Attention(m), Param::KNormGain) => &m.k_norm.gain,
+            (Mixer::Attention(m), Param::RopeInvFreq) => &m.inv_freq,
+            _ => return Err(Self::no_such(l, layer, &format!("{p:?}"))),
+        })
+    }
+
+    fn layer(&self, l: usize) -> Result<&Layer, ModelError> {
+        self.layers.get(l).ok_or_else(|| {
+            ModelError::Weights(format!("layer {l} is outside 0..{}", self.layers.len()))
+        })
+    }
+
+    fn no_such(l: usize, layer: &Layer, what: &str) -> ModelError {
+        let kind = match layer.mixer {
+            Mixer::GatedDeltaNet(_) => "a Gated DeltaNet",
+            Mixer::Attention(_) => "an attention",
+        };
+        ModelError::Weights(format!("layer {l} is {kind} layer: it has no {what}"))
     }
 
     fn norm_params(&self) -> usize {

@@ -2,7 +2,7 @@
 //! [`CudaModel::run_layers`]: this crate holds no layer loop of its own), the precision-dependent GEMM inputs and
 //! residual updates, and the readout (label rows or full logits).
 
-use onepass_model::layer_ops::{self, LayerOps, NormSite};
+use onepass_model::layer_ops::{self, LayerOps};
 
 use super::*;
 
@@ -268,19 +268,6 @@ impl<'a> Launches<'a> {
     }
 }
 
-/// The model crate's projection as this crate's (the same six).
-fn projection(p: layer_ops::Projection) -> Projection {
-    use layer_ops::Projection as P;
-    match p {
-        P::GdnIn => Projection::GdnIn,
-        P::GdnOut => Projection::GdnOut,
-        P::AttnIn => Projection::AttnIn,
-        P::AttnOut => Projection::AttnOut,
-        P::MlpIn => Projection::MlpIn,
-        P::MlpOut => Projection::MlpOut,
-    }
-}
-
 impl LayerOps for Launches<'_> {
     type Error = CudaError;
 
@@ -301,11 +288,11 @@ impl LayerOps for Launches<'_> {
         m.norm(p, self.s.n, gain, self.pending, m.act_in(p.act, m.hid))
     }
 
-    fn project_in(&mut self, l: usize, proj: layer_ops::Projection) -> Result<(), CudaError> {
+    fn project_in(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
-        let both = self.both(projection(proj));
+        let both = self.both(proj);
         match proj {
-            layer_ops::Projection::GdnIn => {
+            Projection::GdnIn => {
                 let g = self.gdn(l);
                 let pw = g.proj_width();
                 self.table = self.next_table;
@@ -313,7 +300,7 @@ impl LayerOps for Launches<'_> {
                 m.gemm_in(p.act, n, m.hid, &g.w_in, pw, p.proj, pw, both)?;
                 m.mark("gemm gdn in")
             }
-            layer_ops::Projection::AttnIn => {
+            Projection::AttnIn => {
                 let a = self.attn(l);
                 let pw = a.proj_width();
                 self.table = self.next_table;
@@ -321,7 +308,7 @@ impl LayerOps for Launches<'_> {
                 m.gemm_in(p.act, n, m.hid, &a.w_in, pw, p.proj, pw, both)?;
                 m.mark("gemm attn in")
             }
-            layer_ops::Projection::MlpIn => {
+            Projection::MlpIn => {
                 let gu = 2 * m.inter;
                 m.gemm_in(p.act, n, m.hid, &self.layer(l).w_gu, gu, p.proj, gu, both)?;
                 m.mark("gemm mlp gate|up")
@@ -486,19 +473,19 @@ impl LayerOps for Launches<'_> {
         m.mark("swiglu")
     }
 
-    fn project_residual(&mut self, l: usize, proj: layer_ops::Projection) -> Result<(), CudaError> {
+    fn project_residual(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
-        let both = self.both(projection(proj));
+        let both = self.both(proj);
         let (w, k, name) = match proj {
-            layer_ops::Projection::GdnOut => {
+            Projection::GdnOut => {
                 let g = self.gdn(l);
                 (&g.w_out, g.d.hv * g.d.dv, "gemm gdn out")
             }
-            layer_ops::Projection::AttnOut => {
+            Projection::AttnOut => {
                 let a = self.attn(l);
                 (&a.w_o, a.a.heads * a.a.head_dim, "gemm attn out")
             }
-            layer_ops::Projection::MlpOut => (&self.layer(l).w_down, m.inter, "gemm mlp down"),
+            Projection::MlpOut => (&self.layer(l).w_down, m.inter, "gemm mlp down"),
             _ => unreachable!("{proj:?} is an input projection"),
         };
         self.pending = m.gemm_residual(p, n, k, w, both)?;

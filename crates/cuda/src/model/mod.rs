@@ -31,7 +31,9 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaEvent, CudaSlice};
 use half::bf16;
-use onepass_model::{LayerKind, MixerView, Model, ModelError};
+pub use onepass_model::layer_ops::Projection;
+use onepass_model::layer_ops::{NormSite, Param};
+use onepass_model::{LayerKind, Model, ModelError};
 use onepass_tensor::{Tensor, View};
 
 use crate::ops::{self, AttnDims, GdnDims, Out, KV_ENTRIES, W};
@@ -47,7 +49,7 @@ mod scratch;
 mod state;
 mod upload;
 
-pub use precision::{Precision, Projection, SplitGemms, SplitGemmsError};
+pub use precision::{Precision, SplitGemms, SplitGemmsError};
 use profile::*;
 use scratch::*;
 use upload::*;

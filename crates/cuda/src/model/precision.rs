@@ -1,5 +1,6 @@
 //! The arithmetic modes: [`Precision`] (split, bf16, f32), which projections multiply both bf16 planes in split mode
-//! ([`SplitGemms`]), and each precision's tensor-core arithmetic ([`TcArith::for_precision`]).
+//! ([`SplitGemms`], over the model crate's [`Projection`]s), and each precision's tensor-core arithmetic
+//! ([`TcArith::for_precision`]).
 
 use super::*;
 
@@ -21,46 +22,6 @@ pub enum Precision {
     /// f32 weights and GEMM inputs, f32 GEMMs without TF32: the CPU model's arithmetic up to reduction
     /// order. For checking the forward (tests hold it to 1e-4 of the CPU), not for speed.
     F32,
-}
-
-/// The projections of a layer, as [`SplitGemms`] names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Projection {
-    /// The gated delta layer's input projection (q, k, v, z, a, b).
-    GdnIn = 0,
-    /// The gated delta layer's output projection.
-    GdnOut = 1,
-    /// The attention layer's q|gate, k, v projection.
-    AttnIn = 2,
-    /// The attention layer's output projection.
-    AttnOut = 3,
-    /// The MLP's gate|up projection.
-    MlpIn = 4,
-    /// The MLP's down projection.
-    MlpOut = 5,
-}
-
-impl Projection {
-    pub const ALL: [Projection; 6] = [
-        Projection::GdnIn,
-        Projection::GdnOut,
-        Projection::AttnIn,
-        Projection::AttnOut,
-        Projection::MlpIn,
-        Projection::MlpOut,
-    ];
-
-    /// Its name in `--gpu-split-gemms` and device descriptions.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Projection::GdnIn => "gdn_in",
-            Projection::GdnOut => "gdn_out",
-            Projection::AttnIn => "attn_in",
-            Projection::AttnOut => "attn_out",
-            Projection::MlpIn => "mlp_in",
-            Projection::MlpOut => "mlp_out",
-        }
-    }
 }
 
 /// Which projections multiply both bf16 planes of their input in [`Precision::Bf16Split`]; the others multiply the

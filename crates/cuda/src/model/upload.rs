@@ -1,4 +1,5 @@
-//! Weight upload: a loaded CPU model's tensors as device matrices in the model's precision (stacked projections,
+//! Weight upload: a loaded CPU model's weights, asked for by role (each layer's projections and parameters in the
+//! vocabulary of `onepass_model::layer_ops`), as device matrices in the model's precision (stacked projections,
 //! `[W | W]` rows for split-mode inputs), the per-layer device weights, and the constructors.
 
 use super::*;
@@ -14,12 +15,24 @@ pub(super) fn upload_f32(g: &Gpu, v: &[f32]) -> Result<Dev<f32>, CudaError> {
     Ok(Dev::new(g, g.upload(v)?))
 }
 
-/// Appends a weight's values as bf16 bits.
-pub(super) fn push_bf16(out: &mut Vec<u16>, t: &Tensor) {
+/// Appends a weight's values as bf16 bits. Every weight format is matched by name here and in [`push_f32`]: a
+/// format the model gains is uploaded, or refused with [`CudaError::Unsupported`] naming the tensor and format.
+pub(super) fn push_bf16(out: &mut Vec<u16>, t: &Tensor) -> Result<(), CudaError> {
     match t.view() {
         View::BF16(v) => out.extend(v.iter().map(|x| x.to_bits())),
-        _ => out.extend(t.to_f32_vec().iter().map(|x| bf16::from_f32(*x).to_bits())),
+        View::F32(_) | View::F16(_) => {
+            out.extend(t.to_f32_vec().iter().map(|x| bf16::from_f32(*x).to_bits()))
+        }
     }
+    Ok(())
+}
+
+/// Appends a weight's values as f32 (the checkpoint's values exactly).
+pub(super) fn push_f32(out: &mut Vec<f32>, t: &Tensor) -> Result<(), CudaError> {
+    match t.view() {
+        View::F32(_) | View::BF16(_) | View::F16(_) => out.extend(t.to_f32_vec()),
+    }
+    Ok(())
 }
 
 /// The device memory a [`Weight`]'s `w` points into.
@@ -55,7 +68,7 @@ pub(super) fn upload_stacked(
         Precision::Bf16 | Precision::Bf16Split => {
             let mut host = Vec::with_capacity(total);
             for t in parts {
-                push_bf16(&mut host, t);
+                push_bf16(&mut host, t)?;
             }
             if twice && cols > 0 {
                 host = host
@@ -74,7 +87,7 @@ pub(super) fn upload_stacked(
         Precision::F32 => {
             let mut host = Vec::with_capacity(total);
             for t in parts {
-                host.extend(t.to_f32_vec());
+                push_f32(&mut host, t)?;
             }
             let buf = g.upload(&host)?;
             let w = W::F32(g.ptr(&buf));
@@ -139,103 +152,97 @@ impl CudaModel {
         let prec = o.precision;
         let g = &*gpu;
         let c = m.text_config();
-        let w = m.weights();
-        let up = |parts: &[&Tensor]| upload_stacked(g, parts, prec, false);
-        // The input projections (their input is a norm's output): both planes in one GEMM in split mode.
-        let up_in =
-            |parts: &[&Tensor]| upload_stacked(g, parts, prec, prec == Precision::Bf16Split);
-        let embed = up(&[w.embed])?;
+        let up = |t: &Tensor| upload_stacked(g, &[t], prec, false);
+        // A projection's weights stacked as one matrix; an input projection (its input a norm's output) stored
+        // `[W | W]` in split mode, so that one GEMM multiplies both planes.
+        let linear = |l: usize, p: Projection| {
+            let twice = p.is_input() && prec == Precision::Bf16Split;
+            upload_stacked(g, &m.linear(l, p)?, prec, twice)
+        };
+        let param = |l: usize, p: Param| upload_f32(g, m.param(l, p)?);
+        let embed = up(m.embedding())?;
         let lm_head = if c.tie_word_embeddings {
             None
         } else {
-            Some(up(&[w.lm_head])?)
+            Some(up(m.lm_head())?)
         };
         let attn_tc = o.attention == AttnKernels::TensorCore;
-        let mut layers = Vec::with_capacity(w.layers.len());
+        let mut layers = Vec::with_capacity(c.layer_types.len());
         let mut rec_len = 0usize;
         let mut kv_rows = Vec::new();
-        for (li, l) in w.layers.iter().enumerate() {
-            let mixer = match &l.mixer {
-                MixerView::GatedDeltaNet(v) => {
-                    if v.hv % v.hk != 0 {
+        for (li, kind) in c.layer_types.iter().enumerate() {
+            let mixer = match kind {
+                LayerKind::GatedDeltaNet => {
+                    let d = GdnDims {
+                        hk: c.linear_num_key_heads,
+                        hv: c.linear_num_value_heads,
+                        dk: c.linear_key_head_dim,
+                        dv: c.linear_value_head_dim,
+                    };
+                    if !d.hv.is_multiple_of(d.hk) {
                         return Err(CudaError::Unsupported(format!(
                             "layer {li}: value heads {} not a multiple of key heads {}",
-                            v.hv, v.hk
+                            d.hv, d.hk
                         )));
                     }
-                    let cd = 2 * v.hk * v.dk + v.hv * v.dv;
+                    let kernel = c.linear_conv_kernel_dim;
+                    let cd = c.gdn_conv_dim();
                     let conv_off = rec_len;
-                    let ssm_off = conv_off + (v.kernel - 1) * cd;
+                    let ssm_off = conv_off + (kernel - 1) * cd;
                     // Each layer's state starts on a 16-byte boundary.
-                    rec_len = (ssm_off + v.hv * v.dk * v.dv).next_multiple_of(4);
+                    rec_len = (ssm_off + d.hv * d.dk * d.dv).next_multiple_of(4);
                     Mixer::Gdn(GdnLayer {
-                        w_in: up_in(&[v.in_qkv, v.in_z, v.in_a, v.in_b])?,
-                        w_out: up(&[v.out])?,
+                        w_in: linear(li, Projection::GdnIn)?,
+                        w_out: linear(li, Projection::GdnOut)?,
                         conv_off,
                         ssm_off,
-                        conv: upload_f32(g, v.conv)?,
-                        neg_a: upload_f32(g, v.neg_a)?,
-                        dt_bias: upload_f32(g, v.dt_bias)?,
-                        norm: upload_f32(g, v.norm)?,
-                        d: GdnDims {
-                            hk: v.hk,
-                            hv: v.hv,
-                            dk: v.dk,
-                            dv: v.dv,
-                        },
-                        kernel: v.kernel,
-                        eps: v.eps,
+                        conv: param(li, Param::ConvTaps)?,
+                        neg_a: param(li, Param::NegDecay)?,
+                        dt_bias: param(li, Param::DtBias)?,
+                        norm: param(li, Param::GatedNormWeight)?,
+                        d,
+                        kernel,
+                        eps: c.rms_norm_eps,
                         cd,
                     })
                 }
-                MixerView::Attention(v) => {
-                    kv_rows.push(v.kv_heads * v.head_dim);
+                LayerKind::Attention => {
+                    let inv_freq = m.param(li, Param::RopeInvFreq)?;
                     let a = AttnDims {
-                        heads: v.heads,
-                        kv_heads: v.kv_heads,
-                        head_dim: v.head_dim,
-                        half: v.inv_freq.len(),
+                        heads: c.num_attention_heads,
+                        kv_heads: c.num_key_value_heads,
+                        head_dim: c.head_dim,
+                        half: inv_freq.len(),
                     };
+                    kv_rows.push(a.kv_heads * a.head_dim);
                     Mixer::Attn(AttnLayer {
-                        w_in: up_in(&[v.q, v.k, v.v])?,
-                        w_o: up(&[v.o])?,
-                        q_norm: upload_f32(g, v.q_norm)?,
-                        k_norm: upload_f32(g, v.k_norm)?,
+                        w_in: linear(li, Projection::AttnIn)?,
+                        w_o: linear(li, Projection::AttnOut)?,
+                        q_norm: param(li, Param::QNormGain)?,
+                        k_norm: param(li, Param::KNormGain)?,
                         inv_freq: upload_f32(
                             g,
-                            if v.inv_freq.is_empty() {
+                            if inv_freq.is_empty() {
                                 &[0.0]
                             } else {
-                                v.inv_freq
+                                inv_freq
                             },
                         )?,
                         a,
-                        eps: v.eps,
+                        eps: c.rms_norm_eps,
                         tc: attn_tc && crate::attn_tc::attention_tc_supported(g, a),
                     })
                 }
             };
             layers.push(Layer {
-                in_norm: upload_f32(g, l.input_norm)?,
-                post_norm: upload_f32(g, l.post_norm)?,
+                in_norm: param(li, Param::NormGain(NormSite::Input))?,
+                post_norm: param(li, Param::NormGain(NormSite::Post))?,
                 mixer,
-                w_gu: up_in(&[l.mlp_gate, l.mlp_up])?,
-                w_down: up(&[l.mlp_down])?,
+                w_gu: linear(li, Projection::MlpIn)?,
+                w_down: linear(li, Projection::MlpOut)?,
             });
         }
-        // The kinds must agree with the config (they are data, not inferred).
-        for (li, (l, kind)) in layers.iter().zip(&c.layer_types).enumerate() {
-            let ok = matches!(
-                (&l.mixer, kind),
-                (Mixer::Gdn(_), LayerKind::GatedDeltaNet) | (Mixer::Attn(_), LayerKind::Attention)
-            );
-            if !ok {
-                return Err(CudaError::Unsupported(format!(
-                    "layer {li}: mixer does not match layer_types"
-                )));
-            }
-        }
-        let final_norm = upload_f32(g, w.final_norm)?;
+        let final_norm = upload_f32(g, m.final_norm_gain())?;
         let gdn_tc = o.gdn != GdnKernels::Simt;
         let gdn_leaf = o.gdn == GdnKernels::TensorCore;
         let mut tree_min_root = gdn_tc.then_some(2);
@@ -252,7 +259,7 @@ impl CudaModel {
             embed,
             lm_head,
             final_norm,
-            eps: w.eps,
+            eps: c.rms_norm_eps,
             layers,
             hid: c.hidden_size,
             inter: c.intermediate_size,
