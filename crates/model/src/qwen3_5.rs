@@ -16,14 +16,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use onepass_formats::Checkpoint;
-use onepass_kernels::{add_assign, dot_rows, matmul_t};
+use onepass_kernels::{add_assign, dot_rows};
 use onepass_tensor::{DType, Tensor};
 
 use crate::blocks::attention::{Attention, AttnScratch};
 use crate::blocks::gated_deltanet::{GatedDeltaNet, GdnScratch};
 use crate::blocks::mlp::Mlp;
 use crate::blocks::norm::RmsNorm;
-use crate::blocks::Seg;
+use crate::blocks::{linear, Seg};
 use crate::config::{LayerKind, ModelConfig, ModelForm, TextConfig};
 use crate::layer_ops::{run_layers, LayerOps, NormSite, Param, Projection};
 use crate::state::{LayerState, SequenceState};
@@ -234,11 +234,7 @@ impl Model {
 
     /// Full-vocabulary logits for hidden rows. hidden: [T, H] → [T, V]
     pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
-        let hid = self.hidden_size();
-        let t = hidden.len() / hid;
-        let mut out = vec![0.0; t * self.vocab_size()];
-        matmul_t(hidden, t, &self.lm_head, &mut out);
-        out
+        linear(hidden, hidden.len() / self.hidden_size(), &self.lm_head)
     }
 
     /// Logits of selected vocabulary rows for one hidden vector (a decision reads at most a few
@@ -514,15 +510,15 @@ impl LayerOps for CpuLayers<'_, '_, '_, '_> {
     }
 
     fn project_residual(&mut self, l: usize, proj: Projection) -> Result<(), ModelError> {
-        let (n, hid) = (self.n, self.model.hidden_size());
+        let n = self.n;
         let y = match proj {
             Projection::GdnOut => {
                 let s = self.gdn.take().expect(PROJECTED);
-                self.gdn(l).project_out(&s, n, hid)
+                self.gdn(l).project_out(&s, n)
             }
             Projection::AttnOut => {
                 let s = self.attn.take().expect(PROJECTED);
-                self.attn(l).project_out(&s, n, hid)
+                self.attn(l).project_out(&s, n)
             }
             Projection::MlpOut => self.layer(l).mlp.down(&self.mlp.0, n),
             Projection::GdnIn | Projection::AttnIn | Projection::MlpIn => {

@@ -7,11 +7,11 @@
 //! out = o_proj(o * sigmoid(gate))
 //! ```
 
-use onepass_kernels::{apply_rope, causal_attention, matmul_t, rope_tables, sigmoid, AttnShape};
+use onepass_kernels::{apply_rope, causal_attention, rope_tables, sigmoid, AttnShape};
 use onepass_tensor::Tensor;
 
 use super::norm::RmsNorm;
-use super::Seg;
+use super::{linear, Seg};
 use crate::config::TextConfig;
 use crate::state::{KvCache, LayerState};
 use crate::weights::Binder;
@@ -68,19 +68,12 @@ impl Attention {
 
     /// The q|gate, k and v projections of the normed rows x: [N, hidden].
     pub fn project(&self, x: &[f32], n: usize) -> AttnScratch {
-        let (h, kvh, d) = (self.heads, self.kv_heads, self.d);
-        let mut qg = vec![0.0; n * h * 2 * d];
-        let mut k = vec![0.0; n * kvh * d];
-        let mut v = vec![0.0; n * kvh * d];
-        matmul_t(x, n, &self.q, &mut qg);
-        matmul_t(x, n, &self.k, &mut k);
-        matmul_t(x, n, &self.v, &mut v);
         AttnScratch {
-            qg,
+            qg: linear(x, n, &self.q),
             q: Vec::new(),
             gate: Vec::new(),
-            k,
-            v,
+            k: linear(x, n, &self.k),
+            v: linear(x, n, &self.v),
             past: Vec::new(),
             o: Vec::new(),
         }
@@ -162,10 +155,8 @@ impl Attention {
     }
 
     /// `o_proj` of the gated attention output. → [N, hidden]
-    pub fn project_out(&self, s: &AttnScratch, n: usize, hid: usize) -> Vec<f32> {
-        let mut out = vec![0.0; n * hid];
-        matmul_t(&s.o, n, &self.o, &mut out);
-        out
+    pub fn project_out(&self, s: &AttnScratch, n: usize) -> Vec<f32> {
+        linear(&s.o, n, &self.o)
     }
 }
 

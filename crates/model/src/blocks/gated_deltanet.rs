@@ -10,12 +10,12 @@
 //! ```
 
 use onepass_kernels::{
-    causal_conv1d_silu, gated_delta_chunked, gated_delta_recurrent, l2_normalize, matmul_t,
-    rms_norm_gated, sigmoid, softplus, DeltaShape,
+    causal_conv1d_silu, gated_delta_chunked, gated_delta_recurrent, l2_normalize, rms_norm_gated,
+    sigmoid, softplus, DeltaShape,
 };
 use onepass_tensor::Tensor;
 
-use super::Seg;
+use super::{linear, Seg};
 use crate::config::TextConfig;
 use crate::state::{LayerState, RecurrentState};
 use crate::weights::Binder;
@@ -100,23 +100,13 @@ impl GatedDeltaNet {
 
     /// The input projections of the normed rows x: [N, H] (every segment stacked).
     pub fn project(&self, x: &[f32], n: usize) -> GdnScratch {
-        let (hv, dv) = (self.hv, self.dv);
-        let cd = self.conv_dim();
-        let mut qkv = vec![0.0; n * cd];
-        let mut z = vec![0.0; n * hv * dv];
-        let mut a = vec![0.0; n * hv];
-        let mut b = vec![0.0; n * hv];
-        matmul_t(x, n, &self.in_qkv, &mut qkv);
-        matmul_t(x, n, &self.in_z, &mut z);
-        matmul_t(x, n, &self.in_a, &mut a);
-        matmul_t(x, n, &self.in_b, &mut b);
         GdnScratch {
-            qkv,
-            z,
-            a,
-            b,
+            qkv: linear(x, n, &self.in_qkv),
+            z: linear(x, n, &self.in_z),
+            a: linear(x, n, &self.in_a),
+            b: linear(x, n, &self.in_b),
             segs: Vec::new(),
-            core: vec![0.0; n * hv * dv],
+            core: vec![0.0; n * self.hv * self.dv],
         }
     }
 
@@ -181,10 +171,8 @@ impl GatedDeltaNet {
     }
 
     /// `out_proj` of the gated core output. → [N, H]
-    pub fn project_out(&self, s: &GdnScratch, n: usize, hid: usize) -> Vec<f32> {
-        let mut out = vec![0.0; n * hid];
-        matmul_t(&s.core, n, &self.out, &mut out);
-        out
+    pub fn project_out(&self, s: &GdnScratch, n: usize) -> Vec<f32> {
+        linear(&s.core, n, &self.out)
     }
 }
 

@@ -1,8 +1,9 @@
 //! SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
 
-use onepass_kernels::{matmul_t, swiglu};
+use onepass_kernels::swiglu;
 use onepass_tensor::Tensor;
 
+use super::linear;
 use crate::weights::Binder;
 use crate::ModelError;
 
@@ -11,8 +12,6 @@ pub struct Mlp {
     pub(crate) gate: Tensor,
     pub(crate) up: Tensor,
     pub(crate) down: Tensor,
-    pub(crate) hidden: usize,
-    pub(crate) inter: usize,
 }
 
 impl Mlp {
@@ -21,18 +20,12 @@ impl Mlp {
             gate: vb.get("gate_proj.weight", &[inter, hidden])?,
             up: vb.get("up_proj.weight", &[inter, hidden])?,
             down: vb.get("down_proj.weight", &[hidden, inter])?,
-            hidden,
-            inter,
         })
     }
 
     /// `gate(x)` and `up(x)` of the normed rows x: [N, H]. → ([N, I], [N, I])
     pub fn gate_up(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
-        let mut g = vec![0.0; n * self.inter];
-        let mut u = vec![0.0; n * self.inter];
-        matmul_t(x, n, &self.gate, &mut g);
-        matmul_t(x, n, &self.up, &mut u);
-        (g, u)
+        (linear(x, n, &self.gate), linear(x, n, &self.up))
     }
 
     /// `g = silu(g) · u`, the input of [`Mlp::down`].
@@ -42,9 +35,7 @@ impl Mlp {
 
     /// `down_proj` of the SwiGLU output g: [N, I]. → [N, H]
     pub fn down(&self, g: &[f32], n: usize) -> Vec<f32> {
-        let mut out = vec![0.0; n * self.hidden];
-        matmul_t(g, n, &self.down, &mut out);
-        out
+        linear(g, n, &self.down)
     }
 
     pub fn tensors(&self) -> [&Tensor; 3] {
