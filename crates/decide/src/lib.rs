@@ -1,5 +1,9 @@
 //! System One without the model: everything decider-ai 1.10.0 does on the CPU around the forward pass.
 //!
+//! Why this crate exists: the answers are the product's contract (byte-exact with the reference), and they must not
+//! depend on which device runs the model or which front end (the server, the CLI, the library) took the request; so
+//! the decision logic lives here once, over any [`engine::Backend`].
+//!
 //! A request goes through one [`pipeline`]: body → [`request::parse_request`] (Python `json.loads` + pydantic
 //! `S1Req`; `/decide` bodies: [`decide_form`]) → [`prompt`] (the state and questions as text, then as token rows,
 //! the state cut at its cap while it is built; plain or chat layout) → the limits (413) → the model reads the label

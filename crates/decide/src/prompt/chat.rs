@@ -363,45 +363,47 @@ impl JsonWriter<'_> {
                 if self.sort_keys {
                     keys.sort();
                 }
-                if keys.is_empty() {
-                    out.push_str("{}");
-                    return Ok(());
-                }
-                out.push('{');
-                for (i, k) in keys.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(self.item);
-                    }
-                    self.newline(out, level + 1);
+                self.write_items(out, level, ('{', '}'), &keys, |out, k| {
                     match k.as_str() {
                         Some(s) => write_json_str(out, s),
                         None => write_json_str(out, &k.to_string()),
                     }
                     out.push_str(self.kv);
-                    self.write(out, &v.get_item(k)?, level + 1)?;
-                }
-                self.newline(out, level);
-                out.push('}');
+                    self.write(out, &v.get_item(k)?, level + 1)
+                })?;
             }
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<JValue> = v.try_iter()?.collect();
-                if items.is_empty() {
-                    out.push_str("[]");
-                    return Ok(());
-                }
-                out.push('[');
-                for (i, x) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(self.item);
-                    }
-                    self.newline(out, level + 1);
-                    self.write(out, x, level + 1)?;
-                }
-                self.newline(out, level);
-                out.push(']');
+                self.write_items(out, level, ('[', ']'), &items, |out, x| {
+                    self.write(out, x, level + 1)
+                })?;
             }
             _ => write_json_str(out, &v.to_string()),
         }
+        Ok(())
+    }
+
+    /// A container's items between its brackets, each on its own line when indenting (`{}` or `[]` when empty).
+    fn write_items(
+        &self,
+        out: &mut String,
+        level: usize,
+        (open, close): (char, char),
+        items: &[JValue],
+        mut write_item: impl FnMut(&mut String, &JValue) -> Result<(), JError>,
+    ) -> Result<(), JError> {
+        out.push(open);
+        for (i, x) in items.iter().enumerate() {
+            if i > 0 {
+                out.push_str(self.item);
+            }
+            self.newline(out, level + 1);
+            write_item(out, x)?;
+        }
+        if !items.is_empty() {
+            self.newline(out, level);
+        }
+        out.push(close);
         Ok(())
     }
 }

@@ -416,51 +416,54 @@ impl Parser<'_> {
     }
 
     fn object(&mut self, start: usize) -> Result<(Value, usize), Fail> {
-        let s = self.s;
-        let n = s.len();
         let mut o = Object::new();
-        let mut i = self.skip_ws(start);
-        if i < n && s[i] == '}' {
-            return Ok((Value::Object(o), i + 1));
-        }
-        loop {
-            if i >= n || s[i] != '"' {
+        let end = self.items(start, '}', |p, i| {
+            let s = p.s;
+            if i >= s.len() || s[i] != '"' {
                 return Err(err("Expecting property name enclosed in double quotes", i));
             }
-            let (key, end) = self.string(i + 1)?;
-            i = self.skip_ws(end);
-            if i >= n || s[i] != ':' {
+            let (key, end) = p.string(i + 1)?;
+            let i = p.skip_ws(end);
+            if i >= s.len() || s[i] != ':' {
                 return Err(err("Expecting ':' delimiter", i));
             }
-            i = self.skip_ws(i + 1);
-            let (v, end) = self.scan(i)?;
+            let (v, end) = p.scan(p.skip_ws(i + 1))?;
             // decider-contract R1.1.1: last value wins, first position kept (IndexMap::insert).
             o.insert(key, v);
-            i = self.skip_ws(end);
-            if i < n && s[i] == '}' {
-                return Ok((Value::Object(o), i + 1));
-            }
-            if i >= n || s[i] != ',' {
-                return Err(err("Expecting ',' delimiter", i));
-            }
-            i = self.skip_ws(i + 1);
-        }
+            Ok(end)
+        })?;
+        Ok((Value::Object(o), end))
     }
 
     fn array(&mut self, start: usize) -> Result<(Value, usize), Fail> {
+        let mut a = Vec::new();
+        let end = self.items(start, ']', |p, i| {
+            let (v, end) = p.scan(i)?;
+            a.push(v);
+            Ok(end)
+        })?;
+        Ok((Value::Array(a), end))
+    }
+
+    /// The comma-separated items of an object or array from just after its opening bracket to `close`: `item` reads
+    /// one from its first non-space character → where it ends. → the position after `close`
+    fn items(
+        &mut self,
+        start: usize,
+        close: char,
+        mut item: impl FnMut(&mut Self, usize) -> Result<usize, Fail>,
+    ) -> Result<usize, Fail> {
         let s = self.s;
         let n = s.len();
-        let mut a = Vec::new();
         let mut i = self.skip_ws(start);
-        if i < n && s[i] == ']' {
-            return Ok((Value::Array(a), i + 1));
+        if i < n && s[i] == close {
+            return Ok(i + 1);
         }
         loop {
-            let (v, end) = self.scan(i)?;
-            a.push(v);
+            let end = item(self, i)?;
             i = self.skip_ws(end);
-            if i < n && s[i] == ']' {
-                return Ok((Value::Array(a), i + 1));
+            if i < n && s[i] == close {
+                return Ok(i + 1);
             }
             if i >= n || s[i] != ',' {
                 return Err(err("Expecting ',' delimiter", i));
@@ -483,35 +486,31 @@ mod tests {
 
     #[test]
     fn errors_match_python() {
-        assert_eq!(e(""), ("Expecting value".into(), 0));
-        assert_eq!(
-            e("{"),
+        for (text, msg, pos) in [
+            ("", "Expecting value", 0),
+            ("{", "Expecting property name enclosed in double quotes", 1),
+            ("{\"a\" 1}", "Expecting ':' delimiter", 5),
+            ("{\"a\":1 \"b\"}", "Expecting ',' delimiter", 7),
+            ("{\"a\":}", "Expecting value", 5),
+            ("[1,]", "Expecting value", 3),
             (
-                "Expecting property name enclosed in double quotes".into(),
-                1
-            )
-        );
-        assert_eq!(e("{\"a\" 1}"), ("Expecting ':' delimiter".into(), 5));
-        assert_eq!(e("{\"a\":1 \"b\"}"), ("Expecting ',' delimiter".into(), 7));
-        assert_eq!(e("{\"a\":}"), ("Expecting value".into(), 5));
-        assert_eq!(e("[1,]"), ("Expecting value".into(), 3));
-        assert_eq!(
-            e("{\"a\":1,}"),
-            (
-                "Expecting property name enclosed in double quotes".into(),
-                7
-            )
-        );
-        assert_eq!(e("1 2"), ("Extra data".into(), 2));
-        assert_eq!(e("\"abc"), ("Unterminated string starting at".into(), 0));
-        assert_eq!(e("\"a\u{1}\""), ("Invalid control character at".into(), 2));
-        assert_eq!(e("\"\\x\""), ("Invalid \\escape".into(), 1));
-        assert_eq!(e("\"\\u12\""), ("Invalid \\uXXXX escape".into(), 2));
-        assert_eq!(e("\"\\ud800\\u12x\""), ("Invalid \\uXXXX escape".into(), 8));
-        assert_eq!(e("é x"), ("Expecting value".into(), 0));
-        assert_eq!(e("[é]"), ("Expecting value".into(), 1));
-        assert_eq!(e("01"), ("Extra data".into(), 1));
-        assert_eq!(e("-"), ("Expecting value".into(), 0));
+                "{\"a\":1,}",
+                "Expecting property name enclosed in double quotes",
+                7,
+            ),
+            ("1 2", "Extra data", 2),
+            ("\"abc", "Unterminated string starting at", 0),
+            ("\"a\u{1}\"", "Invalid control character at", 2),
+            ("\"\\x\"", "Invalid \\escape", 1),
+            ("\"\\u12\"", "Invalid \\uXXXX escape", 2),
+            ("\"\\ud800\\u12x\"", "Invalid \\uXXXX escape", 8),
+            ("é x", "Expecting value", 0),
+            ("[é]", "Expecting value", 1),
+            ("01", "Extra data", 1),
+            ("-", "Expecting value", 0),
+        ] {
+            assert_eq!(e(text), (msg.to_string(), pos), "{text:?}");
+        }
     }
 
     #[test]
