@@ -2,8 +2,9 @@
 //!
 //! Why this crate exists: decisions on a GPU. It holds the CUDA C kernels (compiled at run time by
 //! NVRTC for the device's architecture and cached on disk, [`runtime`]), cuBLAS bf16 GEMMs with
-//! f32 accumulation, and a GPU twin of `onepass_model::Model` ([`CudaModel`]) whose sequence state
-//! ([`CudaState`]: KV caches, conv and recurrent state) lives on the device and can be forked there.
+//! f32 accumulation, and [`CudaModel`]: the model crate's op set as launches, over the weights it uploads by role
+//! (`Model::linear`, `Model::param`), with a sequence state ([`CudaState`]: KV caches, conv and recurrent state) that
+//! lives on the device and can be forked there.
 //!
 //! CUDA is loaded dynamically: this crate builds, and everything else in the workspace runs, on
 //! machines with no CUDA at all; [`available`] says whether a usable GPU is present.

@@ -1,5 +1,8 @@
 //! The onepass HTTP server: decider-ai 1.10.0's serving API over axum, thin over `onepass-decide`.
 //!
+//! Why this crate exists: HTTP (routes, limits as status codes, admission, batching, timeouts, metrics) kept apart
+//! from the decisions, which it never re-implements and which know nothing of HTTP.
+//!
 //! Routes: `POST /v1/systemone` (byte-exact with the reference), `POST /decide` (the plain form), `GET /v1/models`,
 //! `GET /health`, `GET /metrics` (Prometheus). A scoring request is refused with 503 before its body is read when
 //! the queue is full; otherwise its body is read (with a size cap and a time limit), then decompressed (zstd, gzip),
