@@ -1,8 +1,19 @@
 """Start `onepass serve` on a free port for a benchmark and read back the port it bound (shared by soak.py and
 state_rss.py)."""
+import argparse
 import re
 import subprocess
 import threading
+
+
+def serve_parser():
+    """An argument parser holding what start_serve takes: --onepass, --model, and the arguments after `--` (for
+    `onepass serve`). A benchmark adds its own options to it."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--onepass", default="target/release/onepass")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("serve_args", nargs="*")
+    return ap
 
 
 def start_serve(onepass, model, serve_args):

@@ -11,10 +11,10 @@ unexpected statuses and mismatches, RSS after the first minute, peak and final, 
 
 Arguments after `--` go to `onepass serve`. Standard library only; Linux (/proc) for RSS.
 """
-import argparse, gzip, http.client, json, random, re, sys, threading, time
+import gzip, http.client, json, random, re, sys, threading, time
 
 from percentile import pct  # benches/percentile.py: nearest rank, as onepass
-from serve_proc import start_serve  # benches/serve_proc.py
+from serve_proc import serve_parser, start_serve  # benches/serve_proc.py
 
 QUESTIONS = {
     "topic": {"type": "choice", "instructions": "What is the ticket about?", "criteria": ["billing", "shipping", "login"]},
@@ -58,13 +58,10 @@ def post(conn, path, body, headers):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--onepass", default="target/release/onepass")
-    ap.add_argument("--model", required=True)
+    ap = serve_parser()
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
     srv, port = start_serve(a.onepass, a.model, a.serve_args)
     work = bodies()

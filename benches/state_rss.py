@@ -9,9 +9,9 @@ that renders the whole state before cutting it, or keeps the memory afterwards, 
 
 Arguments after `--` go to `onepass serve`. Standard library only; Linux (/proc) for RSS.
 """
-import argparse, http.client, json, threading, time
+import http.client, json, threading, time
 
-from serve_proc import start_serve  # benches/serve_proc.py
+from serve_proc import serve_parser, start_serve  # benches/serve_proc.py
 
 
 def rss_mib(pid):
@@ -23,12 +23,9 @@ def rss_mib(pid):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--onepass", default="target/release/onepass")
-    ap.add_argument("--model", required=True)
+    ap = serve_parser()
     ap.add_argument("--zeros", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
     with open("examples/ticket.json") as f:
         questions = json.load(f)["questions"]

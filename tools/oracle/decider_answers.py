@@ -19,7 +19,10 @@ handed to `assemble`; and manifest.json: per preset the decider_config.json text
 byte edits, no error answers, states under 3,000 characters, rows within the checkpoints' 4,096 positions) instead of REQUESTS, in the same format, so the answer
 tests (and the GPU's, crates/cuda-engine/tests/answers.rs) read them from ONEPASS_ANSWER_FIXTURES.
 """
-import argparse, hashlib, json, os, platform, subprocess, sys, tempfile, warnings
+import argparse, json, os, platform, subprocess, sys, tempfile, warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import compact, sha256  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -122,18 +125,6 @@ REQUESTS = [
     ("array_state_indices", {"state": [{"k": i, "v": COLORS[i]} for i in range(9)] + ["tail"], "questions": {
         "q": {"instructions": "Which colour has k=3?", "criteria": COLORS[:5]}}}),
 ]
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def compact(obj):
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
 
 
 def fuzz_requests(seed, count, tokenizer):

@@ -12,6 +12,9 @@ import argparse, base64, json, math, os, random, sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import compact  # noqa: E402
+
 
 def unicode_tables():
     import re, unicodedata
@@ -61,10 +64,6 @@ class S1Req(BaseModel):          # decider/serve.py:479-485
     independent: bool = True
     layout: str | None = None
     assets: dict | None = None
-
-
-def compact(obj):
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
 
 
 def http_error(status, content):

@@ -49,16 +49,21 @@ def f16_bytes(d):
 
 # ---- ternary packing, from the contract's block layout --------------------------------------------
 
-def pack_pq2_0(codes, scales):
-    """codes: [N, K] in {0,1,2,3}; scales: [N, K/128] -> bytes, one 34-byte block per 128."""
-    out = bytearray()
+def blocks(codes, scales):
+    """codes: [N, K]; scales: [N, K/128] -> (the 128 codes, the scale) of each block, row by row."""
     n, k = codes.shape
     for r in range(n):
         for b in range(k // BLOCK):
-            c = codes[r, b * BLOCK:(b + 1) * BLOCK]
-            out += f16_bytes(scales[r, b])
-            for j in range(0, BLOCK, 4):
-                out.append(int(c[j]) | int(c[j + 1]) << 2 | int(c[j + 2]) << 4 | int(c[j + 3]) << 6)
+            yield codes[r, b * BLOCK:(b + 1) * BLOCK], scales[r, b]
+
+
+def pack_pq2_0(codes, scales):
+    """codes: [N, K] in {0,1,2,3}; scales: [N, K/128] -> bytes, one 34-byte block per 128."""
+    out = bytearray()
+    for c, d in blocks(codes, scales):
+        out += f16_bytes(d)
+        for j in range(0, BLOCK, 4):
+            out.append(int(c[j]) | int(c[j + 1]) << 2 | int(c[j + 2]) << 4 | int(c[j + 3]) << 6)
     return bytes(out)
 
 
@@ -75,14 +80,11 @@ def trit_byte(trits):
 def pack_ptq1_0(codes, scales):
     """codes: [N, K] in {0,1,2}; one 28-byte block per 128: qs[24], qh[2], f16 d last."""
     out = bytearray()
-    n, k = codes.shape
-    for r in range(n):
-        for b in range(k // BLOCK):
-            c = codes[r, b * BLOCK:(b + 1) * BLOCK]
-            qs = [trit_byte([c[16 * t + m] for t in range(5)]) for m in range(16)]
-            qs += [trit_byte([c[80 + 8 * t + m] for t in range(5)]) for m in range(8)]
-            qh = [trit_byte([c[120 + 2 * t + h] for t in range(4)]) for h in range(2)]
-            out += bytes(qs) + bytes(qh) + f16_bytes(scales[r, b])
+    for c, d in blocks(codes, scales):
+        qs = [trit_byte([c[16 * t + m] for t in range(5)]) for m in range(16)]
+        qs += [trit_byte([c[80 + 8 * t + m] for t in range(5)]) for m in range(8)]
+        qh = [trit_byte([c[120 + 2 * t + h] for t in range(4)]) for h in range(2)]
+        out += bytes(qs) + bytes(qh) + f16_bytes(d)
     return bytes(out)
 
 

@@ -13,7 +13,6 @@ Usage (from the repository root, with the venv of tools/oracle/requirements.txt)
 """
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -26,17 +25,12 @@ import torch
 import transformers
 from safetensors.numpy import save_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import sha256  # noqa: E402
+
 PRESETS = ["tiny-gva", "tiny-attn-first", "tiny-composite", "tiny-bf16"]
 LENGTHS = [1, 5, 64, 65, 130, 700]
 SEED = 20261130
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def load(dir_):
