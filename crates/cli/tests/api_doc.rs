@@ -9,11 +9,10 @@
 
 mod common;
 
+use common::Server;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -193,73 +192,14 @@ fn http(
     (status, body)
 }
 
-/// `onepass serve` over `dir` with `args` on a free port; stopped (killed) on drop.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(dir: &Path, args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_onepass"))
-            .args([
-                "serve", "--device", "cpu", "--quiet", "--port", "0", "--model",
-            ])
-            .arg(dir)
-            .args(args)
-            .env_remove("ONEPASS_API_KEY")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                if let Some(a) = line.split("listening on http://").nth(1) {
-                    let _ = tx.send(a.trim().to_string());
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(180))
-            .expect("onepass serve never said 'listening on'");
-        let t0 = Instant::now();
-        while !http(&addr, "GET", "/health", &[], b"")
-            .1
-            .starts_with(br#"{"ok":true"#)
-        {
-            assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "/health never became ok"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Server { child, addr }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `onepass serve` on the CPU over `dir` with `args`, quiet.
+fn serve(dir: &Path, args: &[&str]) -> Server {
+    Server::start(dir, &[&["--device", "cpu", "--quiet"][..], args].concat())
 }
 
 /// A synthetic checkpoint with the real tokenizer and `decider_config.json` = `config`.
 fn checkpoint(config: &str) -> tempfile::TempDir {
-    let tok = repo().join("testdata/qwen3_5-tokenizer");
-    assert!(
-        tok.join("tokenizer.json").is_file(),
-        "{} is missing: run tools/setup-testdata.sh to build the Qwen3.5 test tokenizer",
-        tok.display()
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let spec = onepass_model::synth::preset("tiny-qwen-vocab").unwrap();
-    onepass_model::synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).unwrap();
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dir.path().join(f)).unwrap();
-    }
+    let dir = common::checkpoint();
     std::fs::write(dir.path().join("decider_config.json"), config).unwrap();
     dir
 }
@@ -310,11 +250,11 @@ fn every_example_in_docs_api_md_is_what_the_server_answers() {
     let plain = checkpoint(r#"{"version": "0.8b"}"#);
     let isolated = checkpoint(r#"{"version": "0.8b", "isolated_levels": true}"#);
     let servers: BTreeMap<&str, Server> = [
-        ("default", Server::start(plain.path(), &[])),
-        ("isolated", Server::start(isolated.path(), &[])),
+        ("default", serve(plain.path(), &[])),
+        ("isolated", serve(isolated.path(), &[])),
         (
             "limited",
-            Server::start(plain.path(), &["--api-key", "sk-local", "--max-rows", "2"]),
+            serve(plain.path(), &["--api-key", "sk-local", "--max-rows", "2"]),
         ),
     ]
     .into_iter()

@@ -22,11 +22,7 @@ fn synth_with(preset: &str, more: &[&std::ffi::OsStr]) -> tempfile::TempDir {
         .args(more)
         .output()
         .expect("run");
-    assert!(
-        out.status.success(),
-        "synth failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, "synth");
     dir
 }
 
@@ -37,11 +33,7 @@ fn run_ok(args: &[&str], model: &Path) -> serde_json::Value {
         .arg(model)
         .output()
         .expect("run");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, &format!("{args:?}"));
     serde_json::from_slice(&out.stdout).expect("stdout is one JSON value")
 }
 
@@ -64,14 +56,25 @@ fn tokenize(model: &Path, input: &[u8]) -> std::process::Output {
     child.wait_with_output().expect("wait")
 }
 
+/// Asserts that `what` succeeded (its stderr is the failure message).
+fn succeeded(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Asserts that `what` failed and printed nothing to stdout. → its stderr
+fn failed(out: &std::process::Output, what: &str) -> String {
+    assert!(!out.status.success(), "{what} should fail");
+    assert!(out.stdout.is_empty(), "{what} printed to stdout on failure");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 fn run_err(args: &[&str]) -> String {
     let out = onepass().args(args).output().expect("run");
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert!(
-        out.stdout.is_empty(),
-        "{args:?} printed to stdout on failure"
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    failed(&out, &format!("{args:?}"))
 }
 
 /// A JSON array of numbers.
@@ -110,11 +113,7 @@ fn logits_prints_one_row_per_position_or_the_last() {
 fn tokenize_reads_json_lines_and_writes_id_arrays() {
     let d = synth("tiny-gva");
     let out = tokenize(d.path(), b"\"ab\"\n\"<|im_start|>\\n\"\n");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, "tokenize");
     let lines: Vec<Vec<u32>> = String::from_utf8(out.stdout)
         .expect("utf8")
         .lines()
@@ -224,12 +223,7 @@ fn bench_systemone_times_the_workloads_asked_for() {
 /// `args` fails with exactly one line on stderr, `error: <msg>`. → msg
 fn one_error_line(cmd: &mut Command) -> String {
     let out = cmd.stdin(Stdio::null()).output().expect("run");
-    assert!(!out.status.success(), "{cmd:?} should fail");
-    assert!(
-        out.stdout.is_empty(),
-        "{cmd:?} printed to stdout on failure"
-    );
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let err = failed(&out, &format!("{cmd:?}"));
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "{cmd:?}: {err}");
     lines[0]
@@ -392,7 +386,7 @@ fn a_request_file_that_is_not_a_request_is_named() {
 fn help_text_is_in_user_words() {
     let help = |args: &[&str]| {
         let out = onepass().args(args).output().expect("run");
-        assert!(out.status.success(), "{args:?}");
+        succeeded(&out, &format!("{args:?}"));
         String::from_utf8(out.stdout).expect("utf8")
     };
     let top = help(&["--help"]);

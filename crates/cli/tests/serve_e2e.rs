@@ -7,126 +7,16 @@
 
 mod common;
 
-use common::http;
+use common::{checkpoint, http, Server};
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const REQ: &str = r#"{"state":{"ticket":"My card was charged twice","tier":"gold"},"questions":{"topic":{"type":"choice","instructions":"What is the ticket about?","criteria":["billing","shipping","login"]},"urgent":{"type":"noul","instructions":"Is it urgent?"}}}"#;
-
-fn checkpoint() -> tempfile::TempDir {
-    let tok = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/qwen3_5-tokenizer");
-    assert!(
-        tok.join("tokenizer.json").is_file(),
-        "{} is missing: run tools/setup-testdata.sh to build the Qwen3.5 test tokenizer",
-        tok.display()
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let spec = onepass_model::synth::preset("tiny-qwen-vocab").unwrap();
-    onepass_model::synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).unwrap();
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dir.path().join(f)).unwrap();
-    }
-    dir
-}
-
-/// `onepass serve` on a free port, its stderr collected.
-struct Server {
-    child: std::process::Child,
-    addr: String,
-    rx: mpsc::Receiver<String>,
-    reader: Option<std::thread::JoinHandle<()>>,
-    log: Vec<String>,
-}
-
-impl Server {
-    /// Starts the server over `dir` and waits until /health answers ok.
-    fn start(dir: &std::path::Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_onepass"))
-            .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
-            .args(extra)
-            .env_remove("ONEPASS_API_KEY")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let (tx, rx) = mpsc::channel::<String>();
-        let stderr = child.stderr.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut log = Vec::new();
-        let addr = loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(120))
-                .expect("no 'listening on' line from onepass serve");
-            log.push(line.clone());
-            if let Some(a) = line.split("listening on http://").nth(1) {
-                break a.trim().to_string();
-            }
-        };
-        let t0 = Instant::now();
-        loop {
-            let (status, _, body) = http(&addr, "GET", "/health", &[], b"");
-            if status == 200 && body.starts_with(br#"{"ok":true"#) {
-                break;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "/health never became ok"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Server {
-            child,
-            addr,
-            rx,
-            reader: Some(reader),
-            log,
-        }
-    }
-
-    /// Sends SIGTERM (no wait).
-    fn term(&self) {
-        let pid = self.child.id() as i32;
-        // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    }
-
-    /// SIGTERM, then waits for a clean exit (status 0 within 30 s). → the whole stderr
-    fn stop(&mut self) -> String {
-        self.term();
-        self.wait()
-    }
-
-    /// Waits for the exit after a SIGTERM and checks it is clean. → the whole stderr
-    fn wait(&mut self) -> String {
-        let t0 = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "onepass serve did not exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        if let Some(r) = self.reader.take() {
-            r.join().unwrap();
-        }
-        self.log.extend(self.rx.try_iter());
-        let log = self.log.join("\n");
-        assert!(status.success(), "exit status {status:?}; stderr:\n{log}");
-        log
-    }
-}
 
 #[test]
 fn serve_end_to_end() {
@@ -414,6 +304,24 @@ fn read_until_closed(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
     }
 }
 
+/// A fresh connection that has sent `raw`, held open.
+fn hold(addr: &str, raw: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(raw).unwrap();
+    s
+}
+
+/// Sends `raw` on a fresh connection (then half-closes it when `fin`) → what the server sent before closing it,
+/// or `None` when it does not close it within 20 s.
+fn send_raw(addr: &str, raw: &[u8], fin: bool) -> Option<String> {
+    let mut s = hold(addr, raw);
+    if fin {
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let got = read_until_closed(&mut s, Duration::from_secs(20))?;
+    Some(String::from_utf8_lossy(&got).into_owned())
+}
+
 /// A drip-fed head and an idle kept-alive connection are closed after --header-timeout; a body shorter than its
 /// Content-Length and then a FIN is a 400, not a 413; a bad chunk-size line is a 400.
 #[test]
@@ -424,52 +332,35 @@ fn connection_timeouts_and_broken_bodies() {
         &["--header-timeout", "1", "--body-timeout", "2"],
     );
     // A head that never ends: one header line, then nothing.
-    let mut s = TcpStream::connect(&srv.addr).unwrap();
-    s.write_all(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n")
-        .unwrap();
+    let head_only = b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n";
     assert!(
-        read_until_closed(&mut s, Duration::from_secs(20)).is_some(),
+        send_raw(&srv.addr, head_only, false).is_some(),
         "a partial head was never cut"
     );
     // Idle after one answered request on a kept-alive connection.
-    let mut s = TcpStream::connect(&srv.addr).unwrap();
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let got =
-        read_until_closed(&mut s, Duration::from_secs(20)).expect("idle connection never closed");
-    assert!(
-        got.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&got)
-    );
-    // A body cut short: Content-Length 100, 10 bytes, then FIN.
-    let mut s = TcpStream::connect(&srv.addr).unwrap();
-    s.write_all(
-        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"state\":1",
-    )
-    .unwrap();
-    s.shutdown(std::net::Shutdown::Write).unwrap();
-    let got = read_until_closed(&mut s, Duration::from_secs(20)).expect("answer");
-    let text = String::from_utf8_lossy(&got);
-    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
-    // A bad chunk-size line.
-    let mut s = TcpStream::connect(&srv.addr).unwrap();
-    s.write_all(
-        b"POST /decide HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n",
-    )
-    .unwrap();
-    let got = read_until_closed(&mut s, Duration::from_secs(20)).expect("answer");
-    let text = String::from_utf8_lossy(&got);
-    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
-    // A body that stops coming: 408.
-    let mut s = TcpStream::connect(&srv.addr).unwrap();
-    s.write_all(
-        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"state\":1",
-    )
-    .unwrap();
-    let got = read_until_closed(&mut s, Duration::from_secs(20)).expect("answer");
-    let text = String::from_utf8_lossy(&got);
-    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    let got = send_raw(&srv.addr, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", false)
+        .expect("idle connection never closed");
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    let short_body =
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"state\":1";
+    let bad_chunk =
+        b"POST /decide HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n";
+    for (what, raw, fin, status) in [
+        (
+            "a body cut short: Content-Length 100, 10 bytes, then FIN",
+            &short_body[..],
+            true,
+            "400",
+        ),
+        ("a bad chunk-size line", &bad_chunk[..], false, "400"),
+        ("a body that stops coming", &short_body[..], false, "408"),
+    ] {
+        let text = send_raw(&srv.addr, raw, fin).expect("answer");
+        assert!(
+            text.starts_with(&format!("HTTP/1.1 {status}")),
+            "{what}: {text}"
+        );
+    }
     let (_, _, m) = http(&srv.addr, "GET", "/metrics", &[], b"");
     let m = String::from_utf8(m).unwrap();
     assert!(m.contains(r#"onepass_errors_total{status="400"} 2"#), "{m}");
@@ -477,6 +368,9 @@ fn connection_timeouts_and_broken_bodies() {
     assert!(!m.contains(r#"status="413""#), "{m}");
     srv.stop();
 }
+
+/// A request whose body never comes.
+const IN_BODY: &[u8] = b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{";
 
 /// SIGTERM with a connection holding a partial request exits (cleanly) within the shutdown timeout, and a second
 /// signal exits at once even while a request is stuck.
@@ -488,14 +382,9 @@ fn shutdown_is_bounded_whatever_connections_do() {
         dir.path(),
         &["--header-timeout", "600", "--shutdown-timeout", "1"],
     );
-    let mut held = TcpStream::connect(&srv.addr).unwrap();
-    held.write_all(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n")
-        .unwrap();
+    let held = hold(&srv.addr, b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n");
     // A body that never comes: the request is in the route, past its head.
-    let mut in_body = TcpStream::connect(&srv.addr).unwrap();
-    in_body
-        .write_all(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
-        .unwrap();
+    let in_body = hold(&srv.addr, IN_BODY);
     std::thread::sleep(Duration::from_millis(200));
     let log = srv.stop();
     assert!(log.contains("onepass serve: stopped"), "{log}");
@@ -505,9 +394,7 @@ fn shutdown_is_bounded_whatever_connections_do() {
         dir.path(),
         &["--header-timeout", "600", "--shutdown-timeout", "600"],
     );
-    let mut held = TcpStream::connect(&srv.addr).unwrap();
-    held.write_all(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
-        .unwrap();
+    let held = hold(&srv.addr, IN_BODY);
     std::thread::sleep(Duration::from_millis(200));
     srv.term();
     // Wait for the first signal to be taken before sending the second.
@@ -522,17 +409,7 @@ fn shutdown_is_bounded_whatever_connections_do() {
         }
     }
     srv.term();
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = srv.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "a second SIGTERM did not stop the server"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = srv.exit_status("a second SIGTERM did not stop the server");
     assert_eq!(status.code(), Some(130));
     drop(held);
 }

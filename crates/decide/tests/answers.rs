@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{answer_checkpoint, answer_fixtures};
+use common::{answer_checkpoint, answer_fixtures, array, f64s};
 use onepass_decide::pyjson::dumps_compact;
 use onepass_decide::{parse_request, Engine, EngineOptions, Plan};
 use serde_json::Value as J;
@@ -33,18 +33,7 @@ fn cases(preset: &str) -> Vec<Case> {
             name: v["name"].as_str().unwrap().into(),
             body: v["body"].as_str().unwrap().into(),
             response: serde_json::from_str(v["response"].as_str().unwrap()).unwrap(),
-            probs: v["probs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| {
-                    p.as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|x| x.as_f64().unwrap())
-                        .collect()
-                })
-                .collect(),
+            probs: array(&v["probs"], f64s),
         })
         .collect()
 }

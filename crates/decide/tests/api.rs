@@ -32,41 +32,25 @@ fn limits_are_413_in_reference_order() {
     .unwrap();
     let p = plan(&req, &tok(), &DecideConfig::default()).unwrap();
     assert!(check_size(&p, &Limits::default()).is_ok());
-    let e: ApiError = check_size(
-        &p,
-        &Limits {
-            max_rows: 1,
-            ..Limits::default()
-        },
-    )
-    .unwrap_err()
-    .into();
+    // The refusal under the default limits but one.
+    let refused = |edit: fn(&mut Limits, usize), n: usize| {
+        let mut limits = Limits::default();
+        edit(&mut limits, n);
+        check_size(&p, &limits).unwrap_err()
+    };
+    let e: ApiError = refused(|l, n| l.max_rows = n, 1).into();
     assert_eq!(e.status, 413);
     assert_eq!(
         e.message(),
         Some("too many questions: the request expands to 2 scoring rows, the limit is 1 (DECIDER_MAX_ROWS)")
     );
     let longest = p.rows.iter().map(|r| r.ids.len()).max().unwrap();
-    let e = check_size(
-        &p,
-        &Limits {
-            max_row_tokens: longest - 1,
-            ..Limits::default()
-        },
-    )
-    .unwrap_err();
+    let e = refused(|l, n| l.max_row_tokens = n, longest - 1);
     assert!(e
         .to_string()
         .starts_with(&format!("too many tokens: one row has {longest} tokens")));
     let total: usize = p.rows.iter().map(|r| r.ids.len()).sum();
-    let e = check_size(
-        &p,
-        &Limits {
-            max_request_tokens: total - 1,
-            ..Limits::default()
-        },
-    )
-    .unwrap_err();
+    let e = refused(|l, n| l.max_request_tokens = n, total - 1);
     assert_eq!(
         e.to_string(),
         format!("too many tokens: the request has {total} tokens over 2 rows, the limit is {} (DECIDER_MAX_REQUEST_TOKENS)", total - 1)

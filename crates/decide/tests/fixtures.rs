@@ -9,7 +9,7 @@ use serde_json::Value as J;
 
 mod common;
 
-use common::{check_rows, root, tok, u32s};
+use common::{array, check_rows, f64s, root, tok, u32s};
 
 fn lines(name: &str) -> Vec<J> {
     common::jsonl(&root().join("tests/fixtures/systemone").join(name))
@@ -118,12 +118,7 @@ fn check_render(cases: &[J]) {
                 .iter()
                 .flat_map(|r| r.temperatures.iter().copied())
                 .collect();
-            let want: Vec<f64> = c["temperatures"][*cfg_name]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap())
-                .collect();
+            let want = f64s(&c["temperatures"][*cfg_name]);
             assert_eq!(got, want, "{name}: temperatures {cfg_name}");
         }
     }
@@ -150,18 +145,7 @@ fn check_assemble(cases: &[J]) {
             &config("{}", c["isolated_levels"].as_bool().unwrap()),
         )
         .unwrap();
-        let probs: Vec<Vec<f32>> = c["probs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| {
-                v.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_f64().unwrap() as f32)
-                    .collect()
-            })
-            .collect();
+        let probs: Vec<Vec<f32>> = array(&c["probs"], |v| array(v, |x| x.as_f64().unwrap() as f32));
         let resp = assemble(&p, &probs, "decider-1.10").unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(
             pyjson::dumps_compact(&resp).unwrap(),

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 mod common;
 
-use common::{check_rows, root, tok, u32s};
+use common::{check_rows, f64s, root, tok, u32s};
 
 fn dir() -> PathBuf {
     root().join("tests/fixtures/systemone/layouts")
@@ -75,14 +75,6 @@ fn temps_of(plan: &Plan) -> Vec<f64> {
         .collect()
 }
 
-fn f64s(v: &J) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
 #[test]
 fn synthetic_template_is_the_tokenizer_crates() {
     let text = std::fs::read_to_string(dir().join("templates/synthetic.jinja")).unwrap();
@@ -128,27 +120,43 @@ fn chat_templates_match() {
     }
 }
 
+/// A case's name under its group (`template/name`, `layout/name`).
+fn case_name(case: &J, group: &str) -> String {
+    format!(
+        "{}/{}",
+        case[group].as_str().unwrap(),
+        case["name"].as_str().unwrap()
+    )
+}
+
+/// The temperature config `obj` with the case's `isolated_levels` and `max_state_tokens`, in the chat layout when the
+/// case names a template.
+fn case_config(obj: &pyjson::Object, case: &J) -> DecideConfig {
+    let mut cfg = DecideConfig::from_object(obj, None).unwrap();
+    if let Some(t) = case["template"].as_str() {
+        cfg.layout = Layout::Chat;
+        cfg.chat = Some(templates()[t].clone().unwrap());
+    }
+    cfg.isolated_levels = case["isolated_levels"].as_bool().unwrap();
+    cfg.max_state_tokens = case["max_state_tokens"].as_u64().unwrap() as usize;
+    cfg
+}
+
 #[test]
 fn chat_rows_match() {
     let configs = temp_configs();
     let cases = lines("chat_rows.jsonl");
     assert!(cases.len() >= 80, "{} chat cases", cases.len());
     for case in cases {
-        let name = format!(
-            "{}/{}",
-            case["template"].as_str().unwrap(),
-            case["name"].as_str().unwrap()
-        );
-        let chat = templates()[case["template"].as_str().unwrap()]
-            .clone()
-            .unwrap();
+        let name = case_name(&case, "template");
         let req = parse_request(case["body"].as_str().unwrap().as_bytes()).unwrap();
         for (cn, obj) in &configs {
-            let mut cfg = DecideConfig::from_object(obj, None).unwrap();
-            cfg.layout = Layout::Chat;
-            cfg.chat = Some(chat.clone());
-            cfg.isolated_levels = case["isolated_levels"].as_bool().unwrap();
-            cfg.max_state_tokens = case["max_state_tokens"].as_u64().unwrap() as usize;
+            let cfg = case_config(obj, &case);
+            assert_eq!(
+                cfg.layout,
+                Layout::Chat,
+                "{name}: a chat case names its template"
+            );
             let p = plan(&req, tok(), &cfg).unwrap_or_else(|e| panic!("{name}: {e:?}"));
             check_rows(&name, &p, &case);
             assert_eq!(
@@ -171,25 +179,15 @@ fn schema_first_rows_match() {
     let cases = lines("schema_first.jsonl");
     assert!(cases.len() >= 40, "{} schema-first cases", cases.len());
     for case in cases {
-        let name = format!(
-            "{}/{}",
-            case["layout"].as_str().unwrap(),
-            case["name"].as_str().unwrap()
-        );
+        let name = case_name(&case, "layout");
         let req = parse_request(case["body"].as_str().unwrap().as_bytes()).unwrap();
         for (cn, obj) in &configs {
             for (order, key) in [
                 (Order::SchemaFirst, "temperatures"),
                 (Order::SchemaFirstCached, "schema_temperatures"),
             ] {
-                let mut cfg = DecideConfig::from_object(obj, None).unwrap();
-                if let Some(t) = case["template"].as_str() {
-                    cfg.layout = Layout::Chat;
-                    cfg.chat = Some(templates()[t].clone().unwrap());
-                }
+                let mut cfg = case_config(obj, &case);
                 cfg.order = order;
-                cfg.isolated_levels = case["isolated_levels"].as_bool().unwrap();
-                cfg.max_state_tokens = case["max_state_tokens"].as_u64().unwrap() as usize;
                 let p = plan(&req, tok(), &cfg).unwrap_or_else(|e| panic!("{name}: {e:?}"));
                 check_rows(&name, &p, &case);
                 assert_eq!(temps_of(&p), f64s(&case[key][cn]), "{name}: {key} {cn}");

@@ -183,6 +183,14 @@ fn tree(preset: &'static str, opts: EngineOptions, decline: bool) -> Engine<Tree
     Engine::from_dir_with(dir, &model_type, backend, opts).expect("engine")
 }
 
+/// The plain engine and the tree engine on one checkpoint, default options.
+fn engines(preset: &'static str) -> (Engine, Engine<TreeCpu>) {
+    (
+        plain(preset, EngineOptions::default()),
+        tree(preset, EngineOptions::default(), false),
+    )
+}
+
 /// The answer fixtures' bodies, a packed body of three questions (one row, 2, 4 and 3 options) and a packed body
 /// without questions (one row, no slots), planned.
 fn fixture_plans(eng: &Engine, preset: &str) -> Vec<Plan> {
@@ -392,8 +400,7 @@ fn unshared_plan(seed: u64, lens: &[usize]) -> Plan {
 #[test]
 fn tree_equals_plain_engine() {
     for preset in PRESETS {
-        let base = plain(preset, EngineOptions::default());
-        let eng = tree(preset, EngineOptions::default(), false);
+        let (base, eng) = engines(preset);
         let plans = fixture_plans(&base, preset);
         // The bodies cover what the route must handle.
         assert!(plans.iter().any(|p| read_rows(p).1 > 0), "a shared prefix");
@@ -442,8 +449,7 @@ fn tree_equals_plain_engine() {
 #[test]
 fn token_limit() {
     let preset = PRESETS[0];
-    let base = plain(preset, EngineOptions::default());
-    let eng = tree(preset, EngineOptions::default(), false);
+    let (base, eng) = engines(preset);
     let budget = EngineOptions::default().fork_budget_bytes;
     // 2000 shared + 4 × 1000 own + a single row: 6000 + the single row.
     let shared = shared_plan(1, 4, 2000, 1000);
@@ -505,8 +511,7 @@ fn past(plans: &[Plan], tokens: usize) -> Vec<&Plan> {
 #[test]
 fn over_token_limit_runs_groups() {
     for preset in PRESETS {
-        let base = plain(preset, EngineOptions::default());
-        let eng = tree(preset, EngineOptions::default(), false);
+        let (base, eng) = engines(preset);
         let plans = fixture_plans(&base, preset);
         let call = past(&plans, 2 * MAX_BATCH_TOKENS);
         let groups = tree_groups(&eng, &call, EngineOptions::default().fork_budget_bytes);
@@ -536,8 +541,7 @@ fn over_token_limit_runs_groups() {
 #[test]
 fn unfit_plans_take_two_pass() {
     let preset = PRESETS[1];
-    let base = plain(preset, EngineOptions::default());
-    let eng = tree(preset, EngineOptions::default(), false);
+    let (base, eng) = engines(preset);
     let fixture = fixture_plans(&base, preset);
     let long_rows = unshared_plan(20, &[3000, 3000, 2500]);
     let long_suffixes = shared_plan(21, 4, 1000, 1900);
@@ -696,8 +700,7 @@ fn declined_tree_is_the_plain_engine() {
 #[test]
 fn declined_group_leaves_the_others_on_the_tree() {
     for preset in PRESETS {
-        let base = plain(preset, EngineOptions::default());
-        let eng = tree(preset, EngineOptions::default(), false);
+        let (base, eng) = engines(preset);
         eng.model().decline_first.store(true, Ordering::SeqCst);
         let plans = fixture_plans(&base, preset);
         // A shared-prefix plan, then the fixture plans past the token limit: the first group is declined, the others
@@ -750,8 +753,7 @@ fn short_prefix_rows_run_whole_on_the_tree() {
 #[test]
 fn slot_check_on_the_tree_route() {
     let preset = PRESETS[0];
-    let base = plain(preset, EngineOptions::default());
-    let eng = tree(preset, EngineOptions::default(), false);
+    let (base, eng) = engines(preset);
     let mut bad = shared_plan(5, 2, 10, 6);
     bad.rows[1].slots[0] = 16;
     let good = shared_plan(6, 2, 8, 4);
@@ -772,8 +774,7 @@ fn slot_check_on_the_tree_route() {
 #[test]
 fn malformed_rows_fail_the_call() {
     let preset = PRESETS[0];
-    let base = plain(preset, EngineOptions::default());
-    let eng = tree(preset, EngineOptions::default(), false);
+    let (base, eng) = engines(preset);
     let mut few_temps = shared_plan(7, 2, 10, 6);
     few_temps.rows[0].temperatures.clear();
     let mut few_opts = shared_plan(8, 2, 10, 6);

@@ -136,18 +136,7 @@ fn reads_version_2() {
 fn writer_reproduces_gguf_py_files_byte_for_byte() {
     for name in ["all_types.gguf", "ternary.gguf"] {
         let file = open(name);
-        let tensors: Vec<GgufWriteTensor<'_>> = file
-            .tensors()
-            .iter()
-            .map(|t| GgufWriteTensor {
-                name: &t.name,
-                ggml_type: t.ggml_type,
-                ne: t.ne.clone(),
-                data: file.tensor_data(t),
-            })
-            .collect();
-        let mut out = Vec::new();
-        write_gguf(&mut out, file.metadata(), &tensors).expect("write");
+        let out = rewrite(&file, file.metadata());
         let original = std::fs::read(fixture(name)).expect("read");
         assert_eq!(out.len(), original.len(), "{name}: length");
         assert!(out == original, "{name}: bytes differ");
@@ -240,11 +229,8 @@ fn hadamard_metadata_is_read() {
         .is_none());
 }
 
-/// `ternary.gguf` with its metadata edited by `edit`, re-written and parsed.
-fn ternary_with(edit: impl FnOnce(&mut Vec<(String, GgufValue)>)) -> Gguf {
-    let file = open("ternary.gguf");
-    let mut meta = file.metadata().to_vec();
-    edit(&mut meta);
+/// `file`'s tensors under the metadata `meta`, written as a GGUF file.
+fn rewrite(file: &Gguf, meta: &[(String, GgufValue)]) -> Vec<u8> {
     let tensors: Vec<GgufWriteTensor<'_>> = file
         .tensors()
         .iter()
@@ -256,7 +242,16 @@ fn ternary_with(edit: impl FnOnce(&mut Vec<(String, GgufValue)>)) -> Gguf {
         })
         .collect();
     let mut out = Vec::new();
-    write_gguf(&mut out, &meta, &tensors).expect("write");
+    write_gguf(&mut out, meta, &tensors).expect("write");
+    out
+}
+
+/// `ternary.gguf` with its metadata edited by `edit`, re-written and parsed.
+fn ternary_with(edit: impl FnOnce(&mut Vec<(String, GgufValue)>)) -> Gguf {
+    let file = open("ternary.gguf");
+    let mut meta = file.metadata().to_vec();
+    edit(&mut meta);
+    let out = rewrite(&file, &meta);
     Gguf::from_bytes("edited.gguf", out).expect("still a valid container")
 }
 
@@ -304,216 +299,100 @@ fn hadamard_accepts_any_integer_or_float_array_for_widths_and_signs() {
 
 #[test]
 fn hadamard_refusals_name_the_key() {
-    type Edit = Box<dyn FnOnce(&mut Vec<(String, GgufValue)>)>;
+    type Meta = Vec<(String, GgufValue)>;
+    /// Edits the metadata; the second argument is the case's full key (`prism.hadamard.{key}`).
+    type Edit = Box<dyn FnOnce(&mut Meta, &str)>;
+    let to = |v: GgufValue| -> Edit { Box::new(move |m, key| set(m, key, v)) };
     let s = |x: &str| GgufValue::String(x.into());
+    let strings = |xs: &[&str]| {
+        GgufValue::Array(GgufArray::String(
+            xs.iter().map(|x| x.to_string()).collect(),
+        ))
+    };
+    let u32s = |xs: &[u32]| GgufValue::Array(GgufArray::U32(xs.to_vec()));
+    let i8s = |xs: Vec<i8>| GgufValue::Array(GgufArray::I8(xs));
     let cases: Vec<(&str, &str, Edit)> = vec![
-        (
-            "version",
-            "version 2",
-            Box::new(|m| set(m, "prism.hadamard.version", GgufValue::U32(2))),
-        ),
-        (
-            "version",
-            "expected an integer",
-            Box::new(move |m| set(m, "prism.hadamard.version", s("1"))),
-        ),
-        (
-            "block_size",
-            "512",
-            Box::new(|m| set(m, "prism.hadamard.block_size", GgufValue::U32(512))),
-        ),
-        (
-            "transform",
-            "orthogonal",
-            Box::new(|m| {
-                set(
-                    m,
-                    "prism.hadamard.transform",
-                    GgufValue::String("orthogonal".into()),
-                )
-            }),
-        ),
-        (
-            "axis",
-            "output",
-            Box::new(|m| set(m, "prism.hadamard.axis", GgufValue::String("output".into()))),
-        ),
-        (
-            "sign_mode",
-            "seeded",
-            Box::new(|m| {
-                set(
-                    m,
-                    "prism.hadamard.sign_mode",
-                    GgufValue::String("seeded".into()),
-                )
-            }),
-        ),
+        ("version", "version 2", to(GgufValue::U32(2))),
+        ("version", "expected an integer", to(s("1"))),
+        ("block_size", "512", to(GgufValue::U32(512))),
+        ("transform", "orthogonal", to(s("orthogonal"))),
+        ("axis", "output", to(s("output"))),
+        ("sign_mode", "seeded", to(s("seeded"))),
         (
             "axis",
             "missing",
-            Box::new(|m| m.retain(|(k, _)| k != "prism.hadamard.axis")),
+            Box::new(|m, key| m.retain(|(k, _)| k != key)),
         ),
         (
             "seed",
             "not a key",
-            Box::new(|m| m.push(("prism.hadamard.seed".into(), GgufValue::U32(7)))),
+            Box::new(|m, key| m.push((key.into(), GgufValue::U32(7)))),
         ),
-        (
-            "sign_widths",
-            "1000",
-            Box::new(|m| {
-                set(
-                    m,
-                    "prism.hadamard.sign_widths",
-                    GgufValue::Array(GgufArray::U32(vec![1000, 2072])),
-                )
-            }),
-        ),
-        (
-            "sign_widths",
-            "twice",
-            Box::new(|m| {
-                set(
-                    m,
-                    "prism.hadamard.sign_widths",
-                    GgufValue::Array(GgufArray::U32(vec![1024, 1024, 1024])),
-                );
-            }),
-        ),
+        ("sign_widths", "1000", to(u32s(&[1000, 2072]))),
+        ("sign_widths", "twice", to(u32s(&[1024, 1024, 1024]))),
         (
             "sign_widths",
             "array[f32]",
-            Box::new(|m| {
-                set(
-                    m,
-                    "prism.hadamard.sign_widths",
-                    GgufValue::Array(GgufArray::F32(vec![1024.0, 2048.0])),
-                )
-            }),
+            to(GgufValue::Array(GgufArray::F32(vec![1024.0, 2048.0]))),
         ),
         (
             "sign_values",
             "add up to",
-            Box::new(|m| {
+            Box::new(move |m, key| {
                 let mut v = signs_of(m);
                 v.pop();
-                set(
-                    m,
-                    "prism.hadamard.sign_values",
-                    GgufValue::Array(GgufArray::I8(v)),
-                );
+                set(m, key, i8s(v));
             }),
         ),
         (
             "sign_values",
             "entry 17 is 0",
-            Box::new(|m| {
+            Box::new(move |m, key| {
                 let mut v = signs_of(m);
                 v[17] = 0;
-                set(
-                    m,
-                    "prism.hadamard.sign_values",
-                    GgufValue::Array(GgufArray::I8(v)),
-                );
+                set(m, key, i8s(v));
             }),
         ),
         (
             "sign_values",
             "entry 3 is 0.5",
-            Box::new(|m| {
+            Box::new(|m, key| {
                 let mut v: Vec<f64> = signs_of(m).iter().map(|&x| f64::from(x)).collect();
                 v[3] = 0.5;
-                set(
-                    m,
-                    "prism.hadamard.sign_values",
-                    GgufValue::Array(GgufArray::F64(v)),
-                );
+                set(m, key, GgufValue::Array(GgufArray::F64(v)));
             }),
         ),
-        (
-            "sign_values",
-            "array[string]",
-            Box::new(|m| {
-                set(
-                    m,
-                    "prism.hadamard.sign_values",
-                    GgufValue::Array(GgufArray::String(vec!["+".into()])),
-                )
-            }),
-        ),
+        ("sign_values", "array[string]", to(strings(&["+"]))),
         (
             "weight_names",
             "not a tensor",
-            Box::new(|m| {
-                set(
-                    m,
-                    "prism.hadamard.weight_names",
-                    GgufValue::Array(GgufArray::String(vec!["blk.9.ffn_up.weight".into()])),
-                )
-            }),
+            to(strings(&["blk.9.ffn_up.weight"])),
         ),
         (
             "weight_names",
             "no sign vector",
-            Box::new(|m| {
+            Box::new(move |m, _| {
                 let v = signs_of(m);
-                set(
-                    m,
-                    "prism.hadamard.sign_widths",
-                    GgufValue::Array(GgufArray::U32(vec![1024])),
-                );
-                set(
-                    m,
-                    "prism.hadamard.sign_values",
-                    GgufValue::Array(GgufArray::I8(v[..1024].to_vec())),
-                );
+                set(m, "prism.hadamard.sign_widths", u32s(&[1024]));
+                set(m, "prism.hadamard.sign_values", i8s(v[..1024].to_vec()));
             }),
         ),
         (
             "weight_names",
             "twice",
-            Box::new(|m| {
-                set(
-                    m,
-                    "prism.hadamard.weight_names",
-                    GgufValue::Array(GgufArray::String(vec![
-                        "blk.0.ffn_up.weight".into(),
-                        "blk.0.ffn_up.weight".into(),
-                    ])),
-                )
-            }),
+            to(strings(&["blk.0.ffn_up.weight", "blk.0.ffn_up.weight"])),
         ),
-        (
-            "weight_names",
-            "array[u32]",
-            Box::new(|m| {
-                set(
-                    m,
-                    "prism.hadamard.weight_names",
-                    GgufValue::Array(GgufArray::U32(vec![1])),
-                )
-            }),
-        ),
+        ("weight_names", "array[u32]", to(u32s(&[1]))),
         (
             "inverse_weight_names",
             "weight_names also names",
-            Box::new(|m| {
-                set(
-                    m,
-                    "prism.hadamard.inverse_weight_names",
-                    GgufValue::Array(GgufArray::String(vec!["blk.0.ffn_up.weight".into()])),
-                )
-            }),
+            to(strings(&["blk.0.ffn_up.weight"])),
         ),
-        (
-            "gdn_v_grouped",
-            "expected a bool",
-            Box::new(|m| set(m, "prism.hadamard.gdn_v_grouped", GgufValue::U8(1))),
-        ),
+        ("gdn_v_grouped", "expected a bool", to(GgufValue::U8(1))),
     ];
     for (key, why, edit) in cases {
-        let file = ternary_with(edit);
+        let full = format!("prism.hadamard.{key}");
+        let file = ternary_with(|m| edit(m, &full));
         let err = HadamardMeta::from_gguf(&file).expect_err(key);
         let msg = err.to_string();
         assert!(

@@ -204,31 +204,42 @@ fn rotation_matches_the_float64_reference_vectors() {
     let want = expected();
     let h = &want["hadamard"];
 
-    let x = ints(&h["x2048"]);
-    let rx: Vec<f32> = ints(&h["rx2048_times_32"])
-        .iter()
-        .map(|v| v / 32.0)
-        .collect();
-    let signs = meta.signs_for(2048).expect("width 2048");
-    let mut fast = x.clone();
-    hadamard_rotate(&mut fast, signs);
-    assert_eq!(fast, rx, "fast rotation");
-    let mut slow = x.clone();
-    hadamard_rotate_reference(&mut slow, signs);
-    assert_eq!(slow, rx, "reference rotation");
-
-    let z = ints(&h["z1024"]);
-    let inv: Vec<f32> = ints(&h["inverse1024_times_32"])
-        .iter()
-        .map(|v| v / 32.0)
-        .collect();
-    let signs = meta.signs_for(1024).expect("width 1024");
-    let mut fast = z.clone();
-    hadamard_unrotate(&mut fast, signs);
-    assert_eq!(fast, inv, "fast inverse");
-    let mut slow = z.clone();
-    hadamard_unrotate_reference(&mut slow, signs);
-    assert_eq!(slow, inv, "reference inverse");
+    type Transform = fn(&mut [f32], &[f32]);
+    /// The input and expected-output vectors of the fixture (the output times 32), the width, and the fast and
+    /// reference transforms.
+    type Case = (&'static str, &'static str, usize, [(&'static str, Transform); 2]);
+    let cases: [Case; 2] = [
+        (
+            "x2048",
+            "rx2048_times_32",
+            2048,
+            [
+                ("fast rotation", hadamard_rotate),
+                ("reference rotation", hadamard_rotate_reference),
+            ],
+        ),
+        (
+            "z1024",
+            "inverse1024_times_32",
+            1024,
+            [
+                ("fast inverse", hadamard_unrotate),
+                ("reference inverse", hadamard_unrotate_reference),
+            ],
+        ),
+    ];
+    for (input, output, width, transforms) in cases {
+        let x = ints(&h[input]);
+        let want: Vec<f32> = ints(&h[output]).iter().map(|v| v / 32.0).collect();
+        let signs = meta
+            .signs_for(width)
+            .unwrap_or_else(|| panic!("width {width}"));
+        for (what, transform) in transforms {
+            let mut got = x.clone();
+            transform(&mut got, signs);
+            assert_eq!(got, want, "{what}");
+        }
+    }
 }
 
 #[test]

@@ -40,14 +40,6 @@ fn token_ids_beyond_vocab_empty_input_and_long_sequences() {
 }
 
 #[test]
-fn unknown_model_type_is_named() {
-    let d = common::synth_dir("tiny-gva");
-    edit_config(d.path(), |v| v["model_type"] = "mamba".into());
-    let e = err(d.path());
-    assert!(e.contains("\"mamba\""), "{e}");
-}
-
-#[test]
 fn missing_config_and_bad_json() {
     let d = common::synth_dir("tiny-gva");
     std::fs::write(d.path().join("config.json"), "{not json").expect("write");
@@ -56,33 +48,43 @@ fn missing_config_and_bad_json() {
     assert!(err(d.path()).contains("config.json"));
 }
 
+/// A config its weights do not match: the error names the model type, or the tensor at fault.
 #[test]
-fn mis_shaped_tensor_is_named() {
-    let d = common::synth_dir("tiny-gva");
-    edit_config(d.path(), |v| v["intermediate_size"] = 100.into());
-    let e = err(d.path());
-    assert!(
-        e.contains("model.layers.0.mlp.gate_proj.weight") && e.contains("[160, 64]"),
-        "{e}"
-    );
-}
-
-#[test]
-fn missing_tensor_is_named() {
-    // A tied checkpoint has no lm_head; declaring it untied must name the missing tensor.
-    let t = common::synth_dir("tiny-attn-first");
-    edit_config(t.path(), |v| v["tie_word_embeddings"] = false.into());
-    let e = err(t.path());
-    assert!(e.contains("missing tensor lm_head.weight"), "{e}");
-}
-
-#[test]
-fn unexpected_tensor_is_named() {
-    let d = common::synth_dir("tiny-gva");
-    // Declaring an untied checkpoint tied leaves its lm_head.weight unbound.
-    edit_config(d.path(), |v| v["tie_word_embeddings"] = true.into());
-    let e = err(d.path());
-    assert!(e.contains("unexpected tensor lm_head.weight"), "{e}");
+fn a_config_the_weights_do_not_match_is_named() {
+    let cases: [(&str, &str, serde_json::Value, &[&str]); 4] = [
+        ("tiny-gva", "model_type", "mamba".into(), &["\"mamba\""]),
+        (
+            "tiny-gva",
+            "intermediate_size",
+            100.into(),
+            &["model.layers.0.mlp.gate_proj.weight", "[160, 64]"],
+        ),
+        // A tied checkpoint has no lm_head; declaring it untied must name the missing tensor.
+        (
+            "tiny-attn-first",
+            "tie_word_embeddings",
+            false.into(),
+            &["missing tensor lm_head.weight"],
+        ),
+        // Declaring an untied checkpoint tied leaves its lm_head.weight unbound.
+        (
+            "tiny-gva",
+            "tie_word_embeddings",
+            true.into(),
+            &["unexpected tensor lm_head.weight"],
+        ),
+    ];
+    for (preset, key, value, says) in cases {
+        let d = common::synth_dir(preset);
+        edit_config(d.path(), |v| v[key] = value);
+        let e = err(d.path());
+        for want in says {
+            assert!(
+                e.contains(want),
+                "{preset}, {key}: {e:?} does not say {want:?}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -136,10 +136,5 @@ async fn decide_over_255_options_is_a_422() {
         opts.join(",")
     );
     let r = post_json(&app, "/decide", &body).await;
-    assert_eq!(r.status, 422);
-    assert!(
-        r.text().contains("at most 255 options or levels, got 256"),
-        "{}",
-        r.text()
-    );
+    r.assert_says(422, "at most 255 options or levels, got 256");
 }

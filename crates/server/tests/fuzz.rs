@@ -19,7 +19,7 @@ use onepass_decide::render::annotate_indices;
 use onepass_decide::rows::{capped_ids, StateText};
 use onepass_decide::{DecideConfig, Limits, Pipeline, Route};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// xorshift64*: deterministic for a seed, no dependency.
@@ -279,13 +279,20 @@ fn decompress() {
     });
 }
 
+/// Fuzzes a file reader: each input is written to `file` in a temp folder, then `open` reads it.
+fn run_file(target: &str, file: &str, open: impl Fn(&Path)) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(file);
+    run(target, |b| {
+        std::fs::write(&path, b).unwrap();
+        open(&path);
+    });
+}
+
 #[test]
 fn safetensors() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("model.safetensors");
-    run("safetensors", |b| {
-        std::fs::write(&path, b).unwrap();
-        if let Ok(ck) = onepass_formats::Checkpoint::open_file(&path) {
+    run_file("safetensors", "model.safetensors", |path| {
+        if let Ok(ck) = onepass_formats::Checkpoint::open_file(path) {
             for name in ck.names() {
                 assert!(ck.get(name).is_some());
             }
@@ -295,10 +302,7 @@ fn safetensors() {
 
 #[test]
 fn gguf() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("model.gguf");
-    run("gguf", |b| {
-        std::fs::write(&path, b).unwrap();
-        let _ = onepass_formats::Gguf::open(&path);
+    run_file("gguf", "model.gguf", |path| {
+        let _ = onepass_formats::Gguf::open(path);
     });
 }

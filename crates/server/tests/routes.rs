@@ -52,18 +52,11 @@ async fn systemone_is_byte_equal_to_the_engine() {
 #[tokio::test]
 async fn request_id_is_echoed() {
     let app = real_app(ServerOptions::default());
-    let r = call(
-        &app,
-        "GET",
-        "/health",
-        &[("x-request-id", "abc-123")],
-        vec![],
-    )
-    .await;
+    let r = get(&app, "/health", &[("x-request-id", "abc-123")]).await;
     assert_eq!(r.headers["x-request-id"], "abc-123");
     assert_eq!(r.headers["x-typesafe-request-id"], "abc-123");
-    let a = call(&app, "GET", "/health", &[], vec![]).await;
-    let b = call(&app, "GET", "/health", &[], vec![]).await;
+    let a = get(&app, "/health", &[]).await;
+    let b = get(&app, "/health", &[]).await;
     assert_ne!(a.headers["x-request-id"], b.headers["x-request-id"]);
 }
 
@@ -73,29 +66,29 @@ async fn models_health_metrics_and_unknown_routes() {
         model_id: "/models/tiny".into(),
         ..Default::default()
     });
-    let r = call(&app, "GET", "/v1/models", &[], vec![]).await;
+    let r = get(&app, "/v1/models", &[]).await;
     assert_eq!(
         r.text(),
         r#"{"models":[{"name":"decider-dev","description":"decider: one-pass typed decisions with calibrated probabilities","release_date":"2026-09-17"}]}"#
     );
-    let r = call(&app, "GET", "/health", &[], vec![]).await;
+    let r = get(&app, "/health", &[]).await;
     assert_eq!(
         r.text(),
         r#"{"ok":true,"model":"/models/tiny","device":"cpu","layout":"plain","temperature":1.0,"temperature_by_type":{"choice":1.0,"noul":1.0,"score":1.0}}"#
     );
-    let r = call(&app, "GET", "/nope", &[], vec![]).await;
+    let r = get(&app, "/nope", &[]).await;
     assert_eq!(
         (r.status, r.text().as_str()),
         (404, r#"{"detail":"Not Found"}"#)
     );
-    let r = call(&app, "GET", "/v1/systemone", &[], vec![]).await;
+    let r = get(&app, "/v1/systemone", &[]).await;
     assert_eq!(
         (r.status, r.text().as_str()),
         (405, r#"{"detail":"Method Not Allowed"}"#)
     );
     post_json(&app, "/v1/systemone", REQ).await;
     post_json(&app, "/v1/systemone", "{").await;
-    let m = call(&app, "GET", "/metrics", &[], vec![]).await.text();
+    let m = get(&app, "/metrics", &[]).await.text();
     for want in [
         r#"onepass_requests_total{route="/v1/systemone",status="200"} 1"#,
         r#"onepass_requests_total{route="/v1/systemone",status="422"} 1"#,
@@ -176,20 +169,12 @@ async fn limits_are_413_in_the_reference_order() {
         "word ".repeat(60)
     );
     let r = post_json(&app, "/v1/systemone", &long).await;
-    assert_eq!(r.status, 413);
-    assert!(
-        r.text().contains("per row (DECIDER_MAX_ROW_TOKENS)"),
-        "{}",
-        r.text()
-    );
+    r.assert_says(413, "per row (DECIDER_MAX_ROW_TOKENS)");
     let two = r#"{"state":"a short state","questions":{"a":{"type":"noul","instructions":"one of two questions here?"},"b":{"type":"noul","instructions":"the other of the two questions?"}}}"#;
     let r = post_json(&app, "/v1/systemone", two).await;
-    assert_eq!(r.status, 413, "{}", r.text());
-    assert!(
-        r.text()
-            .contains("over 2 rows, the limit is 60 (DECIDER_MAX_REQUEST_TOKENS)"),
-        "{}",
-        r.text()
+    r.assert_says(
+        413,
+        "over 2 rows, the limit is 60 (DECIDER_MAX_REQUEST_TOKENS)",
     );
     // /decide: one row, same checks
     let r = post_json(
@@ -244,15 +229,13 @@ async fn rows_past_the_models_positions_are_413s() {
         ),
     )
     .await;
-    assert_eq!(r.status, 413, "{}", r.text());
-    assert!(r.text().contains(&format!("the model has {max} positions")));
+    r.assert_says(413, &format!("the model has {max} positions"));
     let r = post_json(&app, "/v1/systemone", REQ).await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
-#[tokio::test]
-async fn queue_full_is_a_503_and_rows_are_released() {
-    // The engine blocks until released, so the first request holds its rows in the queue.
+/// A fake engine that answers only once `gate` is set, so that a first request holds its rows in the queue.
+fn held_engine() -> (Arc<AtomicBool>, Arc<FakeEngine>) {
     let gate = Arc::new(AtomicBool::new(false));
     let g = gate.clone();
     let fake = Arc::new(FakeEngine::new(move |p| {
@@ -261,6 +244,27 @@ async fn queue_full_is_a_503_and_rows_are_released() {
         }
         Ok(uniform(p))
     }));
+    (gate, fake)
+}
+
+/// Posts REQ in the background and returns once its 3 rows are queued.
+async fn queue_first(
+    app: &axum::Router,
+    state: &onepass_server::App,
+) -> tokio::task::JoinHandle<Resp> {
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { post_json(&app, "/v1/systemone", REQ).await }
+    });
+    while state.admission.outstanding() < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first
+}
+
+#[tokio::test]
+async fn queue_full_is_a_503_and_rows_are_released() {
+    let (gate, fake) = held_engine();
     let (app, state) = router(
         fake,
         quiet(ServerOptions {
@@ -269,13 +273,7 @@ async fn queue_full_is_a_503_and_rows_are_released() {
         }),
     )
     .unwrap();
-    let first = tokio::spawn({
-        let app = app.clone();
-        async move { post_json(&app, "/v1/systemone", REQ).await }
-    });
-    while state.admission.outstanding() < 3 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let first = queue_first(&app, &state).await;
     let r = post_json(&app, "/v1/systemone", REQ).await;
     assert_eq!(r.status, 503);
     assert_eq!(r.headers["retry-after"], "1");
@@ -297,27 +295,14 @@ async fn queue_full_is_a_503_and_rows_are_released() {
     )
     .unwrap();
     let r = post_json(&app, "/v1/systemone", REQ).await;
-    assert_eq!(r.status, 413, "{}", r.text());
-    assert!(
-        r.text()
-            .contains("3 scoring rows and the queue holds at most 2"),
-        "{}",
-        r.text()
-    );
+    r.assert_says(413, "3 scoring rows and the queue holds at most 2");
 }
 
 /// A full queue answers 503 before the body is read or parsed: the engine is never asked, the body (here one that
 /// would take the parser long) never reaches the pipeline.
 #[tokio::test]
 async fn a_full_queue_refuses_before_parsing() {
-    let gate = Arc::new(AtomicBool::new(false));
-    let g = gate.clone();
-    let fake = Arc::new(FakeEngine::new(move |p| {
-        while !g.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(uniform(p))
-    }));
+    let (gate, fake) = held_engine();
     let (app, state) = router(
         fake.clone(),
         quiet(ServerOptions {
@@ -326,13 +311,7 @@ async fn a_full_queue_refuses_before_parsing() {
         }),
     )
     .unwrap();
-    let first = tokio::spawn({
-        let app = app.clone();
-        async move { post_json(&app, "/v1/systemone", REQ).await }
-    });
-    while state.admission.outstanding() < 3 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let first = queue_first(&app, &state).await;
     // Not even JSON: a parsed body would be a 422, so a 503 shows nothing was parsed.
     let r = post_json(&app, "/v1/systemone", "{not json").await;
     assert_eq!(r.status, 503, "{}", r.text());
@@ -360,14 +339,7 @@ async fn api_key_is_required_when_set() {
         r.text(),
         r#"{"detail":"missing API key: send the header Authorization: Bearer <key>"}"#
     );
-    let r = call(
-        &app,
-        "GET",
-        "/v1/models",
-        &[("authorization", "Bearer nope")],
-        vec![],
-    )
-    .await;
+    let r = get(&app, "/v1/models", &[("authorization", "Bearer nope")]).await;
     assert_eq!(
         (r.status, r.text().as_str()),
         (401, r#"{"detail":"invalid API key"}"#)
@@ -384,7 +356,7 @@ async fn api_key_is_required_when_set() {
     )
     .await;
     assert_eq!(r.status, 200);
-    assert_eq!(call(&app, "GET", "/health", &[], vec![]).await.status, 200);
+    assert_eq!(get(&app, "/health", &[]).await.status, 200);
 }
 
 #[tokio::test]
@@ -415,11 +387,10 @@ async fn zstd_and_gzip_bodies() {
     }
     // decompressed size capped; unknown codings and corrupt data refused
     let big = format!(r#"{{"state":"{}","questions":{{}}}}"#, "a".repeat(10_000));
-    let r = call(
+    let r = post_encoded(
         &app,
-        "POST",
         "/v1/systemone",
-        &[("content-encoding", "zstd")],
+        "zstd",
         zstd::encode_all(big.as_bytes(), 3).unwrap(),
     )
     .await;
@@ -436,32 +407,17 @@ async fn zstd_and_gzip_bodies() {
             r#"{"detail":"request body too large: more than 4096 bytes (--max-body-bytes)"}"#
         )
     );
-    let r = call(
-        &app,
-        "POST",
-        "/v1/systemone",
-        &[("content-encoding", "br")],
-        b"x".to_vec(),
-    )
-    .await;
+    let r = post_encoded(&app, "/v1/systemone", "br", b"x".to_vec()).await;
     assert_eq!(r.status, 415);
-    let r = call(
-        &app,
-        "POST",
-        "/v1/systemone",
-        &[("content-encoding", "zstd")],
-        b"not zstd".to_vec(),
-    )
-    .await;
+    let r = post_encoded(&app, "/v1/systemone", "zstd", b"not zstd".to_vec()).await;
     assert_eq!(r.status, 400);
     // /decide takes compressed bodies too
     let d = r#"{"context":"The cat sat.","schema":{"cat?":{"type":"bool"}}}"#;
     let plain = post_json(&app, "/decide", d).await;
-    let r = call(
+    let r = post_encoded(
         &app,
-        "POST",
         "/decide",
-        &[("content-encoding", "zstd")],
+        "zstd",
         zstd::encode_all(d.as_bytes(), 1).unwrap(),
     )
     .await;

@@ -4,25 +4,39 @@
 mod common;
 
 use common::{qwen3_5, repo_root};
+use serde_json::Value;
+
+/// tests/fixtures/tokenizer/`name`, as text.
+fn fixture(name: &str) -> String {
+    let path = repo_root().join("tests/fixtures/tokenizer").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// A JSON array of token ids.
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
 
 #[test]
 fn ids_match_the_tiktoken_fixture() {
-    let path = repo_root().join("tests/fixtures/tokenizer/tiktoken_ids.jsonl");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text = fixture("tiktoken_ids.jsonl");
     let tok = qwen3_5();
     let mut n = 0;
     let mut failures = Vec::new();
     for (line_no, line) in text.lines().enumerate() {
-        let row: serde_json::Value =
+        let row: Value =
             serde_json::from_str(line).unwrap_or_else(|e| panic!("line {}: {e}", line_no + 1));
-        let (Some(input), Some(ids)) = (row["text"].as_str(), row["ids"].as_array()) else {
+        let (Some(input), true) = (row["text"].as_str(), row["ids"].is_array()) else {
             panic!(
                 "line {}: expected {{\"text\": str, \"ids\": [int]}}",
                 line_no + 1
             );
         };
-        let want: Vec<u32> = ids.iter().map(|v| v.as_u64().expect("id") as u32).collect();
+        let want = ids(&row["ids"]);
         let got = tok.encode(input).expect("encode");
         // Decoding gives the NFC text back, which must encode to the same ids again.
         let again = tok
@@ -51,21 +65,12 @@ fn ids_match_the_tiktoken_fixture() {
 /// through `transformers_compatible()` (used by System One). See docs/tokenizer.md.
 #[test]
 fn whole_vocabulary_entries_follow_tiktoken_not_transformers() {
-    let path = repo_root().join("tests/fixtures/tokenizer/transformers_diff.jsonl");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text = fixture("transformers_diff.jsonl");
     let tok = qwen3_5();
     let compat = tok.transformers_compatible();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .expect("ids")
-            .iter()
-            .map(|x| x.as_u64().expect("id") as u32)
-            .collect()
-    };
     let mut n = 0;
     for line in text.lines() {
-        let row: serde_json::Value = serde_json::from_str(line).expect("json line");
+        let row: Value = serde_json::from_str(line).expect("json line");
         let input = row["text"].as_str().expect("text");
         let got = tok.encode(input).expect("encode");
         assert_eq!(got, ids(&row["ids"]), "{input:?}");

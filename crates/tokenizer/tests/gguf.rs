@@ -271,107 +271,79 @@ fn refusals_name_the_key() {
     fn set(m: &mut [(String, GgufValue)], key: &str, v: GgufValue) {
         m.iter_mut().find(|(k, _)| k == key).expect("key").1 = v;
     }
-    type Edit = Box<dyn Fn(&mut Vec<(String, GgufValue)>)>;
+    /// Edits the metadata; the second argument is the case's key.
+    type Edit = Box<dyn FnOnce(&mut Vec<(String, GgufValue)>, &str)>;
+    let to = |v: GgufValue| -> Edit { Box::new(move |m, key| set(m, key, v)) };
     let cases: Vec<(&str, &str, Edit)> = vec![
         (
             "tokenizer.ggml.model",
             "\"llama\" is not supported",
-            Box::new(|m| set(m, "tokenizer.ggml.model", GgufValue::String("llama".into()))),
+            to(GgufValue::String("llama".into())),
         ),
         (
             "tokenizer.ggml.model",
             "is missing",
-            Box::new(|m| m.retain(|(k, _)| k != "tokenizer.ggml.model")),
+            Box::new(|m, key| m.retain(|(k, _)| k != key)),
         ),
         (
             "tokenizer.ggml.pre",
             "\"llama-bpe\"",
-            Box::new(|m| {
-                set(
-                    m,
-                    "tokenizer.ggml.pre",
-                    GgufValue::String("llama-bpe".into()),
-                )
-            }),
+            to(GgufValue::String("llama-bpe".into())),
         ),
         (
             "tokenizer.ggml.tokens",
             "expected a string array",
-            Box::new(|m| set(m, "tokenizer.ggml.tokens", GgufValue::U32(1))),
+            to(GgufValue::U32(1)),
         ),
         (
             "tokenizer.ggml.token_type",
             "entries for 260 tokens",
-            Box::new(|m| {
-                set(
-                    m,
-                    "tokenizer.ggml.token_type",
-                    GgufValue::Array(GgufArray::I32(vec![1; 3])),
-                )
-            }),
+            to(GgufValue::Array(GgufArray::I32(vec![1; 3]))),
         ),
         (
             "tokenizer.ggml.token_type",
             "token type 9",
-            Box::new(|m| {
-                set(
-                    m,
-                    "tokenizer.ggml.token_type",
-                    GgufValue::Array(GgufArray::I32(vec![9; 260])),
-                )
-            }),
+            to(GgufValue::Array(GgufArray::I32(vec![9; 260]))),
         ),
         (
             "tokenizer.ggml.merges",
             "merge 0",
-            Box::new(|m| {
-                set(
-                    m,
-                    "tokenizer.ggml.merges",
-                    GgufValue::Array(GgufArray::String(vec!["ab".into()])),
-                )
-            }),
+            to(GgufValue::Array(GgufArray::String(vec!["ab".into()]))),
         ),
         (
             "tokenizer.ggml.eos_token_id",
             "id 259",
-            Box::new(|m| set(m, "tokenizer.ggml.eos_token_id", GgufValue::U32(259))),
+            to(GgufValue::U32(259)),
         ),
         (
             "tokenizer.ggml.eos_token_id",
             "id 5000",
-            Box::new(|m| set(m, "tokenizer.ggml.eos_token_id", GgufValue::U32(5000))),
+            to(GgufValue::U32(5000)),
         ),
         (
             "tokenizer.ggml.eos_token_id",
             "expected an integer",
-            Box::new(|m| set(m, "tokenizer.ggml.eos_token_id", GgufValue::F32(1.0))),
+            to(GgufValue::F32(1.0)),
         ),
         (
             "tokenizer.ggml.bos_token_id",
             "id -1",
-            Box::new(|m| m.push(("tokenizer.ggml.bos_token_id".into(), GgufValue::I32(-1)))),
+            Box::new(|m, key| m.push((key.into(), GgufValue::I32(-1)))),
         ),
         (
             "tokenizer.chat_template",
             "expected a string",
-            Box::new(|m| set(m, "tokenizer.chat_template", GgufValue::Bool(true))),
+            to(GgufValue::Bool(true)),
         ),
         (
             "tokenizer.ggml.padding_token_id",
             "id 4294967295",
-            Box::new(|m| {
-                set(
-                    m,
-                    "tokenizer.ggml.padding_token_id",
-                    GgufValue::U32(u32::MAX),
-                )
-            }),
+            to(GgufValue::U32(u32::MAX)),
         ),
     ];
     for (key, why, edit) in cases {
         let mut meta = tiny();
-        edit(&mut meta);
+        edit(&mut meta, key);
         let err = build(&meta).expect_err(key);
         let msg = err.to_string();
         assert!(

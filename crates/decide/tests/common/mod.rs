@@ -44,20 +44,25 @@ pub fn tok() -> &'static Tokenizer {
     })
 }
 
+/// A JSON array's elements, each through `f`.
+pub fn array<'a, T>(v: &'a J, f: impl Fn(&'a J) -> T) -> Vec<T> {
+    v.as_array().unwrap().iter().map(f).collect()
+}
+
 pub fn u32s(v: &J) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    array(v, |x| x.as_u64().unwrap() as u32)
 }
 
 pub fn usizes(v: &J) -> Vec<usize> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as usize)
-        .collect()
+    array(v, |x| x.as_u64().unwrap() as usize)
+}
+
+pub fn f64s(v: &J) -> Vec<f64> {
+    array(v, |x| x.as_f64().unwrap())
+}
+
+pub fn strs(v: &J) -> Vec<&str> {
+    array(v, |x| x.as_str().unwrap())
 }
 
 /// A plan's rows (ids, slots, nopts, types) and usage equal a fixture case's `rows` and
@@ -70,13 +75,7 @@ pub fn check_rows(name: &str, plan: &Plan, case: &J) {
         assert_eq!(r.slots, usizes(&w["slots"]), "{name}: row {k} slots");
         assert_eq!(r.nopts, usizes(&w["nopts"]), "{name}: row {k} nopts");
         let types: Vec<&str> = r.types.iter().map(|t| t.as_str()).collect();
-        let wt: Vec<&str> = w["types"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_str().unwrap())
-            .collect();
-        assert_eq!(types, wt, "{name}: row {k} types");
+        assert_eq!(types, strs(&w["types"]), "{name}: row {k} types");
     }
     assert_eq!(
         plan.input_tokens,

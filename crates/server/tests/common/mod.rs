@@ -138,6 +138,13 @@ impl Resp {
     pub fn text(&self) -> String {
         String::from_utf8(self.body.clone()).expect("utf-8 body")
     }
+
+    /// Asserts the status and that the body says `says` (the body is the failure message).
+    pub fn assert_says(&self, status: u16, says: &str) {
+        let text = self.text();
+        assert_eq!(self.status, status, "{text}");
+        assert!(text.contains(says), "{text:?} does not say {says:?}");
+    }
 }
 
 /// One request through the router, no socket.
@@ -180,6 +187,11 @@ pub async fn call_body(
     }
 }
 
+/// A GET with `headers`.
+pub async fn get(router: &Router, path: &str, headers: &[(&str, &str)]) -> Resp {
+    call(router, "GET", path, headers, vec![]).await
+}
+
 pub async fn post_json(router: &Router, path: &str, body: &str) -> Resp {
     call(
         router,
@@ -187,6 +199,18 @@ pub async fn post_json(router: &Router, path: &str, body: &str) -> Resp {
         path,
         &[("content-type", "application/json")],
         body.as_bytes().to_vec(),
+    )
+    .await
+}
+
+/// A POST whose body is compressed with `encoding` (its `content-encoding`).
+pub async fn post_encoded(router: &Router, path: &str, encoding: &str, body: Vec<u8>) -> Resp {
+    call(
+        router,
+        "POST",
+        path,
+        &[("content-encoding", encoding)],
+        body,
     )
     .await
 }
