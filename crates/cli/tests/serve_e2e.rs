@@ -414,6 +414,20 @@ fn shutdown_is_bounded_whatever_connections_do() {
     drop(held);
 }
 
+/// `onepass serve --model MODEL ARGS` run until it exits by itself (MODEL does not load) → (success, stderr)
+fn serve_to_exit(model: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args(args)
+        .env_remove("ONEPASS_API_KEY")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.success(), err)
+}
+
 /// The port is bound before the model loads (a taken port is the error, even with a model folder that does not
 /// load); an empty API key is an error; a key from a file works; /health names the folder, not its path.
 #[test]
@@ -421,34 +435,14 @@ fn bind_first_auth_fails_closed_and_health_hides_paths() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
     let missing = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
-        .args([
-            "serve",
-            "--model",
-            missing.path().to_str().unwrap(),
-            "--port",
-            &port,
-        ])
-        .env_remove("ONEPASS_API_KEY")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let (ok, err) = serve_to_exit(missing.path(), &["--port", &port]);
+    assert!(!ok);
     assert!(err.contains(&format!("binding 127.0.0.1:{port}")), "{err}");
     // Warnings before anything loads: a queue smaller than one request may be, a public bind without a key.
-    let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
-        .args([
-            "serve",
-            "--model",
-            missing.path().to_str().unwrap(),
-            "--port",
-            "0",
-        ])
-        .args(["--max-queue-rows", "10", "--host", "0.0.0.0"])
-        .env_remove("ONEPASS_API_KEY")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (_, err) = serve_to_exit(
+        missing.path(),
+        &["--port", "0", "--max-queue-rows", "10", "--host", "0.0.0.0"],
+    );
     assert!(
         err.contains("--max-queue-rows (10) is below --max-rows (1024)"),
         "{err}"
@@ -458,21 +452,9 @@ fn bind_first_auth_fails_closed_and_health_hides_paths() {
         "{err}"
     );
     for blank in ["", "   "] {
-        let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
-            .args([
-                "serve",
-                "--model",
-                missing.path().to_str().unwrap(),
-                "--port",
-                "0",
-                "--api-key",
-                blank,
-            ])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
+        let (ok, err) = serve_to_exit(missing.path(), &["--port", "0", "--api-key", blank]);
         assert!(
-            !out.status.success() && err.contains("API key") && err.contains("empty"),
+            !ok && err.contains("API key") && err.contains("empty"),
             "{err}"
         );
     }

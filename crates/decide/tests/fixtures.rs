@@ -62,11 +62,6 @@ fn render_fixtures() {
     check_render(&lines("render.jsonl"));
 }
 
-#[test]
-fn fuzz_render_fixtures() {
-    check_render(&fuzz_lines("render.jsonl"));
-}
-
 /// Requests the reference answers with a 500 (an AttributeError on a question spec that is not an object): onepass
 /// answers a 422 naming the question, as for the hand-written `divergence` cases.
 #[test]
@@ -129,8 +124,10 @@ fn assemble_fixtures() {
     check_assemble(&lines("assemble.jsonl"));
 }
 
+/// The fuzzed requests' fixtures (tools/oracle/decider_fuzz.py): rendered, then assembled, as the reference did.
 #[test]
-fn fuzz_assemble_fixtures() {
+fn fuzz_render_and_assemble_fixtures() {
+    check_render(&fuzz_lines("render.jsonl"));
     check_assemble(&fuzz_lines("assemble.jsonl"));
 }
 

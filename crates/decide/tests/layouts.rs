@@ -120,15 +120,6 @@ fn chat_templates_match() {
     }
 }
 
-/// A case's name under its group (`template/name`, `layout/name`).
-fn case_name(case: &J, group: &str) -> String {
-    format!(
-        "{}/{}",
-        case[group].as_str().unwrap(),
-        case["name"].as_str().unwrap()
-    )
-}
-
 /// The temperature config `obj` with the case's `isolated_levels` and `max_state_tokens`, in the chat layout when the
 /// case names a template.
 fn case_config(obj: &pyjson::Object, case: &J) -> DecideConfig {
@@ -142,58 +133,74 @@ fn case_config(obj: &pyjson::Object, case: &J) -> DecideConfig {
     cfg
 }
 
-#[test]
-fn chat_rows_match() {
+/// Every case of `file` (at least `min`) under every temperature config: `check(name, case, config name, config)`,
+/// the name `group/name` (`group`: the case's template or layout).
+fn each_case(
+    file: &str,
+    min: usize,
+    group: &str,
+    mut check: impl FnMut(&str, &J, &str, DecideConfig),
+) {
     let configs = temp_configs();
-    let cases = lines("chat_rows.jsonl");
-    assert!(cases.len() >= 80, "{} chat cases", cases.len());
-    for case in cases {
-        let name = case_name(&case, "template");
-        let req = parse_request(case["body"].as_str().unwrap().as_bytes()).unwrap();
+    let cases = lines(file);
+    assert!(cases.len() >= min, "{file}: {} cases", cases.len());
+    for case in &cases {
+        let name = format!(
+            "{}/{}",
+            case[group].as_str().unwrap(),
+            case["name"].as_str().unwrap()
+        );
         for (cn, obj) in &configs {
-            let cfg = case_config(obj, &case);
-            assert_eq!(
-                cfg.layout,
-                Layout::Chat,
-                "{name}: a chat case names its template"
-            );
-            let p = plan(&req, tok(), &cfg).unwrap_or_else(|e| panic!("{name}: {e:?}"));
-            check_rows(&name, &p, &case);
-            assert_eq!(
-                p.ctx_len,
-                case["ctx_len"].as_u64().unwrap() as usize,
-                "{name}: ctx_len"
-            );
-            assert_eq!(
-                temps_of(&p),
-                f64s(&case["temperatures"][cn]),
-                "{name}: temperatures {cn}"
-            );
+            check(&name, case, cn, case_config(obj, case));
         }
     }
 }
 
+/// The case's request, planned under `cfg`.
+fn plan_case(name: &str, case: &J, cfg: &DecideConfig) -> Plan {
+    let req = parse_request(case["body"].as_str().unwrap().as_bytes()).unwrap();
+    plan(&req, tok(), cfg).unwrap_or_else(|e| panic!("{name}: {e:?}"))
+}
+
+#[test]
+fn chat_rows_match() {
+    each_case("chat_rows.jsonl", 80, "template", |name, case, cn, cfg| {
+        assert_eq!(
+            cfg.layout,
+            Layout::Chat,
+            "{name}: a chat case names its template"
+        );
+        let p = plan_case(name, case, &cfg);
+        check_rows(name, &p, case);
+        assert_eq!(
+            p.ctx_len,
+            case["ctx_len"].as_u64().unwrap() as usize,
+            "{name}: ctx_len"
+        );
+        assert_eq!(
+            temps_of(&p),
+            f64s(&case["temperatures"][cn]),
+            "{name}: temperatures {cn}"
+        );
+    });
+}
+
 #[test]
 fn schema_first_rows_match() {
-    let configs = temp_configs();
-    let cases = lines("schema_first.jsonl");
-    assert!(cases.len() >= 40, "{} schema-first cases", cases.len());
-    for case in cases {
-        let name = case_name(&case, "layout");
-        let req = parse_request(case["body"].as_str().unwrap().as_bytes()).unwrap();
-        for (cn, obj) in &configs {
-            for (order, key) in [
-                (Order::SchemaFirst, "temperatures"),
-                (Order::SchemaFirstCached, "schema_temperatures"),
-            ] {
-                let mut cfg = case_config(obj, &case);
-                cfg.order = order;
-                let p = plan(&req, tok(), &cfg).unwrap_or_else(|e| panic!("{name}: {e:?}"));
-                check_rows(&name, &p, &case);
-                assert_eq!(temps_of(&p), f64s(&case[key][cn]), "{name}: {key} {cn}");
-            }
+    each_case("schema_first.jsonl", 40, "layout", |name, case, cn, cfg| {
+        for (order, key) in [
+            (Order::SchemaFirst, "temperatures"),
+            (Order::SchemaFirstCached, "schema_temperatures"),
+        ] {
+            let cfg = DecideConfig {
+                order,
+                ..cfg.clone()
+            };
+            let p = plan_case(name, case, &cfg);
+            check_rows(name, &p, case);
+            assert_eq!(temps_of(&p), f64s(&case[key][cn]), "{name}: {key} {cn}");
         }
-    }
+    });
 }
 
 #[test]

@@ -16,22 +16,9 @@ use onepass_kernels::{
 };
 use onepass_tensor::Tensor;
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    fn normal_ish(&mut self) -> f32 {
-        (self.unit() + self.unit() + self.unit() - 1.5) * 2.0
-    }
-}
+#[path = "common/xorshift.rs"]
+mod xorshift;
+use xorshift::Rng;
 
 /// Random PQ2_0 rows: codes 0..=3 (code 3 rare, as a stress of the +2·d rule), scales in the
 /// range real packs use.
@@ -207,7 +194,12 @@ fn rotation_matches_the_float64_reference_vectors() {
     type Transform = fn(&mut [f32], &[f32]);
     /// The input and expected-output vectors of the fixture (the output times 32), the width, and the fast and
     /// reference transforms.
-    type Case = (&'static str, &'static str, usize, [(&'static str, Transform); 2]);
+    type Case = (
+        &'static str,
+        &'static str,
+        usize,
+        [(&'static str, Transform); 2],
+    );
     let cases: [Case; 2] = [
         (
             "x2048",

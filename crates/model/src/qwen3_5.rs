@@ -416,6 +416,40 @@ impl<'m> CpuLayers<'m, '_, '_, '_> {
             Mixer::GatedDeltaNet(_) => unreachable!("layer {l} is a Gated DeltaNet layer"),
         }
     }
+
+    /// `op` of layer `l`'s Gated DeltaNet over its scratch and every segment's state at that layer.
+    fn gdn_op(
+        &mut self,
+        l: usize,
+        op: impl FnOnce(&GatedDeltaNet, &mut GdnScratch, &[Seg], &mut [&mut LayerState]),
+    ) -> Result<(), ModelError> {
+        let block = self.gdn(l);
+        let mut states = Self::states(self.items, l);
+        op(
+            block,
+            self.gdn.as_mut().expect(PROJECTED),
+            self.segs,
+            &mut states,
+        );
+        Ok(())
+    }
+
+    /// `op` of layer `l`'s attention over its scratch and every segment's state at that layer.
+    fn attn_op(
+        &mut self,
+        l: usize,
+        op: impl FnOnce(&Attention, &mut AttnScratch, &[Seg], &mut [&mut LayerState]),
+    ) -> Result<(), ModelError> {
+        let block = self.attn(l);
+        let mut states = Self::states(self.items, l);
+        op(
+            block,
+            self.attn.as_mut().expect(PROJECTED),
+            self.segs,
+            &mut states,
+        );
+        Ok(())
+    }
 }
 
 /// The mixer's scratch exists from its input projection on: `run_layers` always calls that first.
@@ -464,42 +498,25 @@ impl LayerOps for CpuLayers<'_, '_, '_, '_> {
     }
 
     fn gdn_prep(&mut self, l: usize) -> Result<(), ModelError> {
-        let block = self.gdn(l);
-        let mut states = Self::states(self.items, l);
-        let s = self.gdn.as_mut().expect(PROJECTED);
-        block.prep(s, self.segs, &mut states);
-        Ok(())
+        self.gdn_op(l, |m, s, segs, states| m.prep(s, segs, states))
     }
 
     fn gated_delta(&mut self, l: usize) -> Result<(), ModelError> {
-        let block = self.gdn(l);
-        let mut states = Self::states(self.items, l);
-        let s = self.gdn.as_mut().expect(PROJECTED);
-        block.delta(s, self.segs, &mut states);
-        Ok(())
+        self.gdn_op(l, |m, s, segs, states| m.delta(s, segs, states))
     }
 
     fn gated_norm(&mut self, l: usize) -> Result<(), ModelError> {
-        let block = self.gdn(l);
-        let s = self.gdn.as_mut().expect(PROJECTED);
-        block.gated_norm(s);
-        Ok(())
+        self.gdn_op(l, |m, s, _, _| m.gated_norm(s))
     }
 
     fn attn_prep(&mut self, l: usize) -> Result<(), ModelError> {
-        let block = self.attn(l);
-        let mut states = Self::states(self.items, l);
-        let s = self.attn.as_mut().expect(PROJECTED);
-        block.prep(s, self.n, self.segs, &mut states);
-        Ok(())
+        let n = self.n;
+        self.attn_op(l, |m, s, segs, states| m.prep(s, n, segs, states))
     }
 
     fn attention(&mut self, l: usize) -> Result<(), ModelError> {
-        let block = self.attn(l);
-        let mut states = Self::states(self.items, l);
-        let s = self.attn.as_mut().expect(PROJECTED);
-        block.attend(s, self.n, self.segs, &mut states);
-        Ok(())
+        let n = self.n;
+        self.attn_op(l, |m, s, segs, states| m.attend(s, n, segs, states))
     }
 
     fn swiglu(&mut self, l: usize) -> Result<(), ModelError> {

@@ -22,20 +22,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// xorshift64*: deterministic for a seed, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+// The kernel tests' generator (xorshift64*): deterministic for a seed, no dependency.
+#[path = "../../kernels/tests/common/xorshift.rs"]
+mod xorshift;
+use xorshift::Rng;
 
 /// Tokens worth splicing into JSON-ish inputs.
 const DICT: &[&[u8]] = &[

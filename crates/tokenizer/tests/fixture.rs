@@ -14,11 +14,7 @@ fn fixture(name: &str) -> String {
 
 /// A JSON array of token ids.
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    serde_json::from_value(v.clone()).expect("ids")
 }
 
 #[test]

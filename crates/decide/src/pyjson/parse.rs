@@ -40,14 +40,7 @@ const MAX_DEPTH: usize = 512;
 /// (UTF-8, UTF-8 with BOM, UTF-16/32 with or without BOM).
 pub fn decode_body(body: &[u8]) -> Result<Value, BodyError> {
     let text = decode_text(body)?;
-    let chars: Vec<char> = text.chars().collect();
-    Parser {
-        s: &chars,
-        depth: 0,
-        values: 0,
-        lone_surrogate: None,
-    }
-    .document()
+    parse(&text.chars().collect::<Vec<char>>())
 }
 
 /// `json.loads(text)` for a `str`.
@@ -60,8 +53,13 @@ pub fn loads(text: &str) -> Result<Value, BodyError> {
         }
         .into());
     }
+    parse(&chars)
+}
+
+/// The whole document `s` as one JSON value.
+fn parse(s: &[char]) -> Result<Value, BodyError> {
     Parser {
-        s: &chars,
+        s,
         depth: 0,
         values: 0,
         lone_surrogate: None,
