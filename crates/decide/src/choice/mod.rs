@@ -17,7 +17,6 @@ pub mod request;
 pub mod score;
 
 use std::fmt::Display;
-use std::sync::Arc;
 use std::time::Instant;
 
 use onepass_model::{Model, ModelError, SequenceState};
@@ -246,8 +245,8 @@ pub fn decide<M: DecideModel, P: PrefixStore<M::State>>(
             let mut st = match store.longest(&ids[..p]) {
                 Some((k, kept)) => {
                     n_reused = k;
-                    state_bytes = model.state_bytes(&kept);
-                    model.copy_state(&kept).map_err(fail)?
+                    state_bytes = model.state_bytes(kept);
+                    model.copy_state(kept).map_err(fail)?
                 }
                 None => model.new_state().map_err(fail)?,
             };
@@ -256,7 +255,7 @@ pub fn decide<M: DecideModel, P: PrefixStore<M::State>>(
                 let t = Instant::now();
                 let kept = model.copy_state(&st).map_err(fail)?;
                 state_bytes = model.state_bytes(&kept);
-                store.insert(&ids[..p], Arc::new(kept), state_bytes);
+                store.insert(&ids[..p], kept, state_bytes);
                 store_ms = ms(t);
             }
             model.prefill_logits(&mut st, &ids[p..]).map_err(fail)?

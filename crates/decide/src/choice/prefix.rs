@@ -5,15 +5,13 @@
 //! state is whole (attention KV, conv and recurrent state), so it is restored, never trimmed: a kept state is only
 //! of use to a request whose ids begin with all of its ids.
 
-use std::sync::Arc;
-
 /// Where a decision finds and leaves prefix states.
 pub trait PrefixStore<S> {
     /// The longest kept state whose ids begin `ids`: its length and the state (which the caller copies before it
     /// continues it). Counts a hit or a miss.
-    fn longest(&mut self, ids: &[u32]) -> Option<(usize, Arc<S>)>;
+    fn longest(&mut self, ids: &[u32]) -> Option<(usize, &S)>;
     /// Keeps `state`, the state after `ids`, which holds `bytes`.
-    fn insert(&mut self, ids: &[u32], state: Arc<S>, bytes: usize);
+    fn insert(&mut self, ids: &[u32], state: S, bytes: usize);
     /// Bytes of every state kept.
     fn bytes(&self) -> usize;
     /// Bytes of the state kept for exactly `ids`, if any.
@@ -29,7 +27,7 @@ pub struct KeptPrefix<S> {
 #[derive(Debug)]
 struct Entry<S> {
     ids: Vec<u32>,
-    state: Arc<S>,
+    state: S,
     bytes: usize,
     /// Logical time of the last use, for the LRU.
     used: u64,
@@ -55,13 +53,12 @@ impl<S> KeptPrefix<S> {
 }
 
 impl<S> PrefixStore<S> for KeptPrefix<S> {
-    fn longest(&mut self, ids: &[u32]) -> Option<(usize, Arc<S>)> {
+    fn longest(&mut self, ids: &[u32]) -> Option<(usize, &S)> {
         let e = self.kept.as_ref()?;
-        ids.starts_with(&e.ids)
-            .then(|| (e.ids.len(), Arc::clone(&e.state)))
+        ids.starts_with(&e.ids).then_some((e.ids.len(), &e.state))
     }
 
-    fn insert(&mut self, ids: &[u32], state: Arc<S>, bytes: usize) {
+    fn insert(&mut self, ids: &[u32], state: S, bytes: usize) {
         self.kept = Some(Entry {
             ids: ids.to_vec(),
             state,
@@ -124,7 +121,7 @@ impl<S> PrefixLru<S> {
 }
 
 impl<S> PrefixStore<S> for PrefixLru<S> {
-    fn longest(&mut self, ids: &[u32]) -> Option<(usize, Arc<S>)> {
+    fn longest(&mut self, ids: &[u32]) -> Option<(usize, &S)> {
         let now = self.tick();
         let found = self
             .entries
@@ -135,7 +132,7 @@ impl<S> PrefixStore<S> for PrefixLru<S> {
             Some(e) => {
                 e.used = now;
                 self.hits += 1;
-                Some((e.ids.len(), Arc::clone(&e.state)))
+                Some((e.ids.len(), &e.state))
             }
             None => {
                 self.misses += 1;
@@ -144,7 +141,7 @@ impl<S> PrefixStore<S> for PrefixLru<S> {
         }
     }
 
-    fn insert(&mut self, ids: &[u32], state: Arc<S>, bytes: usize) {
+    fn insert(&mut self, ids: &[u32], state: S, bytes: usize) {
         let now = self.tick();
         if let Some(i) = self.entries.iter().position(|e| e.ids == ids) {
             let old = self.entries.swap_remove(i);
@@ -187,7 +184,7 @@ mod tests {
     fn the_kept_prefix_is_the_latest_and_serves_what_extends_it() {
         let mut k = KeptPrefix::<u32>::default();
         assert!(k.longest(&[1, 2]).is_none());
-        k.insert(&[1, 2], Arc::new(12), 10);
+        k.insert(&[1, 2], 12, 10);
         assert_eq!(k.longest(&[1, 2, 3]).map(|(n, s)| (n, *s)), Some((2, 12)));
         assert_eq!(k.longest(&[1, 2]).map(|(n, _)| n), Some(2));
         assert!(
@@ -195,7 +192,7 @@ mod tests {
             "a shorter prefix cannot use a longer state"
         );
         assert!(k.longest(&[1, 3, 2]).is_none());
-        k.insert(&[5], Arc::new(5), 4);
+        k.insert(&[5], 5, 4);
         assert!(
             k.longest(&[1, 2, 3]).is_none(),
             "one state: the latest replaces it"
@@ -211,21 +208,21 @@ mod tests {
     #[test]
     fn the_lru_keeps_the_longest_match_and_evicts_the_least_recently_used() {
         let mut l = PrefixLru::<u32>::new(100);
-        l.insert(&[1], Arc::new(1), 40);
-        l.insert(&[1, 2], Arc::new(12), 40);
+        l.insert(&[1], 1, 40);
+        l.insert(&[1, 2], 12, 40);
         assert_eq!(l.longest(&[1, 2, 3]).map(|(n, s)| (n, *s)), Some((2, 12)));
         assert_eq!(l.longest(&[1, 5]).map(|(n, s)| (n, *s)), Some((1, 1)));
         assert!(l.longest(&[7]).is_none());
         assert_eq!((l.hits, l.misses), (2, 1));
         // [1] was used last; [1, 2] goes first.
-        l.insert(&[9], Arc::new(9), 40);
+        l.insert(&[9], 9, 40);
         assert_eq!((l.len(), l.bytes(), l.evictions), (2, 80, 1));
         assert!(l.bytes_of(&[1, 2]).is_none() && l.bytes_of(&[1]).is_some());
         // Too large for the cap: not kept, nothing evicted for it.
-        l.insert(&[4], Arc::new(4), 101);
+        l.insert(&[4], 4, 101);
         assert_eq!((l.len(), l.bytes()), (2, 80));
         // The same ids again replace their entry.
-        l.insert(&[9], Arc::new(99), 10);
+        l.insert(&[9], 99, 10);
         assert_eq!((l.len(), l.bytes()), (2, 50));
         assert_eq!(l.longest(&[9]).map(|(_, s)| *s), Some(99));
     }
