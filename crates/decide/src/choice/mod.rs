@@ -23,7 +23,7 @@ use onepass_model::{Model, ModelError, SequenceState};
 use onepass_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-pub use prefix::{KeptPrefix, PrefixLru, PrefixStore};
+pub use prefix::{KeptPrefix, PrefixCacheStats, PrefixLru, PrefixStore};
 pub use prompt::{DecidePrompt, SplitPrompt};
 pub use request::DecideRequest;
 

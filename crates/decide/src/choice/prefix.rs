@@ -76,6 +76,19 @@ impl<S> PrefixStore<S> for KeptPrefix<S> {
     }
 }
 
+/// What a [`PrefixLru`] has done and holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Lookups that found a kept state.
+    pub hits: u64,
+    pub misses: u64,
+    /// States dropped to make room.
+    pub evictions: u64,
+    pub entries: usize,
+    pub bytes: usize,
+    pub cap_bytes: usize,
+}
+
 /// Prefix states keyed by their ids, at most `cap_bytes` of them (the least recently used go first; a state larger
 /// than the cap is not kept). Hits, misses and evictions are counted for `/metrics`.
 #[derive(Debug)]
@@ -112,6 +125,18 @@ impl<S> PrefixLru<S> {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// The counters and sizes `/metrics` shows.
+    pub fn stats(&self) -> PrefixCacheStats {
+        PrefixCacheStats {
+            hits: self.hits,
+            misses: self.misses,
+            evictions: self.evictions,
+            entries: self.entries.len(),
+            bytes: self.bytes,
+            cap_bytes: self.cap_bytes,
+        }
     }
 
     fn tick(&mut self) -> u64 {
