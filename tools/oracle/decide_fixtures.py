@@ -22,7 +22,6 @@ checkpoint sha256). Usage (from the repository root, with the venv of tools/orac
 """
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -32,6 +31,9 @@ import tempfile
 
 import torch
 import transformers
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import sha256, write_jsonl, write_manifest  # noqa: E402
 
 CHECKPOINTS = [("tiny-gva", "chat"), ("tiny-qwen-vocab", "chat"), ("tiny-attn-first", "plain")]
 
@@ -55,14 +57,6 @@ REQUESTS = [
      "choices": ["Y", "N"]},
     {"id": "unicode", "prefix": "Café naïve 加拿大 — ", "suffix": "ok? (a) sí (b) no", "choices": ["a", "b", "("]},
 ]
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def prefix_len(whole, alone):
@@ -133,12 +127,8 @@ def main():
                 "tokenizer_config_sha256": sha256(os.path.join(d, "tokenizer_config.json")),
             }
             print(f"{preset} ({layout}): {len(REQUESTS)} requests", file=sys.stderr)
-    with open(os.path.join(args.out, "decide.jsonl"), "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.write("\n")
+    write_jsonl(os.path.join(args.out, "decide.jsonl"), lines)
+    write_manifest(os.path.join(args.out, "manifest.json"), manifest, sort_keys=True)
 
 
 if __name__ == "__main__":

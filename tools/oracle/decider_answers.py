@@ -22,7 +22,7 @@ tests (and the GPU's, crates/cuda-engine/tests/answers.rs) read them from ONEPAS
 import argparse, json, os, platform, subprocess, sys, tempfile, warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle_io import compact, sha256  # noqa: E402
+from oracle_io import compact, sha256, write_jsonl, write_manifest  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -200,12 +200,8 @@ def main():
                 print(preset, name, "slots", len(captured["probs"]), file=sys.stderr)
             manifest["presets"][preset] = {"model_safetensors_sha256": sha256(os.path.join(d, "model.safetensors")),
                                            "decider_config": cfg_text, "requests": len(lines)}
-        with open(os.path.join(a.out, f"{preset}.jsonl"), "w") as f:
-            for l in lines:
-                f.write(json.dumps(l, ensure_ascii=False) + "\n")
-    with open(os.path.join(a.out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+        write_jsonl(os.path.join(a.out, f"{preset}.jsonl"), lines)
+    write_manifest(os.path.join(a.out, "manifest.json"), manifest, ensure_ascii=False)
 
 
 if __name__ == "__main__":
