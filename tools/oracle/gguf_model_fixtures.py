@@ -13,7 +13,9 @@ then, independently of onepass's Rust converter:
 2. records transformers float32 logits of the checkpoint at every position of fixed token ids.
 
 Outputs (tests/fixtures/gguf/qwen35/): <preset>.<type>.gguf, <preset>.logits.safetensors (tensors
-`ids.<L>` [L] as float32 and `logits.<L>` [L, V]), manifest.json (command, versions, sha256s).
+`ids.<L>` [L] as float32, `logits.<L>` [L, V] of the checkpoint, and `logits.<type>.<L>` of the
+same model with every matrix replaced by what that file stores, decoded by gguf-py: the reference
+for loading the file), manifest.json (command, versions, sha256s).
 -exp(A_log) is computed in float64 and rounded to float32 once (the converter uses torch's float32
 exp; the f64 route is correctly rounded, so the file does not depend on a libm).
 
@@ -30,6 +32,7 @@ import os
 import platform
 import subprocess
 import sys
+import shutil
 import tempfile
 
 import numpy as np
@@ -56,6 +59,15 @@ def tiled(x, axis, hk, hv, d):
     r = hv // hk
     shape = list(x.shape)
     x = x.reshape(shape[:axis] + [hk, r, d] + shape[axis + 1:])
+    x = np.swapaxes(x, axis, axis + 1)
+    return np.ascontiguousarray(x).reshape(shape)
+
+
+def grouped(x, axis, hk, hv, d):
+    """The inverse of tiled()."""
+    r = hv // hk
+    shape = list(x.shape)
+    x = x.reshape(shape[:axis] + [r, hk, d] + shape[axis + 1:])
     x = np.swapaxes(x, axis, axis + 1)
     return np.ascontiguousarray(x).reshape(shape)
 
@@ -115,6 +127,8 @@ def add_tokenizer(w, d, cfg, vocab_size):
 
 
 def convert(d, name, out_path, qtype, ftype):
+    """Writes the GGUF file; returns the checkpoint's tensors with every matrix replaced by what the
+    file stores, decoded (gguf-py's dequantiser) and put back in Hugging Face order."""
     cfg = json.load(open(os.path.join(d, "config.json")))
     t = cfg.get("text_config", cfg)
     base = "model.language_model." if cfg["model_type"] == "qwen3_5" else "model."
@@ -153,7 +167,9 @@ def convert(d, name, out_path, qtype, ftype):
     add_tokenizer(w, d, cfg, t["vocab_size"])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    def put(gname, arr, force_f32=False):
+    stored = dict(st)
+
+    def put(gname, arr, force_f32=False, hf=None, undo=lambda x: x):
         arr = np.ascontiguousarray(np.squeeze(arr).astype(np.float32))
         if arr.ndim <= 1 or force_f32 or gname.endswith("_norm.weight") or not gname.endswith(".weight"):
             w.add_tensor(gname, arr)
@@ -165,22 +181,34 @@ def convert(d, name, out_path, qtype, ftype):
             q = QT.F16
             data = gguf.quants.quantize(arr, q)
         w.add_tensor(gname, data, raw_dtype=q)
+        if hf is not None:
+            back = gguf.quants.dequantize(data, q).astype(np.float32).reshape(arr.shape)
+            stored[hf] = np.ascontiguousarray(undo(back)).reshape(st[hf].shape)
 
     def v_rows(x, head_dim, keep=0):
         if not reorder:
             return x
         return np.concatenate([x[:keep], tiled(x[keep:], 0, hk, hv, head_dim)], axis=0)
 
-    put("token_embd.weight", st[base + "embed_tokens.weight"])
+    def un_rows(x, head_dim, keep=0):
+        if not reorder:
+            return x
+        return np.concatenate([x[:keep], grouped(x[keep:], 0, hk, hv, head_dim)], axis=0)
+
+    put("token_embd.weight", st[base + "embed_tokens.weight"], hf=base + "embed_tokens.weight")
     for i, kind in enumerate(layers):
         p, b = f"{base}layers.{i}.", f"blk.{i}."
         put(b + "attn_norm.weight", st[p + "input_layernorm.weight"] + 1)
         if kind == "linear_attention":
             q = p + "linear_attn."
-            put(b + "attn_qkv.weight", v_rows(st[q + "in_proj_qkv.weight"], dv, 2 * hk * dk))
-            put(b + "attn_gate.weight", v_rows(st[q + "in_proj_z.weight"], dv))
-            put(b + "ssm_alpha.weight", v_rows(st[q + "in_proj_a.weight"], 1))
-            put(b + "ssm_beta.weight", v_rows(st[q + "in_proj_b.weight"], 1))
+            put(b + "attn_qkv.weight", v_rows(st[q + "in_proj_qkv.weight"], dv, 2 * hk * dk),
+                hf=q + "in_proj_qkv.weight", undo=lambda x: un_rows(x, dv, 2 * hk * dk))
+            put(b + "attn_gate.weight", v_rows(st[q + "in_proj_z.weight"], dv),
+                hf=q + "in_proj_z.weight", undo=lambda x: un_rows(x, dv))
+            put(b + "ssm_alpha.weight", v_rows(st[q + "in_proj_a.weight"], 1),
+                hf=q + "in_proj_a.weight", undo=lambda x: un_rows(x, 1))
+            put(b + "ssm_beta.weight", v_rows(st[q + "in_proj_b.weight"], 1),
+                hf=q + "in_proj_b.weight", undo=lambda x: un_rows(x, 1))
             conv = np.squeeze(st[q + "conv1d.weight"], axis=1)
             put(b + "ssm_conv1d.weight", v_rows(conv, dv, 2 * hk * dk), force_f32=True)
             a = (-np.exp(st[q + "A_log"].astype(np.float64))).astype(np.float32)
@@ -188,29 +216,32 @@ def convert(d, name, out_path, qtype, ftype):
             put(b + "ssm_dt.bias", v_rows(st[q + "dt_bias"], 1))
             put(b + "ssm_norm.weight", st[q + "norm.weight"])
             out = st[q + "out_proj.weight"]
-            put(b + "ssm_out.weight", tiled(out, 1, hk, hv, dv) if reorder else out)
+            put(b + "ssm_out.weight", tiled(out, 1, hk, hv, dv) if reorder else out, hf=q + "out_proj.weight",
+                undo=lambda x: grouped(x, 1, hk, hv, dv) if reorder else x)
         else:
             q = p + "self_attn."
-            put(b + "attn_q.weight", st[q + "q_proj.weight"])
-            put(b + "attn_k.weight", st[q + "k_proj.weight"])
-            put(b + "attn_v.weight", st[q + "v_proj.weight"])
-            put(b + "attn_output.weight", st[q + "o_proj.weight"])
+            put(b + "attn_q.weight", st[q + "q_proj.weight"], hf=q + "q_proj.weight")
+            put(b + "attn_k.weight", st[q + "k_proj.weight"], hf=q + "k_proj.weight")
+            put(b + "attn_v.weight", st[q + "v_proj.weight"], hf=q + "v_proj.weight")
+            put(b + "attn_output.weight", st[q + "o_proj.weight"], hf=q + "o_proj.weight")
             put(b + "attn_q_norm.weight", st[q + "q_norm.weight"] + 1)
             put(b + "attn_k_norm.weight", st[q + "k_norm.weight"] + 1)
         put(b + "post_attention_norm.weight", st[p + "post_attention_layernorm.weight"] + 1)
-        put(b + "ffn_gate.weight", st[p + "mlp.gate_proj.weight"])
-        put(b + "ffn_up.weight", st[p + "mlp.up_proj.weight"])
-        put(b + "ffn_down.weight", st[p + "mlp.down_proj.weight"])
+        put(b + "ffn_gate.weight", st[p + "mlp.gate_proj.weight"], hf=p + "mlp.gate_proj.weight")
+        put(b + "ffn_up.weight", st[p + "mlp.up_proj.weight"], hf=p + "mlp.up_proj.weight")
+        put(b + "ffn_down.weight", st[p + "mlp.down_proj.weight"], hf=p + "mlp.down_proj.weight")
     put("output_norm.weight", st[base + "norm.weight"] + 1)
     if not t.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)):
-        put("output.weight", st["lm_head.weight"])
+        put("output.weight", st["lm_head.weight"], hf="lm_head.weight")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return stored
 
 
-def logits(d, vocab, rng):
+def logits(d, vocab, seed):
+    rng = np.random.default_rng(seed)
     import torch
     import transformers
     cfg = json.load(open(os.path.join(d, "config.json")))
@@ -249,15 +280,25 @@ def main():
             d = os.path.join(tmp, preset)
             subprocess.run([args.onepass, "synth", "--preset", preset, "--out", d], check=True)
             entry = {"model_safetensors_sha256": sha256(os.path.join(d, "model.safetensors")), "files": {}}
+            cfg = json.load(open(os.path.join(d, "config.json")))
+            vocab = (cfg.get("text_config") or cfg)["vocab_size"]
+            tensors = {}
             for tname, (qt, ft) in TYPES.items():
                 path = os.path.join(args.out, f"{preset}.{tname}.gguf")
-                convert(d, preset, path, qt, ft)
+                stored = convert(d, preset, path, qt, ft)
                 entry["files"][os.path.basename(path)] = sha256(path)
                 print(f"{preset}: wrote {path}", file=sys.stderr)
+                if not args.no_logits:
+                    # The same model with the file's rounding: the reference for loading the file.
+                    dq = os.path.join(tmp, f"{preset}-{tname}")
+                    shutil.copytree(d, dq)
+                    save_file(stored, os.path.join(dq, "model.safetensors"), metadata={"format": "pt"})
+                    t, _ = logits(dq, vocab, SEED)
+                    tensors.update({k.replace("logits.", f"logits.{tname}."): v
+                                    for k, v in t.items() if k.startswith("logits.")})
             if not args.no_logits:
-                cfg = json.load(open(os.path.join(d, "config.json")))
-                vocab = (cfg.get("text_config") or cfg)["vocab_size"]
-                tensors, versions = logits(d, vocab, np.random.default_rng(SEED))
+                t, versions = logits(d, vocab, SEED)
+                tensors.update(t)
                 manifest.update(versions)
                 path = os.path.join(args.out, f"{preset}.logits.safetensors")
                 save_file(tensors, path)

@@ -65,13 +65,14 @@ fn convert(dir: &Path, out: &Path, ty: &str, more: &[&str]) {
 
 #[test]
 fn float_conversions_are_byte_identical_to_gguf_py() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().expect("test step");
     let dir = synth(tmp.path(), "tiny-gva");
     for ty in ["f16", "bf16", "q8_0"] {
         let out = tmp.path().join(format!("tiny-gva.{ty}.gguf"));
         convert(&dir, &out, ty, &[]);
-        let ours = std::fs::read(&out).unwrap();
-        let theirs = std::fs::read(fixtures().join(format!("tiny-gva.{ty}.gguf"))).unwrap();
+        let ours = std::fs::read(&out).expect("test step");
+        let theirs =
+            std::fs::read(fixtures().join(format!("tiny-gva.{ty}.gguf"))).expect("test step");
         assert_eq!(ours.len(), theirs.len(), "{ty}: file sizes differ");
         if let Some(at) = ours.iter().zip(&theirs).position(|(a, b)| a != b) {
             panic!("{ty}: first differing byte at offset {at}");
@@ -81,7 +82,7 @@ fn float_conversions_are_byte_identical_to_gguf_py() {
 
 #[test]
 fn synth_writes_the_file_convert_writes_from_the_synthetic_folder() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().expect("test step");
     let dir = synth(tmp.path(), "tiny-gva");
     let a = tmp.path().join("a.gguf");
     let b = tmp.path().join("b.gguf");
@@ -95,7 +96,7 @@ fn synth_writes_the_file_convert_writes_from_the_synthetic_folder() {
         os("--out"),
         b.as_os_str(),
     ]);
-    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
+    assert!(std::fs::read(&a).expect("test step") == std::fs::read(&b).expect("test step"));
 }
 
 /// `R·x` for one row: signs, then the dense Sylvester Hadamard product per 1024-block, / 32.
@@ -142,12 +143,12 @@ fn decode_row(file: &Gguf, name: &str, row: usize) -> Vec<f32> {
     let rb = cols / t.ggml_type.block_len() * t.ggml_type.block_bytes();
     let bytes = &file.tensor_data(t)[row * rb..(row + 1) * rb];
     let mut out = vec![0f32; cols];
-    dequantize(t.ggml_type, bytes, &mut out).unwrap();
+    dequantize(t.ggml_type, bytes, &mut out).expect("test step");
     out
 }
 
 fn source_row(ckpt: &Checkpoint, name: &str, row: usize) -> Vec<f32> {
-    let t = ckpt.get(name).unwrap();
+    let t = ckpt.get(name).expect("test step");
     let cols = t.shape()[1];
     let mut out = vec![0f32; cols];
     t.read_f32(row * cols, &mut out);
@@ -156,16 +157,16 @@ fn source_row(ckpt: &Checkpoint, name: &str, row: usize) -> Vec<f32> {
 
 #[test]
 fn ternary_packs_hold_the_rotated_quantised_weights() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().expect("test step");
     let dir = synth(tmp.path(), "tiny-ternary");
-    let ckpt = Checkpoint::open_dir(&dir).unwrap();
+    let ckpt = Checkpoint::open_dir(&dir).expect("test step");
     let pq = tmp.path().join("t.pq2_0.gguf");
     let pt = tmp.path().join("t.ptq1_0.gguf");
     convert(&dir, &pq, "pq2_0", &["--seed", "5"]);
     convert(&dir, &pt, "ptq1_0", &["--seed", "5"]);
-    let file = Gguf::open(&pq).unwrap();
+    let file = Gguf::open(&pq).expect("test step");
     let meta = HadamardMeta::from_gguf(&file)
-        .unwrap()
+        .expect("test step")
         .expect("rotation metadata");
     assert_eq!(meta.signs.keys().copied().collect::<Vec<_>>(), vec![1024]);
     assert!(meta.gdn_v_grouped);
@@ -173,7 +174,7 @@ fn ternary_packs_hold_the_rotated_quantised_weights() {
         meta.inverse_weight_names.iter().collect::<Vec<_>>(),
         vec!["token_embd.weight"]
     );
-    let signs = meta.signs_for(1024).unwrap();
+    let signs = meta.signs_for(1024).expect("test step");
     let negative = signs.iter().filter(|&&s| s < 0.0).count();
     assert!((400..624).contains(&negative), "{negative} negative signs");
     for t in file.tensors() {
@@ -253,7 +254,10 @@ fn ternary_packs_hold_the_rotated_quantised_weights() {
         assert!((a - s).abs() <= s.abs() / 128.0, "ssm_alpha: {a} vs {s}");
     }
     let a = decode_row(&file, "blk.0.ssm_a", 0);
-    let a_log = ckpt.get(&format!("{base}A_log")).unwrap().to_f32_vec();
+    let a_log = ckpt
+        .get(&format!("{base}A_log"))
+        .expect("test step")
+        .to_f32_vec();
     let tiled = [0, 2, 1, 3];
     for (i, &s) in tiled.iter().enumerate() {
         assert_eq!(a[i], (-f64::from(a_log[s]).exp()) as f32, "ssm_a[{i}]");
@@ -262,22 +266,27 @@ fn ternary_packs_hold_the_rotated_quantised_weights() {
     let g = decode_row(&file, "blk.0.attn_norm.weight", 0);
     let w = ckpt
         .get("model.layers.0.input_layernorm.weight")
-        .unwrap()
+        .expect("test step")
         .to_f32_vec();
     assert_eq!(g, w.iter().map(|v| v + 1.0).collect::<Vec<_>>());
     let n = decode_row(&file, "blk.0.ssm_norm.weight", 0);
     assert_eq!(
         n,
         ckpt.get(&format!("{base}norm.weight"))
-            .unwrap()
+            .expect("test step")
             .to_f32_vec()
     );
 
     // PTQ1_0 holds the same values, and the same signs for the same seed.
-    let file_t = Gguf::open(&pt).unwrap();
-    assert_eq!(HadamardMeta::from_gguf(&file_t).unwrap().unwrap(), meta);
+    let file_t = Gguf::open(&pt).expect("test step");
+    assert_eq!(
+        HadamardMeta::from_gguf(&file_t)
+            .expect("test step")
+            .expect("test step"),
+        meta
+    );
     for t in file.tensors() {
-        let u = file_t.tensor(&t.name).unwrap();
+        let u = file_t.tensor(&t.name).expect("test step");
         if t.ggml_type == GgmlType::PQ2_0 {
             assert_eq!(u.ggml_type, GgmlType::PTQ1_0);
             for row in [0, t.ne[1] as usize - 1] {
@@ -291,15 +300,15 @@ fn ternary_packs_hold_the_rotated_quantised_weights() {
     // Another seed, other signs.
     let other = tmp.path().join("s6.gguf");
     convert(&dir, &other, "pq2_0", &["--seed", "6"]);
-    let m6 = HadamardMeta::from_gguf(&Gguf::open(&other).unwrap())
-        .unwrap()
-        .unwrap();
+    let m6 = HadamardMeta::from_gguf(&Gguf::open(&other).expect("test step"))
+        .expect("test step")
+        .expect("test step");
     assert_ne!(m6.signs, meta.signs);
 }
 
 #[test]
 fn info_describes_a_gguf_file() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().expect("test step");
     let pack = tmp.path().join("p.gguf");
     ok(&[
         os("synth"),
@@ -310,7 +319,7 @@ fn info_describes_a_gguf_file() {
         os("--out"),
         pack.as_os_str(),
     ]);
-    let text = String::from_utf8(ok(&[os("info"), pack.as_os_str()]).stdout).unwrap();
+    let text = String::from_utf8(ok(&[os("info"), pack.as_os_str()]).stdout).expect("test step");
     for want in [
         "architecture  qwen35",
         "block_count",
@@ -322,37 +331,38 @@ fn info_describes_a_gguf_file() {
         assert!(text.contains(want), "{want:?} not in:\n{text}");
     }
     let j: serde_json::Value =
-        serde_json::from_slice(&ok(&[os("info"), pack.as_os_str(), os("--json")]).stdout).unwrap();
+        serde_json::from_slice(&ok(&[os("info"), pack.as_os_str(), os("--json")]).stdout)
+            .expect("test step");
     assert_eq!(j["architecture"], "qwen35");
     assert_eq!(j["types"]["PQ2_0"]["bits_per_weight"], 2.125);
     assert_eq!(j["hparams"]["qwen35.embedding_length"], 1024.0);
     assert_eq!(j["rotation"]["sign_widths"], serde_json::json!([1024]));
     assert_eq!(j["rotation"]["gdn_v_grouped"], true);
-    let tensors = j["tensors"].as_u64().unwrap();
+    let tensors = j["tensors"].as_u64().expect("test step");
     let by_type: u64 = j["types"]
         .as_object()
-        .unwrap()
+        .expect("test step")
         .values()
-        .map(|t| t["tensors"].as_u64().unwrap())
+        .map(|t| t["tensors"].as_u64().expect("test step"))
         .sum();
     assert_eq!(tensors, by_type);
 
     // The synthetic pack's blocks hold codes 0..2 only and finite, nonzero scales.
-    let file = Gguf::open(&pack).unwrap();
-    let t = file.tensor("blk.0.ffn_up.weight").unwrap();
+    let file = Gguf::open(&pack).expect("test step");
+    let t = file.tensor("blk.0.ffn_up.weight").expect("test step");
     for block in file.tensor_data(t).chunks(34).take(200) {
         assert!(block[2..]
             .iter()
             .all(|b| (0..4).all(|i| (b >> (2 * i)) & 3 != 3)));
         let mut d = [0f32; 128];
-        dequantize(GgmlType::PQ2_0, block, &mut d).unwrap();
+        dequantize(GgmlType::PQ2_0, block, &mut d).expect("test step");
         assert!(d.iter().any(|v| *v != 0.0));
     }
 }
 
 #[test]
 fn bad_conversions_are_refused_clearly() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().expect("test step");
     let gva = synth(tmp.path(), "tiny-gva");
     let out = tmp.path().join("x.gguf");
     let err = |args: &[&std::ffi::OsStr]| {

@@ -400,9 +400,9 @@ mod tests {
             .collect();
         for ty in [GgmlType::PQ2_0, GgmlType::PTQ1_0] {
             let mut bytes = vec![0u8; 5 * ty.block_bytes()];
-            quantize(ty, &x, &mut bytes).unwrap();
+            quantize(ty, &x, &mut bytes).expect("whole blocks");
             let mut back = vec![0f32; x.len()];
-            dequantize(ty, &bytes, &mut back).unwrap();
+            dequantize(ty, &bytes, &mut back).expect("whole blocks");
             for (b, (xs, ys)) in x.chunks(128).zip(back.chunks(128)).enumerate() {
                 let d = f16::from_f32(xs.iter().fold(0f32, |m, v| m.max(v.abs()))).to_f32();
                 for (j, (&v, &y)) in xs.iter().zip(ys).enumerate() {
@@ -413,16 +413,16 @@ mod tests {
             }
             // Re-encoding the decoded values reproduces the bytes exactly.
             let mut again = vec![0u8; bytes.len()];
-            quantize(ty, &back, &mut again).unwrap();
+            quantize(ty, &back, &mut again).expect("whole blocks");
             assert_eq!(again, bytes, "{ty}");
         }
         // PTQ1_0 and PQ2_0 hold the same values: transcoding one encoder's output gives the other's.
         let mut pq = vec![0u8; 5 * PQ2_0_BLOCK_BYTES];
         let mut pt = vec![0u8; 5 * PTQ1_0_BLOCK_BYTES];
-        quantize(GgmlType::PQ2_0, &x, &mut pq).unwrap();
-        quantize(GgmlType::PTQ1_0, &x, &mut pt).unwrap();
+        quantize(GgmlType::PQ2_0, &x, &mut pq).expect("whole blocks");
+        quantize(GgmlType::PTQ1_0, &x, &mut pt).expect("whole blocks");
         let mut transcoded = vec![0u8; pq.len()];
-        ptq1_0_to_pq2_0(&pt, &mut transcoded).unwrap();
+        ptq1_0_to_pq2_0(&pt, &mut transcoded).expect("whole blocks");
         assert_eq!(transcoded, pq);
     }
 
@@ -457,9 +457,9 @@ mod tests {
         let mut seed = 3u64;
         let x: Vec<f32> = (0..Q8_0_BLOCK * 4).map(|_| lcg(&mut seed) * 3.0).collect();
         let mut bytes = vec![0u8; 4 * Q8_0_BLOCK_BYTES];
-        quantize(GgmlType::Q8_0, &x, &mut bytes).unwrap();
+        quantize(GgmlType::Q8_0, &x, &mut bytes).expect("whole blocks");
         let mut back = vec![0f32; x.len()];
-        dequantize(GgmlType::Q8_0, &bytes, &mut back).unwrap();
+        dequantize(GgmlType::Q8_0, &bytes, &mut back).expect("whole blocks");
         for (xs, ys) in x.chunks(32).zip(back.chunks(32)) {
             let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = f16::from_f32(amax / 127.0).to_f32();
@@ -469,8 +469,8 @@ mod tests {
         }
         for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
             let mut bytes = vec![0u8; x.len() * ty.block_bytes()];
-            quantize(ty, &x, &mut bytes).unwrap();
-            dequantize(ty, &bytes, &mut back).unwrap();
+            quantize(ty, &x, &mut bytes).expect("whole blocks");
+            dequantize(ty, &bytes, &mut back).expect("whole blocks");
             for (&v, &y) in x.iter().zip(&back) {
                 let tol = match ty {
                     GgmlType::F32 => 0.0,

@@ -72,7 +72,7 @@ impl TensorSource for SynthSource {
             Init::Normal(s) => s,
             _ => return None,
         };
-        let key = self.key(&job.source) ^ 0x7465_726e_6172_79;
+        let key = self.key(&job.source) ^ 0x0074_6572_6e61_7279;
         let blocks_per_row = job.cols / TERNARY_BLOCK;
         let bb = ty.block_bytes();
         out.par_chunks_mut(bb).enumerate().for_each(|(k, block)| {
