@@ -73,6 +73,8 @@ fn float_conversions_are_byte_identical_to_gguf_py() {
         let ours = std::fs::read(&out).expect("test step");
         let theirs =
             std::fs::read(fixtures().join(format!("tiny-gva.{ty}.gguf"))).expect("test step");
+        // If `onepass synth`'s checkpoint or tokenizer changed on purpose, regenerate the fixtures
+        // (tests/fixtures/gguf/qwen35/README.md says how).
         assert_eq!(ours.len(), theirs.len(), "{ty}: file sizes differ");
         if let Some(at) = ours.iter().zip(&theirs).position(|(a, b)| a != b) {
             panic!("{ty}: first differing byte at offset {at}");
