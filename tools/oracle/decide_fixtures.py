@@ -21,10 +21,8 @@ checkpoint sha256). Usage (from the repository root, with the venv of tools/orac
     python tools/oracle/decide_fixtures.py --onepass target/release/onepass
 """
 
-import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -33,7 +31,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle_io import sha256, write_jsonl, write_manifest  # noqa: E402
+from oracle_io import manifest_head, onepass_parser, sha256, write_jsonl, write_manifest  # noqa: E402
 
 CHECKPOINTS = [("tiny-gva", "chat"), ("tiny-qwen-vocab", "chat"), ("tiny-attn-first", "plain")]
 
@@ -69,18 +67,11 @@ def prefix_len(whole, alone):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--onepass", default="target/release/onepass")
-    ap.add_argument("--out", default="tests/fixtures/decide")
-    args = ap.parse_args()
+    args = onepass_parser("tests/fixtures/decide").parse_args()
     os.makedirs(args.out, exist_ok=True)
-    manifest = {
-        "command": "python tools/oracle/decide_fixtures.py --onepass target/release/onepass",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "checkpoints": {},
-    }
+    manifest = manifest_head(
+        "decide_fixtures.py", torch=torch.__version__, transformers=transformers.__version__, checkpoints={}
+    )
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         for preset, layout in CHECKPOINTS:

@@ -26,10 +26,8 @@ tools/oracle/requirements-gguf.txt:
 """
 
 import argparse
-import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import shutil
@@ -40,18 +38,13 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 from safetensors.numpy import load_file, save_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import manifest_head, onepass_parser, sha256  # noqa: E402
+
 PRESETS = ["tiny-gva"]
 TYPES = {"f16": (QT.F16, 1), "bf16": (QT.BF16, 32), "q8_0": (QT.Q8_0, 7)}
 LENGTHS = [1, 9, 70]
 SEED = 20261201
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def tiled(x, axis, hk, hv, d):
@@ -259,22 +252,16 @@ def logits(d, vocab, seed):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--onepass", default="target/release/onepass")
-    ap.add_argument("--out", default="tests/fixtures/gguf/qwen35")
+    ap = onepass_parser(
+        "tests/fixtures/gguf/qwen35", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--no-logits", action="store_true", help="only the GGUF files (no torch needed)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     from importlib.metadata import version
-    manifest = {
-        "command": "python tools/oracle/gguf_model_fixtures.py --onepass target/release/onepass",
-        "python": platform.python_version(),
-        "gguf": version("gguf"),
-        "numpy": np.__version__,
-        "lengths": LENGTHS,
-        "seed": SEED,
-        "presets": {},
-    }
+    manifest = manifest_head(
+        "gguf_model_fixtures.py", gguf=version("gguf"), numpy=np.__version__, lengths=LENGTHS, seed=SEED, presets={}
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for preset in PRESETS:
             d = os.path.join(tmp, preset)

@@ -12,10 +12,8 @@ Usage (from the repository root, with the venv of tools/oracle/requirements.txt)
     python tools/oracle/model_fixtures.py --onepass target/release/onepass
 """
 
-import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,7 +24,7 @@ import transformers
 from safetensors.numpy import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle_io import sha256  # noqa: E402
+from oracle_io import manifest_head, onepass_parser, sha256  # noqa: E402
 
 PRESETS = ["tiny-gva", "tiny-attn-first", "tiny-composite", "tiny-bf16"]
 LENGTHS = [1, 5, 64, 65, 130, 700]
@@ -45,22 +43,18 @@ def load(dir_):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--onepass", default="target/release/onepass")
-    ap.add_argument("--out", default="tests/fixtures/logits")
-    args = ap.parse_args()
+    args = onepass_parser("tests/fixtures/logits").parse_args()
     torch.manual_seed(0)
     os.makedirs(args.out, exist_ok=True)
-    manifest = {
-        "command": "python tools/oracle/model_fixtures.py --onepass target/release/onepass",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "numpy": np.__version__,
-        "lengths": LENGTHS,
-        "seed": SEED,
-        "presets": {},
-    }
+    manifest = manifest_head(
+        "model_fixtures.py",
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        numpy=np.__version__,
+        lengths=LENGTHS,
+        seed=SEED,
+        presets={},
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for preset in PRESETS:
             d = os.path.join(tmp, preset)

@@ -1,7 +1,10 @@
-"""What the oracle scripts share for writing fixtures: a file's sha256 (manifests pin the checkpoints and fixtures
-they were made from), JSON in the compact form the server writes, and the JSON-lines and manifest files."""
+"""What the oracle scripts share for writing fixtures: the arguments of a script that runs `onepass synth`, a file's
+sha256 and the head of a manifest (they pin the checkpoints and fixtures and say what made them), JSON in the compact
+form the server writes, and the JSON-lines and manifest files."""
+import argparse
 import hashlib
 import json
+import platform
 
 
 def sha256(path):
@@ -28,3 +31,21 @@ def write_manifest(path, manifest, **dump_args):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, **dump_args)
         f.write("\n")
+
+
+def onepass_parser(out, **parser_args):
+    """An argument parser with --onepass (the binary whose `synth` writes the checkpoints) and --out (default `out`);
+    `parser_args` go to argparse.ArgumentParser."""
+    ap = argparse.ArgumentParser(**parser_args)
+    ap.add_argument("--onepass", default="target/release/onepass")
+    ap.add_argument("--out", default=out)
+    return ap
+
+
+def manifest_head(script, **fields):
+    """A manifest's first fields: the command that regenerates the fixtures, the Python version, then `fields`."""
+    return {
+        "command": f"python tools/oracle/{script} --onepass target/release/onepass",
+        "python": platform.python_version(),
+        **fields,
+    }
