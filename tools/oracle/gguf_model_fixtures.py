@@ -47,22 +47,22 @@ LENGTHS = [1, 9, 70]
 SEED = 20261201
 
 
-def tiled(x, axis, hk, hv, d):
-    """Grouped value-head order [k0: v0 v1][k1: v0 v1] -> tiled [v0: k0 k1][v1: k0 k1] along axis."""
-    r = hv // hk
+def swap_head_blocks(x, axis, outer, inner, d):
+    """Along axis, heads of d values laid out [outer][inner] -> [inner][outer]."""
     shape = list(x.shape)
-    x = x.reshape(shape[:axis] + [hk, r, d] + shape[axis + 1:])
+    x = x.reshape(shape[:axis] + [outer, inner, d] + shape[axis + 1:])
     x = np.swapaxes(x, axis, axis + 1)
     return np.ascontiguousarray(x).reshape(shape)
+
+
+def tiled(x, axis, hk, hv, d):
+    """Grouped value-head order [k0: v0 v1][k1: v0 v1] -> tiled [v0: k0 k1][v1: k0 k1] along axis."""
+    return swap_head_blocks(x, axis, hk, hv // hk, d)
 
 
 def grouped(x, axis, hk, hv, d):
     """The inverse of tiled()."""
-    r = hv // hk
-    shape = list(x.shape)
-    x = x.reshape(shape[:axis] + [r, hk, d] + shape[axis + 1:])
-    x = np.swapaxes(x, axis, axis + 1)
-    return np.ascontiguousarray(x).reshape(shape)
+    return swap_head_blocks(x, axis, hv // hk, hk, d)
 
 
 def looks_special(t):

@@ -372,47 +372,27 @@ fn bad_conversions_are_refused_clearly() {
         assert!(!o.status.success(), "{args:?} succeeded");
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
-    let e = err(&[
-        os("convert"),
-        os("--model"),
-        gva.as_os_str(),
-        os("--out"),
-        out.as_os_str(),
-        os("--type"),
-        os("pq2_0"),
-    ]);
+    // `onepass convert --model MODEL --out OUT --type TYPE`, expected to fail → its stderr
+    let convert = |model: &Path, out: &Path, ty: &str| {
+        err(&[
+            os("convert"),
+            os("--model"),
+            model.as_os_str(),
+            os("--out"),
+            out.as_os_str(),
+            os("--type"),
+            os(ty),
+        ])
+    };
+    let e = convert(&gva, &out, "pq2_0");
     assert!(e.contains("multiples of 1024"), "{e}");
     assert!(!out.exists() && !tmp.path().join("x.gguf.part").exists());
-    let e = err(&[
-        os("convert"),
-        os("--model"),
-        gva.as_os_str(),
-        os("--out"),
-        out.as_os_str(),
-        os("--type"),
-        os("q4"),
-    ]);
+    let e = convert(&gva, &out, "q4");
     assert!(e.contains("f16, bf16, q8_0, pq2_0 or ptq1_0"), "{e}");
-    let e = err(&[
-        os("convert"),
-        os("--model"),
-        gva.as_os_str(),
-        os("--out"),
-        tmp.path().as_os_str(),
-        os("--type"),
-        os("f16"),
-    ]);
+    let e = convert(&gva, tmp.path(), "f16");
     assert!(e.contains("is a folder"), "{e}");
     let first = synth(tmp.path(), "tiny-attn-first");
-    let e = err(&[
-        os("convert"),
-        os("--model"),
-        first.as_os_str(),
-        os("--out"),
-        out.as_os_str(),
-        os("--type"),
-        os("f16"),
-    ]);
+    let e = convert(&first, &out, "f16");
     assert!(e.contains("every N-th layer"), "{e}");
     let e = err(&[os("info"), gva.join("config.json").as_os_str()]);
     assert!(e.contains("config.json"), "{e}");
