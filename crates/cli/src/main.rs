@@ -76,7 +76,7 @@ enum Cmd {
         #[arg(long, required_unless_present = "list")]
         out: Option<PathBuf>,
         /// Copy tokenizer.json / tokenizer_config.json from this folder instead of writing the
-        /// small synthetic tokenizer.
+        /// small synthetic tokenizer (a tokenizer without a chat template gets the synthetic one's).
         #[arg(long)]
         tokenizer: Option<PathBuf>,
         /// Override the preset's weight dtype (f32, bf16, f16).
@@ -400,6 +400,7 @@ fn synth_cmd(
                     bail!("{} has no tokenizer.json", src.display());
                 }
             }
+            add_chat_template(out)?;
         }
         None => {
             let vocab = spec
@@ -420,6 +421,35 @@ fn synth_cmd(
         out.display(),
         t0.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// A synthetic checkpoint always has a chat template: when the tokenizer copied into `out` has none, its
+/// `tokenizer_config.json` gets the synthetic tokenizer's (Qwen3-style ChatML), so decisions and chat run on it.
+fn add_chat_template(out: &Path) -> Result<()> {
+    if out.join("chat_template.jinja").is_file() {
+        return Ok(());
+    }
+    let path = out.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = if path.is_file() {
+        serde_json::from_str(&std::fs::read_to_string(&path)?)
+            .with_context(|| format!("reading {}", path.display()))?
+    } else {
+        serde_json::json!({})
+    };
+    let Some(obj) = cfg.as_object_mut() else {
+        bail!("{}: not a JSON object", path.display());
+    };
+    let has = obj
+        .get("chat_template")
+        .is_some_and(|t| !t.is_null() && t.as_str() != Some(""));
+    if !has {
+        obj.insert(
+            "chat_template".into(),
+            onepass_tokenizer::QWEN3_CHAT_TEMPLATE.into(),
+        );
+        std::fs::write(&path, serde_json::to_string(&cfg)?)?;
+    }
     Ok(())
 }
 
