@@ -198,7 +198,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn model_dir(arg: &str) -> Result<PathBuf> {
-    Ok(onepass_formats::resolve_model_dir(arg)?)
+    Ok(onepass_formats::resolve_model(arg)?)
 }
 
 fn load_model(arg: &str) -> Result<Model> {
@@ -216,12 +216,12 @@ fn load_model(arg: &str) -> Result<Model> {
 /// The tokenizer of a model folder, read for its config.json `model_type` when there is one.
 fn load_tokenizer(arg: &str) -> Result<Tokenizer> {
     let dir = model_dir(arg)?;
-    Ok(Tokenizer::from_dir(&dir, model_type_in(&dir).as_deref())?)
+    Ok(Tokenizer::from_model(&dir, model_type_in(&dir).as_deref())?)
 }
 
-/// A model folder's config.json `model_type`, when it has one.
+/// A model's `model_type` (config.json's, or the one a GGUF file's architecture stands for), when it has one.
 pub(crate) fn model_type_in(dir: &Path) -> Option<String> {
-    ModelConfig::from_dir(dir).ok().map(|c| c.model_type)
+    ModelConfig::from_path(dir).ok().map(|c| c.model_type)
 }
 
 /// `--flag`, else the environment variable `env` (the settings decider-ai reads from its environment).

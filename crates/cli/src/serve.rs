@@ -108,7 +108,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .block_on(tokio::net::TcpListener::bind((a.host.as_str(), a.port)))
         .with_context(|| format!("binding {}:{}", a.host, a.port))?;
     let addr = listener.local_addr()?;
-    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let dir = onepass_formats::resolve_model(&a.model)?;
     let t0 = Instant::now();
     let engine = AnyEngine::load(
         &dir,

@@ -21,6 +21,6 @@ pub use gguf::{
     write_gguf, Gguf, GgufArray, GgufError, GgufTensorInfo, GgufValue, GgufWriteTensor,
 };
 pub use hadamard::HadamardMeta;
-pub use hub::{resolve_model_dir, ResolveError};
+pub use hub::{resolve_model, ModelFiles, ResolveError};
 pub use quant::{dequantize, ptq1_0_to_pq2_0, GgmlType};
 pub use safetensors::{safetensors_header, write_safetensors, Checkpoint, FormatError};
