@@ -175,6 +175,10 @@ impl ModelFiles {
             });
         }
         let dir = path.to_path_buf();
+        if !dir.is_dir() {
+            // Nothing to choose from; the loader then names the file it misses.
+            return Ok(ModelFiles { dir, gguf: None });
+        }
         if has_safetensors(&dir)? {
             return Ok(ModelFiles { dir, gguf: None });
         }
