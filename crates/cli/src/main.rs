@@ -4,6 +4,7 @@
 //! human-readable progress and errors on stderr; every error exits non-zero with a message.
 
 mod device;
+mod gguf_cmd;
 mod limits;
 mod serve;
 mod systemone;
@@ -34,23 +35,34 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Architecture, parameters, weight dtype and bytes, state bytes per token and per sequence.
+    /// Architecture, parameters, weight dtype and bytes, state bytes per token and per sequence
+    /// (--model); or, for a GGUF file, its hyperparameters, tensor types, bytes per weight and
+    /// rotation (human-readable; --json for JSON).
     Info {
-        /// A model folder (config.json, *.safetensors weights, tokenizer.json), or a Hub repo id ORG/NAME[@REVISION]
+        /// A GGUF file to describe without loading the model.
+        #[arg(conflicts_with = "model", required_unless_present = "model")]
+        file: Option<PathBuf>,
+        /// A model folder (config.json, *.safetensors weights, tokenizer.json), a .gguf file, or a Hub repo id ORG/NAME[@REVISION]
         /// already in the Hugging Face cache.
         #[arg(long)]
-        model: String,
+        model: Option<String>,
+        /// With a GGUF file: print JSON instead of text.
+        #[arg(long, requires = "file")]
+        json: bool,
     },
+    /// Writes a model folder as a GGUF file: f16, bf16 or q8_0 as llama.cpp's converter does, or a
+    /// ternary pack (pq2_0, ptq1_0) with the weights rotated blockwise (Hadamard) and quantised.
+    Convert(gguf_cmd::ConvertArgs),
     /// Reads JSON Lines from stdin (one JSON string per line); writes one JSON array of ids per line.
     Tokenize {
-        /// A model folder, or a Hub repo id ORG/NAME[@REVISION] already in the Hugging Face cache; only its
+        /// A model folder, a .gguf file, or a Hub repo id ORG/NAME[@REVISION] already in the Hugging Face cache; only its
         /// tokenizer.json and tokenizer_config.json are read.
         #[arg(long)]
         model: String,
     },
     /// Prints {"logits": [[...], ...]}, one row per position (only the last with --last).
     Logits {
-        /// A model folder (config.json, *.safetensors weights, tokenizer.json), or a Hub repo id ORG/NAME[@REVISION]
+        /// A model folder (config.json, *.safetensors weights, tokenizer.json), a .gguf file, or a Hub repo id ORG/NAME[@REVISION]
         /// already in the Hugging Face cache.
         #[arg(long)]
         model: String,
@@ -75,7 +87,7 @@ enum Cmd {
         #[arg(long, required_unless_present = "list")]
         out: Option<PathBuf>,
         /// Copy tokenizer.json / tokenizer_config.json from this folder instead of writing the
-        /// small synthetic tokenizer.
+        /// small synthetic tokenizer (a tokenizer without a chat template gets the synthetic one's).
         #[arg(long)]
         tokenizer: Option<PathBuf>,
         /// Override the preset's weight dtype (f32, bf16, f16).
@@ -84,13 +96,20 @@ enum Cmd {
         /// Override the preset's seed.
         #[arg(long)]
         seed: Option<u64>,
+        /// Write one GGUF file (--out FILE.gguf) of this type instead of a folder: f16, bf16,
+        /// q8_0, or a random ternary pack pq2_0 / ptq1_0, generated tensor by tensor.
+        #[arg(long)]
+        format: Option<String>,
+        /// Seed of a ternary pack's rotation signs (with --format pq2_0 or ptq1_0).
+        #[arg(long, default_value_t = 1)]
+        sign_seed: u64,
         /// List the presets and exit.
         #[arg(long)]
         list: bool,
     },
     /// CPU prefill and decode throughput on one model; prints one JSON object.
     Bench {
-        /// A model folder (config.json, *.safetensors weights, tokenizer.json), or a Hub repo id ORG/NAME[@REVISION]
+        /// A model folder (config.json, *.safetensors weights, tokenizer.json), a .gguf file, or a Hub repo id ORG/NAME[@REVISION]
         /// already in the Hugging Face cache.
         #[arg(long)]
         model: String,
@@ -140,7 +159,15 @@ fn keep_freed_memory() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Info { model } => info(&model),
+        Cmd::Info { file, model, json } => match (file, model) {
+            (Some(f), _) => gguf_cmd::gguf_info(&f, json),
+            (None, Some(m)) => info(&m),
+            (None, None) => bail!("give a GGUF file or --model"),
+        },
+        Cmd::Convert(a) => {
+            let dir = model_dir(a.model())?;
+            gguf_cmd::convert_cmd(a, &dir)
+        }
         Cmd::Tokenize { model } => tokenize(&model),
         Cmd::Logits {
             model,
@@ -160,6 +187,8 @@ fn run(cli: Cli) -> Result<()> {
             tokenizer,
             dtype,
             seed,
+            format,
+            sign_seed,
             list,
         } => {
             if list {
@@ -171,7 +200,14 @@ fn run(cli: Cli) -> Result<()> {
             let (Some(preset), Some(out)) = (preset, out) else {
                 bail!("--preset and --out are required")
             };
-            synth_cmd(&preset, &out, tokenizer.as_deref(), dtype.as_deref(), seed)
+            synth_cmd(
+                &preset,
+                &out,
+                tokenizer.as_deref(),
+                dtype.as_deref(),
+                seed,
+                format.as_deref().map(|f| (f, sign_seed)),
+            )
         }
         Cmd::Bench {
             model,
@@ -345,13 +381,17 @@ fn synth_cmd(
     tokenizer: Option<&Path>,
     dtype: Option<&str>,
     seed: Option<u64>,
+    gguf: Option<(&str, u64)>,
 ) -> Result<()> {
-    let mut spec: SynthSpec = synth::preset(preset).with_context(|| {
-        format!(
-            "unknown preset {preset:?}; presets: {}",
-            synth::PRESETS.join(", ")
-        )
-    })?;
+    // "27b" is short for "qwen3.5-27b".
+    let mut spec: SynthSpec = synth::preset(preset)
+        .or_else(|| synth::preset(&format!("qwen3.5-{preset}")))
+        .with_context(|| {
+            format!(
+                "unknown preset {preset:?}; presets: {}",
+                synth::PRESETS.join(", ")
+            )
+        })?;
     if let Some(d) = dtype {
         spec.dtype = match d {
             "f32" => DType::F32,
@@ -362,6 +402,26 @@ fn synth_cmd(
     }
     if let Some(s) = seed {
         spec.seed = s;
+    }
+    if let Some((format, sign_seed)) = gguf {
+        let files = match tokenizer {
+            Some(src) => onepass_model::convert::TokenizerFiles::from_dir(src)?,
+            None => {
+                let vocab = spec
+                    .vocab_size
+                    .min(onepass_tokenizer::synthetic_max_vocab());
+                onepass_model::convert::TokenizerFiles {
+                    tokenizer_json: serde_json::from_str(
+                        &onepass_tokenizer::synthetic_tokenizer_json(vocab)?,
+                    )?,
+                    tokenizer_config: serde_json::from_str(
+                        &onepass_tokenizer::synthetic_tokenizer_config_json(),
+                    )?,
+                    chat_template_file: None,
+                }
+            }
+        };
+        return gguf_cmd::synth_gguf(&spec, preset, format, &files, out, sign_seed);
     }
     if out.exists() && !out.is_dir() {
         bail!(
@@ -392,6 +452,7 @@ fn synth_cmd(
                     bail!("{} has no tokenizer.json", src.display());
                 }
             }
+            add_chat_template(out)?;
         }
         None => {
             let vocab = spec
@@ -412,6 +473,35 @@ fn synth_cmd(
         out.display(),
         t0.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// A synthetic checkpoint always has a chat template: when the tokenizer copied into `out` has none, its
+/// `tokenizer_config.json` gets the synthetic tokenizer's (Qwen3-style ChatML), so decisions and chat run on it.
+fn add_chat_template(out: &Path) -> Result<()> {
+    if out.join("chat_template.jinja").is_file() {
+        return Ok(());
+    }
+    let path = out.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = if path.is_file() {
+        serde_json::from_str(&std::fs::read_to_string(&path)?)
+            .with_context(|| format!("reading {}", path.display()))?
+    } else {
+        serde_json::json!({})
+    };
+    let Some(obj) = cfg.as_object_mut() else {
+        bail!("{}: not a JSON object", path.display());
+    };
+    let has = obj
+        .get("chat_template")
+        .is_some_and(|t| !t.is_null() && t.as_str() != Some(""));
+    if !has {
+        obj.insert(
+            "chat_template".into(),
+            onepass_tokenizer::QWEN3_CHAT_TEMPLATE.into(),
+        );
+        std::fs::write(&path, serde_json::to_string(&cfg)?)?;
+    }
     Ok(())
 }
 

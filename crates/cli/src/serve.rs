@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// A model folder, or a Hub repo id (ORG/NAME[@REV]) already in the Hugging Face cache.
+    /// A model folder, a .gguf file, or a Hub repo id (ORG/NAME[@REV]) already in the Hugging Face cache.
     #[arg(long)]
     model: String,
     /// Address to bind (127.0.0.1: this machine only).

@@ -18,7 +18,7 @@ use serde_json::json;
 
 #[derive(Args)]
 pub struct SystemoneArgs {
-    /// A model folder (config.json, *.safetensors weights, tokenizer.json, optional decider_config.json), or a Hub repo
+    /// A model folder (config.json, *.safetensors weights, tokenizer.json, optional decider_config.json), a .gguf file, or a Hub repo
     /// id ORG/NAME[@REVISION] already in the Hugging Face cache.
     #[arg(long)]
     model: String,
@@ -44,7 +44,7 @@ pub struct SystemoneArgs {
 
 #[derive(Args)]
 pub struct RenderArgs {
-    /// A model folder, or a Hub repo id ORG/NAME[@REVISION] already in the Hugging Face cache; only its tokenizer
+    /// A model folder, a .gguf file, or a Hub repo id ORG/NAME[@REVISION] already in the Hugging Face cache; only its tokenizer
     /// files and decider_config.json are read.
     #[arg(long)]
     model: String,

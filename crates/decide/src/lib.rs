@@ -10,6 +10,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod assemble;
+pub mod choice;
 pub mod config;
 pub mod decide_form;
 pub mod engine;

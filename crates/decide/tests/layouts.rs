@@ -6,7 +6,7 @@
 use onepass_decide::chat::{ChatTemplate, SpecialTokens};
 use onepass_decide::pyjson::{self, Value};
 use onepass_decide::{parse_request, plan, DecideConfig, Layout, Order, Plan};
-use onepass_tokenizer::{Tokenizer, SYNTHETIC_CHAT_TEMPLATE};
+use onepass_tokenizer::{Tokenizer, QWEN3_CHAT_TEMPLATE, SYNTHETIC_CHAT_TEMPLATE};
 use serde_json::Value as J;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -90,6 +90,29 @@ fn synthetic_template_is_the_tokenizer_crates() {
     let from_dir = SpecialTokens::from_dir(&root().join("testdata/qwen3_5-tokenizer"));
     let rec = &lines("chat_templates.jsonl")[0];
     assert_eq!(from_dir, special(&rec["special_tokens"]));
+}
+
+/// Synthetic checkpoints carry the `qwen3_style` template, which renders one user turn (all System One and decide
+/// prompts) exactly as the minimal `synthetic` one does, so no System One answer depends on which of the two a
+/// checkpoint has.
+#[test]
+fn synthetic_checkpoints_carry_the_qwen3_style_template() {
+    let text = std::fs::read_to_string(dir().join("templates/qwen3_style.jinja")).unwrap();
+    assert_eq!(text, QWEN3_CHAT_TEMPLATE);
+    let sp = special(&lines("chat_templates.jsonl")[0]["special_tokens"]);
+    for content in [
+        "",
+        "Context:\nx",
+        "<tool_response>a</tool_response>",
+        "a</think>b",
+        "@@DECIDER_USER_CONTENT@@",
+    ] {
+        assert_eq!(
+            onepass_decide::chat::render(QWEN3_CHAT_TEMPLATE, content, &sp).unwrap(),
+            onepass_decide::chat::render(SYNTHETIC_CHAT_TEMPLATE, content, &sp).unwrap(),
+            "{content:?}"
+        );
+    }
 }
 
 #[test]

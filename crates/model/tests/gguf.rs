@@ -292,3 +292,32 @@ fn bad_files_are_refused_naming_what_is_wrong() {
     let e = load_err(&opts);
     assert!(e.contains("prism.hadamard.colour"), "{e}");
 }
+
+/// The files PyPI `gguf` (llama.cpp's own writer and quantiser) wrote from tiny-gva give transformers' float32
+/// logits of the weights they store (tests/fixtures/gguf/qwen35/README.md), at 1, 9 and 70 tokens.
+#[test]
+fn gguf_py_files_match_transformers() {
+    let root = common::repo_root().join("tests/fixtures/gguf/qwen35");
+    let want = Checkpoint::open_file(&root.join("tiny-gva.logits.safetensors")).expect("logits");
+    for ty in ["f16", "bf16", "q8_0"] {
+        let m = Model::load(&root.join(format!("tiny-gva.{ty}.gguf"))).expect("gguf");
+        for l in [1, 9, 70] {
+            let ids: Vec<u32> = want
+                .get(&format!("ids.{l}"))
+                .expect("ids")
+                .to_f32_vec()
+                .iter()
+                .map(|&x| x as u32)
+                .collect();
+            let mut st = m.new_state();
+            let got = m.logits(&m.forward(&mut st, &ids).expect("forward"));
+            let reference = want
+                .get(&format!("logits.{ty}.{l}"))
+                .expect("reference")
+                .to_f32_vec();
+            let d = worst(&got, &reference, m.vocab_size());
+            eprintln!("gguf-py tiny-gva.{ty}.gguf vs transformers at L={l}: max rel {d:.2e}");
+            assert!(d <= 1e-4, "{ty} L={l}: {d}");
+        }
+    }
+}

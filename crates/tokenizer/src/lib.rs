@@ -38,7 +38,7 @@ pub use labels::{label_candidates, LabelTable, MAX_OPTIONS};
 pub use pretokenizer::{QWEN2_SPLIT_REGEX, QWEN3_5_SPLIT_REGEX};
 pub use synthetic::{
     byte_to_unicode, synthetic_max_vocab, synthetic_tokenizer_config_json,
-    synthetic_tokenizer_json, SYNTHETIC_CHAT_TEMPLATE, SYNTHETIC_MIN_VOCAB,
+    synthetic_tokenizer_json, QWEN3_CHAT_TEMPLATE, SYNTHETIC_CHAT_TEMPLATE, SYNTHETIC_MIN_VOCAB,
     SYNTHETIC_SPECIAL_TOKENS,
 };
 

@@ -185,11 +185,85 @@ pub fn synthetic_tokenizer_json(vocab_size: usize) -> Result<String, TokenizerEr
     Ok(doc.to_string())
 }
 
-/// A Qwen-style chat template (ChatML; a `<think>\n\n</think>\n\n` block when `enable_thinking`
-/// is false), small enough to read in a test.
+/// A minimal Qwen-style chat template (ChatML; a `<think>\n\n</think>\n\n` block when
+/// `enable_thinking` is false), small enough to read in a test: the `synthetic` template of the
+/// System One chat-layout fixtures.
 pub const SYNTHETIC_CHAT_TEMPLATE: &str = "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}";
 
-/// The `tokenizer_config.json` that goes with [`synthetic_tokenizer_json`].
+/// The chat template synthetic checkpoints carry: ChatML with the thinking handling of Qwen3-style templates (a
+/// system turn, tool turns folded into user turns, an assistant turn's `<think>…</think>` reasoning kept only after
+/// the last user query, and `<think>\n\n</think>\n\n` after the generation prompt when `enable_thinking` is false).
+/// It is the `qwen3_style` template that transformers rendered for the chat-layout fixtures
+/// (tests/fixtures/systemone/layouts/templates/qwen3_style.jinja, checked equal by a test), and it renders one user
+/// turn as [`SYNTHETIC_CHAT_TEMPLATE`] does.
+pub const QWEN3_CHAT_TEMPLATE: &str = r##"{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index and reasoning_content %}
+            {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' + content + '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- else %}
+        {%- continue %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+"##;
+
+/// The `tokenizer_config.json` that goes with [`synthetic_tokenizer_json`] (its chat template:
+/// [`QWEN3_CHAT_TEMPLATE`]).
 pub fn synthetic_tokenizer_config_json() -> String {
     json!({
         "tokenizer_class": "Qwen3_5Tokenizer",
@@ -198,7 +272,7 @@ pub fn synthetic_tokenizer_config_json() -> String {
         "pad_token": "<|endoftext|>",
         "add_bos_token": false,
         "split_special_tokens": false,
-        "chat_template": SYNTHETIC_CHAT_TEMPLATE
+        "chat_template": QWEN3_CHAT_TEMPLATE
     })
     .to_string()
 }

@@ -4,7 +4,7 @@ mod common;
 
 use onepass_tokenizer::{
     synthetic_tokenizer_config_json, synthetic_tokenizer_json, Tokenizer, TokenizerError,
-    MAX_OPTIONS, SYNTHETIC_CHAT_TEMPLATE,
+    MAX_OPTIONS, QWEN3_CHAT_TEMPLATE,
 };
 
 fn synthetic(vocab_size: usize) -> Tokenizer {
@@ -24,7 +24,7 @@ fn loads_with_specials_in_the_last_ids() {
     assert_eq!(tok.token_to_id("<think>"), Some(1022));
     assert_eq!(tok.token_to_id("</think>"), Some(1023));
     assert_eq!((tok.eos_id(), tok.pad_id()), (Some(1019), Some(1019)));
-    assert_eq!(tok.chat_template(), Some(SYNTHETIC_CHAT_TEMPLATE));
+    assert_eq!(tok.chat_template(), Some(QWEN3_CHAT_TEMPLATE));
     // Bytes are ids 0..256 (id = byte value); merges follow.
     assert_eq!(tok.encode("A\n(").expect("encode"), [65, 10, 40]);
     assert_eq!(tok.encode("AA").expect("encode"), [256]);

@@ -24,7 +24,7 @@ use onepass_tensor::{DType, Tensor};
 use crate::quant::{ptq1_0_to_pq2_0, GgmlType};
 
 mod write;
-pub use write::{write_gguf, GgufWriteTensor};
+pub use write::{write_gguf, GgufStreamWriter, GgufTensorPlan, GgufWriteTensor};
 
 /// The magic bytes every GGUF file starts with.
 pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
