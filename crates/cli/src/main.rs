@@ -7,6 +7,7 @@ mod device;
 mod gguf_cmd;
 mod limits;
 mod serve;
+mod session;
 mod systemone;
 
 use std::io::{BufRead, Write};
@@ -134,6 +135,11 @@ enum Cmd {
     /// Shows the prompts of one /v1/systemone request without running the model: prints
     /// {"rows":[{"ids","slots","nopts"}],"usage"}.
     Render(systemone::RenderArgs),
+    /// Reads JSON lines on stdin ({"cmd": "generate", ...}; {"cmd": "decide", ...} with --decide) and writes one JSON
+    /// line per request (docs/api.md).
+    Session(session::SessionArgs),
+    /// A conversation with the model's chat template, streamed; one message per line when stdin is not a terminal.
+    Chat(session::ChatArgs),
 }
 
 fn main() {
@@ -230,6 +236,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Systemone(a) => systemone::systemone(a),
         Cmd::Serve(a) => serve::serve(a),
         Cmd::Render(a) => systemone::render(a),
+        Cmd::Session(a) => session::session(a),
+        Cmd::Chat(a) => session::chat(a),
     }
 }
 
@@ -421,7 +429,12 @@ fn synth_cmd(
                 }
             }
         };
-        return gguf_cmd::synth_gguf(&spec, preset, format, &files, out, sign_seed);
+        let name = if synth::preset(preset).is_some() {
+            preset.to_string()
+        } else {
+            format!("qwen3.5-{preset}")
+        };
+        return gguf_cmd::synth_gguf(&spec, &name, format, &files, out, sign_seed);
     }
     if out.exists() && !out.is_dir() {
         bail!(
