@@ -58,7 +58,7 @@ fn write_line(out: &mut impl Write, v: &J) {
 }
 
 pub fn session(a: SessionArgs) -> Result<()> {
-    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let dir = onepass_formats::resolve_model(&a.model)?;
     let engine = load_engine(&dir, EngineOptions::default(), a.dev.resolve()?, &a.cuda)?;
     let mut s = engine.session(SessionOptions { decide: a.decide });
     let stdin = std::io::stdin();
@@ -85,7 +85,7 @@ pub fn session(a: SessionArgs) -> Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let dir = onepass_formats::resolve_model(&a.model)?;
     let engine = load_engine(&dir, EngineOptions::default(), a.dev.resolve()?, &a.cuda)?;
     let gen = engine.generator()?;
     if !gen.has_template() {

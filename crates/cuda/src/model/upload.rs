@@ -23,6 +23,7 @@ pub(super) fn push_bf16(out: &mut Vec<u16>, t: &Tensor) -> Result<(), CudaError>
         View::F32(_) | View::F16(_) => {
             out.extend(t.to_f32_vec().iter().map(|x| bf16::from_f32(*x).to_bits()))
         }
+        View::Q8_0(_) | View::PQ2_0(_) => return Err(unsupported(t)),
     }
     Ok(())
 }
@@ -31,8 +32,18 @@ pub(super) fn push_bf16(out: &mut Vec<u16>, t: &Tensor) -> Result<(), CudaError>
 pub(super) fn push_f32(out: &mut Vec<f32>, t: &Tensor) -> Result<(), CudaError> {
     match t.view() {
         View::F32(_) | View::BF16(_) | View::F16(_) => out.extend(t.to_f32_vec()),
+        View::Q8_0(_) | View::PQ2_0(_) => return Err(unsupported(t)),
     }
     Ok(())
+}
+
+/// The refusal of a weight format the GPU does not read yet.
+fn unsupported(t: &Tensor) -> CudaError {
+    CudaError::Unsupported(format!(
+        "{} is stored as {}; the GPU runs float weights (F32, F16, BF16) only; run it with --device cpu",
+        t.name(),
+        t.dtype().name()
+    ))
 }
 
 /// The device memory a [`Weight`]'s `w` points into.
@@ -152,6 +163,11 @@ impl CudaModel {
         let prec = o.precision;
         let g = &*gpu;
         let c = m.text_config();
+        if let Some(why) = m.float_only_reason() {
+            return Err(CudaError::Unsupported(format!(
+                "the GPU runs float weights (F32, F16, BF16) only; {why}; run it with --device cpu"
+            )));
+        }
         let up = |t: &Tensor| upload_stacked(g, &[t], prec, false);
         // A projection's weights stacked as one matrix; an input projection (its input a norm's output) stored
         // `[W | W]` in split mode, so that one GEMM multiplies both planes.

@@ -15,7 +15,9 @@ use onepass_kernels::{
 };
 use onepass_tensor::Tensor;
 
-use super::{linear, Seg};
+use std::sync::Arc;
+
+use super::{linear, rotated, site, unrotated, Seg};
 use crate::config::TextConfig;
 use crate::state::{LayerState, RecurrentState};
 use crate::weights::Binder;
@@ -45,6 +47,10 @@ pub struct GatedDeltaNet {
     pub(crate) dv: usize,
     pub(crate) kernel: usize,
     pub(crate) eps: f32,
+    /// Hadamard sites of a rotated pack: the normed input read by in_proj_qkv and in_proj_z (in_proj_a/b read
+    /// it unrotated), and the gated core output read by out_proj. `None`: not rotated.
+    pub(crate) rot_in: Option<Arc<[f32]>>,
+    pub(crate) rot_out: Option<Arc<[f32]>>,
 }
 
 impl GatedDeltaNet {
@@ -59,7 +65,11 @@ impl GatedDeltaNet {
         let conv_dim = c.gdn_conv_dim();
         let kernel = c.linear_conv_kernel_dim;
         let a_log = vb.get_f32("A_log", &[hv])?;
+        unrotated(vb, "in_proj_a.weight")?;
+        unrotated(vb, "in_proj_b.weight")?;
         Ok(GatedDeltaNet {
+            rot_in: site(vb, &["in_proj_qkv.weight", "in_proj_z.weight"])?,
+            rot_out: site(vb, &["out_proj.weight"])?,
             in_qkv: vb.get("in_proj_qkv.weight", &[conv_dim, h])?,
             in_z: vb.get("in_proj_z.weight", &[hv * dv, h])?,
             in_a: vb.get("in_proj_a.weight", &[hv, h])?,
@@ -100,9 +110,11 @@ impl GatedDeltaNet {
 
     /// The input projections of the normed rows x: [N, H] (every segment stacked).
     pub fn project(&self, x: &[f32], n: usize) -> GdnScratch {
+        // One rotation for the folded qkv and z; a and b read x as it is.
+        let xr = rotated(x, &self.rot_in);
         GdnScratch {
-            qkv: linear(x, n, &self.in_qkv),
-            z: linear(x, n, &self.in_z),
+            qkv: linear(&xr, n, &self.in_qkv),
+            z: linear(&xr, n, &self.in_z),
             a: linear(x, n, &self.in_a),
             b: linear(x, n, &self.in_b),
             segs: Vec::new(),
@@ -172,7 +184,7 @@ impl GatedDeltaNet {
 
     /// `out_proj` of the gated core output. → [N, H]
     pub fn project_out(&self, s: &GdnScratch, n: usize) -> Vec<f32> {
-        linear(&s.core, n, &self.out)
+        linear(&rotated(&s.core, &self.rot_out), n, &self.out)
     }
 }
 
