@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds what a device run needs and packs it into .devcarry/pack.tar.gz (git-excluded; carry `.devcarry`):
-# the stripped release `onepass` binary, every GPU test executable of onepass-cuda and onepass-cuda-engine, and the
+# the stripped release `onepass` binary, every GPU test executable of onepass-cuda, onepass-engine and onepass-decide, and the
 # Qwen3.5 tokenizer folder (testdata/qwen3_5-tokenizer, from tools/setup-testdata.sh). Then run on the device:
 #   bash crates/cuda/gpu-run.sh "tests bench"      (see that script for the phases)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p onepass
-mapfile -t TESTS < <(cargo test --release -p onepass-cuda -p onepass-cuda-engine --no-run --message-format=json ${ONLY:+$(for t in $ONLY; do printf -- '--test %s ' $t; done)} |
+mapfile -t TESTS < <(cargo test --release -p onepass-cuda -p onepass-engine -p onepass-decide --no-run --message-format=json ${ONLY:+$(for t in $ONLY; do printf -- '--test %s ' $t; done)} |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)

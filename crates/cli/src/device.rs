@@ -290,66 +290,34 @@ impl CudaArgs {
     }
 }
 
-/// A System One engine on the resolved device.
-// One long-lived value per process: the size difference between the variants costs nothing.
-#[allow(clippy::large_enum_variant)]
-pub enum AnyEngine {
-    Cpu(onepass_decide::Engine),
-    Cuda(onepass_decide::Engine<onepass_cuda_engine::CudaBackend>),
-}
+/// The one engine value every command holds: System One (and sessions, generation) over the model on the resolved
+/// device.
+pub type AnyEngine = onepass_decide::Engine<onepass_engine::AnyBackend>;
 
-impl AnyEngine {
-    pub fn load(
-        dir: &std::path::Path,
-        opts: onepass_decide::EngineOptions,
-        dev: Device,
-        cuda: &CudaArgs,
-    ) -> Result<AnyEngine> {
-        let t0 = Instant::now();
-        let e = match dev {
-            Device::Cpu => AnyEngine::Cpu(
-                onepass_decide::Engine::load(dir, opts)
-                    .with_context(|| format!("loading {}", dir.display()))?,
-            ),
-            Device::Cuda => AnyEngine::Cuda(
-                onepass_cuda_engine::load_engine(dir, opts, &cuda.options()?)
-                    .with_context(|| format!("loading {} onto the GPU", dir.display()))?,
-            ),
-        };
-        eprintln!(
-            "loaded {} on {} in {:.2}s",
-            dir.display(),
-            e.device(),
-            t0.elapsed().as_secs_f64()
-        );
-        Ok(e)
-    }
-
-    pub fn device(&self) -> String {
-        match self {
-            AnyEngine::Cpu(e) => e.device(),
-            AnyEngine::Cuda(e) => e.device(),
-        }
-    }
-
-    /// For the server.
-    pub fn into_dyn(self) -> std::sync::Arc<dyn onepass_server::DecideEngine> {
-        match self {
-            AnyEngine::Cpu(e) => std::sync::Arc::new(e),
-            AnyEngine::Cuda(e) => std::sync::Arc::new(e),
-        }
-    }
-}
-
-/// Runs `$body` with `$e` bound to the concrete engine inside an [`AnyEngine`].
-#[macro_export]
-macro_rules! with_engine {
-    ($any:expr, $e:ident => $body:expr) => {
-        match $any {
-            $crate::device::AnyEngine::Cpu($e) => $body,
-            $crate::device::AnyEngine::Cuda($e) => $body,
-        }
+/// Loads `dir` onto `dev`: weights, tokenizer, `decider_config.json`; one stderr line says where and how long.
+pub fn load_engine(
+    dir: &std::path::Path,
+    opts: onepass_decide::EngineOptions,
+    dev: Device,
+    cuda: &CudaArgs,
+) -> Result<AnyEngine> {
+    let t0 = Instant::now();
+    let m = Model::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+    let model_type = m.config().model_type.clone();
+    let backend = match dev {
+        Device::Cpu => onepass_engine::AnyBackend::cpu(m),
+        Device::Cuda => onepass_engine::AnyBackend::cuda(&m, &cuda.options()?)
+            .with_context(|| format!("loading {} onto the GPU", dir.display()))?,
     };
+    let e = onepass_decide::Engine::from_dir_with(dir, &model_type, backend, opts)
+        .with_context(|| format!("loading {}", dir.display()))?;
+    eprintln!(
+        "loaded {} on {} in {:.2}s",
+        dir.display(),
+        e.device(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(e)
 }
 
 #[derive(clap::Args, Debug)]
@@ -506,24 +474,24 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let any = AnyEngine::load(&dir, opts, dev, &a.cuda)?;
+    let any = load_engine(&dir, opts, dev, &a.cuda)?;
     let device = any.device();
-    let workloads = with_engine!(&any, e => bench_workloads(e)?);
+    let workloads = bench_workloads(&any)?;
     let timed: Vec<Workload> = workloads
         .iter()
         .enumerate()
         .filter(|(i, _)| a.workloads.contains(&(i + 1)))
         .map(|(_, w)| w.clone())
         .collect();
-    let report = with_engine!(&any, e => bench_engine(e, &a, &timed)?);
+    let report = bench_engine(&any, &a, &timed)?;
     // Where the time goes: CUDA events after every op of 10 requests of the profiled workload.
     // Where the time goes (the profiled workload: GPU time by op, then host time against GPU time).
     let (mut profile, mut host) = (Vec::new(), serde_json::Value::Null);
     let pw = a.profile_workload;
-    if let (AnyEngine::Cuda(e), true) = (&any, pw > 0) {
+    if let (Some(m), true) = (any.model().as_cuda(), pw > 0) {
         let body = &workloads[pw - 1].1;
-        profile = ops_report(e, body, pw)?;
-        host = host_report(e, body, pw)?;
+        profile = ops_report(&any, m.model(), body, pw)?;
+        host = host_report(&any, m.model(), body, pw)?;
     }
     println!(
         "{}",
@@ -532,12 +500,14 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
     Ok(())
 }
 
-type CudaEngine = onepass_decide::Engine<onepass_cuda_engine::CudaBackend>;
-
 /// GPU time by op of workload `pw` (`body`): CUDA events after every op of 10 requests. Prints the table; → its
 /// JSON rows.
-fn ops_report(e: &CudaEngine, body: &[u8], pw: usize) -> Result<Vec<serde_json::Value>> {
-    let m = e.model().model();
+fn ops_report(
+    e: &AnyEngine,
+    m: &CudaModel,
+    body: &[u8],
+    pw: usize,
+) -> Result<Vec<serde_json::Value>> {
     m.profile_start();
     for _ in 0..10 {
         e.system_one(body)?;
@@ -565,8 +535,7 @@ fn ops_report(e: &CudaEngine, body: &[u8], pw: usize) -> Result<Vec<serde_json::
 /// queueing their forwards (by phase) and each forward's GPU span. Warm-up first: profiled requests run without
 /// graphs, and a saturating load may have moved the forward scratch (which drops the captured graphs). Prints the
 /// line; → its JSON.
-fn host_report(e: &CudaEngine, body: &[u8], pw: usize) -> Result<serde_json::Value> {
-    let m = e.model().model();
+fn host_report(e: &AnyEngine, m: &CudaModel, body: &[u8], pw: usize) -> Result<serde_json::Value> {
     for _ in 0..3 {
         e.system_one(body)?;
     }

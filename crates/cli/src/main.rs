@@ -6,6 +6,7 @@
 mod device;
 mod limits;
 mod serve;
+mod session;
 mod systemone;
 
 use std::io::{BufRead, Write};
@@ -115,6 +116,11 @@ enum Cmd {
     /// Shows the prompts of one /v1/systemone request without running the model: prints
     /// {"rows":[{"ids","slots","nopts"}],"usage"}.
     Render(systemone::RenderArgs),
+    /// Reads JSON lines on stdin ({"cmd": "generate", ...}; {"cmd": "decide", ...} with --decide) and writes one JSON
+    /// line per request (docs/api.md).
+    Session(session::SessionArgs),
+    /// A conversation with the model's chat template, streamed; one message per line when stdin is not a terminal.
+    Chat(session::ChatArgs),
 }
 
 fn main() {
@@ -194,6 +200,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Systemone(a) => systemone::systemone(a),
         Cmd::Serve(a) => serve::serve(a),
         Cmd::Render(a) => systemone::render(a),
+        Cmd::Session(a) => session::session(a),
+        Cmd::Chat(a) => session::chat(a),
     }
 }
 

@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use onepass_decide::EngineOptions;
 
-use crate::device::{AnyEngine, CudaArgs, DeviceArg};
+use crate::device::{load_engine, CudaArgs, DeviceArg};
 use crate::limits::{setting, LimitArgs, RequestLimits};
 use onepass_server::{ServerOptions, Timeouts};
 use std::net::IpAddr;
@@ -110,7 +110,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let addr = listener.local_addr()?;
     let dir = onepass_formats::resolve_model_dir(&a.model)?;
     let t0 = Instant::now();
-    let engine = AnyEngine::load(
+    let engine = load_engine(
         &dir,
         EngineOptions {
             limits,
@@ -123,7 +123,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         &a.cuda,
     )?;
     let device = engine.device();
-    let engine = engine.into_dyn();
+    let engine: std::sync::Arc<dyn onepass_server::DecideEngine> = std::sync::Arc::new(engine);
     eprintln!(
         "onepass serve: loaded {} ({}) on {device} in {:.2}s",
         dir.display(),

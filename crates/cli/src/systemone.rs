@@ -12,7 +12,7 @@ use onepass_decide::engine::Backend;
 use onepass_decide::pyjson::{dumps_compact, py_str, Value};
 use onepass_decide::{parse_request, ApiError, Engine, EngineOptions, Pipeline, Route};
 
-use crate::device::{plan_body, AnyEngine, CudaArgs, DeviceArg};
+use crate::device::{load_engine, plan_body, CudaArgs, DeviceArg};
 use crate::limits::LimitArgs;
 use serde_json::json;
 
@@ -184,9 +184,9 @@ pub fn systemone(a: SystemoneArgs) -> Result<()> {
         ..EngineOptions::default()
     };
     let t0 = Instant::now();
-    let any = AnyEngine::load(&dir, opts, a.dev.resolve()?, &a.cuda)?;
+    let e = load_engine(&dir, opts, a.dev.resolve()?, &a.cuda)?;
     let load_s = t0.elapsed().as_secs_f64();
-    crate::with_engine!(&any, e => run(e, &a, &body, load_s))
+    run(&e, &a, &body, load_s)
 }
 
 fn run<B: Backend>(engine: &Engine<B>, a: &SystemoneArgs, body: &[u8], load_s: f64) -> Result<()> {

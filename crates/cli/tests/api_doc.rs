@@ -261,6 +261,13 @@ fn checkpoint(config: &str) -> tempfile::TempDir {
         std::fs::copy(tok.join(f), dir.path().join(f)).unwrap();
     }
     std::fs::write(dir.path().join("decider_config.json"), config).unwrap();
+    // ChatML, for the generation routes' examples (System One's plain layout does not read it).
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}\
+         {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+    )
+    .unwrap();
     dir
 }
 
@@ -287,7 +294,9 @@ fn same_shape(want: &Value, got: &Value, at: &str, loose: &[&str]) -> Result<(),
             .try_for_each(|(i, (w, g))| same_shape(w, g, &format!("{at}[{i}]"), loose)),
         (Value::String(w), Value::String(g)) if w == g || loose.contains(&key) => Ok(()),
         (Value::Number(w), Value::Number(g)) if w.is_f64() && g.is_f64() => Ok(()),
-        (Value::Number(w), Value::Number(g)) if !w.is_f64() && w == g => Ok(()),
+        (Value::Number(w), Value::Number(g)) if !w.is_f64() && (w == g || loose.contains(&key)) => {
+            Ok(())
+        }
         (Value::Bool(w), Value::Bool(g)) if w == g => Ok(()),
         (Value::Null, Value::Null) => Ok(()),
         _ => Err(format!("{at}: {want} in the doc, {got} from the server")),
@@ -344,8 +353,11 @@ fn every_example_in_docs_api_md_is_what_the_server_answers() {
                     )
                 });
                 let got: Value = serde_json::from_str(&got).unwrap();
+                // Generated text, ids and times differ from run to run of the doc's made-up examples.
                 let loose: &[&str] = if path == "/health" {
                     &["model", "device"]
+                } else if path.ends_with("/completions") {
+                    &["id", "created", "model", "content", "text"]
                 } else {
                     &["choice"]
                 };

@@ -669,3 +669,194 @@ fn a_huge_state_is_answered_and_too_many_values_is_a_413() {
     assert_eq!(s, 413, "{}", String::from_utf8_lossy(&body));
     srv.stop();
 }
+
+/// The body of a chunked response, de-chunked (a server-sent event stream comes chunked).
+fn dechunk(head: &str, body: &[u8]) -> Vec<u8> {
+    if !head.contains("transfer-encoding: chunked") {
+        return body.to_vec();
+    }
+    let (mut out, mut at) = (Vec::new(), 0);
+    loop {
+        let eol = at + body[at..].windows(2).position(|w| w == b"\r\n").unwrap();
+        let n =
+            usize::from_str_radix(std::str::from_utf8(&body[at..eol]).unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&body[eol + 2..eol + 2 + n]);
+        at = eol + 2 + n + 2;
+    }
+}
+
+/// The `data:` payloads of an event stream, in order.
+fn events(body: &[u8]) -> Vec<String> {
+    String::from_utf8(body.to_vec())
+        .unwrap()
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not an event: {e:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+/// `/v1/chat/completions` (stream off and on) and `/v1/completions` against the real server: the text is the
+/// library's own greedy generation, the stream adds up to it and ends with `data: [DONE]`, usage counts the ids, bad
+/// bodies are 400s in the OpenAI error shape, and System One answers exactly while a generation runs.
+#[test]
+fn chat_completions_end_to_end() {
+    let dir = checkpoint();
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}\
+         {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+    )
+    .unwrap();
+    let messages = vec![(
+        "user".to_string(),
+        "Write a line about the sea.".to_string(),
+    )];
+    let (want, want_sys, n_prompt, raw_want) = {
+        use onepass_decide::generate::{GenerateRequest, Input};
+        let e = onepass_decide::Engine::load(dir.path(), Default::default()).unwrap();
+        let mut s = e.session(Default::default());
+        let req = GenerateRequest {
+            input: Input::Messages(messages.clone()),
+            ..GenerateRequest::greedy("", 12)
+        };
+        let g = s.generate(&req, &mut |_| true).unwrap();
+        let raw = s
+            .generate(&GenerateRequest::greedy("The sea is", 8), &mut |_| true)
+            .unwrap();
+        let sys =
+            onepass_decide::pyjson::dumps_compact(&e.system_one(REQ.as_bytes()).unwrap()).unwrap();
+        (
+            g,
+            sys,
+            e.generator().unwrap().prompt_ids(&req.input).unwrap().len(),
+            raw,
+        )
+    };
+    let mut srv = Server::start(dir.path(), &[]);
+    let addr = srv.addr.clone();
+    let json_h = [("content-type", "application/json")];
+    let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": messages[0].1}],
+        "max_tokens": 12, "temperature": 0});
+    let (status, head, raw) = http(
+        &addr,
+        "POST",
+        "/v1/chat/completions",
+        &json_h,
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&raw));
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["message"]["content"], want.text.as_str());
+    assert_eq!(v["choices"][0]["finish_reason"], want.finish.as_str());
+    assert_eq!(v["usage"]["prompt_tokens"], n_prompt);
+    assert_eq!(v["usage"]["completion_tokens"], want.tokens.len());
+    assert_eq!(v["usage"]["total_tokens"], n_prompt + want.tokens.len());
+
+    // Streamed: role first, the pieces, the finish reason, usage on request, then [DONE].
+    let mut sbody = body.clone();
+    sbody["stream"] = true.into();
+    sbody["stream_options"] = serde_json::json!({"include_usage": true});
+    let (status, head, raw) = http(
+        &addr,
+        "POST",
+        "/v1/chat/completions",
+        &json_h,
+        sbody.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200);
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    let ev = events(&dechunk(&head, &raw));
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<serde_json::Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| {
+            c["choices"]
+                .get(0)
+                .and_then(|ch| ch["delta"]["content"].as_str())
+        })
+        .collect();
+    assert_eq!(text, want.text);
+    let fin = &chunks[chunks.len() - 2];
+    assert_eq!(fin["choices"][0]["finish_reason"], want.finish.as_str());
+    assert_eq!(
+        chunks.last().unwrap()["usage"]["completion_tokens"],
+        want.tokens.len()
+    );
+
+    // /v1/completions: a raw prompt.
+    let cbody = serde_json::json!({"model": "m", "prompt": "The sea is", "max_tokens": 8, "temperature": 0});
+    let (status, _, raw) = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        &json_h,
+        cbody.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(
+        (v["object"].as_str(), v["choices"][0]["text"].as_str()),
+        (Some("text_completion"), Some(raw_want.text.as_str()))
+    );
+
+    // Refused before any model work, in the OpenAI error shape.
+    for (path, bad) in [
+        ("/v1/chat/completions", r#"{"prompt":"x"}"#),
+        (
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"x"}],"temperature":9}"#,
+        ),
+        ("/v1/completions", "{not json"),
+        ("/v1/completions", r#"{"prompt":"x","n":3}"#),
+    ] {
+        let (status, _, raw) = http(&addr, "POST", path, &json_h, bad.as_bytes());
+        assert_eq!(status, 400, "{path} {bad}");
+        let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    }
+
+    // System One while a long generation runs: the batching worker answers exactly, and the generation completes.
+    let a2 = addr.clone();
+    let long = serde_json::json!({"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 150,
+        "temperature": 0.8, "seed": 3});
+    let gen = std::thread::spawn(move || {
+        http(
+            &a2,
+            "POST",
+            "/v1/chat/completions",
+            &json_h,
+            long.to_string().as_bytes(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let (status, _, raw) = http(&addr, "POST", "/v1/systemone", &json_h, REQ.as_bytes());
+    assert_eq!((status, String::from_utf8(raw).unwrap()), (200, want_sys));
+    let (status, _, raw) = gen.join().unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&raw));
+    let (_, _, m) = http(&addr, "GET", "/metrics", &[], b"");
+    let m = String::from_utf8(m).unwrap();
+    assert!(
+        m.contains(r#"route="/v1/chat/completions",status="200"} 3"#),
+        "{m}"
+    );
+    srv.stop();
+}

@@ -8,7 +8,7 @@
 //!
 //! 1. per plan, the longest common prefix of its rows, capped one token below the shortest row so every slot stays in
 //!    a suffix (`rows::common_prefix_len`, decider-contract R5.5.1), runs once;
-//! 2. its [`SequenceState`] is forked per row, at most as many live forks as `fork_budget_bytes` allows (R5.5.2);
+//! 2. its sequence state is forked per row, at most as many live forks as `fork_budget_bytes` allows (R5.5.2);
 //! 3. the suffixes of all rows of all plans go through [`Model::forward_batch`] together (the projections see every
 //!    token stacked; each token mixer walks its own row);
 //! 4. at every slot the final-normed hidden state is projected onto the first `nopts` label rows only
@@ -30,22 +30,27 @@
 //! those steps.
 //! Every route shares step 4 and writes its plans' slots only (`tests/tree.rs` checks the routes agree).
 //!
-//! The model is any [`Backend`]: the CPU [`Model`] (the default), or a GPU one from another crate (`onepass-cuda-engine`);
-//! this crate never names a device.
+//! The model is any [`Backend`] of the sequence API (`onepass-engine`, re-exported here): the CPU [`Model`] (the
+//! default), the GPU's, or [`AnyBackend`] (either, chosen at run time; what the CLI and the server hold). This crate
+//! never names a device.
 
 use std::fmt::Display;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use onepass_model::{Model, ModelError, SequenceState};
+pub use onepass_engine::{AnyBackend, Backend, Pick};
+use onepass_model::{Model, ModelError};
 use onepass_tokenizer::{Tokenizer, TokenizerError};
 
 use crate::assemble::softmax;
 use crate::config::{ConfigError, DecideConfig};
 use crate::error::ApiError;
+use crate::generate::{GenerateError, Generator};
 use crate::pipeline::{Limits, Pipeline, Route};
 use crate::prompt::tokens::{common_prefix_len, plan, Plan, Row};
 use crate::pyjson::Value;
 use crate::request::Request;
+use crate::session::{Session, SessionOptions};
 
 /// Most tokens stacked into one `forward_batch` call (bounds activation memory: `[N, intermediate]` f32 buffers).
 /// A row longer than this still runs, alone; a shared prefix runs in pieces of this size.
@@ -120,127 +125,6 @@ impl From<EngineError> for ApiError {
     }
 }
 
-/// What [`Engine::score`] needs from a model: sequence states that fork, one forward over a batch of states, and the
-/// label-row readout. The CPU [`Model`] implements it below; a GPU backend lives in its own crate.
-pub trait Backend: Send + Sync {
-    /// One sequence's state (KV caches, conv and recurrent state).
-    type State: Send;
-    /// The final-normed hidden rows of one `forward_batch` call, `[ΣT, H]`, wherever they live.
-    type Hidden;
-    type Error: Display;
-    /// Where it runs, for logs and `/health` (`cpu`, `cuda:0 NVIDIA H200`).
-    fn device(&self) -> String;
-    fn vocab_size(&self) -> usize;
-    /// Longest sequence a state may hold (the model's `max_position_embeddings`); a longer row is a 413
-    /// ([`crate::check_positions`]). Default: no limit.
-    fn max_positions(&self) -> usize {
-        usize::MAX
-    }
-    /// State bytes added per token (KV caches), for the fork budget.
-    fn state_bytes_per_token(&self) -> usize;
-    fn new_state(&self) -> Result<Self::State, Self::Error>;
-    /// Bytes `st` holds, for the fork budget.
-    fn state_bytes(&self, st: &Self::State) -> usize;
-    /// An independent continuation of `st`.
-    fn fork(&self, st: &Self::State) -> Result<Self::State, Self::Error>;
-    /// Runs every `(state, ids)` pair, continuing each state. → hidden rows of all pairs stacked, in order.
-    fn forward_batch(
-        &self,
-        items: &mut [(&mut Self::State, &[u32])],
-    ) -> Result<Self::Hidden, Self::Error>;
-    /// Whether [`Backend::forward_tree`] may run trees at all; when false the engine never asks (and builds no
-    /// states for one).
-    fn runs_trees(&self) -> bool {
-        false
-    }
-    /// One forward over `roots` (each continuing its state, as in [`Backend::forward_batch`]) and `children`:
-    /// `(root, ids)` pairs, each continuing a fork of `roots[root]`'s state taken after the root's ids. → the hidden
-    /// rows of every root's ids then of every child's ids, stacked in that order. The children's states are not kept
-    /// (a readout drops them; a backend may skip writing them). `Ok(None)`: this backend does not run this tree in one
-    /// pass; nothing ran and no state changed (the caller runs the roots, forks and runs the children).
-    fn forward_tree(
-        &self,
-        roots: &mut [(&mut Self::State, &[u32])],
-        children: &[(usize, &[u32])],
-    ) -> Result<Option<Self::Hidden>, Self::Error> {
-        let _ = (roots, children);
-        Ok(None)
-    }
-    /// Fewest ids a root with children may have in [`Backend::forward_tree`] (the GPU's conv reads a child's first
-    /// inputs from its root's last rows). The engine runs the rows of a plan whose shared prefix is shorter whole, as
-    /// roots of their own, rather than have the backend decline the whole group. Default 1.
-    fn min_tree_root(&self) -> usize {
-        1
-    }
-    /// Bytes a child of [`Backend::forward_tree`] holds besides its KV rows (`state_bytes_per_token` per id), for the
-    /// fork budget. `None` (the default): as much as a fresh state. A backend that gives its children no recurrent
-    /// state of their own (their states are dropped after the readout) says so here, and the engine's groups then
-    /// grow as far as its memory allows.
-    fn tree_child_bytes(&self) -> Option<usize> {
-        None
-    }
-    /// `out[i]` = the logits of hidden row `picks[i].0` at the vocabulary ids `picks[i].1` (label rows only). All
-    /// readouts of one forward come in one call.
-    fn label_logits(
-        &self,
-        h: &Self::Hidden,
-        picks: &[(usize, &[u32])],
-    ) -> Result<Vec<Vec<f32>>, Self::Error>;
-}
-
-impl Backend for Model {
-    type State = SequenceState;
-    /// hidden: [ΣT, H] f32
-    type Hidden = Vec<f32>;
-    type Error = ModelError;
-    fn device(&self) -> String {
-        "cpu".into()
-    }
-    fn vocab_size(&self) -> usize {
-        Model::vocab_size(self)
-    }
-    fn max_positions(&self) -> usize {
-        self.config().text.max_position_embeddings
-    }
-    fn state_bytes_per_token(&self) -> usize {
-        self.info().state_bytes_per_token
-    }
-    fn new_state(&self) -> Result<SequenceState, ModelError> {
-        Ok(Model::new_state(self))
-    }
-    fn state_bytes(&self, st: &SequenceState) -> usize {
-        st.bytes()
-    }
-    fn fork(&self, st: &SequenceState) -> Result<SequenceState, ModelError> {
-        Ok(st.clone())
-    }
-    fn forward_batch(
-        &self,
-        items: &mut [(&mut SequenceState, &[u32])],
-    ) -> Result<Vec<f32>, ModelError> {
-        Model::forward_batch(self, items)
-    }
-    fn label_logits(
-        &self,
-        h: &Vec<f32>,
-        picks: &[(usize, &[u32])],
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let d = self.hidden_size();
-        picks
-            .iter()
-            .map(|&(r, ids)| {
-                let row = h.get(r * d..(r + 1) * d).ok_or_else(|| {
-                    ModelError::Input(format!(
-                        "readout of row {r} of {} hidden rows",
-                        h.len() / d.max(1)
-                    ))
-                })?;
-                self.logits_rows(row, ids)
-            })
-            .collect()
-    }
-}
-
 /// A loaded System One model. `Send + Sync`: share it in an `Arc` and call [`Engine::score`] from any thread.
 pub struct Engine<B: Backend = Model> {
     model: B,
@@ -252,6 +136,9 @@ pub struct Engine<B: Backend = Model> {
     /// Bytes of a fresh state and KV bytes per token, for the fork budget (measured once at load).
     fresh_state_bytes: usize,
     state_bytes_per_token: usize,
+    /// The model folder and `model_type`, for the generation side (loaded on first use, [`Engine::generator`]).
+    dir: Option<(PathBuf, String)>,
+    generator: OnceLock<Result<Generator, GenerateError>>,
 }
 
 /// One row's work inside a `score` call: where its state comes from, the ids still to run, where its slots are.
@@ -330,7 +217,28 @@ impl<B: Backend> Engine<B> {
             opts.layout.as_deref(),
             opts.temperature.as_deref(),
         )?;
-        Engine::new(backend, tokenizer, config, opts)
+        let mut e = Engine::new(backend, tokenizer, config, opts)?;
+        e.dir = Some((dir.to_path_buf(), model_type.to_string()));
+        Ok(e)
+    }
+
+    /// What generation needs from the model folder (the tokenizer as written, chat template, end-of-sequence ids,
+    /// sampling defaults), loaded on first use: System One never pays for it.
+    pub fn generator(&self) -> Result<&Generator, GenerateError> {
+        let Some((dir, model_type)) = &self.dir else {
+            return Err(GenerateError::unsupported(
+                "this engine was built without its model folder, so it cannot generate",
+            ));
+        };
+        self.generator
+            .get_or_init(|| Generator::load(dir, Some(model_type)))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// A session over this engine ([`Session`]).
+    pub fn session(&self, opts: SessionOptions) -> Session<'_, B> {
+        Session::new(self, opts)
     }
 }
 
@@ -387,6 +295,8 @@ impl<B: Backend> Engine<B> {
             label_ids,
             fresh_state_bytes,
             state_bytes_per_token,
+            dir: None,
+            generator: OnceLock::new(),
         })
     }
 

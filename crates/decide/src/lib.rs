@@ -15,10 +15,12 @@ pub mod config;
 pub mod decide_form;
 pub mod engine;
 pub mod error;
+pub mod generate;
 pub mod pipeline;
 pub mod prompt;
 pub mod pyjson;
 pub mod request;
+pub mod session;
 
 /// The prompt modules under the names they had before [`prompt`] gathered them.
 pub use prompt::{chat, text as render, tokens as rows};
@@ -27,7 +29,9 @@ pub use assemble::{assemble, softmax};
 pub use config::{ConfigError, DecideConfig, Layout, Order, DEFAULT_MAX_STATE_TOKENS};
 pub use engine::{Engine, EngineError, EngineOptions};
 pub use error::{ApiError, LimitError, RenderError};
+pub use generate::{GenerateError, GenerateRequest, Generation};
 pub use pipeline::{check_positions, check_size, Form, Limits, Pipeline, Prepared, Route};
 pub use prompt::chat::{ChatError, ChatTemplate};
 pub use prompt::tokens::{plan, Plan, Row};
 pub use request::{parse_request, Request};
+pub use session::{Session, SessionOptions};

@@ -1,10 +1,13 @@
 //! What the server needs from a model: the tokenizer and config to plan requests (through [`onepass_decide::plan`];
-//! the config carries `DECIDER_MAX_STATE_TOKENS`, `EngineOptions::max_state_tokens`), and one batched `score` call.
+//! the config carries `DECIDER_MAX_STATE_TOKENS`, `EngineOptions::max_state_tokens`), one batched `score` call, and
+//! generation (the OpenAI-shaped routes).
 //! A trait so tests can drive the HTTP layer with fakes (a slow engine, an engine that fails or panics);
 //! [`onepass_decide::Engine`] is the real implementation.
 
 use onepass_decide::engine::Backend;
-use onepass_decide::{DecideConfig, Engine, Plan};
+use onepass_decide::{
+    DecideConfig, Engine, GenerateError, GenerateRequest, Generation, Plan, SessionOptions,
+};
 use onepass_tokenizer::Tokenizer;
 
 /// Probabilities for every slot of every plan: `[plan][slot in row order][option]`.
@@ -23,6 +26,16 @@ pub trait DecideEngine: Send + Sync + 'static {
     /// One call for every plan's rows; an error fails every plan of the call (the batcher then retries them one by
     /// one so a single bad request cannot fail its neighbours).
     fn score(&self, plans: &[&Plan]) -> Result<Scores, String>;
+    /// One generation ([`onepass_decide::Session::generate`]); `on_delta` gets the text as it becomes stable. Default:
+    /// refused (an engine that only scores).
+    fn generate(
+        &self,
+        req: &GenerateRequest,
+        on_delta: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation, GenerateError> {
+        let _ = (req, on_delta);
+        Err(GenerateError::unsupported("this server does not generate"))
+    }
 }
 
 impl<B: Backend + 'static> DecideEngine for Engine<B> {
@@ -40,5 +53,13 @@ impl<B: Backend + 'static> DecideEngine for Engine<B> {
     }
     fn score(&self, plans: &[&Plan]) -> Result<Scores, String> {
         Engine::score(self, plans).map_err(|e| e.to_string())
+    }
+    fn generate(
+        &self,
+        req: &GenerateRequest,
+        on_delta: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation, GenerateError> {
+        self.session(SessionOptions::default())
+            .generate(req, on_delta)
     }
 }

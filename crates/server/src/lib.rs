@@ -16,6 +16,7 @@ pub mod batcher;
 pub mod body;
 pub mod engine;
 pub mod metrics;
+mod openai;
 pub mod serve;
 
 pub use engine::{DecideEngine, Scores};
@@ -89,6 +90,8 @@ pub struct App {
     pub batcher: Batcher,
     pub metrics: Arc<Metrics>,
     preparing: Semaphore,
+    /// One generation at a time (each holds one admission row while it waits or runs).
+    generating: Arc<Semaphore>,
     id_seed: u64,
     seq: AtomicU64,
 }
@@ -97,6 +100,12 @@ impl App {
     /// Stop the batching worker after it has answered everything queued (call after the HTTP server has drained).
     pub fn shutdown(&self) {
         self.batcher.shutdown();
+    }
+
+    /// A fresh request id (what `x-request-id` carries when the client sent none).
+    fn next_id(&self) -> String {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        format!("{:012x}{:08x}", self.id_seed >> 16, n)
     }
 }
 
@@ -113,6 +122,7 @@ pub fn router(
         batcher,
         metrics,
         preparing: Semaphore::new(opts.max_preparing.max(1)),
+        generating: Arc::new(Semaphore::new(1)),
         id_seed: std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish(),
@@ -122,6 +132,8 @@ pub fn router(
     let r = Router::new()
         .route("/v1/systemone", post(systemone))
         .route("/decide", post(decide))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_route))
@@ -142,9 +154,11 @@ struct Work {
     decisions: u64,
 }
 
-const ROUTES: [&str; 5] = [
+const ROUTES: [&str; 7] = [
     "/v1/systemone",
     "/decide",
+    "/v1/chat/completions",
+    "/v1/completions",
     "/v1/models",
     "/health",
     "/metrics",
@@ -166,10 +180,7 @@ async fn around(State(app): State<Arc<App>>, req: Request, next: Next) -> Respon
         .and_then(|v| v.to_str().ok())
         .filter(|s| !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()))
         .map(str::to_string)
-        .unwrap_or_else(|| {
-            let n = app.seq.fetch_add(1, Ordering::Relaxed);
-            format!("{:012x}{:08x}", app.id_seed >> 16, n)
-        });
+        .unwrap_or_else(|| app.next_id());
     let mut resp = match authorized(&app, &path, req.headers()) {
         Ok(()) => next.run(req).await,
         Err(e) => {
@@ -276,25 +287,8 @@ async fn prepare(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Prepared, ApiError> {
+    let (raw, enc) = read_raw(app, headers, body).await?;
     let max = app.opts.max_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
-        return Err(body::too_large(max, false));
-    }
-    let raw =
-        match tokio::time::timeout(app.opts.body_timeout, axum::body::to_bytes(body, max)).await {
-            Ok(Ok(raw)) => raw,
-            Ok(Err(e)) => return Err(body::read_error(&e, max)),
-            Err(_) => return Err(body::timed_out(app.opts.body_timeout)),
-        };
-    let enc = headers.get(header::CONTENT_ENCODING).map(|v| {
-        v.to_str()
-            .map(str::to_string)
-            .unwrap_or_else(|_| "?".into())
-    });
     let _permit = app
         .preparing
         .acquire()
@@ -321,6 +315,52 @@ async fn prepare(
     })
 }
 
+/// The body as sent (its declared and its read size capped, its arrival time limited) and its `Content-Encoding`.
+async fn read_raw(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(axum::body::Bytes, Option<String>), ApiError> {
+    let max = app.opts.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(body::too_large(max, false));
+    }
+    let raw =
+        match tokio::time::timeout(app.opts.body_timeout, axum::body::to_bytes(body, max)).await {
+            Ok(Ok(raw)) => raw,
+            Ok(Err(e)) => return Err(body::read_error(&e, max)),
+            Err(_) => return Err(body::timed_out(app.opts.body_timeout)),
+        };
+    let enc = headers.get(header::CONTENT_ENCODING).map(|v| {
+        v.to_str()
+            .map(str::to_string)
+            .unwrap_or_else(|_| "?".into())
+    });
+    Ok((raw, enc))
+}
+
+/// A whole body, read as [`prepare`] reads it and decompressed (the generation routes).
+pub(crate) async fn read_body(
+    app: &Arc<App>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Vec<u8>, ApiError> {
+    let (raw, enc) = read_raw(app, headers, body).await?;
+    let max = app.opts.max_body_bytes;
+    tokio::task::spawn_blocking(move || body::decode(enc.as_deref(), Vec::from(raw), max))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::detail(
+                500,
+                format!("reading the body failed: {e}"),
+            ))
+        })
+}
+
 /// Return freed heap pages to the system (glibc keeps them otherwise, so one large request would hold its peak).
 fn give_memory_back() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -340,7 +380,7 @@ fn pipeline(app: &App) -> Pipeline<'_> {
 }
 
 /// The 503 for a queue that cannot take `rows` more rows now.
-fn busy(app: &App, outstanding: usize) -> ApiError {
+pub(crate) fn busy(app: &App, outstanding: usize) -> ApiError {
     ApiError::detail(
         503,
         format!(

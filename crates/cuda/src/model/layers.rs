@@ -181,6 +181,30 @@ impl CudaModel {
         r
     }
 
+    /// Full-vocabulary logits of the hidden rows `rows` only (a prefill chunk's last row: the head runs on the rows
+    /// asked for, not on the whole chunk). → [rows.len(), V]
+    pub fn logits_at(&self, h: &CudaHidden, rows: &[usize]) -> Result<Vec<f32>, CudaError> {
+        if rows.iter().copied().eq(0..h.rows) {
+            return self.logits(h);
+        }
+        if let Some(&bad) = rows.iter().find(|&&r| r >= h.rows) {
+            return Err(CudaError::Model(ModelError::Input(format!(
+                "readout of row {bad} of {} hidden rows",
+                h.rows
+            ))));
+        }
+        let g = &*self.gpu;
+        let mut sel: CudaSlice<f32> = g.alloc(rows.len().max(1) * h.hid)?;
+        for (i, &r) in rows.iter().enumerate() {
+            g.copy(&h.buf, r * h.hid, &mut sel, i * h.hid, h.hid)?;
+        }
+        self.logits(&CudaHidden {
+            buf: sel,
+            rows: rows.len(),
+            hid: h.hid,
+        })
+    }
+
     /// Full-vocabulary logits of every hidden row (for tests and `onepass logits`). → [N, V]
     pub fn logits(&self, h: &CudaHidden) -> Result<Vec<f32>, CudaError> {
         let g = &*self.gpu;

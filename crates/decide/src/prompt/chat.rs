@@ -195,24 +195,51 @@ fn label_name(j: usize) -> String {
 /// `tok.apply_chat_template([{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True,
 /// enable_thinking=False /* only when the template mentions it */)`.
 pub fn render(template: &str, content: &str, special: &SpecialTokens) -> Result<String, ChatError> {
+    let thinking = template.contains("enable_thinking").then_some(false);
+    render_messages(
+        template,
+        &[("user".to_string(), content.to_string())],
+        special,
+        true,
+        thinking,
+    )
+}
+
+/// `tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` for `(role, content)` turns, with
+/// `enable_thinking` passed only when given (the template's own default otherwise).
+pub fn render_messages(
+    template: &str,
+    messages: &[(String, String)],
+    special: &SpecialTokens,
+    add_generation_prompt: bool,
+    enable_thinking: Option<bool>,
+) -> Result<String, ChatError> {
     let env = environment(template).map_err(|e| ChatError::Render(describe(&e)))?;
     let tmpl = env
         .get_template("chat")
         .map_err(|e| ChatError::Render(describe(&e)))?;
-    let message = JValue::from_object(Message {
-        role: "user".into(),
-        content: content.into(),
-    });
+    let messages: Vec<JValue> = messages
+        .iter()
+        .map(|(role, content)| {
+            JValue::from_object(Message {
+                role: role.clone(),
+                content: content.clone(),
+            })
+        })
+        .collect();
     let mut ctx: BTreeMap<String, JValue> = BTreeMap::new();
     for (k, v) in &special.0 {
         ctx.insert(k.clone(), JValue::from(v.as_str()));
     }
-    ctx.insert("messages".into(), JValue::from(vec![message]));
+    ctx.insert("messages".into(), JValue::from(messages));
     ctx.insert("tools".into(), JValue::from(()));
     ctx.insert("documents".into(), JValue::from(()));
-    ctx.insert("add_generation_prompt".into(), JValue::from(true));
-    if template.contains("enable_thinking") {
-        ctx.insert("enable_thinking".into(), JValue::from(false));
+    ctx.insert(
+        "add_generation_prompt".into(),
+        JValue::from(add_generation_prompt),
+    );
+    if let Some(t) = enable_thinking {
+        ctx.insert("enable_thinking".into(), JValue::from(t));
     }
     tmpl.render(JValue::from(ctx))
         .map_err(|e| ChatError::Render(describe(&e)))

@@ -10,7 +10,7 @@ use onepass_tokenizer::Tokenizer;
 use serde_json::Value as J;
 use sha2::{Digest, Sha256};
 
-// Shared with crates/server/tests/common (and, through this file, crates/cuda-engine/tests/answers.rs).
+// Shared with crates/server/tests/common (and, through this file, crates/decide/tests/cuda_answers.rs).
 #[path = "process_dir.rs"]
 mod process_dir;
 pub use process_dir::process_dir;

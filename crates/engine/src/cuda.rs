@@ -1,35 +1,23 @@
-//! System One on the GPU.
+//! The GPU model of `onepass-cuda` as a [`Backend`](crate::Backend).
 //!
-//! Why this crate exists: `onepass-decide` runs System One over any [`Backend`] and never names a device;
-//! `onepass-cuda` knows kernels and device state but nothing of decisions. This crate is the seam: [`CudaBackend`]
-//! is `onepass_cuda::CudaModel` as a [`Backend`], so [`Engine::score`](onepass_decide::Engine::score) runs each
-//! plan's shared prefix once on the GPU and every suffix of every plan after it, reading only the label rows back.
-//! When the call fits one forward, prefixes and suffixes run in that one forward (`CudaModel::forward_tree`: each
-//! layer's mixers continue the prefix's state for the suffixes inside the layer, so the weights are read once);
-//! otherwise the prefixes run first and their device state is forked per row (recurrent state copied, KV caches
-//! shared) for one batched forward of the suffixes.
+//! Device state per sequence (KV caches, conv and recurrent state on the GPU); the hidden rows of a forward stay on
+//! the device and only the logits asked for come back. When a System One call fits one forward, prefixes and
+//! suffixes run in that one forward (`CudaModel::forward_tree`: each layer's mixers continue the prefix's state for
+//! the suffixes inside the layer, so the weights are read once); otherwise the prefixes run first and their device
+//! state is forked per row (recurrent state copied, KV caches shared) for one batched forward of the suffixes.
 //!
 //! GPU memory for sequence state and forward scratch is bounded by [`CudaOptions::memory_budget_bytes`]: passing it
-//! fails that `score` call with an error (the server answers that request 500), it never aborts the process.
+//! fails that call with an error (the server answers that request 500), it never aborts the process.
 
-use std::path::Path;
 use std::sync::Mutex;
 
 pub use onepass_cuda::CudaOptions;
 use onepass_cuda::{CudaError, CudaHidden, CudaModel, CudaState, Precision, SplitGemms};
-use onepass_decide::engine::Backend;
-use onepass_decide::{Engine, EngineError, EngineOptions};
 use onepass_model::Model;
 
-#[derive(Debug, thiserror::Error)]
-pub enum CudaEngineError {
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-    #[error(transparent)]
-    Cuda(#[from] CudaError),
-}
+use crate::Backend;
 
-/// A [`CudaModel`] as a System One [`Backend`].
+/// A [`CudaModel`] as a [`Backend`].
 pub struct CudaBackend {
     model: CudaModel,
     /// One caller at a time on the stream's cuBLAS handle.
@@ -62,19 +50,6 @@ impl CudaBackend {
             })?;
         Ok(g)
     }
-}
-
-/// Loads `dir` (weights, tokenizer, `decider_config.json`) into a System One engine on the GPU.
-pub fn load_engine(
-    dir: &Path,
-    opts: EngineOptions,
-    cuda: &CudaOptions,
-) -> Result<Engine<CudaBackend>, CudaEngineError> {
-    let m = Model::load(dir).map_err(EngineError::from)?;
-    let model_type = m.config().model_type.clone();
-    let backend = CudaBackend::new(&m, cuda)?;
-    drop(m);
-    Ok(Engine::from_dir_with(dir, &model_type, backend, opts)?)
 }
 
 impl Backend for CudaBackend {
@@ -122,6 +97,10 @@ impl Backend for CudaBackend {
 
     fn state_bytes(&self, st: &CudaState) -> usize {
         st.bytes()
+    }
+
+    fn position(&self, st: &CudaState) -> usize {
+        st.position()
     }
 
     fn fork(&self, st: &CudaState) -> Result<CudaState, CudaError> {
@@ -183,5 +162,15 @@ impl Backend for CudaBackend {
             at += ids.len();
         }
         Ok(out)
+    }
+
+    fn logits(&self, h: &CudaHidden, rows: &[usize]) -> Result<Vec<Vec<f32>>, CudaError> {
+        let _g = self.guard()?;
+        let v = self.model.vocab_size();
+        // The head on the rows asked for only ([rows.len(), V]).
+        let all = self.model.logits_at(h, rows)?;
+        Ok((0..rows.len())
+            .map(|i| all[i * v..(i + 1) * v].to_vec())
+            .collect())
     }
 }

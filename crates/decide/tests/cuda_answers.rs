@@ -11,14 +11,14 @@
 use std::path::Path;
 
 use onepass_cuda::{Arith, AttnArith, Precision, Projection, SplitGemms, TcArith};
-use onepass_cuda_engine::{load_engine, CudaOptions};
 use onepass_decide::engine::Backend;
 use onepass_decide::{parse_request, Engine, EngineOptions, Plan};
+use onepass_engine::{CudaBackend, CudaOptions};
+use onepass_model::Model;
 use serde_json::Value as J;
 
 // The answer fixtures' checkpoints, built as onepass-decide's fixture tests build them (and hashed as they are, the
 // fixture's own weights; the bf16 twins are not).
-#[path = "../../decide/tests/common/mod.rs"]
 mod common;
 use common::{answer_checkpoint_in, answer_fixtures};
 
@@ -113,11 +113,20 @@ impl Diff {
     }
 }
 
-fn gpu_engine(
+/// `dir`'s System One engine with the model on the GPU.
+fn load_engine(
     dir: &Path,
-    precision: Precision,
-    budget: usize,
-) -> Engine<onepass_cuda_engine::CudaBackend> {
+    opts: EngineOptions,
+    cuda: &CudaOptions,
+) -> Result<Engine<CudaBackend>, String> {
+    let m = Model::load(dir).map_err(|e| e.to_string())?;
+    let model_type = m.config().model_type.clone();
+    let backend = CudaBackend::new(&m, cuda).map_err(|e| e.to_string())?;
+    drop(m);
+    Engine::from_dir_with(dir, &model_type, backend, opts).map_err(|e| e.to_string())
+}
+
+fn gpu_engine(dir: &Path, precision: Precision, budget: usize) -> Engine<CudaBackend> {
     load_engine(
         dir,
         EngineOptions::default(),

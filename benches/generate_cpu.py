@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""CPU generation throughput: `onepass session` against transformers `generate`, same checkpoint, same run.
+
+    cargo build --release -p onepass
+    target/release/onepass synth --preset qwen3.5-0.8b --tokenizer testdata/qwen3_5-tokenizer --out /tmp/g08
+    python benches/generate_cpu.py --model /tmp/g08 [--lens 128,512] [--decode 32] [--reps 2]
+
+Both engines get the same prompt text (made to tokenize to exactly N ids; both sides' prompt ids are counted and must
+agree) and generate greedily: onepass through its generation path (`onepass session`, one {"cmd": "generate"} line per
+run: chunked prefill, full-vocabulary logits per step, sampling, incremental detokenizing), transformers through
+`model.generate(do_sample=False)` with `min_new_tokens` = `max_new_tokens`. onepass runs first, then transformers
+(never at the same time).
+
+- prefill tok/s: onepass `n_prompt / prefill_ms`; transformers N / the time of `generate(max_new_tokens=1)` (the
+  prefill and one sampling step).
+- decode tok/s: onepass `decode_tok_s` (decode forwards per second of their wall time); transformers
+  (D - 1) / (time of D new tokens - time of 1).
+
+The best of `--reps` runs each. transformers loads the weights in `--hf-dtype` (default float32, its fastest CPU path;
+onepass keeps bf16 weights and computes in f32). Prints a markdown table.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+import transformers
+
+SENTENCE = "The quick brown fox jumps over the lazy dog while the sun sets slowly behind the distant hills. "
+
+
+def prompt_of(tok, n):
+    text = SENTENCE * (n // 8 + 2)
+    ids = tok(text, add_special_tokens=False)["input_ids"][:n]
+    text = tok.decode(ids)
+    got = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(got) == n, (len(got), n)
+    return text
+
+
+def onepass(binary, model, prompts, decode, reps):
+    lines = []
+    for n, text in prompts:
+        for r in range(reps):
+            lines.append(json.dumps({"cmd": "generate", "id": f"{n}/{r}", "prompt": text, "max_tokens": decode,
+                                     "temperature": 0}))
+    out = subprocess.run([binary, "session", "--model", model, "--device", "cpu"], input="\n".join(lines) + "\n",
+                         check=True, capture_output=True, text=True)
+    res = {}
+    for line in out.stdout.splitlines():
+        v = json.loads(line)
+        if "error" in v:
+            sys.exit(f"onepass: {v}")
+        n = int(v["id"].split("/")[0])
+        best = res.setdefault(n, {"n_prompt": v["n_prompt"], "prefill": 0.0, "decode": 0.0, "n_generated": 0})
+        best["prefill"] = max(best["prefill"], v["n_prompt"] / (v["prefill_ms"] / 1e3))
+        best["decode"] = max(best["decode"], v["decode_tok_s"])
+        best["n_generated"] = v["n_generated"]
+        print(f"onepass {n}: prefill {v['n_prompt'] / (v['prefill_ms'] / 1e3):.1f} tok/s, decode "
+              f"{v['decode_tok_s']:.2f} tok/s ({v['n_generated']} tokens)", file=sys.stderr)
+    return res
+
+
+def hf(model_dir, tok, prompts, decode, reps, dtype):
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    cls = transformers.Qwen3_5ForConditionalGeneration if cfg["model_type"] == "qwen3_5" else \
+        transformers.Qwen3_5ForCausalLM
+    model = cls.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model.eval()
+    res = {}
+
+    def timed(x, k):
+        t0 = time.perf_counter()
+        model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=k, min_new_tokens=k,
+                       pad_token_id=0)
+        return time.perf_counter() - t0
+
+    with torch.no_grad():
+        for n, text in prompts:
+            x = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+            t1 = min(timed(x, 1) for _ in range(reps))
+            td = min(timed(x, decode) for _ in range(reps))
+            res[n] = {"n_prompt": x.shape[1], "prefill": n / t1, "decode": (decode - 1) / max(td - t1, 1e-9)}
+            print(f"transformers {n}: prefill {n / t1:.1f} tok/s, decode {res[n]['decode']:.2f} tok/s",
+                  file=sys.stderr)
+    return res, torch.get_num_threads()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--onepass", default="target/release/onepass")
+    ap.add_argument("--lens", default="128,512")
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--hf-dtype", default="float32")
+    a = ap.parse_args()
+    tok = transformers.AutoTokenizer.from_pretrained(a.model)
+    prompts = [(n, prompt_of(tok, n)) for n in map(int, a.lens.split(","))]
+    op = onepass(a.onepass, a.model, prompts, a.decode, a.reps)
+    tr, threads = hf(a.model, tok, prompts, a.decode, a.reps, a.hf_dtype)
+    print(f"\n{a.model}: torch {torch.__version__} ({threads} threads), transformers {transformers.__version__} "
+          f"({a.hf_dtype}), Python {platform.python_version()}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}")
+    print(f"| work | onepass tok/s | transformers {a.hf_dtype} tok/s | ratio |")
+    print("|---|---|---|---|")
+    for n, _ in prompts:
+        o, t = op[n], tr[n]
+        assert o["n_prompt"] == t["n_prompt"] == n, (o, t)
+        print(f"| prefill {n} | {o['prefill']:.1f} | {t['prefill']:.1f} | {o['prefill'] / t['prefill']:.2f}x |")
+        print(f"| decode {a.decode} after {n} | {o['decode']:.2f} | {t['decode']:.2f} | "
+              f"{o['decode'] / t['decode']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
