@@ -43,9 +43,9 @@ use onepass_model::{Model, ModelError};
 use onepass_tokenizer::{Tokenizer, TokenizerError};
 
 use crate::assemble::softmax;
+use crate::choice::PrefixLru;
 use crate::config::{ConfigError, DecideConfig};
 use crate::error::ApiError;
-use crate::choice::PrefixLru;
 use crate::generate::{GenerateError, Generator};
 use crate::pipeline::{Limits, Pipeline, Route};
 use crate::prompt::tokens::{common_prefix_len, plan, Plan, Row};

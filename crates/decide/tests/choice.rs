@@ -525,7 +525,11 @@ fn session_engine() -> &'static onepass_decide::Engine {
             std::fs::copy(tok.join(f), dir.join(f))
                 .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
         }
-        std::fs::write(dir.join("chat_template.jinja"), onepass_tokenizer::QWEN3_CHAT_TEMPLATE).unwrap();
+        std::fs::write(
+            dir.join("chat_template.jinja"),
+            onepass_tokenizer::QWEN3_CHAT_TEMPLATE,
+        )
+        .unwrap();
         onepass_decide::Engine::load(&dir, onepass_decide::EngineOptions::default()).unwrap()
     })
 }
@@ -537,7 +541,9 @@ fn greedy() -> onepass_decide::generate::GenerateRequest {
     .unwrap()
 }
 
-fn generate(s: &mut onepass_decide::Session<'_, onepass_model::Model>) -> onepass_decide::Generation {
+fn generate(
+    s: &mut onepass_decide::Session<'_, onepass_model::Model>,
+) -> onepass_decide::Generation {
     s.generate(&greedy(), &mut |_| true).unwrap()
 }
 
@@ -564,7 +570,10 @@ fn a_generation_after_decisions_equals_one_that_never_saw_them() {
     assert!(after.tokens.len() > 1);
     assert_eq!(s.kept_prefix(), None, "a generation drops the kept state");
     let again = s.decide(&steps[0]).unwrap();
-    assert_eq!((again.n_reused, &again.choice_logp), (0, &first.choice_logp));
+    assert_eq!(
+        (again.n_reused, &again.choice_logp),
+        (0, &first.choice_logp)
+    );
 }
 
 /// Without decisions on, a decide line is refused with a message, nothing is kept, and the session goes on.
@@ -574,12 +583,16 @@ fn a_session_without_decide_refuses_harmlessly() {
     let fresh = generate(&mut e.session(Default::default()));
     let mut s = e.session(onepass_decide::SessionOptions::default());
     let mut lines = Vec::new();
-    let line = json!({"cmd": "decide", "id": 9, "prefix": "p", "suffix": "s", "choices": ["A", "B"]});
+    let line =
+        json!({"cmd": "decide", "id": 9, "prefix": "p", "suffix": "s", "choices": ["A", "B"]});
     s.handle_line(&line.to_string(), &mut |v| lines.push(v.clone()));
     assert_eq!(lines.len(), 1);
     assert_eq!(lines[0]["id"], 9);
     assert_eq!(lines[0]["error"]["type"], "unsupported");
-    assert!(lines[0]["error"]["message"].as_str().unwrap().contains("--decide"));
+    assert!(lines[0]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--decide"));
     assert_eq!(s.kept_prefix(), None);
     let after = generate(&mut s);
     assert_eq!(after.tokens, fresh.tokens);
@@ -605,15 +618,24 @@ fn decide_lines_and_the_engine_lru_answer_as_the_library() {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0]["choice_logp"], json!(a.choice_logp));
         assert_eq!(out[0]["n_reused"], json!(a.n_reused));
-        assert_eq!((out[0]["id"].clone(), out[0]["best"].clone()), (r.id.clone(), json!(a.best)));
+        assert_eq!(
+            (out[0]["id"].clone(), out[0]["best"].clone()),
+            (r.id.clone(), json!(a.best))
+        );
         let b = e.choose(&r).unwrap();
         assert_eq!((b.n_reused, &b.choice_logp), (a.n_reused, &a.choice_logp));
         line["choicez"] = json!(1);
         out.clear();
         lines.handle_line(&line.to_string(), &mut |v| out.push(v.clone()));
-        assert!(out[0]["error"]["message"].as_str().unwrap().contains("\"choicez\""));
+        assert!(out[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"choicez\""));
     }
     let after = e.prefix_cache_stats();
-    assert_eq!((after.hits - before.hits, after.misses - before.misses), (3, 1));
+    assert_eq!(
+        (after.hits - before.hits, after.misses - before.misses),
+        (3, 1)
+    );
     assert!(after.bytes > 0 && after.entries == 3);
 }

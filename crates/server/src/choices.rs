@@ -24,7 +24,11 @@ fn error_response(e: &DecideError) -> Response {
     raw(status, "application/json", e.to_json().to_string())
 }
 
-pub(crate) async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn decide(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let admitted = match app.admission.admit(1) {
         Ok(a) => a,
         Err(outstanding) => return json_error(busy(&app, outstanding)),
@@ -47,12 +51,20 @@ pub(crate) async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body
         Err(e) => return error_response(&e),
     };
     let Ok(_permit) = app.deciding.clone().acquire_owned().await else {
-        return json_error(onepass_decide::ApiError::detail(500, "the server is shutting down"));
+        return json_error(onepass_decide::ApiError::detail(
+            500,
+            "the server is shutting down",
+        ));
     };
     let engine = app.engine.clone();
     let answer = tokio::task::spawn_blocking(move || engine.choose(&req))
         .await
-        .unwrap_or_else(|e| Err(DecideError::server(J::Null, format!("the decision failed: {e}"))));
+        .unwrap_or_else(|e| {
+            Err(DecideError::server(
+                J::Null,
+                format!("the decision failed: {e}"),
+            ))
+        });
     drop(admitted);
     match answer {
         Ok(a) => {
@@ -72,15 +84,47 @@ pub(crate) async fn decide(State(app): State<Arc<App>>, headers: HeaderMap, body
 pub(crate) fn metrics(s: &PrefixCacheStats) -> String {
     let mut out = String::new();
     let lines: [(&str, &str, &str, String); 6] = [
-        ("onepass_prefix_cache_hits_total", "counter", "Decisions that restored a kept prefix state.", s.hits.to_string()),
-        ("onepass_prefix_cache_misses_total", "counter", "Decisions that found no kept prefix state.", s.misses.to_string()),
-        ("onepass_prefix_cache_evictions_total", "counter", "Prefix states dropped to make room.", s.evictions.to_string()),
-        ("onepass_prefix_cache_entries", "gauge", "Prefix states kept.", s.entries.to_string()),
-        ("onepass_prefix_cache_bytes", "gauge", "Bytes of the prefix states kept.", s.bytes.to_string()),
-        ("onepass_prefix_cache_capacity_bytes", "gauge", "The prefix-state cache's bound in bytes (--prefix-cache-mb).", s.cap_bytes.to_string()),
+        (
+            "onepass_prefix_cache_hits_total",
+            "counter",
+            "Decisions that restored a kept prefix state.",
+            s.hits.to_string(),
+        ),
+        (
+            "onepass_prefix_cache_misses_total",
+            "counter",
+            "Decisions that found no kept prefix state.",
+            s.misses.to_string(),
+        ),
+        (
+            "onepass_prefix_cache_evictions_total",
+            "counter",
+            "Prefix states dropped to make room.",
+            s.evictions.to_string(),
+        ),
+        (
+            "onepass_prefix_cache_entries",
+            "gauge",
+            "Prefix states kept.",
+            s.entries.to_string(),
+        ),
+        (
+            "onepass_prefix_cache_bytes",
+            "gauge",
+            "Bytes of the prefix states kept.",
+            s.bytes.to_string(),
+        ),
+        (
+            "onepass_prefix_cache_capacity_bytes",
+            "gauge",
+            "The prefix-state cache's bound in bytes (--prefix-cache-mb).",
+            s.cap_bytes.to_string(),
+        ),
     ];
     for (name, kind, help, v) in lines {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+        ));
     }
     out
 }
