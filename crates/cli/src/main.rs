@@ -4,6 +4,7 @@
 //! human-readable progress and errors on stderr; every error exits non-zero with a message.
 
 mod device;
+mod gguf_cmd;
 mod limits;
 mod serve;
 mod session;
@@ -35,13 +36,24 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Architecture, parameters, weight dtype and bytes, state bytes per token and per sequence.
+    /// Architecture, parameters, weight dtype and bytes, state bytes per token and per sequence
+    /// (--model); or, for a GGUF file, its hyperparameters, tensor types, bytes per weight and
+    /// rotation (human-readable; --json for JSON).
     Info {
+        /// A GGUF file to describe without loading the model.
+        #[arg(conflicts_with = "model", required_unless_present = "model")]
+        file: Option<PathBuf>,
         /// A model folder (config.json, *.safetensors weights, tokenizer.json), or a Hub repo id ORG/NAME[@REVISION]
         /// already in the Hugging Face cache.
         #[arg(long)]
-        model: String,
+        model: Option<String>,
+        /// With a GGUF file: print JSON instead of text.
+        #[arg(long, requires = "file")]
+        json: bool,
     },
+    /// Writes a model folder as a GGUF file: f16, bf16 or q8_0 as llama.cpp's converter does, or a
+    /// ternary pack (pq2_0, ptq1_0) with the weights rotated blockwise (Hadamard) and quantised.
+    Convert(gguf_cmd::ConvertArgs),
     /// Reads JSON Lines from stdin (one JSON string per line); writes one JSON array of ids per line.
     Tokenize {
         /// A model folder, or a Hub repo id ORG/NAME[@REVISION] already in the Hugging Face cache; only its
@@ -85,6 +97,13 @@ enum Cmd {
         /// Override the preset's seed.
         #[arg(long)]
         seed: Option<u64>,
+        /// Write one GGUF file (--out FILE.gguf) of this type instead of a folder: f16, bf16,
+        /// q8_0, or a random ternary pack pq2_0 / ptq1_0, generated tensor by tensor.
+        #[arg(long)]
+        format: Option<String>,
+        /// Seed of a ternary pack's rotation signs (with --format pq2_0 or ptq1_0).
+        #[arg(long, default_value_t = 1)]
+        sign_seed: u64,
         /// List the presets and exit.
         #[arg(long)]
         list: bool,
@@ -146,7 +165,15 @@ fn keep_freed_memory() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Info { model } => info(&model),
+        Cmd::Info { file, model, json } => match (file, model) {
+            (Some(f), _) => gguf_cmd::gguf_info(&f, json),
+            (None, Some(m)) => info(&m),
+            (None, None) => bail!("give a GGUF file or --model"),
+        },
+        Cmd::Convert(a) => {
+            let dir = model_dir(a.model())?;
+            gguf_cmd::convert_cmd(a, &dir)
+        }
         Cmd::Tokenize { model } => tokenize(&model),
         Cmd::Logits {
             model,
@@ -166,6 +193,8 @@ fn run(cli: Cli) -> Result<()> {
             tokenizer,
             dtype,
             seed,
+            format,
+            sign_seed,
             list,
         } => {
             if list {
@@ -177,7 +206,14 @@ fn run(cli: Cli) -> Result<()> {
             let (Some(preset), Some(out)) = (preset, out) else {
                 bail!("--preset and --out are required")
             };
-            synth_cmd(&preset, &out, tokenizer.as_deref(), dtype.as_deref(), seed)
+            synth_cmd(
+                &preset,
+                &out,
+                tokenizer.as_deref(),
+                dtype.as_deref(),
+                seed,
+                format.as_deref().map(|f| (f, sign_seed)),
+            )
         }
         Cmd::Bench {
             model,
@@ -353,13 +389,17 @@ fn synth_cmd(
     tokenizer: Option<&Path>,
     dtype: Option<&str>,
     seed: Option<u64>,
+    gguf: Option<(&str, u64)>,
 ) -> Result<()> {
-    let mut spec: SynthSpec = synth::preset(preset).with_context(|| {
-        format!(
-            "unknown preset {preset:?}; presets: {}",
-            synth::PRESETS.join(", ")
-        )
-    })?;
+    // "27b" is short for "qwen3.5-27b".
+    let mut spec: SynthSpec = synth::preset(preset)
+        .or_else(|| synth::preset(&format!("qwen3.5-{preset}")))
+        .with_context(|| {
+            format!(
+                "unknown preset {preset:?}; presets: {}",
+                synth::PRESETS.join(", ")
+            )
+        })?;
     if let Some(d) = dtype {
         spec.dtype = match d {
             "f32" => DType::F32,
@@ -370,6 +410,26 @@ fn synth_cmd(
     }
     if let Some(s) = seed {
         spec.seed = s;
+    }
+    if let Some((format, sign_seed)) = gguf {
+        let files = match tokenizer {
+            Some(src) => onepass_model::convert::TokenizerFiles::from_dir(src)?,
+            None => {
+                let vocab = spec
+                    .vocab_size
+                    .min(onepass_tokenizer::synthetic_max_vocab());
+                onepass_model::convert::TokenizerFiles {
+                    tokenizer_json: serde_json::from_str(
+                        &onepass_tokenizer::synthetic_tokenizer_json(vocab)?,
+                    )?,
+                    tokenizer_config: serde_json::from_str(
+                        &onepass_tokenizer::synthetic_tokenizer_config_json(),
+                    )?,
+                    chat_template_file: None,
+                }
+            }
+        };
+        return gguf_cmd::synth_gguf(&spec, preset, format, &files, out, sign_seed);
     }
     if out.exists() && !out.is_dir() {
         bail!(

@@ -18,9 +18,10 @@ pub mod quant;
 pub mod safetensors;
 
 pub use gguf::{
-    write_gguf, Gguf, GgufArray, GgufError, GgufTensorInfo, GgufValue, GgufWriteTensor,
+    write_gguf, Gguf, GgufArray, GgufError, GgufStreamWriter, GgufTensorInfo, GgufTensorPlan,
+    GgufValue, GgufWriteTensor,
 };
 pub use hadamard::HadamardMeta;
 pub use hub::{resolve_model_dir, ResolveError};
-pub use quant::{dequantize, ptq1_0_to_pq2_0, GgmlType};
+pub use quant::{dequantize, ptq1_0_to_pq2_0, quantize, GgmlType};
 pub use safetensors::{safetensors_header, write_safetensors, Checkpoint, FormatError};

@@ -230,6 +230,111 @@ pub fn ptq1_0_to_pq2_0(src: &[u8], dst: &mut [u8]) -> Result<(), BlockSizeError>
     Ok(())
 }
 
+/// Encodes `src` (one f32 per value, a whole number of blocks) into `dst` in `ty`'s block layout,
+/// the way llama.cpp's reference quantisers (and gguf-py) do: F16/BF16 round to nearest even;
+/// Q8_0 `d = max|x| / 127`, `q = round(x / d)`; PQ2_0 and PTQ1_0 `d = max|x|` over the 128
+/// values (stored as f16) and trit `round(x / d) + 1`, so every value becomes −d, 0 or +d.
+/// Rounding is half away from zero, as C's `roundf`.
+pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), BlockSizeError> {
+    let (bl, bb) = (ty.block_len(), ty.block_bytes());
+    if !src.len().is_multiple_of(bl) || dst.len() != src.len() / bl * bb {
+        return Err(BlockSizeError {
+            ty,
+            bytes: dst.len(),
+            values: src.len(),
+            block_bytes: bb,
+            block_len: bl,
+        });
+    }
+    for (x, block) in src.chunks_exact(bl).zip(dst.chunks_exact_mut(bb)) {
+        match ty {
+            GgmlType::F32 => block.copy_from_slice(&x[0].to_le_bytes()),
+            GgmlType::F16 => block.copy_from_slice(&f16::from_f32(x[0]).to_le_bytes()),
+            GgmlType::BF16 => block.copy_from_slice(&bf16::from_f32(x[0]).to_le_bytes()),
+            GgmlType::Q8_0 => quantize_q8_0_block(x, block),
+            GgmlType::PQ2_0 => quantize_pq2_0_block(x, block),
+            GgmlType::PTQ1_0 => quantize_ptq1_0_block(x, block),
+        }
+    }
+    Ok(())
+}
+
+fn absmax(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+/// 32 values to one Q8_0 block (34 bytes), as gguf-py's `Q8_0.quantize_blocks`.
+pub fn quantize_q8_0_block(x: &[f32], block: &mut [u8]) {
+    let d = absmax(&x[..Q8_0_BLOCK]) / 127.0;
+    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    for (q, &v) in block[2..Q8_0_BLOCK_BYTES].iter_mut().zip(x) {
+        *q = (v * id).round() as i8 as u8;
+    }
+}
+
+/// The trits (0, 1, 2 for −d, 0, +d) and the f16 scale of 128 values: `d = max|x|`,
+/// trit `round(x / d) + 1` clamped to 0..=2.
+pub fn ternary_trits(x: &[f32]) -> ([u8; TERNARY_BLOCK], f16) {
+    let d = absmax(&x[..TERNARY_BLOCK]);
+    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let mut t = [1u8; TERNARY_BLOCK];
+    for (t, &v) in t.iter_mut().zip(x) {
+        *t = ((v * id).round() + 1.0).clamp(0.0, 2.0) as u8;
+    }
+    (t, f16::from_f32(d))
+}
+
+/// Packs trits (value order) and a scale as one PQ2_0 block (34 bytes).
+pub fn pack_pq2_0_block(trits: &[u8; TERNARY_BLOCK], d: f16, block: &mut [u8]) {
+    block[..2].copy_from_slice(&d.to_le_bytes());
+    for (byte, four) in block[2..PQ2_0_BLOCK_BYTES]
+        .iter_mut()
+        .zip(trits.chunks_exact(4))
+    {
+        *byte = four[0] | (four[1] << 2) | (four[2] << 4) | (four[3] << 6);
+    }
+}
+
+/// A PTQ1_0 byte holding `trits` (first most significant, missing ones 0): `⌈256·v / 243⌉`.
+pub fn ptq1_0_byte(trits: &[u8]) -> u8 {
+    let mut v: u32 = 0;
+    for i in 0..5 {
+        v = v * 3 + u32::from(trits.get(i).copied().unwrap_or(0));
+    }
+    (v * 256).div_ceil(243) as u8
+}
+
+/// Packs trits (value order) and a scale as one PTQ1_0 block (28 bytes), in the staged order the
+/// module docs describe.
+pub fn pack_ptq1_0_block(trits: &[u8; TERNARY_BLOCK], d: f16, block: &mut [u8]) {
+    for m in 0..16 {
+        let t: [u8; 5] = std::array::from_fn(|n| trits[16 * n + m]);
+        block[m] = ptq1_0_byte(&t);
+    }
+    for m in 0..8 {
+        let t: [u8; 5] = std::array::from_fn(|n| trits[80 + 8 * n + m]);
+        block[16 + m] = ptq1_0_byte(&t);
+    }
+    for h in 0..2 {
+        let t: [u8; 4] = std::array::from_fn(|n| trits[120 + 2 * n + h]);
+        block[24 + h] = ptq1_0_byte(&t);
+    }
+    block[26..28].copy_from_slice(&d.to_le_bytes());
+}
+
+/// 128 values to one PQ2_0 block (34 bytes).
+pub fn quantize_pq2_0_block(x: &[f32], block: &mut [u8]) {
+    let (t, d) = ternary_trits(x);
+    pack_pq2_0_block(&t, d, block);
+}
+
+/// 128 values to one PTQ1_0 block (28 bytes).
+pub fn quantize_ptq1_0_block(x: &[f32], block: &mut [u8]) {
+    let (t, d) = ternary_trits(x);
+    pack_ptq1_0_block(&t, d, block);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,5 +383,103 @@ mod tests {
         assert!(dequantize(GgmlType::PQ2_0, &[0u8; 33], &mut out).is_err());
         assert!(dequantize(GgmlType::PQ2_0, &[0u8; 34], &mut out[..127]).is_err());
         assert!(dequantize(GgmlType::PQ2_0, &[0u8; 34], &mut out).is_ok());
+    }
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    #[test]
+    fn ternary_encoders_round_trip_through_the_decoders() {
+        let mut seed = 7u64;
+        let x: Vec<f32> = (0..TERNARY_BLOCK * 5)
+            .map(|_| lcg(&mut seed) * 0.05)
+            .collect();
+        for ty in [GgmlType::PQ2_0, GgmlType::PTQ1_0] {
+            let mut bytes = vec![0u8; 5 * ty.block_bytes()];
+            quantize(ty, &x, &mut bytes).expect("whole blocks");
+            let mut back = vec![0f32; x.len()];
+            dequantize(ty, &bytes, &mut back).expect("whole blocks");
+            for (b, (xs, ys)) in x.chunks(128).zip(back.chunks(128)).enumerate() {
+                let d = f16::from_f32(xs.iter().fold(0f32, |m, v| m.max(v.abs()))).to_f32();
+                for (j, (&v, &y)) in xs.iter().zip(ys).enumerate() {
+                    // Independent expectation: the nearest of −d, 0, +d to v in units of max|x|.
+                    let want = (v / xs.iter().fold(0f32, |m, v| m.max(v.abs()))).round() * d;
+                    assert_eq!(y, want, "{ty} block {b} value {j}");
+                }
+            }
+            // Re-encoding the decoded values reproduces the bytes exactly.
+            let mut again = vec![0u8; bytes.len()];
+            quantize(ty, &back, &mut again).expect("whole blocks");
+            assert_eq!(again, bytes, "{ty}");
+        }
+        // PTQ1_0 and PQ2_0 hold the same values: transcoding one encoder's output gives the other's.
+        let mut pq = vec![0u8; 5 * PQ2_0_BLOCK_BYTES];
+        let mut pt = vec![0u8; 5 * PTQ1_0_BLOCK_BYTES];
+        quantize(GgmlType::PQ2_0, &x, &mut pq).expect("whole blocks");
+        quantize(GgmlType::PTQ1_0, &x, &mut pt).expect("whole blocks");
+        let mut transcoded = vec![0u8; pq.len()];
+        ptq1_0_to_pq2_0(&pt, &mut transcoded).expect("whole blocks");
+        assert_eq!(transcoded, pq);
+    }
+
+    #[test]
+    fn ptq1_0_staged_order_puts_each_value_in_its_byte() {
+        // One nonzero trit at a time: the byte and digit that change are the layout's.
+        for j in 0..TERNARY_BLOCK {
+            let mut t = [0u8; TERNARY_BLOCK];
+            t[j] = 2;
+            let mut block = [0u8; PTQ1_0_BLOCK_BYTES];
+            pack_ptq1_0_block(&t, f16::ONE, &mut block);
+            let (byte, digit) = if j < 80 {
+                (j % 16, j / 16)
+            } else if j < 120 {
+                (16 + (j - 80) % 8, (j - 80) / 8)
+            } else {
+                (24 + (j - 120) % 2, (j - 120) / 2)
+            };
+            for (b, &v) in block[..26].iter().enumerate() {
+                let zero = ptq1_0_byte(&[0; 5]);
+                if b == byte {
+                    assert_eq!(ptq1_0_trit(v, digit as u32), 2, "value {j}");
+                } else {
+                    assert_eq!(v, zero, "value {j} byte {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_and_float_encoders_round_trip() {
+        let mut seed = 3u64;
+        let x: Vec<f32> = (0..Q8_0_BLOCK * 4).map(|_| lcg(&mut seed) * 3.0).collect();
+        let mut bytes = vec![0u8; 4 * Q8_0_BLOCK_BYTES];
+        quantize(GgmlType::Q8_0, &x, &mut bytes).expect("whole blocks");
+        let mut back = vec![0f32; x.len()];
+        dequantize(GgmlType::Q8_0, &bytes, &mut back).expect("whole blocks");
+        for (xs, ys) in x.chunks(32).zip(back.chunks(32)) {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = f16::from_f32(amax / 127.0).to_f32();
+            for (&v, &y) in xs.iter().zip(ys) {
+                assert!((v - y).abs() <= 0.5 * d + amax * 1e-3, "{v} -> {y}");
+            }
+        }
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            let mut bytes = vec![0u8; x.len() * ty.block_bytes()];
+            quantize(ty, &x, &mut bytes).expect("whole blocks");
+            dequantize(ty, &bytes, &mut back).expect("whole blocks");
+            for (&v, &y) in x.iter().zip(&back) {
+                let tol = match ty {
+                    GgmlType::F32 => 0.0,
+                    GgmlType::F16 => v.abs() / 2048.0,
+                    _ => v.abs() / 256.0,
+                };
+                assert!((v - y).abs() <= tol, "{ty}: {v} -> {y}");
+            }
+        }
+        assert!(quantize(GgmlType::Q8_0, &x[..31], &mut bytes[..34]).is_err());
     }
 }

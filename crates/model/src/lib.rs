@@ -11,6 +11,7 @@
 
 pub mod blocks;
 pub mod config;
+pub mod convert;
 pub mod layer_ops;
 pub mod qwen3_5;
 pub mod state;

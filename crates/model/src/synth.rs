@@ -148,6 +148,38 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
         },
         "qwen3.5-0.8b" => big(1024, 3584),
         "qwen3.5-2b" => big(2048, 6144),
+        // The shape of PrismML's Ternary Bonsai 2 27B (Qwen3.5-27B): untied, 24/4 attention
+        // heads, 16 key / 48 value GDN heads, 64 layers.
+        "qwen3.5-27b" => SynthSpec {
+            layer_types: (0..64)
+                .map(|i| if (i + 1) % 4 == 0 { A } else { G })
+                .collect(),
+            num_attention_heads: 24,
+            num_key_value_heads: 4,
+            linear_num_key_heads: 16,
+            linear_num_value_heads: 48,
+            tie_word_embeddings: false,
+            seed: 27,
+            ..big(5120, 17408)
+        },
+        // The smallest shape whose matrix inputs are all multiples of 1024 (what the ternary
+        // packs' rotation needs), GVA (2 value heads per key head), untied: for ternary tests.
+        "tiny-ternary" => SynthSpec {
+            vocab_size: 320,
+            hidden_size: 1024,
+            intermediate_size: 1024,
+            layer_types: vec![G, G, G, A],
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 256,
+            partial_rotary_factor: 0.25,
+            linear_num_key_heads: 2,
+            linear_num_value_heads: 4,
+            linear_key_head_dim: 128,
+            linear_value_head_dim: 256,
+            seed: 9,
+            ..tiny
+        },
         _ => return None,
     })
 }
@@ -161,11 +193,13 @@ pub const PRESETS: &[&str] = &[
     "tiny-qwen-vocab-composite",
     "qwen3.5-0.8b",
     "qwen3.5-2b",
+    "qwen3.5-27b",
+    "tiny-ternary",
 ];
 
 /// How a tensor's values are drawn.
 #[derive(Debug, Clone, Copy)]
-enum Init {
+pub(crate) enum Init {
     Normal(f32),
     /// 1 + N(0, s)
     OnePlus(f32),
@@ -174,11 +208,11 @@ enum Init {
     Uniform(f32, f32),
 }
 
-struct Spec {
-    name: String,
-    shape: Vec<usize>,
-    init: Init,
-    dtype: DType,
+pub(crate) struct Spec {
+    pub(crate) name: String,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) init: Init,
+    pub(crate) dtype: DType,
 }
 
 fn mrope_section(rot: usize) -> [usize; 3] {
@@ -257,7 +291,7 @@ pub fn config_json(s: &SynthSpec) -> Value {
     }
 }
 
-fn tensor_specs(s: &SynthSpec) -> Vec<Spec> {
+pub(crate) fn tensor_specs(s: &SynthSpec) -> Vec<Spec> {
     let h = s.hidden_size;
     let base = match s.form {
         ModelForm::Text => "model.".to_string(),
@@ -388,14 +422,14 @@ fn tensor_specs(s: &SynthSpec) -> Vec<Spec> {
 }
 
 /// Counter-based generator: value `i` of a tensor depends only on (seed, name, i).
-fn mix(mut z: u64) -> u64 {
+pub(crate) fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
 }
 
-fn name_hash(name: &str) -> u64 {
+pub(crate) fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     })
@@ -406,7 +440,7 @@ fn unit(x: u64) -> f64 {
     ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
 }
 
-fn draw(init: Init, key: u64, i: u64) -> f32 {
+pub(crate) fn draw(init: Init, key: u64, i: u64) -> f32 {
     let a = mix(key ^ mix(2 * i));
     let b = mix(key ^ mix(2 * i + 1));
     let normal = || ((-2.0 * unit(a).ln()).sqrt() * (std::f64::consts::TAU * unit(b)).cos()) as f32;

@@ -381,3 +381,30 @@ fn refusals_name_the_key() {
         assert!(msg.contains(why), "{key}: {msg:?} does not say {why:?}");
     }
 }
+
+/// The converted model fixture (tests/fixtures/gguf/qwen35, written by llama.cpp's own writer
+/// from the synthetic tokenizer): its tokenizer gives the synthetic tokenizer.json's ids.
+#[test]
+fn the_converted_model_fixture_tokenizes_as_its_tokenizer_json() {
+    let path = repo_root().join("tests/fixtures/gguf/qwen35/tiny-gva.q8_0.gguf");
+    let from_gguf = Tokenizer::from_gguf(&Gguf::open(&path).expect("open")).expect("builds");
+    let json = onepass_tokenizer::synthetic_tokenizer_json(320).expect("json");
+    let config = onepass_tokenizer::synthetic_tokenizer_config_json();
+    let from_json =
+        Tokenizer::from_json_strs(&json, &config, Some("qwen3_5_text")).expect("builds");
+    for text in [
+        "hello world",
+        "<|im_start|>user\nthe cat sat<|im_end|>",
+        "ünïcode ✓ 123 and\ttabs  ",
+        "",
+    ] {
+        assert_eq!(
+            from_gguf.encode(text).expect("encode"),
+            from_json.encode(text).expect("encode"),
+            "{text:?}"
+        );
+    }
+    assert_eq!(from_gguf.eos_id(), from_json.eos_id());
+    assert_eq!(from_gguf.pad_id(), from_json.pad_id());
+    assert_eq!(from_gguf.chat_template(), from_json.chat_template());
+}

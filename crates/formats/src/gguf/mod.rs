@@ -22,7 +22,7 @@ use memmap2::Mmap;
 use crate::quant::GgmlType;
 
 mod write;
-pub use write::{write_gguf, GgufWriteTensor};
+pub use write::{write_gguf, GgufStreamWriter, GgufTensorPlan, GgufWriteTensor};
 
 /// The magic bytes every GGUF file starts with.
 pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";

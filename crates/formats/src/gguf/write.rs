@@ -15,6 +15,142 @@ pub struct GgufWriteTensor<'a> {
     pub data: &'a [u8],
 }
 
+/// A tensor's record for [`GgufStreamWriter`]: its bytes come later.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GgufTensorPlan {
+    pub name: String,
+    pub ggml_type: GgmlType,
+    /// ggml `ne` order, innermost first.
+    pub ne: Vec<u64>,
+}
+
+impl GgufTensorPlan {
+    /// Bytes of the tensor's data in its type's block layout (an error when the innermost
+    /// dimension is not a whole number of blocks).
+    pub fn nbytes(&self) -> std::io::Result<u64> {
+        let numel: u64 = self.ne.iter().product();
+        let bl = self.ggml_type.block_len() as u64;
+        if self.ne.is_empty() || !self.ne[0].is_multiple_of(bl) {
+            return Err(invalid(format!(
+                "tensor {}: shape {:?} is not a whole number of {} blocks ({} values each)",
+                self.name, self.ne, self.ggml_type, bl
+            )));
+        }
+        Ok(numel / bl * self.ggml_type.block_bytes() as u64)
+    }
+}
+
+fn invalid(why: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, why)
+}
+
+/// Writes a version 3 GGUF file one tensor at a time, laid out as llama.cpp's `gguf` Python
+/// writer does: [`GgufStreamWriter::new`] writes the header (metadata in the given order, tensor
+/// records, padding to `general.alignment` when the metadata has it as a `u32`, else 32), then
+/// each [`write_tensor`](GgufStreamWriter::write_tensor) call appends the next planned tensor's
+/// bytes, padded to the alignment. Its data may come in pieces; nothing but the header is held.
+pub struct GgufStreamWriter<W: Write> {
+    out: W,
+    plans: Vec<(GgufTensorPlan, u64)>,
+    alignment: u64,
+    next: usize,
+    written: u64,
+}
+
+impl<W: Write> GgufStreamWriter<W> {
+    pub fn new(
+        mut out: W,
+        metadata: &[(String, GgufValue)],
+        tensors: &[GgufTensorPlan],
+    ) -> std::io::Result<Self> {
+        let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
+            Some((_, GgufValue::U32(a))) if a.is_power_of_two() => u64::from(*a),
+            Some(_) => {
+                return Err(invalid(
+                    "general.alignment must be a power-of-two u32".into(),
+                ))
+            }
+            None => GGUF_DEFAULT_ALIGNMENT,
+        };
+        let mut head = Vec::new();
+        head.extend_from_slice(GGUF_MAGIC);
+        head.extend_from_slice(&3u32.to_le_bytes());
+        head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+        head.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+        for (key, value) in metadata {
+            put_string(&mut head, key);
+            head.extend_from_slice(&value_type_id(value).to_le_bytes());
+            put_value(&mut head, value);
+        }
+        let pad = |n: u64| n.div_ceil(alignment) * alignment;
+        let mut offset = 0u64;
+        let mut plans = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            let nbytes = t.nbytes()?;
+            put_string(&mut head, &t.name);
+            head.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
+            for d in &t.ne {
+                head.extend_from_slice(&d.to_le_bytes());
+            }
+            head.extend_from_slice(&t.ggml_type.id().to_le_bytes());
+            head.extend_from_slice(&offset.to_le_bytes());
+            offset += pad(nbytes);
+            plans.push((t.clone(), nbytes));
+        }
+        head.resize(pad(head.len() as u64) as usize, 0);
+        out.write_all(&head)?;
+        Ok(GgufStreamWriter {
+            out,
+            plans,
+            alignment,
+            next: 0,
+            written: 0,
+        })
+    }
+
+    /// The plan of the tensor whose bytes come next, if any.
+    pub fn next_tensor(&self) -> Option<&GgufTensorPlan> {
+        self.plans.get(self.next).map(|(p, _)| p)
+    }
+
+    /// Appends `data` to the current tensor; when its bytes are complete, pads and moves to the
+    /// next. A piece that would run past the tensor's size is refused.
+    pub fn write_tensor(&mut self, data: &[u8]) -> std::io::Result<()> {
+        let Some((plan, nbytes)) = self.plans.get(self.next) else {
+            return Err(invalid("all planned tensors are already written".into()));
+        };
+        let nbytes = *nbytes;
+        if self.written + data.len() as u64 > nbytes {
+            return Err(invalid(format!(
+                "tensor {}: {} bytes written, its size is {nbytes}",
+                plan.name,
+                self.written + data.len() as u64
+            )));
+        }
+        self.out.write_all(data)?;
+        self.written += data.len() as u64;
+        if self.written == nbytes {
+            let padding = nbytes.div_ceil(self.alignment) * self.alignment - nbytes;
+            self.out.write_all(&vec![0u8; padding as usize])?;
+            self.next += 1;
+            self.written = 0;
+        }
+        Ok(())
+    }
+
+    /// Checks that every planned tensor was written and hands back the output.
+    pub fn finish(mut self) -> std::io::Result<W> {
+        if let Some((plan, nbytes)) = self.plans.get(self.next) {
+            return Err(invalid(format!(
+                "tensor {} has {} of its {nbytes} bytes; the file is incomplete",
+                plan.name, self.written
+            )));
+        }
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
 /// Writes a version 3 GGUF file the way llama.cpp's `gguf` Python writer lays it out: metadata in
 /// the given order, tensor records, padding to the alignment (`general.alignment` when the
 /// metadata has it as a `u32`, else 32), then each tensor's bytes padded to the alignment.
@@ -23,56 +159,30 @@ pub fn write_gguf(
     metadata: &[(String, GgufValue)],
     tensors: &[GgufWriteTensor<'_>],
 ) -> std::io::Result<()> {
-    let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
-    let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
-        Some((_, GgufValue::U32(a))) if a.is_power_of_two() => u64::from(*a),
-        Some(_) => {
-            return Err(invalid(
-                "general.alignment must be a power-of-two u32".into(),
-            ))
-        }
-        None => GGUF_DEFAULT_ALIGNMENT,
-    };
-    let mut head = Vec::new();
-    head.extend_from_slice(GGUF_MAGIC);
-    head.extend_from_slice(&3u32.to_le_bytes());
-    head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-    head.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
-    for (key, value) in metadata {
-        put_string(&mut head, key);
-        head.extend_from_slice(&value_type_id(value).to_le_bytes());
-        put_value(&mut head, value);
-    }
-    let pad = |n: u64| n.div_ceil(alignment) * alignment;
-    let mut offset = 0u64;
-    for t in tensors {
-        let numel: u64 = t.ne.iter().product();
-        let want = numel / t.ggml_type.block_len() as u64 * t.ggml_type.block_bytes() as u64;
-        if t.data.len() as u64 != want || !numel.is_multiple_of(t.ggml_type.block_len() as u64) {
+    let plans: Vec<GgufTensorPlan> = tensors
+        .iter()
+        .map(|t| GgufTensorPlan {
+            name: t.name.to_string(),
+            ggml_type: t.ggml_type,
+            ne: t.ne.clone(),
+        })
+        .collect();
+    for (t, p) in tensors.iter().zip(&plans) {
+        if t.data.len() as u64 != p.nbytes()? {
             return Err(invalid(format!(
                 "tensor {}: {} bytes for {} values of {}",
                 t.name,
                 t.data.len(),
-                numel,
+                t.ne.iter().product::<u64>(),
                 t.ggml_type
             )));
         }
-        put_string(&mut head, t.name);
-        head.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
-        for d in &t.ne {
-            head.extend_from_slice(&d.to_le_bytes());
-        }
-        head.extend_from_slice(&t.ggml_type.id().to_le_bytes());
-        head.extend_from_slice(&offset.to_le_bytes());
-        offset += pad(t.data.len() as u64);
     }
-    head.resize(pad(head.len() as u64) as usize, 0);
-    out.write_all(&head)?;
+    let mut w = GgufStreamWriter::new(out, metadata, &plans)?;
     for t in tensors {
-        out.write_all(t.data)?;
-        let padding = pad(t.data.len() as u64) - t.data.len() as u64;
-        out.write_all(&vec![0u8; padding as usize])?;
+        w.write_tensor(t.data)?;
     }
+    w.finish()?;
     Ok(())
 }
 
