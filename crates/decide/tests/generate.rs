@@ -377,3 +377,58 @@ fn session_lines() {
         lines(r#"{"cmd":"generate","id":7,"prompt":"Hi there","max_tokens":5,"temperature":0}"#);
     assert_eq!(again[0]["tokens"], a["tokens"]);
 }
+
+/// The fixture cases on the GPU (f32 mode, graphs on: every decode step after the first replays a captured graph):
+/// the same tokens as transformers and the CPU, the stream adding up to the text. GPU test.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn cuda_greedy_matches_transformers() {
+    use onepass_engine::{AnyBackend, CudaOptions};
+    let mut checked = 0;
+    let mut engines: Vec<(String, Engine<AnyBackend>)> = Vec::new();
+    for case in jsonl(&fixtures().join("greedy.jsonl")) {
+        let preset = case["preset"].as_str().unwrap();
+        if !engines.iter().any(|(p, _)| p == preset) {
+            let dir = checkpoint(&format!("cuda-{preset}"), preset, None, &[]);
+            let m = onepass_model::Model::load(&dir).unwrap();
+            let mt = m.config().model_type.clone();
+            let opts = CudaOptions {
+                precision: onepass_cuda::Precision::F32,
+                ..CudaOptions::default()
+            };
+            let b = AnyBackend::cuda(&m, &opts).expect("a CUDA GPU");
+            drop(m);
+            engines.push((
+                preset.to_string(),
+                Engine::from_dir_with(&dir, &mt, b, EngineOptions::default()).unwrap(),
+            ));
+        }
+        let e = &engines.iter().find(|(p, _)| p == preset).unwrap().1;
+        let name = case["name"].as_str().unwrap();
+        let want = common::u32s(&case["tokens"]);
+        let req = GenerateRequest {
+            input: input_of(&case),
+            ..GenerateRequest::greedy("", manifest()["max_new_tokens"].as_u64().unwrap() as usize)
+        };
+        let mut deltas = String::new();
+        let g = e
+            .session(SessionOptions::default())
+            .generate(&req, &mut |d| {
+                deltas.push_str(d);
+                true
+            })
+            .unwrap();
+        assert_eq!(
+            g.tokens, want,
+            "{preset} {name}: generated tokens on the GPU"
+        );
+        assert_eq!(deltas, g.text);
+        eprintln!(
+            "{preset} {name}: {} tokens, decode {:.1} tok/s",
+            g.tokens.len(),
+            g.decode_tok_s
+        );
+        checked += 1;
+    }
+    assert!(checked >= 6);
+}

@@ -98,6 +98,12 @@ impl Backend for TreeCpu {
     fn fork(&self, st: &SequenceState) -> Result<SequenceState, ModelError> {
         Backend::fork(&self.model, st)
     }
+    fn position(&self, st: &SequenceState) -> usize {
+        Backend::position(&self.model, st)
+    }
+    fn logits(&self, h: &Vec<f32>, rows: &[usize]) -> Result<Vec<Vec<f32>>, ModelError> {
+        Backend::logits(&self.model, h, rows)
+    }
     fn forward_batch(
         &self,
         items: &mut [(&mut SequenceState, &[u32])],

@@ -277,7 +277,14 @@ pub fn generate<B: Backend>(
     let mut stream = TextStream::new(&gen.tokenizer, &req.stop);
     let mut tokens = Vec::new();
     let mut steps = 0usize;
+    let vocab = model.vocab_size();
     let finish = loop {
+        if logits.len() != vocab {
+            return Err(GenerateError::model(format!(
+                "the model returned {} logits for a vocabulary of {vocab}",
+                logits.len()
+            )));
+        }
         let tok = sample::sample(&logits, &sampling, &mut rng);
         tokens.push(tok);
         if gen.eos.binary_search(&tok).is_ok() {
