@@ -429,7 +429,12 @@ fn synth_cmd(
                 }
             }
         };
-        return gguf_cmd::synth_gguf(&spec, preset, format, &files, out, sign_seed);
+        let name = if synth::preset(preset).is_some() {
+            preset.to_string()
+        } else {
+            format!("qwen3.5-{preset}")
+        };
+        return gguf_cmd::synth_gguf(&spec, &name, format, &files, out, sign_seed);
     }
     if out.exists() && !out.is_dir() {
         bail!(
