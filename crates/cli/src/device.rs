@@ -462,7 +462,7 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
             a.profile_workload
         );
     }
-    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let dir = onepass_formats::resolve_model(&a.model)?;
     let dev = a.dev.resolve()?;
     let opts = onepass_decide::EngineOptions::default();
     if let Some(path) = &a.write_requests {

@@ -43,7 +43,7 @@ enum Cmd {
         /// A GGUF file to describe without loading the model.
         #[arg(conflicts_with = "model", required_unless_present = "model")]
         file: Option<PathBuf>,
-        /// A model folder (config.json, *.safetensors weights, tokenizer.json), or a Hub repo id ORG/NAME[@REVISION]
+        /// A model folder (config.json, *.safetensors weights, tokenizer.json), a .gguf file, or a Hub repo id ORG/NAME[@REVISION]
         /// already in the Hugging Face cache.
         #[arg(long)]
         model: Option<String>,
@@ -56,14 +56,14 @@ enum Cmd {
     Convert(gguf_cmd::ConvertArgs),
     /// Reads JSON Lines from stdin (one JSON string per line); writes one JSON array of ids per line.
     Tokenize {
-        /// A model folder, or a Hub repo id ORG/NAME[@REVISION] already in the Hugging Face cache; only its
+        /// A model folder, a .gguf file, or a Hub repo id ORG/NAME[@REVISION] already in the Hugging Face cache; only its
         /// tokenizer.json and tokenizer_config.json are read.
         #[arg(long)]
         model: String,
     },
     /// Prints {"logits": [[...], ...]}, one row per position (only the last with --last).
     Logits {
-        /// A model folder (config.json, *.safetensors weights, tokenizer.json), or a Hub repo id ORG/NAME[@REVISION]
+        /// A model folder (config.json, *.safetensors weights, tokenizer.json), a .gguf file, or a Hub repo id ORG/NAME[@REVISION]
         /// already in the Hugging Face cache.
         #[arg(long)]
         model: String,
@@ -110,7 +110,7 @@ enum Cmd {
     },
     /// CPU prefill and decode throughput on one model; prints one JSON object.
     Bench {
-        /// A model folder (config.json, *.safetensors weights, tokenizer.json), or a Hub repo id ORG/NAME[@REVISION]
+        /// A model folder (config.json, *.safetensors weights, tokenizer.json), a .gguf file, or a Hub repo id ORG/NAME[@REVISION]
         /// already in the Hugging Face cache.
         #[arg(long)]
         model: String,
@@ -242,7 +242,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn model_dir(arg: &str) -> Result<PathBuf> {
-    Ok(onepass_formats::resolve_model_dir(arg)?)
+    Ok(onepass_formats::resolve_model(arg)?)
 }
 
 fn load_model(arg: &str) -> Result<Model> {
@@ -260,12 +260,12 @@ fn load_model(arg: &str) -> Result<Model> {
 /// The tokenizer of a model folder, read for its config.json `model_type` when there is one.
 fn load_tokenizer(arg: &str) -> Result<Tokenizer> {
     let dir = model_dir(arg)?;
-    Ok(Tokenizer::from_dir(&dir, model_type_in(&dir).as_deref())?)
+    Ok(Tokenizer::from_model(&dir, model_type_in(&dir).as_deref())?)
 }
 
-/// A model folder's config.json `model_type`, when it has one.
+/// A model's `model_type` (config.json's, or the one a GGUF file's architecture stands for), when it has one.
 pub(crate) fn model_type_in(dir: &Path) -> Option<String> {
-    ModelConfig::from_dir(dir).ok().map(|c| c.model_type)
+    ModelConfig::from_path(dir).ok().map(|c| c.model_type)
 }
 
 /// `--flag`, else the environment variable `env` (the settings decider-ai reads from its environment).

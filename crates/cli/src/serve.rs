@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// A model folder, or a Hub repo id (ORG/NAME[@REV]) already in the Hugging Face cache.
+    /// A model folder, a .gguf file, or a Hub repo id (ORG/NAME[@REV]) already in the Hugging Face cache.
     #[arg(long)]
     model: String,
     /// Address to bind (127.0.0.1: this machine only).
@@ -111,7 +111,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .block_on(tokio::net::TcpListener::bind((a.host.as_str(), a.port)))
         .with_context(|| format!("binding {}:{}", a.host, a.port))?;
     let addr = listener.local_addr()?;
-    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let dir = onepass_formats::resolve_model(&a.model)?;
     let t0 = Instant::now();
     let engine = load_engine(
         &dir,

@@ -63,7 +63,7 @@ fn write_line(out: &mut impl Write, v: &J) {
 }
 
 pub fn session(a: SessionArgs) -> Result<()> {
-    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let dir = onepass_formats::resolve_model(&a.model)?;
     let engine = load_engine(&dir, EngineOptions::default(), a.dev.resolve()?, &a.cuda)?;
     let prefix_cache = PrefixCacheMode::parse(&a.decide_prefix_cache).unwrap_or_default();
     let mut s = engine.session(SessionOptions {
@@ -94,7 +94,7 @@ pub fn session(a: SessionArgs) -> Result<()> {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let dir = onepass_formats::resolve_model(&a.model)?;
     let engine = load_engine(&dir, EngineOptions::default(), a.dev.resolve()?, &a.cuda)?;
     let gen = engine.generator()?;
     if !gen.has_template() {

@@ -18,7 +18,7 @@ use serde_json::json;
 
 #[derive(Args)]
 pub struct SystemoneArgs {
-    /// A model folder (config.json, *.safetensors weights, tokenizer.json, optional decider_config.json), or a Hub repo
+    /// A model folder (config.json, *.safetensors weights, tokenizer.json, optional decider_config.json), a .gguf file, or a Hub repo
     /// id ORG/NAME[@REVISION] already in the Hugging Face cache.
     #[arg(long)]
     model: String,
@@ -44,7 +44,7 @@ pub struct SystemoneArgs {
 
 #[derive(Args)]
 pub struct RenderArgs {
-    /// A model folder, or a Hub repo id ORG/NAME[@REVISION] already in the Hugging Face cache; only its tokenizer
+    /// A model folder, a .gguf file, or a Hub repo id ORG/NAME[@REVISION] already in the Hugging Face cache; only its tokenizer
     /// files and decider_config.json are read.
     #[arg(long)]
     model: String,
@@ -167,7 +167,7 @@ fn answer(r: Result<onepass_decide::pyjson::Value, ApiError>) -> Result<()> {
 }
 
 pub fn systemone(a: SystemoneArgs) -> Result<()> {
-    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let dir = onepass_formats::resolve_model(&a.model)?;
     let body = read_body(&a.request)?;
     // Before the model loads: a file that is not a request at all is said so at once.
     check_body(&a.request, &body)?;
@@ -225,7 +225,7 @@ fn run<B: Backend>(engine: &Engine<B>, a: &SystemoneArgs, body: &[u8], load_s: f
 }
 
 pub fn render(a: RenderArgs) -> Result<()> {
-    let dir = onepass_formats::resolve_model_dir(&a.model)?;
+    let dir = onepass_formats::resolve_model(&a.model)?;
     let body = read_body(&a.request)?;
     check_body(&a.request, &body)?;
     // The engine's tokenizer and config, without the weights; the chat layout honours DECIDER_LAYOUT (R6.3).

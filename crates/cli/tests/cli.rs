@@ -246,7 +246,7 @@ fn model_arguments_that_are_not_model_folders_say_what_they_are() {
     let file = d.path().join("ticket.json");
     std::fs::write(&file, "{}").expect("write");
     let hint =
-        "pass the folder that holds config.json, the *.safetensors weights and tokenizer.json";
+        "pass the folder that holds config.json, the *.safetensors weights and tokenizer.json, or a .gguf file";
     let cache = tempfile::tempdir().expect("cache");
     let model = |arg: &std::ffi::OsStr| {
         let mut c = onepass();
@@ -258,7 +258,7 @@ fn model_arguments_that_are_not_model_folders_say_what_they_are() {
     assert_eq!(
         model(file.as_os_str()),
         format!(
-            "model {}: this is a file, not a model folder; {hint}",
+            "model {}: this is a file, not a model folder or a .gguf file; {hint}",
             file.display()
         )
     );
@@ -277,7 +277,7 @@ fn model_arguments_that_are_not_model_folders_say_what_they_are() {
     assert_eq!(
         model(d.path().as_os_str()),
         format!(
-            "model {}: this folder holds neither config.json nor tokenizer.json, so it is not a model folder; {hint}",
+            "model {}: this folder holds neither config.json, tokenizer.json nor a .gguf file, so it is not a model folder; {hint}",
             d.path().display()
         )
     );

@@ -198,8 +198,9 @@ fn work(parts: &[Part], which: &[usize]) -> (Vec<(usize, usize)>, Vec<Job>) {
 }
 
 impl Engine {
-    /// Loads `dir`: `config.json` + safetensors weights, `tokenizer.json` (+ config), `decider_config.json` (a missing
-    /// file means defaults, decider-contract R6.1).
+    /// Loads `dir`: `config.json` + safetensors weights, or a GGUF file (a folder holding one, or the file itself),
+    /// `tokenizer.json` (+ config; else the GGUF file's tokenizer), `decider_config.json` (a missing file means
+    /// defaults, decider-contract R6.1).
     pub fn load(dir: &Path, opts: EngineOptions) -> Result<Engine, EngineError> {
         let model = Model::load(dir)?;
         let model_type = model.config().model_type.clone();
@@ -282,8 +283,14 @@ pub fn load_planner(
     layout: Option<&str>,
     temperature: Option<&str>,
 ) -> Result<(Tokenizer, DecideConfig), EngineError> {
-    let tokenizer = Tokenizer::from_dir(dir, model_type)?.transformers_compatible();
-    let config = DecideConfig::load(dir, &tokenizer, layout, temperature)?;
+    let tokenizer = Tokenizer::from_model(dir, model_type)?.transformers_compatible();
+    // A GGUF file's folder holds the decider_config.json.
+    let folder = match dir.parent() {
+        Some(p) if dir.is_file() && !p.as_os_str().is_empty() => p,
+        _ if dir.is_file() => Path::new("."),
+        _ => dir,
+    };
+    let config = DecideConfig::load(folder, &tokenizer, layout, temperature)?;
     Ok((tokenizer, config))
 }
 

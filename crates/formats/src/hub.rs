@@ -1,6 +1,6 @@
-//! Resolving a `--model` argument to a folder on disk.
+//! Resolving a `--model` argument to a folder or a GGUF file on disk, and finding the weights in it.
 //!
-//! A model is either a local folder or a Hugging Face Hub repo id (`ORG/NAME`, optionally
+//! A model is a local folder, a local `.gguf` file, or a Hugging Face Hub repo id (`ORG/NAME`, optionally
 //! `ORG/NAME@REVISION`). Repo ids are resolved offline from the Hub cache layout
 //! (`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`):
 //! `models--ORG--NAME/snapshots/<commit>/`, choosing the commit that `refs/<revision>` (default
@@ -16,17 +16,28 @@ use std::path::{Path, PathBuf};
 
 /// What a folder argument needs, said once for every error that points the user at one.
 const FOLDER_HINT: &str =
-    "pass the folder that holds config.json, the *.safetensors weights and tokenizer.json";
+    "pass the folder that holds config.json, the *.safetensors weights and tokenizer.json, or a .gguf file";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
-    /// A path that exists but is not a folder. (A later weight format read from a single file
-    /// would be accepted here, before this error.)
-    #[error("model {path}: this is a file, not a model folder; {FOLDER_HINT}")]
+    /// A path that exists but is neither a folder nor a `.gguf` file.
+    #[error("model {path}: this is a file, not a model folder or a .gguf file; {FOLDER_HINT}")]
     NotAFolder { path: PathBuf },
-    /// A folder with neither `config.json` nor `tokenizer.json`: no command can use it.
-    #[error("model {path}: this folder holds neither config.json nor tokenizer.json, so it is not a model folder; {FOLDER_HINT}")]
+    /// A folder with neither `config.json`, `tokenizer.json` nor a `.gguf` file: no command can use it.
+    #[error("model {path}: this folder holds neither config.json, tokenizer.json nor a .gguf file, so it is not a model folder; {FOLDER_HINT}")]
     NotAModelFolder { path: PathBuf },
+    /// A folder without safetensors weights that holds several `.gguf` files.
+    #[error("model {path}: this folder holds {count} .gguf files ({names}); pass the one to run")]
+    SeveralGguf {
+        path: PathBuf,
+        count: usize,
+        names: String,
+    },
+    #[error("model {path}: {cause}")]
+    Io {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
     /// An argument written as a path (`./x`, `/x`, `a/b/c`) that does not exist.
     #[error("model {path}: no such folder; {FOLDER_HINT}, or a Hub repo id ORG/NAME")]
     NoSuchFolder { path: PathBuf },
@@ -74,15 +85,18 @@ pub fn hub_cache_dir() -> PathBuf {
     home.join(".cache").join("huggingface").join("hub")
 }
 
-/// Resolves `arg` to a model folder: an existing folder is taken as is, an existing file or an
-/// argument written as a path is an error saying so; otherwise `ORG/NAME[@REV]` is looked up in
-/// the Hub cache.
-pub fn resolve_model_dir(arg: &str) -> Result<PathBuf, ResolveError> {
+/// Resolves `arg` to a model folder or a `.gguf` file: an existing folder or `.gguf` file is taken as
+/// is, another file or a missing path is an error saying so; otherwise `ORG/NAME[@REV]` is looked up
+/// in the Hub cache (a snapshot folder).
+pub fn resolve_model(arg: &str) -> Result<PathBuf, ResolveError> {
     let path = Path::new(arg);
     if path.is_dir() {
         return model_folder(path.to_path_buf());
     }
     if path.exists() {
+        if is_gguf_name(path) && path.is_file() {
+            return Ok(path.to_path_buf());
+        }
         return Err(ResolveError::NotAFolder {
             path: path.to_path_buf(),
         });
@@ -95,14 +109,114 @@ pub fn resolve_model_dir(arg: &str) -> Result<PathBuf, ResolveError> {
     resolve_in_cache(arg, &hub_cache_dir()).and_then(model_folder)
 }
 
-/// `dir` when it can be a model folder (it holds `config.json` or `tokenizer.json`; each command then says which
-/// file it misses).
+/// `dir` when it can be a model folder (it holds `config.json`, `tokenizer.json` or a `.gguf` file; each
+/// command then says which file it misses).
 fn model_folder(dir: PathBuf) -> Result<PathBuf, ResolveError> {
-    if dir.join("config.json").exists() || dir.join("tokenizer.json").exists() {
+    if dir.join("config.json").exists()
+        || dir.join("tokenizer.json").exists()
+        || !gguf_files(&dir)?.is_empty()
+    {
         Ok(dir)
     } else {
         Err(ResolveError::NotAModelFolder { path: dir })
     }
+}
+
+fn is_gguf_name(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// The `.gguf` files directly in `dir`, sorted.
+fn gguf_files(dir: &Path) -> Result<Vec<PathBuf>, ResolveError> {
+    let io = |cause| ResolveError::Io {
+        path: dir.to_path_buf(),
+        cause,
+    };
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let p = entry.map_err(io)?.path();
+        if is_gguf_name(&p) && p.is_file() {
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Where a model's files are: the folder (for `tokenizer.json`, `decider_config.json`, `config.json`) and,
+/// when the weights are a GGUF file, that file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFiles {
+    pub dir: PathBuf,
+    pub gguf: Option<PathBuf>,
+}
+
+impl ModelFiles {
+    /// The files of a resolved model path. A `.gguf` file is the weights, its folder holds the rest. A folder
+    /// with safetensors weights (`*.safetensors` or `model.safetensors.index.json`) is a Hugging Face folder,
+    /// whatever `.gguf` files lie beside them (name the file to run one of those); a folder without them that
+    /// holds exactly one `.gguf` file runs that file; several are an error naming them.
+    pub fn locate(path: &Path) -> Result<ModelFiles, ResolveError> {
+        if path.is_file() {
+            if !is_gguf_name(path) {
+                return Err(ResolveError::NotAFolder {
+                    path: path.to_path_buf(),
+                });
+            }
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            return Ok(ModelFiles {
+                dir,
+                gguf: Some(path.to_path_buf()),
+            });
+        }
+        let dir = path.to_path_buf();
+        if !dir.is_dir() {
+            // Nothing to choose from; the loader then names the file it misses.
+            return Ok(ModelFiles { dir, gguf: None });
+        }
+        if has_safetensors(&dir)? {
+            return Ok(ModelFiles { dir, gguf: None });
+        }
+        let mut found = gguf_files(&dir)?;
+        match found.len() {
+            0 => Ok(ModelFiles { dir, gguf: None }),
+            1 => Ok(ModelFiles {
+                dir,
+                gguf: found.pop(),
+            }),
+            count => Err(ResolveError::SeveralGguf {
+                path: dir,
+                count,
+                names: found
+                    .iter()
+                    .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+}
+
+fn has_safetensors(dir: &Path) -> Result<bool, ResolveError> {
+    if dir.join("model.safetensors.index.json").is_file() {
+        return Ok(true);
+    }
+    let io = |cause| ResolveError::Io {
+        path: dir.to_path_buf(),
+        cause,
+    };
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let p = entry.map_err(io)?.path();
+        if p.extension().and_then(|e| e.to_str()) == Some("safetensors") {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// An argument that cannot be a repo id and reads as a path: it starts with `.`, `/` or `~`, or
@@ -436,33 +550,33 @@ mod tests {
         let d = tempfile::tempdir().expect("tempdir");
         let f = d.path().join("ticket.json");
         std::fs::write(&f, "{}").expect("w");
-        let e = resolve_model_dir(f.to_str().expect("utf8"))
+        let e = resolve_model(f.to_str().expect("utf8"))
             .expect_err("file")
             .to_string();
         assert_eq!(
             e,
             format!(
-                "model {}: this is a file, not a model folder; {FOLDER_HINT}",
+                "model {}: this is a file, not a model folder or a .gguf file; {FOLDER_HINT}",
                 f.display()
             )
         );
-        let e = resolve_model_dir(d.path().to_str().expect("utf8"))
+        let e = resolve_model(d.path().to_str().expect("utf8"))
             .expect_err("not a model folder")
             .to_string();
         assert_eq!(
             e,
             format!(
-                "model {}: this folder holds neither config.json nor tokenizer.json, so it is not a model folder; {FOLDER_HINT}",
+                "model {}: this folder holds neither config.json, tokenizer.json nor a .gguf file, so it is not a model folder; {FOLDER_HINT}",
                 d.path().display()
             )
         );
         std::fs::write(d.path().join("tokenizer.json"), "{}").expect("w");
         assert_eq!(
-            resolve_model_dir(d.path().to_str().expect("utf8")).expect("a folder"),
+            resolve_model(d.path().to_str().expect("utf8")).expect("a folder"),
             d.path()
         );
         let missing = d.path().join("nothing");
-        let e = resolve_model_dir(missing.to_str().expect("utf8"))
+        let e = resolve_model(missing.to_str().expect("utf8"))
             .expect_err("missing")
             .to_string();
         assert_eq!(
@@ -471,6 +585,37 @@ mod tests {
                 "model {}: no such folder; {FOLDER_HINT}, or a Hub repo id ORG/NAME",
                 missing.display()
             )
+        );
+    }
+
+    #[test]
+    fn gguf_files_and_folders_locate_their_weights() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let g = d.path().join("m.gguf");
+        std::fs::write(&g, b"GGUF").expect("w");
+        // A folder holding one .gguf file is a model folder that runs it; the file itself resolves as is.
+        let dir = d.path().to_str().expect("utf8");
+        assert_eq!(resolve_model(dir).expect("folder"), d.path());
+        assert_eq!(resolve_model(g.to_str().expect("utf8")).expect("file"), g);
+        let want = ModelFiles {
+            dir: d.path().to_path_buf(),
+            gguf: Some(g.clone()),
+        };
+        assert_eq!(ModelFiles::locate(d.path()).expect("one"), want);
+        assert_eq!(ModelFiles::locate(&g).expect("file"), want);
+        // Two are ambiguous and named.
+        std::fs::write(d.path().join("n.GGUF"), b"GGUF").expect("w");
+        let e = ModelFiles::locate(d.path()).expect_err("two").to_string();
+        assert!(e.contains("2 .gguf files (m.gguf, n.GGUF)"), "{e}");
+        // Naming one still works, and safetensors weights beside them win for the folder.
+        assert_eq!(ModelFiles::locate(&g).expect("file"), want);
+        std::fs::write(d.path().join("model.safetensors"), b"").expect("w");
+        assert_eq!(
+            ModelFiles::locate(d.path()).expect("hf"),
+            ModelFiles {
+                dir: d.path().to_path_buf(),
+                gguf: None
+            }
         );
     }
 }

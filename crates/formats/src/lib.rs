@@ -22,6 +22,6 @@ pub use gguf::{
     GgufValue, GgufWriteTensor,
 };
 pub use hadamard::HadamardMeta;
-pub use hub::{resolve_model_dir, ResolveError};
+pub use hub::{resolve_model, ModelFiles, ResolveError};
 pub use quant::{dequantize, ptq1_0_to_pq2_0, quantize, GgmlType};
 pub use safetensors::{safetensors_header, write_safetensors, Checkpoint, FormatError};

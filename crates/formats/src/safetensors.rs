@@ -120,6 +120,20 @@ impl Checkpoint {
         })
     }
 
+    /// A checkpoint from tensors already made (a GGUF file's, under the names a model binds), read from
+    /// `files` of `file_bytes` bytes in all.
+    pub fn from_tensors(
+        tensors: HashMap<String, Tensor>,
+        files: Vec<PathBuf>,
+        file_bytes: u64,
+    ) -> Self {
+        Checkpoint {
+            tensors,
+            files,
+            file_bytes,
+        }
+    }
+
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.tensors.get(name)
     }

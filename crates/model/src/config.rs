@@ -91,6 +91,17 @@ impl ModelConfig {
         })
     }
 
+    /// The configuration of a model path: `config.json` of a folder, or the metadata of a GGUF file (or of the
+    /// one GGUF file a folder without safetensors weights holds).
+    pub fn from_path(path: &Path) -> Result<Self, ModelError> {
+        let files =
+            onepass_formats::ModelFiles::locate(path).map_err(|e| ModelError::Io(e.to_string()))?;
+        match &files.gguf {
+            Some(g) => crate::gguf::config_from_gguf(&onepass_formats::Gguf::open(g)?),
+            None => Self::from_dir(&files.dir),
+        }
+    }
+
     pub fn from_json_str(text: &str) -> Result<Self, ModelError> {
         let v: Value = serde_json::from_str(text)
             .map_err(|e| ModelError::Config(format!("invalid JSON: {e}")))?;
@@ -252,7 +263,7 @@ fn parse_text(v: &Value, tie_override: Option<bool>) -> Result<TextConfig, Model
 }
 
 #[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(x > 0.0)` also rejects NaN
-fn validate(c: &TextConfig) -> Result<(), ModelError> {
+pub(crate) fn validate(c: &TextConfig) -> Result<(), ModelError> {
     let bad = |m: String| Err(ModelError::Config(m));
     for (name, x) in [
         ("vocab_size", c.vocab_size),

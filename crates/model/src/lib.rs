@@ -12,6 +12,7 @@
 pub mod blocks;
 pub mod config;
 pub mod convert;
+pub mod gguf;
 pub mod layer_ops;
 pub mod qwen3_5;
 pub mod state;
@@ -31,6 +32,8 @@ pub enum ModelError {
     Config(String),
     #[error(transparent)]
     Format(#[from] onepass_formats::FormatError),
+    #[error(transparent)]
+    Gguf(onepass_formats::GgufError),
     #[error("weights: {0}")]
     Weights(String),
     #[error("input: {0}")]

@@ -15,16 +15,17 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use onepass_formats::Checkpoint;
-use onepass_kernels::{add_assign, dot_rows, matmul_t};
+use onepass_formats::{Checkpoint, Gguf, ModelFiles};
+use onepass_kernels::{add_assign, dot_rows, hadamard_unrotate, matmul_t};
 use onepass_tensor::{DType, Tensor};
 
 use crate::blocks::attention::{Attention, AttnScratch};
 use crate::blocks::gated_deltanet::{GatedDeltaNet, GdnScratch};
 use crate::blocks::mlp::Mlp;
 use crate::blocks::norm::RmsNorm;
-use crate::blocks::Seg;
+use crate::blocks::{rotated, Seg};
 use crate::config::{LayerKind, ModelConfig, ModelForm, TextConfig};
+use crate::gguf::read_gguf;
 use crate::layer_ops::{run_layers, LayerOps, NormSite, Projection};
 use crate::state::{LayerState, SequenceState};
 use crate::weights::Binder;
@@ -51,6 +52,10 @@ pub struct Model {
     pub(crate) norm: RmsNorm,
     /// lm_head: [V, H] (the embedding when tied)
     pub(crate) lm_head: Tensor,
+    /// A rotated pack's embedding rows are stored as `R·e`: restored after the gather with these signs.
+    pub(crate) embed_signs: Option<Arc<[f32]>>,
+    /// A rotated pack's head is folded: the final hidden rows are rotated with these signs first.
+    pub(crate) head_signs: Option<Arc<[f32]>>,
     file_bytes: u64,
 }
 
@@ -77,16 +82,39 @@ pub struct ModelInfo {
 }
 
 impl Model {
-    /// Loads `dir/config.json` and the safetensors weights in `dir`.
-    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+    /// Loads a model folder (`config.json` and the safetensors weights) or a GGUF file (or a folder whose
+    /// weights are one GGUF file; see [`ModelFiles::locate`] for which a folder with both runs).
+    pub fn load(path: &Path) -> Result<Self, ModelError> {
+        let files = ModelFiles::locate(path).map_err(|e| ModelError::Io(e.to_string()))?;
+        if let Some(file) = &files.gguf {
+            return Self::load_gguf(file);
+        }
+        let dir = &files.dir;
         let config = ModelConfig::from_dir(dir)?;
         let ck = Arc::new(Checkpoint::open_dir(dir)?);
         Self::from_checkpoint(config, ck)
     }
 
+    /// Loads a `qwen35` GGUF file (its tensors renamed and their conventions undone by [`read_gguf`]).
+    pub fn load_gguf(path: &Path) -> Result<Self, ModelError> {
+        let file = Gguf::open(path)?;
+        Self::from_gguf(&file)
+    }
+
+    /// A model from a parsed GGUF file.
+    pub fn from_gguf(file: &Gguf) -> Result<Self, ModelError> {
+        let g = read_gguf(file)?;
+        let ck = Arc::new(g.checkpoint);
+        Self::bind(g.config, Binder::from_gguf(ck.clone(), g.rotations), ck)
+    }
+
     pub fn from_checkpoint(config: ModelConfig, ck: Arc<Checkpoint>) -> Result<Self, ModelError> {
+        Self::bind(config, Binder::new(ck.clone()), ck)
+    }
+
+    fn bind(config: ModelConfig, root: Binder, ck: Arc<Checkpoint>) -> Result<Self, ModelError> {
         let c = &config.text;
-        let root = Binder::new(ck.clone());
+
         let base = match config.form {
             ModelForm::Text => root.pp("model"),
             ModelForm::Composite => root.pp("model").pp("language_model"),
@@ -122,6 +150,22 @@ impl Model {
         } else {
             root.get("lm_head.weight", &[c.vocab_size, c.hidden_size])?
         };
+        let embed_signs = base.inverse_signs("embed_tokens.weight");
+        // Tied to a table of rotated rows Z (E = Z·R), the head is Z·(R·h): a folded head with the same signs.
+        let head_signs = if c.tie_word_embeddings {
+            embed_signs.clone()
+        } else {
+            root.folded_signs("lm_head.weight")
+        };
+        if base.folded_signs("embed_tokens.weight").is_some()
+            || root.inverse_signs("lm_head.weight").is_some()
+        {
+            return Err(ModelError::Weights(
+                "the rotation metadata folds the embedding or stores the head rotated per row; onepass reads \
+                 packs whose embedding is the inverse-rotated table and whose head is folded"
+                    .into(),
+            ));
+        }
         // The multi-token-prediction head and the vision tower are not part of the text model.
         root.finish(&["mtp.", "model.visual.", "visual."])?;
         Ok(Model {
@@ -130,8 +174,40 @@ impl Model {
             layers,
             norm,
             lm_head,
+            embed_signs,
+            head_signs,
             file_bytes: ck.file_bytes(),
         })
+    }
+
+    /// Whether the weights are folded with a Hadamard rotation (a Bonsai pack).
+    pub fn is_rotated(&self) -> bool {
+        self.embed_signs.is_some()
+            || self.head_signs.is_some()
+            || self.layers.iter().any(|l| {
+                l.mlp.rot_in.is_some()
+                    || l.mlp.rot_down.is_some()
+                    || match &l.mixer {
+                        Mixer::GatedDeltaNet(m) => m.rot_in.is_some() || m.rot_out.is_some(),
+                        Mixer::Attention(m) => m.rot_in.is_some() || m.rot_out.is_some(),
+                    }
+            })
+    }
+
+    /// Why a backend that runs plain float matrices cannot run this model (`None` when it can): a weight
+    /// stored in a block format, or folded with a Hadamard rotation.
+    pub fn float_only_reason(&self) -> Option<String> {
+        if self.is_rotated() {
+            return Some("this model's weights are folded with a Hadamard rotation".into());
+        }
+        let info = self.info();
+        let blocks: Vec<&str> = info
+            .weight_dtypes
+            .iter()
+            .filter(|d| !d.is_float())
+            .map(|d| d.name())
+            .collect();
+        (!blocks.is_empty()).then(|| format!("this model has {} weights", blocks.join(" and ")))
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -237,7 +313,12 @@ impl Model {
         let hid = self.hidden_size();
         let t = hidden.len() / hid;
         let mut out = vec![0.0; t * self.vocab_size()];
-        matmul_t(hidden, t, &self.lm_head, &mut out);
+        matmul_t(
+            &rotated(hidden, &self.head_signs),
+            t,
+            &self.lm_head,
+            &mut out,
+        );
         out
     }
 
@@ -251,7 +332,12 @@ impl Model {
             )));
         }
         let mut out = vec![0.0; rows.len()];
-        dot_rows(hidden, &self.lm_head, rows, &mut out);
+        dot_rows(
+            &rotated(hidden, &self.head_signs),
+            &self.lm_head,
+            rows,
+            &mut out,
+        );
         Ok(out)
     }
 
@@ -373,6 +459,10 @@ impl LayerOps for CpuLayers<'_, '_, '_, '_> {
                     .embed
                     .read_f32(id as usize * hid, &mut x[r * hid..(r + 1) * hid]);
             }
+        }
+        if let Some(signs) = &self.model.embed_signs {
+            // The rows were stored as R·e: e = Rᵀ·z.
+            hadamard_unrotate(&mut x, signs);
         }
         self.x = x;
         Ok(())

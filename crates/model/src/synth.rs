@@ -249,7 +249,7 @@ pub fn config_json(s: &SynthSpec) -> Value {
             "mrope_interleaved": true
         },
         "eos_token_id": s.vocab_size.saturating_sub(1),
-        "dtype": match s.dtype { DType::F32 => "float32", DType::BF16 => "bfloat16", DType::F16 => "float16" },
+        "dtype": match s.dtype { DType::BF16 => "bfloat16", DType::F16 => "float16", _ => "float32" },
     });
     match s.write_interval {
         Some(k) => text["full_attention_interval"] = json!(k),
@@ -471,6 +471,9 @@ fn encode(spec: &Spec, seed: u64) -> Vec<u8> {
                     DType::F16 => {
                         out.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes())
                     }
+                    DType::Q8_0 | DType::PQ2_0 => {
+                        unreachable!("write_checkpoint refuses block types")
+                    }
                 }
             }
         });
@@ -485,6 +488,12 @@ pub fn write_checkpoint(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<(), ModelError> {
     let io = |e: std::io::Error| ModelError::Io(format!("{}: {e}", dir.display()));
+    if !spec.dtype.is_float() {
+        return Err(ModelError::Input(format!(
+            "synthetic checkpoints are written as f32, bf16 or f16, not {}",
+            spec.dtype
+        )));
+    }
     std::fs::create_dir_all(dir).map_err(io)?;
     let cfg = serde_json::to_string_pretty(&config_json(spec))
         .map_err(|e| ModelError::Io(e.to_string()))?;

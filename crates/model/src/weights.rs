@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use onepass_formats::Checkpoint;
 use onepass_tensor::Tensor;
 
+use crate::gguf::{gguf_name, Rotations};
 use crate::ModelError;
 
 /// A view of a checkpoint under a name prefix.
@@ -19,6 +20,9 @@ pub struct Binder {
     ck: Arc<Checkpoint>,
     prefix: String,
     used: Arc<Mutex<HashSet<String>>>,
+    /// The checkpoint was read from a GGUF file (messages then give the file's names too).
+    gguf: bool,
+    rotations: Option<Arc<Rotations>>,
 }
 
 impl Binder {
@@ -27,6 +31,47 @@ impl Binder {
             ck,
             prefix: String::new(),
             used: Arc::new(Mutex::new(HashSet::new())),
+            gguf: false,
+            rotations: None,
+        }
+    }
+
+    /// A checkpoint read from a GGUF file, with its rotation metadata when it has some.
+    pub fn from_gguf(ck: Arc<Checkpoint>, rotations: Option<Rotations>) -> Self {
+        Binder {
+            gguf: true,
+            rotations: rotations.map(Arc::new),
+            ..Self::new(ck)
+        }
+    }
+
+    /// Whether the checkpoint declares a Hadamard rotation.
+    pub fn rotated(&self) -> bool {
+        self.rotations.is_some()
+    }
+
+    /// The sign vector of the rotation folded into linear `name` (its input is rotated), if it is folded.
+    pub fn folded_signs(&self, name: &str) -> Option<Arc<[f32]>> {
+        let full = self.full(name);
+        self.rotations.as_ref()?.folded.get(&full).cloned()
+    }
+
+    /// The sign vector of tensor `name` when it is stored rotated per row (the embedding).
+    pub fn inverse_signs(&self, name: &str) -> Option<Arc<[f32]>> {
+        let full = self.full(name);
+        self.rotations.as_ref()?.inverse.get(&full).cloned()
+    }
+
+    /// `name` under this prefix as messages give it.
+    pub fn name_of(&self, name: &str) -> String {
+        self.shown(&self.full(name))
+    }
+
+    /// `full`, and for a GGUF checkpoint the file's name of it.
+    fn shown(&self, full: &str) -> String {
+        match gguf_name(full).filter(|_| self.gguf) {
+            Some(g) => format!("{g} ({full})"),
+            None => full.to_string(),
         }
     }
 
@@ -38,9 +83,8 @@ impl Binder {
             format!("{}.{prefix}", self.prefix)
         };
         Binder {
-            ck: self.ck.clone(),
             prefix,
-            used: self.used.clone(),
+            ..self.clone()
         }
     }
 
@@ -56,11 +100,15 @@ impl Binder {
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
         let full = self.full(name);
         let t = self.ck.get(&full).ok_or_else(|| {
-            ModelError::Weights(format!("missing tensor {full} (expected shape {shape:?})"))
+            ModelError::Weights(format!(
+                "missing tensor {} (expected shape {shape:?})",
+                self.shown(&full)
+            ))
         })?;
         if t.shape() != shape {
             return Err(ModelError::Weights(format!(
-                "tensor {full} has shape {:?}, expected {shape:?}",
+                "tensor {} has shape {:?}, expected {shape:?}",
+                self.shown(&full),
                 t.shape()
             )));
         }
@@ -90,7 +138,8 @@ impl Binder {
         extra.sort();
         if let Some(first) = extra.first() {
             return Err(ModelError::Weights(format!(
-                "unexpected tensor {first}{} in the checkpoint (not part of this architecture)",
+                "unexpected tensor {}{} in the checkpoint (not part of this architecture)",
+                self.shown(first),
                 if extra.len() > 1 {
                     format!(" and {} more", extra.len() - 1)
                 } else {

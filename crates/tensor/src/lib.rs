@@ -11,30 +11,58 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use memmap2::Mmap;
 
-/// Element format of a stored tensor.
+/// Element format of a stored tensor: a float type, or a block format of GGUF files whose rows are whole
+/// blocks (the innermost dimension is a multiple of [`DType::block_len`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     BF16,
     F16,
+    /// Blocks of 32 values: an f16 scale `d`, then 32 `i8` codes `q`; value `q·d` (34 bytes).
+    Q8_0,
+    /// Ternary blocks of 128 values: an f16 scale `d`, then 32 bytes of 2-bit codes, value `j` in bits
+    /// `2·(j % 4)` of byte `j / 4`; value `(code − 1)·d` (34 bytes).
+    PQ2_0,
 }
 
 impl DType {
-    /// Bytes per element.
+    /// Bytes per block (per element for the float types).
     pub fn size(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::BF16 | DType::F16 => 2,
+            DType::Q8_0 | DType::PQ2_0 => 34,
         }
     }
 
-    /// The safetensors spelling (`F32`, `BF16`, `F16`).
+    /// Values per block (1 for the float types).
+    pub fn block_len(self) -> usize {
+        match self {
+            DType::F32 | DType::BF16 | DType::F16 => 1,
+            DType::Q8_0 => 32,
+            DType::PQ2_0 => 128,
+        }
+    }
+
+    /// Whether the values are stored as plain floats (one element, one number).
+    pub fn is_float(self) -> bool {
+        self.block_len() == 1
+    }
+
+    /// The safetensors / GGUF spelling (`F32`, `BF16`, `F16`, `Q8_0`, `PQ2_0`).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "F32",
             DType::BF16 => "BF16",
             DType::F16 => "F16",
+            DType::Q8_0 => "Q8_0",
+            DType::PQ2_0 => "PQ2_0",
         }
+    }
+
+    /// Bytes that `numel` values take (`numel` a whole number of blocks).
+    pub fn bytes_for(self, numel: usize) -> usize {
+        numel / self.block_len() * self.size()
     }
 }
 
@@ -73,11 +101,13 @@ impl Bytes {
     }
 }
 
-/// Typed view of a tensor's elements.
+/// Typed view of a tensor's elements (the block formats as their raw blocks).
 pub enum View<'a> {
     F32(&'a [f32]),
     BF16(&'a [bf16]),
     F16(&'a [f16]),
+    Q8_0(&'a [u8]),
+    PQ2_0(&'a [u8]),
 }
 
 /// A named tensor with a shape and an element format (outermost dimension first).
@@ -98,6 +128,15 @@ impl fmt::Debug for Tensor {
 /// Errors building a tensor from bytes.
 #[derive(Debug, thiserror::Error)]
 pub enum TensorError {
+    #[error(
+        "tensor {name}: {dtype} {shape:?} is not a whole number of {block}-value blocks per row"
+    )]
+    Blocks {
+        name: String,
+        dtype: DType,
+        shape: Vec<usize>,
+        block: usize,
+    },
     #[error("tensor {name}: {len} bytes cannot hold {dtype} {shape:?} ({expected} bytes)")]
     Size {
         name: String,
@@ -112,6 +151,20 @@ fn element_count(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// Checks that every row of `shape` is whole blocks of `dtype` and returns the byte size.
+fn checked_bytes(name: &str, dtype: DType, shape: &[usize]) -> Result<usize, TensorError> {
+    let inner = shape.last().copied().unwrap_or(1);
+    if !inner.is_multiple_of(dtype.block_len()) {
+        return Err(TensorError::Blocks {
+            name: name.to_string(),
+            dtype,
+            shape: shape.to_vec(),
+            block: dtype.block_len(),
+        });
+    }
+    Ok(dtype.bytes_for(element_count(shape)))
+}
+
 impl Tensor {
     /// A tensor over `len` bytes at `offset` of a mapped file. Copies into an owned buffer when
     /// the bytes are not aligned to the element size.
@@ -123,7 +176,7 @@ impl Tensor {
         offset: usize,
         len: usize,
     ) -> Result<Self, TensorError> {
-        let expected = element_count(&shape) * dtype.size();
+        let expected = checked_bytes(name, dtype, &shape)?;
         if len != expected || offset + len > map.len() {
             return Err(TensorError::Size {
                 name: name.to_string(),
@@ -133,7 +186,9 @@ impl Tensor {
                 expected,
             });
         }
-        let aligned = (map.as_ptr() as usize + offset).is_multiple_of(dtype.size());
+        // Block formats are read byte by byte; the float types need their element alignment.
+        let align = if dtype.is_float() { dtype.size() } else { 1 };
+        let aligned = (map.as_ptr() as usize + offset).is_multiple_of(align);
         let bytes = if aligned {
             Bytes::Mapped { map, offset, len }
         } else {
@@ -145,6 +200,55 @@ impl Tensor {
             shape,
             bytes,
         })
+    }
+
+    /// An owned tensor holding a copy of `raw` (the type's little-endian layout).
+    pub fn from_raw(
+        name: &str,
+        dtype: DType,
+        shape: Vec<usize>,
+        raw: &[u8],
+    ) -> Result<Self, TensorError> {
+        let expected = checked_bytes(name, dtype, &shape)?;
+        if raw.len() != expected {
+            return Err(TensorError::Size {
+                name: name.to_string(),
+                dtype,
+                shape,
+                len: raw.len(),
+                expected,
+            });
+        }
+        Ok(Tensor {
+            name: name.to_string(),
+            dtype,
+            shape,
+            bytes: owned_bytes(raw),
+        })
+    }
+
+    /// The same tensor with another shape of the same element count (storage shared), e.g. a squeezed
+    /// dimension. Panics if the counts differ or a row would split a block (programming errors).
+    pub fn reshaped(&self, shape: Vec<usize>) -> Self {
+        assert_eq!(element_count(&shape), self.numel(), "reshape {}", self.name);
+        assert!(
+            shape
+                .last()
+                .copied()
+                .unwrap_or(1)
+                .is_multiple_of(self.dtype.block_len()),
+            "reshape {}: rows must be whole blocks",
+            self.name
+        );
+        Tensor {
+            shape,
+            ..self.clone()
+        }
+    }
+
+    /// Whether the bytes are a slice of a memory-mapped file (not an owned copy).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.bytes, Bytes::Mapped { .. })
     }
 
     /// An owned f32 tensor.
@@ -201,7 +305,7 @@ impl Tensor {
     }
     /// Bytes of storage.
     pub fn byte_len(&self) -> usize {
-        self.numel() * self.dtype.size()
+        self.dtype.bytes_for(self.numel())
     }
     /// The raw little-endian bytes.
     pub fn raw(&self) -> &[u8] {
@@ -221,6 +325,8 @@ impl Tensor {
                     View::BF16(std::slice::from_raw_parts(raw.as_ptr() as *const bf16, n))
                 }
                 DType::F16 => View::F16(std::slice::from_raw_parts(raw.as_ptr() as *const f16, n)),
+                DType::Q8_0 => View::Q8_0(raw),
+                DType::PQ2_0 => View::PQ2_0(raw),
             }
         }
     }
@@ -232,9 +338,19 @@ impl Tensor {
         out
     }
 
-    /// Converts `out.len()` elements starting at flat index `start` to f32.
+    /// Converts `out.len()` elements starting at flat index `start` to f32 (exact for every type: a
+    /// block value `q·d` is an f16 times a small integer). For the block formats `start` and the length
+    /// must be whole blocks (a row, for example); panics otherwise (a programming error).
     pub fn read_f32(&self, start: usize, out: &mut [f32]) {
         let end = start + out.len();
+        let bl = self.dtype.block_len();
+        if bl > 1 {
+            assert!(
+                start.is_multiple_of(bl) && out.len().is_multiple_of(bl),
+                "read_f32 {}: {start}..{end} is not whole {bl}-value blocks",
+                self.name
+            );
+        }
         match self.view() {
             View::F32(v) => out.copy_from_slice(&v[start..end]),
             View::BF16(v) => {
@@ -245,6 +361,25 @@ impl Tensor {
             View::F16(v) => {
                 for (o, x) in out.iter_mut().zip(&v[start..end]) {
                     *o = x.to_f32();
+                }
+            }
+            View::Q8_0(raw) => {
+                let blocks = &raw[start / bl * 34..end / bl * 34];
+                for (o, b) in out.chunks_exact_mut(bl).zip(blocks.chunks_exact(34)) {
+                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    for (o, &q) in o.iter_mut().zip(&b[2..]) {
+                        *o = f32::from(q as i8) * d;
+                    }
+                }
+            }
+            View::PQ2_0(raw) => {
+                let blocks = &raw[start / bl * 34..end / bl * 34];
+                for (o, b) in out.chunks_exact_mut(bl).zip(blocks.chunks_exact(34)) {
+                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    for (j, o) in o.iter_mut().enumerate() {
+                        let code = (b[2 + j / 4] >> (2 * (j % 4))) & 3;
+                        *o = (f32::from(code) - 1.0) * d;
+                    }
                 }
             }
         }

@@ -89,6 +89,10 @@ pub enum TokenizerError {
         expected: String,
     },
 
+    /// The model path does not lead to a tokenizer (not a model folder, an unreadable GGUF file).
+    #[error("{0}")]
+    Model(String),
+
     /// A GGUF file's `tokenizer.ggml.*` key has a shape or a value we cannot use.
     #[error("GGUF metadata key `{key}`: {reason}")]
     GgufValue { key: String, reason: String },

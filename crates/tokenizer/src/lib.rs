@@ -76,6 +76,28 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
+    /// The tokenizer of a model path (a folder or a `.gguf` file, as `onepass_formats::ModelFiles::locate`
+    /// reads it): a `tokenizer.json` in the folder wins (with its `tokenizer_config.json`); otherwise the GGUF
+    /// file's `tokenizer.ggml.*` metadata ([`Tokenizer::from_gguf`]).
+    pub fn from_model(path: &Path, model_type: Option<&str>) -> Result<Tokenizer, TokenizerError> {
+        let files = onepass_formats::ModelFiles::locate(path)
+            .map_err(|e| TokenizerError::Model(e.to_string()))?;
+        match &files.gguf {
+            Some(g) if !files.dir.join("tokenizer.json").is_file() => {
+                let file = onepass_formats::Gguf::open(g)
+                    .map_err(|e| TokenizerError::Model(e.to_string()))?;
+                Self::from_gguf(&file).map_err(|e| match e {
+                    TokenizerError::GgufValue { key, reason } => TokenizerError::GgufValue {
+                        key: format!("{key}` of `{}", g.display()),
+                        reason,
+                    },
+                    other => other,
+                })
+            }
+            _ => Self::from_dir(&files.dir, model_type),
+        }
+    }
+
     /// Load `dir/tokenizer.json`, and `dir/tokenizer_config.json` and `dir/chat_template.jinja`
     /// when present. `model_type` is `config.json`'s `model_type` (it decides whether the Qwen3.5
     /// regex rule applies; so does a `tokenizer_class` of `Qwen3_5Tokenizer`).

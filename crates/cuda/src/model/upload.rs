@@ -139,6 +139,11 @@ impl CudaModel {
         let prec = o.precision;
         let g = &*gpu;
         let c = m.text_config();
+        if let Some(why) = m.float_only_reason() {
+            return Err(CudaError::Unsupported(format!(
+                "the GPU runs float weights (F32, F16, BF16) only; {why}; run it with --device cpu"
+            )));
+        }
         let w = m.weights();
         let up = |parts: &[&Tensor]| upload_stacked(g, parts, prec, false);
         // The input projections (their input is a norm's output): both planes in one GEMM in split mode.

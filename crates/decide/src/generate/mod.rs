@@ -161,7 +161,13 @@ impl Generator {
     /// Loads `dir`'s tokenizer (`model_type` is config.json's), chat template, `config.json` and
     /// `generation_config.json`.
     pub fn load(dir: &Path, model_type: Option<&str>) -> Result<Generator, GenerateError> {
-        let tokenizer = Tokenizer::from_dir(dir, model_type).map_err(GenerateError::model)?;
+        let tokenizer = Tokenizer::from_model(dir, model_type).map_err(GenerateError::model)?;
+        // A GGUF file's folder holds the JSON files beside it.
+        let dir = match dir.parent() {
+            Some(p) if dir.is_file() && !p.as_os_str().is_empty() => p,
+            _ if dir.is_file() => Path::new("."),
+            _ => dir,
+        };
         let special = if dir.join("tokenizer_config.json").is_file() {
             SpecialTokens::from_dir(dir)
         } else {

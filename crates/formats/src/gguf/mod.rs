@@ -16,10 +16,12 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
+use onepass_tensor::{DType, Tensor};
 
-use crate::quant::GgmlType;
+use crate::quant::{ptq1_0_to_pq2_0, GgmlType};
 
 mod write;
 pub use write::{write_gguf, GgufStreamWriter, GgufTensorPlan, GgufWriteTensor};
@@ -336,7 +338,7 @@ impl GgufTensorInfo {
 }
 
 enum Backing {
-    Mmap(Mmap),
+    Mmap(Arc<Mmap>),
     Owned(Vec<u8>),
 }
 
@@ -386,7 +388,7 @@ impl Gguf {
         // SAFETY: the map is read-only and onepass never writes model files while they are open;
         // a file truncated underneath a running process is the usual mmap caveat.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Self::parse(path.to_path_buf(), Backing::Mmap(map))
+        Self::parse(path.to_path_buf(), Backing::Mmap(Arc::new(map)))
     }
 
     /// Parses a GGUF file held in memory; `origin` names it in errors.
@@ -465,6 +467,67 @@ impl Gguf {
     pub fn tensor_data(&self, info: &GgufTensorInfo) -> &[u8] {
         let begin = (self.data_start + info.offset) as usize;
         &self.backing.bytes()[begin..begin + info.nbytes as usize]
+    }
+
+    /// A tensor as a [`Tensor`] (shape outermost first) in the type it is stored in: a slice of the
+    /// memory map for F32, F16, BF16, Q8_0 and PQ2_0 (no copy), and PTQ1_0 transcoded to PQ2_0 (the same
+    /// values; the kernels run on PQ2_0). A file held in memory gives owned copies.
+    pub fn tensor_data_as_tensor(&self, info: &GgufTensorInfo) -> Result<Tensor, GgufError> {
+        let bad = |why: String| GgufError::Tensor {
+            path: self.path.clone(),
+            name: info.name.clone(),
+            why,
+        };
+        let dtype = match info.ggml_type {
+            GgmlType::F32 => DType::F32,
+            GgmlType::F16 => DType::F16,
+            GgmlType::BF16 => DType::BF16,
+            GgmlType::Q8_0 => DType::Q8_0,
+            GgmlType::PQ2_0 | GgmlType::PTQ1_0 => DType::PQ2_0,
+        };
+        let shape = info.shape();
+        let begin = (self.data_start + info.offset) as usize;
+        let len = info.nbytes as usize;
+        let made = if info.ggml_type == GgmlType::PTQ1_0 {
+            let src = self.tensor_data(info);
+            let mut dst = vec![0u8; dtype.bytes_for(info.numel() as usize)];
+            ptq1_0_to_pq2_0(src, &mut dst).map_err(|e| bad(e.to_string()))?;
+            Tensor::from_raw(&info.name, dtype, shape, &dst)
+        } else {
+            match &self.backing {
+                Backing::Mmap(map) => {
+                    Tensor::mapped(&info.name, dtype, shape, map.clone(), begin, len)
+                }
+                Backing::Owned(v) => {
+                    Tensor::from_raw(&info.name, dtype, shape, &v[begin..begin + len])
+                }
+            }
+        };
+        made.map_err(|e| bad(e.to_string()))
+    }
+
+    /// Tells the kernel that the bytes of `info` will not be read again (their pages are dropped from
+    /// this process's resident memory; a later read faults them back in from the file). Used after a
+    /// tensor was copied out, reordered, so the copy does not count twice. Does nothing for a file held
+    /// in memory.
+    pub fn release(&self, info: &GgufTensorInfo) {
+        #[cfg(unix)]
+        if let Backing::Mmap(map) = &self.backing {
+            let page = 4096usize;
+            let begin = (self.data_start + info.offset) as usize;
+            let end = begin + info.nbytes as usize;
+            let (b, e) = (begin.next_multiple_of(page), end / page * page);
+            if e > b {
+                // SAFETY: the map is private and read-only, so dropping its pages loses nothing: any later
+                // access reads the file again. No reference into these bytes is used after this call by
+                // the loader (the tensor was copied).
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, b, e - b)
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = info;
     }
 
     /// A metadata error naming `key`, for typed views built on this file.

@@ -1,5 +1,6 @@
 //! `y = x · Wᵀ` for weights stored row-major as `[N, K]` (the Hugging Face `nn.Linear` layout) in
-//! f32, bf16 or f16.
+//! f32, bf16, f16, Q8_0 or PQ2_0: the weight's format picks the kernel (PQ2_0 runs the ternary kernels of
+//! [`super::ternary`], Q8_0 the block dot products of [`super::q8_0`]).
 //!
 //! Prefill (several tokens) splits the output features into blocks of 64 to 512 rows, one rayon
 //! task each. With bf16 weights on an AVX-512 processor a task runs a register-blocked kernel that
@@ -12,7 +13,9 @@ use half::{bf16, f16};
 use onepass_tensor::{Tensor, View};
 use rayon::prelude::*;
 
+use super::q8_0::{decode_q8_0, dot_q8_0};
 use super::sgemm::{sgemm_raw, Mat};
+use super::ternary::ternary_matmul_t;
 
 /// Output features handled per task in the GEMM path: at least this many...
 const BLOCK_N_MIN: usize = 64;
@@ -44,6 +47,10 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
         y.len()
     );
     if t == 0 || n == 0 {
+        return;
+    }
+    if let View::PQ2_0(raw) = w.view() {
+        ternary_matmul_t(x, t, raw, n, k, y);
         return;
     }
     if t <= GEMV_MAX_T {
@@ -149,6 +156,13 @@ fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32
                     }
                     scratch
                 }
+                View::Q8_0(raw) => {
+                    let rb = k / 32 * 34;
+                    scratch.resize(rows * k, 0.0);
+                    decode_q8_0(&raw[r0 * rb..r1 * rb], scratch);
+                    scratch
+                }
+                View::PQ2_0(_) => unreachable!("PQ2_0 weights run the ternary kernels"),
             };
             // SAFETY: y is [t, n] (checked by matmul_t); this task writes only columns r0..r1 of each
             // row, which no other task writes, and y outlives the parallel loop.
@@ -200,6 +214,16 @@ fn dot_row(view: &View<'_>, r: usize, k: usize, x: &[f32]) -> f32 {
         View::F32(v) => dot_f32(&v[r * k..(r + 1) * k], x),
         View::BF16(v) => dot_bf16(&v[r * k..(r + 1) * k], x),
         View::F16(v) => dot_f16(&v[r * k..(r + 1) * k], x),
+        View::Q8_0(raw) => {
+            let rb = k / 32 * 34;
+            dot_q8_0(&raw[r * rb..(r + 1) * rb], x)
+        }
+        View::PQ2_0(raw) => {
+            let rb = k / 128 * 34;
+            let mut out = [0.0f32];
+            ternary_matmul_t(x, 1, &raw[r * rb..(r + 1) * rb], 1, k, &mut out);
+            out[0]
+        }
     }
 }
 
@@ -451,6 +475,52 @@ mod tests {
         (0..n)
             .map(|i| ((i as f32 + seed as f32 * 7.3) * 0.618).sin())
             .collect()
+    }
+
+    /// A Q8_0 tensor [n, k] with varied scales and every code value.
+    fn q8_0(n: usize, k: usize) -> Tensor {
+        let mut raw = Vec::new();
+        for b in 0..n * k / 32 {
+            let d = 0.001 + 0.0007 * (b % 13) as f32;
+            raw.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            raw.extend((0..32).map(|i| ((i * 71 + b * 29) % 256) as u8));
+        }
+        Tensor::from_raw("w", onepass_tensor::DType::Q8_0, vec![n, k], &raw).expect("q8_0")
+    }
+
+    #[test]
+    fn q8_0_fast_matches_reference_on_odd_shapes() {
+        for (t, k, n) in [
+            (1, 32, 1),
+            (1, 96, 37),
+            (2, 160, 5),
+            (3, 96, 70),
+            (17, 224, 131),
+            (64, 64, 513),
+        ] {
+            let x = pseudo(t * k, 3);
+            let w = q8_0(n, k);
+            let mut fast = vec![0.0; t * n];
+            let mut slow = vec![0.0; t * n];
+            matmul_t(&x, t, &w, &mut fast);
+            matmul_t_reference(&x, t, &w, &mut slow);
+            for (a, b) in fast.iter().zip(&slow) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "t={t} k={k} n={n}: {a} vs {b}"
+                );
+            }
+            let rows: Vec<u32> = (0..n as u32).rev().step_by(3).collect();
+            let mut picked = vec![0.0; rows.len()];
+            dot_rows(&x[..k], &w, &rows, &mut picked);
+            for (p, &r) in picked.iter().zip(&rows) {
+                let b = slow[r as usize];
+                assert!(
+                    (p - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "row {r}: {p} vs {b}"
+                );
+            }
+        }
     }
 
     fn check(t: usize, k: usize, n: usize, bf: bool) {

@@ -5,5 +5,6 @@ pub mod deltanet;
 pub mod hadamard;
 pub mod matmul;
 pub mod ops;
+pub mod q8_0;
 pub(crate) mod sgemm;
 pub mod ternary;

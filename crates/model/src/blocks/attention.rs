@@ -11,7 +11,9 @@ use onepass_kernels::{apply_rope, causal_attention, matmul_t, rope_tables, sigmo
 use onepass_tensor::Tensor;
 
 use super::norm::RmsNorm;
-use super::Seg;
+use std::sync::Arc;
+
+use super::{rotated, site, Seg};
 use crate::config::TextConfig;
 use crate::state::{KvCache, LayerState};
 use crate::weights::Binder;
@@ -30,6 +32,9 @@ pub struct Attention {
     pub(crate) d: usize,
     /// inv_freq: [R/2]
     pub(crate) inv_freq: Vec<f32>,
+    /// Hadamard sites of a rotated pack: the normed input (q, k, v) and the gated output (o). `None`: not rotated.
+    pub(crate) rot_in: Option<Arc<[f32]>>,
+    pub(crate) rot_out: Option<Arc<[f32]>>,
 }
 
 impl Attention {
@@ -45,6 +50,8 @@ impl Attention {
             .map(|i| (1.0 / c.rope_theta.powf((2 * i) as f64 / rot as f64)) as f32)
             .collect();
         Ok(Attention {
+            rot_in: site(vb, &["q_proj.weight", "k_proj.weight", "v_proj.weight"])?,
+            rot_out: site(vb, &["o_proj.weight"])?,
             q: vb.get("q_proj.weight", &[h * 2 * d, hid])?,
             k: vb.get("k_proj.weight", &[kvh * d, hid])?,
             v: vb.get("v_proj.weight", &[kvh * d, hid])?,
@@ -72,9 +79,10 @@ impl Attention {
         let mut qg = vec![0.0; n * h * 2 * d];
         let mut k = vec![0.0; n * kvh * d];
         let mut v = vec![0.0; n * kvh * d];
-        matmul_t(x, n, &self.q, &mut qg);
-        matmul_t(x, n, &self.k, &mut k);
-        matmul_t(x, n, &self.v, &mut v);
+        let x = rotated(x, &self.rot_in);
+        matmul_t(&x, n, &self.q, &mut qg);
+        matmul_t(&x, n, &self.k, &mut k);
+        matmul_t(&x, n, &self.v, &mut v);
         AttnScratch {
             qg,
             q: Vec::new(),
@@ -164,7 +172,7 @@ impl Attention {
     /// `o_proj` of the gated attention output. → [N, hidden]
     pub fn project_out(&self, s: &AttnScratch, n: usize, hid: usize) -> Vec<f32> {
         let mut out = vec![0.0; n * hid];
-        matmul_t(&s.o, n, &self.o, &mut out);
+        matmul_t(&rotated(&s.o, &self.rot_out), n, &self.o, &mut out);
         out
     }
 }

@@ -15,7 +15,9 @@ use onepass_kernels::{
 };
 use onepass_tensor::Tensor;
 
-use super::Seg;
+use std::sync::Arc;
+
+use super::{rotated, site, unrotated, Seg};
 use crate::config::TextConfig;
 use crate::state::{LayerState, RecurrentState};
 use crate::weights::Binder;
@@ -45,6 +47,10 @@ pub struct GatedDeltaNet {
     pub(crate) dv: usize,
     pub(crate) kernel: usize,
     pub(crate) eps: f32,
+    /// Hadamard sites of a rotated pack: the normed input read by in_proj_qkv and in_proj_z (in_proj_a/b read
+    /// it unrotated), and the gated core output read by out_proj. `None`: not rotated.
+    pub(crate) rot_in: Option<Arc<[f32]>>,
+    pub(crate) rot_out: Option<Arc<[f32]>>,
 }
 
 impl GatedDeltaNet {
@@ -59,7 +65,11 @@ impl GatedDeltaNet {
         let conv_dim = c.gdn_conv_dim();
         let kernel = c.linear_conv_kernel_dim;
         let a_log = vb.get_f32("A_log", &[hv])?;
+        unrotated(vb, "in_proj_a.weight")?;
+        unrotated(vb, "in_proj_b.weight")?;
         Ok(GatedDeltaNet {
+            rot_in: site(vb, &["in_proj_qkv.weight", "in_proj_z.weight"])?,
+            rot_out: site(vb, &["out_proj.weight"])?,
             in_qkv: vb.get("in_proj_qkv.weight", &[conv_dim, h])?,
             in_z: vb.get("in_proj_z.weight", &[hv * dv, h])?,
             in_a: vb.get("in_proj_a.weight", &[hv, h])?,
@@ -106,8 +116,10 @@ impl GatedDeltaNet {
         let mut z = vec![0.0; n * hv * dv];
         let mut a = vec![0.0; n * hv];
         let mut b = vec![0.0; n * hv];
-        matmul_t(x, n, &self.in_qkv, &mut qkv);
-        matmul_t(x, n, &self.in_z, &mut z);
+        // One rotation for the folded qkv and z; a and b read x as it is.
+        let xr = rotated(x, &self.rot_in);
+        matmul_t(&xr, n, &self.in_qkv, &mut qkv);
+        matmul_t(&xr, n, &self.in_z, &mut z);
         matmul_t(x, n, &self.in_a, &mut a);
         matmul_t(x, n, &self.in_b, &mut b);
         GdnScratch {
@@ -183,7 +195,7 @@ impl GatedDeltaNet {
     /// `out_proj` of the gated core output. → [N, H]
     pub fn project_out(&self, s: &GdnScratch, n: usize, hid: usize) -> Vec<f32> {
         let mut out = vec![0.0; n * hid];
-        matmul_t(&s.core, n, &self.out, &mut out);
+        matmul_t(&rotated(&s.core, &self.rot_out), n, &self.out, &mut out);
         out
     }
 }

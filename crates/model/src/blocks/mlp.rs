@@ -3,6 +3,9 @@
 use onepass_kernels::{matmul_t, swiglu};
 use onepass_tensor::Tensor;
 
+use std::sync::Arc;
+
+use super::{rotated, site};
 use crate::weights::Binder;
 use crate::ModelError;
 
@@ -13,11 +16,16 @@ pub struct Mlp {
     pub(crate) down: Tensor,
     pub(crate) hidden: usize,
     pub(crate) inter: usize,
+    /// Hadamard sites of a rotated pack: the normed input (gate, up) and the SwiGLU output (down).
+    pub(crate) rot_in: Option<Arc<[f32]>>,
+    pub(crate) rot_down: Option<Arc<[f32]>>,
 }
 
 impl Mlp {
     pub fn load(vb: &Binder, hidden: usize, inter: usize) -> Result<Self, ModelError> {
         Ok(Mlp {
+            rot_in: site(vb, &["gate_proj.weight", "up_proj.weight"])?,
+            rot_down: site(vb, &["down_proj.weight"])?,
             gate: vb.get("gate_proj.weight", &[inter, hidden])?,
             up: vb.get("up_proj.weight", &[inter, hidden])?,
             down: vb.get("down_proj.weight", &[hidden, inter])?,
@@ -30,8 +38,9 @@ impl Mlp {
     pub fn gate_up(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
         let mut g = vec![0.0; n * self.inter];
         let mut u = vec![0.0; n * self.inter];
-        matmul_t(x, n, &self.gate, &mut g);
-        matmul_t(x, n, &self.up, &mut u);
+        let x = rotated(x, &self.rot_in);
+        matmul_t(&x, n, &self.gate, &mut g);
+        matmul_t(&x, n, &self.up, &mut u);
         (g, u)
     }
 
@@ -43,7 +52,7 @@ impl Mlp {
     /// `down_proj` of the SwiGLU output g: [N, I]. → [N, H]
     pub fn down(&self, g: &[f32], n: usize) -> Vec<f32> {
         let mut out = vec![0.0; n * self.hidden];
-        matmul_t(g, n, &self.down, &mut out);
+        matmul_t(&rotated(g, &self.rot_down), n, &self.down, &mut out);
         out
     }
 

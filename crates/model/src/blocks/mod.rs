@@ -4,6 +4,12 @@
 //!
 //! [`Binder`]: crate::weights::Binder
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use crate::weights::Binder;
+use crate::ModelError;
+
 pub mod attention;
 pub mod gated_deltanet;
 pub mod mlp;
@@ -16,4 +22,46 @@ pub struct Seg {
     pub start: usize,
     pub len: usize,
     pub pos: usize,
+}
+
+/// The sign vector of a Hadamard site: the linears `names` read one activation, and in a rotated pack they are
+/// folded together (`W' = W·Rᵀ`), so the activation is rotated once for all of them. `None` when none is folded;
+/// an error when only some are (the site could not share one rotation).
+pub(crate) fn site(vb: &Binder, names: &[&str]) -> Result<Option<Arc<[f32]>>, ModelError> {
+    let signs: Vec<Option<Arc<[f32]>>> = names.iter().map(|n| vb.folded_signs(n)).collect();
+    if signs.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    if let Some(i) = signs.iter().position(Option::is_none) {
+        return Err(ModelError::Weights(format!(
+            "{} is not folded with the rotation but {} reads the same activation and is",
+            vb.name_of(names[i]),
+            vb.name_of(names[signs.iter().position(Option::is_some).unwrap_or(0)])
+        )));
+    }
+    Ok(signs.into_iter().next().flatten())
+}
+
+/// Refuses a folded `name` where the graph feeds it the unrotated activation.
+pub(crate) fn unrotated(vb: &Binder, name: &str) -> Result<(), ModelError> {
+    match vb.folded_signs(name) {
+        None => Ok(()),
+        Some(_) => Err(ModelError::Weights(format!(
+            "{} is folded with the rotation, but it reads the unrotated activation",
+            vb.name_of(name)
+        ))),
+    }
+}
+
+/// `x` rotated by the site's `R` (signs, FWHT per 1024-block, ÷32) per row, or `x` itself when the site has no
+/// rotation. x: [N, K]
+pub(crate) fn rotated<'a>(x: &'a [f32], signs: &Option<Arc<[f32]>>) -> Cow<'a, [f32]> {
+    match signs {
+        None => Cow::Borrowed(x),
+        Some(s) => {
+            let mut v = x.to_vec();
+            onepass_kernels::hadamard_rotate(&mut v, s);
+            Cow::Owned(v)
+        }
+    }
 }

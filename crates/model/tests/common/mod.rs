@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod to_gguf;
+
 use onepass_model::synth;
 use onepass_model::Model;
 

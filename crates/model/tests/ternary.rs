@@ -1,0 +1,328 @@
+//! Ternary Bonsai-style packs: a GGUF file whose linears are random ternary matrices `W'` (PQ2_0 and PTQ1_0
+//! blocks) folded with the blockwise Hadamard rotation, run against the float model that has `W = W'·R` (and the
+//! embedding `E = Z·R` for the stored rows `Z`), since `W'·(R·x) = (W'·R)·x`. The float reference is built here
+//! with this file's own f64 transform, not the model's.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::to_gguf::{convert, Opts};
+use common::{pseudo_ids, rel_diff};
+use half::f16;
+use onepass_formats::{ptq1_0_to_pq2_0, Checkpoint, GgmlType, GgufArray, GgufValue};
+use onepass_model::gguf::gguf_name;
+use onepass_model::synth::{preset, write_checkpoint};
+use onepass_model::{LayerKind, Model, ModelConfig};
+use onepass_tensor::{DType, Tensor};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Random ternary codes [n·k] (0, 1, 2 for −d, 0, +d) and one scale per 128.
+fn ternary(rng: &mut Rng, n: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    let codes = (0..n * k).map(|_| (rng.next() % 3) as u8).collect();
+    let base = 1.6 / (k as f32).sqrt();
+    let scales = (0..n * k / 128)
+        .map(|_| f16::from_f32(base * (0.6 + (rng.next() % 1000) as f32 / 1250.0)).to_f32())
+        .collect();
+    (codes, scales)
+}
+
+fn pack_pq2_0(codes: &[u8], scales: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (block, d) in codes.chunks(128).zip(scales) {
+        out.extend_from_slice(&f16::from_f32(*d).to_le_bytes());
+        for q in block.chunks(4) {
+            out.push(q[0] | q[1] << 2 | q[2] << 4 | q[3] << 6);
+        }
+    }
+    out
+}
+
+/// A byte of base-3 digits, the first most significant: ceil(256·v / 243).
+fn trit_byte(t: &[u8]) -> u8 {
+    let v = t.iter().fold(0u32, |a, &x| a * 3 + u32::from(x));
+    let v = v * 3u32.pow(5 - t.len() as u32);
+    (v * 256).div_ceil(243) as u8
+}
+
+/// PTQ1_0 as PrismML lays it out (docs/formats.md): 16 + 8 five-digit bytes, 2 four-digit bytes, the scale last.
+fn pack_ptq1_0(codes: &[u8], scales: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (c, d) in codes.chunks(128).zip(scales) {
+        for m in 0..16 {
+            out.push(trit_byte(
+                &(0..5).map(|n| c[16 * n + m]).collect::<Vec<_>>(),
+            ));
+        }
+        for m in 0..8 {
+            out.push(trit_byte(
+                &(0..5).map(|n| c[80 + 8 * n + m]).collect::<Vec<_>>(),
+            ));
+        }
+        for h in 0..2 {
+            out.push(trit_byte(
+                &(0..4).map(|n| c[120 + 2 * n + h]).collect::<Vec<_>>(),
+            ));
+        }
+        out.extend_from_slice(&f16::from_f32(*d).to_le_bytes());
+    }
+    out
+}
+
+/// Each row of `w` [N, K] times R = H·S/32 (per 1024-block, H the Sylvester Hadamard matrix): the row vector
+/// `w·R = ((H·w) / 32) ⊙ s` (H is symmetric), in f64 with a recursive butterfly.
+fn times_r(w: &mut [f32], signs: &[f32]) {
+    let k = signs.len();
+    for row in w.chunks_exact_mut(k) {
+        let mut v: Vec<f64> = row.iter().map(|&x| f64::from(x)).collect();
+        for block in v.chunks_exact_mut(1024) {
+            let mut h = 1;
+            while h < 1024 {
+                for i in (0..1024).step_by(2 * h) {
+                    for j in i..i + h {
+                        let (a, b) = (block[j], block[j + h]);
+                        block[j] = a + b;
+                        block[j + h] = a - b;
+                    }
+                }
+                h *= 2;
+            }
+        }
+        for ((o, x), s) in row.iter_mut().zip(&v).zip(signs) {
+            *o = (x / 32.0 * f64::from(*s)) as f32;
+        }
+    }
+}
+
+fn signs(rng: &mut Rng, k: usize) -> Vec<f32> {
+    (0..k)
+        .map(|_| {
+            if rng.next().is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            }
+        })
+        .collect()
+}
+
+/// A Qwen3.5 shape whose every input width is whole 1024-blocks: hidden 1024, MLP 2048 (two blocks for
+/// down_proj), attention 4 heads × 256, Gated DeltaNet 2 key heads / 4 value heads of 256 (value heads tiled
+/// in the file). Layers: GDN, attention.
+fn spec() -> onepass_model::synth::SynthSpec {
+    let mut s = preset("tiny-gva").expect("preset");
+    s.vocab_size = 384;
+    s.hidden_size = 1024;
+    s.intermediate_size = 2048;
+    s.layer_types = vec![LayerKind::GatedDeltaNet, LayerKind::Attention];
+    s.num_attention_heads = 4;
+    s.num_key_value_heads = 2;
+    s.head_dim = 256;
+    s.partial_rotary_factor = 0.25;
+    s.linear_num_key_heads = 2;
+    s.linear_num_value_heads = 4;
+    s.linear_key_head_dim = 128;
+    s.linear_value_head_dim = 256;
+    s.seed = 11;
+    s
+}
+
+/// Writes the pack (`ptq`: which HF names get PTQ1_0 blocks) and returns (its path, the float reference).
+fn pack(ptq: &[&str], tied: bool) -> (tempfile::TempDir, std::path::PathBuf, Model) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = spec();
+    s.tie_word_embeddings = tied;
+    write_checkpoint(&s, dir.path(), &mut |_, _| {}).expect("synth");
+    let config = ModelConfig::from_dir(dir.path()).expect("config");
+    let ck = Checkpoint::open_dir(dir.path()).expect("ck");
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let widths = [1024usize, 2048];
+    let sign: HashMap<usize, Vec<f32>> = widths.iter().map(|&k| (k, signs(&mut rng, k))).collect();
+    let mut reference: HashMap<String, Tensor> = ck
+        .names()
+        .map(|n| (n.to_string(), ck.get(n).expect("t").clone()))
+        .collect();
+    let mut opts = Opts::new(GgmlType::F32);
+    opts.ab_bf16 = true;
+    opts.grouped_out_columns = true;
+    let (mut folded, mut inverse) = (Vec::new(), Vec::new());
+    let mut names: Vec<String> = reference.keys().cloned().collect();
+    names.sort();
+    for name in names {
+        let t = &reference[&name];
+        let is_linear = name.ends_with("_proj.weight")
+            && !name.ends_with("in_proj_a.weight")
+            && !name.ends_with("in_proj_b.weight");
+        let is_embed = name.ends_with("embed_tokens.weight");
+        if !(is_linear || is_embed || name == "lm_head.weight") {
+            if name.ends_with("in_proj_a.weight") || name.ends_with("in_proj_b.weight") {
+                // Stored BF16 in the pack; the reference holds the same rounded values.
+                let v = t.to_f32_vec();
+                reference.insert(
+                    name.clone(),
+                    Tensor::from_f32_as_bf16(&name, t.shape().to_vec(), &v),
+                );
+            }
+            continue;
+        }
+        let (n, k) = (t.shape()[0], t.shape()[1]);
+        let (codes, scales) = ternary(&mut rng, n, k);
+        let ty = if ptq.contains(&name.as_str()) {
+            GgmlType::PTQ1_0
+        } else {
+            GgmlType::PQ2_0
+        };
+        let raw = match ty {
+            GgmlType::PTQ1_0 => {
+                let p = pack_ptq1_0(&codes, &scales);
+                // The encoder above and the reader's transcoder agree.
+                let mut words = vec![0u8; n * k / 128 * 34];
+                ptq1_0_to_pq2_0(&p, &mut words).expect("transcode");
+                assert_eq!(words, pack_pq2_0(&codes, &scales));
+                p
+            }
+            _ => pack_pq2_0(&codes, &scales),
+        };
+        // W' (or Z) dequantized, then each row times R: the float model's weight.
+        let mut w: Vec<f32> = codes
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (f32::from(c) - 1.0) * scales[i / 128])
+            .collect();
+        times_r(&mut w, &sign[&k]);
+        reference.insert(name.clone(), Tensor::from_f32(&name, vec![n, k], &w));
+        opts.ternary.insert(name.clone(), (ty, raw));
+        let g = gguf_name(&name).expect("gguf name");
+        if is_embed {
+            inverse.push(g);
+        } else {
+            folded.push(g);
+        }
+    }
+    let key = |k: &str| format!("prism.hadamard.{k}");
+    let s = |v: &str| GgufValue::String(v.into());
+    let mut values = Vec::new();
+    for k in widths {
+        values.extend(sign[&k].iter().map(|&x| x as i8));
+    }
+    opts.extra = vec![
+        (key("version"), GgufValue::U32(1)),
+        (key("block_size"), GgufValue::U32(1024)),
+        (key("transform"), s("normalized-sylvester-walsh-hadamard")),
+        (key("axis"), s("input-last-dimension")),
+        (key("sign_mode"), s("explicit")),
+        (
+            key("sign_widths"),
+            GgufValue::Array(GgufArray::U32(widths.iter().map(|&k| k as u32).collect())),
+        ),
+        (key("sign_values"), GgufValue::Array(GgufArray::I8(values))),
+        (
+            key("weight_names"),
+            GgufValue::Array(GgufArray::String(folded)),
+        ),
+        (
+            key("inverse_weight_names"),
+            GgufValue::Array(GgufArray::String(inverse)),
+        ),
+        (key("gdn_v_grouped"), GgufValue::Bool(true)),
+    ];
+    let path = dir.path().join("pack.gguf");
+    convert(dir.path(), &path, &opts);
+    let reference = Model::from_checkpoint(
+        config,
+        Arc::new(Checkpoint::from_tensors(reference, vec![], 0)),
+    )
+    .expect("reference");
+    (dir, path, reference)
+}
+
+fn logits(m: &Model) -> Vec<f32> {
+    let ids = pseudo_ids(7, m.vocab_size(), 3);
+    let mut st = m.new_state();
+    let mut h = m.forward(&mut st, &ids[..6]).expect("prefill");
+    h.extend(m.forward(&mut st, &ids[6..]).expect("step"));
+    m.logits(&h)
+}
+
+fn worst(a: &[f32], b: &[f32], v: usize) -> f32 {
+    a.chunks(v)
+        .zip(b.chunks(v))
+        .map(|(x, y)| rel_diff(x, y))
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn a_ternary_pack_gives_the_float_model_with_the_rotation_folded_in() {
+    let ptq = [
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.embed_tokens.weight",
+    ];
+    let (_dir, path, reference) = pack(&ptq, false);
+    let m = Model::load(&path).expect("pack");
+    assert!(m.is_rotated());
+    assert!(m.info().weight_dtypes.contains(&DType::PQ2_0));
+    let want = logits(&reference);
+    let got = logits(&m);
+    let d = worst(&got, &want, m.vocab_size());
+    eprintln!("ternary pack vs float model with W = W'R: max rel {d:.2e}");
+    assert!(d <= 1e-3, "{d}");
+    // The rotation matters: the same pack read without it is far off.
+    let plain = dir_without_rotation(&path);
+    let plain = Model::load(plain.path()).expect("plain");
+    assert!(worst(&got, &logits(&plain), m.vocab_size()) > 1e-2);
+    // The label-row readout of the folded head agrees with the full head.
+    let mut st = m.new_state();
+    let h = m.forward(&mut st, &[5, 9]).expect("forward");
+    let last = &h[m.hidden_size()..];
+    let full = m.logits(last);
+    let rows = [1u32, 100, 383];
+    for (p, &r) in m.logits_rows(last, &rows).expect("rows").iter().zip(&rows) {
+        assert!((p - full[r as usize]).abs() <= 1e-4 * (1.0 + p.abs()));
+    }
+    // The GPU path refuses the pack with a reason.
+    assert!(m.float_only_reason().expect("refused").contains("Hadamard"));
+}
+
+#[test]
+fn a_tied_ternary_pack_reads_its_head_through_the_rotated_table() {
+    let (_dir, path, reference) = pack(&[], true);
+    let m = Model::load(&path).expect("pack");
+    let d = worst(&logits(&m), &logits(&reference), m.vocab_size());
+    assert!(d <= 1e-3, "{d}");
+}
+
+/// A copy of the pack with the `prism.hadamard.*` keys dropped (the same weights read as plain PQ2_0).
+fn dir_without_rotation(path: &std::path::Path) -> tempfile::TempDir {
+    let f = onepass_formats::Gguf::open(path).expect("open");
+    let meta: Vec<(String, GgufValue)> = f
+        .metadata()
+        .iter()
+        .filter(|(k, _)| !k.starts_with("prism.") && k != "general.alignment")
+        .cloned()
+        .collect();
+    let tensors: Vec<onepass_formats::GgufWriteTensor> = f
+        .tensors()
+        .iter()
+        .map(|t| onepass_formats::GgufWriteTensor {
+            name: &t.name,
+            ggml_type: t.ggml_type,
+            ne: t.ne.clone(),
+            data: f.tensor_data(t),
+        })
+        .collect();
+    let out = tempfile::tempdir().expect("tempdir");
+    let mut w = std::fs::File::create(out.path().join("plain.gguf")).expect("create");
+    onepass_formats::write_gguf(&mut w, &meta, &tensors).expect("write");
+    out
+}
