@@ -1,4 +1,4 @@
-//! `onepass serve`: decider-ai's HTTP API (`/v1/systemone`, `/decide`, `/v1/models`, `/health`) plus `/metrics`,
+//! `onepass serve`: decider-ai's HTTP API (`/v1/systemone`, `/decide`, `/v1/models`, `/health`) plus `/v1/decide`, `/metrics`,
 //! served by `onepass-server` over one loaded engine. See docs/server.md.
 
 use anyhow::{bail, Context, Result};
@@ -62,6 +62,9 @@ pub struct ServeArgs {
     /// [env DECIDER_TEMPERATURE; default: the config's].
     #[arg(long)]
     temperature: Option<String>,
+    /// MiB of prefix states kept for POST /v1/decide, least recently used out first (0: none kept).
+    #[arg(long, default_value_t = 1024)]
+    prefix_cache_mb: usize,
     #[command(flatten)]
     dev: DeviceArg,
     #[command(flatten)]
@@ -117,6 +120,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             max_state_tokens: Some(max_state_tokens),
             layout: crate::flag_or_env(a.layout.clone(), "DECIDER_LAYOUT"),
             temperature: crate::flag_or_env(a.temperature.clone(), "DECIDER_TEMPERATURE"),
+            prefix_cache_bytes: a.prefix_cache_mb.saturating_mul(1 << 20),
             ..EngineOptions::default()
         },
         a.dev.resolve()?,

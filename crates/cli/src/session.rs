@@ -5,6 +5,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use anyhow::Result;
+use onepass_decide::choice::PrefixCacheMode;
 use onepass_decide::generate::{GenerateRequest, Input};
 use onepass_decide::session::error_line;
 use onepass_decide::{EngineOptions, GenerateError, SessionOptions};
@@ -21,6 +22,10 @@ pub struct SessionArgs {
     /// Answer {"cmd": "decide"} lines (without it they are refused and nothing is kept for them).
     #[arg(long)]
     decide: bool,
+    /// Keep the state after a decision's prefix and restore it when the next prefix extends it: auto (on: the
+    /// prefill's cost follows the ids it reads, see docs/decide.md), on, off.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    decide_prefix_cache: String,
     #[command(flatten)]
     dev: DeviceArg,
     #[command(flatten)]
@@ -60,7 +65,11 @@ fn write_line(out: &mut impl Write, v: &J) {
 pub fn session(a: SessionArgs) -> Result<()> {
     let dir = onepass_formats::resolve_model(&a.model)?;
     let engine = load_engine(&dir, EngineOptions::default(), a.dev.resolve()?, &a.cuda)?;
-    let mut s = engine.session(SessionOptions { decide: a.decide });
+    let prefix_cache = PrefixCacheMode::parse(&a.decide_prefix_cache).unwrap_or_default();
+    let mut s = engine.session(SessionOptions {
+        decide: a.decide,
+        prefix_cache,
+    });
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -719,3 +719,172 @@ fn chat_completions_end_to_end() {
     );
     srv.stop();
 }
+
+/// `POST /v1/decide` against the real server: an agent's growing prefix answers as the library's engine does (the
+/// server's LRU restoring each step's prefix), a whole decision is the log-softmax of `onepass logits --last` on the
+/// same ids bit for bit, refusals are 400s naming the cause, the prefix cache shows in /metrics, and
+/// `--prefix-cache-mb 0` keeps nothing.
+#[test]
+fn decide_end_to_end() {
+    let dir = checkpoint();
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        onepass_tokenizer::QWEN3_CHAT_TEMPLATE,
+    )
+    .unwrap();
+    let task = "Task: turn on Wi-Fi. History: none. ";
+    let steps = [
+        serde_json::json!({"id": 1, "prefix": task, "suffix": "Screen: Home. Options: A) Settings B) Camera C) Clock.", "choices": ["A", "B", "C"]}),
+        serde_json::json!({"id": "two", "prefix": task, "suffix": "Screen: Settings. Options: A) Network B) Display.", "choices": ["A", "B"]}),
+        serde_json::json!({"id": 3, "prefix": format!("{task}Opened Settings. "), "suffix": "Screen: Network. Options: A) Airplane B) Internet C) Hotspot D) VPN.", "choices": ["A", "B", "C", "D"]}),
+        serde_json::json!({"id": 4, "prefix": format!("{task}Opened Settings. Opened Network. "), "suffix": "Screen: Internet. Options: A) Wi-Fi on B) Back.", "choices": ["A", "B"], "reuse_prefix": false}),
+    ];
+    let (want, ids4) = {
+        use onepass_decide::choice::DecideRequest;
+        let e = onepass_decide::Engine::load(dir.path(), Default::default()).unwrap();
+        let want: Vec<serde_json::Value> = steps
+            .iter()
+            .map(|s| {
+                e.choose(&DecideRequest::from_json(s, &[]).unwrap())
+                    .unwrap()
+                    .to_json()
+            })
+            .collect();
+        let gen = e.generator().unwrap();
+        let ids = gen
+            .decide_prompt()
+            .split(
+                &gen.tokenizer,
+                steps[3]["prefix"].as_str().unwrap(),
+                steps[3]["suffix"].as_str().unwrap(),
+            )
+            .unwrap()
+            .ids;
+        (want, ids)
+    };
+    let mut srv = Server::start(dir.path(), &["--prefix-cache-mb", "64"]);
+    let addr = srv.addr.clone();
+    let json_h = [("content-type", "application/json")];
+    let post = |body: &serde_json::Value| {
+        let (status, _, raw) = http(
+            &addr,
+            "POST",
+            "/v1/decide",
+            &json_h,
+            body.to_string().as_bytes(),
+        );
+        (
+            status,
+            serde_json::from_slice::<serde_json::Value>(&raw).unwrap(),
+        )
+    };
+    for (s, w) in steps.iter().zip(&want) {
+        let (status, v) = post(s);
+        assert_eq!(status, 200, "{v}");
+        for k in ["id", "best", "choice_logp", "n_tokens", "n_reused"] {
+            assert_eq!(v[k], w[k], "step {}: {k}", s["id"]);
+        }
+    }
+    let reused: Vec<u64> = want
+        .iter()
+        .map(|w| w["n_reused"].as_u64().unwrap())
+        .collect();
+    assert!(
+        reused[0] == 0 && reused[1] > 0 && reused[2] == reused[1] && reused[3] == 0,
+        "{reused:?}"
+    );
+    // The whole decision against the teacher-forced logits of the same ids.
+    let ids: Vec<String> = ids4.iter().map(u32::to_string).collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
+        .args([
+            "logits",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--last",
+            "--ids",
+            &ids.join(","),
+        ])
+        .output()
+        .unwrap();
+    let logits: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row: Vec<f32> = logits["logits"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    let tok = onepass_tokenizer::Tokenizer::from_dir(dir.path(), Some("qwen3_5_text")).unwrap();
+    let firsts: Vec<u32> = ["A", "B"]
+        .iter()
+        .map(|c| tok.encode(c).unwrap()[0])
+        .collect();
+    let lp = onepass_decide::choice::score::log_softmax_at(&row, &firsts);
+    assert_eq!(want[3]["choice_logp"], serde_json::json!(lp));
+    // Refusals: 400, the request's id, the cause named.
+    for (body, cause) in [
+        (
+            serde_json::json!({"id": 7, "prefix": "p", "choices": []}),
+            "choices is empty",
+        ),
+        (
+            serde_json::json!({"id": 8, "prefix": "p", "choices": ["Yes", "Yes, always"]}),
+            "both begin with token",
+        ),
+        (
+            serde_json::json!({"id": 9, "prefix": "p", "choices": ["A"], "sufix": "s"}),
+            "unknown field \"sufix\"",
+        ),
+    ] {
+        let (status, v) = post(&body);
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(
+            (v["id"].clone(), v["error"]["type"].clone()),
+            (body["id"].clone(), "invalid_request".into())
+        );
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(cause),
+            "{v}"
+        );
+    }
+    let (status, _, raw) = http(&addr, "POST", "/v1/decide", &json_h, b"{not json");
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&raw));
+    let (_, _, metrics) = http(&addr, "GET", "/metrics", &[], b"");
+    let metrics = String::from_utf8(metrics).unwrap();
+    for line in [
+        "onepass_prefix_cache_hits_total 2",
+        "onepass_prefix_cache_misses_total 1",
+        "onepass_prefix_cache_entries 2",
+        "onepass_prefix_cache_capacity_bytes 67108864",
+        "onepass_requests_total{route=\"/v1/decide\",status=\"200\"} 4",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    srv.stop();
+    // Nothing kept: every step prefilled whole, the same answers within f32 rounding of the pieces.
+    let mut srv = Server::start(dir.path(), &["--prefix-cache-mb", "0", "--quiet"]);
+    let addr = srv.addr.clone();
+    for (s, w) in steps.iter().zip(&want) {
+        let (status, _, raw) = http(
+            &addr,
+            "POST",
+            "/v1/decide",
+            &json_h,
+            s.to_string().as_bytes(),
+        );
+        assert_eq!(status, 200);
+        let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+        assert_eq!(
+            (v["n_reused"].as_u64(), v["best"].clone()),
+            (Some(0), w["best"].clone())
+        );
+        for (a, b) in v["choice_logp"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(w["choice_logp"].as_array().unwrap())
+        {
+            assert!((a.as_f64().unwrap() - b.as_f64().unwrap()).abs() <= 1e-4);
+        }
+    }
+    srv.stop();
+}

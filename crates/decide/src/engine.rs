@@ -36,13 +36,14 @@
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 pub use onepass_engine::{AnyBackend, Backend, Pick};
 use onepass_model::{Model, ModelError};
 use onepass_tokenizer::{Tokenizer, TokenizerError};
 
 use crate::assemble::softmax;
+use crate::choice::PrefixLru;
 use crate::config::{ConfigError, DecideConfig};
 use crate::error::ApiError;
 use crate::generate::{GenerateError, Generator};
@@ -77,6 +78,9 @@ pub struct EngineOptions {
     /// `DECIDER_MAX_STATE_TOKENS`: replaces the config's cap on the ids of `"Context:\n" + state` (default: the
     /// config's, [`crate::config::DEFAULT_MAX_STATE_TOKENS`]).
     pub max_state_tokens: Option<usize>,
+    /// Bytes of prefix states [`Engine::choose`] keeps for later decisions (`--prefix-cache-mb`; 0: none). Default
+    /// 1 GiB.
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for EngineOptions {
@@ -89,6 +93,7 @@ impl Default for EngineOptions {
             layout: None,
             temperature: None,
             max_state_tokens: None,
+            prefix_cache_bytes: 1 << 30,
         }
     }
 }
@@ -139,6 +144,8 @@ pub struct Engine<B: Backend = Model> {
     /// The model folder and `model_type`, for the generation side (loaded on first use, [`Engine::generator`]).
     dir: Option<(PathBuf, String)>,
     generator: OnceLock<Result<Generator, GenerateError>>,
+    /// The prefix states of [`Engine::choose`], least recently used out first (crate::choice).
+    prefix_lru: Mutex<PrefixLru<B::State>>,
 }
 
 /// One row's work inside a `score` call: where its state comes from, the ids still to run, where its slots are.
@@ -237,6 +244,30 @@ impl<B: Backend> Engine<B> {
             .map_err(Clone::clone)
     }
 
+    /// One decision over a list of choices ([`crate::choice`], `POST /v1/decide`), with the engine's LRU of prefix states standing in
+    /// for a session's kept state (the server's `POST /v1/decide`). Decisions run one at a time (the LRU is held for
+    /// the whole decision).
+    pub fn choose(
+        &self,
+        req: &crate::choice::DecideRequest,
+    ) -> Result<crate::choice::DecideAnswer, crate::choice::DecideError> {
+        let gen = self
+            .generator()
+            .map_err(|e| crate::choice::DecideError::server(req.id.clone(), e.message.clone()))?;
+        let prompt = gen.decide_prompt();
+        let mut lru = self.prefix_lru.lock().unwrap_or_else(|p| p.into_inner());
+        let store = (lru.cap_bytes() > 0).then_some(&mut *lru);
+        crate::choice::decide(&self.model, &gen.tokenizer, &prompt, store, req)
+    }
+
+    /// What the prefix-state LRU of [`Engine::choose`] has done and holds.
+    pub fn prefix_cache_stats(&self) -> crate::choice::PrefixCacheStats {
+        self.prefix_lru
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stats()
+    }
+
     /// A session over this engine ([`Session`]).
     pub fn session(&self, opts: SessionOptions) -> Session<'_, B> {
         Session::new(self, opts)
@@ -294,6 +325,7 @@ impl<B: Backend> Engine<B> {
             model.state_bytes(&st)
         };
         let state_bytes_per_token = model.state_bytes_per_token();
+        let prefix_cache_bytes = opts.prefix_cache_bytes;
         Ok(Engine {
             model,
             tokenizer,
@@ -304,6 +336,7 @@ impl<B: Backend> Engine<B> {
             state_bytes_per_token,
             dir: None,
             generator: OnceLock::new(),
+            prefix_lru: Mutex::new(PrefixLru::new(prefix_cache_bytes)),
         })
     }
 

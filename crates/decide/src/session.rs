@@ -8,13 +8,14 @@
 //! | `"cmd"` | request | answer |
 //! | --- | --- | --- |
 //! | `generate` | [`crate::generate::parse_generate`]'s fields | [`Generation::to_json`] |
-//! | `decide` | refused unless the session was opened with decisions on ([`SessionOptions::decide`]) | |
+//! | `decide` | [`DecideRequest`]'s fields (refused unless the session was opened with [`SessionOptions::decide`]) | [`DecideAnswer::to_json`] |
 //!
 //! [`Session::handle_line`] is the one dispatch point on `"cmd"`.
 
 use onepass_engine::Backend;
 use serde_json::{json, Value as J};
 
+use crate::choice::{DecideAnswer, DecideError, DecideRequest, DecideSession, PrefixCacheMode};
 use crate::engine::Engine;
 use crate::generate::{self, parse_generate, GenerateError, GenerateRequest, Generation};
 
@@ -23,12 +24,16 @@ use crate::generate::{self, parse_generate, GenerateError, GenerateRequest, Gene
 pub struct SessionOptions {
     /// Decide requests are answered (off: they are refused, harmlessly, and nothing is kept for them).
     pub decide: bool,
+    /// Whether decisions keep the prefix state between them (`--decide-prefix-cache`).
+    pub prefix_cache: PrefixCacheMode,
 }
 
 /// One caller's requests to `engine`, in order.
 pub struct Session<'e, B: Backend> {
     engine: &'e Engine<B>,
     opts: SessionOptions,
+    /// The decisions' prompt rule and kept prefix state, made on the first decision (none without `decide`).
+    decider: Option<DecideSession<B::State>>,
 }
 
 /// `{"id", "error": {"type", "message"}}`.
@@ -38,7 +43,11 @@ pub fn error_line(id: &J, e: &GenerateError) -> J {
 
 impl<'e, B: Backend> Session<'e, B> {
     pub fn new(engine: &'e Engine<B>, opts: SessionOptions) -> Session<'e, B> {
-        Session { engine, opts }
+        Session {
+            engine,
+            opts,
+            decider: None,
+        }
     }
 
     pub fn engine(&self) -> &'e Engine<B> {
@@ -56,8 +65,36 @@ impl<'e, B: Backend> Session<'e, B> {
         req: &GenerateRequest,
         on_delta: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation, GenerateError> {
+        // A kept prefix state is worth its memory only while decisions follow one another.
+        if let Some(d) = &mut self.decider {
+            d.drop_kept();
+        }
         let gen = self.engine.generator()?;
         generate::generate(self.engine.model(), gen, req, on_delta)
+    }
+
+    /// One decision over `req.choices` ([`crate::choice`]); with the prefix cache on it restores and keeps the prefix
+    /// state. Refused (harmlessly: nothing runs, nothing is kept) unless the session was opened with decisions on.
+    pub fn decide(&mut self, req: &DecideRequest) -> Result<DecideAnswer, DecideError> {
+        if !self.opts.decide {
+            return Err(DecideError::unsupported(
+                req.id.clone(),
+                "decide requests need a session opened with --decide".into(),
+            ));
+        }
+        let gen = self
+            .engine
+            .generator()
+            .map_err(|e| DecideError::server(req.id.clone(), e.message.clone()))?;
+        let decider = self
+            .decider
+            .get_or_insert_with(|| DecideSession::new(gen.decide_prompt(), self.opts.prefix_cache));
+        decider.decide(self.engine.model(), &gen.tokenizer, req)
+    }
+
+    /// The ids of the kept prefix state, if one is kept.
+    pub fn kept_prefix(&self) -> Option<&[u32]> {
+        self.decider.as_ref().and_then(|d| d.kept_ids())
     }
 
     /// Answers one input line: `out` gets every output line (deltas, then exactly one answer or error), each one JSON
@@ -106,14 +143,12 @@ impl<'e, B: Backend> Session<'e, B> {
     }
 
     /// A `{"cmd": "decide", ...}` line.
-    fn decide_line(&mut self, _v: &J) -> Result<J, GenerateError> {
-        if !self.opts.decide {
-            return Err(GenerateError::unsupported(
-                "decide requests need a session opened with --decide",
-            ));
-        }
-        Err(GenerateError::unsupported(
-            "decide requests are not available in this version",
-        ))
+    fn decide_line(&mut self, v: &J) -> Result<J, GenerateError> {
+        let as_line = |e: DecideError| GenerateError {
+            kind: e.type_name(),
+            message: e.message,
+        };
+        let req = DecideRequest::from_json(v, &["cmd"]).map_err(as_line)?;
+        self.decide(&req).map(|a| a.to_json()).map_err(as_line)
     }
 }

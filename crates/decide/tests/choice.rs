@@ -508,3 +508,134 @@ fn decisions_match_transformers() {
         lines.len()
     );
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Sessions: decisions next to generation, on a checkpoint with the real Qwen3.5 tokenizer and the Qwen3-style
+// template (an engine needs the 255-label table, so the tiny synthetic vocabulary will not do).
+
+fn session_engine() -> &'static onepass_decide::Engine {
+    static E: OnceLock<onepass_decide::Engine> = OnceLock::new();
+    E.get_or_init(|| {
+        let dir = common::process_dir().join("session-tiny-qwen-vocab");
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = synth::preset("tiny-qwen-vocab").unwrap();
+        synth::write_checkpoint(&spec, &dir, &mut |_, _| {}).unwrap();
+        let tok = common::root().join("testdata/qwen3_5-tokenizer");
+        for f in ["tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(tok.join(f), dir.join(f))
+                .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
+        }
+        std::fs::write(
+            dir.join("chat_template.jinja"),
+            onepass_tokenizer::QWEN3_CHAT_TEMPLATE,
+        )
+        .unwrap();
+        onepass_decide::Engine::load(&dir, onepass_decide::EngineOptions::default()).unwrap()
+    })
+}
+
+fn greedy() -> onepass_decide::generate::GenerateRequest {
+    onepass_decide::generate::parse_generate(&json!({
+        "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 12, "temperature": 0
+    }))
+    .unwrap()
+}
+
+fn generate(
+    s: &mut onepass_decide::Session<'_, onepass_model::Model>,
+) -> onepass_decide::Generation {
+    s.generate(&greedy(), &mut |_| true).unwrap()
+}
+
+/// A generation after a decision, and after a refused one, equals a generation in a session that never saw them; it
+/// drops the kept state, and the next decision starts fresh and answers as before.
+#[test]
+fn a_generation_after_decisions_equals_one_that_never_saw_them() {
+    let e = session_engine();
+    let opts = onepass_decide::SessionOptions {
+        decide: true,
+        prefix_cache: PrefixCacheMode::On,
+    };
+    let fresh = generate(&mut e.session(opts));
+    let mut s = e.session(opts);
+    let steps = agent_steps();
+    let first = s.decide(&steps[0]).unwrap();
+    let second = s.decide(&steps[1]).unwrap();
+    assert!(second.n_reused > 0 && s.kept_prefix().is_some());
+    let mut bad = steps[1].clone();
+    bad.choices = vec!["A".into(), "A".into()];
+    assert_eq!(s.decide(&bad).unwrap_err().kind, ErrorKind::InvalidRequest);
+    let after = generate(&mut s);
+    assert_eq!((&after.tokens, &after.text), (&fresh.tokens, &fresh.text));
+    assert!(after.tokens.len() > 1);
+    assert_eq!(s.kept_prefix(), None, "a generation drops the kept state");
+    let again = s.decide(&steps[0]).unwrap();
+    assert_eq!(
+        (again.n_reused, &again.choice_logp),
+        (0, &first.choice_logp)
+    );
+}
+
+/// Without decisions on, a decide line is refused with a message, nothing is kept, and the session goes on.
+#[test]
+fn a_session_without_decide_refuses_harmlessly() {
+    let e = session_engine();
+    let fresh = generate(&mut e.session(Default::default()));
+    let mut s = e.session(onepass_decide::SessionOptions::default());
+    let mut lines = Vec::new();
+    let line =
+        json!({"cmd": "decide", "id": 9, "prefix": "p", "suffix": "s", "choices": ["A", "B"]});
+    s.handle_line(&line.to_string(), &mut |v| lines.push(v.clone()));
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["id"], 9);
+    assert_eq!(lines[0]["error"]["type"], "unsupported");
+    assert!(lines[0]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--decide"));
+    assert_eq!(s.kept_prefix(), None);
+    let after = generate(&mut s);
+    assert_eq!(after.tokens, fresh.tokens);
+}
+
+/// The session's decide line is the library call's answer, one JSON line, `"cmd"` accepted; a malformed one is an
+/// error line naming the field; the engine's LRU (the server's `/v1/decide`) answers as the session does.
+#[test]
+fn decide_lines_and_the_engine_lru_answer_as_the_library() {
+    let e = session_engine();
+    let opts = onepass_decide::SessionOptions {
+        decide: true,
+        prefix_cache: PrefixCacheMode::Auto,
+    };
+    let mut lib = e.session(opts);
+    let mut lines = e.session(opts);
+    let before = e.prefix_cache_stats();
+    for r in agent_steps() {
+        let a = lib.decide(&r).unwrap();
+        let mut line = json!({"cmd": "decide", "id": r.id, "prefix": r.prefix, "suffix": r.suffix, "choices": r.choices});
+        let mut out = Vec::new();
+        lines.handle_line(&line.to_string(), &mut |v| out.push(v.clone()));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0]["choice_logp"], json!(a.choice_logp));
+        assert_eq!(out[0]["n_reused"], json!(a.n_reused));
+        assert_eq!(
+            (out[0]["id"].clone(), out[0]["best"].clone()),
+            (r.id.clone(), json!(a.best))
+        );
+        let b = e.choose(&r).unwrap();
+        assert_eq!((b.n_reused, &b.choice_logp), (a.n_reused, &a.choice_logp));
+        line["choicez"] = json!(1);
+        out.clear();
+        lines.handle_line(&line.to_string(), &mut |v| out.push(v.clone()));
+        assert!(out[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"choicez\""));
+    }
+    let after = e.prefix_cache_stats();
+    assert_eq!(
+        (after.hits - before.hits, after.misses - before.misses),
+        (3, 1)
+    );
+    assert!(after.bytes > 0 && after.entries == 3);
+}

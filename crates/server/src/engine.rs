@@ -4,6 +4,7 @@
 //! A trait so tests can drive the HTTP layer with fakes (a slow engine, an engine that fails or panics);
 //! [`onepass_decide::Engine`] is the real implementation.
 
+use onepass_decide::choice::{DecideAnswer, DecideError, DecideRequest, PrefixCacheStats};
 use onepass_decide::engine::Backend;
 use onepass_decide::{
     DecideConfig, Engine, GenerateError, GenerateRequest, Generation, Plan, SessionOptions,
@@ -36,6 +37,17 @@ pub trait DecideEngine: Send + Sync + 'static {
         let _ = (req, on_delta);
         Err(GenerateError::unsupported("this server does not generate"))
     }
+    /// One decision over a list of choices (`POST /v1/decide`). Default: refused (an engine that only scores).
+    fn choose(&self, req: &DecideRequest) -> Result<DecideAnswer, DecideError> {
+        Err(DecideError::unsupported(
+            req.id.clone(),
+            "this server does not answer decide requests".into(),
+        ))
+    }
+    /// The prefix-state cache's counters, for `/metrics` (`None`: no cache).
+    fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        None
+    }
 }
 
 impl<B: Backend + 'static> DecideEngine for Engine<B> {
@@ -61,5 +73,11 @@ impl<B: Backend + 'static> DecideEngine for Engine<B> {
     ) -> Result<Generation, GenerateError> {
         self.session(SessionOptions::default())
             .generate(req, on_delta)
+    }
+    fn choose(&self, req: &DecideRequest) -> Result<DecideAnswer, DecideError> {
+        Engine::choose(self, req)
+    }
+    fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        Some(Engine::prefix_cache_stats(self))
     }
 }

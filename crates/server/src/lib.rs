@@ -17,6 +17,7 @@
 
 pub mod batcher;
 pub mod body;
+mod choices;
 pub mod engine;
 pub mod metrics;
 mod openai;
@@ -95,6 +96,8 @@ pub struct App {
     preparing: Semaphore,
     /// One generation at a time (each holds one admission row while it waits or runs).
     generating: Arc<Semaphore>,
+    /// One decision over choices at a time (they share the engine's prefix-state cache).
+    deciding: Arc<Semaphore>,
     id_seed: u64,
     seq: AtomicU64,
 }
@@ -126,6 +129,7 @@ pub fn router(
         metrics,
         preparing: Semaphore::new(opts.max_preparing.max(1)),
         generating: Arc::new(Semaphore::new(1)),
+        deciding: Arc::new(Semaphore::new(1)),
         id_seed: std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish(),
@@ -135,6 +139,7 @@ pub fn router(
     let r = Router::new()
         .route("/v1/systemone", post(systemone))
         .route("/decide", post(decide))
+        .route("/v1/decide", post(choices::decide))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(models))
@@ -151,13 +156,14 @@ pub fn router(
 
 /// What a route did, for the log line and the metrics (a response extension).
 #[derive(Debug, Clone, Copy, Default)]
-struct Work {
-    rows: u64,
-    tokens: u64,
-    decisions: u64,
+pub(crate) struct Work {
+    pub(crate) rows: u64,
+    pub(crate) tokens: u64,
+    pub(crate) decisions: u64,
 }
 
-const ROUTES: [&str; 7] = [
+const ROUTES: [&str; 8] = [
+    "/v1/decide",
     "/v1/systemone",
     "/decide",
     "/v1/chat/completions",
@@ -243,7 +249,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// An [`ApiError`] as Starlette writes it. A 503 (queue full) also says when to retry, which the TypeSafe SDK
 /// honours (the reference sends no such header; clients that ignore it see the same response).
-fn json_error(e: ApiError) -> Response {
+pub(crate) fn json_error(e: ApiError) -> Response {
     let (status, ctype, body) = e.served_body();
     let mut r = raw(status, ctype, body);
     if status == 503 {
@@ -253,7 +259,7 @@ fn json_error(e: ApiError) -> Response {
     r
 }
 
-fn raw(status: u16, ctype: &'static str, body: String) -> Response {
+pub(crate) fn raw(status: u16, ctype: &'static str, body: String) -> Response {
     let mut r = (
         StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         body,
@@ -521,10 +527,13 @@ async fn health(State(app): State<Arc<App>>) -> Response {
 
 /// `GET /metrics`: Prometheus text.
 async fn metrics_route(State(app): State<Arc<App>>) -> Response {
-    let text = app.metrics.render(
+    let mut text = app.metrics.render(
         app.admission.outstanding(),
         app.admission.max_rows,
         app.batcher.alive(),
     );
+    if let Some(stats) = app.engine.prefix_cache_stats() {
+        text.push_str(&choices::metrics(&stats));
+    }
     raw(200, "text/plain; version=0.0.4; charset=utf-8", text)
 }

@@ -19,7 +19,7 @@ pub mod score;
 use std::fmt::Display;
 use std::time::Instant;
 
-use onepass_model::{Model, ModelError, SequenceState};
+use onepass_engine::{Backend, Pick};
 use onepass_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
@@ -45,31 +45,33 @@ pub trait DecideModel {
     fn prefill_logits(&self, st: &mut Self::State, ids: &[u32]) -> Result<Vec<f32>, Self::Error>;
 }
 
-impl DecideModel for Model {
-    type State = SequenceState;
-    type Error = ModelError;
+/// Every model of the sequence API: a prefill is one [`Backend::extend`] (one forward, so a decision prefilled whole is
+/// the teacher-forced forward of its ids), the row at its last id over the whole vocabulary.
+impl<B: Backend> DecideModel for B {
+    type State = B::State;
+    type Error = B::Error;
     fn vocab_size(&self) -> usize {
-        Model::vocab_size(self)
+        Backend::vocab_size(self)
     }
     fn max_positions(&self) -> usize {
-        self.text_config().max_position_embeddings
+        Backend::max_positions(self)
     }
-    fn new_state(&self) -> Result<SequenceState, ModelError> {
-        Ok(Model::new_state(self))
+    fn new_state(&self) -> Result<B::State, B::Error> {
+        Backend::new_state(self)
     }
-    fn copy_state(&self, st: &SequenceState) -> Result<SequenceState, ModelError> {
-        Ok(st.snapshot())
+    fn copy_state(&self, st: &B::State) -> Result<B::State, B::Error> {
+        self.snapshot(st)
     }
-    fn state_bytes(&self, st: &SequenceState) -> usize {
-        st.bytes()
+    fn state_bytes(&self, st: &B::State) -> usize {
+        Backend::state_bytes(self, st)
     }
-    fn prefill(&self, st: &mut SequenceState, ids: &[u32]) -> Result<(), ModelError> {
-        self.forward(st, ids).map(|_| ())
+    fn prefill(&self, st: &mut B::State, ids: &[u32]) -> Result<(), B::Error> {
+        self.extend(st, ids, 0, &[], Pick::Full).map(|_| ())
     }
-    fn prefill_logits(&self, st: &mut SequenceState, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let hidden = self.forward(st, ids)?;
-        let h = self.hidden_size();
-        Ok(self.logits(&hidden[hidden.len() - h..]))
+    fn prefill_logits(&self, st: &mut B::State, ids: &[u32]) -> Result<Vec<f32>, B::Error> {
+        let last = ids.len().saturating_sub(1);
+        let mut rows = self.extend(st, ids, 0, &[last], Pick::Full)?;
+        Ok(rows.pop().unwrap_or_default())
     }
 }
 
@@ -108,6 +110,8 @@ pub enum ErrorKind {
     InvalidRequest,
     /// The model failed while running it.
     Server,
+    /// This session or server does not answer decisions.
+    Unsupported,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -128,6 +132,14 @@ impl DecideError {
         }
     }
 
+    pub fn unsupported(id: Value, message: String) -> DecideError {
+        DecideError {
+            id,
+            kind: ErrorKind::Unsupported,
+            message,
+        }
+    }
+
     pub fn server(id: Value, message: String) -> DecideError {
         DecideError {
             id,
@@ -141,6 +153,7 @@ impl DecideError {
         match self.kind {
             ErrorKind::InvalidRequest => "invalid_request",
             ErrorKind::Server => "model",
+            ErrorKind::Unsupported => "unsupported",
         }
     }
 

@@ -226,6 +226,16 @@ impl Generator {
             .map_err(|e| GenerateError::invalid(e.to_string()))
     }
 
+    /// How this model's decisions over choices are prompted: its chat template with its special tokens, else plain
+    /// text (the same template and tokenizer a chat turn uses, so a decision and a first chat turn over the same text
+    /// see the same prompt).
+    pub fn decide_prompt(&self) -> crate::choice::DecidePrompt {
+        match self.template.as_deref().filter(|t| !t.trim().is_empty()) {
+            Some(t) => crate::choice::DecidePrompt::with_template(t, self.special.clone()),
+            None => crate::choice::DecidePrompt::plain(),
+        }
+    }
+
     /// Whether the model has a chat template.
     pub fn has_template(&self) -> bool {
         self.template.as_deref().is_some_and(|t| !t.is_empty())
