@@ -212,57 +212,25 @@ mod tests {
         let p = [0.2f64, 0.5, 0.3];
         let logits: Vec<f32> = p.iter().map(|x| x.ln() as f32).collect();
         let mut rng = Rng::new(3);
-        let seen = |s: Sampling, rng: &mut Rng| {
+        // (top_k, top_p) → which ids can be drawn; one RNG stream through the cases in order.
+        let cases = [
+            (2, 1.0, [false, true, true]),
+            (0, 0.75, [false, true, true]),
+            (0, 0.5, [false, true, false]),
+            (0, 0.9, [true, true, true]),
+        ];
+        for (top_k, top_p, want) in cases {
+            let s = Sampling {
+                temperature: 1.0,
+                top_k,
+                top_p,
+            };
             let mut seen = [false; 3];
             for _ in 0..2000 {
-                seen[sample(&logits, &s, rng) as usize] = true;
+                seen[sample(&logits, &s, &mut rng) as usize] = true;
             }
-            seen
-        };
-        assert_eq!(
-            seen(
-                Sampling {
-                    temperature: 1.0,
-                    top_k: 2,
-                    top_p: 1.0
-                },
-                &mut rng
-            ),
-            [false, true, true]
-        );
-        assert_eq!(
-            seen(
-                Sampling {
-                    temperature: 1.0,
-                    top_k: 0,
-                    top_p: 0.75
-                },
-                &mut rng
-            ),
-            [false, true, true]
-        );
-        assert_eq!(
-            seen(
-                Sampling {
-                    temperature: 1.0,
-                    top_k: 0,
-                    top_p: 0.5
-                },
-                &mut rng
-            ),
-            [false, true, false]
-        );
-        assert_eq!(
-            seen(
-                Sampling {
-                    temperature: 1.0,
-                    top_k: 0,
-                    top_p: 0.9
-                },
-                &mut rng
-            ),
-            [true, true, true]
-        );
+            assert_eq!(seen, want, "top_k {top_k}, top_p {top_p}");
+        }
     }
 
     /// The first cut is exact: a flat distribution whose top-p set is larger than the cut sorts the whole vocabulary.
