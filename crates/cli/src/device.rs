@@ -158,18 +158,56 @@ pub fn bench_cuda(
         p50 * 1e3,
         p95 * 1e3
     );
-    // Decode: one token at a time after the first prompt.
+    // Decode: one token at a time after the first prompt, the next token the argmax of the full-vocabulary
+    // logits (what greedy generation reads); then the same steps reading one logit, and where a step's time goes.
     let mut st = g.new_state()?;
     g.forward(&mut st, &prompt(lens.first().copied().unwrap_or(128), v, 1))?;
+    let argmax = |l: &[f32]| {
+        l.iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+            )
+            .0 as u32
+    };
     let mut next = 1u32;
+    let mut full_step = |st: &mut onepass_cuda::CudaState, next: &mut u32| -> Result<()> {
+        let h = g.forward(st, &[*next])?;
+        *next = argmax(&g.logits(&h)?);
+        Ok(())
+    };
+    for _ in 0..4.min(decode) {
+        full_step(&mut st, &mut next)?;
+    }
     let t0 = Instant::now();
+    for _ in 0..decode {
+        full_step(&mut st, &mut next)?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
     for _ in 0..decode {
         let h = g.forward(&mut st, &[next])?;
         next = (g.logits_rows(&h, &[(0, 5)])?[0].to_bits() % v) as u32;
     }
-    let secs = t0.elapsed().as_secs_f64();
+    let one_secs = t1.elapsed().as_secs_f64();
+    let t2 = Instant::now();
+    for _ in 0..decode {
+        let h = g.forward(&mut st, &[next])?;
+        next = g.argmax_at(&h, &[0])?[0];
+    }
+    let gpu_secs = t2.elapsed().as_secs_f64();
     if decode > 0 {
-        eprintln!("decode: {:.1} tok/s", decode as f64 / secs);
+        eprintln!(
+            "decode: {:.1} tok/s with full-vocabulary logits to the host ({:.3} ms a step), {:.1} tok/s with the \
+             argmax on the GPU ({:.3} ms), {:.1} tok/s reading one logit",
+            decode as f64 / secs,
+            secs * 1e3 / decode as f64,
+            decode as f64 / gpu_secs,
+            gpu_secs * 1e3 / decode as f64,
+            decode as f64 / one_secs
+        );
+        decode_profile(&g, &mut st, &mut full_step, &mut next)?;
     }
     println!(
         "{}",
@@ -178,8 +216,56 @@ pub fn bench_cuda(
             "prefill": prefill,
             "systemone_like": {"rows": rows, "prefix": pre, "suffix": suf, "unique_tokens": pre + rows * suf,
                 "p50_ms": p50 * 1e3, "p95_ms": p95 * 1e3, "requests": times.len()},
-            "decode": {"tokens": decode, "seconds": secs, "tokens_per_s": if secs > 0.0 { decode as f64 / secs } else { 0.0 }},
+            "decode": {"tokens": decode, "seconds": secs, "tokens_per_s": if secs > 0.0 { decode as f64 / secs } else { 0.0 },
+                "gpu_argmax_tokens_per_s": if gpu_secs > 0.0 { decode as f64 / gpu_secs } else { 0.0 },
+                "one_logit_tokens_per_s": if one_secs > 0.0 { decode as f64 / one_secs } else { 0.0 }},
         })
+    );
+    Ok(())
+}
+
+/// Where a decode step's time goes: GPU time by op (CUDA events, 16 steps, without graphs), then 16 steps as they
+/// run (graphs on) against the host time queueing their forwards and each forward's GPU span.
+fn decode_profile(
+    g: &onepass_cuda::CudaModel,
+    st: &mut onepass_cuda::CudaState,
+    step: &mut dyn FnMut(&mut onepass_cuda::CudaState, &mut u32) -> Result<()>,
+    next: &mut u32,
+) -> Result<()> {
+    const STEPS: usize = 16;
+    g.profile_start();
+    for _ in 0..STEPS {
+        step(st, next)?;
+    }
+    let ops = g.profile_take()?;
+    let total: f64 = ops.iter().map(|o| o.1).sum();
+    eprintln!(
+        "decode step by op (CUDA events, {STEPS} steps, no graphs): {:.3} ms",
+        total / STEPS as f64
+    );
+    for (name, ms, count) in &ops {
+        eprintln!(
+            "  {name:<22} {:>8.4} ms {:>5.1}% {:>6} launches/step",
+            ms / STEPS as f64,
+            100.0 * ms / total,
+            count / STEPS
+        );
+    }
+    for _ in 0..4 {
+        step(st, next)?;
+    }
+    let (h0, t0) = (g.host_enqueue_ns(), Instant::now());
+    g.span_start();
+    for _ in 0..STEPS {
+        step(st, next)?;
+    }
+    let wall = t0.elapsed().as_secs_f64() * 1e3 / STEPS as f64;
+    let spans = g.span_take()?;
+    let gpu = spans.iter().sum::<f64>() / STEPS as f64;
+    let queue = (g.host_enqueue_ns() - h0) as f64 / 1e6 / STEPS as f64;
+    eprintln!(
+        "decode step as it runs: {wall:.3} ms, of which {queue:.3} ms queueing the forward on the host; the GPU from \
+         the table upload to the final norm: {gpu:.3} ms (the rest: the head, the logits' copy, the argmax)"
     );
     Ok(())
 }

@@ -7,14 +7,73 @@
 //! counts no candidate beat GemmEx by more than 2% on any 0.8B projection, and tuning cost 5–50 ms per new shape on a
 //! server's first requests (docs/benchmarks/history/cuda-notes-2026-11-30.md).
 //!
+//! A bf16 product of at most [`GEMV_ROWS`] rows (decode) runs the `gemv_bf16` kernel instead: every weight row
+//! read once, 16 bytes per lane, at the memory bandwidth where cuBLAS's kernels for so few rows are not; the sums
+//! are in another order, so results differ from the GEMM's by f32 rounding.
+//!
 //! Column-major view (cuBLAS's): `y_cm[N, T] (ld ldy) = op(w_cm)[N, K] · x_cm[K, T]`, where `w_cm` is
 //! `[K, N]` (ld K) transposed and `x_cm` is `[K, T]` (ld K).
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
 
+use crate::launch;
 use crate::ops::W;
-use crate::runtime::Gpu;
+use crate::runtime::{cfg, Gpu};
 use crate::CudaError;
+
+/// The most x rows the `gemv_bf16` kernel takes (`GEMV_ROWS` in kernels.cu).
+pub const GEMV_ROWS: usize = 8;
+
+/// Whether `gemv_bf16` takes x (row stride `ldx`) and w (row stride `ldw`) over K: 16-byte loads need K and both
+/// strides multiples of 8 bf16 and both base addresses 16-byte aligned.
+fn gemv_fits(x: u64, ldx: usize, k: usize, w: u64, ldw: usize) -> bool {
+    k.is_multiple_of(8)
+        && ldx.is_multiple_of(8)
+        && ldw.is_multiple_of(8)
+        && x.is_multiple_of(16)
+        && w.is_multiple_of(16)
+}
+
+/// `gemv_bf16`: y[r, n] = Σ_{e < group} x[r·group + e] · w[n]ᵀ + beta · y[r, n] over `rows` x rows.
+#[allow(clippy::too_many_arguments)]
+fn gemv(
+    g: &Gpu,
+    (x, ldx, rows, group): (u64, usize, usize, usize),
+    k: usize,
+    (w, ldw, n): (u64, usize, usize),
+    (y, ldy): (u64, usize),
+    beta: f32,
+) -> Result<(), CudaError> {
+    let f = &g.k.gemv_bf16[usize::from(rows > 2)];
+    launch!(g, *f, cfg((n.div_ceil(8) as u32, 1), 256, 0);
+        x, ldx as i32, rows as i32, group as i32, k as i32, w, ldw as i32, n as i32, y, ldy as i32, beta)
+}
+
+/// [`gemm_ld`] for a split-precision input: row r of x holds its hi and lo bf16 planes side by side (`[hi | lo]`,
+/// K values each, row stride `ldx`) and `w` [N, K] multiplies their sum: y = (hi + lo) · wᵀ + beta · y. A few rows
+/// (decode) read w's first K columns once; otherwise one GEMM over 2K against the weight stored twice (`[W | W]`,
+/// row stride `ldw` at least 2K).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_split(
+    g: &Gpu,
+    x: u64,
+    ldx: usize,
+    t: usize,
+    k: usize,
+    w: W,
+    ldw: usize,
+    n: usize,
+    y: u64,
+    ldy: usize,
+    beta: f32,
+) -> Result<(), CudaError> {
+    if let W::Bf16(wp) = w {
+        if t > 0 && 2 * t <= GEMV_ROWS && ldx == 2 * k && ldy >= n && gemv_fits(x, k, k, wp, ldw) {
+            return gemv(g, (x, k, 2 * t, 2), k, (wp, ldw, n), (y, ldy), beta);
+        }
+    }
+    gemm_ld(g, x, ldx, t, 2 * k, w, ldw, n, y, ldy, beta)
+}
 
 /// The body of [`Gpu::gemm`]: `y[T, N] (row stride ldy) = x[T, K] · w[N, K]ᵀ + beta · y`, x in w's dtype.
 pub fn gemm(
@@ -52,6 +111,11 @@ pub fn gemm_ld(
         return Err(CudaError::Unsupported(format!(
             "gemm strides: ldx {ldx}, ldw {ldw} below K {k}, or ldy {ldy} below N {n}"
         )));
+    }
+    if let W::Bf16(wp) = w {
+        if t <= GEMV_ROWS && gemv_fits(x, ldx, k, wp, ldw) {
+            return gemv(g, (x, ldx, t, 1), k, (wp, ldw, n), (y, ldy), beta);
+        }
     }
     use blas_sys::cublasComputeType_t as C;
     let (w, dt, compute) = match w {

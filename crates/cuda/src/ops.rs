@@ -303,6 +303,15 @@ pub fn gdn_conv_prep(
         x, ld as i32, kernel as i32, cd as i32, segs, states, par)
 }
 
+/// `out[r]` (i32) = the index of the highest of x[r, :n] (f32): the lowest index among equal values, NaN never
+/// chosen, 0 when no value beats -inf (the host's `onepass_engine::argmax`).
+pub fn argmax_rows(g: &Gpu, x: u64, rows: usize, n: usize, out: u64) -> Result<(), CudaError> {
+    if n > i32::MAX as usize {
+        return Err(CudaError::Unsupported(format!("argmax over {n} values")));
+    }
+    launch!(g, g.k.argmax_rows, cfg((rows as u32, 1), 1024, 0); x, n as i32, out)
+}
+
 /// One-token gated delta step for segments of exactly one row.
 pub fn gdn_step(
     g: &Gpu,
@@ -316,7 +325,15 @@ pub fn gdn_step(
     nseg: usize,
     d: GdnDims,
 ) -> Result<(), CudaError> {
-    launch!(g, g.k.gdn_step, cfg((d.hv as u32, nseg as u32), 128, (8 * d.dk) as u32);
+    // The kernel keeps a value column's 16 row groups of at most 16 key rows each in registers.
+    if d.dk > 256 {
+        return Err(CudaError::Unsupported(format!(
+            "gated delta step with key head dim {} (at most 256)",
+            d.dk
+        )));
+    }
+    let grid = (d.hv as u32, d.dv.div_ceil(16) as u32, nseg as u32);
+    launch!(g, g.k.gdn_step, cfg3(grid, 256, (8 * d.dk) as u32);
         qkv, ld as i32, gg, beta, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32)
 }
 

@@ -42,6 +42,9 @@ pub struct Kernels {
     pub gdn_conv_prep: CudaFunction,
     pub gdn_conv_state: CudaFunction,
     pub gdn_step: CudaFunction,
+    /// `gemv_bf16_2`, `gemv_bf16_8`: at most 2 and at most 8 x rows.
+    pub gemv_bf16: [CudaFunction; 2],
+    pub argmax_rows: CudaFunction,
     pub attn_prep: CudaFunction,
     pub swiglu: CudaFunction,
     pub to_bf16: CudaFunction,
@@ -613,7 +616,7 @@ impl Gpu {
             };
         }
         let k = by_name! {
-            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, attn_prep, swiglu,
+            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, attn_prep, swiglu,
             to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait;
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
@@ -634,6 +637,7 @@ impl Gpu {
                 big("attention_bf1")?,
             ],
             attention_tc_combine: f("attention_tc_combine")?,
+            gemv_bf16: [f("gemv_bf16_2")?, f("gemv_bf16_8")?],
         };
         let name = ctx.name().op("device name")?;
         Ok(Arc::new(Gpu {

@@ -124,6 +124,14 @@ fn gemm_matches_cpu_on_odd_shapes() {
         (200, 3584, 1024, 0, 0),
         (200, 3584, 1024, 64, 0),
         (175, 1024, 8224, 0, 0),
+        // Decode's few rows (the gemv_bf16 kernel where K and the strides allow 16-byte loads; t = 9 and the
+        // unaligned offset go to cuBLAS).
+        (1, 1024, 3584, 0, 0),
+        (2, 1000, 130, 0, 0),
+        (5, 264, 4099, 3, 0),
+        (8, 3584, 1024, 5, 0),
+        (8, 1024, 333, 0, 1),
+        (9, 1024, 333, 0, 0),
     ];
     for (i, &(t, k, n, pad, off)) in shapes.iter().enumerate() {
         let c = case(t, k, n, n + pad, 100 + 10 * i as u64);
@@ -141,6 +149,67 @@ fn gemm_matches_cpu_on_odd_shapes() {
                 &|x, w, y| g.gemm(x, t, k, W::Bf16(w), n, y, ldy, beta),
             );
         }
+    }
+}
+
+/// A split-precision input (`[hi | lo]` per row, hi + lo = v) times a weight stored twice (`[W | W]`, as the model
+/// keeps input projections in split mode) equals (hi + lo) · wᵀ: the few-row kernel reading W once and the GEMM
+/// over 2K alike.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn split_input_gemm_multiplies_both_planes() {
+    let g = gpu();
+    for (i, &(t, k, n)) in [
+        (1, 1024, 700),
+        (3, 264, 130),
+        (4, 1000, 4099),
+        (5, 1024, 257),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let v = rnd(t * k, 700 + i as u64);
+        let hi = bf16_round(&v);
+        let lo: Vec<f32> = bf16_round(&v.iter().zip(&hi).map(|(a, b)| a - b).collect::<Vec<_>>());
+        let mut xs = Vec::with_capacity(2 * t * k);
+        for r in 0..t {
+            xs.extend_from_slice(&hi[r * k..(r + 1) * k]);
+            xs.extend_from_slice(&lo[r * k..(r + 1) * k]);
+        }
+        let w = bf16_round(&rnd(n * k, 800 + i as u64));
+        let mut w2 = Vec::with_capacity(2 * n * k);
+        for r in 0..n {
+            w2.extend_from_slice(&w[r * k..(r + 1) * k]);
+            w2.extend_from_slice(&w[r * k..(r + 1) * k]);
+        }
+        let sum: Vec<f32> = hi.iter().zip(&lo).map(|(a, b)| a + b).collect();
+        let mut want = vec![0.0; t * n];
+        cpu::matmul_t_reference(&sum, t, &Tensor::from_f32("w", vec![n, k], &w), &mut want);
+        let (xd, wd) = (
+            g.upload(&to_bf16_bits(&xs)).unwrap(),
+            g.upload(&to_bf16_bits(&w2)).unwrap(),
+        );
+        let y = g.zeros::<f32>(t * n).unwrap();
+        onepass_cuda::gemm::gemm_split(
+            &g,
+            g.ptr(&xd),
+            2 * k,
+            t,
+            k,
+            W::Bf16(g.ptr(&wd)),
+            2 * k,
+            n,
+            g.ptr(&y),
+            n,
+            0.0,
+        )
+        .unwrap();
+        check(
+            &format!("gemm_split t={t} k={k} n={n}"),
+            &g.download(&y, t * n).unwrap(),
+            &want,
+            TOL,
+        );
     }
 }
 

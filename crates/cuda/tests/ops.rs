@@ -233,6 +233,44 @@ fn swiglu_embed_readout_match_cpu() {
     );
 }
 
+/// Greedy decoding's pick on the GPU: the first index of the maximum, NaN skipped, 0 when nothing beats -inf; rows
+/// of odd widths up to the Qwen3.5 vocabulary, with ties placed in different threads' strides.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn argmax_rows_picks_the_first_maximum() {
+    let g = gpu();
+    let want = |row: &[f32]| -> i32 {
+        let top = row
+            .iter()
+            .copied()
+            .filter(|v| !v.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
+        if top == f32::NEG_INFINITY {
+            return 0;
+        }
+        row.iter().position(|&v| v == top).unwrap() as i32
+    };
+    for n in [1usize, 7, 1000, 1025, 248_320] {
+        let mut rows: Vec<Vec<f32>> = (0..4).map(|r| rnd(n, 900 + r)).collect();
+        // Row 1: the maximum twice, the later copy in another thread's stride; row 2: NaN before and at the
+        // maximum's place; row 3: nothing above -inf.
+        let m = n - 1;
+        rows[1][m] = 50.0;
+        rows[1][m / 3] = 50.0;
+        rows[2][0] = f32::NAN;
+        rows[2][m] = f32::NAN;
+        rows[2][m / 2] = 40.0;
+        rows[3] = vec![f32::NEG_INFINITY; n];
+        let flat: Vec<f32> = rows.concat();
+        let xd = g.upload(&flat).unwrap();
+        let out = g.alloc::<i32>(rows.len()).unwrap();
+        ops::argmax_rows(&g, g.ptr(&xd), rows.len(), n, g.ptr(&out)).unwrap();
+        let got = g.download(&out, rows.len()).unwrap();
+        let expect: Vec<i32> = rows.iter().map(|r| want(r)).collect();
+        assert_eq!(got, expect, "argmax over rows of {n}");
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gemm_bf16_matches_cpu() {
@@ -345,14 +383,16 @@ fn gated_delta_wy_and_step_match_cpu() {
             check(&format!("gdn_chunked_wy state {i} {d:?}"), a, b, 1e-4);
         }
     }
-    // The one-token step on three segments.
-    let d = dims(2, 6, 60, 36);
-    let c = delta_case(d, &[1, 1, 1], 60);
-    let (want_o, want_s) = delta_cpu(&c);
-    let (o, s) = delta_gpu(&g, &c, Delta::Step);
-    check("gdn_step out", &o, &want_o, F32_TOL);
-    for (i, (a, b)) in s.iter().zip(&want_s).enumerate() {
-        check(&format!("gdn_step state {i}"), a, b, F32_TOL);
+    // The one-token step: three segments of odd head dims (dv not a multiple of the kernel's 16 columns), and two
+    // of the 0.8B shape's (dk = dv = 128, 8 value heads per key head).
+    for (d, segs) in [(dims(2, 6, 60, 36), 3), (dims(2, 16, 128, 128), 2)] {
+        let c = delta_case(d, &vec![1; segs], 60);
+        let (want_o, want_s) = delta_cpu(&c);
+        let (o, s) = delta_gpu(&g, &c, Delta::Step);
+        check(&format!("gdn_step out {d:?}"), &o, &want_o, F32_TOL);
+        for (i, (a, b)) in s.iter().zip(&want_s).enumerate() {
+            check(&format!("gdn_step state {i} {d:?}"), a, b, F32_TOL);
+        }
     }
 }
 

@@ -205,4 +205,11 @@ impl Backend for AnyBackend {
             _ => Err(AnyError::Mismatch),
         }
     }
+    fn argmax(&self, h: &AnyHidden, rows: &[usize]) -> Result<Vec<u32>, AnyError> {
+        match (self, h) {
+            (AnyBackend::Cpu(m), AnyHidden::Cpu(h)) => Ok(Backend::argmax(m, h, rows)?),
+            (AnyBackend::Cuda(c), AnyHidden::Cuda(h)) => Ok(Backend::argmax(c, h, rows)?),
+            _ => Err(AnyError::Mismatch),
+        }
+    }
 }

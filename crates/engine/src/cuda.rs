@@ -164,6 +164,12 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    /// Picked on the GPU: the logits stay there and only the ids come back.
+    fn argmax(&self, h: &CudaHidden, rows: &[usize]) -> Result<Vec<u32>, CudaError> {
+        let _g = self.guard()?;
+        self.model.argmax_at(h, rows)
+    }
+
     fn logits(&self, h: &CudaHidden, rows: &[usize]) -> Result<Vec<Vec<f32>>, CudaError> {
         let _g = self.guard()?;
         let v = self.model.vocab_size();

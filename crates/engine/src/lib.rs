@@ -120,6 +120,12 @@ pub trait Backend: Send + Sync {
     ) -> Result<Vec<Vec<f32>>, Self::Error>;
     /// `out[i]` = the whole-vocabulary logits of hidden row `rows[i]`.
     fn logits(&self, h: &Self::Hidden, rows: &[usize]) -> Result<Vec<Vec<f32>>, Self::Error>;
+    /// `out[i]` = [`argmax`] of the whole-vocabulary logits of hidden row `rows[i]`: greedy decoding's next token.
+    /// A device backend picks it where the logits are, so that only the ids come back. Default: [`Backend::logits`]
+    /// then [`argmax`] on the host.
+    fn argmax(&self, h: &Self::Hidden, rows: &[usize]) -> Result<Vec<u32>, Self::Error> {
+        Ok(self.logits(h, rows)?.iter().map(|l| argmax(l)).collect())
+    }
     /// Continues `st` with `ids` in forwards of at most `chunk` ids (0: one forward), and reads the logits at the
     /// positions `read` (indices into `ids`, ascending) as `pick` says. → one logits vector per entry of `read`.
     /// Chunked and whole agree within [`CHUNK_TOLERANCE`]; the same chunking is bit-identical.
@@ -155,6 +161,19 @@ pub trait Backend: Send + Sync {
         }
         Ok(out)
     }
+}
+
+/// The highest logit's id (the lowest id among equal ones; NaN never wins; 0 when nothing beats -inf).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > bv {
+            bv = v;
+            best = i;
+        }
+    }
+    best as u32
 }
 
 impl Backend for Model {

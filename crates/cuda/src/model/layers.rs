@@ -46,8 +46,10 @@ impl CudaModel {
         both: bool,
     ) -> Result<(), CudaError> {
         let (_, ldx) = self.act_in(x, k);
-        let kk = if both { 2 * k } else { k };
-        crate::gemm::gemm_ld(&self.gpu, x, ldx, t, kk, w.w, w.ld, n, y, ldy, 0.0)
+        if both {
+            return crate::gemm::gemm_split(&self.gpu, x, ldx, t, k, w.w, w.ld, n, y, ldy, 0.0);
+        }
+        crate::gemm::gemm_ld(&self.gpu, x, ldx, t, k, w.w, w.ld, n, y, ldy, 0.0)
     }
 
     /// `out = rms_norm(x) · final_norm` for `n` rows (f32).
@@ -184,8 +186,37 @@ impl CudaModel {
     /// Full-vocabulary logits of the hidden rows `rows` only (a prefill chunk's last row: the head runs on the rows
     /// asked for, not on the whole chunk). → [rows.len(), V]
     pub fn logits_at(&self, h: &CudaHidden, rows: &[usize]) -> Result<Vec<f32>, CudaError> {
+        match self.select_rows(h, rows)? {
+            Some(sel) => self.logits(&sel),
+            None => self.logits(h),
+        }
+    }
+
+    /// Full-vocabulary logits of every hidden row (for tests and `onepass logits`). → [N, V]
+    pub fn logits(&self, h: &CudaHidden) -> Result<Vec<f32>, CudaError> {
+        let out = self.logits_device(h)?;
+        self.gpu.download(&out, h.rows * self.vocab)
+    }
+
+    /// Greedy decoding's next tokens: the highest logit's id of each of hidden rows `rows` (the lowest id on ties,
+    /// as the host's argmax over [`CudaModel::logits_at`]'s values), picked on the GPU: only the ids come back.
+    pub fn argmax_at(&self, h: &CudaHidden, rows: &[usize]) -> Result<Vec<u32>, CudaError> {
+        let g = &*self.gpu;
+        let sel = self.select_rows(h, rows)?;
+        let h = sel.as_ref().unwrap_or(h);
+        let logits = self.logits_device(h)?;
+        let ids: CudaSlice<i32> = g.alloc(h.rows)?;
+        ops::argmax_rows(g, g.ptr(&logits), h.rows, self.vocab, g.ptr(&ids))?;
+        Ok(g.download(&ids, h.rows)?
+            .into_iter()
+            .map(|i| i as u32)
+            .collect())
+    }
+
+    /// The hidden rows `rows` of `h` as their own [`CudaHidden`]; `None` when they are all of `h`'s rows in order.
+    fn select_rows(&self, h: &CudaHidden, rows: &[usize]) -> Result<Option<CudaHidden>, CudaError> {
         if rows.iter().copied().eq(0..h.rows) {
-            return self.logits(h);
+            return Ok(None);
         }
         if let Some(&bad) = rows.iter().find(|&&r| r >= h.rows) {
             return Err(CudaError::Model(ModelError::Input(format!(
@@ -198,15 +229,15 @@ impl CudaModel {
         for (i, &r) in rows.iter().enumerate() {
             g.copy(&h.buf, r * h.hid, &mut sel, i * h.hid, h.hid)?;
         }
-        self.logits(&CudaHidden {
+        Ok(Some(CudaHidden {
             buf: sel,
             rows: rows.len(),
             hid: h.hid,
-        })
+        }))
     }
 
-    /// Full-vocabulary logits of every hidden row (for tests and `onepass logits`). → [N, V]
-    pub fn logits(&self, h: &CudaHidden) -> Result<Vec<f32>, CudaError> {
+    /// The head over every hidden row, left on the device. → [N, V] f32
+    fn logits_device(&self, h: &CudaHidden) -> Result<CudaSlice<f32>, CudaError> {
         let g = &*self.gpu;
         let out: CudaSlice<f32> = g.alloc(h.rows * self.vocab)?;
         // The GEMM input in the head's dtype: the hidden rows rounded to bf16, or as they are (f32).
@@ -229,7 +260,7 @@ impl CudaModel {
             self.vocab,
             0.0,
         )?;
-        g.download(&out, h.rows * self.vocab)
+        Ok(out)
     }
 }
 

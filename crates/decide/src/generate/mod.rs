@@ -284,14 +284,21 @@ pub fn generate<B: Backend>(
     let mut tokens = Vec::new();
     let mut steps = 0usize;
     let vocab = model.vocab_size();
+    // Greedy steps after the first take the next token from the backend (a GPU picks it where the logits are).
+    let mut picked: Option<u32> = None;
     let finish = loop {
-        if logits.len() != vocab {
-            return Err(GenerateError::model(format!(
-                "the model returned {} logits for a vocabulary of {vocab}",
-                logits.len()
-            )));
-        }
-        let tok = sample::sample(&logits, &sampling, &mut rng);
+        let tok = match picked.take() {
+            Some(t) => t,
+            None => {
+                if logits.len() != vocab {
+                    return Err(GenerateError::model(format!(
+                        "the model returned {} logits for a vocabulary of {vocab}",
+                        logits.len()
+                    )));
+                }
+                sample::sample(&logits, &sampling, &mut rng)
+            }
+        };
         tokens.push(tok);
         if gen.eos.binary_search(&tok).is_ok() {
             break Finish::Stop;
@@ -309,11 +316,22 @@ pub fn generate<B: Backend>(
         if tokens.len() >= req.max_tokens || ids.len() + tokens.len() >= max_pos {
             break Finish::Length;
         }
-        logits = model
-            .extend(&mut st, &[tok], 0, &[0], Pick::Full)
-            .map_err(GenerateError::model)?
-            .pop()
-            .unwrap_or_default();
+        if sampling.is_greedy() {
+            let h = model
+                .forward_batch(&mut [(&mut st, &[tok][..])])
+                .map_err(GenerateError::model)?;
+            let next = model.argmax(&h, &[0]).map_err(GenerateError::model)?;
+            picked =
+                Some(next.first().copied().ok_or_else(|| {
+                    GenerateError::model("the model picked no token for the step")
+                })?);
+        } else {
+            logits = model
+                .extend(&mut st, &[tok], 0, &[0], Pick::Full)
+                .map_err(GenerateError::model)?
+                .pop()
+                .unwrap_or_default();
+        }
         steps += 1;
     };
     let rest = stream

@@ -38,25 +38,21 @@ impl Rng {
     }
 }
 
-/// The highest logit's id (the lowest id among equal ones; NaN never wins).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut bv = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > bv {
-            bv = v;
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use onepass_engine::argmax;
 
 /// Candidates considered before the whole vocabulary is sorted (exact: the top-p set is checked to lie within them).
 const FIRST_CUT: usize = 2048;
 
+impl Sampling {
+    /// Whether [`sample`] takes the highest logit without drawing (temperature 0 or top-k 1).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+}
+
 /// The next token under `s`, drawing from `rng` unless greedy.
 pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
-    if s.temperature <= 0.0 || s.top_k == 1 || logits.len() <= 1 {
+    if s.is_greedy() || logits.len() <= 1 {
         return argmax(logits);
     }
     let t = s.temperature as f64;
