@@ -44,9 +44,14 @@ fn gemv(
     (y, ldy): (u64, usize),
     beta: f32,
 ) -> Result<(), CudaError> {
+    // Warps per weight row: enough warps in all (about 4096) to keep every load slot busy where N is small, each
+    // with at least one 256-value slice of K.
+    let wpr = (4096 / n.max(1)).clamp(1, 8).min((k / 256).max(1));
+    let wpr = 1usize << wpr.ilog2();
     let f = &g.k.gemv_bf16[usize::from(rows > 2)];
-    launch!(g, *f, cfg((n.div_ceil(8) as u32, 1), 256, 0);
-        x, ldx as i32, rows as i32, group as i32, k as i32, w, ldw as i32, n as i32, y, ldy as i32, beta)
+    launch!(g, *f, cfg((n.div_ceil(8 / wpr) as u32, 1), 256, 0);
+        x, ldx as i32, rows as i32, group as i32, k as i32, w, ldw as i32, n as i32, y, ldy as i32, beta,
+        wpr as i32)
 }
 
 /// [`gemm_ld`] for a split-precision input: row r of x holds its hi and lo bf16 planes side by side (`[hi | lo]`,

@@ -730,9 +730,8 @@ KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float
 
 // Small-batch projection (decode): y[r, n] (row stride ldy) = sum_{e < group} x[r*group + e, :K] · w[n, :K]
 // + beta · y[r, n] for the rows / group output rows (rows <= GEMV_ROWS, group 1 or 2), x and w bf16, f32 products
-// and sums. Each weight row is read once, 16 bytes per lane: one warp per row n, lanes over K in steps of 256, then a
+// and sums. Each weight row is read once, 16 bytes per lane: `wpr` warps per row n (see gemv_rows), lanes over K, then a
 // warp sum. K, ldx and ldw multiples of 8 and x, w 16-byte aligned (the caller checks). beta 0 (y not read) or 1.
-// grid ceil(N / 8), 256 threads.
 #define GEMV_ROWS 8
 __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     const unsigned* pa = (const unsigned*)&a;
@@ -746,28 +745,48 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     return s;
 }
 // ROWS: the most x rows of the instantiation (its accumulators and loads live in registers); UNROLL: 16-byte weight
-// loads in flight per lane.
+// loads in flight per lane. `wpr` warps (1, 2, 4 or 8) share a weight row, each over every wpr-th 256-value slice of
+// K (more loads in flight where N is small), their sums added in warp order through shared memory.
 template <int ROWS, int UNROLL>
 __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx, int rows, int group, int K,
                                           const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y,
-                                          int ldy, float beta) {
-    int n = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (n >= N) return;
+                                          int ldy, float beta, int wpr) {
+    __shared__ float part[8][ROWS];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n = blockIdx.x * (8 / wpr) + warp / wpr, slice = warp % wpr;
+    bool live = n < N;
     float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
-    const bf16_t* wr = w + (idx_t)n * ldw;
+    if (live) {
+        const bf16_t* wr = w + (idx_t)n * ldw;
 #pragma unroll UNROLL
-    for (int c = lane * 8; c < K; c += 256) {
-        uint4 wv = __ldg((const uint4*)(wr + c));
+        for (int c = (slice * 32 + lane) * 8; c < K; c += 256 * wpr) {
+            uint4 wv = __ldg((const uint4*)(wr + c));
 #pragma unroll
-        for (int r = 0; r < ROWS; r++)
-            if (r < rows) acc[r] += dot8(wv, __ldg((const uint4*)(x + (idx_t)r * ldx + c)));
+            for (int r = 0; r < ROWS; r++)
+                if (r < rows) acc[r] += dot8(wv, __ldg((const uint4*)(x + (idx_t)r * ldx + c)));
+        }
     }
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
         if (r < rows) acc[r] = warp_sum(acc[r]);
-    if (lane != 0) return;
+    if (wpr > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) part[warp][r] = acc[r];
+        }
+        __syncthreads();
+        if (slice == 0 && lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                float t = 0.0f;
+                for (int i = 0; i < wpr; i++) t += part[warp + i][r];
+                acc[r] = t;
+            }
+        }
+    }
+    if (!live || lane != 0 || slice != 0) return;
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (r >= rows) break;
@@ -785,16 +804,17 @@ __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx,
         *yo = beta != 0.0f ? v + beta * *yo : v;
     }
 }
-// rows <= 2 (one decode row in split precision, or two plain ones), and rows <= GEMV_ROWS.
+// rows <= 2 (one decode row in split precision, or two plain ones), and rows <= GEMV_ROWS. grid ceil(N / (8 / wpr)),
+// 256 threads.
 KERNEL(simt) void gemv_bf16_2(const bf16_t* __restrict__ x, int ldx, int rows, int group, int K,
                               const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y, int ldy,
-                              float beta) {
-    gemv_rows<2, 8>(x, ldx, rows, group, K, w, ldw, N, y, ldy, beta);
+                              float beta, int wpr) {
+    gemv_rows<2, 8>(x, ldx, rows, group, K, w, ldw, N, y, ldy, beta, wpr);
 }
 KERNEL(simt) void gemv_bf16_8(const bf16_t* __restrict__ x, int ldx, int rows, int group, int K,
                               const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y, int ldy,
-                              float beta) {
-    gemv_rows<GEMV_ROWS, 4>(x, ldx, rows, group, K, w, ldw, N, y, ldy, beta);
+                              float beta, int wpr) {
+    gemv_rows<GEMV_ROWS, 4>(x, ldx, rows, group, K, w, ldw, N, y, ldy, beta, wpr);
 }
 
 // Greedy decoding's next token: out[r] = the index of the highest of x[r, :n] (the lowest index among equal ones;

@@ -124,14 +124,15 @@ fn gemm_matches_cpu_on_odd_shapes() {
         (200, 3584, 1024, 0, 0),
         (200, 3584, 1024, 64, 0),
         (175, 1024, 8224, 0, 0),
-        // Decode's few rows (the gemv_bf16 kernel where K and the strides allow 16-byte loads; t = 9 and the
-        // unaligned offset go to cuBLAS).
+        // Decode's few rows (the gemv_bf16 kernel where K and the strides allow 16-byte loads, 1 to 8 warps per
+        // weight row; t = 9 and the unaligned offset go to cuBLAS).
         (1, 1024, 3584, 0, 0),
         (2, 1000, 130, 0, 0),
         (5, 264, 4099, 3, 0),
         (8, 3584, 1024, 5, 0),
         (8, 1024, 333, 0, 1),
         (9, 1024, 333, 0, 0),
+        (2, 2048, 300, 0, 0),
     ];
     for (i, &(t, k, n, pad, off)) in shapes.iter().enumerate() {
         let c = case(t, k, n, n + pad, 100 + 10 * i as u64);
