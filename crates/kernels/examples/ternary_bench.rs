@@ -106,13 +106,11 @@ fn main() {
         for t in [1usize, 4, 16, 64] {
             let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) * 0.1).collect();
             let mut y = vec![0f32; t * n];
-            let mut which = 0;
             let reps = if t == 1 { 2 * copies } else { copies.min(4) };
             // Interleaved: each rep times one PQ2_0 call and one PTQ1_0 call on the same values.
             let (mut best_pq, mut best_ptq) = (f64::INFINITY, f64::INFINITY);
             for rep in 0..=reps {
-                let m = which % copies;
-                which += 1;
+                let m = rep % copies;
                 let t0 = Instant::now();
                 ternary_matmul_t_with(path, &x, t, &mats[m], n, k, &mut y);
                 let pq = t0.elapsed().as_secs_f64();
