@@ -58,18 +58,14 @@ fn gemv(
 /// K values each, row stride `ldx`) and `w` [N, K] multiplies their sum: y = (hi + lo) · wᵀ + beta · y. A few rows
 /// (decode) read w's first K columns once; otherwise one GEMM over 2K against the weight stored twice (`[W | W]`,
 /// row stride `ldw` at least 2K).
-#[allow(clippy::too_many_arguments)]
 pub fn gemm_split(
     g: &Gpu,
-    x: u64,
-    ldx: usize,
+    (x, ldx): (u64, usize),
     t: usize,
     k: usize,
-    w: W,
-    ldw: usize,
+    (w, ldw): (W, usize),
     n: usize,
-    y: u64,
-    ldy: usize,
+    (y, ldy): (u64, usize),
     beta: f32,
 ) -> Result<(), CudaError> {
     if let W::Bf16(wp) = w {

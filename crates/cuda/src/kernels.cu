@@ -819,6 +819,17 @@ KERNEL(simt) void gemv_bf16_8(const bf16_t* __restrict__ x, int ldx, int rows, i
 
 // Greedy decoding's next token: out[r] = the index of the highest of x[r, :n] (the lowest index among equal ones;
 // NaN never wins; 0 when nothing beats -inf), as the host's argmax over the same logits. grid rows, 1024 threads.
+// The warp's highest (v, i), the lowest i among equal v; every lane gets it.
+__device__ __forceinline__ void argmax_warp(float& v, int& i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        if (v2 > v || (v2 == v && i2 < i)) {
+            v = v2;
+            i = i2;
+        }
+    }
+}
 KERNEL(simt) void argmax_rows(const float* __restrict__ x, int n, int* __restrict__ out) {
     __shared__ float bv[32];
     __shared__ int bi[32];
@@ -832,14 +843,7 @@ KERNEL(simt) void argmax_rows(const float* __restrict__ x, int n, int* __restric
             i = c;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float v2 = __shfl_xor_sync(0xffffffffu, v, o);
-        int i2 = __shfl_xor_sync(0xffffffffu, i, o);
-        if (v2 > v || (v2 == v && i2 < i)) {
-            v = v2;
-            i = i2;
-        }
-    }
+    argmax_warp(v, i);
     int wi = threadIdx.x >> 5, l = threadIdx.x & 31;
     if (l == 0) {
         bv[wi] = v;
@@ -850,14 +854,7 @@ KERNEL(simt) void argmax_rows(const float* __restrict__ x, int n, int* __restric
         int nw = blockDim.x >> 5;
         v = l < nw ? bv[l] : -__int_as_float(0x7f800000);
         i = l < nw ? bi[l] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            float v2 = __shfl_xor_sync(0xffffffffu, v, o);
-            int i2 = __shfl_xor_sync(0xffffffffu, i, o);
-            if (v2 > v || (v2 == v && i2 < i)) {
-                v = v2;
-                i = i2;
-            }
-        }
+        argmax_warp(v, i);
         if (l == 0) out[blockIdx.x] = i == 0x7fffffff ? 0 : i;
     }
 }

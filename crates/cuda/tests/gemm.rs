@@ -153,67 +153,6 @@ fn gemm_matches_cpu_on_odd_shapes() {
     }
 }
 
-/// A split-precision input (`[hi | lo]` per row, hi + lo = v) times a weight stored twice (`[W | W]`, as the model
-/// keeps input projections in split mode) equals (hi + lo) · wᵀ: the few-row kernel reading W once and the GEMM
-/// over 2K alike.
-#[test]
-#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
-fn split_input_gemm_multiplies_both_planes() {
-    let g = gpu();
-    for (i, &(t, k, n)) in [
-        (1, 1024, 700),
-        (3, 264, 130),
-        (4, 1000, 4099),
-        (5, 1024, 257),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let v = rnd(t * k, 700 + i as u64);
-        let hi = bf16_round(&v);
-        let lo: Vec<f32> = bf16_round(&v.iter().zip(&hi).map(|(a, b)| a - b).collect::<Vec<_>>());
-        let mut xs = Vec::with_capacity(2 * t * k);
-        for r in 0..t {
-            xs.extend_from_slice(&hi[r * k..(r + 1) * k]);
-            xs.extend_from_slice(&lo[r * k..(r + 1) * k]);
-        }
-        let w = bf16_round(&rnd(n * k, 800 + i as u64));
-        let mut w2 = Vec::with_capacity(2 * n * k);
-        for r in 0..n {
-            w2.extend_from_slice(&w[r * k..(r + 1) * k]);
-            w2.extend_from_slice(&w[r * k..(r + 1) * k]);
-        }
-        let sum: Vec<f32> = hi.iter().zip(&lo).map(|(a, b)| a + b).collect();
-        let mut want = vec![0.0; t * n];
-        cpu::matmul_t_reference(&sum, t, &Tensor::from_f32("w", vec![n, k], &w), &mut want);
-        let (xd, wd) = (
-            g.upload(&to_bf16_bits(&xs)).unwrap(),
-            g.upload(&to_bf16_bits(&w2)).unwrap(),
-        );
-        let y = g.zeros::<f32>(t * n).unwrap();
-        onepass_cuda::gemm::gemm_split(
-            &g,
-            g.ptr(&xd),
-            2 * k,
-            t,
-            k,
-            W::Bf16(g.ptr(&wd)),
-            2 * k,
-            n,
-            g.ptr(&y),
-            n,
-            0.0,
-        )
-        .unwrap();
-        check(
-            &format!("gemm_split t={t} k={k} n={n}"),
-            &g.download(&y, t * n).unwrap(),
-            &want,
-            TOL,
-        );
-    }
-}
-
 /// The exact mode (f32 weights) multiplies with `CUBLAS_COMPUTE_32F_PEDANTIC`: it matches the f64 reference to f32
 /// rounding, which TF32 (a 10-bit mantissa) would miss by orders of magnitude.
 #[test]

@@ -721,13 +721,22 @@ fn split_halves_fold_into_norm() {
 
 /// Split mode's input projections: a norm writes each row's hi and lo planes side by side (`Out::Split(p, K)`,
 /// row stride 2K), and one GEMM over K = 2K against the weight stored twice per row (`[W | W]`, row stride 2K)
-/// multiplies both planes; the same buffers with K alone multiply the hi plane. Against the CPU: the f32 norm's
+/// multiplies both planes; the same buffers with K alone multiply the hi plane; `gemm_split` multiplies both planes
+/// too (for at most 4 rows by the few-row kernel reading W's first copy once). Against the CPU: the f32 norm's
 /// output times W (both planes carry it to about 2^-16), and the downloaded hi plane times W.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn split_rows_multiply_both_planes_in_one_gemm() {
     let g = gpu();
-    for &(t, k, n) in &[(63, 100, 130), (5, 2048, 33)] {
+    // (t, k, n): the GEMM, then decode's row counts (the few-row kernel, 1 to 4 warps per weight row).
+    let shapes = [
+        (63, 100, 130),
+        (5, 2048, 33),
+        (1, 1024, 700),
+        (3, 264, 130),
+        (4, 1000, 4099),
+    ];
+    for &(t, k, n) in &shapes {
         let x = rnd(t * k, 40);
         let gain: Vec<f32> = rnd(k, 41).iter().map(|v| 1.0 + 0.5 * v).collect();
         let mut normed = x.clone();
@@ -767,24 +776,18 @@ fn split_rows_multiply_both_planes_in_one_gemm() {
         let cases = [
             ("both planes, one gemm over 2K", 2 * k, &normed, 1e-4),
             ("hi plane alone, strided", k, &hi, 1e-5),
+            ("both planes, gemm_split", 0, &normed, 1e-4),
         ];
         for (what, kk, input, tol) in cases {
             let mut want = vec![0.0; t * n];
             cpu::matmul_t_reference(input, t, &wt, &mut want);
             let w = W::Bf16(g.ptr(&wd));
-            gemm::gemm_ld(
-                &g,
-                g.ptr(&act),
-                2 * k,
-                t,
-                kk,
-                w,
-                2 * k,
-                n,
-                g.ptr(&y),
-                n,
-                0.0,
-            )
+            let (xs, ys) = ((g.ptr(&act), 2 * k), (g.ptr(&y), n));
+            if kk == 0 {
+                gemm::gemm_split(&g, xs, t, k, (w, 2 * k), n, ys, 0.0)
+            } else {
+                gemm::gemm_ld(&g, xs.0, xs.1, t, kk, w, 2 * k, n, ys.0, ys.1, 0.0)
+            }
             .unwrap();
             check(
                 &format!("{what}: t={t} k={k} n={n}"),

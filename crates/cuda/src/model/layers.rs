@@ -47,7 +47,16 @@ impl CudaModel {
     ) -> Result<(), CudaError> {
         let (_, ldx) = self.act_in(x, k);
         if both {
-            return crate::gemm::gemm_split(&self.gpu, x, ldx, t, k, w.w, w.ld, n, y, ldy, 0.0);
+            return crate::gemm::gemm_split(
+                &self.gpu,
+                (x, ldx),
+                t,
+                k,
+                (w.w, w.ld),
+                n,
+                (y, ldy),
+                0.0,
+            );
         }
         crate::gemm::gemm_ld(&self.gpu, x, ldx, t, k, w.w, w.ld, n, y, ldy, 0.0)
     }
