@@ -18,15 +18,18 @@ tools/setup-testdata.sh):
 """
 
 import argparse
-import hashlib
 import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 
 import torch
 import transformers
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import load_float32, sha256  # noqa: E402
 
 PRESETS = ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"]
 MAX_NEW = 40
@@ -61,25 +64,6 @@ CASES = [
 ]
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def load(dir_):
-    cfg = json.load(open(os.path.join(dir_, "config.json")))
-    if cfg["model_type"] == "qwen3_5":
-        cls = transformers.Qwen3_5ForConditionalGeneration
-    else:
-        cls = transformers.Qwen3_5ForCausalLM
-    model = cls.from_pretrained(dir_, dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    return model, cfg
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--onepass", default="target/release/onepass")
@@ -103,7 +87,7 @@ def main():
             subprocess.run([a.onepass, "synth", "--preset", preset, "--out", d, "--tokenizer", a.tokenizer], check=True)
             with open(os.path.join(d, "chat_template.jinja"), "w") as f:
                 f.write(CHATML)
-            model, cfg = load(d)
+            model, cfg = load_float32(d)
             tok = transformers.AutoTokenizer.from_pretrained(d)
             eos = set()
             for c in (cfg, cfg.get("text_config") or {}):

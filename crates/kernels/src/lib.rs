@@ -12,7 +12,7 @@
 pub mod cpu;
 
 pub use cpu::attention::{causal_attention, causal_attention_reference, AttnShape};
-pub use cpu::deltanet::{gated_delta_chunked, gated_delta_recurrent, DeltaShape};
+pub use cpu::deltanet::{gated_delta_chunked, gated_delta_recurrent, DeltaInputs, DeltaShape};
 pub use cpu::hadamard::{
     hadamard_rotate, hadamard_rotate_reference, hadamard_unrotate, hadamard_unrotate_reference,
 };
