@@ -71,7 +71,7 @@ fn items_on<'a, S>(
 ) -> Result<Vec<(&'a mut S, &'a [u32])>, AnyError> {
     items
         .iter_mut()
-        .map(|(st, ids)| half(&mut **st).map(|s| (s, *ids)).ok_or(AnyError::Mismatch))
+        .map(|(st, ids)| half(st).map(|s| (s, *ids)).ok_or(AnyError::Mismatch))
         .collect()
 }
 

@@ -10,6 +10,7 @@
 //! Layout convention: `/// x: [T, K]` means a row-major buffer, outermost dimension first.
 
 pub mod cpu;
+pub mod testdata;
 
 pub use cpu::attention::{causal_attention, causal_attention_reference, AttnShape};
 pub use cpu::deltanet::{gated_delta_chunked, gated_delta_recurrent, DeltaInputs, DeltaShape};

@@ -155,7 +155,7 @@ pub fn answer_checkpoint_in(
             "{preset}: the synthetic checkpoint no longer matches the one the answers were made from; rerun tools/oracle/decider_answers.py"
         );
     }
-    copy_tokenizer(&dir);
+    copy_tokenizer(dir);
     std::fs::write(
         dir.join("decider_config.json"),
         entry["decider_config"].as_str().unwrap(),

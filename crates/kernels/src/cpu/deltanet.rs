@@ -332,17 +332,10 @@ mod tests {
     }
 
     fn rnd(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed
+        let state = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
+        crate::testdata::xorshift_unit(state, n)
     }
 
     fn case(t: usize, hk: usize, hv: usize, dk: usize, dv: usize) -> Case {

@@ -740,56 +740,56 @@ fn apply_op(op: ValueOp, f16_source: bool, row: &mut [f32]) {
     }
 }
 
-/// Converts the model folder `dir` to `out`.
-pub fn convert_folder(
-    dir: &Path,
+/// What a conversion reads.
+pub enum Input<'a> {
+    /// A model folder: `config.json`, the tokenizer files and the safetensors weights.
+    Folder(&'a Path),
+    /// The synthetic checkpoint `spec`, generated tensor by tensor (see [`SynthSource`]) and named `name`.
+    Synth {
+        spec: &'a crate::synth::SynthSpec,
+        name: &'a str,
+        tokenizer: &'a TokenizerFiles,
+    },
+}
+
+/// Converts `input` to the GGUF file `out` of type `ty`; `seed` seeds the rotation signs of a ternary pack.
+pub fn convert(
+    input: Input<'_>,
     out: &Path,
     ty: OutType,
     seed: u64,
     progress: &mut Progress<'_>,
 ) -> Result<ConversionPlan, ModelError> {
-    let config = ModelConfig::from_dir(dir)?;
-    let config_json: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("config.json"))
-            .map_err(|e| ModelError::Io(format!("{}: {e}", dir.display())))?,
-    )
-    .map_err(|e| ModelError::Config(e.to_string()))?;
-    let tokenizer = TokenizerFiles::from_dir(dir)?;
-    let ckpt = Checkpoint::open_dir(dir)?;
-    let name = dir
-        .canonicalize()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "model".into());
-    let plan = plan(&name, &config, &config_json, &tokenizer, &ckpt, ty, seed)?;
-    written(plan, &ckpt, out, progress)
-}
-
-/// Writes the synthetic checkpoint `spec` straight to a GGUF file of type `ty` (see
-/// [`SynthSource`]); `seed` seeds the rotation signs of a ternary pack.
-pub fn write_synth(
-    spec: &crate::synth::SynthSpec,
-    name: &str,
-    tokenizer: &TokenizerFiles,
-    out: &Path,
-    ty: OutType,
-    seed: u64,
-    progress: &mut Progress<'_>,
-) -> Result<ConversionPlan, ModelError> {
-    let source = SynthSource::new(spec);
-    let config_json = crate::synth::config_json(spec);
-    let config = ModelConfig::from_json_str(&config_json.to_string())?;
-    let plan = plan(name, &config, &config_json, tokenizer, &source, ty, seed)?;
-    written(plan, &source, out, progress)
-}
-
-/// Writes `plan` to `out` and hands it back.
-fn written(
-    plan: ConversionPlan,
-    source: &dyn TensorSource,
-    out: &Path,
-    progress: &mut Progress<'_>,
-) -> Result<ConversionPlan, ModelError> {
-    write(&plan, source, out, progress)?;
-    Ok(plan)
+    match input {
+        Input::Folder(dir) => {
+            let config = ModelConfig::from_dir(dir)?;
+            let config_json: Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join("config.json"))
+                    .map_err(|e| ModelError::Io(format!("{}: {e}", dir.display())))?,
+            )
+            .map_err(|e| ModelError::Config(e.to_string()))?;
+            let tokenizer = TokenizerFiles::from_dir(dir)?;
+            let ckpt = Checkpoint::open_dir(dir)?;
+            let name = dir
+                .canonicalize()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "model".into());
+            let plan = plan(&name, &config, &config_json, &tokenizer, &ckpt, ty, seed)?;
+            write(&plan, &ckpt, out, progress)?;
+            Ok(plan)
+        }
+        Input::Synth {
+            spec,
+            name,
+            tokenizer,
+        } => {
+            let config_json = crate::synth::config_json(spec);
+            let config = ModelConfig::from_json_str(&config_json.to_string())?;
+            let source = SynthSource::new(spec);
+            let plan = plan(name, &config, &config_json, tokenizer, &source, ty, seed)?;
+            write(&plan, &source, out, progress)?;
+            Ok(plan)
+        }
+    }
 }
