@@ -4,8 +4,8 @@
 //! (CUDA) can implement the same list and be tested op by op against this one. Every fast kernel
 //! here has a slow twin in the same module (`*_reference` or the recurrent form of the gated delta
 //! rule) and tests compare them on odd shapes. All arithmetic is f32; weights may be stored as
-//! bf16 or f16 and are widened on the fly, or packed ternary (PQ2_0) and decoded in registers by
-//! the ternary matvec/GEMM; the blockwise Hadamard rotation those packs need is here too.
+//! bf16 or f16 and are widened on the fly, or packed ternary (PQ2_0 or PTQ1_0) and decoded in
+//! registers by the ternary matvec/GEMM; the blockwise Hadamard rotation those packs need is here too.
 //!
 //! Layout convention: `/// x: [T, K]` means a row-major buffer, outermost dimension first.
 
@@ -19,6 +19,7 @@ pub use cpu::hadamard::{
 };
 pub use cpu::matmul::{dot_rows, matmul_t, matmul_t_reference};
 pub use cpu::ops::*;
+pub use cpu::ptq1_0::{ptq1_0_matmul_t, ptq1_0_matmul_t_reference, ptq1_0_matmul_t_with};
 pub use cpu::ternary::{
     ternary_matmul_t, ternary_matmul_t_reference, ternary_matmul_t_with, TernaryPath,
 };

@@ -257,11 +257,15 @@ fn a_ternary_pack_gives_the_float_model_with_the_rotation_folded_in() {
         "model.layers.0.mlp.down_proj.weight",
         "model.layers.1.self_attn.q_proj.weight",
         "model.embed_tokens.weight",
+        // Value-head rows reordered at load: whole 28-byte blocks move.
+        "model.layers.0.linear_attn.in_proj_qkv.weight",
+        "model.layers.0.linear_attn.in_proj_z.weight",
     ];
     let (_dir, path, reference) = pack(&ptq, false);
     let m = Model::load(&path).expect("pack");
     assert!(m.is_rotated());
     assert!(m.info().weight_dtypes.contains(&DType::PQ2_0));
+    assert!(m.info().weight_dtypes.contains(&DType::PTQ1_0));
     let want = logits(&reference);
     let got = logits(&m);
     let d = worst(&got, &want, m.vocab_size());
@@ -282,6 +286,44 @@ fn a_ternary_pack_gives_the_float_model_with_the_rotation_folded_in() {
     }
     // The GPU path refuses the pack with a reason.
     assert!(m.float_only_reason().expect("refused").contains("Hadamard"));
+}
+
+/// Every ternary tensor of the pack's linears, the embedding and the head.
+fn all_ternary() -> Vec<String> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_checkpoint(&spec(), dir.path(), &mut |_, _| {}).expect("synth");
+    let ck = Checkpoint::open_dir(dir.path()).expect("ck");
+    let mut v: Vec<String> = ck
+        .names()
+        .filter(|n| {
+            (n.ends_with("_proj.weight")
+                && !n.ends_with("in_proj_a.weight")
+                && !n.ends_with("in_proj_b.weight"))
+                || n.ends_with("embed_tokens.weight")
+                || *n == "lm_head.weight"
+        })
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_ptq1_0_pack_stays_packed_and_gives_the_pq2_0_pack_logits() {
+    // The same trits and scales written once as PTQ1_0 and once as PQ2_0.
+    let names = all_ternary();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (_d1, ptq_path, _) = pack(&names, false);
+    let (_d2, pq_path, _) = pack(&[], false);
+    let ptq = Model::load(&ptq_path).expect("PTQ1_0 pack");
+    let pq = Model::load(&pq_path).expect("PQ2_0 pack");
+    assert!(!ptq.info().weight_dtypes.contains(&DType::PQ2_0));
+    assert!(ptq.info().weight_dtypes.contains(&DType::PTQ1_0));
+    let (a, b) = (logits(&ptq), logits(&pq));
+    let d = worst(&a, &b, pq.vocab_size());
+    eprintln!("PTQ1_0 pack vs PQ2_0 pack: max rel {d:.2e}");
+    // The kernels run the same values in the same order: equal up to rounding (in fact the same bits).
+    assert!(d <= 1e-6, "{d}");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `y = x · Wᵀ` for weights stored row-major as `[N, K]` (the Hugging Face `nn.Linear` layout) in
-//! f32, bf16, f16, Q8_0 or PQ2_0: the weight's format picks the kernel (PQ2_0 runs the ternary kernels of
-//! [`super::ternary`], Q8_0 the block dot products of [`super::q8_0`]).
+//! f32, bf16, f16, Q8_0, PQ2_0 or PTQ1_0: the weight's format picks the kernel (PQ2_0 runs the ternary
+//! kernels of [`super::ternary`], PTQ1_0 those of [`super::ptq1_0`], Q8_0 the block dot products of
+//! [`super::q8_0`]).
 //!
 //! Prefill (several tokens) splits the output features into blocks of 64 to 512 rows, one rayon
 //! task each. With bf16 weights on an AVX-512 processor a task runs a register-blocked kernel that
@@ -13,6 +14,7 @@ use half::{bf16, f16};
 use onepass_tensor::{Tensor, View};
 use rayon::prelude::*;
 
+use super::ptq1_0::ptq1_0_matmul_t;
 use super::q8_0::{decode_q8_0, dot_q8_0};
 use super::sgemm::{sgemm_raw, Mat};
 use super::ternary::ternary_matmul_t;
@@ -49,9 +51,10 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
     if t == 0 || n == 0 {
         return;
     }
-    if let View::PQ2_0(raw) = w.view() {
-        ternary_matmul_t(x, t, raw, n, k, y);
-        return;
+    match w.view() {
+        View::PQ2_0(raw) => return ternary_matmul_t(x, t, raw, n, k, y),
+        View::PTQ1_0(raw) => return ptq1_0_matmul_t(x, t, raw, n, k, y),
+        _ => {}
     }
     if t <= GEMV_MAX_T {
         gemv(x, t, k, n, w, y);
@@ -162,7 +165,9 @@ fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32
                     decode_q8_0(&raw[r0 * rb..r1 * rb], scratch);
                     scratch
                 }
-                View::PQ2_0(_) => unreachable!("PQ2_0 weights run the ternary kernels"),
+                View::PQ2_0(_) | View::PTQ1_0(_) => {
+                    unreachable!("ternary weights run the ternary kernels")
+                }
             };
             // SAFETY: y is [t, n] (checked by matmul_t); this task writes only columns r0..r1 of each
             // row, which no other task writes, and y outlives the parallel loop.
@@ -222,6 +227,12 @@ fn dot_row(view: &View<'_>, r: usize, k: usize, x: &[f32]) -> f32 {
             let rb = k / 128 * 34;
             let mut out = [0.0f32];
             ternary_matmul_t(x, 1, &raw[r * rb..(r + 1) * rb], 1, k, &mut out);
+            out[0]
+        }
+        View::PTQ1_0(raw) => {
+            let rb = k / 128 * 28;
+            let mut out = [0.0f32];
+            ptq1_0_matmul_t(x, 1, &raw[r * rb..(r + 1) * rb], 1, k, &mut out);
             out[0]
         }
     }
