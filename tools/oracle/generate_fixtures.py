@@ -17,10 +17,8 @@ tools/setup-testdata.sh):
     python tools/oracle/generate_fixtures.py --onepass target/release/onepass
 """
 
-import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -29,7 +27,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle_io import load_float32, sha256  # noqa: E402
+from oracle_io import load_float32, manifest_head, onepass_parser, sha256  # noqa: E402
 
 PRESETS = ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"]
 MAX_NEW = 40
@@ -65,21 +63,18 @@ CASES = [
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--onepass", default="target/release/onepass")
+    ap = onepass_parser("tests/fixtures/generate")
     ap.add_argument("--tokenizer", default="testdata/qwen3_5-tokenizer")
-    ap.add_argument("--out", default="tests/fixtures/generate")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    manifest = {
-        "command": "python tools/oracle/generate_fixtures.py --onepass target/release/onepass",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "max_new_tokens": MAX_NEW,
-        "chat_template": CHATML,
-        "presets": {},
-    }
+    manifest = manifest_head(
+        "generate_fixtures.py",
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        max_new_tokens=MAX_NEW,
+        chat_template=CHATML,
+        presets={},
+    )
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         for preset in PRESETS:
