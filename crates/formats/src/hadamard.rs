@@ -186,7 +186,7 @@ impl HadamardMeta {
             ));
         };
         let widths: Vec<usize> = widths.iter().map(|&w| w as usize).collect();
-        let signs = split_signs(&widths, &values)
+        let signs: BTreeMap<usize, Vec<f32>> = split_signs(&widths, &values)
             .map_err(|m| bad("sign_values", m))?
             .into_iter()
             .collect();
