@@ -4,10 +4,10 @@
 //! weight-type dispatch of `matmul_t` / `dot_rows`.
 
 use half::f16;
-use onepass_formats::quant::{dequantize, ptq1_0_to_pq2_0, GgmlType};
+use onepass_formats::quant::{ptq1_0_to_pq2_0, GgmlType};
 use onepass_kernels::{
-    dot_rows, matmul_t, matmul_t_reference, ptq1_0_matmul_t, ptq1_0_matmul_t_reference,
-    ptq1_0_matmul_t_with, ternary_matmul_t_with, TernaryPath,
+    dot_rows, matmul_t, ptq1_0_matmul_t, ptq1_0_matmul_t_reference, ptq1_0_matmul_t_with,
+    ternary_matmul_t_with,
 };
 use onepass_tensor::{DType, Tensor};
 

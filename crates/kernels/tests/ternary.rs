@@ -12,7 +12,6 @@ use onepass_formats::HadamardMeta;
 use onepass_kernels::{
     hadamard_rotate, hadamard_rotate_reference, hadamard_unrotate, hadamard_unrotate_reference,
     matmul_t_reference, ternary_matmul_t, ternary_matmul_t_reference, ternary_matmul_t_with,
-    TernaryPath,
 };
 use onepass_tensor::Tensor;
 
@@ -22,7 +21,9 @@ use xorshift::Rng;
 
 #[path = "common/ternary_checks.rs"]
 mod ternary_checks;
-use ternary_checks::{assert_close, decoded, paths, twin_checked_against_dense, SHAPES};
+use ternary_checks::{
+    abs_products, assert_close, decoded, paths, twin_checked_against_dense, SHAPES,
+};
 
 /// Random PQ2_0 rows: codes 0..=3 (code 3 rare, as a stress of the +2·d rule), scales in the
 /// range real packs use.

@@ -1,6 +1,7 @@
 //! What the ternary kernel tests share: the matvec/GEMM paths this processor runs, the f32-rounding
 //! comparison against a slow twin or an independent route, and the slow twin checked against a dense
 //! matmul of the decoded weights.
+#![allow(dead_code)]
 
 use onepass_formats::quant::{dequantize, GgmlType};
 use onepass_kernels::{matmul_t_reference, TernaryPath};
