@@ -299,6 +299,15 @@ fn engine_is_send_sync_and_reports_config() {
     assert!(eng.score(&[]).unwrap().is_empty());
 }
 
+/// An engine whose prefix-state LRU holds `bytes` (1: too small for any state; 0: off).
+fn lru_engine(preset: &'static str, bytes: usize) -> Engine {
+    let opts = EngineOptions {
+        prefix_cache_bytes: bytes,
+        ..EngineOptions::default()
+    };
+    engine(preset, opts)
+}
+
 /// Every fixture request's probabilities, each request alone in its `score` call.
 fn alone(e: &Engine, plans: &[Plan]) -> Vec<Vec<Vec<f32>>> {
     plans
@@ -327,27 +336,12 @@ fn worst_diff(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {
 fn kept_contexts_answer_as_computed() {
     for preset in ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"] {
         let kept = engine(preset, EngineOptions::default());
-        let tiny = engine(
-            preset,
-            EngineOptions {
-                prefix_cache_bytes: 1,
-                ..EngineOptions::default()
-            },
-        );
-        let off = engine(
-            preset,
-            EngineOptions {
-                prefix_cache_bytes: 0,
-                ..EngineOptions::default()
-            },
-        );
+        let (tiny, off) = (lru_engine(preset, 1), lru_engine(preset, 0));
         let plans: Vec<Plan> = cases(preset)
             .iter()
-            .map(|c| {
-                kept.plan(&parse_request(c.body.as_bytes()).unwrap())
-                    .unwrap()
-            })
-            .collect();
+            .map(|c| kept.plan(&parse_request(c.body.as_bytes()).unwrap()))
+            .collect::<Result<_, _>>()
+            .unwrap();
         let lookups = plans
             .iter()
             .filter(|p| p.slot_count() > 0 && p.ctx_len > 0)
@@ -407,13 +401,7 @@ fn kept_contexts_answer_as_computed() {
 fn a_grown_context_starts_from_the_kept_one() {
     let preset = "tiny-qwen-vocab";
     let kept = engine(preset, EngineOptions::default());
-    let tiny = engine(
-        preset,
-        EngineOptions {
-            prefix_cache_bytes: 1,
-            ..EngineOptions::default()
-        },
-    );
+    let tiny = lru_engine(preset, 1);
     let body = |state: &str| {
         format!(
             r#"{{"state": "{state}", "questions": {{"a": {{"type": "noul", "instructions": "Is it damaged?"}}, "b": {{"type": "choice", "instructions": "What next?", "criteria": ["refund", "replace", "repair"]}}}}}}"#

@@ -415,6 +415,34 @@ async fn zstd_and_gzip_bodies() {
     assert_eq!((r.status, r.text()), (200, plain.text()));
 }
 
+/// `bodies` posted to `/v1/systemone` 10 ms apart, to a server over `eng` whose every engine call first sleeps 150 ms:
+/// the first call holds the others back, which then queue and go to the worker together. → the answers, in order,
+/// and the plan count of every engine call.
+async fn behind_a_slow_call(
+    eng: Arc<onepass_decide::Engine>,
+    bodies: &[String],
+) -> (Vec<Resp>, Vec<usize>) {
+    let fake = Arc::new(FakeEngine::new(move |plans| {
+        std::thread::sleep(Duration::from_millis(150));
+        onepass_decide::Engine::score(&eng, plans).map_err(|e| e.to_string())
+    }));
+    let (app, _) = router(fake.clone(), quiet(ServerOptions::default())).unwrap();
+    let mut tasks = vec![];
+    for b in bodies {
+        let (app, b) = (app.clone(), b.clone());
+        tasks.push(tokio::spawn(async move {
+            post_json(&app, "/v1/systemone", &b).await
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    let calls = fake.calls.lock().unwrap().clone();
+    (answers, calls)
+}
+
 #[tokio::test]
 async fn concurrent_requests_are_batched_and_equal_to_alone() {
     let bodies: Vec<String> = (0..6)
@@ -426,26 +454,11 @@ async fn concurrent_requests_are_batched_and_equal_to_alone() {
         .collect();
     let alone: Vec<String> = bodies.iter().map(|b| expected(b)).collect();
     // a slow first call lets the others queue up behind it, then they go in one batch
-    let eng = real_engine();
-    let fake = Arc::new(FakeEngine::new(move |plans| {
-        std::thread::sleep(Duration::from_millis(150));
-        onepass_decide::Engine::score(&eng, plans).map_err(|e| e.to_string())
-    }));
-    let (app, _) = router(fake.clone(), quiet(ServerOptions::default())).unwrap();
-    let mut tasks = vec![];
-    for b in bodies.clone() {
-        let app = app.clone();
-        tasks.push(tokio::spawn(async move {
-            post_json(&app, "/v1/systemone", &b).await
-        }));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    for (t, want) in tasks.into_iter().zip(&alone) {
-        let r = t.await.unwrap();
+    let (answers, calls) = behind_a_slow_call(real_engine(), &bodies).await;
+    for (r, want) in answers.iter().zip(&alone) {
         assert_eq!(r.status, 200);
         assert_eq!(&r.text(), want);
     }
-    let calls = fake.calls.lock().unwrap().clone();
     assert_eq!(calls.iter().sum::<usize>(), 6);
     assert!(calls.len() < 6, "expected batching, got calls of {calls:?}");
     // the real engine behind the router, all at once
@@ -611,25 +624,10 @@ async fn systemone_contexts_share_the_prefix_cache() {
         alone.push(post_json(&computed, "/v1/systemone", b).await.text());
     }
     let eng = load(1 << 30);
-    let inner = eng.clone();
-    let fake = Arc::new(FakeEngine::new(move |plans| {
-        std::thread::sleep(Duration::from_millis(150));
-        onepass_decide::Engine::score(&inner, plans).map_err(|e| e.to_string())
-    }));
-    let (app, _) = router(fake.clone(), quiet(ServerOptions::default())).unwrap();
-    let mut tasks = vec![];
-    for b in bodies.clone() {
-        let app = app.clone();
-        tasks.push(tokio::spawn(async move {
-            post_json(&app, "/v1/systemone", &b).await
-        }));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    for (t, want) in tasks.into_iter().zip(&alone) {
-        let r = t.await.unwrap();
+    let (answers, calls) = behind_a_slow_call(eng.clone(), &bodies).await;
+    for (r, want) in answers.iter().zip(&alone) {
         assert_eq!((r.status, &r.text()), (200, want));
     }
-    let calls = fake.calls.lock().unwrap().clone();
     assert!(calls.len() < 4, "expected batching, got calls of {calls:?}");
     let s = eng.prefix_cache_stats();
     assert_eq!(
