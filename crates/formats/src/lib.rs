@@ -9,11 +9,12 @@
 //! GGUF files (llama.cpp's container, also PrismML's ternary packs) are read by [`gguf`]: the
 //! header and metadata checked against the file, tensors memory-mapped; [`quant`] holds the block
 //! layouts (Q8_0, PQ2_0, PTQ1_0) and their reference decoders; [`hadamard`] the validated
-//! `prism.hadamard.*` rotation metadata.
+//! `prism.hadamard.*` rotation metadata; [`mlx`] MLX's affine 2-bit safetensors of the same packs.
 
 pub mod gguf;
 pub mod hadamard;
 pub mod hub;
+pub mod mlx;
 pub mod quant;
 pub mod safetensors;
 
@@ -23,5 +24,6 @@ pub use gguf::{
 };
 pub use hadamard::HadamardMeta;
 pub use hub::{resolve_model, ModelFiles, ResolveError};
+pub use mlx::{open_mlx_dir, MlxQuantization};
 pub use quant::{dequantize, ptq1_0_to_pq2_0, quantize, GgmlType};
 pub use safetensors::{safetensors_header, write_safetensors, Checkpoint, FormatError};

@@ -59,30 +59,7 @@ impl Checkpoint {
     /// Opens `model.safetensors`, or the shards listed in `model.safetensors.index.json`, or
     /// (failing both) every `*.safetensors` file in `dir`.
     pub fn open_dir(dir: &Path) -> Result<Self, FormatError> {
-        let index = dir.join("model.safetensors.index.json");
-        let single = dir.join("model.safetensors");
-        let files: Vec<PathBuf> = if index.is_file() {
-            shards_from_index(&index)?
-                .into_iter()
-                .map(|f| dir.join(f))
-                .collect()
-        } else if single.is_file() {
-            vec![single]
-        } else {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-                .map_err(|cause| FormatError::Io {
-                    path: dir.to_path_buf(),
-                    cause,
-                })?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-                .collect();
-            found.sort();
-            found
-        };
-        if files.is_empty() {
-            return Err(FormatError::NoWeights(dir.to_path_buf()));
-        }
+        let files = weight_files(dir)?;
         let mut tensors = HashMap::new();
         let mut file_bytes = 0;
         for file in &files {
@@ -155,6 +132,36 @@ impl Checkpoint {
     }
 }
 
+/// The safetensors files of a folder: the shards `model.safetensors.index.json` lists, else
+/// `model.safetensors`, else every `*.safetensors` file (sorted); an error when there are none.
+pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, FormatError> {
+    let index = dir.join("model.safetensors.index.json");
+    let single = dir.join("model.safetensors");
+    let files: Vec<PathBuf> = if index.is_file() {
+        shards_from_index(&index)?
+            .into_iter()
+            .map(|f| dir.join(f))
+            .collect()
+    } else if single.is_file() {
+        vec![single]
+    } else {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|cause| FormatError::Io {
+                path: dir.to_path_buf(),
+                cause,
+            })?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        found.sort();
+        found
+    };
+    if files.is_empty() {
+        return Err(FormatError::NoWeights(dir.to_path_buf()));
+    }
+    Ok(files)
+}
+
 fn shards_from_index(index: &Path) -> Result<Vec<String>, FormatError> {
     let text = std::fs::read_to_string(index).map_err(|cause| FormatError::Io {
         path: index.to_path_buf(),
@@ -200,7 +207,33 @@ fn parse_dtype(s: &str) -> Option<DType> {
     }
 }
 
-fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
+/// One tensor of a safetensors header, its byte range checked against the file and its dtype's size.
+pub(crate) struct RawEntry {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// Byte range in the map (the data region's offsets plus the header).
+    pub begin: usize,
+    pub end: usize,
+}
+
+/// A mapped safetensors file and its checked header.
+pub(crate) struct RawFile {
+    pub map: Arc<Mmap>,
+    pub len: u64,
+    pub entries: Vec<RawEntry>,
+}
+
+/// Bytes per element of a safetensors dtype onepass knows (`U32` only for MLX's packed words).
+fn dtype_size(s: &str) -> Option<usize> {
+    match s {
+        "F32" | "U32" => Some(4),
+        "BF16" | "F16" => Some(2),
+        _ => None,
+    }
+}
+
+pub(crate) fn read_raw(path: &Path) -> Result<RawFile, FormatError> {
     let io = |cause| FormatError::Io {
         path: path.to_path_buf(),
         cause,
@@ -228,12 +261,12 @@ fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
     let header_len = header_len as usize;
     let header = std::str::from_utf8(&map[8..8 + header_len])
         .map_err(|_| header_err("header is not UTF-8".into()))?;
-    let entries: BTreeMap<String, serde_json::Value> = serde_json::from_str(header)
+    let raw: BTreeMap<String, serde_json::Value> = serde_json::from_str(header)
         .map_err(|e| header_err(format!("header is not valid JSON: {e}")))?;
     let data_start = 8 + header_len;
     let data_len = map.len() - data_start;
-    let mut out = Vec::with_capacity(entries.len());
-    for (name, value) in entries {
+    let mut entries = Vec::with_capacity(raw.len());
+    for (name, value) in raw {
         if name == "__metadata__" {
             continue;
         }
@@ -244,7 +277,7 @@ fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
         };
         let entry: Entry =
             serde_json::from_value(value).map_err(|e| terr(format!("bad header entry: {e}")))?;
-        let dtype = parse_dtype(&entry.dtype).ok_or_else(|| FormatError::DType {
+        let size = dtype_size(&entry.dtype).ok_or_else(|| FormatError::DType {
             path: path.to_path_buf(),
             name: name.clone(),
             dtype: entry.dtype.clone(),
@@ -259,28 +292,61 @@ fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
             .shape
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d));
-        let expected = numel.and_then(|n| n.checked_mul(dtype.size()));
+        let expected = numel.and_then(|n| n.checked_mul(size));
         if expected != Some(end - begin) {
             return Err(terr(format!(
                 "{} {:?} needs {:?} bytes but the header gives {}",
-                dtype,
+                entry.dtype,
                 entry.shape,
                 expected,
                 end - begin
             )));
         }
-        let t = Tensor::mapped(
-            &name,
-            dtype,
-            entry.shape,
-            map.clone(),
-            data_start + begin,
-            end - begin,
-        )
-        .map_err(|e| terr(e.to_string()))?;
-        out.push(t);
+        entries.push(RawEntry {
+            name,
+            dtype: entry.dtype,
+            shape: entry.shape,
+            begin: data_start + begin,
+            end: data_start + end,
+        });
     }
-    Ok((out, len))
+    Ok(RawFile { map, len, entries })
+}
+
+/// A float tensor of a checked header as a slice of the map.
+pub(crate) fn mapped_tensor(
+    path: &Path,
+    raw: &RawFile,
+    e: &RawEntry,
+) -> Result<Tensor, FormatError> {
+    let dtype = parse_dtype(&e.dtype).ok_or_else(|| FormatError::DType {
+        path: path.to_path_buf(),
+        name: e.name.clone(),
+        dtype: e.dtype.clone(),
+    })?;
+    Tensor::mapped(
+        &e.name,
+        dtype,
+        e.shape.clone(),
+        raw.map.clone(),
+        e.begin,
+        e.end - e.begin,
+    )
+    .map_err(|err| FormatError::Tensor {
+        path: path.to_path_buf(),
+        name: e.name.clone(),
+        why: err.to_string(),
+    })
+}
+
+fn read_file(path: &Path) -> Result<(Vec<Tensor>, u64), FormatError> {
+    let raw = read_raw(path)?;
+    let out = raw
+        .entries
+        .iter()
+        .map(|e| mapped_tensor(path, &raw, e))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((out, raw.len))
 }
 
 /// The bytes a safetensors file starts with for `tensors` (name, dtype, shape), whose data follow

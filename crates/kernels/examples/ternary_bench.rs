@@ -1,9 +1,11 @@
-//! The ternary matvec/GEMM next to this machine's own memory bandwidth, measured in the same run.
+//! The ternary matvec/GEMM next to this machine's own memory bandwidth, measured in the same run, for
+//! both packed types: PQ2_0 and PTQ1_0 blocks holding the same values (the PQ2_0 copies are the
+//! PTQ1_0 ones transcoded), each call alternating between the two on the same shape.
 //!
 //!     cargo run --release -p onepass-kernels --example ternary_bench [-- N K [MB]]
 //!
 //! Default shape: the 27B model's largest matrix (FFN gate/up, N = 17408 rows × K = 5120), packed
-//! PQ2_0 (23.7 MB). Copies of the matrix adding up to MB megabytes (default 768, more than twice
+//! PQ2_0 (23.7 MB; 19.5 MB as PTQ1_0). Copies of the matrix adding up to MB megabytes (default 768, more than twice
 //! the largest last-level caches) are rotated so each call reads from memory, not from cache. The bandwidth yardstick is a parallel read (sum) over a buffer of the
 //! same total size, and a parallel copy for reference; the matvec figure is the packed bytes it
 //! reads per second. Prints figures, asserts nothing.
@@ -11,7 +13,8 @@
 use std::time::Instant;
 
 use half::f16;
-use onepass_kernels::{ternary_matmul_t_with, TernaryPath};
+use onepass_formats::quant::ptq1_0_to_pq2_0;
+use onepass_kernels::{ptq1_0_matmul_t_with, ternary_matmul_t_with, TernaryPath};
 use rayon::prelude::*;
 
 const DEFAULT_TOTAL_MB: usize = 768;
@@ -42,17 +45,25 @@ fn main() {
         seed ^= seed << 17;
         seed
     };
-    let mats: Vec<Vec<u8>> = (0..copies)
+    // PTQ1_0 blocks of ternary trits (every byte value decodes), then the same values as PQ2_0.
+    let ptq_bytes = n * k / 128 * 28;
+    let ptq: Vec<Vec<u8>> = (0..copies)
         .map(|_| {
-            let mut w = vec![0u8; bytes];
-            for block in w.chunks_exact_mut(34) {
-                block[..2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
-                for b in &mut block[2..] {
-                    // Ternary codes only (0, 1, 2) in every 2-bit slot.
-                    let r = next();
-                    *b = (0..4).fold(0u8, |acc, j| acc | (((r >> (8 * j)) % 3) as u8) << (2 * j));
+            let mut w = vec![0u8; ptq_bytes];
+            for block in w.chunks_exact_mut(28) {
+                for b in &mut block[..26] {
+                    *b = next() as u8;
                 }
+                block[26..].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
             }
+            w
+        })
+        .collect();
+    let mats: Vec<Vec<u8>> = ptq
+        .iter()
+        .map(|p| {
+            let mut w = vec![0u8; bytes];
+            ptq1_0_to_pq2_0(p, &mut w).expect("whole blocks");
             w
         })
         .collect();
@@ -95,21 +106,33 @@ fn main() {
         for t in [1usize, 4, 16, 64] {
             let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) * 0.1).collect();
             let mut y = vec![0f32; t * n];
-            let mut which = 0;
             let reps = if t == 1 { 2 * copies } else { copies.min(4) };
-            let secs = best_of(reps, || {
-                ternary_matmul_t_with(path, &x, t, &mats[which % copies], n, k, &mut y);
-                which += 1;
-            });
-            let gbs = bytes as f64 / secs / 1e9;
-            let gflops = 2.0 * (n * k * t) as f64 / secs / 1e9;
-            println!(
-                "{:<8} T={t:<3} {:8.3} ms  {gbs:7.1} GB/s of weights ({:5.1}% of read)  {gflops:7.1} GFLOP/s  {:8.1} tokens/s",
-                format!("{path:?}"),
-                secs * 1e3,
-                100.0 * gbs / read_gbs,
-                t as f64 / secs
-            );
+            // Interleaved: each rep times one PQ2_0 call and one PTQ1_0 call on the same values.
+            let (mut best_pq, mut best_ptq) = (f64::INFINITY, f64::INFINITY);
+            for rep in 0..=reps {
+                let m = rep % copies;
+                let t0 = Instant::now();
+                ternary_matmul_t_with(path, &x, t, &mats[m], n, k, &mut y);
+                let pq = t0.elapsed().as_secs_f64();
+                let t0 = Instant::now();
+                ptq1_0_matmul_t_with(path, &x, t, &ptq[m], n, k, &mut y);
+                let pt = t0.elapsed().as_secs_f64();
+                if rep > 0 {
+                    best_pq = best_pq.min(pq);
+                    best_ptq = best_ptq.min(pt);
+                }
+            }
+            for (name, secs, size) in [("PQ2_0", best_pq, bytes), ("PTQ1_0", best_ptq, ptq_bytes)] {
+                let gbs = size as f64 / secs / 1e9;
+                let gflops = 2.0 * (n * k * t) as f64 / secs / 1e9;
+                println!(
+                    "{:<8} {name:<6} T={t:<3} {:8.3} ms  {gbs:7.1} GB/s of weights ({:5.1}% of read)  {gflops:7.1} GFLOP/s  {:8.1} tokens/s",
+                    format!("{path:?}"),
+                    secs * 1e3,
+                    100.0 * gbs / read_gbs,
+                    t as f64 / secs
+                );
+            }
         }
     }
 }

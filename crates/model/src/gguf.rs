@@ -17,7 +17,7 @@
 //! - `ssm_conv1d` is squeezed to `[channels, kernel]`: the unit dimension is put back;
 //! - the query|gate rows of `attn_q` are interleaved per head exactly as in `q_proj`: nothing to undo.
 //!
-//! Weights keep the type they are stored in (F32, F16, BF16, Q8_0, PQ2_0; PTQ1_0 becomes PQ2_0) and stay
+//! Weights keep the type they are stored in (F32, F16, BF16, Q8_0, PQ2_0, PTQ1_0) and stay
 //! slices of the memory map unless a row permutation above had to copy them. A Hadamard-rotated pack
 //! (`prism.hadamard.*`) also yields which linears read a rotated activation ([`Rotations`]).
 

@@ -14,6 +14,7 @@ pub mod config;
 pub mod convert;
 pub mod gguf;
 pub mod layer_ops;
+pub mod mlx;
 pub mod qwen3_5;
 pub mod state;
 pub mod synth;

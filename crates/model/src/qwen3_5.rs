@@ -82,14 +82,24 @@ pub struct ModelInfo {
 }
 
 impl Model {
-    /// Loads a model folder (`config.json` and the safetensors weights) or a GGUF file (or a folder whose
-    /// weights are one GGUF file; see [`ModelFiles::locate`] for which a folder with both runs).
+    /// Loads a model folder (`config.json` and the safetensors weights; an MLX 2-bit folder through
+    /// [`crate::mlx`]) or a GGUF file (or a folder whose weights are one GGUF file; see [`ModelFiles::locate`]
+    /// for which a folder with both runs).
     pub fn load(path: &Path) -> Result<Self, ModelError> {
         let files = ModelFiles::locate(path).map_err(|e| ModelError::Io(e.to_string()))?;
         if let Some(file) = &files.gguf {
             return Self::load_gguf(file);
         }
         let dir = &files.dir;
+        if crate::mlx::is_mlx_dir(dir) {
+            let m = crate::mlx::read_mlx(dir)?;
+            let ck = Arc::new(m.checkpoint);
+            return Self::bind(
+                m.config,
+                Binder::with_rotations(ck.clone(), m.rotations),
+                ck,
+            );
+        }
         let config = ModelConfig::from_dir(dir)?;
         let ck = Arc::new(Checkpoint::open_dir(dir)?);
         Self::from_checkpoint(config, ck)
@@ -596,13 +606,11 @@ impl LayerOps for CpuLayers<'_, '_, '_, '_> {
     }
 
     fn attn_prep(&mut self, l: usize) -> Result<(), ModelError> {
-        let n = self.n;
-        self.attn_op(l, |m, s, segs, states| m.prep(s, n, segs, states))
+        self.attn_op(l, |m, s, segs, states| m.prep(s, segs, states))
     }
 
     fn attention(&mut self, l: usize) -> Result<(), ModelError> {
-        let n = self.n;
-        self.attn_op(l, |m, s, segs, states| m.attend(s, n, segs, states))
+        self.attn_op(l, |m, s, segs, states| m.attend(s, segs, states))
     }
 
     fn swiglu(&mut self, l: usize) -> Result<(), ModelError> {

@@ -45,6 +45,14 @@ impl Binder {
         }
     }
 
+    /// A checkpoint (already under the names the model binds) with its rotation, if any: an MLX folder.
+    pub fn with_rotations(ck: Arc<Checkpoint>, rotations: Option<Rotations>) -> Self {
+        Binder {
+            rotations: rotations.map(Arc::new),
+            ..Self::new(ck)
+        }
+    }
+
     /// Whether the checkpoint declares a Hadamard rotation.
     pub fn rotated(&self) -> bool {
         self.rotations.is_some()

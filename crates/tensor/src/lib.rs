@@ -23,6 +23,9 @@ pub enum DType {
     /// Ternary blocks of 128 values: an f16 scale `d`, then 32 bytes of 2-bit codes, value `j` in bits
     /// `2·(j % 4)` of byte `j / 4`; value `(code − 1)·d` (34 bytes).
     PQ2_0,
+    /// Ternary blocks of 128 values in base 3: 24 bytes of five trits, 2 bytes of four, then the f16 scale
+    /// `d`; value `(trit − 1)·d` (28 bytes; the trit order is GGUF's PTQ1_0, see docs/formats.md).
+    PTQ1_0,
 }
 
 impl DType {
@@ -32,6 +35,7 @@ impl DType {
             DType::F32 => 4,
             DType::BF16 | DType::F16 => 2,
             DType::Q8_0 | DType::PQ2_0 => 34,
+            DType::PTQ1_0 => 28,
         }
     }
 
@@ -40,7 +44,7 @@ impl DType {
         match self {
             DType::F32 | DType::BF16 | DType::F16 => 1,
             DType::Q8_0 => 32,
-            DType::PQ2_0 => 128,
+            DType::PQ2_0 | DType::PTQ1_0 => 128,
         }
     }
 
@@ -49,7 +53,7 @@ impl DType {
         self.block_len() == 1
     }
 
-    /// The safetensors / GGUF spelling (`F32`, `BF16`, `F16`, `Q8_0`, `PQ2_0`).
+    /// The safetensors / GGUF spelling (`F32`, `BF16`, `F16`, `Q8_0`, `PQ2_0`, `PTQ1_0`).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "F32",
@@ -57,6 +61,7 @@ impl DType {
             DType::F16 => "F16",
             DType::Q8_0 => "Q8_0",
             DType::PQ2_0 => "PQ2_0",
+            DType::PTQ1_0 => "PTQ1_0",
         }
     }
 
@@ -108,6 +113,7 @@ pub enum View<'a> {
     F16(&'a [f16]),
     Q8_0(&'a [u8]),
     PQ2_0(&'a [u8]),
+    PTQ1_0(&'a [u8]),
 }
 
 /// A named tensor with a shape and an element format (outermost dimension first).
@@ -327,6 +333,7 @@ impl Tensor {
                 DType::F16 => View::F16(std::slice::from_raw_parts(raw.as_ptr() as *const f16, n)),
                 DType::Q8_0 => View::Q8_0(raw),
                 DType::PQ2_0 => View::PQ2_0(raw),
+                DType::PTQ1_0 => View::PTQ1_0(raw),
             }
         }
     }
@@ -379,6 +386,23 @@ impl Tensor {
                     for (j, o) in o.iter_mut().enumerate() {
                         let code = (b[2 + j / 4] >> (2 * (j % 4))) & 3;
                         *o = (f32::from(code) - 1.0) * d;
+                    }
+                }
+            }
+            View::PTQ1_0(raw) => {
+                let blocks = &raw[start / bl * 28..end / bl * 28];
+                for (o, b) in out.chunks_exact_mut(bl).zip(blocks.chunks_exact(28)) {
+                    let d = f16::from_le_bytes([b[26], b[27]]).to_f32();
+                    for (j, o) in o.iter_mut().enumerate() {
+                        // Trit n of byte m: values 16n + m (m < 16), 80 + 8n + (m − 16) (m < 24),
+                        // 120 + 2n + (m − 24).
+                        let (m, n) = match j {
+                            0..80 => (j % 16, j / 16),
+                            80..120 => (16 + (j - 80) % 8, (j - 80) / 8),
+                            _ => (24 + (j - 120) % 2, (j - 120) / 2),
+                        };
+                        let u = u32::from(b[m]) * 3u32.pow(n as u32) % 256;
+                        *o = ((u * 3 / 256) as f32 - 1.0) * d;
                     }
                 }
             }

@@ -23,7 +23,7 @@ pub(super) fn push_bf16(out: &mut Vec<u16>, t: &Tensor) -> Result<(), CudaError>
         View::F32(_) | View::F16(_) => {
             out.extend(t.to_f32_vec().iter().map(|x| bf16::from_f32(*x).to_bits()))
         }
-        View::Q8_0(_) | View::PQ2_0(_) => return Err(unsupported(t)),
+        View::Q8_0(_) | View::PQ2_0(_) | View::PTQ1_0(_) => return Err(unsupported(t)),
     }
     Ok(())
 }
@@ -32,7 +32,7 @@ pub(super) fn push_bf16(out: &mut Vec<u16>, t: &Tensor) -> Result<(), CudaError>
 pub(super) fn push_f32(out: &mut Vec<f32>, t: &Tensor) -> Result<(), CudaError> {
     match t.view() {
         View::F32(_) | View::BF16(_) | View::F16(_) => out.extend(t.to_f32_vec()),
-        View::Q8_0(_) | View::PQ2_0(_) => return Err(unsupported(t)),
+        View::Q8_0(_) | View::PQ2_0(_) | View::PTQ1_0(_) => return Err(unsupported(t)),
     }
     Ok(())
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use onepass_tensor::{DType, Tensor};
 
-use crate::quant::{ptq1_0_to_pq2_0, GgmlType};
+use crate::quant::GgmlType;
 
 mod write;
 pub use write::{write_gguf, GgufStreamWriter, GgufTensorPlan, GgufWriteTensor};
@@ -470,8 +470,8 @@ impl Gguf {
     }
 
     /// A tensor as a [`Tensor`] (shape outermost first) in the type it is stored in: a slice of the
-    /// memory map for F32, F16, BF16, Q8_0 and PQ2_0 (no copy), and PTQ1_0 transcoded to PQ2_0 (the same
-    /// values; the kernels run on PQ2_0). A file held in memory gives owned copies.
+    /// memory map (no copy) for every type, the ternary kernels reading PQ2_0 and PTQ1_0 blocks as
+    /// stored. A file held in memory gives owned copies.
     pub fn tensor_data_as_tensor(&self, info: &GgufTensorInfo) -> Result<Tensor, GgufError> {
         let bad = |why: String| GgufError::Tensor {
             path: self.path.clone(),
@@ -483,25 +483,15 @@ impl Gguf {
             GgmlType::F16 => DType::F16,
             GgmlType::BF16 => DType::BF16,
             GgmlType::Q8_0 => DType::Q8_0,
-            GgmlType::PQ2_0 | GgmlType::PTQ1_0 => DType::PQ2_0,
+            GgmlType::PQ2_0 => DType::PQ2_0,
+            GgmlType::PTQ1_0 => DType::PTQ1_0,
         };
         let shape = info.shape();
         let begin = (self.data_start + info.offset) as usize;
         let len = info.nbytes as usize;
-        let made = if info.ggml_type == GgmlType::PTQ1_0 {
-            let src = self.tensor_data(info);
-            let mut dst = vec![0u8; dtype.bytes_for(info.numel() as usize)];
-            ptq1_0_to_pq2_0(src, &mut dst).map_err(|e| bad(e.to_string()))?;
-            Tensor::from_raw(&info.name, dtype, shape, &dst)
-        } else {
-            match &self.backing {
-                Backing::Mmap(map) => {
-                    Tensor::mapped(&info.name, dtype, shape, map.clone(), begin, len)
-                }
-                Backing::Owned(v) => {
-                    Tensor::from_raw(&info.name, dtype, shape, &v[begin..begin + len])
-                }
-            }
+        let made = match &self.backing {
+            Backing::Mmap(map) => Tensor::mapped(&info.name, dtype, shape, map.clone(), begin, len),
+            Backing::Owned(v) => Tensor::from_raw(&info.name, dtype, shape, &v[begin..begin + len]),
         };
         made.map_err(|e| bad(e.to_string()))
     }

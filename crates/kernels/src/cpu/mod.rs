@@ -5,6 +5,7 @@ pub mod deltanet;
 pub mod hadamard;
 pub mod matmul;
 pub mod ops;
+pub mod ptq1_0;
 pub mod q8_0;
 pub(crate) mod sgemm;
 pub mod ternary;
