@@ -10,7 +10,6 @@ position's logits, then decode greedily with full-vocabulary logits per step. on
 then transformers (never at the same time). Prints a markdown table with ratios.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -19,6 +18,8 @@ import time
 
 import torch
 import transformers
+
+from forward_args import forward_parser  # benches/forward_args.py
 
 
 def onepass(binary, model, lens, decode, reps):
@@ -68,12 +69,7 @@ def hf(model_dir, lens, decode, reps, vocab):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--onepass", default="target/release/onepass")
-    ap.add_argument("--lens", default="128,512,2048")
-    ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=2)
+    ap = forward_parser("128,512,2048")
     a = ap.parse_args()
     lens = [int(x) for x in a.lens.split(",")]
     cfg = json.load(open(os.path.join(a.model, "config.json")))

@@ -23,7 +23,6 @@ precision). On CUDA both sides get one untimed warm-up run per prompt length fir
 capture, the allocator's pools), and transformers' times end with `torch.cuda.synchronize()`. Prints a markdown table.
 """
 
-import argparse
 import json
 import os
 import platform
@@ -33,6 +32,8 @@ import time
 
 import torch
 import transformers
+
+from forward_args import forward_parser  # benches/forward_args.py
 
 SENTENCE = "The quick brown fox jumps over the lazy dog while the sun sets slowly behind the distant hills. "
 
@@ -111,12 +112,7 @@ def hf(model_dir, tok, prompts, decode, reps, dtype, device):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--onepass", default="target/release/onepass")
-    ap.add_argument("--lens", default="128,512")
-    ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=2)
+    ap = forward_parser("128,512")
     ap.add_argument("--hf-dtype", help="transformers' weight dtype (default: float32 on cpu, bfloat16 on cuda)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()

@@ -3,8 +3,9 @@
     python tools/oracle/decider_layouts.py [--tokenizer testdata/qwen3_5-tokenizer] [--out tests/fixtures/systemone/layouts]
 
 Writes into --out:
-  templates/*.jinja    the chat templates used (synthetic.jinja is onepass_tokenizer::SYNTHETIC_CHAT_TEMPLATE, read from
-                       crates/tokenizer/src/synthetic.rs; the others are written here)
+  templates/*.jinja    the chat templates used (synthetic.jinja and qwen3_style.jinja are onepass_tokenizer's
+                       SYNTHETIC_CHAT_TEMPLATE and QWEN3_CHAT_TEMPLATE, read from crates/tokenizer/src/synthetic.rs; the
+                       others are written here)
   chat_templates.jsonl per template: decider.prompt.ChatTemplate(tok) -> head/tail text and ids, or the ValueError text
   chat_rows.jsonl      per (template, request): decider.serve.prepare(..., chat=ChatTemplate) rows (state-first chat)
   temp_configs.json    the decider_config.json temperature sets the temperatures were computed with
@@ -21,73 +22,16 @@ import decider_fixtures as F  # noqa: E402  (parse_http, requests)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
-# A Qwen3-style template written for these fixtures: system turn, tools (tojson), a namespace scan of the messages in
-# reverse, reasoning split on </think>, loop controls, and the enable_thinking switch of the generation prompt.
-QWEN3_STYLE = r"""{%- if tools %}
-    {{- '<|im_start|>system\n' }}
-    {%- if messages[0].role == 'system' %}
-        {{- messages[0].content + '\n\n' }}
-    {%- endif %}
-    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\n</tools><|im_end|>\n" }}
-{%- else %}
-    {%- if messages[0].role == 'system' %}
-        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
-    {%- endif %}
-{%- endif %}
-{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
-{%- for message in messages[::-1] %}
-    {%- set index = (messages|length - 1) - loop.index0 %}
-    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
-        {%- set ns.multi_step_tool = false %}
-        {%- set ns.last_query_index = index %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in messages %}
-    {%- if message.content is string %}
-        {%- set content = message.content %}
-    {%- else %}
-        {%- set content = '' %}
-    {%- endif %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
-        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
-    {%- elif message.role == "assistant" %}
-        {%- set reasoning_content = '' %}
-        {%- if message.reasoning_content is string %}
-            {%- set reasoning_content = message.reasoning_content %}
-        {%- elif '</think>' in content %}
-            {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
-            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
-        {%- endif %}
-        {%- if loop.index0 > ns.last_query_index and reasoning_content %}
-            {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
-        {%- else %}
-            {{- '<|im_start|>' + message.role + '\n' + content }}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\n<tool_response>\n' + content + '\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\n' }}
-        {%- endif %}
-    {%- else %}
-        {%- continue %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\n\n</think>\n\n' }}
-    {%- endif %}
-{%- endif %}
-"""
+def qwen3_style_template():
+    """onepass_tokenizer::QWEN3_CHAT_TEMPLATE (the chat template of synthetic checkpoints), read from the raw string
+    in crates/tokenizer/src/synthetic.rs."""
+    src = open(os.path.join(ROOT, "crates/tokenizer/src/synthetic.rs"), encoding="utf-8").read()
+    return re.search(r'pub const QWEN3_CHAT_TEMPLATE: &str = r##"(.*?)"##;', src, re.S).group(1)
+
+
+# A Qwen3-style template: system turn, tools (tojson), a namespace scan of the messages in reverse, reasoning split on
+# </think>, loop controls, and the enable_thinking switch of the generation prompt.
+QWEN3_STYLE = qwen3_style_template()
 
 # A Qwen3.5-derivative shape: no newline after <|im_end|>, an open <think> the reference closes (R2.5.1 fix-up), no
 # enable_thinking switch, and block tags with surrounding whitespace (trim_blocks / lstrip_blocks).

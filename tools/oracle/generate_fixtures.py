@@ -17,16 +17,17 @@ tools/setup-testdata.sh):
     python tools/oracle/generate_fixtures.py --onepass target/release/onepass
 """
 
-import argparse
-import hashlib
 import json
 import os
-import platform
 import subprocess
+import sys
 import tempfile
 
 import torch
 import transformers
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import load_float32, manifest_head, onepass_parser, sha256  # noqa: E402
 
 PRESETS = ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"]
 MAX_NEW = 40
@@ -61,41 +62,19 @@ CASES = [
 ]
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def load(dir_):
-    cfg = json.load(open(os.path.join(dir_, "config.json")))
-    if cfg["model_type"] == "qwen3_5":
-        cls = transformers.Qwen3_5ForConditionalGeneration
-    else:
-        cls = transformers.Qwen3_5ForCausalLM
-    model = cls.from_pretrained(dir_, dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    return model, cfg
-
-
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--onepass", default="target/release/onepass")
+    ap = onepass_parser("tests/fixtures/generate")
     ap.add_argument("--tokenizer", default="testdata/qwen3_5-tokenizer")
-    ap.add_argument("--out", default="tests/fixtures/generate")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    manifest = {
-        "command": "python tools/oracle/generate_fixtures.py --onepass target/release/onepass",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "max_new_tokens": MAX_NEW,
-        "chat_template": CHATML,
-        "presets": {},
-    }
+    manifest = manifest_head(
+        "generate_fixtures.py",
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        max_new_tokens=MAX_NEW,
+        chat_template=CHATML,
+        presets={},
+    )
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         for preset in PRESETS:
@@ -103,7 +82,7 @@ def main():
             subprocess.run([a.onepass, "synth", "--preset", preset, "--out", d, "--tokenizer", a.tokenizer], check=True)
             with open(os.path.join(d, "chat_template.jinja"), "w") as f:
                 f.write(CHATML)
-            model, cfg = load(d)
+            model, cfg = load_float32(d)
             tok = transformers.AutoTokenizer.from_pretrained(d)
             eos = set()
             for c in (cfg, cfg.get("text_config") or {}):

@@ -268,27 +268,35 @@ def ternary(out, expected):
 
 # ---- tokenizer metadata, as llama.cpp's converter writes it --------------------------------------
 
-def tokenizer_gguf(tokenizer_json, config_json, out_path, vocab_size, pre):
-    tok = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
-    cfg = json.loads(Path(config_json).read_text(encoding="utf-8")) if config_json else {}
-    model = tok["model"]
-    by_id = {i: t for t, i in model["vocab"].items()}
-    added = {}
-    for a in tok["added_tokens"]:
-        by_id[a["id"]] = a["content"]
-        added[a["id"]] = a
-    vocab_size = max(vocab_size or 0, max(by_id) + 1)
+def token_table(by_id, control, vocab_size):
+    """The GGUF token list and token types of ids 0..vocab_size: `by_id` maps an id to its text, `control` maps an
+    added token's id to whether it is a control token (else user-defined); an id without a token is `[PAD<id>]`,
+    unused."""
     tokens, types = [], []
     for i in range(vocab_size):
         if i not in by_id:
             tokens.append(f"[PAD{i}]")
             types.append(gguf.TokenType.UNUSED)
-        elif i in added:
+        elif i in control:
             tokens.append(by_id[i])
-            types.append(gguf.TokenType.CONTROL if added[i]["special"] else gguf.TokenType.USER_DEFINED)
+            types.append(gguf.TokenType.CONTROL if control[i] else gguf.TokenType.USER_DEFINED)
         else:
             tokens.append(by_id[i])
             types.append(gguf.TokenType.NORMAL)
+    return tokens, types
+
+
+def tokenizer_gguf(tokenizer_json, config_json, out_path, vocab_size, pre):
+    tok = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+    cfg = json.loads(Path(config_json).read_text(encoding="utf-8")) if config_json else {}
+    model = tok["model"]
+    by_id = {i: t for t, i in model["vocab"].items()}
+    control = {}
+    for a in tok["added_tokens"]:
+        by_id[a["id"]] = a["content"]
+        control[a["id"]] = a["special"]
+    vocab_size = max(vocab_size or 0, max(by_id) + 1)
+    tokens, types = token_table(by_id, control, vocab_size)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
 
     def token_id(key):

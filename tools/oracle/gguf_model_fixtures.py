@@ -39,6 +39,7 @@ from gguf import GGMLQuantizationType as QT
 from safetensors.numpy import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_fixtures import token_table  # noqa: E402
 from oracle_io import manifest_head, onepass_parser, sha256  # noqa: E402
 
 PRESETS = ["tiny-gva"]
@@ -81,18 +82,8 @@ def add_tokenizer(w, d, cfg, vocab_size):
     for a in tok.get("added_tokens", []):
         by_id[a["id"]] = a["content"]
         added[a["id"]] = a.get("special", False)
-    tokens, types = [], []
-    for i in range(vocab_size):
-        if i not in by_id:
-            tokens.append(f"[PAD{i}]")
-            types.append(gguf.TokenType.UNUSED)
-        elif i in added:
-            tokens.append(by_id[i])
-            types.append(gguf.TokenType.CONTROL if added[i] or looks_special(by_id[i])
-                         else gguf.TokenType.USER_DEFINED)
-        else:
-            tokens.append(by_id[i])
-            types.append(gguf.TokenType.NORMAL)
+    control = {i: special or looks_special(by_id[i]) for i, special in added.items()}
+    tokens, types = token_table(by_id, control, vocab_size)
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"].get("merges", [])]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen35")

@@ -24,22 +24,11 @@ import transformers
 from safetensors.numpy import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle_io import manifest_head, onepass_parser, sha256  # noqa: E402
+from oracle_io import load_float32, manifest_head, onepass_parser, sha256  # noqa: E402
 
 PRESETS = ["tiny-gva", "tiny-attn-first", "tiny-composite", "tiny-bf16"]
 LENGTHS = [1, 5, 64, 65, 130, 700]
 SEED = 20261130
-
-
-def load(dir_):
-    cfg = json.load(open(os.path.join(dir_, "config.json")))
-    if cfg["model_type"] == "qwen3_5":
-        cls = transformers.Qwen3_5ForConditionalGeneration
-    else:
-        cls = transformers.Qwen3_5ForCausalLM
-    model = cls.from_pretrained(dir_, dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    return model, cfg
 
 
 def main():
@@ -59,7 +48,7 @@ def main():
         for preset in PRESETS:
             d = os.path.join(tmp, preset)
             subprocess.run([args.onepass, "synth", "--preset", preset, "--out", d], check=True)
-            model, cfg = load(d)
+            model, cfg = load_float32(d)
             vocab = (cfg.get("text_config") or cfg)["vocab_size"]
             rng = np.random.default_rng(SEED + PRESETS.index(preset))
             tensors = {}

@@ -1,9 +1,10 @@
 """What the oracle scripts share for writing fixtures: the arguments of a script that runs `onepass synth`, a file's
 sha256 and the head of a manifest (they pin the checkpoints and fixtures and say what made them), JSON in the compact
-form the server writes, and the JSON-lines and manifest files."""
+form the server writes, the JSON-lines and manifest files, and the float32 transformers model of a checkpoint."""
 import argparse
 import hashlib
 import json
+import os
 import platform
 
 
@@ -49,3 +50,19 @@ def manifest_head(script, **fields):
         "python": platform.python_version(),
         **fields,
     }
+
+
+def load_float32(dir_):
+    """transformers' model of the checkpoint folder `dir_` in float32 with eager attention, in eval mode
+    (Qwen3_5ForConditionalGeneration for the composite form, Qwen3_5ForCausalLM otherwise), and its config.json."""
+    import torch
+    import transformers
+
+    cfg = json.load(open(os.path.join(dir_, "config.json")))
+    if cfg["model_type"] == "qwen3_5":
+        cls = transformers.Qwen3_5ForConditionalGeneration
+    else:
+        cls = transformers.Qwen3_5ForCausalLM
+    model = cls.from_pretrained(dir_, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    return model, cfg

@@ -73,15 +73,8 @@ pub fn logits_cuda(m: &Model, ids: &[u32], last: bool, chunk: Option<usize>) -> 
 }
 
 fn prompt(n: usize, vocab: u32, salt: u64) -> Vec<u32> {
-    let mut x = 0x9e3779b97f4a7c15u64 ^ salt.wrapping_mul(0xbf58476d1ce4e5b9);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
+    let state = 0x9e3779b97f4a7c15u64 ^ salt.wrapping_mul(0xbf58476d1ce4e5b9);
+    onepass_model::synth::xorshift_ids(state, n, vocab as usize)
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -249,18 +242,12 @@ impl CudaArgs {
             "f32" => Precision::F32,
             other => bail!("--gpu-precision {other:?}: expected split, bf16 or f32"),
         };
-        let kernels = self
-            .gpu_kernels
-            .as_deref()
-            .map(TcArith::parse)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!("--gpu-kernels {e}"))?;
-        let split_gemms = self
-            .gpu_split_gemms
-            .as_deref()
-            .map(SplitGemms::parse)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!("--gpu-split-gemms {e}"))?;
+        let kernels = parse_flag("--gpu-kernels", &self.gpu_kernels, TcArith::parse)?;
+        let split_gemms = parse_flag(
+            "--gpu-split-gemms",
+            &self.gpu_split_gemms,
+            SplitGemms::parse,
+        )?;
         if split_gemms.is_some() && precision != Precision::Bf16Split {
             bail!(
                 "--gpu-split-gemms applies to --gpu-precision split, not {}",
@@ -288,6 +275,19 @@ impl CudaArgs {
             keep_freed_memory: !self.gpu_release_memory,
         })
     }
+}
+
+/// An optional flag's value through `parse`; an error names the flag.
+fn parse_flag<T, E: std::fmt::Display>(
+    flag: &str,
+    value: &Option<String>,
+    parse: impl Fn(&str) -> Result<T, E>,
+) -> Result<Option<T>> {
+    value
+        .as_deref()
+        .map(parse)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{flag} {e}"))
 }
 
 /// The one engine value every command holds: System One (and sessions, generation) over the model on the resolved
@@ -742,7 +742,8 @@ mod tests {
             #[command(flatten)]
             cuda: CudaArgs,
         }
-        let o = Flags::try_parse_from([
+        let options = |argv: &[&str]| Flags::try_parse_from(argv).unwrap().cuda.options().unwrap();
+        let o = options(&[
             "t",
             "--gpu-gdn",
             "simt",
@@ -751,19 +752,11 @@ mod tests {
             "--gpu-no-trees",
             "--gpu-no-graphs",
             "--gpu-release-memory",
-        ])
-        .unwrap()
-        .cuda
-        .options()
-        .unwrap();
+        ]);
         assert_eq!(o.gdn, onepass_cuda::GdnKernels::Simt);
         assert_eq!(o.attention, onepass_cuda::AttnKernels::Tiled);
         assert!(!o.trees && !o.graphs && !o.keep_freed_memory);
-        let o = Flags::try_parse_from(["t", "--gpu-gdn", "tc-no-leaf"])
-            .unwrap()
-            .cuda
-            .options()
-            .unwrap();
+        let o = options(&["t", "--gpu-gdn", "tc-no-leaf"]);
         assert_eq!(o.gdn, onepass_cuda::GdnKernels::TensorCoreNoLeaf);
         assert_eq!(o.attention, onepass_cuda::AttnKernels::TensorCore);
         let e = Flags::try_parse_from(["t", "--gpu-gdn", "wy"])

@@ -80,8 +80,14 @@ pub fn convert_cmd(a: ConvertArgs, dir: &Path) -> Result<()> {
     check_out(&a.out)?;
     let t0 = Instant::now();
     let mut progress = progress_printer(format!("convert {}", a.ty));
-    let plan = convert::convert_folder(dir, &a.out, ty, a.seed, &mut progress)
-        .with_context(|| format!("converting {}", dir.display()))?;
+    let plan = convert::convert(
+        convert::Input::Folder(dir),
+        &a.out,
+        ty,
+        a.seed,
+        &mut progress,
+    )
+    .with_context(|| format!("converting {}", dir.display()))?;
     eprintln!(
         "wrote {} ({} tensors, {:.2} GB) in {:.1}s",
         a.out.display(),
@@ -105,7 +111,12 @@ pub fn synth_gguf(
     check_out(out)?;
     let t0 = Instant::now();
     let mut progress = progress_printer(format!("synth {preset} {format}"));
-    let plan = convert::write_synth(spec, preset, tokenizer, out, ty, sign_seed, &mut progress)?;
+    let input = convert::Input::Synth {
+        spec,
+        name: preset,
+        tokenizer,
+    };
+    let plan = convert::convert(input, out, ty, sign_seed, &mut progress)?;
     eprintln!(
         "wrote {} ({} tensors, {:.2} GB) in {:.1}s",
         out.display(),

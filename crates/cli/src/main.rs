@@ -62,23 +62,7 @@ enum Cmd {
         model: String,
     },
     /// Prints {"logits": [[...], ...]}, one row per position (only the last with --last).
-    Logits {
-        /// A model folder (config.json, *.safetensors weights, tokenizer.json), a .gguf file, or a Hub repo id ORG/NAME[@REVISION]
-        /// already in the Hugging Face cache.
-        #[arg(long)]
-        model: String,
-        /// Comma-separated token ids.
-        #[arg(long)]
-        ids: String,
-        /// Only the last position.
-        #[arg(long)]
-        last: bool,
-        /// Feed the sequence in chunks of this many tokens (default: all at once).
-        #[arg(long)]
-        chunk: Option<usize>,
-        #[command(flatten)]
-        dev: device::DeviceArg,
-    },
+    Logits(LogitsArgs),
     /// Writes a deterministic synthetic checkpoint folder (random weights: for tests; its answers mean nothing).
     Synth {
         /// One of the presets (see --list).
@@ -109,23 +93,7 @@ enum Cmd {
         list: bool,
     },
     /// CPU prefill and decode throughput on one model; prints one JSON object.
-    Bench {
-        /// A model folder (config.json, *.safetensors weights, tokenizer.json), a .gguf file, or a Hub repo id ORG/NAME[@REVISION]
-        /// already in the Hugging Face cache.
-        #[arg(long)]
-        model: String,
-        /// Prompt lengths to prefill.
-        #[arg(long, default_value = "128,512,2048", value_delimiter = ',')]
-        prompt_lens: Vec<usize>,
-        /// Tokens to decode after the first prompt (full-vocabulary logits each step).
-        #[arg(long, default_value_t = 32)]
-        decode: usize,
-        /// Repetitions per prompt length (the best is reported).
-        #[arg(long, default_value_t = 2)]
-        reps: usize,
-        #[command(flatten)]
-        dev: device::DeviceArg,
-    },
+    Bench(BenchArgs),
     /// System One latency and throughput on three fixed request sizes (cpu or cuda): p50/p95, requests/s, decisions/s.
     BenchSystemone(device::BenchSystemoneArgs),
     /// HTTP server: decider-ai's /v1/systemone, /decide, /v1/models, /health, plus /metrics (docs/server.md).
@@ -140,6 +108,44 @@ enum Cmd {
     Session(session::SessionArgs),
     /// A conversation with the model's chat template, streamed; one message per line when stdin is not a terminal.
     Chat(session::ChatArgs),
+}
+
+#[derive(clap::Args)]
+struct LogitsArgs {
+    /// A model folder (config.json, *.safetensors weights, tokenizer.json), a .gguf file, or a Hub repo id ORG/NAME[@REVISION]
+    /// already in the Hugging Face cache.
+    #[arg(long)]
+    model: String,
+    /// Comma-separated token ids.
+    #[arg(long)]
+    ids: String,
+    /// Only the last position.
+    #[arg(long)]
+    last: bool,
+    /// Feed the sequence in chunks of this many tokens (default: all at once).
+    #[arg(long)]
+    chunk: Option<usize>,
+    #[command(flatten)]
+    dev: device::DeviceArg,
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// A model folder (config.json, *.safetensors weights, tokenizer.json), a .gguf file, or a Hub repo id ORG/NAME[@REVISION]
+    /// already in the Hugging Face cache.
+    #[arg(long)]
+    model: String,
+    /// Prompt lengths to prefill.
+    #[arg(long, default_value = "128,512,2048", value_delimiter = ',')]
+    prompt_lens: Vec<usize>,
+    /// Tokens to decode after the first prompt (full-vocabulary logits each step).
+    #[arg(long, default_value_t = 32)]
+    decode: usize,
+    /// Repetitions per prompt length (the best is reported).
+    #[arg(long, default_value_t = 2)]
+    reps: usize,
+    #[command(flatten)]
+    dev: device::DeviceArg,
 }
 
 fn main() {
@@ -175,16 +181,10 @@ fn run(cli: Cli) -> Result<()> {
             gguf_cmd::convert_cmd(a, &dir)
         }
         Cmd::Tokenize { model } => tokenize(&model),
-        Cmd::Logits {
-            model,
-            ids,
-            last,
-            chunk,
-            dev,
-        } => match dev.resolve()? {
-            device::Device::Cpu => logits(&model, &ids, last, chunk),
+        Cmd::Logits(a) => match a.dev.resolve()? {
+            device::Device::Cpu => logits(&a.model, &a.ids, a.last, a.chunk),
             device::Device::Cuda => {
-                device::logits_cuda(&load_model(&model)?, &parse_ids(&ids)?, last, chunk)
+                device::logits_cuda(&load_model(&a.model)?, &parse_ids(&a.ids)?, a.last, a.chunk)
             }
         },
         Cmd::Synth {
@@ -215,20 +215,14 @@ fn run(cli: Cli) -> Result<()> {
                 format.as_deref().map(|f| (f, sign_seed)),
             )
         }
-        Cmd::Bench {
-            model,
-            prompt_lens,
-            decode,
-            reps,
-            dev,
-        } => match dev.resolve()? {
-            device::Device::Cpu => bench(&model, &prompt_lens, decode, reps),
+        Cmd::Bench(a) => match a.dev.resolve()? {
+            device::Device::Cpu => bench(&a.model, &a.prompt_lens, a.decode, a.reps),
             // System One-like request: 7 rows of 175 shared + 33 own tokens (406 unique).
             device::Device::Cuda => device::bench_cuda(
-                &load_model(&model)?,
-                &prompt_lens,
-                decode,
-                reps,
+                &load_model(&a.model)?,
+                &a.prompt_lens,
+                a.decode,
+                a.reps,
                 (7, 175, 33),
             ),
         },

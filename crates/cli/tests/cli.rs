@@ -1,13 +1,12 @@
 //! The CLI contract scripts depend on: output shapes of `tokenize`, `logits`, `info`, and clear
 //! errors with a non-zero exit for bad input.
 
-use std::io::Write;
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-fn onepass() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_onepass"))
-}
+use common::{onepass, tokenize};
 
 fn synth(preset: &str) -> tempfile::TempDir {
     synth_with(preset, &[])
@@ -35,25 +34,6 @@ fn run_ok(args: &[&str], model: &Path) -> serde_json::Value {
         .expect("run");
     succeeded(&out, &format!("{args:?}"));
     serde_json::from_slice(&out.stdout).expect("stdout is one JSON value")
-}
-
-/// `onepass tokenize --model MODEL` with `input` on stdin.
-fn tokenize(model: &Path, input: &[u8]) -> std::process::Output {
-    let mut child = onepass()
-        .args(["tokenize", "--model"])
-        .arg(model)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input)
-        .expect("write");
-    child.wait_with_output().expect("wait")
 }
 
 /// Asserts that `what` succeeded (its stderr is the failure message).

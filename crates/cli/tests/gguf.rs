@@ -2,14 +2,12 @@
 //! the file, a folder holding one GGUF file, and a file without a tokenizer said so.
 
 use std::path::Path;
-use std::process::Command;
 
+mod common;
 #[path = "../../model/tests/common/to_gguf.rs"]
 mod to_gguf;
 
-fn onepass() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_onepass"))
-}
+use common::{onepass, tokenize};
 
 fn run(args: &[&str], model: &Path) -> std::process::Output {
     onepass()
@@ -86,21 +84,7 @@ fn a_gguf_file_runs_like_the_folder_it_came_from() {
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(hf.path().join(f), g.path().join(f)).expect("copy");
     }
-    let mut child = onepass()
-        .args(["tokenize", "--model"])
-        .arg(&file)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"\"hello\"\n")
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
+    let out = tokenize(&file, b"\"hello\"\n");
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with('['));
 }

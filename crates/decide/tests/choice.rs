@@ -473,12 +473,7 @@ fn decisions_match_transformers() {
             common::u32s(&line["choice_ids"]),
             "{name}: choice ids"
         );
-        let want: Vec<f64> = line["choice_logp"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
+        let want = common::f64s(&line["choice_logp"]);
         let key = format!("{preset}-{template}");
         if !sessions.iter().any(|(k, _)| *k == key) {
             sessions.push((
@@ -520,11 +515,7 @@ fn session_engine() -> &'static onepass_decide::Engine {
         std::fs::create_dir_all(&dir).unwrap();
         let spec = synth::preset("tiny-qwen-vocab").unwrap();
         synth::write_checkpoint(&spec, &dir, &mut |_, _| {}).unwrap();
-        let tok = common::root().join("testdata/qwen3_5-tokenizer");
-        for f in ["tokenizer.json", "tokenizer_config.json"] {
-            std::fs::copy(tok.join(f), dir.join(f))
-                .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
-        }
+        common::copy_tokenizer(&dir);
         std::fs::write(
             dir.join("chat_template.jinja"),
             onepass_tokenizer::QWEN3_CHAT_TEMPLATE,
@@ -547,15 +538,20 @@ fn generate(
     s.generate(&greedy(), &mut |_| true).unwrap()
 }
 
+/// Session options with decide lines on and the prefix cache in `mode`.
+fn deciding(prefix_cache: PrefixCacheMode) -> onepass_decide::SessionOptions {
+    onepass_decide::SessionOptions {
+        decide: true,
+        prefix_cache,
+    }
+}
+
 /// A generation after a decision, and after a refused one, equals a generation in a session that never saw them; it
 /// drops the kept state, and the next decision starts fresh and answers as before.
 #[test]
 fn a_generation_after_decisions_equals_one_that_never_saw_them() {
     let e = session_engine();
-    let opts = onepass_decide::SessionOptions {
-        decide: true,
-        prefix_cache: PrefixCacheMode::On,
-    };
+    let opts = deciding(PrefixCacheMode::On);
     let fresh = generate(&mut e.session(opts));
     let mut s = e.session(opts);
     let steps = agent_steps();
@@ -603,10 +599,7 @@ fn a_session_without_decide_refuses_harmlessly() {
 #[test]
 fn decide_lines_and_the_engine_lru_answer_as_the_library() {
     let e = session_engine();
-    let opts = onepass_decide::SessionOptions {
-        decide: true,
-        prefix_cache: PrefixCacheMode::Auto,
-    };
+    let opts = deciding(PrefixCacheMode::Auto);
     let mut lib = e.session(opts);
     let mut lines = e.session(opts);
     let before = e.prefix_cache_stats();

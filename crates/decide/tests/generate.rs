@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use common::{jsonl, process_dir, root};
+use common::{array, copy_tokenizer, jsonl, process_dir, root};
 use onepass_decide::generate::{Finish, GenerateRequest, Input};
 use onepass_decide::{Engine, EngineOptions, SessionOptions};
 use onepass_model::synth;
@@ -42,11 +42,7 @@ fn checkpoint(
         spec.max_position_embeddings = n;
     }
     synth::write_checkpoint(&spec, &dir, &mut |_, _| {}).unwrap();
-    let tok = root().join("testdata/qwen3_5-tokenizer");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dir.join(f))
-            .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
-    }
+    copy_tokenizer(&dir);
     std::fs::write(
         dir.join("chat_template.jinja"),
         manifest()["chat_template"].as_str().unwrap(),
@@ -128,12 +124,7 @@ fn greedy_matches_transformers() {
                 .iter()
                 .map(|&x| x as u64)
                 .collect();
-            let want: Vec<u64> = m["eos_token_id"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap())
-                .collect();
+            let want: Vec<u64> = array(&m["eos_token_id"], |x| x.as_u64().unwrap());
             assert_eq!(eos, want, "{preset}: end-of-sequence ids");
             engines.push((preset.to_string(), e));
         }

@@ -63,29 +63,32 @@ impl AnyBackend {
     }
 }
 
-/// The CPU halves of `items`, or [`AnyError::Mismatch`].
-fn cpu_items<'a>(
+/// The halves of `items` that `half` picks (one device's states: [`AnyState::cpu_mut`] or [`AnyState::cuda_mut`]), or
+/// [`AnyError::Mismatch`] if one is on the other device.
+fn items_on<'a, S>(
     items: &'a mut [(&mut AnyState, &[u32])],
-) -> Result<Vec<(&'a mut SequenceState, &'a [u32])>, AnyError> {
+    half: impl Fn(&'a mut AnyState) -> Option<&'a mut S>,
+) -> Result<Vec<(&'a mut S, &'a [u32])>, AnyError> {
     items
         .iter_mut()
-        .map(|(st, ids)| match &mut **st {
-            AnyState::Cpu(s) => Ok((s, *ids)),
-            AnyState::Cuda(_) => Err(AnyError::Mismatch),
-        })
+        .map(|(st, ids)| half(st).map(|s| (s, *ids)).ok_or(AnyError::Mismatch))
         .collect()
 }
 
-fn cuda_items<'a>(
-    items: &'a mut [(&mut AnyState, &[u32])],
-) -> Result<Vec<(&'a mut CudaState, &'a [u32])>, AnyError> {
-    items
-        .iter_mut()
-        .map(|(st, ids)| match &mut **st {
-            AnyState::Cuda(s) => Ok((s, *ids)),
-            AnyState::Cpu(_) => Err(AnyError::Mismatch),
-        })
-        .collect()
+impl AnyState {
+    fn cpu_mut(&mut self) -> Option<&mut SequenceState> {
+        match self {
+            AnyState::Cpu(s) => Some(s),
+            AnyState::Cuda(_) => None,
+        }
+    }
+
+    fn cuda_mut(&mut self) -> Option<&mut CudaState> {
+        match self {
+            AnyState::Cuda(s) => Some(s),
+            AnyState::Cpu(_) => None,
+        }
+    }
 }
 
 impl Backend for AnyBackend {
@@ -151,8 +154,12 @@ impl Backend for AnyBackend {
     }
     fn forward_batch(&self, items: &mut [(&mut AnyState, &[u32])]) -> Result<AnyHidden, AnyError> {
         Ok(match self {
-            AnyBackend::Cpu(m) => AnyHidden::Cpu(m.forward_batch(&mut cpu_items(items)?)?),
-            AnyBackend::Cuda(c) => AnyHidden::Cuda(c.forward_batch(&mut cuda_items(items)?)?),
+            AnyBackend::Cpu(m) => {
+                AnyHidden::Cpu(m.forward_batch(&mut items_on(items, AnyState::cpu_mut)?)?)
+            }
+            AnyBackend::Cuda(c) => {
+                AnyHidden::Cuda(c.forward_batch(&mut items_on(items, AnyState::cuda_mut)?)?)
+            }
         })
     }
     fn runs_trees(&self) -> bool {
@@ -168,10 +175,10 @@ impl Backend for AnyBackend {
     ) -> Result<Option<AnyHidden>, AnyError> {
         Ok(match self {
             AnyBackend::Cpu(m) => m
-                .forward_tree(&mut cpu_items(roots)?, children)?
+                .forward_tree(&mut items_on(roots, AnyState::cpu_mut)?, children)?
                 .map(AnyHidden::Cpu),
             AnyBackend::Cuda(c) => c
-                .forward_tree(&mut cuda_items(roots)?, children)?
+                .forward_tree(&mut items_on(roots, AnyState::cuda_mut)?, children)?
                 .map(AnyHidden::Cuda),
         })
     }

@@ -3,36 +3,15 @@
 #![allow(clippy::unwrap_used)]
 
 use onepass_engine::{AnyBackend, Backend, Pick, CHUNK_TOLERANCE};
-use onepass_model::{synth, Model};
+use onepass_kernels::max_rel_diff as rel;
+use onepass_model::synth::{self, pseudo_ids as ids};
+use onepass_model::Model;
 
 fn load(preset: &str) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
     synth::write_checkpoint(&synth::preset(preset).unwrap(), dir.path(), &mut |_, _| {}).unwrap();
     let m = Model::load(dir.path()).unwrap();
     (dir, m)
-}
-
-fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
-}
-
-/// max |a - b| / max(1, max |b|).
-fn rel(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-        / scale
 }
 
 /// The one-token walk: every position's full logits, one forward per id.

@@ -39,7 +39,8 @@ pub const HADAMARD_AXIS: &str = "input-last-dimension";
 /// The rotation's block length.
 pub const HADAMARD_BLOCK: usize = 1024;
 
-const KEYS: [&str; 10] = [
+/// The keys version 1 defines (after [`HADAMARD_PREFIX`]).
+pub const HADAMARD_KEYS: [&str; 10] = [
     "version",
     "block_size",
     "transform",
@@ -51,6 +52,35 @@ const KEYS: [&str; 10] = [
     "inverse_weight_names",
     "gdn_v_grouped",
 ];
+
+/// The sign vectors of a rotation declaration: `values` holds each width's ±1 signs back to back,
+/// in the order of `widths` (checked positive, distinct multiples of [`HADAMARD_BLOCK`]). The error
+/// says what is wrong with `sign_values`.
+pub fn split_signs(widths: &[usize], values: &[f64]) -> Result<Vec<(usize, Vec<f32>)>, String> {
+    let total: usize = widths.iter().sum();
+    if values.len() != total {
+        return Err(format!(
+            "holds {} values but sign_widths {widths:?} add up to {total}",
+            values.len()
+        ));
+    }
+    if let Some((i, v)) = values
+        .iter()
+        .enumerate()
+        .find(|(_, &v)| v != 1.0 && v != -1.0)
+    {
+        return Err(format!("entry {i} is {v}, not +1 or -1"));
+    }
+    let mut at = 0;
+    Ok(widths
+        .iter()
+        .map(|&w| {
+            let signs = values[at..at + w].iter().map(|&v| v as f32).collect();
+            at += w;
+            (w, signs)
+        })
+        .collect())
+}
 
 /// The validated rotation metadata of a GGUF file.
 #[derive(Clone, Debug, PartialEq)]
@@ -79,7 +109,7 @@ impl HadamardMeta {
         }
         let key = |k: &str| format!("{HADAMARD_PREFIX}{k}");
         let bad = |k: &str, why: String| file.metadata_error(&key(k), why);
-        if let Some(unknown) = present.iter().find(|k| !KEYS.contains(k)) {
+        if let Some(unknown) = present.iter().find(|k| !HADAMARD_KEYS.contains(k)) {
             return Err(bad(
                 unknown,
                 "is not a key of rotation metadata version 1; this file needs a newer onepass"
@@ -129,7 +159,6 @@ impl HadamardMeta {
             return Err(bad("sign_widths", "is empty".into()));
         }
         let mut seen = BTreeSet::new();
-        let mut total: usize = 0;
         for &w in &widths {
             if w <= 0 || w % HADAMARD_BLOCK as i128 != 0 || w > u32::MAX as i128 {
                 return Err(bad(
@@ -140,7 +169,6 @@ impl HadamardMeta {
             if !seen.insert(w) {
                 return Err(bad("sign_widths", format!("width {w} appears twice")));
             }
-            total += w as usize;
         }
 
         let values_array = file.array_value(&key("sign_values"))?;
@@ -157,32 +185,11 @@ impl HadamardMeta {
                 ),
             ));
         };
-        if values.len() != total {
-            return Err(bad(
-                "sign_values",
-                format!(
-                    "holds {} values but sign_widths {widths:?} add up to {total}",
-                    values.len()
-                ),
-            ));
-        }
-        if let Some((i, v)) = values
-            .iter()
-            .enumerate()
-            .find(|(_, &v)| v != 1.0 && v != -1.0)
-        {
-            return Err(bad(
-                "sign_values",
-                format!("entry {i} is {v}, not +1 or -1"),
-            ));
-        }
-        let mut signs = BTreeMap::new();
-        let mut at = 0;
-        for &w in &widths {
-            let w = w as usize;
-            signs.insert(w, values[at..at + w].iter().map(|&v| v as f32).collect());
-            at += w;
-        }
+        let widths: Vec<usize> = widths.iter().map(|&w| w as usize).collect();
+        let signs: BTreeMap<usize, Vec<f32>> = split_signs(&widths, &values)
+            .map_err(|m| bad("sign_values", m))?
+            .into_iter()
+            .collect();
 
         let names = |k: &str| -> Result<BTreeSet<String>, GgufError> {
             let array = file.array_value(&key(k))?;

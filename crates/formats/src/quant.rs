@@ -125,18 +125,28 @@ pub struct BlockSizeError {
     pub block_len: usize,
 }
 
-/// Decodes `src` (whole blocks of type `ty`) into `out`, one f32 per value.
-pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), BlockSizeError> {
+/// `ty`'s (block length, block bytes) when `values` values fill whole blocks that take `bytes` bytes.
+fn whole_blocks(
+    ty: GgmlType,
+    bytes: usize,
+    values: usize,
+) -> Result<(usize, usize), BlockSizeError> {
     let (bl, bb) = (ty.block_len(), ty.block_bytes());
-    if !out.len().is_multiple_of(bl) || src.len() != out.len() / bl * bb {
+    if !values.is_multiple_of(bl) || bytes != values / bl * bb {
         return Err(BlockSizeError {
             ty,
-            bytes: src.len(),
-            values: out.len(),
+            bytes,
+            values,
             block_bytes: bb,
             block_len: bl,
         });
     }
+    Ok((bl, bb))
+}
+
+/// Decodes `src` (whole blocks of type `ty`) into `out`, one f32 per value.
+pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), BlockSizeError> {
+    let (bl, bb) = whole_blocks(ty, src.len(), out.len())?;
     for (block, dst) in src.chunks_exact(bb).zip(out.chunks_exact_mut(bl)) {
         match ty {
             GgmlType::F32 => dst[0] = f32::from_le_bytes([block[0], block[1], block[2], block[3]]),
@@ -236,16 +246,7 @@ pub fn ptq1_0_to_pq2_0(src: &[u8], dst: &mut [u8]) -> Result<(), BlockSizeError>
 /// values (stored as f16) and trit `round(x / d) + 1`, so every value becomes −d, 0 or +d.
 /// Rounding is half away from zero, as C's `roundf`.
 pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), BlockSizeError> {
-    let (bl, bb) = (ty.block_len(), ty.block_bytes());
-    if !src.len().is_multiple_of(bl) || dst.len() != src.len() / bl * bb {
-        return Err(BlockSizeError {
-            ty,
-            bytes: dst.len(),
-            values: src.len(),
-            block_bytes: bb,
-            block_len: bl,
-        });
-    }
+    let (bl, bb) = whole_blocks(ty, dst.len(), src.len())?;
     for (x, block) in src.chunks_exact(bl).zip(dst.chunks_exact_mut(bb)) {
         match ty {
             GgmlType::F32 => block.copy_from_slice(&x[0].to_le_bytes()),

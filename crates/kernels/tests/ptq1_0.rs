@@ -4,16 +4,20 @@
 //! weight-type dispatch of `matmul_t` / `dot_rows`.
 
 use half::f16;
-use onepass_formats::quant::{dequantize, ptq1_0_to_pq2_0, GgmlType};
+use onepass_formats::quant::{ptq1_0_to_pq2_0, GgmlType};
 use onepass_kernels::{
-    dot_rows, matmul_t, matmul_t_reference, ptq1_0_matmul_t, ptq1_0_matmul_t_reference,
-    ptq1_0_matmul_t_with, ternary_matmul_t_with, TernaryPath,
+    dot_rows, matmul_t, ptq1_0_matmul_t, ptq1_0_matmul_t_reference, ptq1_0_matmul_t_with,
+    ternary_matmul_t_with,
 };
 use onepass_tensor::{DType, Tensor};
 
 #[path = "common/xorshift.rs"]
 mod xorshift;
 use xorshift::Rng;
+
+#[path = "common/ternary_checks.rs"]
+mod ternary_checks;
+use ternary_checks::{assert_close, decoded, paths, twin_checked_against_dense, SHAPES};
 
 /// Random PTQ1_0 rows: every trit byte uniform over 0..=255 (all of them decode, so every byte
 /// value is exercised), scales in the range real packs use, last in the block.
@@ -29,75 +33,27 @@ fn random_ptq1_0(rng: &mut Rng, n: usize, k: usize) -> Vec<u8> {
     w
 }
 
-fn paths() -> Vec<TernaryPath> {
-    [
-        TernaryPath::Avx512,
-        TernaryPath::Avx2,
-        TernaryPath::Portable,
-    ]
-    .into_iter()
-    .filter(|p| p.available())
-    .collect()
-}
-
-/// Elementwise within 2e-6 of the sum of |w·x| (an f32 rounding bound for these K).
-fn assert_close(what: &str, got: &[f32], want: &[f32], scale: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
-        let tol = 2e-6 * s + 1e-7;
-        assert!(
-            (g - w).abs() <= tol,
-            "{what}: output {i}: {g} vs {w} (|diff| {} > {tol})",
-            (g - w).abs()
-        );
-    }
-}
-
-fn abs_products(x: &[f32], t: usize, wf: &[f32], n: usize, k: usize) -> Vec<f32> {
-    let mut out = vec![0f32; t * n];
-    for i in 0..t {
-        for r in 0..n {
-            out[i * n + r] = (0..k).map(|c| (x[i * k + c] * wf[r * k + c]).abs()).sum();
-        }
-    }
-    out
-}
-
 #[test]
 fn ptq1_0_paths_match_the_twin_the_decoder_and_the_pq2_0_kernel_on_odd_shapes() {
     let mut rng = Rng(0x5eed_7431);
     let paths = paths();
     eprintln!("PTQ1_0 paths on this processor: {paths:?}");
-    for &(n, k) in &[
-        (1, 128),
-        (3, 256),
-        (5, 1152),
-        (7, 640),
-        (13, 384),
-        (67, 1024),
-        (130, 256),
-    ] {
+    for (n, k) in SHAPES {
         let w = random_ptq1_0(&mut rng, n, k);
-        let mut wf = vec![0f32; n * k];
-        dequantize(GgmlType::PTQ1_0, &w, &mut wf).expect("whole blocks");
-        let wt = Tensor::from_f32("w", vec![n, k], &wf);
+        let (wf, wt) = decoded(GgmlType::PTQ1_0, &w, n, k);
         let mut words = vec![0u8; w.len() / 28 * 34];
         ptq1_0_to_pq2_0(&w, &mut words).expect("sizes");
         let packed = Tensor::from_raw("w", DType::PTQ1_0, vec![n, k], &w).expect("sizes");
         assert_eq!(packed.to_f32_vec(), wf, "Tensor::read_f32 vs the decoder");
         for &t in &[1usize, 2, 3, 5, 7, 63] {
-            let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
-            let scale = abs_products(&x, t, &wf, n, k);
-            let mut slow = vec![0f32; t * n];
-            ptq1_0_matmul_t_reference(&x, t, &w, n, k, &mut slow);
-            let mut dense = vec![0f32; t * n];
-            matmul_t_reference(&x, t, &wt, &mut dense);
             // Both accumulate in f64 over the same exact values: equal up to the final rounding.
-            assert_close(
+            let (x, slow, scale) = twin_checked_against_dense(
+                &mut rng,
+                t,
+                &wf,
+                &wt,
+                |x, out| ptq1_0_matmul_t_reference(x, t, &w, n, k, out),
                 &format!("twin vs dense N={n} K={k} T={t}"),
-                &slow,
-                &dense,
-                &scale,
             );
             for &path in &paths {
                 let mut y = vec![f32::NAN; t * n];

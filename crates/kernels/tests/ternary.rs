@@ -12,13 +12,18 @@ use onepass_formats::HadamardMeta;
 use onepass_kernels::{
     hadamard_rotate, hadamard_rotate_reference, hadamard_unrotate, hadamard_unrotate_reference,
     matmul_t_reference, ternary_matmul_t, ternary_matmul_t_reference, ternary_matmul_t_with,
-    TernaryPath,
 };
 use onepass_tensor::Tensor;
 
 #[path = "common/xorshift.rs"]
 mod xorshift;
 use xorshift::Rng;
+
+#[path = "common/ternary_checks.rs"]
+mod ternary_checks;
+use ternary_checks::{
+    abs_products, assert_close, decoded, paths, twin_checked_against_dense, SHAPES,
+};
 
 /// Random PQ2_0 rows: codes 0..=3 (code 3 rare, as a stress of the +2·d rule), scales in the
 /// range real packs use.
@@ -40,72 +45,22 @@ fn random_pq2_0(rng: &mut Rng, n: usize, k: usize) -> Vec<u8> {
     w
 }
 
-fn paths() -> Vec<TernaryPath> {
-    [
-        TernaryPath::Avx512,
-        TernaryPath::Avx2,
-        TernaryPath::Portable,
-    ]
-    .into_iter()
-    .filter(|p| p.available())
-    .collect()
-}
-
-/// Compares `got` with `want` elementwise within 2e-6 of the sum of |w·x| (an f32 rounding
-/// bound for K up to a few thousand), which a wrong code, scale or index breaks by orders of
-/// magnitude.
-fn assert_close(what: &str, got: &[f32], want: &[f32], scale: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
-        let tol = 2e-6 * s + 1e-7;
-        assert!(
-            (g - w).abs() <= tol,
-            "{what}: output {i}: {g} vs {w} (|diff| {} > {tol})",
-            (g - w).abs()
-        );
-    }
-}
-
-fn abs_products(x: &[f32], t: usize, wf: &[f32], n: usize, k: usize) -> Vec<f32> {
-    let mut out = vec![0f32; t * n];
-    for i in 0..t {
-        for r in 0..n {
-            out[i * n + r] = (0..k).map(|c| (x[i * k + c] * wf[r * k + c]).abs()).sum();
-        }
-    }
-    out
-}
-
 #[test]
 fn fast_paths_match_the_slow_twin_and_dequantize_then_matmul_on_odd_shapes() {
     let mut rng = Rng(0x5eed_0018);
     let paths = paths();
     eprintln!("ternary paths on this processor: {paths:?}");
-    for &(n, k) in &[
-        (1, 128),
-        (3, 256),
-        (5, 1152),
-        (7, 640),
-        (13, 384),
-        (67, 1024),
-        (130, 256),
-    ] {
+    for (n, k) in SHAPES {
         let w = random_pq2_0(&mut rng, n, k);
-        let mut wf = vec![0f32; n * k];
-        dequantize(GgmlType::PQ2_0, &w, &mut wf).expect("whole blocks");
-        let wt = Tensor::from_f32("w", vec![n, k], &wf);
+        let (wf, wt) = decoded(GgmlType::PQ2_0, &w, n, k);
         for &t in &[1usize, 2, 3, 7, 63] {
-            let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
-            let scale = abs_products(&x, t, &wf, n, k);
-            let mut slow = vec![0f32; t * n];
-            ternary_matmul_t_reference(&x, t, &w, n, k, &mut slow);
-            let mut dense = vec![0f32; t * n];
-            matmul_t_reference(&x, t, &wt, &mut dense);
-            assert_close(
+            let (x, slow, scale) = twin_checked_against_dense(
+                &mut rng,
+                t,
+                &wf,
+                &wt,
+                |x, out| ternary_matmul_t_reference(x, t, &w, n, k, out),
                 &format!("slow twin vs dense, N={n} K={k} T={t}"),
-                &slow,
-                &dense,
-                &scale,
             );
             for &path in &paths {
                 let mut y = vec![f32::NAN; t * n];

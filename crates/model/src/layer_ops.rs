@@ -165,6 +165,18 @@ mod tests {
     #[derive(Default)]
     struct Trace(Vec<String>);
 
+    /// The ops that take only the layer, each recorded as "{layer} {op}".
+    macro_rules! one_layer_ops {
+        ($($op:ident),*) => {
+            $(
+                fn $op(&mut self, l: usize) -> Result<(), ()> {
+                    self.0.push(format!("{l} {}", stringify!($op)));
+                    Ok(())
+                }
+            )*
+        };
+    }
+
     impl LayerOps for Trace {
         type Error = ();
         fn embed(&mut self) -> Result<(), ()> {
@@ -179,30 +191,14 @@ mod tests {
             self.0.push(format!("{l} {p:?}"));
             Ok(())
         }
-        fn gdn_prep(&mut self, l: usize) -> Result<(), ()> {
-            self.0.push(format!("{l} gdn_prep"));
-            Ok(())
-        }
-        fn gated_delta(&mut self, l: usize) -> Result<(), ()> {
-            self.0.push(format!("{l} gated_delta"));
-            Ok(())
-        }
-        fn gated_norm(&mut self, l: usize) -> Result<(), ()> {
-            self.0.push(format!("{l} gated_norm"));
-            Ok(())
-        }
-        fn attn_prep(&mut self, l: usize) -> Result<(), ()> {
-            self.0.push(format!("{l} attn_prep"));
-            Ok(())
-        }
-        fn attention(&mut self, l: usize) -> Result<(), ()> {
-            self.0.push(format!("{l} attention"));
-            Ok(())
-        }
-        fn swiglu(&mut self, l: usize) -> Result<(), ()> {
-            self.0.push(format!("{l} swiglu"));
-            Ok(())
-        }
+        one_layer_ops!(
+            gdn_prep,
+            gated_delta,
+            gated_norm,
+            attn_prep,
+            attention,
+            swiglu
+        );
         fn project_residual(&mut self, l: usize, p: Projection) -> Result<(), ()> {
             self.0.push(format!("{l} {p:?}"));
             Ok(())

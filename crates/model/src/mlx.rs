@@ -26,7 +26,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
-use onepass_formats::hadamard::{HADAMARD_AXIS, HADAMARD_BLOCK, HADAMARD_TRANSFORM};
+use onepass_formats::hadamard::{
+    split_signs, HADAMARD_AXIS, HADAMARD_BLOCK, HADAMARD_KEYS, HADAMARD_PREFIX, HADAMARD_TRANSFORM,
+};
 use onepass_formats::{open_mlx_dir, Checkpoint, MlxQuantization};
 use onepass_tensor::Tensor;
 use serde_json::Value;
@@ -168,20 +170,8 @@ fn rotations(
         .ok_or_else(|| bad("(file)", "is not a JSON object".into()))?;
     let mut keys: HashMap<&str, &Value> = HashMap::new();
     for (k, val) in obj {
-        let k = k.strip_prefix("prism.hadamard.").unwrap_or(k);
-        const KEYS: [&str; 10] = [
-            "version",
-            "block_size",
-            "transform",
-            "axis",
-            "sign_mode",
-            "sign_widths",
-            "sign_values",
-            "weight_names",
-            "inverse_weight_names",
-            "gdn_v_grouped",
-        ];
-        if !KEYS.contains(&k) {
+        let k = k.strip_prefix(HADAMARD_PREFIX).unwrap_or(k);
+        if !HADAMARD_KEYS.contains(&k) {
             return Err(bad(k, "is not a key of rotation metadata version 1".into()));
         }
         keys.insert(k, val);
@@ -228,32 +218,11 @@ fn rotations(
         .as_array()
         .and_then(|a| a.iter().map(Value::as_f64).collect())
         .ok_or_else(|| bad("sign_values", "is not a number array".into()))?;
-    let total: usize = widths.iter().sum();
-    if values.len() != total {
-        return Err(bad(
-            "sign_values",
-            format!(
-                "holds {} values but sign_widths add up to {total}",
-                values.len()
-            ),
-        ));
-    }
-    if let Some((i, x)) = values
-        .iter()
-        .enumerate()
-        .find(|(_, &x)| x != 1.0 && x != -1.0)
-    {
-        return Err(bad(
-            "sign_values",
-            format!("entry {i} is {x}, not +1 or -1"),
-        ));
-    }
-    let mut signs: HashMap<usize, Arc<[f32]>> = HashMap::new();
-    let mut at = 0;
-    for &w in &widths {
-        signs.insert(w, values[at..at + w].iter().map(|&x| x as f32).collect());
-        at += w;
-    }
+    let signs: HashMap<usize, Arc<[f32]>> = split_signs(&widths, &values)
+        .map_err(|m| bad("sign_values", m))?
+        .into_iter()
+        .map(|(w, s)| (w, s.into()))
+        .collect();
     match keys.get("gdn_v_grouped") {
         None | Some(Value::Bool(true)) => {}
         Some(other) => {

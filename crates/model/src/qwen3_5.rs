@@ -606,13 +606,11 @@ impl LayerOps for CpuLayers<'_, '_, '_, '_> {
     }
 
     fn attn_prep(&mut self, l: usize) -> Result<(), ModelError> {
-        let n = self.n;
-        self.attn_op(l, |m, s, segs, states| m.prep(s, n, segs, states))
+        self.attn_op(l, |m, s, segs, states| m.prep(s, segs, states))
     }
 
     fn attention(&mut self, l: usize) -> Result<(), ModelError> {
-        let n = self.n;
-        self.attn_op(l, |m, s, segs, states| m.attend(s, n, segs, states))
+        self.attn_op(l, |m, s, segs, states| m.attend(s, segs, states))
     }
 
     fn swiglu(&mut self, l: usize) -> Result<(), ModelError> {

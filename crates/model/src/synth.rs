@@ -421,7 +421,26 @@ pub(crate) fn tensor_specs(s: &SynthSpec) -> Vec<Spec> {
     out
 }
 
-/// Counter-based generator: value `i` of a tensor depends only on (seed, name, i).
+/// `n` token ids below `vocab` from a seed: deterministic synthetic prompts for tests and
+/// benchmarks (see [`xorshift_ids`]).
+pub fn pseudo_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    xorshift_ids(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1, n, vocab)
+}
+
+/// `n` token ids below `vocab` from the xorshift64 stream that starts at `state` (nonzero).
+pub fn xorshift_ids(mut state: u64, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// The splitmix64 step of the counter-based generator: value `i` of a tensor depends only on
+/// (seed, name, i); the rotation signs of a ternary pack are drawn with it too.
 pub(crate) fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

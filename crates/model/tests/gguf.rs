@@ -8,27 +8,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::to_gguf::{convert, Mutation, Opts};
-use common::{pseudo_ids, rel_diff, synth_dir};
+use common::{logits_split, synth_dir, worst};
 use onepass_formats::{Checkpoint, GgmlType, GgufValue};
+use onepass_model::synth::pseudo_ids;
 use onepass_model::{Model, ModelConfig};
 use onepass_tensor::{DType, Tensor};
 
 /// Logits of a 9-token prompt run as 6 + 3 tokens, then one more token: covers prefill, chunked continuation
 /// and the single-token step. → [10, V]
 fn run(m: &Model) -> Vec<f32> {
-    let ids = pseudo_ids(10, m.vocab_size(), 7);
-    let mut st = m.new_state();
-    let mut hidden = m.forward(&mut st, &ids[..6]).expect("prefill");
-    hidden.extend(m.forward(&mut st, &ids[6..9]).expect("continue"));
-    hidden.extend(m.forward(&mut st, &ids[9..]).expect("step"));
-    m.logits(&hidden)
-}
-
-fn worst(a: &[f32], b: &[f32], v: usize) -> f32 {
-    a.chunks(v)
-        .zip(b.chunks(v))
-        .map(|(x, y)| rel_diff(x, y))
-        .fold(0.0, f32::max)
+    logits_split(m, &pseudo_ids(10, m.vocab_size(), 7), &[6, 9])
 }
 
 /// A preset's checkpoint; `tiny-attn-first-periodic` is tiny-attn-first (tied, equal key and value heads)

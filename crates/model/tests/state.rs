@@ -2,11 +2,13 @@
 
 mod common;
 
+use onepass_model::synth;
+
 #[test]
 fn chunk_sizes_agree_with_whole_sequence() {
     for preset in ["tiny-gva", "tiny-attn-first", "tiny-bf16"] {
         let (_d, m) = common::load(preset);
-        let ids = common::pseudo_ids(200, m.vocab_size(), 7);
+        let ids = synth::pseudo_ids(200, m.vocab_size(), 7);
         let whole = common::logits_chunked(&m, &ids, ids.len());
         let v = m.vocab_size();
         for chunk in [1, 7, 64] {
@@ -22,7 +24,7 @@ fn chunk_sizes_agree_with_whole_sequence() {
 #[test]
 fn fork_and_restore_are_bit_identical_to_fresh() {
     let (_d, m) = common::load("tiny-gva");
-    let ids = common::pseudo_ids(150, m.vocab_size(), 3);
+    let ids = synth::pseudo_ids(150, m.vocab_size(), 3);
     let (prefix, rest) = ids.split_at(90);
     // Fresh: prefix then the rest in chunks of 13.
     let mut fresh = m.new_state();
@@ -72,11 +74,11 @@ fn state_bytes_grow_with_attention_only() {
 fn batched_segments_match_separate_runs() {
     let (_d, m) = common::load("tiny-attn-first");
     let v = m.vocab_size();
-    let a = common::pseudo_ids(70, v, 1);
-    let b = common::pseudo_ids(5, v, 2);
+    let a = synth::pseudo_ids(70, v, 1);
+    let b = synth::pseudo_ids(5, v, 2);
     let mut sa = m.new_state();
     let mut sb = m.new_state();
-    m.forward(&mut sb, &common::pseudo_ids(33, v, 9))
+    m.forward(&mut sb, &synth::pseudo_ids(33, v, 9))
         .expect("history");
     let mut sb_sep = sb.clone();
     let both = m
@@ -100,7 +102,7 @@ fn batched_segments_match_separate_runs() {
 #[test]
 fn selected_rows_equal_full_logits() {
     let (_d, m) = common::load("tiny-composite");
-    let ids = common::pseudo_ids(20, m.vocab_size(), 5);
+    let ids = synth::pseudo_ids(20, m.vocab_size(), 5);
     let h = m.forward(&mut m.new_state(), &ids).expect("forward");
     let last = &h[h.len() - m.hidden_size()..];
     let full = m.logits(last);

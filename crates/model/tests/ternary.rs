@@ -9,11 +9,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::to_gguf::{convert, Opts};
-use common::{pseudo_ids, rel_diff};
+use common::{logits_split, worst};
 use half::f16;
 use onepass_formats::{ptq1_0_to_pq2_0, Checkpoint, GgmlType, GgufArray, GgufValue};
 use onepass_model::gguf::gguf_name;
-use onepass_model::synth::{preset, write_checkpoint};
+use onepass_model::synth::{preset, pseudo_ids, write_checkpoint};
 use onepass_model::{LayerKind, Model, ModelConfig};
 use onepass_tensor::{DType, Tensor};
 
@@ -276,19 +276,9 @@ fn pack_full(ptq: &[&str], tied: bool) -> Pack {
     }
 }
 
+/// Logits of a 7-token prompt run as 6 tokens, then one more.
 fn logits(m: &Model) -> Vec<f32> {
-    let ids = pseudo_ids(7, m.vocab_size(), 3);
-    let mut st = m.new_state();
-    let mut h = m.forward(&mut st, &ids[..6]).expect("prefill");
-    h.extend(m.forward(&mut st, &ids[6..]).expect("step"));
-    m.logits(&h)
-}
-
-fn worst(a: &[f32], b: &[f32], v: usize) -> f32 {
-    a.chunks(v)
-        .zip(b.chunks(v))
-        .map(|(x, y)| rel_diff(x, y))
-        .fold(0.0, f32::max)
+    logits_split(m, &pseudo_ids(7, m.vocab_size(), 3), &[6])
 }
 
 #[test]

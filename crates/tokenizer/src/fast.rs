@@ -257,9 +257,12 @@ pub(crate) struct SplitScanner {
     /// Class bits (`L`, `M`, `N`, `WS`) of each code point: `blocks[index[cp >> 8]][cp & 255]`.
     index: Vec<u16>,
     blocks: Vec<[u8; 256]>,
-    /// The characters `(?i:x)` matches, for x in `s t r e v m l d`.
+    /// The characters `(?i:x)` matches, for each x of [`CONTRACTION_LETTERS`].
     casei: [Vec<char>; 8],
 }
+
+/// The letters of the contractions `'s 't 're 've 'm 'll 'd`.
+const CONTRACTION_LETTERS: [char; 8] = ['s', 't', 'r', 'e', 'v', 'm', 'l', 'd'];
 
 impl SplitScanner {
     /// The shared scanner, built on first use; `None` if `regex-syntax` would not give the classes.
@@ -297,19 +300,14 @@ impl SplitScanner {
             }
             Some(chars)
         };
+        let casei: Vec<Vec<char>> = CONTRACTION_LETTERS
+            .into_iter()
+            .map(casei)
+            .collect::<Option<_>>()?;
         Some(SplitScanner {
             index,
             blocks,
-            casei: [
-                casei('s')?,
-                casei('t')?,
-                casei('r')?,
-                casei('e')?,
-                casei('v')?,
-                casei('m')?,
-                casei('l')?,
-                casei('d')?,
-            ],
+            casei: casei.try_into().ok()?,
         })
     }
 
@@ -339,33 +337,27 @@ impl SplitScanner {
         i
     }
 
-    fn is_casei(&self, c: Option<(char, u8, usize)>, letter: usize) -> Option<usize> {
+    /// The end of `c` if it is `letter` (one of [`CONTRACTION_LETTERS`]) in any case.
+    fn is_casei(&self, c: Option<(char, u8, usize)>, letter: char) -> Option<usize> {
         let (c, _, next) = c?;
-        self.casei[letter].contains(&c).then_some(next)
+        let k = CONTRACTION_LETTERS.iter().position(|&l| l == letter)?;
+        self.casei[k].contains(&c).then_some(next)
     }
 
     /// End of the contraction starting with the apostrophe that ends at `i`, if one does.
     fn contraction(&self, s: &str, i: usize) -> Option<usize> {
-        const S: usize = 0;
-        const T: usize = 1;
-        const R: usize = 2;
-        const E: usize = 3;
-        const V: usize = 4;
-        const MM: usize = 5;
-        const LL: usize = 6;
-        const D: usize = 7;
         let c1 = self.at(s, i);
-        let then = |first: usize, second: usize| {
+        let then = |first: char, second: char| {
             let after = self.is_casei(c1, first)?;
             self.is_casei(self.at(s, after), second)
         };
-        self.is_casei(c1, S)
-            .or_else(|| self.is_casei(c1, T))
-            .or_else(|| then(R, E))
-            .or_else(|| then(V, E))
-            .or_else(|| self.is_casei(c1, MM))
-            .or_else(|| then(LL, LL))
-            .or_else(|| self.is_casei(c1, D))
+        self.is_casei(c1, 's')
+            .or_else(|| self.is_casei(c1, 't'))
+            .or_else(|| then('r', 'e'))
+            .or_else(|| then('v', 'e'))
+            .or_else(|| self.is_casei(c1, 'm'))
+            .or_else(|| then('l', 'l'))
+            .or_else(|| self.is_casei(c1, 'd'))
     }
 
     /// The end of the pre-token that starts at byte `i < s.len()`, or `None` when it (or the

@@ -17,6 +17,7 @@
 use onepass_formats::gguf::{Gguf, GgufArray, GgufValue};
 use serde_json::{json, Map, Value};
 
+use crate::json_doc::{added_token, byte_level_bpe};
 use crate::pretokenizer::{qwen3_5_pre_tokenizer_json, QWEN2_SPLIT_REGEX};
 use crate::{Tokenizer, TokenizerError};
 
@@ -131,15 +132,7 @@ impl Tokenizer {
                         ));
                     }
                 }
-                CONTROL | USER_DEFINED => added.push(json!({
-                    "id": id,
-                    "content": token,
-                    "single_word": false,
-                    "lstrip": false,
-                    "rstrip": false,
-                    "normalized": false,
-                    "special": ty == CONTROL,
-                })),
+                CONTROL | USER_DEFINED => added.push(added_token(id, token, ty == CONTROL)),
                 UNUSED => continue,
                 other => {
                     return Err(bad(
@@ -193,28 +186,7 @@ impl Tokenizer {
             config.insert("chat_template".into(), json!(template));
         }
 
-        let tokenizer_json = json!({
-            "version": "1.0",
-            "truncation": null,
-            "padding": null,
-            "added_tokens": added,
-            "normalizer": {"type": "NFC"},
-            "pre_tokenizer": pre_tokenizer,
-            "post_processor": null,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
-            "model": {
-                "type": "BPE",
-                "dropout": null,
-                "unk_token": null,
-                "continuing_subword_prefix": null,
-                "end_of_word_suffix": null,
-                "fuse_unk": false,
-                "byte_fallback": false,
-                "ignore_merges": true,
-                "vocab": vocab,
-                "merges": merges,
-            },
-        });
+        let tokenizer_json = byte_level_bpe(added, pre_tokenizer, vocab, merges);
         let model_type = match string(file, "general.architecture")? {
             Some("qwen35") => Some("qwen3_5"),
             Some("qwen35moe") => Some("qwen3_5_moe"),

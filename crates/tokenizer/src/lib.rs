@@ -24,6 +24,7 @@
 mod error;
 mod fast;
 mod gguf;
+mod json_doc;
 mod labels;
 pub mod pretokenizer;
 mod synthetic;

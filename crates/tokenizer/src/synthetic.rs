@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 
 use serde_json::{json, Map, Value};
 
+use crate::json_doc::{added_token, byte_level_bpe};
 use crate::labels::{label_candidates, MAX_OPTIONS};
 use crate::pretokenizer::qwen3_5_pre_tokenizer_json;
 use crate::TokenizerError;
@@ -159,29 +160,9 @@ pub fn synthetic_tokenizer_json(vocab_size: usize) -> Result<String, TokenizerEr
     let added: Vec<Value> = SYNTHETIC_SPECIAL_TOKENS
         .iter()
         .enumerate()
-        .map(|(k, content)| {
-            json!({
-                "id": first_special + k, "content": content, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": true
-            })
-        })
+        .map(|(k, content)| added_token(first_special + k, content, true))
         .collect();
-    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
-    let doc = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": {"type": "NFC"},
-        "pre_tokenizer": qwen3_5_pre_tokenizer_json(),
-        "post_processor": null,
-        "decoder": byte_level,
-        "model": {
-            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": true,
-            "vocab": vocab, "merges": merges
-        }
-    });
+    let doc = byte_level_bpe(added, qwen3_5_pre_tokenizer_json(), vocab, merges);
     Ok(doc.to_string())
 }
 

@@ -1,6 +1,6 @@
-//! What the CLI's end-to-end tests share: a synthetic checkpoint with the real tokenizer, `onepass serve` started on
-//! a free port, and one raw HTTP/1.1 request to it.
-#![allow(dead_code)]
+//! What the CLI's end-to-end tests share: the binary, `onepass tokenize` fed on stdin, a synthetic checkpoint with the
+//! real tokenizer, `onepass serve` started on a free port, and one raw HTTP/1.1 request to it.
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -8,6 +8,30 @@ use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// The `onepass` binary under test.
+pub fn onepass() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_onepass"))
+}
+
+/// `onepass tokenize --model MODEL` with `input` on stdin.
+pub fn tokenize(model: &std::path::Path, input: &[u8]) -> std::process::Output {
+    let mut child = onepass()
+        .args(["tokenize", "--model"])
+        .arg(model)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .expect("write");
+    child.wait_with_output().expect("wait")
+}
 
 /// A synthetic checkpoint (`tiny-qwen-vocab`) with the real Qwen3.5 tokenizer (testdata/qwen3_5-tokenizer, made by
 /// tools/setup-testdata.sh).

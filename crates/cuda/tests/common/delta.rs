@@ -162,13 +162,16 @@ pub fn delta_cpu(c: &DeltaCase) -> (Vec<f32>, Vec<Vec<f32>>) {
             dv: d.dv,
         };
         let mut st = c.s0[s].clone();
-        cpu::gated_delta_recurrent(
+        let inp = cpu::DeltaInputs {
             sh,
-            &q,
-            &k,
-            &v,
-            &c.g[start * d.hv..(start + t) * d.hv],
-            &c.beta[start * d.hv..(start + t) * d.hv],
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &c.g[start * d.hv..(start + t) * d.hv],
+            beta: &c.beta[start * d.hv..(start + t) * d.hv],
+        };
+        cpu::gated_delta_recurrent(
+            &inp,
             &mut st,
             &mut out[start * d.hv * d.dv..(start + t) * d.hv * d.dv],
         );

@@ -48,18 +48,11 @@ pub const BF16_ATTN_TOL: f32 = 2e-2;
 
 /// Deterministic uniform values in [-1, 1).
 pub fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed
+    let state = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407)
         | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    onepass_kernels::testdata::xorshift_unit(state, n)
 }
 
 pub fn bf16_round(v: &[f32]) -> Vec<f32> {

@@ -49,6 +49,15 @@ pub fn array<'a, T>(v: &'a J, f: impl Fn(&'a J) -> T) -> Vec<T> {
     v.as_array().unwrap().iter().map(f).collect()
 }
 
+/// Copies the Qwen3.5 test tokenizer (testdata/qwen3_5-tokenizer) into the checkpoint folder `dir`.
+pub fn copy_tokenizer(dir: &Path) {
+    let tok = root().join("testdata/qwen3_5-tokenizer");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok.join(f), dir.join(f))
+            .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
+    }
+}
+
 pub fn u32s(v: &J) -> Vec<u32> {
     array(v, |x| x.as_u64().unwrap() as u32)
 }
@@ -146,11 +155,7 @@ pub fn answer_checkpoint_in(
             "{preset}: the synthetic checkpoint no longer matches the one the answers were made from; rerun tools/oracle/decider_answers.py"
         );
     }
-    let tok = root().join("testdata/qwen3_5-tokenizer");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dir.join(f))
-            .expect("run tools/setup-testdata.sh to build testdata/qwen3_5-tokenizer");
-    }
+    copy_tokenizer(dir);
     std::fs::write(
         dir.join("decider_config.json"),
         entry["decider_config"].as_str().unwrap(),

@@ -32,19 +32,46 @@ pub struct DeltaShape {
     pub dv: usize,
 }
 
-struct HeadInputs<'a> {
-    sh: DeltaShape,
+/// The inputs of one gated-delta call.
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaInputs<'a> {
+    pub sh: DeltaShape,
     /// q, k: [T, HK, DK], q already L2-normalised and scaled, k L2-normalised.
-    q: &'a [f32],
-    k: &'a [f32],
+    pub q: &'a [f32],
+    pub k: &'a [f32],
     /// v: [T, HV, DV]
-    v: &'a [f32],
+    pub v: &'a [f32],
     /// g (log decay), beta: [T, HV]
-    g: &'a [f32],
-    beta: &'a [f32],
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
 }
 
-impl HeadInputs<'_> {
+impl DeltaInputs<'_> {
+    /// Panics unless the buffers have the shapes `sh` gives (state: [HV, DK, DV], out: [T, HV, DV]).
+    fn check(&self, state: &[f32], out: &[f32]) {
+        let DeltaInputs {
+            sh,
+            q,
+            k,
+            v,
+            g,
+            beta,
+        } = *self;
+        assert!(
+            sh.hk > 0 && sh.hv.is_multiple_of(sh.hk),
+            "value heads {} must be a multiple of key heads {}",
+            sh.hv,
+            sh.hk
+        );
+        assert_eq!(q.len(), sh.t * sh.hk * sh.dk);
+        assert_eq!(k.len(), sh.t * sh.hk * sh.dk);
+        assert_eq!(v.len(), sh.t * sh.hv * sh.dv);
+        assert_eq!(g.len(), sh.t * sh.hv);
+        assert_eq!(beta.len(), sh.t * sh.hv);
+        assert_eq!(state.len(), sh.hv * sh.dk * sh.dv);
+        assert_eq!(out.len(), sh.t * sh.hv * sh.dv);
+    }
+
     fn kh(&self, h: usize) -> usize {
         h / (self.sh.hv / self.sh.hk)
     }
@@ -65,51 +92,10 @@ impl HeadInputs<'_> {
     }
 }
 
-fn check(
-    sh: DeltaShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &[f32],
-    out: &[f32],
-) {
-    assert!(
-        sh.hk > 0 && sh.hv.is_multiple_of(sh.hk),
-        "value heads {} must be a multiple of key heads {}",
-        sh.hv,
-        sh.hk
-    );
-    assert_eq!(q.len(), sh.t * sh.hk * sh.dk);
-    assert_eq!(k.len(), sh.t * sh.hk * sh.dk);
-    assert_eq!(v.len(), sh.t * sh.hv * sh.dv);
-    assert_eq!(g.len(), sh.t * sh.hv);
-    assert_eq!(beta.len(), sh.t * sh.hv);
-    assert_eq!(state.len(), sh.hv * sh.dk * sh.dv);
-    assert_eq!(out.len(), sh.t * sh.hv * sh.dv);
-}
-
 /// Token-by-token gated delta rule. state: [HV, DK, DV] (updated); out: [T, HV, DV].
-pub fn gated_delta_recurrent(
-    sh: DeltaShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    out: &mut [f32],
-) {
-    check(sh, q, k, v, g, beta, state, out);
-    let inp = HeadInputs {
-        sh,
-        q,
-        k,
-        v,
-        g,
-        beta,
-    };
+pub fn gated_delta_recurrent(inp: &DeltaInputs<'_>, state: &mut [f32], out: &mut [f32]) {
+    inp.check(state, out);
+    let sh = inp.sh;
     let (dk, dv, hv) = (sh.dk, sh.dv, sh.hv);
     let per_head: Vec<Vec<f32>> = state
         .par_chunks_mut(dk * dv)
@@ -164,35 +150,23 @@ fn scatter_heads(per_head: &[Vec<f32>], sh: DeltaShape, out: &mut [f32]) {
 /// Chunked gated delta rule (chunks of `chunk` tokens; the last may be shorter).
 /// state: [HV, DK, DV] (updated); out: [T, HV, DV].
 pub fn gated_delta_chunked(
-    sh: DeltaShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
+    inp: &DeltaInputs<'_>,
     state: &mut [f32],
     out: &mut [f32],
     chunk: usize,
 ) {
-    check(sh, q, k, v, g, beta, state, out);
+    inp.check(state, out);
     assert!(chunk > 0);
-    let inp = HeadInputs {
-        sh,
-        q,
-        k,
-        v,
-        g,
-        beta,
-    };
+    let sh = inp.sh;
     let per_head: Vec<Vec<f32>> = state
         .par_chunks_mut(sh.dk * sh.dv)
         .enumerate()
-        .map(|(h, s)| chunked_head(&inp, h, s, chunk))
+        .map(|(h, s)| chunked_head(inp, h, s, chunk))
         .collect();
     scatter_heads(&per_head, sh, out);
 }
 
-fn chunked_head(inp: &HeadInputs<'_>, h: usize, s: &mut [f32], chunk: usize) -> Vec<f32> {
+fn chunked_head(inp: &DeltaInputs<'_>, h: usize, s: &mut [f32], chunk: usize) -> Vec<f32> {
     let sh = inp.sh;
     let (dk, dv, hv) = (sh.dk, sh.dv, sh.hv);
     let mut out = vec![0.0f32; sh.t * dv];
@@ -344,18 +318,24 @@ mod tests {
         s0: Vec<f32>,
     }
 
+    impl Case {
+        fn inputs(&self) -> DeltaInputs<'_> {
+            DeltaInputs {
+                sh: self.sh,
+                q: &self.q,
+                k: &self.k,
+                v: &self.v,
+                g: &self.g,
+                beta: &self.beta,
+            }
+        }
+    }
+
     fn rnd(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed
+        let state = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
+        crate::testdata::xorshift_unit(state, n)
     }
 
     fn case(t: usize, hk: usize, hv: usize, dk: usize, dv: usize) -> Case {
@@ -394,12 +374,10 @@ mod tests {
             let c = case(t, hk, hv, dk, dv);
             let mut s_ref = c.s0.clone();
             let mut o_ref = vec![0.0; t * hv * dv];
-            gated_delta_recurrent(
-                c.sh, &c.q, &c.k, &c.v, &c.g, &c.beta, &mut s_ref, &mut o_ref,
-            );
+            gated_delta_recurrent(&c.inputs(), &mut s_ref, &mut o_ref);
             let mut s = c.s0.clone();
             let mut o = vec![0.0; t * hv * dv];
-            gated_delta_chunked(c.sh, &c.q, &c.k, &c.v, &c.g, &c.beta, &mut s, &mut o, chunk);
+            gated_delta_chunked(&c.inputs(), &mut s, &mut o, chunk);
             let max_o = o_ref.iter().fold(1.0f32, |m, x| m.max(x.abs()));
             for (a, b) in o.iter().zip(&o_ref) {
                 assert!(
@@ -420,12 +398,10 @@ mod tests {
         c.g.iter_mut().for_each(|x| *x = -5.0);
         let mut s_ref = c.s0.clone();
         let mut o_ref = vec![0.0; 64 * 8];
-        gated_delta_recurrent(
-            c.sh, &c.q, &c.k, &c.v, &c.g, &c.beta, &mut s_ref, &mut o_ref,
-        );
+        gated_delta_recurrent(&c.inputs(), &mut s_ref, &mut o_ref);
         let mut s = c.s0.clone();
         let mut o = vec![0.0; 64 * 8];
-        gated_delta_chunked(c.sh, &c.q, &c.k, &c.v, &c.g, &c.beta, &mut s, &mut o, 64);
+        gated_delta_chunked(&c.inputs(), &mut s, &mut o, 64);
         for (a, b) in o.iter().zip(&o_ref) {
             assert!(a.is_finite() && (a - b).abs() < 1e-4, "{a} vs {b}");
         }

@@ -256,17 +256,24 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn dot_f32_portable(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let mut ca = a.chunks_exact(16);
-    let mut cb = b.chunks_exact(16);
+    dot_lanes::<16, f32>(a, b, |x| x)
+}
+
+/// `a · b` with `L` independent accumulators (lane `l` sums the products at `l mod L`), summed
+/// at the end, then the remainder added in order; `widen` must be exact.
+#[inline(always)]
+fn dot_lanes<const L: usize, T: Copy>(a: &[T], b: &[f32], widen: impl Fn(T) -> f32) -> f32 {
+    let mut acc = [0.0f32; L];
+    let mut ca = a.chunks_exact(L);
+    let mut cb = b.chunks_exact(L);
     for (x, y) in (&mut ca).zip(&mut cb) {
-        for l in 0..16 {
-            acc[l] += x[l] * y[l];
+        for l in 0..L {
+            acc[l] += widen(x[l]) * y[l];
         }
     }
     let mut s: f32 = acc.iter().sum();
     for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s += x * y;
+        s += widen(*x) * y;
     }
     s
 }
@@ -280,35 +287,11 @@ pub fn dot_bf16(a: &[bf16], b: &[f32]) -> f32 {
             return unsafe { simd::dot_bf16_avx512(a, b) };
         }
     }
-    let mut acc = [0.0f32; 16];
-    let mut ca = a.chunks_exact(16);
-    let mut cb = b.chunks_exact(16);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for l in 0..16 {
-            acc[l] += f32::from_bits((x[l].to_bits() as u32) << 16) * y[l];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s += x.to_f32() * y;
-    }
-    s
+    dot_lanes::<16, bf16>(a, b, |x| f32::from_bits((x.to_bits() as u32) << 16))
 }
 
 fn dot_f16(a: &[f16], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for l in 0..8 {
-            acc[l] += x[l].to_f32() * y[l];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s += x.to_f32() * y;
-    }
-    s
+    dot_lanes::<8, f16>(a, b, f16::to_f32)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -316,67 +299,73 @@ mod simd {
     use half::bf16;
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn dot_f32_avx512(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        let mut acc0 = _mm512_setzero_ps();
-        let mut acc1 = _mm512_setzero_ps();
-        let mut i = 0;
-        while i + 32 <= n {
-            // SAFETY: i + 32 <= n keeps both loads inside the slices.
-            unsafe {
-                acc0 = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(a.as_ptr().add(i)),
-                    _mm512_loadu_ps(b.as_ptr().add(i)),
-                    acc0,
-                );
-                acc1 = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(a.as_ptr().add(i + 16)),
-                    _mm512_loadu_ps(b.as_ptr().add(i + 16)),
-                    acc1,
-                );
+    /// `a · b` in two accumulators of `$lanes` lanes, reduced by `$hsum`, then the remainder in
+    /// order: the same kernel at two vector widths.
+    macro_rules! dot_f32_two_acc {
+        ($name:ident, $features:literal, $lanes:literal, $zero:ident, $load:ident, $fmadd:ident, $add:ident, $hsum:ident) => {
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name(a: &[f32], b: &[f32]) -> f32 {
+                let n = a.len().min(b.len());
+                let mut acc0 = $zero();
+                let mut acc1 = $zero();
+                let mut i = 0;
+                while i + 2 * $lanes <= n {
+                    // SAFETY: i + 2 * lanes <= n keeps both loads inside the slices.
+                    unsafe {
+                        acc0 = $fmadd($load(a.as_ptr().add(i)), $load(b.as_ptr().add(i)), acc0);
+                        acc1 = $fmadd(
+                            $load(a.as_ptr().add(i + $lanes)),
+                            $load(b.as_ptr().add(i + $lanes)),
+                            acc1,
+                        );
+                    }
+                    i += 2 * $lanes;
+                }
+                // SAFETY: the processor has the features this function is compiled for.
+                let mut s = unsafe { $hsum($add(acc0, acc1)) };
+                while i < n {
+                    s += a[i] * b[i];
+                    i += 1;
+                }
+                s
             }
-            i += 32;
-        }
-        let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-        while i < n {
-            s += a[i] * b[i];
-            i += 1;
-        }
-        s
+        };
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 16 <= n {
-            // SAFETY: i + 16 <= n keeps both loads inside the slices.
-            unsafe {
-                acc0 = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(a.as_ptr().add(i)),
-                    _mm256_loadu_ps(b.as_ptr().add(i)),
-                    acc0,
-                );
-                acc1 = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(a.as_ptr().add(i + 8)),
-                    _mm256_loadu_ps(b.as_ptr().add(i + 8)),
-                    acc1,
-                );
-            }
-            i += 16;
-        }
+    dot_f32_two_acc!(
+        dot_f32_avx512,
+        "avx512f",
+        16,
+        _mm512_setzero_ps,
+        _mm512_loadu_ps,
+        _mm512_fmadd_ps,
+        _mm512_add_ps,
+        hsum_avx512
+    );
+    dot_f32_two_acc!(
+        dot_f32_avx2,
+        "avx2,fma",
+        8,
+        _mm256_setzero_ps,
+        _mm256_loadu_ps,
+        _mm256_fmadd_ps,
+        _mm256_add_ps,
+        hsum_avx2
+    );
+
+    /// The lanes' sum in the AVX-512 reduction's order.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn hsum_avx512(v: __m512) -> f32 {
+        _mm512_reduce_add_ps(v)
+    }
+
+    /// The 8 lanes summed in order.
+    #[target_feature(enable = "avx2")]
+    unsafe fn hsum_avx2(v: __m256) -> f32 {
         let mut lanes = [0.0f32; 8];
         // SAFETY: lanes holds 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc0, acc1)) };
-        let mut s: f32 = lanes.iter().sum();
-        while i < n {
-            s += a[i] * b[i];
-            i += 1;
-        }
-        s
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+        lanes.iter().sum()
     }
 
     /// Bytes of activations per token tile (half of a 1 MiB L2).
@@ -488,6 +477,24 @@ mod tests {
             .collect()
     }
 
+    fn close(a: f32, b: f32) -> bool {
+        (a - b).abs() <= 1e-4 * (1.0 + b.abs())
+    }
+
+    /// Checks `matmul_t` against `matmul_t_reference` for `x` of `t` tokens; returns the
+    /// reference.
+    fn assert_fast_matches_reference(x: &[f32], t: usize, w: &Tensor, what: &str) -> Vec<f32> {
+        let n = w.shape()[0];
+        let mut fast = vec![0.0; t * n];
+        let mut slow = vec![0.0; t * n];
+        matmul_t(x, t, w, &mut fast);
+        matmul_t_reference(x, t, w, &mut slow);
+        for (a, b) in fast.iter().zip(&slow) {
+            assert!(close(*a, *b), "{what}: {a} vs {b}");
+        }
+        slow
+    }
+
     /// A Q8_0 tensor [n, k] with varied scales and every code value.
     fn q8_0(n: usize, k: usize) -> Tensor {
         let mut raw = Vec::new();
@@ -511,25 +518,13 @@ mod tests {
         ] {
             let x = pseudo(t * k, 3);
             let w = q8_0(n, k);
-            let mut fast = vec![0.0; t * n];
-            let mut slow = vec![0.0; t * n];
-            matmul_t(&x, t, &w, &mut fast);
-            matmul_t_reference(&x, t, &w, &mut slow);
-            for (a, b) in fast.iter().zip(&slow) {
-                assert!(
-                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                    "t={t} k={k} n={n}: {a} vs {b}"
-                );
-            }
+            let slow = assert_fast_matches_reference(&x, t, &w, &format!("t={t} k={k} n={n}"));
             let rows: Vec<u32> = (0..n as u32).rev().step_by(3).collect();
             let mut picked = vec![0.0; rows.len()];
             dot_rows(&x[..k], &w, &rows, &mut picked);
             for (p, &r) in picked.iter().zip(&rows) {
                 let b = slow[r as usize];
-                assert!(
-                    (p - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                    "row {r}: {p} vs {b}"
-                );
+                assert!(close(*p, b), "row {r}: {p} vs {b}");
             }
         }
     }
@@ -542,16 +537,7 @@ mod tests {
         } else {
             Tensor::from_f32("w", vec![n, k], &wv)
         };
-        let mut fast = vec![0.0; t * n];
-        let mut slow = vec![0.0; t * n];
-        matmul_t(&x, t, &w, &mut fast);
-        matmul_t_reference(&x, t, &w, &mut slow);
-        for (a, b) in fast.iter().zip(&slow) {
-            assert!(
-                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                "t={t} k={k} n={n} bf16={bf}: {a} vs {b}"
-            );
-        }
+        assert_fast_matches_reference(&x, t, &w, &format!("t={t} k={k} n={n} bf16={bf}"));
     }
 
     #[test]

@@ -183,6 +183,21 @@ pub fn causal_conv1d_silu(
     state.copy_from_slice(&xx[t * channels..]);
 }
 
+/// `max |a - b| / max(1, max |b|)`: the relative error that fast-against-reference comparisons
+/// (and the logits tolerances of the model and engine) are stated in. `b` is the reference.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+        / scale
+}
+
 /// Numerically stable softmax of one row in place.
 pub fn softmax(x: &mut [f32]) {
     let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);

@@ -90,17 +90,11 @@ impl Attention {
 
     /// q and gate split per head, the q/k norms, RoPE at each segment's positions, and each segment's k, v
     /// appended to its KV cache.
-    pub fn prep(
-        &self,
-        s: &mut AttnScratch,
-        n: usize,
-        segs: &[Seg],
-        states: &mut [&mut LayerState],
-    ) {
+    pub fn prep(&self, s: &mut AttnScratch, segs: &[Seg], states: &mut [&mut LayerState]) {
         let (h, kvh, d) = (self.heads, self.kv_heads, self.d);
-        // De-interleave per head: q [N, H, D], gate [N, H*D].
-        let mut q = vec![0.0; n * h * d];
-        let mut gate = vec![0.0; n * h * d];
+        // De-interleave per head: q [N, H, D], gate [N, H*D] (half of q|gate each).
+        let mut q = vec![0.0; s.qg.len() / 2];
+        let mut gate = vec![0.0; s.qg.len() / 2];
         for (i, row) in s.qg.chunks_exact(2 * d).enumerate() {
             q[i * d..(i + 1) * d].copy_from_slice(&row[..d]);
             gate[i * d..(i + 1) * d].copy_from_slice(&row[d..]);
@@ -127,15 +121,10 @@ impl Attention {
     }
 
     /// Causal attention of each segment over its cache, gated by `sigmoid(gate)`.
-    pub fn attend(
-        &self,
-        s: &mut AttnScratch,
-        n: usize,
-        segs: &[Seg],
-        states: &mut [&mut LayerState],
-    ) {
+    pub fn attend(&self, s: &mut AttnScratch, segs: &[Seg], states: &mut [&mut LayerState]) {
         let (h, kvh, d) = (self.heads, self.kv_heads, self.d);
-        let mut o = vec![0.0; n * h * d];
+        // [N, H*D], as q.
+        let mut o = vec![0.0; s.q.len()];
         let scale = 1.0 / (d as f32).sqrt();
         for ((seg, st), &past) in segs.iter().zip(states.iter_mut()).zip(&s.past) {
             let cache = kv_cache(st);

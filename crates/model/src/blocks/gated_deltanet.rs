@@ -11,7 +11,7 @@
 
 use onepass_kernels::{
     causal_conv1d_silu, gated_delta_chunked, gated_delta_recurrent, l2_normalize, rms_norm_gated,
-    sigmoid, softplus, DeltaShape,
+    sigmoid, softplus, DeltaInputs, DeltaShape,
 };
 use onepass_tensor::Tensor;
 
@@ -169,10 +169,19 @@ impl GatedDeltaNet {
             let t = seg.len;
             let sh = DeltaShape { t, hk, hv, dk, dv };
             let o = &mut s.core[seg.start * hv * dv..(seg.start + t) * hv * dv];
+            let (q, k, v, g, beta) = (&p.q, &p.k, &p.v, &p.g, &p.beta);
+            let inp = DeltaInputs {
+                sh,
+                q,
+                k,
+                v,
+                g,
+                beta,
+            };
             if t == 1 {
-                gated_delta_recurrent(sh, &p.q, &p.k, &p.v, &p.g, &p.beta, &mut st.ssm, o);
+                gated_delta_recurrent(&inp, &mut st.ssm, o);
             } else {
-                gated_delta_chunked(sh, &p.q, &p.k, &p.v, &p.g, &p.beta, &mut st.ssm, o, CHUNK);
+                gated_delta_chunked(&inp, &mut st.ssm, o, CHUNK);
             }
         }
     }

@@ -42,6 +42,7 @@ use rayon::prelude::*;
 use serde_json::Value;
 
 use crate::config::{LayerKind, ModelForm, TextConfig};
+use crate::synth::mix;
 use crate::{ModelConfig, ModelError};
 
 /// The type of a converted file (llama.cpp's `--outtype`, plus the two ternary packs).
@@ -196,7 +197,7 @@ fn with_prefix(perm: Vec<usize>, keep: usize) -> Vec<usize> {
 pub fn seeded_signs(seed: u64, width: usize) -> Vec<f32> {
     (0..width as u64)
         .map(|i| {
-            let z = splitmix(seed ^ splitmix(width as u64) ^ splitmix(i.wrapping_add(0x5151)));
+            let z = mix(seed ^ mix(width as u64) ^ mix(i.wrapping_add(0x5151)));
             if z >> 63 == 0 {
                 1.0
             } else {
@@ -204,13 +205,6 @@ pub fn seeded_signs(seed: u64, width: usize) -> Vec<f32> {
             }
         })
         .collect()
-}
-
-pub(crate) fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 fn u32v(v: usize) -> GgufValue {
@@ -296,40 +290,81 @@ fn attention_interval(t: &TextConfig) -> Result<usize, ModelError> {
     Ok(first)
 }
 
-/// Plans a conversion: checks that `source` has every tensor the config implies (with its shape)
-/// and lists the output tensors with their transforms.
-pub fn plan(
-    name: &str,
-    config: &ModelConfig,
-    config_json: &Value,
-    tokenizer: &TokenizerFiles,
-    source: &dyn TensorSource,
-    out: OutType,
-    seed: u64,
-) -> Result<ConversionPlan, ModelError> {
-    let t = &config.text;
-    let base = match config.form {
-        ModelForm::Text => "model.",
-        ModelForm::Composite => "model.language_model.",
-    };
-    let ternary = out.is_ternary();
-    let mut jobs: Vec<TensorJob> = Vec::new();
-    // kind: Matrix (file type / ternary), Small (BF16 in a pack, file type otherwise), F32.
-    #[derive(PartialEq)]
-    enum Kind {
-        Matrix,
-        Small,
-        F32,
+/// How a tensor is stored: Matrix (the file type, or ternary in a pack), Small (BF16 in a pack,
+/// the file type otherwise), F32.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Matrix,
+    Small,
+    F32,
+}
+
+/// One tensor the config implies: its GGUF and Hugging Face names, the source shape it must
+/// have, and its transforms.
+struct Want {
+    gguf: String,
+    src: String,
+    shape: Vec<usize>,
+    kind: Kind,
+    op: ValueOp,
+    row_perm: Option<Vec<usize>>,
+    col_perm: Option<Vec<usize>>,
+    fold: Fold,
+}
+
+impl Want {
+    fn new((gguf, src): (String, String), shape: Vec<usize>, kind: Kind, fold: Fold) -> Want {
+        Want {
+            gguf,
+            src,
+            shape,
+            kind,
+            op: ValueOp::None,
+            row_perm: None,
+            col_perm: None,
+            fold,
+        }
     }
-    let mut add = |gguf: String,
-                   src: String,
-                   want: Vec<usize>,
-                   kind: Kind,
-                   op: ValueOp,
-                   row_perm: Option<Vec<usize>>,
-                   col_perm: Option<Vec<usize>>,
-                   fold: Fold|
-     -> Result<(), ModelError> {
+    /// A linear weight (rotated in a ternary pack).
+    fn matrix(names: (String, String), shape: Vec<usize>) -> Want {
+        Want::new(names, shape, Kind::Matrix, Fold::Weight)
+    }
+    fn small(names: (String, String), shape: Vec<usize>) -> Want {
+        Want::new(names, shape, Kind::Small, Fold::None)
+    }
+    fn f32(names: (String, String), shape: Vec<usize>) -> Want {
+        Want::new(names, shape, Kind::F32, Fold::None)
+    }
+    /// An RMSNorm gain of `width` (stored as `1 + w`).
+    fn gain(names: (String, String), width: usize) -> Want {
+        Want::f32(names, vec![width]).op(ValueOp::AddOne)
+    }
+    fn op(self, op: ValueOp) -> Want {
+        Want { op, ..self }
+    }
+    fn rows(self, row_perm: Option<Vec<usize>>) -> Want {
+        Want { row_perm, ..self }
+    }
+    fn cols(self, col_perm: Option<Vec<usize>>) -> Want {
+        Want { col_perm, ..self }
+    }
+    fn fold(self, fold: Fold) -> Want {
+        Want { fold, ..self }
+    }
+
+    /// Checks the tensor against `source` and plans its output type and layout.
+    fn job(self, source: &dyn TensorSource, out: OutType) -> Result<TensorJob, ModelError> {
+        let ternary = out.is_ternary();
+        let Want {
+            gguf,
+            src,
+            shape: want,
+            kind,
+            op,
+            row_perm,
+            col_perm,
+            fold,
+        } = self;
         let Some((_, shape)) = source.describe(&src) else {
             return Err(ModelError::Weights(format!(
                 "{src} is missing (expected shape {want:?})"
@@ -374,7 +409,7 @@ pub fn plan(
                 "{gguf}: a ternary pack rotates every matrix input in blocks of {HADAMARD_BLOCK}, but this one has {cols} inputs; the model's widths (hidden, intermediate, attention and value heads × head size) must be multiples of {HADAMARD_BLOCK}"
             )));
         }
-        jobs.push(TensorJob {
+        Ok(TensorJob {
             plan: GgufTensorPlan {
                 name: gguf,
                 ggml_type: ty,
@@ -388,10 +423,27 @@ pub fn plan(
             col_perm,
             op,
             fold,
-        });
-        Ok(())
-    };
+        })
+    }
+}
 
+/// Plans a conversion: checks that `source` has every tensor the config implies (with its shape)
+/// and lists the output tensors with their transforms.
+pub fn plan(
+    name: &str,
+    config: &ModelConfig,
+    config_json: &Value,
+    tokenizer: &TokenizerFiles,
+    source: &dyn TensorSource,
+    out: OutType,
+    seed: u64,
+) -> Result<ConversionPlan, ModelError> {
+    let t = &config.text;
+    let base = match config.form {
+        ModelForm::Text => "model.",
+        ModelForm::Composite => "model.language_model.",
+    };
+    let ternary = out.is_ternary();
     let h = t.hidden_size;
     let (hk, hv, dk, dv) = (
         t.linear_num_key_heads,
@@ -407,232 +459,96 @@ pub fn plan(
     }
     let conv_dim = t.gdn_conv_dim();
     let (nh, kvh, d) = (t.num_attention_heads, t.num_key_value_heads, t.head_dim);
-    use Kind::*;
-    use ValueOp::{AddOne, NegExp};
-    let none = ValueOp::None;
-    add(
-        "token_embd.weight".into(),
-        format!("{base}embed_tokens.weight"),
+    let ffn = t.intermediate_size;
+    let embed = format!("{base}embed_tokens.weight");
+    let mut wants = vec![Want::matrix(
+        ("token_embd.weight".into(), embed.clone()),
         vec![t.vocab_size, h],
-        Matrix,
-        none,
-        None,
-        None,
-        Fold::Inverse,
-    )?;
+    )
+    .fold(Fold::Inverse)];
     for (i, kind) in t.layer_types.iter().enumerate() {
         let p = format!("{base}layers.{i}.");
         let b = format!("blk.{i}.");
-        add(
-            format!("{b}attn_norm.weight"),
-            format!("{p}input_layernorm.weight"),
-            vec![h],
-            F32,
-            AddOne,
-            None,
-            None,
-            Fold::None,
-        )?;
+        let norm =
+            |g: &str, s: &str| Want::gain((format!("{b}{g}.weight"), format!("{p}{s}.weight")), h);
+        wants.push(norm("attn_norm", "input_layernorm"));
         match kind {
             LayerKind::GatedDeltaNet => {
                 let q = format!("{p}linear_attn.");
+                let n = |g: &str, s: &str| (format!("{b}{g}"), format!("{q}{s}"));
                 let vp = |dim: usize| reorder.then(|| tiled_from_grouped(hk, hv, dim));
-                add(
-                    format!("{b}attn_qkv.weight"),
-                    format!("{q}in_proj_qkv.weight"),
-                    vec![conv_dim, h],
-                    Matrix,
-                    none,
-                    vp(dv).map(|p| with_prefix(p, 2 * hk * dk)),
-                    None,
-                    Fold::Weight,
-                )?;
-                add(
-                    format!("{b}attn_gate.weight"),
-                    format!("{q}in_proj_z.weight"),
-                    vec![hv * dv, h],
-                    Matrix,
-                    none,
-                    vp(dv),
-                    None,
-                    Fold::Weight,
-                )?;
-                add(
-                    format!("{b}ssm_alpha.weight"),
-                    format!("{q}in_proj_a.weight"),
-                    vec![hv, h],
-                    Small,
-                    none,
-                    vp(1),
-                    None,
-                    Fold::None,
-                )?;
-                add(
-                    format!("{b}ssm_beta.weight"),
-                    format!("{q}in_proj_b.weight"),
-                    vec![hv, h],
-                    Small,
-                    none,
-                    vp(1),
-                    None,
-                    Fold::None,
-                )?;
-                add(
-                    format!("{b}ssm_conv1d.weight"),
-                    format!("{q}conv1d.weight"),
-                    vec![conv_dim, 1, t.linear_conv_kernel_dim],
-                    F32,
-                    none,
-                    vp(dv).map(|p| with_prefix(p, 2 * hk * dk)),
-                    None,
-                    Fold::None,
-                )?;
-                add(
-                    format!("{b}ssm_a"),
-                    format!("{q}A_log"),
-                    vec![hv],
-                    F32,
-                    NegExp,
-                    None,
-                    vp(1),
-                    Fold::None,
-                )?;
-                add(
-                    format!("{b}ssm_dt.bias"),
-                    format!("{q}dt_bias"),
-                    vec![hv],
-                    F32,
-                    none,
-                    None,
-                    vp(1),
-                    Fold::None,
-                )?;
-                add(
-                    format!("{b}ssm_norm.weight"),
-                    format!("{q}norm.weight"),
-                    vec![dv],
-                    F32,
-                    none,
-                    None,
-                    None,
-                    Fold::None,
-                )?;
-                add(
-                    format!("{b}ssm_out.weight"),
-                    format!("{q}out_proj.weight"),
-                    vec![h, hv * dv],
-                    Matrix,
-                    none,
-                    None,
-                    if ternary { None } else { vp(dv) },
-                    Fold::Weight,
-                )?;
+                let qkv_perm = vp(dv).map(|p| with_prefix(p, 2 * hk * dk));
+                let kernel = t.linear_conv_kernel_dim;
+                let out_perm = if ternary { None } else { vp(dv) };
+                wants.extend([
+                    Want::matrix(
+                        n("attn_qkv.weight", "in_proj_qkv.weight"),
+                        vec![conv_dim, h],
+                    )
+                    .rows(qkv_perm.clone()),
+                    Want::matrix(n("attn_gate.weight", "in_proj_z.weight"), vec![hv * dv, h])
+                        .rows(vp(dv)),
+                    Want::small(n("ssm_alpha.weight", "in_proj_a.weight"), vec![hv, h]).rows(vp(1)),
+                    Want::small(n("ssm_beta.weight", "in_proj_b.weight"), vec![hv, h]).rows(vp(1)),
+                    Want::f32(
+                        n("ssm_conv1d.weight", "conv1d.weight"),
+                        vec![conv_dim, 1, kernel],
+                    )
+                    .rows(qkv_perm),
+                    Want::f32(n("ssm_a", "A_log"), vec![hv])
+                        .op(ValueOp::NegExp)
+                        .cols(vp(1)),
+                    Want::f32(n("ssm_dt.bias", "dt_bias"), vec![hv]).cols(vp(1)),
+                    Want::f32(n("ssm_norm.weight", "norm.weight"), vec![dv]),
+                    Want::matrix(n("ssm_out.weight", "out_proj.weight"), vec![h, hv * dv])
+                        .cols(out_perm),
+                ]);
             }
             LayerKind::Attention => {
                 let q = format!("{p}self_attn.");
-                for (g, s, n) in [
-                    ("attn_q", "q_proj", nh * 2 * d),
-                    ("attn_k", "k_proj", kvh * d),
-                    ("attn_v", "v_proj", kvh * d),
-                ] {
-                    add(
-                        format!("{b}{g}.weight"),
-                        format!("{q}{s}.weight"),
-                        vec![n, h],
-                        Matrix,
-                        none,
-                        None,
-                        None,
-                        Fold::Weight,
-                    )?;
-                }
-                add(
-                    format!("{b}attn_output.weight"),
-                    format!("{q}o_proj.weight"),
-                    vec![h, nh * d],
-                    Matrix,
-                    none,
-                    None,
-                    None,
-                    Fold::Weight,
-                )?;
-                for (g, s) in [("attn_q_norm", "q_norm"), ("attn_k_norm", "k_norm")] {
-                    add(
-                        format!("{b}{g}.weight"),
-                        format!("{q}{s}.weight"),
-                        vec![d],
-                        F32,
-                        AddOne,
-                        None,
-                        None,
-                        Fold::None,
-                    )?;
-                }
+                let n = |g: &str, s: &str| (format!("{b}{g}.weight"), format!("{q}{s}.weight"));
+                wants.extend([
+                    Want::matrix(n("attn_q", "q_proj"), vec![nh * 2 * d, h]),
+                    Want::matrix(n("attn_k", "k_proj"), vec![kvh * d, h]),
+                    Want::matrix(n("attn_v", "v_proj"), vec![kvh * d, h]),
+                    Want::matrix(n("attn_output", "o_proj"), vec![h, nh * d]),
+                    Want::f32(n("attn_q_norm", "q_norm"), vec![d]).op(ValueOp::AddOne),
+                    Want::f32(n("attn_k_norm", "k_norm"), vec![d]).op(ValueOp::AddOne),
+                ]);
             }
         }
-        add(
-            format!("{b}post_attention_norm.weight"),
-            format!("{p}post_attention_layernorm.weight"),
-            vec![h],
-            F32,
-            AddOne,
-            None,
-            None,
-            Fold::None,
-        )?;
         let m = format!("{p}mlp.");
-        for (g, s, shape) in [
-            ("ffn_gate", "gate_proj", vec![t.intermediate_size, h]),
-            ("ffn_up", "up_proj", vec![t.intermediate_size, h]),
-            ("ffn_down", "down_proj", vec![h, t.intermediate_size]),
-        ] {
-            add(
-                format!("{b}{g}.weight"),
-                format!("{m}{s}.weight"),
-                shape,
-                Matrix,
-                none,
-                None,
-                None,
-                Fold::Weight,
-            )?;
-        }
+        let n = |g: &str, s: &str| (format!("{b}{g}.weight"), format!("{m}{s}.weight"));
+        wants.extend([
+            norm("post_attention_norm", "post_attention_layernorm"),
+            Want::matrix(n("ffn_gate", "gate_proj"), vec![ffn, h]),
+            Want::matrix(n("ffn_up", "up_proj"), vec![ffn, h]),
+            Want::matrix(n("ffn_down", "down_proj"), vec![h, ffn]),
+        ]);
     }
-    add(
-        "output_norm.weight".into(),
-        format!("{base}norm.weight"),
-        vec![h],
-        F32,
-        AddOne,
-        None,
-        None,
-        Fold::None,
-    )?;
+    wants.push(Want::gain(
+        ("output_norm.weight".into(), format!("{base}norm.weight")),
+        h,
+    ));
     // A tied model has no lm_head; llama.cpp then reads token_embd as the head. A ternary pack
     // always has its own (folded) head, as PrismML's packs do.
-    if !t.tie_word_embeddings {
-        add(
-            "output.weight".into(),
-            "lm_head.weight".into(),
-            vec![t.vocab_size, h],
-            Matrix,
-            none,
-            None,
-            None,
-            Fold::Weight,
-        )?;
+    let head = if !t.tie_word_embeddings {
+        Some("lm_head.weight".to_string())
     } else if ternary {
-        add(
-            "output.weight".into(),
-            format!("{base}embed_tokens.weight"),
+        Some(embed)
+    } else {
+        None
+    };
+    if let Some(src) = head {
+        wants.push(Want::matrix(
+            ("output.weight".into(), src),
             vec![t.vocab_size, h],
-            Matrix,
-            none,
-            None,
-            None,
-            Fold::Weight,
-        )?;
+        ));
     }
+    let jobs = wants
+        .into_iter()
+        .map(|w| w.job(source, out))
+        .collect::<Result<Vec<TensorJob>, ModelError>>()?;
 
     let mut metadata = vec![(
         "general.architecture".to_string(),
@@ -824,47 +740,56 @@ fn apply_op(op: ValueOp, f16_source: bool, row: &mut [f32]) {
     }
 }
 
-/// Converts the model folder `dir` to `out`.
-pub fn convert_folder(
-    dir: &Path,
-    out: &Path,
-    ty: OutType,
-    seed: u64,
-    progress: &mut Progress<'_>,
-) -> Result<ConversionPlan, ModelError> {
-    let config = ModelConfig::from_dir(dir)?;
-    let config_json: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("config.json"))
-            .map_err(|e| ModelError::Io(format!("{}: {e}", dir.display())))?,
-    )
-    .map_err(|e| ModelError::Config(e.to_string()))?;
-    let tokenizer = TokenizerFiles::from_dir(dir)?;
-    let ckpt = Checkpoint::open_dir(dir)?;
-    let name = dir
-        .canonicalize()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "model".into());
-    let plan = plan(&name, &config, &config_json, &tokenizer, &ckpt, ty, seed)?;
-    write(&plan, &ckpt, out, progress)?;
-    Ok(plan)
+/// What a conversion reads.
+pub enum Input<'a> {
+    /// A model folder: `config.json`, the tokenizer files and the safetensors weights.
+    Folder(&'a Path),
+    /// The synthetic checkpoint `spec`, generated tensor by tensor (see [`SynthSource`]) and named `name`.
+    Synth {
+        spec: &'a crate::synth::SynthSpec,
+        name: &'a str,
+        tokenizer: &'a TokenizerFiles,
+    },
 }
 
-/// Writes the synthetic checkpoint `spec` straight to a GGUF file of type `ty` (see
-/// [`SynthSource`]); `seed` seeds the rotation signs of a ternary pack.
-pub fn write_synth(
-    spec: &crate::synth::SynthSpec,
-    name: &str,
-    tokenizer: &TokenizerFiles,
+/// Converts `input` to the GGUF file `out` of type `ty`; `seed` seeds the rotation signs of a ternary pack.
+pub fn convert(
+    input: Input<'_>,
     out: &Path,
     ty: OutType,
     seed: u64,
     progress: &mut Progress<'_>,
 ) -> Result<ConversionPlan, ModelError> {
-    let config_json = crate::synth::config_json(spec);
-    let config = ModelConfig::from_json_str(&config_json.to_string())?;
-    let source = SynthSource::new(spec);
-    let plan = plan(name, &config, &config_json, tokenizer, &source, ty, seed)?;
-    write(&plan, &source, out, progress)?;
-    Ok(plan)
+    match input {
+        Input::Folder(dir) => {
+            let config = ModelConfig::from_dir(dir)?;
+            let config_json: Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join("config.json"))
+                    .map_err(|e| ModelError::Io(format!("{}: {e}", dir.display())))?,
+            )
+            .map_err(|e| ModelError::Config(e.to_string()))?;
+            let tokenizer = TokenizerFiles::from_dir(dir)?;
+            let ckpt = Checkpoint::open_dir(dir)?;
+            let name = dir
+                .canonicalize()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "model".into());
+            let plan = plan(&name, &config, &config_json, &tokenizer, &ckpt, ty, seed)?;
+            write(&plan, &ckpt, out, progress)?;
+            Ok(plan)
+        }
+        Input::Synth {
+            spec,
+            name,
+            tokenizer,
+        } => {
+            let config_json = crate::synth::config_json(spec);
+            let config = ModelConfig::from_json_str(&config_json.to_string())?;
+            let source = SynthSource::new(spec);
+            let plan = plan(name, &config, &config_json, tokenizer, &source, ty, seed)?;
+            write(&plan, &source, out, progress)?;
+            Ok(plan)
+        }
+    }
 }

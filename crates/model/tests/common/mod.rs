@@ -27,14 +27,26 @@ pub fn load(preset: &str) -> (tempfile::TempDir, Model) {
 }
 
 /// max |a - b| / max(1, max |b|) over one row.
-pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
+pub use onepass_kernels::max_rel_diff as rel_diff;
+
+/// The worst [`rel_diff`] over the rows of `v` logits.
+pub fn worst(a: &[f32], b: &[f32], v: usize) -> f32 {
+    a.chunks(v)
+        .zip(b.chunks(v))
+        .map(|(x, y)| rel_diff(x, y))
         .fold(0.0, f32::max)
-        / scale
+}
+
+/// Logits [T, V] of `ids` run in pieces split at `cuts` (prefill, continuations, single steps).
+pub fn logits_split(m: &Model, ids: &[u32], cuts: &[usize]) -> Vec<f32> {
+    let mut st = m.new_state();
+    let mut hidden = Vec::new();
+    let mut start = 0;
+    for end in cuts.iter().copied().chain([ids.len()]) {
+        hidden.extend(m.forward(&mut st, &ids[start..end]).expect("forward"));
+        start = end;
+    }
+    m.logits(&hidden)
 }
 
 /// Runs `ids` in chunks of `chunk` and returns full logits [T, V].
@@ -45,16 +57,4 @@ pub fn logits_chunked(m: &Model, ids: &[u32], chunk: usize) -> Vec<f32> {
         hidden.extend(m.forward(&mut st, piece).expect("forward"));
     }
     m.logits(&hidden)
-}
-
-pub fn pseudo_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
 }
