@@ -27,3 +27,12 @@ pub use hub::{resolve_model, ModelFiles, ResolveError};
 pub use mlx::{open_mlx_dir, MlxQuantization};
 pub use quant::{dequantize, ptq1_0_to_pq2_0, quantize, GgmlType};
 pub use safetensors::{safetensors_header, write_safetensors, Checkpoint, FormatError};
+
+/// The message of the error `r` must be (tests).
+#[cfg(test)]
+pub(crate) fn error_text<T, E: std::fmt::Display>(r: Result<T, E>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}

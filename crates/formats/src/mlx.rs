@@ -398,10 +398,7 @@ mod tests {
             bits: 2,
             group_size: 128,
         };
-        let e = open_mlx_dir(dir.path(), q)
-            .err()
-            .expect("refused")
-            .to_string();
+        let e = crate::error_text(open_mlx_dir(dir.path(), q));
         assert!(
             e.contains("p.biases") && e.contains("not minus the scale"),
             "{e}"

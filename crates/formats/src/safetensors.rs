@@ -440,10 +440,7 @@ mod tests {
         write_safetensors(&path, &sample(), &[]).expect("write");
         let bytes = std::fs::read(&path).expect("read");
         std::fs::write(&path, &bytes[..bytes.len() - 4]).expect("truncate");
-        let err = Checkpoint::open_dir(dir.path())
-            .err()
-            .expect("must fail")
-            .to_string();
+        let err = crate::error_text(Checkpoint::open_dir(dir.path()));
         assert!(
             err.contains("tensor b") && err.contains("truncated"),
             "{err}"
@@ -455,16 +452,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("model.safetensors");
         std::fs::write(&path, b"abc").expect("write");
-        let err = Checkpoint::open_dir(dir.path())
-            .err()
-            .expect("must fail")
-            .to_string();
+        let err = crate::error_text(Checkpoint::open_dir(dir.path()));
         assert!(err.contains("too short"), "{err}");
         std::fs::write(&path, [255u8; 64]).expect("write");
-        let err = Checkpoint::open_dir(dir.path())
-            .err()
-            .expect("must fail")
-            .to_string();
+        let err = crate::error_text(Checkpoint::open_dir(dir.path()));
         assert!(err.contains("header length"), "{err}");
     }
 
@@ -497,10 +488,7 @@ mod tests {
     #[test]
     fn empty_folder_says_no_weights() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let err = Checkpoint::open_dir(dir.path())
-            .err()
-            .expect("must fail")
-            .to_string();
+        let err = crate::error_text(Checkpoint::open_dir(dir.path()));
         assert!(err.contains("no safetensors weights"), "{err}");
     }
 }
