@@ -62,7 +62,8 @@ pub struct ServeArgs {
     /// [env DECIDER_TEMPERATURE; default: the config's].
     #[arg(long)]
     temperature: Option<String>,
-    /// MiB of prefix states kept for POST /v1/decide, least recently used out first (0: none kept).
+    /// MiB of prefix states kept for POST /v1/decide and the contexts of /v1/systemone and /decide, least recently
+    /// used out first (0: none kept).
     #[arg(long, default_value_t = 1024)]
     prefix_cache_mb: usize,
     #[command(flatten)]

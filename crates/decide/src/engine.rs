@@ -30,21 +30,31 @@
 //! those steps.
 //! Every route shares step 4 and writes its plans' slots only (`tests/tree.rs` checks the routes agree).
 //!
+//! Kept contexts: with the prefix-state LRU on (`prefix_cache_bytes` > 0, shared prefixes on, state-first rows), a
+//! plan's shared prefix is its context, the ids of `[chat head +] "Context:\n" + state` that open every row (capped
+//! one id below the shortest row; one row or many), not the rows' whole common prefix: its state is what a later
+//! request with the same state starts from. Before any forward, each such plan looks its context up in the LRU
+//! [`Engine::choose`] uses too (keyed on ids, the longest kept prefix of them; one hit or miss per plan). A hit takes
+//! the two-pass route from the kept state: a context kept whole is forked per row as it is; a kept prefix of it is
+//! copied and the rest of the context prefilled. After the call, every context state computed (a tree's root, or the
+//! two-pass prefix) moves into the LRU, unless it is larger than the LRU. Kept and computed are bit-identical where
+//! the pieces are the same (`tests/answers.rs`).
+//!
 //! The model is any [`Backend`] of the sequence API (`onepass-engine`, re-exported here): the CPU [`Model`] (the
 //! default), the GPU's, or [`AnyBackend`] (either, chosen at run time; what the CLI and the server hold). This crate
 //! never names a device.
 
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 pub use onepass_engine::{AnyBackend, Backend, Pick};
 use onepass_model::{Model, ModelError};
 use onepass_tokenizer::{Tokenizer, TokenizerError};
 
 use crate::assemble::softmax;
-use crate::choice::PrefixLru;
-use crate::config::{ConfigError, DecideConfig};
+use crate::choice::{PrefixLru, PrefixStore};
+use crate::config::{ConfigError, DecideConfig, Order};
 use crate::error::ApiError;
 use crate::generate::{GenerateError, Generator};
 use crate::pipeline::{Limits, Pipeline, Route};
@@ -78,8 +88,8 @@ pub struct EngineOptions {
     /// `DECIDER_MAX_STATE_TOKENS`: replaces the config's cap on the ids of `"Context:\n" + state` (default: the
     /// config's, [`crate::config::DEFAULT_MAX_STATE_TOKENS`]).
     pub max_state_tokens: Option<usize>,
-    /// Bytes of prefix states [`Engine::choose`] keeps for later decisions (`--prefix-cache-mb`; 0: none). Default
-    /// 1 GiB.
+    /// Bytes of prefix states kept for later requests (`--prefix-cache-mb`; 0: none), one LRU for the prefixes of
+    /// [`Engine::choose`] and the contexts of [`Engine::score`] (module docs). Default 1 GiB.
     pub prefix_cache_bytes: usize,
 }
 
@@ -130,7 +140,8 @@ impl From<EngineError> for ApiError {
     }
 }
 
-/// A loaded System One model. `Send + Sync`: share it in an `Arc` and call [`Engine::score`] from any thread.
+/// A loaded System One model. `Send + Sync` (for a backend whose states are `Sync`, as the CPU and GPU ones are): share
+/// it in an `Arc` and call [`Engine::score`] from any thread.
 pub struct Engine<B: Backend = Model> {
     model: B,
     tokenizer: Tokenizer,
@@ -144,7 +155,8 @@ pub struct Engine<B: Backend = Model> {
     /// The model folder and `model_type`, for the generation side (loaded on first use, [`Engine::generator`]).
     dir: Option<(PathBuf, String)>,
     generator: OnceLock<Result<Generator, GenerateError>>,
-    /// The prefix states of [`Engine::choose`], least recently used out first (crate::choice).
+    /// The prefix states of [`Engine::choose`] and the contexts of [`Engine::score`], least recently used out first
+    /// (crate::choice).
     prefix_lru: Mutex<PrefixLru<B::State>>,
 }
 
@@ -159,11 +171,40 @@ struct Job {
 }
 
 /// One plan's share of a `score` call.
-struct Part {
+struct Part<S> {
     /// Tokens of the common prefix that runs once and is forked per row; 0: none, every row runs whole.
     lcp: usize,
     /// The rows read (those with slots), in order.
     rows: Vec<usize>,
+    /// The shared prefix is the plan's context (`[chat head +] "Context:\n" + state`): it is looked up in the
+    /// prefix-state LRU and its state kept there after the call.
+    keep: bool,
+    /// The kept state the prefix starts from (found in the LRU): the ids it covers and the state.
+    start: Option<(usize, Arc<S>)>,
+}
+
+/// The state after a shared prefix: run in this call, or kept in the LRU and restored whole (forked per row, never
+/// continued).
+enum Prefix<S> {
+    Own(S),
+    Kept(Arc<S>),
+}
+
+impl<S> Prefix<S> {
+    fn get(&self) -> &S {
+        match self {
+            Prefix::Own(s) => s,
+            Prefix::Kept(s) => s,
+        }
+    }
+}
+
+/// What one tree forward gives back: the hidden rows, per job the row its ids start at, and the states after the
+/// shared prefixes (the roots with children), in order.
+struct Tree<B: Backend> {
+    hidden: B::Hidden,
+    starts: Vec<usize>,
+    prefixes: Vec<B::State>,
 }
 
 /// What one pass holds so far, for [`Engine::grow`].
@@ -178,7 +219,7 @@ struct PassSize {
 
 /// The shared prefixes `(plan, lcp)` and the jobs of `plans[p]` for every `p` in `which`, in that order; each job's
 /// `prefix` indexes the prefixes returned.
-fn work(parts: &[Part], which: &[usize]) -> (Vec<(usize, usize)>, Vec<Job>) {
+fn work<S>(parts: &[Part<S>], which: &[usize]) -> (Vec<(usize, usize)>, Vec<Job>) {
     let mut shared = Vec::new();
     let mut jobs = Vec::new();
     for &pi in which {
@@ -255,17 +296,14 @@ impl<B: Backend> Engine<B> {
             .generator()
             .map_err(|e| crate::choice::DecideError::server(req.id.clone(), e.message.clone()))?;
         let prompt = gen.decide_prompt();
-        let mut lru = self.prefix_lru.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lru = self.lru();
         let store = (lru.cap_bytes() > 0).then_some(&mut *lru);
         crate::choice::decide(&self.model, &gen.tokenizer, &prompt, store, req)
     }
 
-    /// What the prefix-state LRU of [`Engine::choose`] has done and holds.
+    /// What the prefix-state LRU ([`Engine::choose`], [`Engine::score`]) has done and holds.
     pub fn prefix_cache_stats(&self) -> crate::choice::PrefixCacheStats {
-        self.prefix_lru
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .stats()
+        self.lru().stats()
     }
 
     /// A session over this engine ([`Session`]).
@@ -376,19 +414,29 @@ impl<B: Backend> Engine<B> {
         // Per plan: its shared prefix worth running (0: none) and the rows it reads.
         let trees = self.model.runs_trees();
         let min_root = self.model.min_tree_root();
-        let mut parts: Vec<Part> = Vec::with_capacity(plans.len());
+        // Shared only when at least `min_shared_prefix` ids long and, with trees, at least a tree root's minimum
+        // (a shorter prefix's rows run whole on every route of the call: the same answers up to f32 reduction
+        // order, R5.5.3, and the group keeps the one-pass route).
+        let worth = |n: usize| n >= self.opts.min_shared_prefix.max(1) && (!trees || n >= min_root);
+        let contexts = self.keeps_contexts();
+        let mut parts: Vec<Part<B::State>> = Vec::with_capacity(plans.len());
         for (pi, p) in plans.iter().enumerate() {
-            let lcp = if self.opts.shared_prefix && p.rows.len() >= 2 {
-                let rows: Vec<&[u32]> = p.rows.iter().map(|r| r.ids.as_slice()).collect();
-                common_prefix_len(&rows)
+            let ids: Vec<&[u32]> = p.rows.iter().map(|r| r.ids.as_slice()).collect();
+            // With the prefix-state LRU, the shared prefix is the context, one row or many (capped one id below the
+            // shortest row, as any shared prefix), so that its state is the one a later request with the same
+            // context can start from.
+            let context = if contexts && !ids.is_empty() {
+                p.ctx_len.min(common_prefix_len(&ids))
             } else {
                 0
             };
-            // Shared only when at least `min_shared_prefix` ids long and, with trees, at least a tree root's minimum
-            // (a shorter prefix's rows run whole on every route of the call: the same answers up to f32 reduction
-            // order, R5.5.3, and the group keeps the one-pass route).
-            let lcp = if lcp >= self.opts.min_shared_prefix.max(1) && (!trees || lcp >= min_root) {
-                lcp
+            let keep = worth(context);
+            let lcp = if keep {
+                context
+            } else if self.opts.shared_prefix && ids.len() >= 2 {
+                Some(common_prefix_len(&ids))
+                    .filter(|&n| worth(n))
+                    .unwrap_or(0)
             } else {
                 0
             };
@@ -408,7 +456,19 @@ impl<B: Backend> Engine<B> {
                 self.check_slots(pi, ri, r, lcp)?;
                 rows.push(ri);
             }
-            parts.push(Part { lcp, rows });
+            parts.push(Part {
+                lcp,
+                keep: keep && !rows.is_empty(),
+                rows,
+                start: None,
+            });
+        }
+        // The kept contexts, one lookup per plan that keeps one (a hit or a miss each).
+        if parts.iter().any(|p| p.keep) {
+            let mut lru = self.lru();
+            for (part, p) in parts.iter_mut().zip(plans).filter(|(part, _)| part.keep) {
+                part.start = lru.shared(&p.rows[0].ids[..part.lcp]);
+            }
         }
         // out: [plan][slot][option]; first_slot[p][r]: the slot where row r of plan p starts.
         let mut out: Vec<Vec<Vec<f32>>> = plans
@@ -439,7 +499,9 @@ impl<B: Backend> Engine<B> {
             if part.rows.is_empty() {
                 continue; // no forward at all
             }
-            if !trees {
+            // A plan restored from a kept state takes the two-pass route: the state is a root with few or no ids
+            // left to run, and a GPU tree takes no copied state as a root.
+            if !trees || part.start.is_some() {
                 two_pass.push(pi);
                 continue;
             }
@@ -462,33 +524,89 @@ impl<B: Backend> Engine<B> {
         // Every group as one tree; a group the backend declines takes the two-pass path.
         for group in groups {
             let (shared, jobs) = work(&parts, &group);
-            let Some((hidden, starts)) = self.run_tree(plans, &shared, &jobs)? else {
+            let Some(tree) = self.run_tree(plans, &shared, &jobs)? else {
                 two_pass.extend(group);
                 continue;
             };
-            self.read_out(plans, &jobs, &hidden, &starts, &first_slot, &mut out)?;
+            self.read_out(
+                plans,
+                &jobs,
+                &tree.hidden,
+                &tree.starts,
+                &first_slot,
+                &mut out,
+            )?;
+            self.keep_contexts(
+                plans,
+                &parts,
+                &shared,
+                tree.prefixes.into_iter().map(Prefix::Own),
+            );
         }
         if !two_pass.is_empty() {
             two_pass.sort_unstable();
             let (shared, jobs) = work(&parts, &two_pass);
-            self.run_two_pass(plans, &shared, &jobs, &first_slot, &mut out)?;
+            let prefixes =
+                self.run_two_pass(plans, &parts, &shared, &jobs, &first_slot, &mut out)?;
+            self.keep_contexts(plans, &parts, &shared, prefixes);
         }
         Ok(out)
     }
 
+    /// Whether [`Engine::score`] shares each plan's context and keeps its state in the prefix-state LRU: the LRU
+    /// holds something (`prefix_cache_bytes` > 0), prefixes are shared, and the rows open with the context
+    /// (state-first order; a schema-first row opens with its questions).
+    fn keeps_contexts(&self) -> bool {
+        self.opts.prefix_cache_bytes > 0
+            && self.opts.shared_prefix
+            && self.config.order == Order::StateFirst
+    }
+
+    /// The prefix-state LRU, shared by [`Engine::choose`] and [`Engine::score`].
+    fn lru(&self) -> MutexGuard<'_, PrefixLru<B::State>> {
+        self.prefix_lru.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves into the LRU the state after every shared prefix (`prefixes[i]`, after `shared[i]`) that is its plan's
+    /// context, unless it was restored whole (the LRU has it) or is larger than the LRU.
+    fn keep_contexts(
+        &self,
+        plans: &[&Plan],
+        parts: &[Part<B::State>],
+        shared: &[(usize, usize)],
+        prefixes: impl IntoIterator<Item = Prefix<B::State>>,
+    ) {
+        let mut lru = None;
+        for (&(p, lcp), st) in shared.iter().zip(prefixes) {
+            let (Prefix::Own(st), true) = (st, parts[p].keep) else {
+                continue;
+            };
+            let bytes = self.model.state_bytes(&st);
+            if bytes <= self.opts.prefix_cache_bytes {
+                lru.get_or_insert_with(|| self.lru()).insert(
+                    &plans[p].rows[0].ids[..lcp],
+                    st,
+                    bytes,
+                );
+            }
+        }
+    }
+
     /// Steps 1–4 the long way for `jobs` (prefix indices into `shared`): the shared prefixes, then groups of jobs
-    /// within the fork budget and the token cap, in order, each forked and run together, then read out.
+    /// within the fork budget and the token cap, in order, each forked and run together, then read out. → the states
+    /// after the shared prefixes.
     fn run_two_pass(
         &self,
         plans: &[&Plan],
+        parts: &[Part<B::State>],
         shared: &[(usize, usize)],
         jobs: &[Job],
         first_slot: &[Vec<usize>],
         out: &mut [Vec<Vec<f32>>],
-    ) -> Result<(), EngineError> {
+    ) -> Result<Vec<Prefix<B::State>>, EngineError> {
         let per_token = self.state_bytes_per_token;
-        // 1. The shared prefixes, batched together.
-        let prefixes = self.run_prefixes(plans, shared)?;
+        // 1. The shared prefixes, batched together (from their kept states where the LRU had them).
+        let prefixes = self.run_prefixes(plans, parts, shared)?;
         let fresh_bytes = self.fresh_state_bytes;
 
         // 2. Groups of jobs within the fork budget and the token cap, in order.
@@ -501,7 +619,7 @@ impl<B: Backend> Engine<B> {
                 let suffix = plans[j.plan].rows[j.row].ids.len() - j.skip;
                 let base = j
                     .prefix
-                    .map_or(fresh_bytes, |k| self.model.state_bytes(&prefixes[k]));
+                    .map_or(fresh_bytes, |k| self.model.state_bytes(prefixes[k].get()));
                 let b = base + suffix * per_token;
                 if end > start
                     && (bytes + b > self.opts.fork_budget_bytes
@@ -520,7 +638,7 @@ impl<B: Backend> Engine<B> {
                 .map(|j| {
                     match j.prefix {
                         None => self.model.new_state(),
-                        Some(k) => self.model.fork(&prefixes[k]),
+                        Some(k) => self.model.fork(prefixes[k].get()),
                     }
                     .map_err(|e| row_err(j.plan, j.row, e))
                 })
@@ -548,7 +666,7 @@ impl<B: Backend> Engine<B> {
             self.read_out(plans, group, &hidden, &starts, first_slot, out)?;
             start = end;
         }
-        Ok(())
+        Ok(prefixes)
     }
 
     /// The pass `size` with plan `p` added, or `None` when it no longer fits one: the fork budget (the states the
@@ -556,7 +674,7 @@ impl<B: Backend> Engine<B> {
     /// each of its children [`Backend::tree_child_bytes`] (else a fresh state) plus its suffix's KV; a row without a
     /// prefix is a root of its own, a fresh state plus its ids' KV; the first job of a pass always fits) and one
     /// forward of at most [`MAX_BATCH_TOKENS`] (every shared prefix once plus every job's remaining ids).
-    fn grow(&self, mut size: PassSize, p: &Plan, part: &Part) -> Option<PassSize> {
+    fn grow(&self, mut size: PassSize, p: &Plan, part: &Part<B::State>) -> Option<PassSize> {
         let per_token = self.state_bytes_per_token;
         let fresh = self.fresh_state_bytes;
         let child = self.model.tree_child_bytes().unwrap_or(fresh);
@@ -578,15 +696,14 @@ impl<B: Backend> Engine<B> {
 
     /// One group as one [`Backend::forward_tree`]: roots are every shared prefix (`rows[0].ids[..lcp]`) then every
     /// job without a prefix (its whole row), each on a fresh state; children are every job with a prefix (its
-    /// `ids[skip..]` under its prefix's root). → the hidden rows and, per job, the hidden row its ids start at; `None`
-    /// when the backend does not run trees (nothing ran).
-    #[allow(clippy::type_complexity)]
+    /// `ids[skip..]` under its prefix's root). → the hidden rows, per job the hidden row its ids start at, and the
+    /// states after the shared prefixes; `None` when the backend does not run trees (nothing ran).
     fn run_tree(
         &self,
         plans: &[&Plan],
         shared: &[(usize, usize)],
         jobs: &[Job],
-    ) -> Result<Option<(B::Hidden, Vec<usize>)>, EngineError> {
+    ) -> Result<Option<Tree<B>>, EngineError> {
         let ids = |j: &Job| &plans[j.plan].rows[j.row].ids[j.skip..];
         let mut root_ids: Vec<&[u32]> = shared
             .iter()
@@ -625,7 +742,13 @@ impl<B: Backend> Engine<B> {
             .model
             .forward_tree(&mut roots, &children)
             .map_err(|e| row_err(jobs[0].plan, jobs[0].row, e))?;
-        Ok(tree.map(|hidden| (hidden, starts)))
+        drop(roots);
+        states.truncate(shared.len());
+        Ok(tree.map(|hidden| Tree {
+            hidden,
+            starts,
+            prefixes: states,
+        }))
     }
 
     /// `row` (row `ri` of plan `plan`) has an option count and a temperature per slot, and every slot lies in the part
@@ -699,47 +822,72 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// Run `plans[p].rows[0].ids[..lcp]` for every `(p, lcp)`: prefixes stacked into `forward_batch` calls of at most
-    /// [`MAX_BATCH_TOKENS`]; a longer prefix runs alone, in pieces of that size. → one state per entry, in order.
+    /// Run `plans[p].rows[0].ids[..lcp]` for every `(p, lcp)`, from the kept state `parts[p].start` where there is
+    /// one (a state kept for all `lcp` ids is used as it is): what is left to run stacked into `forward_batch` calls
+    /// of at most [`MAX_BATCH_TOKENS`]; a longer piece runs alone, in pieces of that size. → one state per entry, in
+    /// order.
     fn run_prefixes(
         &self,
         plans: &[&Plan],
+        parts: &[Part<B::State>],
         shared: &[(usize, usize)],
-    ) -> Result<Vec<B::State>, EngineError> {
-        let mut states: Vec<B::State> = shared
-            .iter()
-            .map(|&(p, _)| self.model.new_state().map_err(|e| row_err(p, 0, e)))
-            .collect::<Result<_, _>>()?;
+    ) -> Result<Vec<Prefix<B::State>>, EngineError> {
+        let mut states = Vec::with_capacity(shared.len());
+        // Per entry, the first id still to run (`None`: restored whole).
+        let mut from = Vec::with_capacity(shared.len());
+        for &(p, lcp) in shared {
+            let (st, f) = match &parts[p].start {
+                Some((k, kept)) if *k >= lcp => {
+                    states.push(Prefix::Kept(kept.clone()));
+                    from.push(None);
+                    continue;
+                }
+                Some((k, kept)) => (self.model.fork(kept), *k),
+                None => (self.model.new_state(), 0),
+            };
+            states.push(Prefix::Own(st.map_err(|e| row_err(p, 0, e))?));
+            from.push(Some(f));
+        }
+        // (plan, state, ids still to run) of every entry not restored whole.
+        let mut todo: Vec<(usize, &mut B::State, &[u32])> = states
+            .iter_mut()
+            .zip(shared.iter().zip(&from))
+            .filter_map(|(st, (&(p, lcp), f))| match (st, f) {
+                (Prefix::Own(st), Some(f)) => Some((p, st, &plans[p].rows[0].ids[*f..lcp])),
+                _ => None,
+            })
+            .collect();
         let mut start = 0;
-        while start < shared.len() {
-            let (p0, lcp0) = shared[start];
-            if lcp0 > MAX_BATCH_TOKENS {
-                for piece in plans[p0].rows[0].ids[..lcp0].chunks(MAX_BATCH_TOKENS) {
+        while start < todo.len() {
+            if todo[start].2.len() > MAX_BATCH_TOKENS {
+                let (p0, st, ids) = &mut todo[start];
+                for piece in ids.chunks(MAX_BATCH_TOKENS) {
                     self.model
-                        .forward_batch(&mut [(&mut states[start], piece)])
-                        .map_err(|e| row_err(p0, 0, e))?;
+                        .forward_batch(&mut [(&mut **st, piece)])
+                        .map_err(|e| row_err(*p0, 0, e))?;
                 }
                 start += 1;
                 continue;
             }
             let (mut end, mut tokens) = (start, 0);
-            while end < shared.len()
-                && shared[end].1 <= MAX_BATCH_TOKENS
-                && tokens + shared[end].1 <= MAX_BATCH_TOKENS
+            while end < todo.len()
+                && todo[end].2.len() <= MAX_BATCH_TOKENS
+                && tokens + todo[end].2.len() <= MAX_BATCH_TOKENS
             {
-                tokens += shared[end].1;
+                tokens += todo[end].2.len();
                 end += 1;
             }
-            let mut items: Vec<(&mut B::State, &[u32])> = states[start..end]
+            let p0 = todo[start].0;
+            let mut items: Vec<(&mut B::State, &[u32])> = todo[start..end]
                 .iter_mut()
-                .zip(&shared[start..end])
-                .map(|(st, &(p, lcp))| (st, &plans[p].rows[0].ids[..lcp]))
+                .map(|(_, st, ids)| (&mut **st, *ids))
                 .collect();
             self.model
                 .forward_batch(&mut items)
                 .map_err(|e| row_err(p0, 0, e))?;
             start = end;
         }
+        drop(todo);
         Ok(states)
     }
 

@@ -1,7 +1,9 @@
 //! The engine against decider-ai 1.10.0's answers on CPU float32 (tests/fixtures/systemone/answers, made by
 //! tools/oracle/decider_answers.py): every answer field within 2e-4 of the reference, choices equal except near-ties,
 //! usage exact; on both synthetic checkpoints, with the shared prefix on and off. Also: shared prefix on, off, one
-//! fork per row and all requests in one `score` call give the same probabilities within 1e-5.
+//! fork per row and all requests in one `score` call give the same probabilities within 1e-5; and the prefix-state
+//! LRU: a request whose context (`"Context:\n"` + state) is kept answers bit for bit as the same request computed
+//! in the same pieces, an LRU too small for any state keeps none, and either is within 1e-5 of the LRU off.
 //!
 //! Each checkpoint is regenerated once per test binary (`onepass_model::synth`) into a temp folder and must hash to
 //! what the oracle saw. Needs testdata/qwen3_5-tokenizer (tools/setup-testdata.sh).
@@ -295,4 +297,138 @@ fn engine_is_send_sync_and_reports_config() {
         .unwrap()
         .starts_with(r#"{"model":"decider-2.5","answers":{},"usage":{"input_tokens":"#));
     assert!(eng.score(&[]).unwrap().is_empty());
+}
+
+/// An engine whose prefix-state LRU holds `bytes` (1: too small for any state; 0: off).
+fn lru_engine(preset: &'static str, bytes: usize) -> Engine {
+    let opts = EngineOptions {
+        prefix_cache_bytes: bytes,
+        ..EngineOptions::default()
+    };
+    engine(preset, opts)
+}
+
+/// Every fixture request's probabilities, each request alone in its `score` call.
+fn alone(e: &Engine, plans: &[Plan]) -> Vec<Vec<Vec<f32>>> {
+    plans
+        .iter()
+        .map(|p| e.score(&[p]).unwrap().remove(0))
+        .collect()
+}
+
+fn worst_diff(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {
+    let flat =
+        |x: &[Vec<Vec<f32>>]| -> Vec<f32> { x.iter().flatten().flatten().copied().collect() };
+    let (a, b) = (flat(a), flat(b));
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The prefix-state LRU on System One: every fixture request scored twice on an engine with the LRU (the second time
+/// each context is a hit, nothing new missed) answers bit for bit as an engine whose LRU is too small to keep any state
+/// (the same pieces: the context, then the rows; nothing kept, every lookup a miss), and within 1e-5 of the LRU off
+/// (the context and the ids the rows share after it run in one piece there). All requests in one call, every context
+/// kept, are within 1e-5 of each alone.
+#[test]
+fn kept_contexts_answer_as_computed() {
+    for preset in ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"] {
+        let kept = engine(preset, EngineOptions::default());
+        let (tiny, off) = (lru_engine(preset, 1), lru_engine(preset, 0));
+        let plans: Vec<Plan> = cases(preset)
+            .iter()
+            .map(|c| kept.plan(&parse_request(c.body.as_bytes()).unwrap()))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let lookups = plans
+            .iter()
+            .filter(|p| p.slot_count() > 0 && p.ctx_len > 0)
+            .count() as u64;
+        assert!(lookups >= 10, "{preset}: {lookups} requests with a context");
+        let first = alone(&kept, &plans);
+        let s1 = kept.prefix_cache_stats();
+        assert_eq!(
+            s1.hits + s1.misses,
+            lookups,
+            "{preset}: one lookup per request"
+        );
+        assert_eq!(s1.entries as u64, s1.misses, "{preset}: every miss kept");
+        let again = alone(&kept, &plans);
+        let s2 = kept.prefix_cache_stats();
+        assert_eq!(
+            (s2.hits - s1.hits, s2.misses, s2.entries),
+            (lookups, s1.misses, s1.entries),
+            "{preset}: the second time, every context is a hit"
+        );
+        let computed = alone(&tiny, &plans);
+        let t = tiny.prefix_cache_stats();
+        assert_eq!(
+            (t.hits, t.misses, t.entries, t.bytes),
+            (0, lookups, 0, 0),
+            "{preset}: an LRU too small for a state keeps none"
+        );
+        assert_eq!(again, computed, "{preset}: kept vs computed");
+        assert_eq!(first, computed, "{preset}: first time vs computed");
+        let unkept = alone(&off, &plans);
+        assert_eq!(
+            off.prefix_cache_stats().misses,
+            0,
+            "{preset}: no lookups with the LRU off"
+        );
+        let d_off = worst_diff(&again, &unkept);
+        assert!(d_off <= SHARED_TOLERANCE, "{preset}: LRU vs off {d_off:e}");
+        let refs: Vec<&Plan> = plans.iter().collect();
+        let together = kept.score(&refs).unwrap();
+        let d_batch = worst_diff(&together, &again);
+        assert!(
+            d_batch <= SHARED_TOLERANCE,
+            "{preset}: one call vs alone {d_batch:e}"
+        );
+        eprintln!(
+            "{preset}: {lookups} contexts, {} kept ({} bytes); kept == computed bit for bit; vs the LRU off: worst \
+             |diff| {d_off:e}; all in one call vs alone: {d_batch:e}",
+            s2.entries, s2.bytes
+        );
+    }
+}
+
+/// A context that extends a kept one (a string state that grew) starts from the kept state and computes the rest: it
+/// answers within 1e-5 of the context computed whole, keeps its own state beside the shorter one, and answers bit
+/// for bit the same when it comes again (from the state kept after the partial restore).
+#[test]
+fn a_grown_context_starts_from_the_kept_one() {
+    let preset = "tiny-qwen-vocab";
+    let kept = engine(preset, EngineOptions::default());
+    let tiny = lru_engine(preset, 1);
+    let body = |state: &str| {
+        format!(
+            r#"{{"state": "{state}", "questions": {{"a": {{"type": "noul", "instructions": "Is it damaged?"}}, "b": {{"type": "choice", "instructions": "What next?", "criteria": ["refund", "replace", "repair"]}}}}}}"#
+        )
+    };
+    let plan = |state: &str| {
+        kept.plan(&parse_request(body(state).as_bytes()).unwrap())
+            .unwrap()
+    };
+    let short = plan("The parcel arrived damaged");
+    let long = plan("The parcel arrived damaged and two days late");
+    let ctx = |p: &Plan| p.rows[0].ids[..p.ctx_len].to_vec();
+    assert!(
+        ctx(&long).starts_with(&ctx(&short)) && long.ctx_len > short.ctx_len,
+        "{:?} does not extend {:?}",
+        ctx(&long),
+        ctx(&short)
+    );
+    kept.score(&[&short]).unwrap();
+    let grown = kept.score(&[&long]).unwrap();
+    let s = kept.prefix_cache_stats();
+    assert_eq!((s.hits, s.misses, s.entries), (1, 1, 2));
+    let whole = tiny.score(&[&long]).unwrap();
+    let d = worst_diff(&grown, &whole);
+    assert!(d <= SHARED_TOLERANCE, "grown vs whole {d:e}");
+    let again = kept.score(&[&long]).unwrap();
+    assert_eq!(kept.prefix_cache_stats().hits, 2);
+    assert_eq!(again, grown, "the state kept after a partial restore");
+    eprintln!("{preset}: a grown context vs computed whole: worst |diff| {d:e}");
 }

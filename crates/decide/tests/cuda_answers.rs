@@ -24,6 +24,15 @@ use common::{answer_checkpoint_in, answer_fixtures};
 
 const PRESETS: [&str; 2] = ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"];
 
+/// Engine options without the prefix-state LRU: the tests below score the same requests many times and compare
+/// routes, which a kept context would change (`gpu_kept_context_answers_as_computed` covers it).
+fn no_lru() -> EngineOptions {
+    EngineOptions {
+        prefix_cache_bytes: 0,
+        ..EngineOptions::default()
+    }
+}
+
 fn bodies(preset: &str) -> Vec<(String, String)> {
     std::fs::read_to_string(answer_fixtures().join(format!("{preset}.jsonl")))
         .unwrap()
@@ -129,7 +138,7 @@ fn load_engine(
 fn gpu_engine(dir: &Path, precision: Precision, budget: usize) -> Engine<CudaBackend> {
     load_engine(
         dir,
-        EngineOptions::default(),
+        no_lru(),
         &CudaOptions {
             precision,
             memory_budget_bytes: budget,
@@ -162,7 +171,7 @@ fn gpu_answers_match_cpu_engine() {
     {
         let dir = answer_checkpoint_in(preset, dtype);
         let b = bodies(preset);
-        let cpu = Engine::load(dir, EngineOptions::default()).unwrap();
+        let cpu = Engine::load(dir, no_lru()).unwrap();
         let ps = plans(&cpu, &b);
         let want = alone(&cpu, &ps);
         let preset = format!(
@@ -243,7 +252,7 @@ fn gpu_split_gemms_sweep() {
     for preset in PRESETS {
         let dir = answer_checkpoint_in(preset, Some(onepass_tensor::DType::BF16));
         let b = bodies(preset);
-        let cpu = Engine::load(dir, EngineOptions::default()).unwrap();
+        let cpu = Engine::load(dir, no_lru()).unwrap();
         let ps = plans(&cpu, &b);
         let want = alone(&cpu, &ps);
         let gpu = gpu_engine(dir, Precision::Bf16Split, 4 << 30);
@@ -303,4 +312,45 @@ fn gpu_memory_budget_fails_the_call_not_the_process() {
         m.scratch_reserved(),
         "every state and per-call buffer released"
     );
+}
+
+/// With the prefix-state LRU on, every request scored a second time starts from its kept context (a hit each, the
+/// two-pass route from the kept state) and answers as the first time (the one-forward tree) within the bf16 bar of
+/// two passes against one.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn gpu_kept_context_answers_as_computed() {
+    for preset in PRESETS {
+        let dir = answer_checkpoint_in(preset, Some(onepass_tensor::DType::BF16));
+        let b = bodies(preset);
+        let gpu = load_engine(
+            dir,
+            EngineOptions::default(),
+            &CudaOptions {
+                precision: Precision::Bf16Split,
+                memory_budget_bytes: 4 << 30,
+                ..CudaOptions::default()
+            },
+        )
+        .expect("GPU engine");
+        let ps = plans(&gpu, &b);
+        let first = alone(&gpu, &ps);
+        let misses = gpu.prefix_cache_stats().misses;
+        let hits = gpu.prefix_cache_stats().hits;
+        let again = alone(&gpu, &ps);
+        let s = gpu.prefix_cache_stats();
+        let mut d = Diff::default();
+        d.add(&again, &first);
+        eprintln!(
+            "{preset} (bf16 twin): kept context vs computed: max|dp| {:.3e}, mean {:.3e}, argmax differs {}; \
+             {} hits, {} misses, {} states, {} bytes",
+            d.max, d.mean(), d.argmax_diff, s.hits, s.misses, s.entries, s.bytes
+        );
+        assert_eq!(
+            s.misses, misses,
+            "{preset}: a context looked up again was not kept"
+        );
+        assert!(s.hits > hits, "{preset}: no kept context was used");
+        assert!(d.max <= 0.02 && d.argmax_diff == 0, "{preset}: {d:?}");
+    }
 }

@@ -217,6 +217,63 @@ fn streaming_and_stop_strings() {
     assert!(s.tokens.len() <= g.tokens.len() && g.tokens.starts_with(&s.tokens));
 }
 
+/// A model whose head is wider than its tokenizer (`tiny-qwen-vocab`'s 248,320 rows with the synthetic tokenizer's
+/// 19,934 tokens) generates ids the tokenizer has no token for: the generation goes on, and they add no text (the text
+/// is the decoding of the ids the tokenizer knows, as transformers' decode skips the others).
+#[test]
+fn ids_past_the_tokenizer_add_no_text() {
+    let dir = process_dir().join("gen-synthetic-tokenizer");
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = synth::preset("tiny-qwen-vocab").unwrap();
+    synth::write_checkpoint(&spec, &dir, &mut |_, _| {}).unwrap();
+    // What `onepass synth` writes without --tokenizer.
+    let n = spec
+        .vocab_size
+        .min(onepass_tokenizer::synthetic_max_vocab());
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        onepass_tokenizer::synthetic_tokenizer_json(n).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        onepass_tokenizer::synthetic_tokenizer_config_json(),
+    )
+    .unwrap();
+    let e = engine(&dir);
+    let tok = &e.generator().unwrap().tokenizer;
+    let vocab = onepass_decide::engine::Backend::vocab_size(e.model());
+    assert!(
+        tok.vocab_size() < vocab,
+        "the synthetic tokenizer is narrower than the head"
+    );
+    for req in [
+        GenerateRequest::greedy("Hello there", 40),
+        GenerateRequest {
+            input: Input::Messages(vec![("user".into(), "Hi".into())]),
+            ..GenerateRequest::greedy("", 40)
+        },
+    ] {
+        let (g, deltas) = run(&e, &req);
+        assert!(g.tokens.iter().all(|&t| (t as usize) < vocab));
+        let known: Vec<u32> = g
+            .tokens
+            .iter()
+            .copied()
+            .filter(|&t| {
+                (t as usize) < tok.vocab_size() && !e.generator().unwrap().eos.contains(&t)
+            })
+            .collect();
+        assert!(
+            known.len() < g.tokens.len(),
+            "no id past the tokenizer: {:?}",
+            g.tokens
+        );
+        assert_eq!(g.text, tok.decode(&known).unwrap());
+        assert_eq!(deltas.concat(), g.text);
+    }
+}
+
 /// A character split over several byte-level tokens never reaches a delta half-made.
 #[test]
 fn deltas_never_split_a_character() {

@@ -167,11 +167,24 @@ impl Backend for TreeCpu {
     }
 }
 
+/// Without the prefix-state LRU: the routes the tests count are those of contexts seen for the first time (a kept
+/// context takes the two-pass route, `kept_context_takes_the_two_pass_route`).
+fn no_lru(opts: EngineOptions) -> EngineOptions {
+    EngineOptions {
+        prefix_cache_bytes: 0,
+        ..opts
+    }
+}
+
 fn plain(preset: &'static str, opts: EngineOptions) -> Engine {
-    Engine::load(answer_checkpoint(preset), opts).expect("engine")
+    Engine::load(answer_checkpoint(preset), no_lru(opts)).expect("engine")
 }
 
 fn tree(preset: &'static str, opts: EngineOptions, decline: bool) -> Engine<TreeCpu> {
+    tree_with_lru(preset, no_lru(opts), decline)
+}
+
+fn tree_with_lru(preset: &'static str, opts: EngineOptions, decline: bool) -> Engine<TreeCpu> {
     let dir = answer_checkpoint(preset);
     let model = Model::load(dir).expect("model");
     let model_type = model.config().model_type.clone();
@@ -810,4 +823,43 @@ fn malformed_rows_fail_the_call() {
         }
     }
     assert_eq!(eng.model().counts(), (0, 0));
+}
+
+/// With the prefix-state LRU on, the tree route shares each plan's context (`"Context:\n"` + state) and keeps its
+/// state: the first call of a body runs one tree and misses; the same body again hits, takes the two-pass route (no
+/// tree asked: the kept state is a root with no ids left) and answers as the plain engine within the route tolerance;
+/// a body with the same state and other questions hits too.
+#[test]
+fn kept_context_takes_the_two_pass_route() {
+    let preset = PRESETS[0];
+    let base = plain(preset, EngineOptions::default());
+    let eng = tree_with_lru(preset, EngineOptions::default(), false);
+    let body = |q: &str| {
+        format!(
+            r#"{{"state": {{"order": 1234, "note": "the parcel arrived damaged"}}, "questions": {{"a": {{"type": "bool", "instructions": "{q}"}}, "b": {{"type": "choice", "instructions": "What next?", "criteria": ["refund", "replace", "repair"]}}}}}}"#
+        )
+    };
+    let plan = |b: String| eng.plan(&parse_request(b.as_bytes()).unwrap()).unwrap();
+    let (first, other) = (plan(body("Is it damaged?")), plan(body("Is it late?")));
+    assert!(first.rows.len() >= 2 && first.ctx_len > 0);
+    let stats = || {
+        let s = eng.prefix_cache_stats();
+        (s.hits, s.misses, s.entries)
+    };
+    let worst = check_call("first", &eng, &base, &[&first], (1, 1), TOLERANCE);
+    assert_eq!(stats(), (0, 1, 1), "a miss, and the context kept");
+    let batches = eng.model().batches();
+    let again = check_call("again", &eng, &base, &[&first], (0, 0), TOLERANCE);
+    assert_eq!(stats(), (1, 1, 1), "a hit, nothing new kept");
+    let w = check_call("other questions", &eng, &base, &[&other], (0, 0), TOLERANCE);
+    assert_eq!(stats(), (2, 1, 1));
+    assert_eq!(
+        eng.model().batches() - batches,
+        2,
+        "one forward per call: the suffixes, from the kept state"
+    );
+    eprintln!(
+        "{preset}: kept context vs plain engine: worst |diff| {:e}",
+        worst.max(again).max(w)
+    );
 }

@@ -87,13 +87,13 @@ pub(crate) fn metrics(s: &PrefixCacheStats) -> String {
         (
             "onepass_prefix_cache_hits_total",
             "counter",
-            "Decisions that restored a kept prefix state.",
+            "Lookups (a decision's prefix, a System One request's context) that found a kept prefix state.",
             s.hits.to_string(),
         ),
         (
             "onepass_prefix_cache_misses_total",
             "counter",
-            "Decisions that found no kept prefix state.",
+            "Lookups (a decision's prefix, a System One request's context) that found no kept prefix state.",
             s.misses.to_string(),
         ),
         (

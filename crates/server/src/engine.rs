@@ -50,7 +50,10 @@ pub trait DecideEngine: Send + Sync + 'static {
     }
 }
 
-impl<B: Backend + 'static> DecideEngine for Engine<B> {
+impl<B: Backend + 'static> DecideEngine for Engine<B>
+where
+    B::State: Sync,
+{
     fn model_name(&self) -> &str {
         Engine::model_name(self)
     }

@@ -1,6 +1,7 @@
 //! Every route of the app, without a socket: /v1/systemone byte-equal to `Engine::system_one` on a real synthetic
 //! checkpoint, limits (413 order, 503 admission), auth, 422 bodies, zstd/gzip bodies, batching of concurrent
-//! requests, and engine failures (errors and panics) answered as 500s without taking the server down.
+//! requests, engine failures (errors and panics) answered as 500s without taking the server down, and the prefix-state
+//! LRU on /v1/systemone (hits in /metrics, answers as a fresh server, through the batching worker).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -414,6 +415,34 @@ async fn zstd_and_gzip_bodies() {
     assert_eq!((r.status, r.text()), (200, plain.text()));
 }
 
+/// `bodies` posted to `/v1/systemone` 10 ms apart, to a server over `eng` whose every engine call first sleeps 150 ms:
+/// the first call holds the others back, which then queue and go to the worker together. → the answers, in order,
+/// and the plan count of every engine call.
+async fn behind_a_slow_call(
+    eng: Arc<onepass_decide::Engine>,
+    bodies: &[String],
+) -> (Vec<Resp>, Vec<usize>) {
+    let fake = Arc::new(FakeEngine::new(move |plans| {
+        std::thread::sleep(Duration::from_millis(150));
+        onepass_decide::Engine::score(&eng, plans).map_err(|e| e.to_string())
+    }));
+    let (app, _) = router(fake.clone(), quiet(ServerOptions::default())).unwrap();
+    let mut tasks = vec![];
+    for b in bodies {
+        let (app, b) = (app.clone(), b.clone());
+        tasks.push(tokio::spawn(async move {
+            post_json(&app, "/v1/systemone", &b).await
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    let calls = fake.calls.lock().unwrap().clone();
+    (answers, calls)
+}
+
 #[tokio::test]
 async fn concurrent_requests_are_batched_and_equal_to_alone() {
     let bodies: Vec<String> = (0..6)
@@ -425,26 +454,11 @@ async fn concurrent_requests_are_batched_and_equal_to_alone() {
         .collect();
     let alone: Vec<String> = bodies.iter().map(|b| expected(b)).collect();
     // a slow first call lets the others queue up behind it, then they go in one batch
-    let eng = real_engine();
-    let fake = Arc::new(FakeEngine::new(move |plans| {
-        std::thread::sleep(Duration::from_millis(150));
-        onepass_decide::Engine::score(&eng, plans).map_err(|e| e.to_string())
-    }));
-    let (app, _) = router(fake.clone(), quiet(ServerOptions::default())).unwrap();
-    let mut tasks = vec![];
-    for b in bodies.clone() {
-        let app = app.clone();
-        tasks.push(tokio::spawn(async move {
-            post_json(&app, "/v1/systemone", &b).await
-        }));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    for (t, want) in tasks.into_iter().zip(&alone) {
-        let r = t.await.unwrap();
+    let (answers, calls) = behind_a_slow_call(real_engine(), &bodies).await;
+    for (r, want) in answers.iter().zip(&alone) {
         assert_eq!(r.status, 200);
         assert_eq!(&r.text(), want);
     }
-    let calls = fake.calls.lock().unwrap().clone();
     assert_eq!(calls.iter().sum::<usize>(), 6);
     assert!(calls.len() < 6, "expected batching, got calls of {calls:?}");
     // the real engine behind the router, all at once
@@ -520,4 +534,105 @@ async fn futures_join(tasks: Vec<tokio::task::JoinHandle<Resp>>) -> Vec<Resp> {
         out.push(t.await.unwrap());
     }
     out
+}
+
+/// One `/metrics` value by its name (a line `NAME VALUE`).
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in\n{text}"))
+}
+
+/// `/v1/systemone` with the prefix-state LRU: a repeated request starts from its kept context (a hit in `/metrics`)
+/// and answers byte for byte as a fresh server; an LRU too small for a state keeps none (every lookup a miss) and
+/// answers the same; requests over one state queued behind a slow call go to the batching worker together, start from
+/// the context the first kept, and answer as each alone.
+#[tokio::test]
+async fn systemone_contexts_share_the_prefix_cache() {
+    let load = |bytes: usize| {
+        Arc::new(
+            onepass_decide::Engine::load(
+                checkpoint(),
+                onepass_decide::EngineOptions {
+                    prefix_cache_bytes: bytes,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        )
+    };
+    let stats = |app: &axum::Router| {
+        let app = app.clone();
+        async move {
+            let m = get(&app, "/metrics", &[]).await.text();
+            [
+                "onepass_prefix_cache_hits_total",
+                "onepass_prefix_cache_misses_total",
+                "onepass_prefix_cache_entries",
+            ]
+            .map(|n| metric(&m, n))
+        }
+    };
+    let fresh = router(load(1 << 30), quiet(ServerOptions::default()))
+        .unwrap()
+        .0;
+    let want = post_json(&fresh, "/v1/systemone", REQ).await;
+    assert_eq!(want.status, 200, "{}", want.text());
+    let app = router(load(1 << 30), quiet(ServerOptions::default()))
+        .unwrap()
+        .0;
+    assert_eq!(
+        post_json(&app, "/v1/systemone", REQ).await.text(),
+        want.text()
+    );
+    assert_eq!(stats(&app).await, [0, 1, 1], "a miss, its context kept");
+    assert_eq!(
+        post_json(&app, "/v1/systemone", REQ).await.text(),
+        want.text()
+    );
+    assert_eq!(
+        stats(&app).await,
+        [1, 1, 1],
+        "the same request again: a hit"
+    );
+    let m = get(&app, "/metrics", &[]).await.text();
+    assert!(metric(&m, "onepass_prefix_cache_bytes") > 0);
+    // Too small for any state: nothing kept, the same answers.
+    let small = router(load(1), quiet(ServerOptions::default())).unwrap().0;
+    for _ in 0..2 {
+        assert_eq!(
+            post_json(&small, "/v1/systemone", REQ).await.text(),
+            want.text()
+        );
+    }
+    assert_eq!(stats(&small).await, [0, 2, 0]);
+    let m = get(&small, "/metrics", &[]).await.text();
+    assert_eq!(metric(&m, "onepass_prefix_cache_bytes"), 0);
+
+    // The batching worker: one state, four question sets; the first call is held so the others queue behind it.
+    let bodies: Vec<String> = ["What is the ticket about?", "Which team?", "What went wrong?", "Who pays?"]
+        .iter()
+        .map(|q| {
+            format!(
+                r#"{{"state":{{"ticket":"My card was charged twice for one order","tier":"gold"}},"questions":{{"q":{{"type":"choice","instructions":"{q}","criteria":["billing","shipping","login"]}},"u":{{"type":"noul","instructions":"Is it urgent?"}}}}}}"#
+            )
+        })
+        .collect();
+    let computed = router(load(1), quiet(ServerOptions::default())).unwrap().0;
+    let mut alone = Vec::new();
+    for b in &bodies {
+        alone.push(post_json(&computed, "/v1/systemone", b).await.text());
+    }
+    let eng = load(1 << 30);
+    let (answers, calls) = behind_a_slow_call(eng.clone(), &bodies).await;
+    for (r, want) in answers.iter().zip(&alone) {
+        assert_eq!((r.status, &r.text()), (200, want));
+    }
+    assert!(calls.len() < 4, "expected batching, got calls of {calls:?}");
+    let s = eng.prefix_cache_stats();
+    assert_eq!(
+        (s.hits, s.misses, s.entries),
+        (3, 1, 1),
+        "the first call keeps the context, the batch after it starts from it"
+    );
 }

@@ -5,6 +5,8 @@
 //! state is whole (attention KV, conv and recurrent state), so it is restored, never trimmed: a kept state is only
 //! of use to a request whose ids begin with all of its ids.
 
+use std::sync::Arc;
+
 /// Where a decision finds and leaves prefix states.
 pub trait PrefixStore<S> {
     /// The longest kept state whose ids begin `ids`: its length and the state (which the caller copies before it
@@ -90,11 +92,12 @@ pub struct PrefixCacheStats {
 }
 
 /// Prefix states keyed by their ids, at most `cap_bytes` of them (the least recently used go first; a state larger
-/// than the cap is not kept). Hits, misses and evictions are counted for `/metrics`.
+/// than the cap is not kept). Hits, misses and evictions are counted for `/metrics`. The states are shared
+/// ([`PrefixLru::shared`]): a caller can fork one after letting the LRU go.
 #[derive(Debug)]
 pub struct PrefixLru<S> {
     cap_bytes: usize,
-    entries: Vec<Entry<S>>,
+    entries: Vec<Entry<Arc<S>>>,
     bytes: usize,
     clock: u64,
     pub hits: u64,
@@ -143,10 +146,9 @@ impl<S> PrefixLru<S> {
         self.clock += 1;
         self.clock
     }
-}
 
-impl<S> PrefixStore<S> for PrefixLru<S> {
-    fn longest(&mut self, ids: &[u32]) -> Option<(usize, &S)> {
+    /// The longest kept state whose ids begin `ids`, marked used; counts a hit or a miss.
+    fn find(&mut self, ids: &[u32]) -> Option<&Entry<Arc<S>>> {
         let now = self.tick();
         let found = self
             .entries
@@ -157,13 +159,25 @@ impl<S> PrefixStore<S> for PrefixLru<S> {
             Some(e) => {
                 e.used = now;
                 self.hits += 1;
-                Some((e.ids.len(), &e.state))
+                Some(&*e)
             }
             None => {
                 self.misses += 1;
                 None
             }
         }
+    }
+
+    /// [`PrefixStore::longest`] with the state shared, not borrowed: the LRU can be let go before the state is
+    /// copied. Counts a hit or a miss.
+    pub fn shared(&mut self, ids: &[u32]) -> Option<(usize, Arc<S>)> {
+        self.find(ids).map(|e| (e.ids.len(), e.state.clone()))
+    }
+}
+
+impl<S> PrefixStore<S> for PrefixLru<S> {
+    fn longest(&mut self, ids: &[u32]) -> Option<(usize, &S)> {
+        self.find(ids).map(|e| (e.ids.len(), &*e.state))
     }
 
     fn insert(&mut self, ids: &[u32], state: S, bytes: usize) {
@@ -186,7 +200,7 @@ impl<S> PrefixStore<S> for PrefixLru<S> {
         self.bytes += bytes;
         self.entries.push(Entry {
             ids: ids.to_vec(),
-            state,
+            state: Arc::new(state),
             bytes,
             used: now,
         });
@@ -250,5 +264,9 @@ mod tests {
         l.insert(&[9], 99, 10);
         assert_eq!((l.len(), l.bytes()), (2, 50));
         assert_eq!(l.longest(&[9]).map(|(_, s)| *s), Some(99));
+        // Shared: the state outlives its eviction.
+        let (n, kept) = l.shared(&[9, 1]).unwrap();
+        l.insert(&[8], 8, 100);
+        assert_eq!((n, *kept, l.len(), l.hits), (1, 99, 1, 4));
     }
 }

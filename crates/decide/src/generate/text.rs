@@ -4,6 +4,10 @@
 //! decoded over a window of ids (the ids since the last stable point), and only a decoding that does not end in
 //! U+FFFD moves the stable point (the incremental detokenizer of vLLM and transformers' `TextStreamer`). A delta also
 //! holds back any tail that could still become one of the stop strings, so a stop string never reaches a stream.
+//!
+//! An id the tokenizer has no token for adds no text. The model may generate any id below its vocabulary, which can
+//! be wider than its tokenizer's (Qwen3.5's head pads 248,077 tokens to 248,320 rows; a synthetic checkpoint with the
+//! small synthetic tokenizer knows 19,934 of them): transformers' `decode` skips such ids, and so does this stream.
 
 use onepass_tokenizer::{Tokenizer, TokenizerError};
 
@@ -40,6 +44,9 @@ impl<'t> TextStream<'t> {
     pub fn push(&mut self, id: u32) -> Result<bool, TokenizerError> {
         if self.stopped {
             return Ok(true);
+        }
+        if self.tok.inner().id_to_token(id).is_none() {
+            return Ok(false); // no text, as transformers' decode skips it
         }
         self.ids.push(id);
         let before = self.tok.decode(&self.ids[self.prefix..self.read])?;
