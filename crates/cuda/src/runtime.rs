@@ -25,6 +25,7 @@ use crate::{CudaError, DrvCtx};
 /// The kernel source (CUDA C, no headers).
 pub const KERNELS_CU: &str = concat!(
     include_str!("kernels.cu"),
+    include_str!("decode.cu"),
     include_str!("tc_common.cu"),
     include_str!("gdn_tc.cu"),
     include_str!("attn_tc.cu"),

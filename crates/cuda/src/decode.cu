@@ -1,0 +1,194 @@
+// Decode's kernels (one token per sequence and step), compiled after kernels.cu (whose helpers they use): the
+// one-token gated delta step, the few-row bf16 GEMV of the projections and head, and the argmax of greedy decoding.
+
+// One-token gated delta rule step for segments of exactly one row (decode): S *= e^g; d = b (v_j - sum_c S_cj k_c);
+// S_cj += k_c d; o_j = sum_c S_cj q_c. A block takes STEP_COLS value columns j of one head: 16 row groups of 16
+// columns, each thread holding its column's rows c = rg + 16 i (dk <= 16 * STEP_ROWS) in registers, so S is read
+// and written once, every load of a row group independent of the others; the two sums over c are a thread's
+// rows, then the 16 groups in order. grid (hv, ceil(dv / STEP_COLS), nseg), 256 threads; shared memory 2*dk floats.
+#define STEP_COLS 16
+#define STEP_GROUPS 16
+#define STEP_ROWS 16
+KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float* beta, float* out,
+                           const int* seg, const u64* states, int hk, int hv, int dk, int dv) {
+    extern __shared__ float sm[];
+    __shared__ float red[STEP_GROUPS][STEP_COLS + 1];
+    float* q = sm;
+    float* k = sm + dk;
+    int h = blockIdx.x, s = blockIdx.z;
+    int jj = threadIdx.x % STEP_COLS, rg = threadIdx.x / STEP_COLS;
+    int j = blockIdx.y * STEP_COLS + jj;
+    bool col = j < dv;
+    int row = seg[3 * s];
+    int kh = h / (hv / hk);
+    const float* xr = qkv + (idx_t)row * ld;
+    for (int c = threadIdx.x; c < dk; c += blockDim.x) {
+        q[c] = xr[kh * dk + c];
+        k[c] = xr[hk * dk + kh * dk + c];
+    }
+    __syncthreads();
+    float decay = expf(g[(idx_t)row * hv + h]), b = beta[(idx_t)row * hv + h];
+    float* S = (float*)states[s] + (idx_t)h * dk * dv;
+    float sv[STEP_ROWS];
+    float kv = 0.0f;
+#pragma unroll
+    for (int i = 0; i < STEP_ROWS; i++) {
+        int c = rg + STEP_GROUPS * i;
+        sv[i] = (col && c < dk) ? S[(idx_t)c * dv + j] * decay : 0.0f;
+        if (c < dk) kv += sv[i] * k[c];
+    }
+    red[rg][jj] = kv;
+    __syncthreads();
+    float total = 0.0f;
+    for (int r = 0; r < STEP_GROUPS; r++) total += red[r][jj];
+    float d = col ? (xr[2 * hk * dk + h * dv + j] - total) * b : 0.0f;
+    __syncthreads();
+    float o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < STEP_ROWS; i++) {
+        int c = rg + STEP_GROUPS * i;
+        if (col && c < dk) {
+            float v = sv[i] + k[c] * d;
+            S[(idx_t)c * dv + j] = v;
+            o += v * q[c];
+        }
+    }
+    red[rg][jj] = o;
+    __syncthreads();
+    if (rg == 0 && col) {
+        float t = 0.0f;
+        for (int r = 0; r < STEP_GROUPS; r++) t += red[r][jj];
+        out[((idx_t)row * hv + h) * dv + j] = t;
+    }
+}
+
+// Small-batch projection (decode): y[r, n] (row stride ldy) = sum_{e < group} x[r*group + e, :K] · w[n, :K]
+// + beta · y[r, n] for the rows / group output rows (rows <= GEMV_ROWS, group 1 or 2), x and w bf16, f32 products
+// and sums. Each weight row is read once, 16 bytes per lane: `wpr` warps per row n (see gemv_rows), lanes over K, then a
+// warp sum. K, ldx and ldw multiples of 8 and x, w 16-byte aligned (the caller checks). beta 0 (y not read) or 1.
+#define GEMV_ROWS 8
+__device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+    const unsigned* pa = (const unsigned*)&a;
+    const unsigned* pb = (const unsigned*)&b;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s += __uint_as_float(pa[i] << 16) * __uint_as_float(pb[i] << 16);
+        s += __uint_as_float(pa[i] & 0xffff0000u) * __uint_as_float(pb[i] & 0xffff0000u);
+    }
+    return s;
+}
+// ROWS: the most x rows of the instantiation (its accumulators and loads live in registers); UNROLL: 16-byte weight
+// loads in flight per lane. `wpr` warps (1, 2, 4 or 8) share a weight row, each over every wpr-th 256-value slice of
+// K (more loads in flight where N is small), their sums added in warp order through shared memory.
+template <int ROWS, int UNROLL>
+__device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx, int rows, int group, int K,
+                                          const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y,
+                                          int ldy, float beta, int wpr) {
+    __shared__ float part[8][ROWS];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n = blockIdx.x * (8 / wpr) + warp / wpr, slice = warp % wpr;
+    bool live = n < N;
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+    if (live) {
+        const bf16_t* wr = w + (idx_t)n * ldw;
+#pragma unroll UNROLL
+        for (int c = (slice * 32 + lane) * 8; c < K; c += 256 * wpr) {
+            uint4 wv = __ldg((const uint4*)(wr + c));
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                if (r < rows) acc[r] += dot8(wv, __ldg((const uint4*)(x + (idx_t)r * ldx + c)));
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+        if (r < rows) acc[r] = warp_sum(acc[r]);
+    if (wpr > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) part[warp][r] = acc[r];
+        }
+        __syncthreads();
+        if (slice == 0 && lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                float t = 0.0f;
+                for (int i = 0; i < wpr; i++) t += part[warp + i][r];
+                acc[r] = t;
+            }
+        }
+    }
+    if (!live || lane != 0 || slice != 0) return;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        if (r >= rows) break;
+        float v;
+        int o;
+        if (group == 1) {
+            v = acc[r];
+            o = r;
+        } else {
+            if ((r & 1) || r + 1 >= ROWS) continue;
+            v = acc[r] + acc[r + 1];
+            o = r / 2;
+        }
+        float* yo = y + (idx_t)o * ldy + n;
+        *yo = beta != 0.0f ? v + beta * *yo : v;
+    }
+}
+// rows <= 2 (one decode row in split precision, or two plain ones), and rows <= GEMV_ROWS. grid ceil(N / (8 / wpr)),
+// 256 threads.
+KERNEL(simt) void gemv_bf16_2(const bf16_t* __restrict__ x, int ldx, int rows, int group, int K,
+                              const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y, int ldy,
+                              float beta, int wpr) {
+    gemv_rows<2, 8>(x, ldx, rows, group, K, w, ldw, N, y, ldy, beta, wpr);
+}
+KERNEL(simt) void gemv_bf16_8(const bf16_t* __restrict__ x, int ldx, int rows, int group, int K,
+                              const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y, int ldy,
+                              float beta, int wpr) {
+    gemv_rows<GEMV_ROWS, 4>(x, ldx, rows, group, K, w, ldw, N, y, ldy, beta, wpr);
+}
+
+// Greedy decoding's next token: out[r] = the index of the highest of x[r, :n] (the lowest index among equal ones;
+// NaN never wins; 0 when nothing beats -inf), as the host's argmax over the same logits. grid rows, 1024 threads.
+// The warp's highest (v, i), the lowest i among equal v; every lane gets it.
+__device__ __forceinline__ void argmax_warp(float& v, int& i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        if (v2 > v || (v2 == v && i2 < i)) {
+            v = v2;
+            i = i2;
+        }
+    }
+}
+KERNEL(simt) void argmax_rows(const float* __restrict__ x, int n, int* __restrict__ out) {
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    const float* xr = x + (idx_t)blockIdx.x * n;
+    float v = -__int_as_float(0x7f800000);
+    int i = 0x7fffffff;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) {
+        float t = xr[c];
+        if (t > v) {
+            v = t;
+            i = c;
+        }
+    }
+    argmax_warp(v, i);
+    int wi = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) {
+        bv[wi] = v;
+        bi[wi] = i;
+    }
+    __syncthreads();
+    if (wi == 0) {
+        int nw = blockDim.x >> 5;
+        v = l < nw ? bv[l] : -__int_as_float(0x7f800000);
+        i = l < nw ? bi[l] : 0x7fffffff;
+        argmax_warp(v, i);
+        if (l == 0) out[blockIdx.x] = i == 0x7fffffff ? 0 : i;
+    }
+}
