@@ -284,13 +284,24 @@ pub fn dot_bf16(a: &[bf16], b: &[f32]) -> f32 {
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the processor supports AVX-512F (checked above).
-            return unsafe { simd::dot_bf16_avx512(a, b) };
+            return unsafe {
+                simd::dot_half_avx512::<false>(a.as_ptr() as *const u16, a.len().min(b.len()), b)
+            };
         }
     }
     dot_lanes::<16, bf16>(a, b, |x| f32::from_bits((x.to_bits() as u32) << 16))
 }
 
 fn dot_f16(a: &[f16], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the processor supports AVX-512F (checked above), which has the 512-bit vcvtph2ps.
+            return unsafe {
+                simd::dot_half_avx512::<true>(a.as_ptr() as *const u16, a.len().min(b.len()), b)
+            };
+        }
+    }
     dot_lanes::<8, f16>(a, b, f16::to_f32)
 }
 
@@ -439,20 +450,25 @@ mod simd {
         }
     }
 
+    /// `a · b` for 16-bit weights (`F16`: IEEE half, widened by `vcvtph2ps`; else bf16, the top half of an f32) in
+    /// two 16-lane accumulators, then the remainder in order.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn dot_bf16_avx512(a: &[bf16], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        let pa = a.as_ptr() as *const u16;
+    pub unsafe fn dot_half_avx512<const F16: bool>(pa: *const u16, n: usize, b: &[f32]) -> f32 {
+        let widen = |h: __m256i| {
+            if F16 {
+                _mm512_cvtph_ps(h)
+            } else {
+                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+            }
+        };
         let mut acc0 = _mm512_setzero_ps();
         let mut acc1 = _mm512_setzero_ps();
         let mut i = 0;
         while i + 32 <= n {
-            // SAFETY: i + 32 <= n keeps the 2 x 16 bf16 and f32 loads inside the slices.
+            // SAFETY: i + 32 <= n keeps the 2 x 16 weight and f32 loads inside the slices.
             unsafe {
-                let h0 = _mm256_loadu_si256(pa.add(i) as *const __m256i);
-                let h1 = _mm256_loadu_si256(pa.add(i + 16) as *const __m256i);
-                let w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
-                let w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
+                let w0 = widen(_mm256_loadu_si256(pa.add(i) as *const __m256i));
+                let w1 = widen(_mm256_loadu_si256(pa.add(i + 16) as *const __m256i));
                 acc0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(b.as_ptr().add(i)), acc0);
                 acc1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(b.as_ptr().add(i + 16)), acc1);
             }
@@ -460,7 +476,14 @@ mod simd {
         }
         let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
         while i < n {
-            s += a[i].to_f32() * b[i];
+            // SAFETY: i < n.
+            let h = unsafe { *pa.add(i) };
+            let w = if F16 {
+                half::f16::from_bits(h).to_f32()
+            } else {
+                bf16::from_bits(h).to_f32()
+            };
+            s += w * b[i];
             i += 1;
         }
         s
@@ -529,19 +552,28 @@ mod tests {
         }
     }
 
-    fn check(t: usize, k: usize, n: usize, bf: bool) {
+    /// The weights in `dtype` (F32, BF16 or F16), fast against the reference.
+    fn check(t: usize, k: usize, n: usize, dtype: onepass_tensor::DType) {
+        use onepass_tensor::DType;
         let x = pseudo(t * k, 1);
         let wv = pseudo(n * k, 2);
-        let w = if bf {
-            Tensor::from_f32_as_bf16("w", vec![n, k], &wv)
-        } else {
-            Tensor::from_f32("w", vec![n, k], &wv)
+        let w = match dtype {
+            DType::BF16 => Tensor::from_f32_as_bf16("w", vec![n, k], &wv),
+            DType::F16 => {
+                let raw: Vec<u8> = wv
+                    .iter()
+                    .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                    .collect();
+                Tensor::from_raw("w", DType::F16, vec![n, k], &raw).expect("f16")
+            }
+            _ => Tensor::from_f32("w", vec![n, k], &wv),
         };
-        assert_fast_matches_reference(&x, t, &w, &format!("t={t} k={k} n={n} bf16={bf}"));
+        assert_fast_matches_reference(&x, t, &w, &format!("t={t} k={k} n={n} {dtype:?}"));
     }
 
     #[test]
     fn fast_matches_reference_on_odd_shapes() {
+        use onepass_tensor::DType;
         for &(t, k, n) in &[
             (1, 63, 5),
             (2, 130, 257),
@@ -553,9 +585,12 @@ mod tests {
             // one (partial 4 x 4 tiles; 300 tokens span two token tiles).
             (5, 48, 131),
             (300, 16, 9),
+            // Decode over a long row: the 16-bit dots' SIMD loop and their remainder.
+            (1, 1031, 33),
         ] {
-            check(t, k, n, false);
-            check(t, k, n, true);
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                check(t, k, n, dtype);
+            }
         }
     }
 
