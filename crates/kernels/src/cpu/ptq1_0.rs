@@ -170,29 +170,7 @@ unsafe fn rows(
     }
 }
 
-macro_rules! dispatch_tile {
-    ($f:ident, $rt:expr, $tt:expr, $args:tt) => {
-        match ($rt, $tt) {
-            (1, 1) => $f::<1, 1> $args,
-            (1, 2) => $f::<1, 2> $args,
-            (1, 3) => $f::<1, 3> $args,
-            (1, 4) => $f::<1, 4> $args,
-            (2, 1) => $f::<2, 1> $args,
-            (2, 2) => $f::<2, 2> $args,
-            (2, 3) => $f::<2, 3> $args,
-            (2, 4) => $f::<2, 4> $args,
-            (3, 1) => $f::<3, 1> $args,
-            (3, 2) => $f::<3, 2> $args,
-            (3, 3) => $f::<3, 3> $args,
-            (3, 4) => $f::<3, 4> $args,
-            (4, 1) => $f::<4, 1> $args,
-            (4, 2) => $f::<4, 2> $args,
-            (4, 3) => $f::<4, 3> $args,
-            (4, 4) => $f::<4, 4> $args,
-            other => unreachable!("tile {other:?}"),
-        }
-    };
-}
+use super::ternary::dispatch_tile;
 
 /// One tile: `w` holds `rt` rows, `x` `tt` tokens, `y` points at the tile's first output.
 ///

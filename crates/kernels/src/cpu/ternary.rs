@@ -200,6 +200,8 @@ unsafe fn rows(
     }
 }
 
+/// Calls `$f::<RT, TT>$args` for a tile of `$rt` rows by `$tt` tokens (each 1 to 4): the PQ2_0 and PTQ1_0 tile
+/// kernels are generic over the tile so that their accumulators live in registers.
 macro_rules! dispatch_tile {
     ($f:ident, $rt:expr, $tt:expr, $args:tt) => {
         match ($rt, $tt) {
@@ -223,6 +225,7 @@ macro_rules! dispatch_tile {
         }
     };
 }
+pub(super) use dispatch_tile;
 
 /// One tile: rows `r..r + rt`, tokens `t0..t0 + tt`.
 ///
