@@ -19,16 +19,13 @@
 //! twin (f64 accumulation, each value decoded on its own from the layout rule).
 
 use half::f16;
-use rayon::prelude::*;
 
-use super::ternary::TernaryPath;
+use super::ternary::{check_packed_shapes, for_row_tasks, TernaryPath};
 
 /// Values per PTQ1_0 block.
 pub const PTQ1_0_BLOCK: usize = 128;
 /// Bytes per PTQ1_0 block.
 pub const PTQ1_0_BYTES: usize = 28;
-/// Weight rows per rayon task.
-const ROWS_PER_TASK: usize = 64;
 
 /// `y[T, N] = x[T, K] · W[N, K]ᵀ`, `w` the PTQ1_0 blocks of `W` (`N · K / 128 · 28` bytes).
 ///
@@ -56,17 +53,9 @@ pub fn ptq1_0_matmul_t_with(
     if t == 0 || n == 0 {
         return;
     }
-    let dst = SharedMut(y.as_mut_ptr());
-    let dst = &dst;
-    (0..n.div_ceil(ROWS_PER_TASK))
-        .into_par_iter()
-        .for_each(|task| {
-            let r0 = task * ROWS_PER_TASK;
-            let r1 = (r0 + ROWS_PER_TASK).min(n);
-            // SAFETY: shapes checked above; this task writes only columns r0..r1 of y, which no
-            // other task writes; the path is available (asserted above).
-            unsafe { rows(path, x, t, w, k, r0, r1, dst.0, n) };
-        });
+    // SAFETY: shapes checked above; each task writes only columns r0..r1 of y, which no other task writes; the
+    // path is available (asserted above).
+    unsafe { for_row_tasks(n, y, |r0, r1, y| rows(path, x, t, w, k, r0, r1, y, n)) };
 }
 
 /// The byte and trit holding value `j` (0..128) of a PTQ1_0 block, from the layout rule.
@@ -102,35 +91,17 @@ pub fn ptq1_0_matmul_t_reference(x: &[f32], t: usize, w: &[u8], n: usize, k: usi
 }
 
 fn check_shapes(x: &[f32], t: usize, w: &[u8], n: usize, k: usize, y: &[f32]) {
-    assert!(
-        k.is_multiple_of(PTQ1_0_BLOCK),
-        "PTQ1_0 matmul: K = {k} is not a multiple of {PTQ1_0_BLOCK}"
-    );
-    assert_eq!(
-        x.len(),
-        t * k,
-        "PTQ1_0 matmul: x has {} values, want [{t}, {k}]",
-        x.len()
-    );
-    assert_eq!(
-        y.len(),
-        t * n,
-        "PTQ1_0 matmul: y has {} values, want [{t}, {n}]",
-        y.len()
-    );
-    assert_eq!(
-        w.len(),
-        n * (k / PTQ1_0_BLOCK) * PTQ1_0_BYTES,
-        "PTQ1_0 matmul: w has {} bytes, want {n} rows of {} blocks",
-        w.len(),
-        k / PTQ1_0_BLOCK
+    check_packed_shapes(
+        "PTQ1_0 matmul",
+        (PTQ1_0_BLOCK, PTQ1_0_BYTES),
+        x,
+        t,
+        w,
+        n,
+        k,
+        y,
     );
 }
-
-/// A destination pointer shared by tasks that write disjoint elements.
-struct SharedMut(*mut f32);
-// SAFETY: only used for disjoint writes (each task owns a range of output columns).
-unsafe impl Sync for SharedMut {}
 
 /// Rows `r0..r1` of the output for every token.
 ///

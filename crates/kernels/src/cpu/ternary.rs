@@ -92,17 +92,9 @@ pub fn ternary_matmul_t_with(
     if t == 0 || n == 0 {
         return;
     }
-    let dst = SharedMut(y.as_mut_ptr());
-    let dst = &dst;
-    (0..n.div_ceil(ROWS_PER_TASK))
-        .into_par_iter()
-        .for_each(|task| {
-            let r0 = task * ROWS_PER_TASK;
-            let r1 = (r0 + ROWS_PER_TASK).min(n);
-            // SAFETY: shapes checked above; this task writes only columns r0..r1 of y, which no
-            // other task writes; the path is available (asserted above).
-            unsafe { rows(path, x, t, w, k, r0, r1, dst.0, n) };
-        });
+    // SAFETY: shapes checked above; each task writes only columns r0..r1 of y, which no other task writes; the
+    // path is available (asserted above).
+    unsafe { for_row_tasks(n, y, |r0, r1, y| rows(path, x, t, w, k, r0, r1, y, n)) };
 }
 
 /// Slow twin: every weight decoded on its own, products summed in f64.
@@ -134,28 +126,53 @@ pub fn ternary_matmul_t_reference(
 }
 
 fn check_shapes(x: &[f32], t: usize, w: &[u8], n: usize, k: usize, y: &[f32]) {
+    check_packed_shapes(
+        "ternary matmul",
+        (PQ2_0_BLOCK, PQ2_0_BYTES),
+        x,
+        t,
+        w,
+        n,
+        k,
+        y,
+    );
+}
+
+/// The shape checks of a packed ternary matmul (`what` names it in the panic): `(block, bytes)` values and bytes
+/// per block, `x` [t, k], `y` [t, n], `w` n rows of k / block blocks.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn check_packed_shapes(
+    what: &str,
+    (block, bytes): (usize, usize),
+    x: &[f32],
+    t: usize,
+    w: &[u8],
+    n: usize,
+    k: usize,
+    y: &[f32],
+) {
     assert!(
-        k.is_multiple_of(PQ2_0_BLOCK),
-        "ternary matmul: K = {k} is not a multiple of {PQ2_0_BLOCK}"
+        k.is_multiple_of(block),
+        "{what}: K = {k} is not a multiple of {block}"
     );
     assert_eq!(
         x.len(),
         t * k,
-        "ternary matmul: x has {} values, want [{t}, {k}]",
+        "{what}: x has {} values, want [{t}, {k}]",
         x.len()
     );
     assert_eq!(
         y.len(),
         t * n,
-        "ternary matmul: y has {} values, want [{t}, {n}]",
+        "{what}: y has {} values, want [{t}, {n}]",
         y.len()
     );
     assert_eq!(
         w.len(),
-        n * (k / PQ2_0_BLOCK) * PQ2_0_BYTES,
-        "ternary matmul: w has {} bytes, want {n} rows of {} blocks",
+        n * (k / block) * bytes,
+        "{what}: w has {} bytes, want {n} rows of {} blocks",
         w.len(),
-        k / PQ2_0_BLOCK
+        k / block
     );
 }
 
@@ -163,6 +180,25 @@ fn check_shapes(x: &[f32], t: usize, w: &[u8], n: usize, k: usize, y: &[f32]) {
 struct SharedMut(*mut f32);
 // SAFETY: only used for disjoint writes (each task owns a range of output columns).
 unsafe impl Sync for SharedMut {}
+
+/// Calls `rows(r0, r1, y)` for the output columns `r0..r1` of `y` [t, n] in tasks of [`ROWS_PER_TASK`], in parallel.
+///
+/// # Safety
+/// `rows` writes only columns `r0..r1` of each of y's `t` rows (row stride n) through the pointer it is given.
+pub(super) unsafe fn for_row_tasks(
+    n: usize,
+    y: &mut [f32],
+    rows: impl Fn(usize, usize, *mut f32) + Sync,
+) {
+    let dst = SharedMut(y.as_mut_ptr());
+    let dst = &dst;
+    (0..n.div_ceil(ROWS_PER_TASK))
+        .into_par_iter()
+        .for_each(|task| {
+            let r0 = task * ROWS_PER_TASK;
+            rows(r0, (r0 + ROWS_PER_TASK).min(n), dst.0);
+        });
+}
 
 /// Rows `r0..r1` of the output for every token.
 ///
