@@ -273,7 +273,7 @@ pub fn generate<B: Backend>(
     let mut rng = Rng::new(req.seed.unwrap_or_else(random_seed));
     let t0 = Instant::now();
     let mut st = model.new_state().map_err(GenerateError::model)?;
-    let mut logits = model
+    let logits = model
         .extend(&mut st, &ids, PREFILL_CHUNK, &[ids.len() - 1], Pick::Full)
         .map_err(GenerateError::model)?
         .pop()
@@ -284,21 +284,18 @@ pub fn generate<B: Backend>(
     let mut tokens = Vec::new();
     let mut steps = 0usize;
     let vocab = model.vocab_size();
-    // Greedy steps after the first take the next token from the backend (a GPU picks it where the logits are).
-    let mut picked: Option<u32> = None;
+    // The next token from whole-vocabulary logits, under the request's sampling.
+    let mut draw = |logits: &[f32]| -> Result<u32, GenerateError> {
+        if logits.len() != vocab {
+            return Err(GenerateError::model(format!(
+                "the model returned {} logits for a vocabulary of {vocab}",
+                logits.len()
+            )));
+        }
+        Ok(sample::sample(logits, &sampling, &mut rng))
+    };
+    let mut tok = draw(&logits)?;
     let finish = loop {
-        let tok = match picked.take() {
-            Some(t) => t,
-            None => {
-                if logits.len() != vocab {
-                    return Err(GenerateError::model(format!(
-                        "the model returned {} logits for a vocabulary of {vocab}",
-                        logits.len()
-                    )));
-                }
-                sample::sample(&logits, &sampling, &mut rng)
-            }
-        };
         tokens.push(tok);
         if gen.eos.binary_search(&tok).is_ok() {
             break Finish::Stop;
@@ -316,22 +313,23 @@ pub fn generate<B: Backend>(
         if tokens.len() >= req.max_tokens || ids.len() + tokens.len() >= max_pos {
             break Finish::Length;
         }
-        if sampling.is_greedy() {
+        // A greedy step takes its token from the backend (a GPU picks it where the logits are).
+        tok = if sampling.is_greedy() {
             let h = model
                 .forward_batch(&mut [(&mut st, &[tok][..])])
                 .map_err(GenerateError::model)?;
             let next = model.argmax(&h, &[0]).map_err(GenerateError::model)?;
-            picked =
-                Some(next.first().copied().ok_or_else(|| {
-                    GenerateError::model("the model picked no token for the step")
-                })?);
+            next.first()
+                .copied()
+                .ok_or_else(|| GenerateError::model("the model picked no token for the step"))?
         } else {
-            logits = model
+            let logits = model
                 .extend(&mut st, &[tok], 0, &[0], Pick::Full)
                 .map_err(GenerateError::model)?
                 .pop()
                 .unwrap_or_default();
-        }
+            draw(&logits)?
+        };
         steps += 1;
     };
     let rest = stream
