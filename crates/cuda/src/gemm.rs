@@ -21,7 +21,7 @@ use crate::ops::W;
 use crate::runtime::{cfg, Gpu};
 use crate::CudaError;
 
-/// The most x rows the `gemv_bf16` kernel takes (`GEMV_ROWS` in kernels.cu).
+/// The most x rows the `gemv_bf16` kernel takes (`GEMV_ROWS` in decode.cu).
 pub const GEMV_ROWS: usize = 8;
 
 /// Whether `gemv_bf16` takes x (row stride `ldx`) and w (row stride `ldw`) over K: 16-byte loads need K and both
@@ -35,7 +35,6 @@ fn gemv_fits(x: u64, ldx: usize, k: usize, w: u64, ldw: usize) -> bool {
 }
 
 /// `gemv_bf16`: y[r, n] = Σ_{e < group} x[r·group + e] · w[n]ᵀ + beta · y[r, n] over `rows` x rows.
-#[allow(clippy::too_many_arguments)]
 fn gemv(
     g: &Gpu,
     (x, ldx, rows, group): (u64, usize, usize, usize),

@@ -820,7 +820,7 @@ macro_rules! launch {
         let gpu: &$crate::runtime::Gpu = $gpu;
         let mut b = gpu.stream.launch_builder(&$func);
         $( let v = $arg; $crate::runtime::PushKernelArg::arg(&mut b, &v); )*
-        // SAFETY: the arguments match the kernel's parameter list in kernels.cu.
+        // SAFETY: the arguments match the kernel's parameter list in its .cu source.
         let lc: $crate::runtime::LaunchConfig = $cfg;
         unsafe { b.launch(lc) }.map(|_| ()).map_err(|err| $crate::CudaError::Driver { op: stringify!($func), err })
     }};
