@@ -203,17 +203,33 @@ impl CudaModel {
         if n == 0 {
             return Err(CudaError::Model(ModelError::Input("empty batch".into())));
         }
+        let invariant = self.batch_invariant();
         let shape = Shape {
             n,
             nseg,
             roots,
             keep_children: dropped.is_empty(),
-            short_children: lens[roots..].iter().all(|&l| l <= ops::GDN_CHUNK),
+            // Batch-invariant: whichever children are short take the leaf pass (the others the state pass), so a
+            // child's kernel follows from its own length.
+            short_children: if invariant {
+                lens[roots..].iter().any(|&l| l <= ops::GDN_CHUNK)
+            } else {
+                lens[roots..].iter().all(|&l| l <= ops::GDN_CHUNK)
+            },
+            long_children: invariant && lens[roots..].iter().any(|&l| l > ops::GDN_CHUNK),
             max_len: lens.iter().copied().max().unwrap_or(0),
             split: self.split_gemms(),
             attn_splits: self.attn_tc_dims().map_or(1, |a| {
-                crate::attn_tc::attention_tc_plan(lens.iter().copied(), a, g.sms)
+                if invariant {
+                    lens.iter()
+                        .map(|&l| crate::attn_tc::attention_tc_segment_splits(l, a, g.sms))
+                        .max()
+                        .unwrap_or(1)
+                } else {
+                    crate::attn_tc::attention_tc_plan(lens.iter().copied(), a, g.sms)
+                }
             }),
+            invariant,
         };
         let table_len = TableLayout::new(&self.layers, n, nseg).len;
         // Positions of KV rows the dropped children write into the scratch.

@@ -33,7 +33,8 @@ impl CudaModel {
     }
 
     /// `y = x · wᵀ` for an input projection: `x` [T, K] as [`CudaModel::act_in`] laid it out; in split mode both
-    /// planes (`both`: one GEMM over 2K) or the hi plane alone.
+    /// planes (`both`: one GEMM over 2K) or the hi plane alone. `invariant`: batch-invariant
+    /// ([`CudaModel::invariant_gemms`]).
     pub(super) fn gemm_in(
         &self,
         x: u64,
@@ -44,11 +45,14 @@ impl CudaModel {
         y: u64,
         ldy: usize,
         both: bool,
+        invariant: bool,
     ) -> Result<(), CudaError> {
         let (_, ldx) = self.act_in(x, k);
+        let inv = self.invariant_gemms(invariant, t);
         if both {
-            return crate::gemm::gemm_split(
+            return crate::gemm::gemm_split_as(
                 &self.gpu,
+                inv,
                 (x, ldx),
                 t,
                 k,
@@ -58,7 +62,14 @@ impl CudaModel {
                 0.0,
             );
         }
-        crate::gemm::gemm_ld(&self.gpu, x, ldx, t, k, w.w, w.ld, n, y, ldy, 0.0)
+        crate::gemm::gemm_ld_as(&self.gpu, inv, x, ldx, t, k, w.w, w.ld, n, y, ldy, 0.0)
+    }
+
+    /// Whether a forward's product over `t` rows runs batch-invariant: the forward is (`invariant`, its
+    /// [`Shape`]'s) and has more than one row (a decode step, one row, keeps the few-row GEMV: nothing is stacked
+    /// with it).
+    pub(super) fn invariant_gemms(&self, invariant: bool, t: usize) -> bool {
+        invariant && t > 1
     }
 
     /// `out = rms_norm(x) · final_norm` for `n` rows (f32).
@@ -121,12 +132,14 @@ impl CudaModel {
         k: usize,
         w: &Weight,
         both: bool,
+        invariant: bool,
     ) -> Result<bool, CudaError> {
-        let hid = self.hid;
+        let (g, hid) = (&*self.gpu, self.hid);
+        let inv = self.invariant_gemms(invariant, t);
         if both {
-            self.gpu.gemm(p.act, 2 * t, k, w.w, hid, p.fold, hid, 0.0)?;
+            crate::gemm::gemm_ld_as(g, inv, p.act, k, 2 * t, k, w.w, k, hid, p.fold, hid, 0.0)?;
         } else {
-            self.gpu.gemm(p.act, t, k, w.w, hid, p.x, hid, 1.0)?;
+            crate::gemm::gemm_ld_as(g, inv, p.act, k, t, k, w.w, k, hid, p.x, hid, 1.0)?;
         }
         Ok(both)
     }
@@ -361,7 +374,17 @@ impl LayerOps for Launches<'_> {
                 let pw = g.proj_width();
                 self.table = self.next_table;
                 self.next_table += GDN_ENTRIES * self.s.nseg;
-                m.gemm_in(p.act, n, m.hid, &g.w_in, pw, p.proj, pw, both)?;
+                m.gemm_in(
+                    p.act,
+                    n,
+                    m.hid,
+                    &g.w_in,
+                    pw,
+                    p.proj,
+                    pw,
+                    both,
+                    self.s.invariant,
+                )?;
                 m.mark("gemm gdn in")
             }
             Projection::AttnIn => {
@@ -369,12 +392,32 @@ impl LayerOps for Launches<'_> {
                 let pw = a.proj_width();
                 self.table = self.next_table;
                 self.next_table += KV_ENTRIES * self.s.nseg;
-                m.gemm_in(p.act, n, m.hid, &a.w_in, pw, p.proj, pw, both)?;
+                m.gemm_in(
+                    p.act,
+                    n,
+                    m.hid,
+                    &a.w_in,
+                    pw,
+                    p.proj,
+                    pw,
+                    both,
+                    self.s.invariant,
+                )?;
                 m.mark("gemm attn in")
             }
             Projection::MlpIn => {
                 let gu = 2 * m.inter;
-                m.gemm_in(p.act, n, m.hid, &self.layer(l).w_gu, gu, p.proj, gu, both)?;
+                m.gemm_in(
+                    p.act,
+                    n,
+                    m.hid,
+                    &self.layer(l).w_gu,
+                    gu,
+                    p.proj,
+                    gu,
+                    both,
+                    self.s.invariant,
+                )?;
                 m.mark("gemm mlp gate|up")
             }
             _ => unreachable!("{proj:?} is an output projection"),
@@ -442,6 +485,7 @@ impl LayerOps for Launches<'_> {
                     roots: s.roots,
                     keep_children: s.keep_children,
                     leaf_children: s.short_children && m.gdn_leaf,
+                    long_children: s.long_children,
                 },
                 s.nseg,
                 d,
@@ -506,7 +550,12 @@ impl LayerOps for Launches<'_> {
         let scale = 1.0 / (a.head_dim as f32).sqrt();
         let out = m.act(p.act, s.n, a.heads * a.head_dim);
         if at.tc {
-            crate::attn_tc::attention_tc(
+            let attention = if s.invariant {
+                crate::attn_tc::attention_tc_invariant
+            } else {
+                crate::attn_tc::attention_tc
+            };
+            attention(
                 &m.gpu,
                 self.tc.attn,
                 p.mid,
@@ -552,7 +601,7 @@ impl LayerOps for Launches<'_> {
             Projection::MlpOut => (&self.layer(l).w_down, m.inter, "gemm mlp down"),
             _ => unreachable!("{proj:?} is an input projection"),
         };
-        self.pending = m.gemm_residual(p, n, k, w, both)?;
+        self.pending = m.gemm_residual(p, n, k, w, both, self.s.invariant)?;
         m.mark(name)
     }
 }
