@@ -249,27 +249,43 @@ impl CudaModel {
     fn logits_device(&self, h: &CudaHidden) -> Result<CudaSlice<f32>, CudaError> {
         let g = &*self.gpu;
         let out: CudaSlice<f32> = g.alloc(h.rows * self.vocab)?;
-        // The GEMM input in the head's dtype: the hidden rows rounded to bf16, or as they are (f32).
         let hb: Option<CudaSlice<u16>> = match self.prec {
-            Precision::Bf16 | Precision::Bf16Split => {
-                let hb = g.alloc(h.rows * h.hid)?;
-                ops::to_bf16(g, g.ptr(&h.buf), g.ptr(&hb), h.rows * h.hid)?;
-                Some(hb)
-            }
+            Precision::Bf16 | Precision::Bf16Split => Some(g.alloc(h.rows * h.hid)?),
             Precision::F32 => None,
         };
-        let x = hb.as_ref().map_or(g.ptr(&h.buf), |b| g.ptr(b));
+        let hb = hb.as_ref().map_or(0, |b| g.ptr(b));
+        self.head_into(g.ptr(&h.buf), h.rows, hb, g.ptr(&out))?;
+        Ok(out)
+    }
+
+    /// The head over `rows` final-normed hidden rows at `h` (f32) into `out` ([rows, V] f32). `hb`: room for the rows
+    /// in bf16, the GEMM input of the bf16 precisions (unused in f32).
+    pub(super) fn head_into(
+        &self,
+        h: u64,
+        rows: usize,
+        hb: u64,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let g = &*self.gpu;
+        // The GEMM input in the head's dtype: the hidden rows rounded to bf16, or as they are (f32).
+        let x = match self.prec {
+            Precision::Bf16 | Precision::Bf16Split => {
+                ops::to_bf16(g, h, hb, rows * self.hid)?;
+                hb
+            }
+            Precision::F32 => h,
+        };
         g.gemm(
             x,
-            h.rows,
-            h.hid,
+            rows,
+            self.hid,
             self.head(),
             self.vocab,
-            g.ptr(&out),
+            out,
             self.vocab,
             0.0,
-        )?;
-        Ok(out)
+        )
     }
 }
 
