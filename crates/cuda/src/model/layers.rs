@@ -260,7 +260,7 @@ impl CudaModel {
         }
         let pd = g.upload(&pairs)?;
         let out: CudaSlice<f32> = g.alloc(picks.len())?;
-        let rot = self.head_input(h, false)?;
+        let rot = self.head_input(h)?;
         ops::rows_dot(
             g,
             rot.as_ref().map_or(g.ptr(&h.buf), |r| g.ptr(r)),
@@ -328,19 +328,14 @@ impl CudaModel {
         }))
     }
 
-    /// A rotated pack's head input: the hidden rows rotated by the head's signs, f32, or bf16 with `bf16`
-    /// (then as u16 bits in the f32 buffer's first half). `None` when the head is not rotated.
-    fn head_input(&self, h: &CudaHidden, bf16: bool) -> Result<Option<CudaSlice<f32>>, CudaError> {
+    /// A rotated pack's label-row input: the hidden rows rotated by the head's signs (f32). `None` when the head is
+    /// not rotated.
+    fn head_input(&self, h: &CudaHidden) -> Result<Option<CudaSlice<f32>>, CudaError> {
         let Some(signs) = &self.head_rot else {
             return Ok(None);
         };
         let g = &*self.gpu;
         let buf: CudaSlice<f32> = g.alloc(h.rows * h.hid)?;
-        let out = if bf16 {
-            Out::Bf16(g.ptr(&buf))
-        } else {
-            Out::F32(g.ptr(&buf))
-        };
         ops::hadamard_rows(
             g,
             (g.ptr(&h.buf), h.hid),
@@ -349,7 +344,7 @@ impl CudaModel {
             signs.ptr,
             false,
             None,
-            (out, h.hid),
+            (Out::F32(g.ptr(&buf)), h.hid),
         )?;
         Ok(Some(buf))
     }
@@ -358,50 +353,56 @@ impl CudaModel {
     fn logits_device(&self, h: &CudaHidden) -> Result<CudaSlice<f32>, CudaError> {
         let g = &*self.gpu;
         let out: CudaSlice<f32> = g.alloc(h.rows * self.vocab)?;
+        // Room for the head's input: the rows in bf16 (the bf16 precisions) or rotated (a rotated pack's head).
+        let hb: CudaSlice<f32> = g.alloc(h.rows * h.hid)?;
+        self.head_into(g.ptr(&h.buf), h.rows, g.ptr(&hb), g.ptr(&out))?;
+        Ok(out)
+    }
+
+    /// The head over `rows` final-normed hidden rows at `h` (f32) into `out` ([rows, V] f32). `hb`: room for the
+    /// head's input, `rows · H` f32 (4 bytes each): the rows rounded to bf16 (the bf16 precisions), or rotated by the
+    /// head's signs (a rotated pack: f32 in the f32 precision, else bf16); unused otherwise. A block-format head runs
+    /// [`crate::qgemm`], a float one cuBLAS (or the bf16 GEMV).
+    pub(super) fn head_into(
+        &self,
+        h: u64,
+        rows: usize,
+        hb: u64,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let g = &*self.gpu;
         let f32_in = self.prec == Precision::F32;
-        // The GEMM input: the hidden rows (rotated for a rotated pack's head) rounded to bf16, or as they are (f32).
-        let rot = self.head_input(h, !f32_in)?;
-        let hb: Option<CudaSlice<u16>> = if f32_in || rot.is_some() {
-            None
-        } else {
-            let hb = g.alloc(h.rows * h.hid)?;
-            ops::to_bf16(g, g.ptr(&h.buf), g.ptr(&hb), h.rows * h.hid)?;
-            Some(hb)
-        };
-        let x = match (&rot, &hb) {
-            (Some(r), _) => g.ptr(r),
-            (None, Some(b)) => g.ptr(b),
-            (None, None) => g.ptr(&h.buf),
+        let x = match (&self.head_rot, f32_in) {
+            (Some(signs), _) => {
+                let o = if f32_in { Out::F32(hb) } else { Out::Bf16(hb) };
+                ops::hadamard_rows(
+                    g,
+                    (h, self.hid),
+                    rows,
+                    self.hid,
+                    signs.ptr,
+                    false,
+                    None,
+                    (o, self.hid),
+                )?;
+                hb
+            }
+            (None, false) => {
+                ops::to_bf16(g, h, hb, rows * self.hid)?;
+                hb
+            }
+            (None, true) => h,
         };
         let head = self.head();
         if head.is_block() {
             let a = if f32_in {
-                Act::F32 { x, ldx: h.hid }
+                Act::F32 { x, ldx: self.hid }
             } else {
-                Act::Bf16 { x, ldx: h.hid }
+                Act::Bf16 { x, ldx: self.hid }
             };
-            self.gemm_q(
-                a,
-                h.rows,
-                h.hid,
-                head,
-                self.vocab,
-                (g.ptr(&out), self.vocab),
-                0.0,
-            )?;
-        } else {
-            g.gemm(
-                x,
-                h.rows,
-                h.hid,
-                head,
-                self.vocab,
-                g.ptr(&out),
-                self.vocab,
-                0.0,
-            )?;
+            return self.gemm_q(a, rows, self.hid, head, self.vocab, (out, self.vocab), 0.0);
         }
-        Ok(out)
+        g.gemm(x, rows, self.hid, head, self.vocab, out, self.vocab, 0.0)
     }
 }
 

@@ -22,7 +22,8 @@
 //!
 //! By concern: [`precision`] (arithmetic modes), `upload` (weights to the device, constructors), `state` (sequence
 //! state, KV layout, memory budget), `scratch` (forward scratch, table, CUDA graphs), `forward` (entry points,
-//! trees, staging), `layers` (the launches of the layer sequence, readout), `profile` (events and host timing).
+//! trees, staging), `layers` (the launches of the layer sequence, readout), `decode` (greedy decoding, each step one
+//! graph queued ahead of the host), `profile` (events and host timing).
 //! This file holds [`CudaModel`] itself, its sizes and run-time switches, and the types those modules share (declared
 //! here so that each of them reads their fields).
 
@@ -41,6 +42,7 @@ use crate::options::{AttnKernels, CudaOptions, GdnKernels};
 use crate::runtime::{Arith, AttnArith, Gpu, TcArith};
 use crate::CudaError;
 
+mod decode;
 mod forward;
 mod layers;
 pub mod precision;
@@ -49,6 +51,7 @@ mod scratch;
 mod state;
 mod upload;
 
+pub use decode::GreedyRun;
 pub use precision::{Precision, SplitGemms, SplitGemmsError};
 use profile::*;
 use scratch::*;
@@ -205,6 +208,9 @@ struct Shape {
     attn_splits: usize,
     /// The projections on both planes (split mode; read once per forward).
     split: SplitGemms,
+    /// A greedy decode step ([`GreedyRun`]): the forward fed the last pick from the device, then the final norm, the
+    /// head and the argmax, all in the graph.
+    greedy: bool,
 }
 
 /// Values per token row of the forward scratch buffers.
@@ -350,6 +356,8 @@ pub struct CudaModel {
     /// The persistent forward scratch (forwards of up to [`ARENA_ROWS`] rows).
     arena: Mutex<Option<Scratch>>,
     graphs: Mutex<GraphCache>,
+    /// The fixed buffers of greedy decoding (one decode at a time takes them; see [`GreedyRun`]).
+    decode: Mutex<Option<decode::DecodeBufs>>,
     /// The gated delta rule on tensor cores (else the f32 SIMT kernels: [`GdnKernels::Simt`]).
     gdn_tc: bool,
     /// A tree's one-chunk children whose states are dropped take `gdn_tc_leaf` ([`GdnKernels::TensorCoreNoLeaf`]: the

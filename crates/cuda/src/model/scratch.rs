@@ -329,11 +329,47 @@ impl CudaModel {
         })
     }
 
-    /// The layers of one forward, through a CUDA graph when this shape was seen before (the first sight runs
-    /// them directly, so one-off shapes never pay a capture; GEMM tuning also happens on that first run).
-    pub(super) fn run_layers_graphed(&self, p: &FwdPtrs, s: Shape) -> Result<(), CudaError> {
+    /// The persistent scratch, made ready for a forward of `s` whose table is `table_len` bytes: allocated anew when
+    /// it holds fewer rows (the old one freed first, so that the budget holds one arena at a time), its table and
+    /// attention scratch grown. Whatever moves takes the graphs that captured its addresses with it. → the locked arena
+    /// (always `Some`)
+    pub(super) fn arena_for(
+        &self,
+        s: Shape,
+        table_len: usize,
+    ) -> Result<std::sync::MutexGuard<'_, Option<Scratch>>, CudaError> {
+        let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        if arena.as_ref().is_none_or(|a| a.rows < s.n) {
+            let (rows, tl) = arena.as_ref().map_or((0, 0), |a| (a.rows, a.table.len));
+            *arena = None;
+            self.drop_graphs();
+            let rows = s.n.max(rows).next_power_of_two().clamp(256, ARENA_ROWS);
+            *arena = Some(self.scratch(rows, table_len.max(tl).next_power_of_two())?);
+        }
+        let a = arena
+            .as_mut()
+            .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
+        // The children's KV rows may move freely: only the table names them.
+        let moved = a.table.reserve(self, table_len, "forward table")?;
+        if a.attn
+            .reserve(self, self.attn_scratch(s), "attention scratch")?
+            || moved
+        {
+            self.drop_graphs();
+        }
+        Ok(arena)
+    }
+
+    /// Runs `f` (one forward's launches of shape `s`, over the persistent scratch) through a CUDA graph when this shape
+    /// was seen before (the first sight runs them directly, so one-off shapes never pay a capture; GEMM tuning also
+    /// happens on that first run).
+    pub(super) fn graphed(
+        &self,
+        s: Shape,
+        f: &dyn Fn() -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
         if self.profiling() || !self.use_graphs.load(Ordering::Relaxed) {
-            return self.run_layers(p, s);
+            return f();
         }
         let mut c = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(gr) = c.get(&s) {
@@ -345,7 +381,7 @@ impl CudaModel {
         }
         if c.note(s) < 2 {
             drop(c);
-            return self.run_layers(p, s);
+            return f();
         }
         let stream = &self.gpu.stream;
         stream
@@ -356,7 +392,7 @@ impl CudaModel {
                 op: "begin capture",
                 err,
             })?;
-        let r = self.run_layers(p, s);
+        let r = f();
         let gr = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         match (r, gr) {
             (Ok(()), Ok(Some(gr))) => {
@@ -373,7 +409,7 @@ impl CudaModel {
                 self.use_graphs.store(false, Ordering::Relaxed);
                 c.clear();
                 drop(c);
-                self.run_layers(p, s)
+                f()
             }
         }
     }

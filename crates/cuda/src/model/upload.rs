@@ -434,6 +434,7 @@ impl CudaModel {
             }),
             arena: Mutex::new(None),
             graphs: Mutex::new(GraphCache::default()),
+            decode: Mutex::new(None),
             gdn_tc,
             gdn_leaf,
             tree_min_root,
