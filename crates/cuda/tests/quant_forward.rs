@@ -258,3 +258,73 @@ fn block_format_cases_load_on_the_cpu() {
         );
     }
 }
+
+/// Greedy decoding on the device (`greedy_steps`: each step one graph of the layers, the head and the argmax) on
+/// every file in split precision against the CPU model's greedy tokens over 32 steps from the same prompt: equal,
+/// except that a step where the CPU's two best logits are within 1e-3 of the largest (a near-tie) may pick the
+/// other, after which the sequences are not compared further. Prints each run's smallest top-2 margin.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_format_greedy_decode_matches_cpu() {
+    const STEPS: usize = 32;
+    let g = gpu();
+    let mut fails = Vec::new();
+    for (name, spec, ty) in cases() {
+        let (_dir, m) = pack(&name, &spec, ty);
+        let v = m.vocab_size();
+        let prompt = ids(20, v, 40);
+        let argmax = |l: &[f32]| {
+            l.iter()
+                .enumerate()
+                .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        };
+        // The CPU's greedy tokens, each step's logits kept.
+        let mut cs = m.new_state();
+        let h = m.forward(&mut cs, &prompt).unwrap();
+        let last = m.logits(&h[(prompt.len() - 1) * m.hidden_size()..]);
+        let first = argmax(&last).0 as u32;
+        let (mut cpu, mut steps) = (Vec::new(), Vec::new());
+        let mut tok = first;
+        for _ in 0..STEPS {
+            let l = m.logits(&m.forward(&mut cs, &[tok]).unwrap());
+            tok = argmax(&l).0 as u32;
+            cpu.push(tok);
+            steps.push(l);
+        }
+        let gm = CudaModel::with_precision(&m, g.clone(), Precision::Bf16Split).expect("upload");
+        let mut gs = gm.new_state().unwrap();
+        gm.forward(&mut gs, &prompt).unwrap();
+        let serial = std::sync::Mutex::new(());
+        let mut gpu_toks = Vec::new();
+        let fed = gm
+            .greedy_steps(&mut gs, first, STEPS, &serial, &mut |t| {
+                gpu_toks.push(t);
+                true
+            })
+            .unwrap();
+        assert_eq!(fed, Some(STEPS), "{name}");
+        let mut min_margin = f32::MAX;
+        for (i, (c, gt)) in cpu.iter().zip(&gpu_toks).enumerate() {
+            let l = &steps[i];
+            let best = l[*c as usize];
+            let second = l
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != *c as usize)
+                .fold(f32::MIN, |b, (_, &x)| b.max(x));
+            min_margin = min_margin.min(best - second);
+            if c != gt {
+                let gap = best - l[*gt as usize];
+                eprintln!(
+                    "{name}: step {i} GPU {gt} against CPU {c}, {gap:.3e} below the CPU's best"
+                );
+                if gap > 1e-3 * best.abs().max(1.0) {
+                    fails.push(format!("{name}: step {i}: {gt} != {c} ({gap:.3e})"));
+                }
+                break;
+            }
+        }
+        eprintln!("{name}: greedy {STEPS} steps, smallest CPU top-2 margin {min_margin:.3e}");
+    }
+    assert!(fails.is_empty(), "greedy tokens differ: {fails:?}");
+}
