@@ -424,3 +424,63 @@ fn upload_blocks_names_the_format() {
     assert!(matches!(w, W::Q8 { .. }));
     assert!(upload_blocks(&g, &[&raw[..33]], true).is_err());
 }
+
+/// Not a check (ignored like the GPU tests): µs per call of the block-format projections on the Bonsai 27B shapes
+/// (PQ2_0) and the Qwen3.5-0.8B ones (Q8_0), bf16 inputs, 1 and 8 rows (the GEMV) and 512 (the dequantised-chunk
+/// prefill), with the bytes of weight read per call as GB/s and as a share of the device's copy bandwidth measured
+/// in the same run (a 1 GiB device-to-device copy: read + write bytes over its time). Shapes under the 50 MB L2 are
+/// partly served from it.
+#[test]
+#[ignore = "a timing table on a CUDA GPU, not a check (run with --include-ignored on a GPU machine)"]
+fn block_gemm_timings() {
+    let g = gpu();
+    let n_copy = 1usize << 28;
+    let src = g.zeros::<f32>(n_copy).unwrap();
+    let dst = std::cell::RefCell::new(g.zeros::<f32>(n_copy).unwrap());
+    let us = per_call_us(&g, &|| {
+        g.copy(&src, 0, &mut dst.borrow_mut(), 0, n_copy).unwrap()
+    });
+    let ceiling = 2.0 * 4.0 * n_copy as f64 / (us * 1e-6) / 1e9;
+    println!("{}: device copy {ceiling:.0} GB/s (read + write)", g.name);
+    let shapes = [
+        ("27B gate|up", DType::PQ2_0, 2 * 17408, 5120),
+        ("27B down", DType::PQ2_0, 5120, 17408),
+        ("27B gdn qkv|z", DType::PQ2_0, 10240 + 6144, 5120),
+        ("27B gdn out", DType::PQ2_0, 5120, 6144),
+        ("27B head", DType::PQ2_0, 248320, 5120),
+        ("0.8B gate|up", DType::Q8_0, 7168, 1024),
+        ("0.8B down", DType::Q8_0, 1024, 3584),
+        ("0.8B head", DType::Q8_0, 248320, 1024),
+    ];
+    let scratch = g.alloc::<u8>(onepass_cuda::qgemm::DEQUANT_BYTES).unwrap();
+    for (name, dtype, n, k) in shapes {
+        let raw = blocks(dtype, n, k, 7);
+        let (_wbuf, w) = upload_blocks(&g, &[&raw], dtype == DType::Q8_0).unwrap();
+        for t in [1usize, 8, 512] {
+            let x = g.upload(&to_bf16_bits(&rnd(t * k, 8))).unwrap();
+            let y = g.zeros::<f32>(t * n).unwrap();
+            let (xp, yp, sp) = (g.ptr(&x), g.ptr(&y), g.ptr(&scratch));
+            let us = per_call_us(&g, &|| {
+                gemm_q(
+                    &g,
+                    Act::Bf16 { x: xp, ldx: k },
+                    t,
+                    k,
+                    w,
+                    n,
+                    (yp, n),
+                    0.0,
+                    (sp, onepass_cuda::qgemm::DEQUANT_BYTES),
+                )
+                .unwrap()
+            });
+            let gbs = raw.len() as f64 / (us * 1e-6) / 1e9;
+            let tf = 2.0 * (t * n * k) as f64 / (us * 1e-6) / 1e12;
+            println!(
+                "{name:14} {} N {n:6} K {k:5} T {t:3}: {us:9.1} µs {gbs:7.0} GB/s of weights ({:4.0}% of the copy) {tf:6.1} TFLOP/s",
+                dtype.name(),
+                100.0 * gbs / ceiling
+            );
+        }
+    }
+}
