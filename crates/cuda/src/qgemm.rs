@@ -2,8 +2,9 @@
 //! (quant.cu's layout: code bytes per row, then the f16 scales; a PTQ1_0 matrix is transcoded to PQ2_0 words at
 //! load). `y[T, N] (row stride ldy) = x[T, K] · w[N, K]ᵀ + beta · y`, f32 output and accumulation.
 //!
-//! - At most [`GEMV_ROWS`] rows (decode): `gemv_pq2_*` / `gemv_q8_*`, one warp per weight row, each code byte read
-//!   once and decoded in registers (one logic op and one subtraction per weight, no table, no branch), the dot of
+//! - At most [`GEMV_ROWS`] rows (decode): `gemv_pq2_*` / `gemv_q8_*`, 4 (one x row) or 2 weight rows per warp
+//!   sharing each x load, K split over up to 8 warps where N is small, each code byte read once and decoded in
+//!   registers (one logic op and one subtraction per weight, no table, no branch), the dot of
 //!   each 16-weight group scaled by its block's scale; x read in the precision's layout ([`Act`]: bf16, f32, or
 //!   split, whose hi + lo is the value the sums see).
 //! - More rows (prefill): a correct path, not a fast one: the weight is dequantised in chunks of rows into a
@@ -123,8 +124,14 @@ pub fn gemm_q(
     if t <= GEMV_ROWS && x.vec_ok() {
         let (xp, ldx, lo) = x.parts();
         let f = &g.k.gemv_q[fmt][x.mode()][usize::from(t > 1)];
-        return launch!(g, *f, cfg((n.div_ceil(8) as u32, 1), 256, 0);
-            q, d, xp, ldx as i32, lo as i64, t as i32, k as i32, n as i32, y, ldy as i32, beta);
+        // Weight rows per row set (4 for one x row, 2 for more: `gemv_q_rows`' R), and warps per set splitting K:
+        // enough warps in all (about 4096) to keep the loads in flight where N is small, each with at least one
+        // step of 32 groups.
+        let sets = n.div_ceil(if t > 1 { 2 } else { 4 });
+        let wpr = (4096 / sets).clamp(1, 8).min((k / 16 / 32).max(1));
+        let wpr = 1usize << wpr.ilog2();
+        return launch!(g, *f, cfg((sets.div_ceil(8 / wpr) as u32, 1), 256, 0);
+            q, d, xp, ldx as i32, lo as i64, t as i32, k as i32, n as i32, y, ldy as i32, beta, wpr as i32);
     }
     let (s, bytes) = scratch;
     let chunk = (bytes / 4 / k).min(n);

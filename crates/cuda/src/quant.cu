@@ -103,58 +103,99 @@ __device__ __forceinline__ void load_x16(const void* x, idx_t off, long long lo,
 }
 
 // Few-row projection with a block-format weight (decode): y[r, n] (row stride ldy) = x[r, :K] · w[n, :K] + beta
-// y[r, n] for r < rows <= ROWS, f32 products and sums. One warp per weight row n (grid ceil(N / 8), 256 threads),
-// lane l taking the 16-weight groups l, l + 32, ... of the row: each code byte is read once (PQ2_0: one 4-byte word
-// per group, 128 bytes per warp and step; Q8_0: 16 bytes per lane), decoded once for every x row, and each group's
-// dot scaled by its block's scale. x rows at x + r ldx (split: lo `lo` elements after hi); K % 128 == 0 (PQ2_0) or
-// K % 32 == 0 (Q8_0), K % 16 == 0 and 16-byte aligned x rows (the caller checks). beta 0 (y not read) or 1.
-template <int FMT, int XM, int ROWS>
+// y[r, n] for r < rows <= ROWS, f32 products and sums. A block of 8 warps takes 8 / wpr row sets of R weight rows;
+// the wpr warps of a row set split K (warp s of them takes the 16-weight groups s·32 + lane, + 32 wpr, ...), so that
+// enough loads are in flight where N is small. Each lane reads its group's code bytes of the R rows once (PQ2_0: a
+// 4-byte word per row, Q8_0: 16 bytes), decodes them once for every x row, and loads each x row's 16 values once
+// for the R rows (x is read from L1 R times less often than with one row per warp); each group's dot is scaled by
+// its block's scale. The sums: per lane, then the warp, then the row set's warps in order (shared memory). x rows at
+// x + r ldx (split: lo `lo` elements after hi); K % 128 == 0 (PQ2_0) or K % 32 == 0 (Q8_0), 16-byte aligned x rows
+// (the caller checks). beta 0 (y not read) or 1. grid ceil(N / (R · 8 / wpr)), 256 threads.
+template <int FMT, int XM, int ROWS, int R>
 __device__ __forceinline__ void gemv_q_rows(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                             const void* __restrict__ x, int ldx, long long lo, int rows, int K,
-                                            int N, float* __restrict__ y, int ldy, float beta) {
+                                            int N, float* __restrict__ y, int ldy, float beta, int wpr) {
+    __shared__ float part[8][ROWS][R];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * 8 + warp;
-    if (n >= N) return;  // the whole warp
+    int sets = 8 / wpr, slice = warp % wpr;
+    int n0 = (blockIdx.x * sets + warp / wpr) * R;
     constexpr int BLK = FMT == 0 ? 128 : 32;
-    const unsigned short* dr = d + (idx_t)n * (K / BLK);
-    float acc[ROWS];
+    float acc[ROWS][R];
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[r][i] = 0.0f;
+    // Rows past N read row N - 1 (their sums are dropped): no branch in the loop.
+    idx_t row[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) row[i] = (idx_t)min(n0 + i, N - 1);
     int groups = K / 16;
-#pragma unroll 4
-    for (int gi = lane; gi < groups; gi += 32) {
-        float f[16];
-        if constexpr (FMT == 0)
-            decode_pq2(__ldg((const unsigned*)(q + (idx_t)n * (K / 4)) + gi), f);
-        else
-            decode_q8(__ldg((const uint4*)(q + (idx_t)n * K) + gi), f);
-        float sc = h2f(__ldg(dr + gi * 16 / BLK));
+#pragma unroll 2
+    for (int gi = slice * 32 + lane; gi < groups; gi += 32 * wpr) {
+        float f[R][16], sc[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            if constexpr (FMT == 0)
+                decode_pq2(__ldg((const unsigned*)(q + row[i] * (K / 4)) + gi), f[i]);
+            else
+                decode_q8(__ldg((const uint4*)(q + row[i] * K) + gi), f[i]);
+            sc[i] = h2f(__ldg(d + row[i] * (K / BLK) + gi * 16 / BLK));
+        }
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             if (r < rows) {
                 float xv[16];
                 load_x16<XM>(x, (idx_t)r * ldx + gi * 16, lo, xv);
-                acc[r] = fmaf(sc, FMT == 0 ? dot_pq2(f, xv) : dot_q8(f, xv), acc[r]);
+#pragma unroll
+                for (int i = 0; i < R; i++)
+                    acc[r][i] = fmaf(sc[i], FMT == 0 ? dot_pq2(f[i], xv) : dot_q8(f[i], xv), acc[r][i]);
             }
         }
     }
 #pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[r][i] = warp_sum(acc[r][i]);
+    if (wpr > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+#pragma unroll
+                for (int i = 0; i < R; i++) part[warp][r][i] = acc[r][i];
+        }
+        __syncthreads();
+        if (slice != 0) return;
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    float t = 0.0f;
+                    for (int s2 = 0; s2 < wpr; s2++) t += part[warp + s2][r][i];
+                    acc[r][i] = t;
+                }
+        }
+    }
+    if (lane != 0) return;
+#pragma unroll
     for (int r = 0; r < ROWS; r++) {
-        if (r < rows) {
-            float v = warp_sum(acc[r]);
-            if (lane == 0) {
-                float* yo = y + (idx_t)r * ldy + n;
-                *yo = beta != 0.0f ? v + beta * *yo : v;
+        if (r >= rows) break;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            if (n0 + i < N) {
+                float* yo = y + (idx_t)r * ldy + n0 + i;
+                *yo = beta != 0.0f ? acc[r][i] + beta * *yo : acc[r][i];
             }
         }
     }
 }
 
+// The instantiations: one x row with 4 weight rows per set, up to GEMV_ROWS x rows with 2.
 #define GEMV_Q(name, FMT, XM, ROWS)                                                                              \
     KERNEL(simt) void name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,              \
                            const void* __restrict__ x, int ldx, long long lo, int rows, int K, int N,             \
-                           float* __restrict__ y, int ldy, float beta) {                                         \
-        gemv_q_rows<FMT, XM, ROWS>(q, d, x, ldx, lo, rows, K, N, y, ldy, beta);                                  \
+                           float* __restrict__ y, int ldy, float beta, int wpr) {                                \
+        gemv_q_rows<FMT, XM, ROWS, ROWS == 1 ? 4 : 2>(q, d, x, ldx, lo, rows, K, N, y, ldy, beta, wpr);          \
     }
 GEMV_Q(gemv_pq2_bf16_1, 0, 0, 1)
 GEMV_Q(gemv_pq2_bf16_8, 0, 0, GEMV_ROWS)
