@@ -360,9 +360,10 @@ impl CudaModel {
     }
 
     /// The head over `rows` final-normed hidden rows at `h` (f32) into `out` ([rows, V] f32). `hb`: room for the
-    /// head's input, `rows · H` f32 (4 bytes each): the rows rounded to bf16 (the bf16 precisions), or rotated by the
-    /// head's signs (a rotated pack: f32 in the f32 precision, else bf16); unused otherwise. A block-format head runs
-    /// [`crate::qgemm`], a float one cuBLAS (or the bf16 GEMV).
+    /// head's input, `rows · H` f32 (4 bytes each): the rows rounded to bf16 (a float head in the bf16 precisions),
+    /// or rotated by the head's signs (a rotated pack); unused otherwise. A block-format head runs [`crate::qgemm`]
+    /// on f32 rows in the f32 and split precisions (its weights are exact, so the split precision's logits are not
+    /// held to bf16 inputs), on bf16 ones in bf16; a float one cuBLAS (or the bf16 GEMV).
     pub(super) fn head_into(
         &self,
         h: u64,
@@ -371,7 +372,12 @@ impl CudaModel {
         out: u64,
     ) -> Result<(), CudaError> {
         let g = &*self.gpu;
-        let f32_in = self.prec == Precision::F32;
+        let head = self.head();
+        let f32_in = match self.prec {
+            Precision::F32 => true,
+            Precision::Bf16Split => head.is_block(),
+            Precision::Bf16 => false,
+        };
         let x = match (&self.head_rot, f32_in) {
             (Some(signs), _) => {
                 let o = if f32_in { Out::F32(hb) } else { Out::Bf16(hb) };
@@ -393,7 +399,6 @@ impl CudaModel {
             }
             (None, true) => h,
         };
-        let head = self.head();
         if head.is_block() {
             let a = if f32_in {
                 Act::F32 { x, ldx: self.hid }
