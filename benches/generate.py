@@ -115,11 +115,16 @@ def main():
     ap = forward_parser("128,512")
     ap.add_argument("--hf-dtype", help="transformers' weight dtype (default: float32 on cpu, bfloat16 on cuda)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--no-peer", action="store_true", help="onepass alone (no transformers side)")
     a = ap.parse_args()
     a.hf_dtype = a.hf_dtype or ("bfloat16" if a.device == "cuda" else "float32")
     tok = transformers.AutoTokenizer.from_pretrained(a.model)
     prompts = [(n, prompt_of(tok, n)) for n in map(int, a.lens.split(","))]
     op = onepass(a.onepass, a.model, prompts, a.decode, a.reps, a.device)
+    if a.no_peer:
+        for n, _ in prompts:
+            print(f"| prefill {n} | {op[n]['prefill']:.1f} |\n| decode {a.decode} after {n} | {op[n]['decode']:.2f} |")
+        return
     tr, threads = hf(a.model, tok, prompts, a.decode, a.reps, a.hf_dtype, a.device)
     gpu = f", {torch.cuda.get_device_name()}" if a.device == "cuda" else ""
     print(f"\n{a.model} on {a.device}{gpu}: torch {torch.__version__} ({threads} threads), transformers {transformers.__version__} "

@@ -531,6 +531,8 @@ pub fn gemm_pinned(
     let (wp, f32) = match w {
         W::Bf16(p) => (p, false),
         W::F32(p) => (p, true),
+        // Block formats run crate::qgemm; the caller's GemmEx path refuses them.
+        W::Pq2 { .. } | W::Q8 { .. } => return Ok(false),
     };
     let key = Key {
         n,

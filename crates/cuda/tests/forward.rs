@@ -388,3 +388,90 @@ fn tree_forward_equals_prefix_then_forks() {
     }
     assert!(fails.is_empty(), "over tolerance: {fails:?}");
 }
+
+/// Greedy decoding queued ahead of the host (`greedy_steps`: each step one graph of the layers, head and argmax, the
+/// pick fed from the device) against the same decode step by step (`forward` then `argmax_at`): the same 24 tokens,
+/// and states that continue alike. Then the bounds: `max_steps` forwards at most, a stop after the fifth token leaves
+/// the state one token ahead (the step queued before the answer), and a second decode while one holds the decode
+/// buffers is declined with nothing run.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn greedy_steps_pick_what_steps_pick() {
+    let g = gpu();
+    let (_dir, m) = load("tiny-gva", DType::BF16);
+    let vocab = m.vocab_size();
+    let gm = CudaModel::with_precision(&m, g.clone(), Precision::Bf16Split).expect("upload");
+    let serial = std::sync::Mutex::new(());
+    let prompt = ids(30, vocab, 77);
+    let start = |gm: &CudaModel| {
+        let mut st = gm.new_state().unwrap();
+        let h = gm.forward(&mut st, &prompt).unwrap();
+        let first = gm.argmax_at(&h, &[prompt.len() - 1]).unwrap()[0];
+        (st, first)
+    };
+    const STEPS: usize = 24;
+    let (mut a, first) = start(&gm);
+    let mut by_steps = Vec::new();
+    let mut tok = first;
+    for _ in 0..STEPS {
+        let h = gm.forward(&mut a, &[tok]).unwrap();
+        tok = gm.argmax_at(&h, &[0]).unwrap()[0];
+        by_steps.push(tok);
+    }
+    let (mut b, first_b) = start(&gm);
+    assert_eq!(first, first_b);
+    let mut ahead = Vec::new();
+    let fed = gm
+        .greedy_steps(&mut b, first, STEPS, &serial, &mut |t| {
+            ahead.push(t);
+            true
+        })
+        .unwrap();
+    assert_eq!(fed, Some(STEPS));
+    assert_eq!(
+        ahead, by_steps,
+        "greedy steps queued ahead picked other tokens"
+    );
+    assert_eq!(b.position(), a.position());
+    // Both states continue alike (KV rows, conv and recurrent state, position).
+    let next = ids(3, vocab, 78);
+    let la = gm.logits(&gm.forward(&mut a, &next).unwrap()).unwrap();
+    let lb = gm.logits(&gm.forward(&mut b, &next).unwrap()).unwrap();
+    assert!(la == lb, "the states after the two decodes differ");
+
+    // At most max_steps forwards.
+    let (mut c, first) = start(&gm);
+    let mut seen = 0;
+    let fed = gm
+        .greedy_steps(&mut c, first, 3, &serial, &mut |_| {
+            seen += 1;
+            true
+        })
+        .unwrap();
+    assert_eq!((fed, seen), (Some(3), 3));
+    assert_eq!(c.position(), prompt.len() + 3);
+    // A stop on the fifth token: the sixth step was queued before the answer.
+    let (mut d, first) = start(&gm);
+    let mut seen = Vec::new();
+    let fed = gm
+        .greedy_steps(&mut d, first, STEPS, &serial, &mut |t| {
+            seen.push(t);
+            seen.len() < 5
+        })
+        .unwrap();
+    assert_eq!(seen, by_steps[..5]);
+    assert_eq!(fed, Some(6));
+    assert_eq!(d.position(), prompt.len() + 6);
+    // Busy buffers: declined, nothing run.
+    let held = gm
+        .greedy_run()
+        .unwrap()
+        .expect("the decode buffers are free");
+    let (mut e, first) = start(&gm);
+    let fed = gm
+        .greedy_steps(&mut e, first, 4, &serial, &mut |_| true)
+        .unwrap();
+    assert_eq!(fed, None);
+    assert_eq!(e.position(), prompt.len());
+    drop(held);
+}

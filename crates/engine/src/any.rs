@@ -212,6 +212,23 @@ impl Backend for AnyBackend {
             _ => Err(AnyError::Mismatch),
         }
     }
+    fn greedy_steps(
+        &self,
+        st: &mut AnyState,
+        first: u32,
+        max_steps: usize,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize, AnyError> {
+        match (self, st) {
+            (AnyBackend::Cpu(m), AnyState::Cpu(s)) => {
+                Ok(Backend::greedy_steps(m, s, first, max_steps, on_token)?)
+            }
+            (AnyBackend::Cuda(c), AnyState::Cuda(s)) => {
+                Ok(c.greedy_steps(s, first, max_steps, on_token)?)
+            }
+            _ => Err(AnyError::Mismatch),
+        }
+    }
     fn argmax(&self, h: &AnyHidden, rows: &[usize]) -> Result<Vec<u32>, AnyError> {
         match (self, h) {
             (AnyBackend::Cpu(m), AnyHidden::Cpu(h)) => Ok(Backend::argmax(m, h, rows)?),

@@ -165,6 +165,26 @@ impl Backend for CudaBackend {
     }
 
     /// Picked on the GPU: the logits stay there and only the ids come back.
+    /// Each step one CUDA graph, queued before the host reads the step before's token
+    /// ([`CudaModel::greedy_steps`]); step by step while another decode holds the GPU's decode buffers.
+    fn greedy_steps(
+        &self,
+        st: &mut CudaState,
+        first: u32,
+        max_steps: usize,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize, CudaError> {
+        // The context bound to this thread for the whole decode; the lock itself is taken per step inside.
+        drop(self.guard()?);
+        match self
+            .model
+            .greedy_steps(st, first, max_steps, &self.lock, on_token)?
+        {
+            Some(fed) => Ok(fed),
+            None => crate::greedy_by_steps(self, st, first, max_steps, on_token),
+        }
+    }
+
     fn argmax(&self, h: &CudaHidden, rows: &[usize]) -> Result<Vec<u32>, CudaError> {
         let _g = self.guard()?;
         self.model.argmax_at(h, rows)

@@ -126,6 +126,20 @@ pub trait Backend: Send + Sync {
     fn argmax(&self, h: &Self::Hidden, rows: &[usize]) -> Result<Vec<u32>, Self::Error> {
         Ok(self.logits(h, rows)?.iter().map(|l| argmax(l)).collect())
     }
+    /// Greedy decoding of `st` from `first`: feeds it, then each next token (the [`argmax`] of the logits after it),
+    /// handing every token to `on_token` until it answers false or `max_steps` forwards ran. A device backend may
+    /// queue a step before `on_token` has answered for the token before it (the GPU does, so that the host's work on
+    /// a token overlaps the device's next step): the state then holds one token more than `on_token` accepted.
+    /// → forwards run (tokens `st` gained). Default: [`greedy_by_steps`].
+    fn greedy_steps(
+        &self,
+        st: &mut Self::State,
+        first: u32,
+        max_steps: usize,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize, Self::Error> {
+        greedy_by_steps(self, st, first, max_steps, on_token)
+    }
     /// Continues `st` with `ids` in forwards of at most `chunk` ids (0: one forward), and reads the logits at the
     /// positions `read` (indices into `ids`, ascending) as `pick` says. → one logits vector per entry of `read`.
     /// Chunked and whole agree within [`CHUNK_TOLERANCE`]; the same chunking is bit-identical.
@@ -161,6 +175,29 @@ pub trait Backend: Send + Sync {
         }
         Ok(out)
     }
+}
+
+/// [`Backend::greedy_steps`] one forward and one [`Backend::argmax`] at a time: the state holds exactly the tokens
+/// `on_token` was handed before the last, and `first`.
+pub fn greedy_by_steps<B: Backend + ?Sized>(
+    b: &B,
+    st: &mut B::State,
+    first: u32,
+    max_steps: usize,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<usize, B::Error> {
+    let mut tok = first;
+    let mut fed = 0;
+    while fed < max_steps {
+        let h = b.forward_batch(&mut [(&mut *st, &[tok][..])])?;
+        fed += 1;
+        // A backend that picks no token for a row gives the lowest id, as an argmax over nothing does.
+        tok = b.argmax(&h, &[0])?.first().copied().unwrap_or(0);
+        if !on_token(tok) {
+            break;
+        }
+    }
+    Ok(fed)
 }
 
 /// The highest logit's id (the lowest id among equal ones; NaN never wins; 0 when nothing beats -inf).

@@ -175,6 +175,41 @@ impl CudaModel {
         })
     }
 
+    /// The graph key of a forward over segments of `lens` ids, the first `roots` of them roots (see
+    /// [`CudaModel::forward_queue`]), the children's states written when `keep_children`.
+    pub(super) fn shape_of(&self, lens: &[usize], roots: usize, keep_children: bool) -> Shape {
+        let invariant = self.batch_invariant();
+        let children = &lens[roots.min(lens.len())..];
+        Shape {
+            n: lens.iter().sum(),
+            nseg: lens.len(),
+            roots,
+            keep_children,
+            // Batch-invariant: whichever children are short take the leaf pass (the others the state pass), so a
+            // child's kernel follows from its own length.
+            short_children: if invariant {
+                children.iter().any(|&l| l <= ops::GDN_CHUNK)
+            } else {
+                children.iter().all(|&l| l <= ops::GDN_CHUNK)
+            },
+            long_children: invariant && children.iter().any(|&l| l > ops::GDN_CHUNK),
+            max_len: lens.iter().copied().max().unwrap_or(0),
+            split: self.split_gemms(),
+            attn_splits: self.attn_tc_dims().map_or(1, |a| {
+                if invariant {
+                    lens.iter()
+                        .map(|&l| crate::attn_tc::attention_tc_segment_splits(l, a, self.gpu.sms))
+                        .max()
+                        .unwrap_or(1)
+                } else {
+                    crate::attn_tc::attention_tc_plan(lens.iter().copied(), a, self.gpu.sms)
+                }
+            }),
+            greedy: false,
+            invariant,
+        }
+    }
+
     /// One forward over `items` then `dropped` (see [`CudaModel::forward_tree`] for `par`: -1, or the index of the
     /// earlier segment a segment continues; those come after every segment with -1). `dropped`: children `(root,
     /// ids)` without states of their own (their recurrent states are not written, their KV rows live in the forward
@@ -203,34 +238,7 @@ impl CudaModel {
         if n == 0 {
             return Err(CudaError::Model(ModelError::Input("empty batch".into())));
         }
-        let invariant = self.batch_invariant();
-        let shape = Shape {
-            n,
-            nseg,
-            roots,
-            keep_children: dropped.is_empty(),
-            // Batch-invariant: whichever children are short take the leaf pass (the others the state pass), so a
-            // child's kernel follows from its own length.
-            short_children: if invariant {
-                lens[roots..].iter().any(|&l| l <= ops::GDN_CHUNK)
-            } else {
-                lens[roots..].iter().all(|&l| l <= ops::GDN_CHUNK)
-            },
-            long_children: invariant && lens[roots..].iter().any(|&l| l > ops::GDN_CHUNK),
-            max_len: lens.iter().copied().max().unwrap_or(0),
-            split: self.split_gemms(),
-            attn_splits: self.attn_tc_dims().map_or(1, |a| {
-                if invariant {
-                    lens.iter()
-                        .map(|&l| crate::attn_tc::attention_tc_segment_splits(l, a, g.sms))
-                        .max()
-                        .unwrap_or(1)
-                } else {
-                    crate::attn_tc::attention_tc_plan(lens.iter().copied(), a, g.sms)
-                }
-            }),
-            invariant,
-        };
+        let shape = self.shape_of(&lens, roots, dropped.is_empty());
         let table_len = TableLayout::new(&self.layers, n, nseg).len;
         // Positions of KV rows the dropped children write into the scratch.
         let kv_rows: usize = dropped.iter().map(|(_, s)| s.len()).sum();
@@ -253,30 +261,14 @@ impl CudaModel {
         };
         if n <= ARENA_ROWS {
             // The persistent scratch: fixed addresses, so a repeated shape can replay a captured CUDA graph.
-            let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
-            if arena.as_ref().is_none_or(|a| a.rows < n) {
-                // More rows than the arena holds: all of it anew (the old one freed first, so that the budget
-                // holds one arena at a time).
-                let (rows, tl) = arena.as_ref().map_or((0, 0), |a| (a.rows, a.table.len));
-                *arena = None;
-                self.drop_graphs();
-                let rows = n.max(rows).next_power_of_two().clamp(256, ARENA_ROWS);
-                *arena = Some(self.scratch(rows, table_len.max(tl).next_power_of_two())?);
-            }
+            let mut arena = self.arena_for(shape, table_len)?;
             let a = arena
                 .as_mut()
                 .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
-            // A longer table or more attention splits than before: those buffers alone move (and the graphs that
-            // captured their addresses go). The children's KV rows may move freely: only the table names them.
-            let moved = a.table.reserve(self, table_len, "forward table")?;
-            if a.attn
-                .reserve(self, self.attn_scratch(shape), "attention scratch")?
-                || moved
-            {
-                self.drop_graphs();
-            }
             let p = upload(a)?;
-            timed(&ph.launch, || self.run_layers_graphed(&p, shape))?;
+            timed(&ph.launch, || {
+                self.graphed(shape, &|| self.run_layers(&p, shape))
+            })?;
             timed(&ph.out, || self.final_norm(&p, shape, &out))?;
         } else {
             let mut sc = self.scratch(n, table_len)?;

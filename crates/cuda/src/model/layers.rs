@@ -1,10 +1,13 @@
 //! The model crate's op set as launches ([`Launches`], driven by `onepass_model::layer_ops::run_layers` from
 //! [`CudaModel::run_layers`]: this crate holds no layer loop of its own), the precision-dependent GEMM inputs and
-//! residual updates, and the readout (label rows or full logits).
+//! residual updates (each projection dispatched on its weights' formats: cuBLAS or the bf16 GEMV for float ones,
+//! [`crate::qgemm`] for block-format ones), a rotated pack's Hadamard sites, and the readout (label rows or full
+//! logits).
 
 use onepass_model::layer_ops::{self, LayerOps};
 
 use super::*;
+use crate::qgemm::Act;
 
 impl CudaModel {
     pub(super) fn head(&self) -> W {
@@ -32,42 +35,89 @@ impl CudaModel {
         }
     }
 
-    /// `y = x · wᵀ` for an input projection: `x` [T, K] as [`CudaModel::act_in`] laid it out; in split mode both
-    /// planes (`both`: one GEMM over 2K) or the hi plane alone. `invariant`: batch-invariant
-    /// ([`CudaModel::invariant_gemms`]).
-    pub(super) fn gemm_in(
+    /// A block-format GEMM ([`crate::qgemm::gemm_q`]) over this model's dequantisation scratch.
+    fn gemm_q(
         &self,
-        x: u64,
+        x: Act,
         t: usize,
         k: usize,
-        w: &Weight,
+        w: W,
         n: usize,
+        y: (u64, usize),
+        beta: f32,
+    ) -> Result<(), CudaError> {
+        let s = self
+            .dequant
+            .as_ref()
+            .map_or((0, 0), |b| (self.gpu.ptr(b), b.len()));
+        crate::qgemm::gemm_q(&self.gpu, x, t, k, w, n, y, beta, s)
+    }
+
+    /// The [`Act`] of an input projection's input at `x` ([`CudaModel::act_in`]'s layout): split mode both planes
+    /// (`both`) or the hi plane alone.
+    fn act_in_q(&self, x: u64, k: usize, both: bool) -> Act {
+        match self.prec {
+            Precision::Bf16 => Act::Bf16 { x, ldx: k },
+            Precision::F32 => Act::F32 { x, ldx: k },
+            Precision::Bf16Split if both => Act::Split {
+                x,
+                ldx: 2 * k,
+                lo: k,
+            },
+            Precision::Bf16Split => Act::Bf16 { x, ldx: 2 * k },
+        }
+    }
+
+    /// `y = x · wᵀ` for an input projection, part by part (each into its rows of y): `x` [T, K] as
+    /// [`CudaModel::act_in`] laid it out, at `p.act` (a rotated part, or any part of an unrotated site) or `p.actu`
+    /// (the normed input as it is, beside its rotation); in split mode both planes (`both`: a float part's one GEMM
+    /// over 2K) or the hi plane alone. `invariant`: a float part batch-invariant ([`CudaModel::invariant_gemms`]).
+    pub(super) fn gemm_in(
+        &self,
+        p: &FwdPtrs,
+        t: usize,
+        k: usize,
+        lin: &Linear,
         y: u64,
         ldy: usize,
         both: bool,
         invariant: bool,
     ) -> Result<(), CudaError> {
-        let (_, ldx) = self.act_in(x, k);
         let inv = self.invariant_gemms(invariant, t);
-        if both {
-            return crate::gemm::gemm_split_as(
-                &self.gpu,
-                inv,
-                (x, ldx),
-                t,
-                k,
-                (w.w, w.ld),
-                n,
-                (y, ldy),
-                0.0,
-            );
+        for part in &lin.parts {
+            let x = if part.rot || lin.rot.is_none() {
+                p.act
+            } else {
+                p.actu
+            };
+            let (_, ldx) = self.act_in(x, k);
+            let (w, yp) = (&part.w, y + 4 * part.row0 as u64);
+            if w.w.is_block() {
+                let a = self.act_in_q(x, k, both);
+                self.gemm_q(a, t, k, w.w, part.rows, (yp, ldy), 0.0)?;
+            } else if both {
+                crate::gemm::gemm_split_as(
+                    &self.gpu,
+                    inv,
+                    (x, ldx),
+                    t,
+                    k,
+                    (w.w, w.ld),
+                    part.rows,
+                    (yp, ldy),
+                    0.0,
+                )?;
+            } else {
+                let (g, rows) = (&*self.gpu, part.rows);
+                crate::gemm::gemm_ld_as(g, inv, x, ldx, t, k, w.w, w.ld, rows, yp, ldy, 0.0)?;
+            }
         }
-        crate::gemm::gemm_ld_as(&self.gpu, inv, x, ldx, t, k, w.w, w.ld, n, y, ldy, 0.0)
+        Ok(())
     }
 
-    /// Whether a forward's product over `t` rows runs batch-invariant: the forward is (`invariant`, its
+    /// Whether a forward's float product over `t` rows runs batch-invariant: the forward does (`invariant`, its
     /// [`Shape`]'s) and has more than one row (a decode step, one row, keeps the few-row GEMV: nothing is stacked
-    /// with it).
+    /// with it). Block-format weights (Q8_0, PQ2_0) are not covered.
     pub(super) fn invariant_gemms(&self, invariant: bool, t: usize) -> bool {
         invariant && t > 1
     }
@@ -80,7 +130,10 @@ impl CudaModel {
         out: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
         let o = Out::F32(self.gpu.ptr(out));
-        let pending = self.both_planes(s.split, Projection::MlpOut);
+        let pending = self
+            .layers
+            .last()
+            .is_some_and(|l| self.defers(s.split, Projection::MlpOut, &l.w_down));
         self.norm(p, s.n, self.final_norm.ptr, pending, (o, self.hid))
     }
 
@@ -88,6 +141,13 @@ impl CudaModel {
     /// GEMM then leaves two halves for the next [`CudaModel::norm`] to add.
     pub(super) fn both_planes(&self, split: SplitGemms, p: Projection) -> bool {
         self.prec == Precision::Bf16Split && split.has(p)
+    }
+
+    /// Whether residual projection `p` (weights `lin`) leaves its two halves for the next norm to add: both
+    /// planes of a float weight in a model without rotation (a block-format GEMM, and any GEMM of a rotated pack,
+    /// whose norms rotate their output, adds into the residual itself).
+    pub(super) fn defers(&self, split: SplitGemms, p: Projection, lin: &Linear) -> bool {
+        self.both_planes(split, p) && !lin.has_blocks() && !self.rotated
     }
 
     /// RMSNorm of the residual x into `out` (row stride `ldo`); `pending` (split mode only: see
@@ -122,26 +182,48 @@ impl CudaModel {
         self.mark("rms_norm")
     }
 
-    /// The residual update `x += act · wᵀ` (act: [T, K]). On both planes (`both`, split mode) one GEMM over both
-    /// writes its two halves to the fold buffer and the next [`CudaModel::norm`] adds them to x (weights read
-    /// once); → whether that add is pending. Otherwise the GEMM accumulates into x (split mode: the hi plane alone).
+    /// The residual update `x += act · wᵀ` (act: [T, K]). On both planes (`both`, split mode) of a float weight
+    /// that [`CudaModel::defers`], one GEMM over both writes its two halves to the fold buffer and the next
+    /// [`CudaModel::norm`] adds them to x (weights read once); → whether that add is pending. Otherwise the GEMMs
+    /// accumulate into x (split mode: both planes, or the hi plane alone).
     pub(super) fn gemm_residual(
         &self,
         p: &FwdPtrs,
         t: usize,
         k: usize,
-        w: &Weight,
-        both: bool,
+        lin: &Linear,
+        proj: Projection,
+        split: SplitGemms,
         invariant: bool,
     ) -> Result<bool, CudaError> {
-        let (g, hid) = (&*self.gpu, self.hid);
-        let inv = self.invariant_gemms(invariant, t);
-        if both {
-            crate::gemm::gemm_ld_as(g, inv, p.act, k, 2 * t, k, w.w, k, hid, p.fold, hid, 0.0)?;
-        } else {
-            crate::gemm::gemm_ld_as(g, inv, p.act, k, t, k, w.w, k, hid, p.x, hid, 1.0)?;
+        let (hid, both) = (self.hid, self.both_planes(split, proj));
+        let (g, inv) = (&*self.gpu, self.invariant_gemms(invariant, t));
+        let lo = p.act + 2 * (t * k) as u64;
+        for part in &lin.parts {
+            let (w, y) = (part.w.w, p.x + 4 * part.row0 as u64);
+            if w.is_block() {
+                let a = match self.prec {
+                    Precision::Bf16 => Act::Bf16 { x: p.act, ldx: k },
+                    Precision::F32 => Act::F32 { x: p.act, ldx: k },
+                    Precision::Bf16Split if both => Act::Split {
+                        x: p.act,
+                        ldx: k,
+                        lo: t * k,
+                    },
+                    Precision::Bf16Split => Act::Bf16 { x: p.act, ldx: k },
+                };
+                self.gemm_q(a, t, k, w, part.rows, (y, hid), 1.0)?;
+            } else if self.defers(split, proj, lin) {
+                crate::gemm::gemm_ld_as(g, inv, p.act, k, 2 * t, k, w, k, hid, p.fold, hid, 0.0)?;
+                return Ok(true);
+            } else {
+                crate::gemm::gemm_ld_as(g, inv, p.act, k, t, k, w, k, part.rows, y, hid, 1.0)?;
+                if both {
+                    crate::gemm::gemm_ld_as(g, inv, lo, k, t, k, w, k, part.rows, y, hid, 1.0)?;
+                }
+            }
         }
-        Ok(both)
+        Ok(false)
     }
 
     /// Every layer of one forward over the scratch at `p` (no allocation on the device, no host synchronisation:
@@ -191,9 +273,10 @@ impl CudaModel {
         }
         let pd = g.upload(&pairs)?;
         let out: CudaSlice<f32> = g.alloc(picks.len())?;
+        let rot = self.head_input(h)?;
         ops::rows_dot(
             g,
-            g.ptr(&h.buf),
+            rot.as_ref().map_or(g.ptr(&h.buf), |r| g.ptr(r)),
             h.hid,
             g.ptr(&pd),
             picks.len(),
@@ -258,31 +341,86 @@ impl CudaModel {
         }))
     }
 
+    /// A rotated pack's label-row input: the hidden rows rotated by the head's signs (f32). `None` when the head is
+    /// not rotated.
+    fn head_input(&self, h: &CudaHidden) -> Result<Option<CudaSlice<f32>>, CudaError> {
+        let Some(signs) = &self.head_rot else {
+            return Ok(None);
+        };
+        let g = &*self.gpu;
+        let buf: CudaSlice<f32> = g.alloc(h.rows * h.hid)?;
+        ops::hadamard_rows(
+            g,
+            (g.ptr(&h.buf), h.hid),
+            h.rows,
+            h.hid,
+            signs.ptr,
+            false,
+            None,
+            (Out::F32(g.ptr(&buf)), h.hid),
+        )?;
+        Ok(Some(buf))
+    }
+
     /// The head over every hidden row, left on the device. → [N, V] f32
     fn logits_device(&self, h: &CudaHidden) -> Result<CudaSlice<f32>, CudaError> {
         let g = &*self.gpu;
         let out: CudaSlice<f32> = g.alloc(h.rows * self.vocab)?;
-        // The GEMM input in the head's dtype: the hidden rows rounded to bf16, or as they are (f32).
-        let hb: Option<CudaSlice<u16>> = match self.prec {
-            Precision::Bf16 | Precision::Bf16Split => {
-                let hb = g.alloc(h.rows * h.hid)?;
-                ops::to_bf16(g, g.ptr(&h.buf), g.ptr(&hb), h.rows * h.hid)?;
-                Some(hb)
-            }
-            Precision::F32 => None,
-        };
-        let x = hb.as_ref().map_or(g.ptr(&h.buf), |b| g.ptr(b));
-        g.gemm(
-            x,
-            h.rows,
-            h.hid,
-            self.head(),
-            self.vocab,
-            g.ptr(&out),
-            self.vocab,
-            0.0,
-        )?;
+        // Room for the head's input: the rows in bf16 (the bf16 precisions) or rotated (a rotated pack's head).
+        let hb: CudaSlice<f32> = g.alloc(h.rows * h.hid)?;
+        self.head_into(g.ptr(&h.buf), h.rows, g.ptr(&hb), g.ptr(&out))?;
         Ok(out)
+    }
+
+    /// The head over `rows` final-normed hidden rows at `h` (f32) into `out` ([rows, V] f32). `hb`: room for the
+    /// head's input, `rows · H` f32 (4 bytes each): the rows rounded to bf16 (a float head in the bf16 precisions),
+    /// or rotated by the head's signs (a rotated pack); unused otherwise. A block-format head runs [`crate::qgemm`]
+    /// on f32 rows in the f32 and split precisions (its weights are exact, so the split precision's logits are not
+    /// held to bf16 inputs), on bf16 ones in bf16; a float one cuBLAS (or the bf16 GEMV).
+    pub(super) fn head_into(
+        &self,
+        h: u64,
+        rows: usize,
+        hb: u64,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let g = &*self.gpu;
+        let head = self.head();
+        let f32_in = match self.prec {
+            Precision::F32 => true,
+            Precision::Bf16Split => head.is_block(),
+            Precision::Bf16 => false,
+        };
+        let x = match (&self.head_rot, f32_in) {
+            (Some(signs), _) => {
+                let o = if f32_in { Out::F32(hb) } else { Out::Bf16(hb) };
+                ops::hadamard_rows(
+                    g,
+                    (h, self.hid),
+                    rows,
+                    self.hid,
+                    signs.ptr,
+                    false,
+                    None,
+                    (o, self.hid),
+                )?;
+                hb
+            }
+            (None, false) => {
+                ops::to_bf16(g, h, hb, rows * self.hid)?;
+                hb
+            }
+            (None, true) => h,
+        };
+        if head.is_block() {
+            let a = if f32_in {
+                Act::F32 { x, ldx: self.hid }
+            } else {
+                Act::Bf16 { x, ldx: self.hid }
+            };
+            return self.gemm_q(a, rows, self.hid, head, self.vocab, (out, self.vocab), 0.0);
+        }
+        g.gemm(x, rows, self.hid, head, self.vocab, out, self.vocab, 0.0)
     }
 }
 
@@ -343,6 +481,34 @@ impl<'a> Launches<'a> {
     fn kv_ptr(&self) -> u64 {
         self.p.ptrs + 8 * self.table as u64
     }
+
+    /// Where the producer of `lin`'s input (rows of k) writes: the f32 rotation scratch when `lin` reads a
+    /// rotated input ([`Launches::rotate_site`] then rotates it into the activation), else the activation itself.
+    fn site_out(&self, lin: &Linear, k: usize) -> Out {
+        match lin.rot {
+            Some(_) => Out::F32(self.p.rot),
+            None => self.m.act(self.p.act, self.s.n, k),
+        }
+    }
+
+    /// A rotated site that is not a norm's: the producer's f32 rows rotated into the activation (one launch).
+    fn rotate_site(&self, lin: &Linear, k: usize) -> Result<(), CudaError> {
+        let Some(signs) = &lin.rot else {
+            return Ok(());
+        };
+        let (m, p, n) = (self.m, self.p, self.s.n);
+        ops::hadamard_rows(
+            &m.gpu,
+            (p.rot, k),
+            n,
+            k,
+            signs.ptr,
+            false,
+            None,
+            (m.act(p.act, n, k), k),
+        )?;
+        m.mark("rotation")
+    }
 }
 
 impl LayerOps for Launches<'_> {
@@ -352,17 +518,56 @@ impl LayerOps for Launches<'_> {
         let (m, p) = (self.m, self.p);
         m.mark("upload")?;
         ops::embed_gather(&m.gpu, m.embed.w, p.ids, p.x, self.s.n, m.hid)?;
+        if let Some(signs) = &m.embed_rot {
+            // The rows were stored as R·e: e = Rᵀ·z, in place.
+            ops::hadamard_rows(
+                &m.gpu,
+                (p.x, m.hid),
+                self.s.n,
+                m.hid,
+                signs.ptr,
+                true,
+                None,
+                (Out::F32(p.x), m.hid),
+            )?;
+        }
         m.mark("embed")
     }
 
     fn norm(&mut self, l: usize, site: NormSite) -> Result<(), CudaError> {
         let (m, p) = (self.m, self.p);
         let layer = self.layer(l);
-        let gain = match site {
-            NormSite::Input => layer.in_norm.ptr,
-            NormSite::Post => layer.post_norm.ptr,
+        let (gain, next) = match (site, &layer.mixer) {
+            (NormSite::Input, Mixer::Gdn(g)) => (layer.in_norm.ptr, &g.w_in),
+            (NormSite::Input, Mixer::Attn(a)) => (layer.in_norm.ptr, &a.w_in),
+            (NormSite::Post, _) => (layer.post_norm.ptr, &layer.w_gu),
         };
-        m.norm(p, self.s.n, gain, self.pending, m.act_in(p.act, m.hid))
+        let Some(signs) = &next.rot else {
+            return m.norm(p, self.s.n, gain, self.pending, m.act_in(p.act, m.hid));
+        };
+        if self.pending {
+            return Err(CudaError::Unsupported(
+                "a residual add deferred into a rotated norm".into(),
+            ));
+        }
+        // A rotated site: the norm and its rotation in one launch, the normed rows as they are beside them for the
+        // parts that read those (a Gated DeltaNet's in_proj_a and in_proj_b).
+        let raw = next
+            .parts
+            .iter()
+            .any(|pt| !pt.rot)
+            .then(|| m.act_in(p.actu, m.hid));
+        ops::hadamard_rows(
+            &m.gpu,
+            (p.x, m.hid),
+            self.s.n,
+            m.hid,
+            signs.ptr,
+            false,
+            Some((gain, m.eps, raw)),
+            m.act_in(p.act, m.hid),
+        )?;
+        m.mark("rms_norm + rotation")
     }
 
     fn project_in(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
@@ -374,17 +579,7 @@ impl LayerOps for Launches<'_> {
                 let pw = g.proj_width();
                 self.table = self.next_table;
                 self.next_table += GDN_ENTRIES * self.s.nseg;
-                m.gemm_in(
-                    p.act,
-                    n,
-                    m.hid,
-                    &g.w_in,
-                    pw,
-                    p.proj,
-                    pw,
-                    both,
-                    self.s.invariant,
-                )?;
+                m.gemm_in(p, n, m.hid, &g.w_in, p.proj, pw, both, self.s.invariant)?;
                 m.mark("gemm gdn in")
             }
             Projection::AttnIn => {
@@ -392,27 +587,16 @@ impl LayerOps for Launches<'_> {
                 let pw = a.proj_width();
                 self.table = self.next_table;
                 self.next_table += KV_ENTRIES * self.s.nseg;
-                m.gemm_in(
-                    p.act,
-                    n,
-                    m.hid,
-                    &a.w_in,
-                    pw,
-                    p.proj,
-                    pw,
-                    both,
-                    self.s.invariant,
-                )?;
+                m.gemm_in(p, n, m.hid, &a.w_in, p.proj, pw, both, self.s.invariant)?;
                 m.mark("gemm attn in")
             }
             Projection::MlpIn => {
                 let gu = 2 * m.inter;
                 m.gemm_in(
-                    p.act,
+                    p,
                     n,
                     m.hid,
                     &self.layer(l).w_gu,
-                    gu,
                     p.proj,
                     gu,
                     both,
@@ -518,9 +702,10 @@ impl LayerOps for Launches<'_> {
             n,
             d.hv,
             d.dv,
-            m.act(p.act, n, d.hv * d.dv),
+            self.site_out(&g.w_out, d.hv * d.dv),
         )?;
-        m.mark("gated norm")
+        m.mark("gated norm")?;
+        self.rotate_site(&g.w_out, d.hv * d.dv)
     }
 
     fn attn_prep(&mut self, l: usize) -> Result<(), CudaError> {
@@ -548,7 +733,7 @@ impl LayerOps for Launches<'_> {
         let at = self.attn(l);
         let (a, pw, kv_p) = (at.a, at.proj_width(), self.kv_ptr());
         let scale = 1.0 / (a.head_dim as f32).sqrt();
-        let out = m.act(p.act, s.n, a.heads * a.head_dim);
+        let out = self.site_out(&at.w_o, a.heads * a.head_dim);
         if at.tc {
             let attention = if s.invariant {
                 crate::attn_tc::attention_tc_invariant
@@ -577,18 +762,20 @@ impl LayerOps for Launches<'_> {
                 &m.gpu, p.mid, p.proj, pw, p.segs, kv_p, s.nseg, s.max_len, a, scale, out,
             )?;
         }
-        m.mark("attention")
+        m.mark("attention")?;
+        self.rotate_site(&at.w_o, a.heads * a.head_dim)
     }
 
-    fn swiglu(&mut self, _l: usize) -> Result<(), CudaError> {
+    fn swiglu(&mut self, l: usize) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
-        ops::swiglu(&m.gpu, p.proj, m.inter, n, m.act(p.act, n, m.inter))?;
-        m.mark("swiglu")
+        let down = &self.layer(l).w_down;
+        ops::swiglu(&m.gpu, p.proj, m.inter, n, self.site_out(down, m.inter))?;
+        m.mark("swiglu")?;
+        self.rotate_site(down, m.inter)
     }
 
     fn project_residual(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
-        let both = self.both(proj);
         let (w, k, name) = match proj {
             Projection::GdnOut => {
                 let g = self.gdn(l);
@@ -601,7 +788,7 @@ impl LayerOps for Launches<'_> {
             Projection::MlpOut => (&self.layer(l).w_down, m.inter, "gemm mlp down"),
             _ => unreachable!("{proj:?} is an input projection"),
         };
-        self.pending = m.gemm_residual(p, n, k, w, both, self.s.invariant)?;
+        self.pending = m.gemm_residual(p, n, k, w, proj, self.s.split, self.s.invariant)?;
         m.mark(name)
     }
 }

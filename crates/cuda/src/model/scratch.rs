@@ -93,6 +93,8 @@ impl Scratch {
             gates: g.ptr(&self.gates),
             wy: g.ptr(&self.wy),
             fold: g.ptr(&self.fold),
+            actu: g.ptr(&self.actu),
+            rot: g.ptr(&self.rot),
             attn: g.ptr(&self.attn.buf),
         }
     }
@@ -268,6 +270,8 @@ impl CudaModel {
             gates: 1,
             wy: 0,
             fold: 0,
+            actu: 0,
+            rot: 0,
         };
         if self.prec == Precision::Bf16Split {
             // Residual GEMMs over both planes write 2N rows of H.
@@ -290,6 +294,10 @@ impl CudaModel {
                 }
             }
         }
+        if self.rotated {
+            w.actu = self.hid;
+            w.rot = w.act;
+        }
         w
     }
 
@@ -297,7 +305,8 @@ impl CudaModel {
     pub(super) fn scratch(&self, rows: usize, table_len: usize) -> Result<Scratch, CudaError> {
         let g = &*self.gpu;
         let w = self.widths();
-        let floats = rows * (self.hid + w.act + w.proj + w.mid + w.gates + w.wy + w.fold);
+        let floats =
+            rows * (self.hid + w.act + w.proj + w.mid + w.gates + w.wy + w.fold + w.actu + w.rot);
         let charge = self.ledger.charge(4 * floats, "forward scratch")?;
         Ok(Scratch {
             rows,
@@ -311,17 +320,56 @@ impl CudaModel {
             gates: g.alloc(rows * w.gates)?,
             wy: g.alloc(rows * w.wy)?,
             fold: g.alloc(rows * w.fold)?,
+            // A rotated pack's normed input as it is (in act's layout) and the f32 output of a rotated site.
+            actu: g.alloc(rows * w.actu)?,
+            rot: g.alloc(rows * w.rot)?,
             attn: Growing::new(self, 0, "attention scratch")?,
             kv: Growing::new(self, 0, "tree children's KV rows")?,
             _charge: charge,
         })
     }
 
-    /// The layers of one forward, through a CUDA graph when this shape was seen before (the first sight runs
-    /// them directly, so one-off shapes never pay a capture; GEMM tuning also happens on that first run).
-    pub(super) fn run_layers_graphed(&self, p: &FwdPtrs, s: Shape) -> Result<(), CudaError> {
+    /// The persistent scratch, made ready for a forward of `s` whose table is `table_len` bytes: allocated anew when
+    /// it holds fewer rows (the old one freed first, so that the budget holds one arena at a time), its table and
+    /// attention scratch grown. Whatever moves takes the graphs that captured its addresses with it. → the locked arena
+    /// (always `Some`)
+    pub(super) fn arena_for(
+        &self,
+        s: Shape,
+        table_len: usize,
+    ) -> Result<std::sync::MutexGuard<'_, Option<Scratch>>, CudaError> {
+        let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        if arena.as_ref().is_none_or(|a| a.rows < s.n) {
+            let (rows, tl) = arena.as_ref().map_or((0, 0), |a| (a.rows, a.table.len));
+            *arena = None;
+            self.drop_graphs();
+            let rows = s.n.max(rows).next_power_of_two().clamp(256, ARENA_ROWS);
+            *arena = Some(self.scratch(rows, table_len.max(tl).next_power_of_two())?);
+        }
+        let a = arena
+            .as_mut()
+            .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
+        // The children's KV rows may move freely: only the table names them.
+        let moved = a.table.reserve(self, table_len, "forward table")?;
+        if a.attn
+            .reserve(self, self.attn_scratch(s), "attention scratch")?
+            || moved
+        {
+            self.drop_graphs();
+        }
+        Ok(arena)
+    }
+
+    /// Runs `f` (one forward's launches of shape `s`, over the persistent scratch) through a CUDA graph when this shape
+    /// was seen before (the first sight runs them directly, so one-off shapes never pay a capture; GEMM tuning also
+    /// happens on that first run).
+    pub(super) fn graphed(
+        &self,
+        s: Shape,
+        f: &dyn Fn() -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
         if self.profiling() || !self.use_graphs.load(Ordering::Relaxed) {
-            return self.run_layers(p, s);
+            return f();
         }
         let mut c = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(gr) = c.get(&s) {
@@ -333,7 +381,7 @@ impl CudaModel {
         }
         if c.note(s) < 2 {
             drop(c);
-            return self.run_layers(p, s);
+            return f();
         }
         let stream = &self.gpu.stream;
         stream
@@ -344,7 +392,7 @@ impl CudaModel {
                 op: "begin capture",
                 err,
             })?;
-        let r = self.run_layers(p, s);
+        let r = f();
         let gr = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         match (r, gr) {
             (Ok(()), Ok(Some(gr))) => {
@@ -361,7 +409,7 @@ impl CudaModel {
                 self.use_graphs.store(false, Ordering::Relaxed);
                 c.clear();
                 drop(c);
-                self.run_layers(p, s)
+                f()
             }
         }
     }

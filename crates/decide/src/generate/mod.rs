@@ -294,43 +294,61 @@ pub fn generate<B: Backend>(
         }
         Ok(sample::sample(logits, &sampling, &mut rng))
     };
-    let mut tok = draw(&logits)?;
-    let finish = loop {
+    // One token taken: its text streamed, and whether the generation ends with it.
+    let mut take = |tok: u32| -> Result<Option<Finish>, GenerateError> {
         tokens.push(tok);
         if gen.eos.binary_search(&tok).is_ok() {
-            break Finish::Stop;
+            return Ok(Some(Finish::Stop));
         }
         let stopped = stream
             .push(tok)
             .map_err(|e| GenerateError::model(e.to_string()))?;
         let d = stream.delta();
         if !d.is_empty() && !on_delta(&d) {
-            break Finish::Cancelled;
+            return Ok(Some(Finish::Cancelled));
         }
         if stopped {
-            break Finish::Stop;
+            return Ok(Some(Finish::Stop));
         }
         if tokens.len() >= req.max_tokens || ids.len() + tokens.len() >= max_pos {
-            break Finish::Length;
+            return Ok(Some(Finish::Length));
         }
-        // A greedy step takes its token from the backend (a GPU picks it where the logits are).
-        tok = if sampling.is_greedy() {
-            let h = model
-                .forward_batch(&mut [(&mut st, &[tok][..])])
+        Ok(None)
+    };
+    let first = draw(&logits)?;
+    let finish = match take(first)? {
+        Some(f) => f,
+        // Greedy steps run on the backend (a GPU picks each token where the logits are, a step ahead of this loop);
+        // the forwards a generation may need at most bound them: one per token after the first, within the context.
+        None if sampling.is_greedy() => {
+            let max_steps =
+                (req.max_tokens.saturating_sub(1)).min(max_pos.saturating_sub(ids.len() + 1));
+            let mut end: Result<Option<Finish>, GenerateError> = Ok(None);
+            model
+                .greedy_steps(&mut st, first, max_steps, &mut |t| {
+                    steps += 1;
+                    end = take(t);
+                    matches!(end, Ok(None))
+                })
                 .map_err(GenerateError::model)?;
-            let next = model.argmax(&h, &[0]).map_err(GenerateError::model)?;
-            next.first()
-                .copied()
-                .ok_or_else(|| GenerateError::model("the model picked no token for the step"))?
-        } else {
-            let logits = model
-                .extend(&mut st, &[tok], 0, &[0], Pick::Full)
-                .map_err(GenerateError::model)?
-                .pop()
-                .unwrap_or_default();
-            draw(&logits)?
-        };
-        steps += 1;
+            // Out of steps without an end: the length bound, which the last step's token met.
+            end?.unwrap_or(Finish::Length)
+        }
+        None => {
+            let mut tok = first;
+            loop {
+                let logits = model
+                    .extend(&mut st, &[tok], 0, &[0], Pick::Full)
+                    .map_err(GenerateError::model)?
+                    .pop()
+                    .unwrap_or_default();
+                steps += 1;
+                tok = draw(&logits)?;
+                if let Some(f) = take(tok)? {
+                    break f;
+                }
+            }
+        }
     };
     let rest = stream
         .finish()

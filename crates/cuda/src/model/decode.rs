@@ -1,0 +1,263 @@
+//! Greedy decoding on the device, queued one step ahead of the host.
+//!
+//! A step is one CUDA graph (captured at the second step of its shape): the pick of the step before is copied into
+//! the forward's table as its id, the layers run, then the final norm, the head and the argmax, which writes the next
+//! pick where the next step reads it. So the device never waits for the host: the host queues step k + 1 before it
+//! waits for step k's pick (copied into page-locked host memory, with an event after the copy), and its work on that
+//! token (text, stop strings, streaming) overlaps the device's next step. The price: when the caller stops on a
+//! token, the step queued after it has already run, so the state holds one token more than the caller accepted.
+//!
+//! One decode at a time holds the fixed buffers (their addresses are in the graph); a second concurrent decode gets
+//! none ([`CudaModel::greedy_steps`] answers `None`) and runs step by step.
+
+use std::sync::{MutexGuard, TryLockError};
+
+use super::*;
+use crate::DrvCtx;
+
+/// Steps a decode may queue ahead of the picks it has read (host slots).
+const SLOTS: usize = 2;
+
+/// The fixed device buffers of greedy decoding, and the host slots their picks come back through.
+pub(super) struct DecodeBufs {
+    /// The last pick, which the next step embeds. [1] i32
+    tok: CudaSlice<i32>,
+    /// The final-normed hidden row. [H] f32
+    hidden: CudaSlice<f32>,
+    /// The head's input ([`CudaModel::head_into`]: the row in bf16, or rotated). [H] f32
+    hb: CudaSlice<f32>,
+    /// [V] f32
+    logits: CudaSlice<f32>,
+    slots: HostSlots,
+    _charge: Charge,
+}
+
+/// Page-locked host memory for one pick per slot, each copy followed by its own event, so that waiting for one pick
+/// does not wait for the work queued after it.
+struct HostSlots {
+    ptr: *mut i32,
+    events: Vec<CudaEvent>,
+}
+
+// SAFETY: the slots are only touched by the holder of the model's decode buffers (behind a mutex); the memory is
+// plain page-locked host memory, valid on any thread.
+unsafe impl Send for HostSlots {}
+
+impl HostSlots {
+    fn new(g: &Gpu) -> Result<Self, CudaError> {
+        // SAFETY: a fresh allocation of SLOTS i32, freed in Drop; every slot is written by a copy before it is read.
+        let ptr = unsafe { cudarc::driver::result::malloc_host(4 * SLOTS, 0) }
+            .op("page-locked allocation")? as *mut i32;
+        let mut events = Vec::with_capacity(SLOTS);
+        for _ in 0..SLOTS {
+            match g.ctx.new_event(None) {
+                Ok(e) => events.push(e),
+                Err(err) => {
+                    // SAFETY: allocated above, never handed out.
+                    let _ = unsafe { cudarc::driver::result::free_host(ptr as _) };
+                    return Err(CudaError::Driver { op: "event", err });
+                }
+            }
+        }
+        Ok(HostSlots { ptr, events })
+    }
+
+    /// Queues the copy of the i32 at device address `src` into slot `i`, and the slot's event after it.
+    fn fetch(&self, g: &Gpu, i: usize, src: u64) -> Result<(), CudaError> {
+        assert!(i < SLOTS, "host slot {i} of {SLOTS}");
+        // SAFETY: slot i lies in the allocation; nothing reads it before the event after this copy completes.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i), 1) };
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, g.stream.cu_stream()) }
+            .op("pick download")?;
+        self.events[i].record(&g.stream).op("event record")
+    }
+
+    /// Waits for slot `i`'s copy. → the value copied
+    fn wait(&self, i: usize) -> Result<i32, CudaError> {
+        self.events[i].synchronize().op("event wait")?;
+        // SAFETY: the copy into slot i completed (its event did).
+        Ok(unsafe { std::ptr::read_volatile(self.ptr.add(i)) })
+    }
+}
+
+impl Drop for HostSlots {
+    fn drop(&mut self) {
+        for e in &self.events {
+            let _ = e.synchronize();
+        }
+        // SAFETY: allocated by malloc_host in new; no copy into it is pending (the events completed).
+        let _ = unsafe { cudarc::driver::result::free_host(self.ptr as _) };
+    }
+}
+
+/// One greedy decode in progress: the decode buffers it holds and the steps it queued and read.
+pub struct GreedyRun<'m> {
+    m: &'m CudaModel,
+    bufs: MutexGuard<'m, Option<DecodeBufs>>,
+    queued: usize,
+    taken: usize,
+}
+
+impl CudaModel {
+    fn decode_bufs(&self) -> Result<DecodeBufs, CudaError> {
+        let g = &*self.gpu;
+        let bytes = 4 + 8 * self.hid + 4 * self.vocab;
+        let charge = self.ledger.charge(bytes, "decode buffers")?;
+        Ok(DecodeBufs {
+            tok: g.alloc(1)?,
+            hidden: g.alloc(self.hid)?,
+            hb: g.alloc(self.hid)?,
+            logits: g.alloc(self.vocab)?,
+            slots: HostSlots::new(g)?,
+            _charge: charge,
+        })
+    }
+
+    /// Starts a greedy decode. `None`: another decode holds the decode buffers.
+    pub fn greedy_run(&self) -> Result<Option<GreedyRun<'_>>, CudaError> {
+        let mut bufs = match self.decode.try_lock() {
+            Ok(b) => b,
+            Err(TryLockError::WouldBlock) => return Ok(None),
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        if bufs.is_none() {
+            *bufs = Some(self.decode_bufs()?);
+        }
+        Ok(Some(GreedyRun {
+            m: self,
+            bufs,
+            queued: 0,
+            taken: 0,
+        }))
+    }
+
+    /// Greedy decoding of `st` from `first`: feeds it, then each pick, handing every pick to `on_token` until it
+    /// answers false or `max_steps` forwards ran. Each step is queued before the pick of the step before is read
+    /// (see the module's text), so the state may hold one token more than `on_token` accepted. `serial` is held
+    /// while a step is queued (the caller's lock on this model's stream), never while waiting for a pick or in
+    /// `on_token`. → forwards run (tokens `st` gained), or `None` with nothing run when another decode holds the
+    /// decode buffers.
+    pub fn greedy_steps(
+        &self,
+        st: &mut CudaState,
+        first: u32,
+        max_steps: usize,
+        serial: &Mutex<()>,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, CudaError> {
+        let lock = || serial.lock().unwrap_or_else(|e| e.into_inner());
+        if max_steps == 0 {
+            return Ok(Some(0));
+        }
+        let run = {
+            let _s = lock();
+            self.greedy_run()?
+        };
+        let Some(mut run) = run else {
+            return Ok(None);
+        };
+        {
+            let _s = lock();
+            run.queue(st, Some(first))?;
+        }
+        let mut fed = 1;
+        loop {
+            let ahead = fed < max_steps;
+            if ahead {
+                let _s = lock();
+                run.queue(st, None)?;
+                fed += 1;
+            }
+            let t = run.pick()?;
+            if !on_token(t) || !ahead {
+                break;
+            }
+        }
+        drop(run);
+        Ok(Some(fed))
+    }
+}
+
+impl GreedyRun<'_> {
+    /// Queues one step of `st`: it feeds `feed`, or with `None` the pick of the step queued before.
+    pub fn queue(&mut self, st: &mut CudaState, feed: Option<u32>) -> Result<(), CudaError> {
+        let (m, g) = (self.m, &*self.m.gpu);
+        let input = |s: &str| CudaError::Model(ModelError::Input(s.into()));
+        if self.queued - self.taken >= SLOTS {
+            return Err(input(
+                "a greedy decode queued more steps than it read picks",
+            ));
+        }
+        if feed.is_none() && self.queued == 0 {
+            return Err(input("the first step of a greedy decode needs its token"));
+        }
+        let b = self
+            .bufs
+            .as_ref()
+            .ok_or_else(|| CudaError::Unsupported("no decode buffers".into()))?;
+        // The id checked and the KV rows grown as for any forward; the table's id is a stand-in, the graph copies the
+        // pick over it.
+        let id = [feed.unwrap_or(0)];
+        let mut items = [(&mut *st, &id[..])];
+        m.prepare(&mut items)?;
+        if let Some(t) = feed {
+            g.upload_into(&[t as i32], &b.tok)?;
+        }
+        let mut shape = m.shape_of(&[1], 1, true);
+        shape.greedy = true;
+        let table_len = TableLayout::new(&m.layers, 1, 1).len;
+        let mut arena = m.arena_for(shape, table_len)?;
+        let a = arena
+            .as_mut()
+            .ok_or_else(|| CudaError::Unsupported("no arena".into()))?;
+        let table = m.table(&items, &[], &[-1], (g.ptr(&a.kv.buf), 0));
+        g.upload_into(&table, &a.table.buf)?;
+        let p = a.ptrs(m, shape);
+        let (tok, hidden, hb, logits) = (
+            g.ptr(&b.tok),
+            g.ptr(&b.hidden),
+            g.ptr(&b.hb),
+            g.ptr(&b.logits),
+        );
+        m.graphed(shape, &|| {
+            // SAFETY: both addresses are live device buffers (the pick, the table's first id), 4 bytes each; the copy
+            // is ordered on the model's stream.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(p.ids, tok, 4, g.stream.cu_stream())
+            }
+            .op("pick into the table")?;
+            m.run_layers(&p, shape)?;
+            m.final_norm(&p, shape, &b.hidden)?;
+            m.head_into(hidden, 1, hb, logits)?;
+            ops::argmax_rows(g, logits, 1, m.vocab, tok)
+        })?;
+        drop(arena);
+        b.slots.fetch(g, self.queued % SLOTS, tok)?;
+        st.pos += 1;
+        self.queued += 1;
+        Ok(())
+    }
+
+    /// Waits for the pick of the oldest step not read yet. → the token
+    pub fn pick(&mut self) -> Result<u32, CudaError> {
+        if self.taken == self.queued {
+            return Err(CudaError::Model(ModelError::Input(
+                "no greedy step is queued".into(),
+            )));
+        }
+        let b = self
+            .bufs
+            .as_ref()
+            .ok_or_else(|| CudaError::Unsupported("no decode buffers".into()))?;
+        let t = b.slots.wait(self.taken % SLOTS)?;
+        self.taken += 1;
+        Ok(t as u32)
+    }
+}
+
+impl Drop for GreedyRun<'_> {
+    /// The steps queued finish before the buffers go to the next decode (and before the caller touches the state).
+    fn drop(&mut self) {
+        let _ = self.m.gpu.sync();
+    }
+}
