@@ -263,10 +263,12 @@ KERNEL(simt) void dequant_rows(const unsigned char* __restrict__ q, const unsign
 // its blocks) and, where `raw` is not null, also stored unrotated there (raw_mode, row stride ldr: the input of the
 // linears that read the normed input as it is). The rotated row is stored as `store_act` with `mode` (row stride
 // ldo). x: [R, K] (stride ldx), K % 1024 == 0; `out` may be x when there is no gain (each block reads its own
-// 1024 values before it writes them). grid (R, K / 1024), 256 threads: the 10 butterfly stages in shared memory.
+// 1024 values before it writes them). With `swiglu` (and no gain) x holds an MLP's [gate | up] rows (stride ldx,
+// each K wide) and the rotated values are silu(gate) * up (the SwiGLU fused in front). grid (R, K / 1024), 256
+// threads: the 10 butterfly stages in shared memory.
 KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict__ gain, float eps, int K,
                                 const float* __restrict__ signs, int inverse, void* out, int mode, int ldo,
-                                void* raw, int raw_mode, int ldr) {
+                                void* raw, int raw_mode, int ldr, int swiglu) {
     __shared__ float s[1024];
     idx_t r = blockIdx.x;
     int c0 = blockIdx.y * 1024;
@@ -280,7 +282,7 @@ KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict
     }
     for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
         int c = c0 + i;
-        float v = row[c];
+        float v = swiglu ? silu_f(row[c]) * row[K + c] : row[c];
         if (gain) {
             v = v * inv * gain[c];
             if (raw) store_act(raw, r * ldr + c, v, raw_mode);

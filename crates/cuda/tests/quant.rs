@@ -414,6 +414,68 @@ fn hadamard_rows_match_cpu() {
     }
 }
 
+/// The SwiGLU with the rotation of its output in one launch (a rotated pack's down-projection site) against the
+/// CPU's `silu(gate)·up` rotated by the f64 reference, 5 rows of 2048, f32 and split outputs.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn swiglu_rotate_matches_cpu() {
+    let g = gpu();
+    let (n, inter) = (5usize, 2048usize);
+    let gu: Vec<f32> = rnd(n * 2 * inter, 21).iter().map(|v| 3.0 * v).collect();
+    let signs: Vec<f32> = rnd(inter, 22)
+        .iter()
+        .map(|v| if *v < 0.0 { -1.0 } else { 1.0 })
+        .collect();
+    let mut want = vec![0.0f32; n * inter];
+    for r in 0..n {
+        for c in 0..inter {
+            let (a, b) = (gu[r * 2 * inter + c], gu[r * 2 * inter + inter + c]);
+            want[r * inter + c] = a / (1.0 + (-a).exp()) * b;
+        }
+    }
+    hadamard_rotate_reference(&mut want, &signs);
+    let (gd, sd) = (g.upload(&gu).unwrap(), g.upload(&signs).unwrap());
+    let out = g.alloc::<f32>(n * inter).unwrap();
+    ops::swiglu_rotate(
+        &g,
+        g.ptr(&gd),
+        inter,
+        n,
+        g.ptr(&sd),
+        (Out::F32(g.ptr(&out)), inter),
+    )
+    .unwrap();
+    check(
+        "swiglu + rotate f32",
+        &g.download(&out, n * inter).unwrap(),
+        &want,
+        F32_TOL,
+    );
+    // Split planes (hi rows, then lo rows), as the residual projection reads them.
+    ops::swiglu_rotate(
+        &g,
+        g.ptr(&gd),
+        inter,
+        n,
+        g.ptr(&sd),
+        (Out::Split(g.ptr(&out), n * inter), inter),
+    )
+    .unwrap();
+    let v = g.download(&out, n * inter).unwrap();
+    let bits: Vec<u16> = v
+        .iter()
+        .flat_map(|f| {
+            let u = f.to_bits();
+            [u as u16, (u >> 16) as u16]
+        })
+        .collect();
+    let vals = from_bf16_bits(&bits);
+    let got: Vec<f32> = (0..n * inter)
+        .map(|i| vals[i] + vals[n * inter + i])
+        .collect();
+    check("swiglu + rotate split", &got, &want, 1e-4);
+}
+
 /// The W of an upload is the block format asked for.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]

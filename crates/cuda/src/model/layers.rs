@@ -741,9 +741,14 @@ impl LayerOps for Launches<'_> {
     fn swiglu(&mut self, l: usize) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
         let down = &self.layer(l).w_down;
-        ops::swiglu(&m.gpu, p.proj, m.inter, n, self.site_out(down, m.inter))?;
-        m.mark("swiglu")?;
-        self.rotate_site(down, m.inter)
+        if let Some(signs) = &down.rot {
+            // The down projection's site: the SwiGLU and its rotation in one launch.
+            let out = (m.act(p.act, n, m.inter), m.inter);
+            ops::swiglu_rotate(&m.gpu, p.proj, m.inter, n, signs.ptr, out)?;
+            return m.mark("swiglu + rotation");
+        }
+        ops::swiglu(&m.gpu, p.proj, m.inter, n, m.act(p.act, n, m.inter))?;
+        m.mark("swiglu")
     }
 
     fn project_residual(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
