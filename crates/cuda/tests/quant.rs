@@ -476,6 +476,94 @@ fn swiglu_rotate_matches_cpu() {
     check("swiglu + rotate split", &got, &want, 1e-4);
 }
 
+/// The gated RMSNorm with the rotation of its output in one launch (a rotated pack's out_proj site) against the
+/// CPU's per-head `norm(x)·w·silu(z)` (f64) rotated by the f64 reference: heads of 64, 128, 256 and 1024 values (the
+/// head sums by shuffles within a warp, and across warps), 3 rows, z at an odd row stride; f32 and bf16 outputs.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn gated_norm_rotate_matches_cpu() {
+    let g = gpu();
+    let n = 3usize;
+    for (hv, dv) in [(16usize, 64usize), (8, 128), (4, 256), (2, 1024)] {
+        let k = hv * dv;
+        let ldz = k + 5;
+        let x = rnd(n * k, 31);
+        let z: Vec<f32> = rnd(n * ldz, 32).iter().map(|v| 2.0 * v).collect();
+        let w: Vec<f32> = rnd(dv, 33).iter().map(|v| 1.0 + 0.3 * v).collect();
+        let signs: Vec<f32> = rnd(k, 34)
+            .iter()
+            .map(|v| if *v < 0.0 { -1.0 } else { 1.0 })
+            .collect();
+        let eps = 1e-6f32;
+        let mut want = vec![0.0f32; n * k];
+        for r in 0..n {
+            for h in 0..hv {
+                let row = &x[r * k + h * dv..r * k + (h + 1) * dv];
+                let ms = row.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / dv as f64;
+                let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+                for c in 0..dv {
+                    let zv = f64::from(z[r * ldz + h * dv + c]);
+                    let silu = zv / (1.0 + (-zv).exp());
+                    want[r * k + h * dv + c] =
+                        (f64::from(row[c]) * inv * f64::from(w[c]) * silu) as f32;
+                }
+            }
+        }
+        hadamard_rotate_reference(&mut want, &signs);
+        let (xd, zd, wd, sd) = (
+            g.upload(&x).unwrap(),
+            g.upload(&z).unwrap(),
+            g.upload(&w).unwrap(),
+            g.upload(&signs).unwrap(),
+        );
+        let out = g.alloc::<f32>(n * k).unwrap();
+        for bf16 in [false, true] {
+            let o = if bf16 {
+                Out::Bf16(g.ptr(&out))
+            } else {
+                Out::F32(g.ptr(&out))
+            };
+            ops::gated_norm_rotate(
+                &g,
+                (g.ptr(&xd), g.ptr(&zd), ldz),
+                g.ptr(&wd),
+                eps,
+                n,
+                (hv, dv),
+                g.ptr(&sd),
+                (o, k),
+            )
+            .unwrap();
+            let v = g.download(&out, n * k).unwrap();
+            let got = if bf16 {
+                let bits: Vec<u16> = v
+                    .iter()
+                    .flat_map(|f| {
+                        let u = f.to_bits();
+                        [u as u16, (u >> 16) as u16]
+                    })
+                    .collect();
+                from_bf16_bits(&bits)[..n * k].to_vec()
+            } else {
+                v
+            };
+            check(
+                &format!(
+                    "gated norm + rotate {hv}x{dv} {}",
+                    if bf16 { "bf16" } else { "f32" }
+                ),
+                &got,
+                &want,
+                if bf16 { BF16_TOL } else { F32_TOL },
+            );
+        }
+    }
+    assert!(
+        !ops::gated_norm_rotate_takes(3, 96),
+        "heads that do not tile 1024"
+    );
+}
+
 /// The W of an upload is the block format asked for.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]

@@ -669,6 +669,26 @@ impl LayerOps for Launches<'_> {
         let d = g.d;
         let (_, _, _, core_p, _) = self.gdn_ptrs(g);
         let z_off = g.cd;
+        if let Some(signs) = g
+            .w_out
+            .rot
+            .as_ref()
+            .filter(|_| ops::gated_norm_rotate_takes(d.hv, d.dv))
+        {
+            // The out_proj site: the gated norm and its rotation in one launch.
+            let k = d.hv * d.dv;
+            ops::gated_norm_rotate(
+                &m.gpu,
+                (core_p, p.proj + 4 * z_off as u64, g.proj_width()),
+                g.norm.ptr,
+                g.eps,
+                n,
+                (d.hv, d.dv),
+                signs.ptr,
+                (m.act(p.act, n, k), k),
+            )?;
+            return m.mark("gated norm + rotation");
+        }
         ops::rms_norm_gated(
             &m.gpu,
             core_p,
