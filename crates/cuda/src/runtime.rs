@@ -51,6 +51,7 @@ pub struct Kernels {
     pub gemv_q: [[[CudaFunction; 2]; 3]; 2],
     pub dequant_rows: CudaFunction,
     pub hadamard_rows: CudaFunction,
+    pub gated_norm_rotate: CudaFunction,
     pub attn_prep: CudaFunction,
     pub swiglu: CudaFunction,
     pub to_bf16: CudaFunction,
@@ -625,7 +626,7 @@ impl Gpu {
         }
         let k = by_name! {
             embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, attn_prep, swiglu,
-            to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait, dequant_rows, hadamard_rows;
+            to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait, dequant_rows, hadamard_rows, gated_norm_rotate;
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,
