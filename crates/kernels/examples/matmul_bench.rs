@@ -1,0 +1,29 @@
+//! µs per `matmul_t` call on the Qwen3.5-0.8B MLP shape (N 3,584, K 1,024), bf16 and f32 weights, 1 to 512 tokens:
+//! how the batch-invariant float kernel compares with the kernels it replaced (run this example from two checkouts,
+//! alternating; docs/benchmarks/cpu-matmul.md). `cargo run --release -p onepass-kernels --example matmul_bench`
+use onepass_tensor::Tensor;
+
+fn main() {
+    let (n, k) = (3584usize, 1024usize);
+    let wv: Vec<f32> = (0..n * k).map(|i| ((i as f32) * 0.37).sin()).collect();
+    for (name, w) in [
+        ("bf16", Tensor::from_f32_as_bf16("w", vec![n, k], &wv)),
+        ("f32", Tensor::from_f32("w", vec![n, k], &wv)),
+    ] {
+        for t in [1usize, 2, 8, 64, 512] {
+            let x: Vec<f32> = (0..t * k).map(|i| ((i as f32) * 0.11).cos()).collect();
+            let mut y = vec![0.0f32; t * n];
+            onepass_kernels::matmul_t(&x, t, &w, &mut y);
+            let reps = (2000 / t).max(5);
+            let t0 = std::time::Instant::now();
+            for _ in 0..reps {
+                onepass_kernels::matmul_t(&x, t, &w, &mut y);
+            }
+            let us = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;
+            println!(
+                "{name} t={t:4}: {us:9.1} us  {:6.1} GFLOP/s",
+                2.0 * (t * n * k) as f64 / us / 1e3
+            );
+        }
+    }
+}
