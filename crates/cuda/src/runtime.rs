@@ -46,6 +46,8 @@ pub struct Kernels {
     /// `gemv_bf16_2`, `gemv_bf16_8`: at most 2 and at most 8 x rows.
     pub gemv_bf16: [CudaFunction; 2],
     pub argmax_rows: CudaFunction,
+    pub head_argmax_bf16: CudaFunction,
+    pub gemv_norm_bf16: CudaFunction,
     pub attn_prep: CudaFunction,
     pub swiglu: CudaFunction,
     pub to_bf16: CudaFunction,
@@ -617,7 +619,7 @@ impl Gpu {
             };
         }
         let k = by_name! {
-            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, attn_prep, swiglu,
+            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16, gemv_norm_bf16, attn_prep, swiglu,
             to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait;
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,

@@ -69,8 +69,22 @@ impl CudaModel {
         out: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
         let o = Out::F32(self.gpu.ptr(out));
-        let pending = self.both_planes(s.split, Projection::MlpOut);
-        self.norm(p, s.n, self.final_norm.ptr, pending, (o, self.hid))
+        self.norm(p, s.n, self.final_norm.ptr, self.pending_at_end(s), (o, self.hid))
+    }
+
+    /// Whether the last layer's residual GEMM leaves two halves for the final norm to add ([`CudaModel::gemm_residual`]).
+    pub(super) fn pending_at_end(&self, s: Shape) -> bool {
+        self.both_planes(s.split, Projection::MlpOut)
+            && !self
+                .layers
+                .last()
+                .is_some_and(|l| self.direct_residual(s.n, self.inter, &l.w_down))
+    }
+
+    /// Whether a residual projection of `t` rows over K = `k` on both planes adds their products straight into x (one
+    /// token row, a bf16 weight the GEMV takes) instead of leaving two halves in the fold buffer.
+    fn direct_residual(&self, t: usize, k: usize, w: &Weight) -> bool {
+        t == 1 && k.is_multiple_of(8) && w.ld.is_multiple_of(8) && matches!(w.w, W::Bf16(a) if a.is_multiple_of(16))
     }
 
     /// Whether projection `p` multiplies both planes of its input (split mode, and `p` among `split`): its residual
@@ -113,7 +127,7 @@ impl CudaModel {
 
     /// The residual update `x += act · wᵀ` (act: [T, K]). On both planes (`both`, split mode) one GEMM over both
     /// writes its two halves to the fold buffer and the next [`CudaModel::norm`] adds them to x (weights read
-    /// once); → whether that add is pending. Otherwise the GEMM accumulates into x (split mode: the hi plane alone).
+    /// once); → whether that add is pending (never for one token row: the GEMV adds both planes' products to x). Otherwise the GEMM accumulates into x (split mode: the hi plane alone).
     pub(super) fn gemm_residual(
         &self,
         p: &FwdPtrs,
@@ -124,6 +138,15 @@ impl CudaModel {
     ) -> Result<bool, CudaError> {
         let hid = self.hid;
         if both {
+            // One token row (decode): both planes' products summed straight into the residual.
+            if self.direct_residual(t, k, w) {
+                if !crate::gemm::gemv_planes(&self.gpu, p.act, k, (w.w, w.ld), hid, p.x, 1.0)? {
+                    return Err(CudaError::Unsupported(
+                        "a residual projection's input is not 16-byte aligned".into(),
+                    ));
+                }
+                return Ok(false);
+            }
             self.gpu.gemm(p.act, 2 * t, k, w.w, hid, p.fold, hid, 0.0)?;
         } else {
             self.gpu.gemm(p.act, t, k, w.w, hid, p.x, hid, 1.0)?;
@@ -149,6 +172,7 @@ impl CudaModel {
             // Read once: every layer of this forward multiplies the same way.
             tc: self.tc_arith(),
             pending: false,
+            deferred: None,
             table: 0,
             next_table: 0,
         };
@@ -299,6 +323,9 @@ struct Launches<'a> {
     tc: TcArith,
     /// The last residual GEMM left two halves in the fold buffer (see [`CudaModel::gemm_residual`]).
     pending: bool,
+    /// A norm not launched yet (its gain): for one token row the next input projection forms it itself
+    /// ([`crate::gemm::gemv_norm`]).
+    deferred: Option<u64>,
     /// The current layer's first entry in the pointer table (its mixer's per-segment state pointers), and the
     /// next layer's.
     table: usize,
@@ -343,6 +370,17 @@ impl<'a> Launches<'a> {
         (conv_p, ssm_p, init_p, core_p, beta_p)
     }
 
+    /// A mixer's input projection starts its layer's entries in the pointer table.
+    fn next_entries(&mut self, proj: Projection) {
+        let per = match proj {
+            Projection::GdnIn => GDN_ENTRIES,
+            Projection::AttnIn => KV_ENTRIES,
+            _ => return,
+        };
+        self.table = self.next_table;
+        self.next_table += per * self.s.nseg;
+    }
+
     fn kv_ptr(&self) -> u64 {
         self.p.ptrs + 8 * self.table as u64
     }
@@ -365,26 +403,43 @@ impl LayerOps for Launches<'_> {
             NormSite::Input => layer.in_norm.ptr,
             NormSite::Post => layer.post_norm.ptr,
         };
+        if self.s.n == 1 && !self.pending && m.prec != Precision::F32 {
+            self.deferred = Some(gain);
+            return Ok(());
+        }
         m.norm(p, self.s.n, gain, self.pending, m.act_in(p.act, m.hid))
     }
 
     fn project_in(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
         let both = self.both(proj);
+        if let Some(gain) = self.deferred.take() {
+            let (w, pw) = match proj {
+                Projection::GdnIn => (&self.gdn(l).w_in, self.gdn(l).proj_width()),
+                Projection::AttnIn => (&self.attn(l).w_in, self.attn(l).proj_width()),
+                _ => (&self.layer(l).w_gu, 2 * m.inter),
+            };
+            // Both planes in split mode where the projection multiplies both, else the one bf16 plane.
+            let planes = if m.prec == Precision::Bf16Split && both { 2 } else { 1 };
+            let x = (p.x, gain, m.eps);
+            if crate::gemm::gemv_norm(&m.gpu, x, planes, m.hid, (w.w, w.ld), pw, p.proj)? {
+                self.next_entries(proj);
+                return m.mark("norm + input projection");
+            }
+            m.norm(p, n, gain, false, m.act_in(p.act, m.hid))?;
+        }
         match proj {
             Projection::GdnIn => {
                 let g = self.gdn(l);
                 let pw = g.proj_width();
-                self.table = self.next_table;
-                self.next_table += GDN_ENTRIES * self.s.nseg;
+                self.next_entries(proj);
                 m.gemm_in(p.act, n, m.hid, &g.w_in, pw, p.proj, pw, both)?;
                 m.mark("gemm gdn in")
             }
             Projection::AttnIn => {
                 let a = self.attn(l);
                 let pw = a.proj_width();
-                self.table = self.next_table;
-                self.next_table += KV_ENTRIES * self.s.nseg;
+                self.next_entries(proj);
                 m.gemm_in(p.act, n, m.hid, &a.w_in, pw, p.proj, pw, both)?;
                 m.mark("gemm attn in")
             }
