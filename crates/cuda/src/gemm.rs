@@ -183,6 +183,11 @@ pub fn gemm_ld(
             blas_sys::cudaDataType::CUDA_R_32F,
             C::CUBLAS_COMPUTE_32F_PEDANTIC,
         ),
+        W::Pq2 { .. } | W::Q8 { .. } => {
+            return Err(CudaError::Unsupported(
+                "a block-format weight in a float GEMM (crate::qgemm multiplies those)".into(),
+            ))
+        }
     };
     let alpha = 1.0f32;
     // SAFETY: pointers are live device buffers of the stated shapes.

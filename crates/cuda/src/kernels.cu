@@ -36,10 +36,26 @@ __device__ __forceinline__ void store_act(void* out, idx_t i, float v, int mode)
     ((bf16_t*)out)[i] = h;
     if (mode < 0) ((bf16_t*)out)[i + (idx_t)(-(long long)mode)] = f2bf(v - bf2f(h));
 }
-// A weight value: bf16 or f32 storage.
-__device__ __forceinline__ float load_w(const void* w, idx_t i, int f32w) {
-    return f32w ? ((const float*)w)[i] : bf2f(((const bf16_t*)w)[i]);
+__device__ __forceinline__ float h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
 }
+
+// One value of a weight row stored as `mode` says: 0 bf16, 1 f32, 2 PQ2_0, 3 Q8_0 (d: the scales of 2 and 3; the
+// block formats' device layout is in quant.cu).
+__device__ __forceinline__ float load_wq(const void* w, const unsigned short* d, int mode, idx_t row, int K,
+                                         int c) {
+    if (mode == 0) return bf2f(((const bf16_t*)w)[row * K + c]);
+    if (mode == 1) return ((const float*)w)[row * K + c];
+    const unsigned char* q = (const unsigned char*)w;
+    if (mode == 2) {
+        int code = (q[row * (K / 4) + c / 4] >> (2 * (c & 3))) & 3;
+        return (float)(code - 1) * h2f(d[row * (K / 128) + c / 128]);
+    }
+    return (float)(signed char)q[row * K + c] * h2f(d[row * (K / 32) + c / 32]);
+}
+
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_f(float x) { return x * sigmoid_f(x); }
 __device__ __forceinline__ float warp_sum(float v) {
@@ -64,11 +80,12 @@ __device__ float block_sum(float v) {
     return total;
 }
 
-// x[n, :] = embed[ids[n], :]        embed: [V, H] bf16 (f32 if f32w); x: [N, H] f32. grid N.
-KERNEL(simt) void embed_gather(const void* embed, int f32w, const int* ids, float* x, int hid) {
+// x[n, :] = embed[ids[n], :]        embed: [V, H] stored as `load_wq`'s mode says; x: [N, H] f32. grid N.
+KERNEL(simt) void embed_gather(const void* embed, const unsigned short* d, int mode, const int* ids, float* x,
+                               int hid) {
     int n = blockIdx.x;
-    idx_t base = (idx_t)ids[n] * hid;
-    for (int c = threadIdx.x; c < hid; c += blockDim.x) x[(idx_t)n * hid + c] = load_w(embed, base + c, f32w);
+    idx_t row = ids[n];
+    for (int c = threadIdx.x; c < hid; c += blockDim.x) x[(idx_t)n * hid + c] = load_wq(embed, d, mode, row, hid, c);
 }
 
 // The row norms (rms_norm, add2_rms_norm) are latency-bound: a row of 1024 f32 is 4 KB, so a block per row with a
@@ -908,16 +925,16 @@ KERNEL(simt) void to_bf16(const float* x, bf16_t* y, int n) {
     if (i < n) y[i] = f2bf(x[i]);
 }
 
-// Label-row readout: out[p] = hidden[pairs[2p]] . head[pairs[2p+1]]. hidden: [N, H] f32; head: [V, H] bf16
-// (f32 if f32w). One warp per pair: grid ceil(P/4), block 128.
+// Label-row readout: out[p] = hidden[pairs[2p]] . head[pairs[2p+1]]. hidden: [N, H] f32; head: [V, H] stored as
+// `load_wq`'s mode says. One warp per pair: grid ceil(P/4), block 128.
 KERNEL(simt) void rows_dot(const float* hidden, int hid, const int* pairs, int P, const void* head,
-                           int f32w, float* out) {
+                           const unsigned short* scales, int mode, float* out) {
     int p = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (p >= P) return;
     const float* x = hidden + (idx_t)pairs[2 * p] * hid;
-    idx_t w = (idx_t)pairs[2 * p + 1] * hid;
+    idx_t w = pairs[2 * p + 1];
     float d = 0.0f;
-    for (int c = lane; c < hid; c += 32) d += x[c] * load_w(head, w + c, f32w);
+    for (int c = lane; c < hid; c += 32) d += x[c] * load_wq(head, scales, mode, w, hid, c);
     d = warp_sum(d);
     if (lane == 0) out[p] = d;
 }

@@ -19,6 +19,7 @@ pub mod gemm;
 pub mod model;
 pub mod ops;
 pub mod options;
+pub mod qgemm;
 pub mod runtime;
 
 pub use model::{

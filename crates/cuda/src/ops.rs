@@ -14,23 +14,42 @@ pub(crate) fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
 }
 
-/// A weight matrix on the device: its address and storage dtype (bf16, or f32 in the exact mode).
+/// A weight matrix [N, K] on the device: its address and storage (bf16, f32 in the exact mode, or a block format
+/// in quant.cu's device layout: the code bytes of every row at `q`, then the f16 scales [N, K / block] at `d`).
 #[derive(Clone, Copy, Debug)]
 pub enum W {
     Bf16(u64),
     F32(u64),
+    /// PQ2_0: codes [N, K/4] bytes (16 weights per little-endian word), scales [N, K/128].
+    Pq2 {
+        q: u64,
+        d: u64,
+    },
+    /// Q8_0: signed bytes [N, K], scales [N, K/32].
+    Q8 {
+        q: u64,
+        d: u64,
+    },
 }
 
 impl W {
-    fn parts(self) -> (u64, i32) {
+    /// (address, scales, mode) for the kernels' `w, d, mode` parameters (`load_wq` in kernels.cu).
+    fn parts(self) -> (u64, u64, i32) {
         match self {
-            W::Bf16(p) => (p, 0),
-            W::F32(p) => (p, 1),
+            W::Bf16(p) => (p, 0, 0),
+            W::F32(p) => (p, 0, 1),
+            W::Pq2 { q, d } => (q, d, 2),
+            W::Q8 { q, d } => (q, d, 3),
         }
+    }
+
+    /// Whether it is stored in a block format (multiplied by [`crate::qgemm`], not cuBLAS).
+    pub fn is_block(self) -> bool {
+        matches!(self, W::Pq2 { .. } | W::Q8 { .. })
     }
 }
 
-/// x[n] = embed[ids[n]]. embed: [V, H]; ids: [N] i32; x: [N, H] f32.
+/// x[n] = embed[ids[n]]. embed: [V, H] (any [`W`]); ids: [N] i32; x: [N, H] f32.
 pub fn embed_gather(
     g: &Gpu,
     embed: W,
@@ -39,8 +58,8 @@ pub fn embed_gather(
     n: usize,
     hid: usize,
 ) -> Result<(), CudaError> {
-    let (e, f32w) = embed.parts();
-    launch!(g, g.k.embed_gather, cfg((n as u32, 1), ROW_THREADS, 0); e, f32w, ids, x, hid as i32)
+    let (e, d, mode) = embed.parts();
+    launch!(g, g.k.embed_gather, cfg((n as u32, 1), ROW_THREADS, 0); e, d, mode, ids, x, hid as i32)
 }
 
 /// Output of a row op: bf16 (GEMM input), f32, or f32 split into two bf16 planes (hi at the address, lo
@@ -480,8 +499,43 @@ pub fn rows_dot(
     head: W,
     out: u64,
 ) -> Result<(), CudaError> {
-    let (hd, f32w) = head.parts();
-    launch!(g, g.k.rows_dot, cfg((blocks(p, 4), 1), 128, 0); hidden, hid as i32, pairs, p as i32, hd, f32w, out)
+    let (hd, d, mode) = head.parts();
+    launch!(g, g.k.rows_dot, cfg((blocks(p, 4), 1), 128, 0); hidden, hid as i32, pairs, p as i32, hd, d, mode, out)
+}
+
+/// The RMSNorm in front of a [`hadamard_rows`]: its gain, epsilon, and where the normed rows go unrotated too (an
+/// [`Out`] and its row stride), if anywhere.
+pub type NormFirst = (u64, f32, Option<(Out, usize)>);
+
+/// The blockwise Hadamard rotation of `rows` rows of `k` values (`k % 1024 == 0`; docs/formats.md): `out = R·x`
+/// (signs, FWHT per 1024-block, ÷32), or with `inverse` `Rᵀ·x` (FWHT, ÷32, then signs: the embedding rows after
+/// the gather). x: [R, k] f32 (row stride ldx); signs: [k]. `norm`: `(gain, eps, raw)` first RMS-norms each row
+/// (`x·rsqrt(mean(x²) + eps)·gain`, gain [k]) and, where `raw` is given, also stores the normed rows unrotated there
+/// (an [`Out`] and its row stride). `out` may be x itself when there is no norm. One launch.
+pub fn hadamard_rows(
+    g: &Gpu,
+    (x, ldx): (u64, usize),
+    rows: usize,
+    k: usize,
+    signs: u64,
+    inverse: bool,
+    norm: Option<NormFirst>,
+    (out, ldo): (Out, usize),
+) -> Result<(), CudaError> {
+    if !k.is_multiple_of(1024) {
+        return Err(CudaError::Unsupported(format!(
+            "a Hadamard rotation of rows of {k} values (a multiple of 1024 needed)"
+        )));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let (o, mode) = out.parts();
+    let (gain, eps, raw) = norm.map_or((0, 0.0, None), |(g, e, r)| (g, e, r));
+    let ((r, raw_mode), ldr) = raw.map_or(((0, 0), 0), |(o, ld)| (o.parts(), ld));
+    let c = cfg((rows as u32, (k / 1024) as u32), 256, 0);
+    launch!(g, g.k.hadamard_rows, c; x, ldx as i32, gain, eps, k as i32, signs, i32::from(inverse), o, mode,
+        ldo as i32, r, raw_mode, ldr as i32)
 }
 
 /// `x += f[..R] + f[R..]` (f: [2R, dim], the second half `lo` values after the first), then [`rms_norm`] of x:

@@ -31,6 +31,7 @@ pub const KERNELS_CU: &str = concat!(
     include_str!("attn_tc.cu"),
     include_str!("gdn_prep_tc.cu"),
     include_str!("fused.cu"),
+    include_str!("quant.cu"),
 );
 
 const NVRTC_OPTS: &[&str] = &["--std=c++17"];
@@ -48,6 +49,10 @@ pub struct Kernels {
     pub argmax_rows: CudaFunction,
     pub head_argmax_bf16: CudaFunction,
     pub gemv_norm_bf16: CudaFunction,
+    /// `gemv_{pq2,q8}_{bf16,f32,split}_{1,8}` (quant.cu): [format][activation layout][more than one row].
+    pub gemv_q: [[[CudaFunction; 2]; 3]; 2],
+    pub dequant_rows: CudaFunction,
+    pub hadamard_rows: CudaFunction,
     pub attn_prep: CudaFunction,
     pub swiglu: CudaFunction,
     pub to_bf16: CudaFunction,
@@ -620,7 +625,7 @@ impl Gpu {
         }
         let k = by_name! {
             embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16, gemv_norm_bf16, attn_prep, swiglu,
-            to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait;
+            to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait, dequant_rows, hadamard_rows;
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,
@@ -641,6 +646,15 @@ impl Gpu {
             ],
             attention_tc_combine: f("attention_tc_combine")?,
             gemv_bf16: [f("gemv_bf16_2")?, f("gemv_bf16_8")?],
+            gemv_q: {
+                let fmt = |q: &str| -> Result<[[CudaFunction; 2]; 3], CudaError> {
+                    let rows = |x: &str| -> Result<[CudaFunction; 2], CudaError> {
+                        Ok([f(&format!("gemv_{q}_{x}_1"))?, f(&format!("gemv_{q}_{x}_8"))?])
+                    };
+                    Ok([rows("bf16")?, rows("f32")?, rows("split")?])
+                };
+                [fmt("pq2")?, fmt("q8")?]
+            },
         };
         let name = ctx.name().op("device name")?;
         Ok(Arc::new(Gpu {

@@ -279,7 +279,13 @@ fn argmax_rows_picks_the_first_maximum() {
 fn gemv_norm_matches_cpu() {
     let g = gpu();
     let eps = 1e-6f32;
-    for &(k, n, planes) in &[(1024usize, 6176usize, 2usize), (136, 7, 1), (136, 7, 2), (1024, 1025, 1), (2048, 333, 2)] {
+    for &(k, n, planes) in &[
+        (1024usize, 6176usize, 2usize),
+        (136, 7, 1),
+        (136, 7, 2),
+        (1024, 1025, 1),
+        (2048, 333, 2),
+    ] {
         let x: Vec<f32> = rnd(k, 40 + k as u64).iter().map(|v| 3.0 * v).collect();
         let gain: Vec<f32> = rnd(k, 41).iter().map(|v| 1.0 + 0.5 * v).collect();
         // A weight row stride past K, as the split input projections' (stored twice).
@@ -287,14 +293,26 @@ fn gemv_norm_matches_cpu() {
         let w = bf16_round(&rnd(n * ldw, 42 + n as u64));
         let ms: f64 = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / k as f64;
         let inv = 1.0 / (ms + eps as f64).sqrt();
-        let normed: Vec<f32> = (0..k).map(|c| (x[c] as f64 * inv * gain[c] as f64) as f32).collect();
+        let normed: Vec<f32> = (0..k)
+            .map(|c| (x[c] as f64 * inv * gain[c] as f64) as f32)
+            .collect();
         let hi = bf16_round(&normed);
-        let lo: Vec<f32> = bf16_round(&normed.iter().zip(&hi).map(|(v, h)| v - h).collect::<Vec<_>>());
+        let lo: Vec<f32> = bf16_round(
+            &normed
+                .iter()
+                .zip(&hi)
+                .map(|(v, h)| v - h)
+                .collect::<Vec<_>>(),
+        );
         let want: Vec<f32> = (0..n)
             .map(|r| {
                 (0..k)
                     .map(|c| {
-                        let a = if planes == 2 { hi[c] as f64 + lo[c] as f64 } else { hi[c] as f64 };
+                        let a = if planes == 2 {
+                            hi[c] as f64 + lo[c] as f64
+                        } else {
+                            hi[c] as f64
+                        };
                         a * w[r * ldw + c] as f64
                     })
                     .sum::<f64>() as f32
@@ -337,7 +355,13 @@ fn head_argmax_picks_what_the_head_and_argmax_pick() {
         g.upload(&[0u32]).unwrap(),
     );
     let pp = (g.ptr(&parts.0), g.ptr(&parts.1), g.ptr(&parts.2));
-    for &(k, n) in &[(64usize, 1usize), (136, 7), (1024, 1025), (2048, 333), (1024, 248_320)] {
+    for &(k, n) in &[
+        (64usize, 1usize),
+        (136, 7),
+        (1024, 1025),
+        (2048, 333),
+        (1024, 248_320),
+    ] {
         let h = rnd(k, 30 + k as u64);
         let mut w = bf16_round(&rnd(n * k, 31 + n as u64));
         let tie = if n > 2 { Some((n / 3, n - 1)) } else { None };
@@ -365,7 +389,10 @@ fn head_argmax_picks_what_the_head_and_argmax_pick() {
             assert_eq!(got, want, "fused pick k={k} n={n}, launch {rep}");
         }
         if let Some((a, _)) = tie {
-            assert_eq!(want, a as i32, "tie k={k} n={n}: the lower of two equal rows");
+            assert_eq!(
+                want, a as i32,
+                "tie k={k} n={n}: the lower of two equal rows"
+            );
         }
         let cpu_pick = (0..n)
             .map(|r| {
@@ -374,7 +401,10 @@ fn head_argmax_picks_what_the_head_and_argmax_pick() {
                     .sum();
                 (r, d)
             })
-            .fold((0, f64::NEG_INFINITY), |b, (r, d)| if d > b.1 { (r, d) } else { b })
+            .fold(
+                (0, f64::NEG_INFINITY),
+                |b, (r, d)| if d > b.1 { (r, d) } else { b },
+            )
             .0;
         if tie.is_some() || n == 1 {
             assert_eq!(want, cpu_pick as i32, "k={k} n={n}: the CPU's pick");

@@ -426,6 +426,35 @@ impl Model {
         })
     }
 
+    /// The Hadamard rotation of projection `p`'s input in layer `l` (a rotated pack, see docs/formats.md): the
+    /// site's sign vector, and how many of [`Model::linear`]`(l, p)`'s weights (the leading ones) are folded and
+    /// read the rotated input (`GdnIn`: in_proj_qkv and in_proj_z; in_proj_a and in_proj_b read the normed input
+    /// as it is; every other projection: all). `None` when the site is not rotated; an error when layer `l` has no
+    /// such projection.
+    pub fn rotation(&self, l: usize, p: Projection) -> Result<Option<(&[f32], usize)>, ModelError> {
+        let layer = self.layer(l)?;
+        let (signs, folded) = match (&layer.mixer, p) {
+            (Mixer::GatedDeltaNet(m), Projection::GdnIn) => (&m.rot_in, 2),
+            (Mixer::GatedDeltaNet(m), Projection::GdnOut) => (&m.rot_out, 1),
+            (Mixer::Attention(m), Projection::AttnIn) => (&m.rot_in, 3),
+            (Mixer::Attention(m), Projection::AttnOut) => (&m.rot_out, 1),
+            (_, Projection::MlpIn) => (&layer.mlp.rot_in, 2),
+            (_, Projection::MlpOut) => (&layer.mlp.rot_down, 1),
+            _ => return Err(Self::no_such(l, layer, p.name())),
+        };
+        Ok(signs.as_deref().map(|s| (s, folded)))
+    }
+
+    /// A rotated pack's embedding signs: the gathered rows are restored as `S·(H·z / 32)` (`None`: not rotated).
+    pub fn embedding_signs(&self) -> Option<&[f32]> {
+        self.embed_signs.as_deref()
+    }
+
+    /// A rotated pack's head signs: the head reads the final hidden rows rotated by `R` (`None`: not rotated).
+    pub fn head_signs(&self) -> Option<&[f32]> {
+        self.head_signs.as_deref()
+    }
+
     /// Parameter `p` of layer `l` (see [`Param`] for its shape and form). An error when layer `l` has none.
     pub fn param(&self, l: usize, p: Param) -> Result<&[f32], ModelError> {
         let layer = self.layer(l)?;

@@ -24,8 +24,8 @@ pub(super) struct DecodeBufs {
     tok: CudaSlice<i32>,
     /// The final-normed hidden row. [H] f32
     hidden: CudaSlice<f32>,
-    /// It in bf16 (the head's input in the bf16 precisions). [H]
-    hb: CudaSlice<u16>,
+    /// The head's input ([`CudaModel::head_into`]: the row in bf16, or rotated). [H] f32
+    hb: CudaSlice<f32>,
     /// [V] f32 (where the head and the pick are two launches)
     logits: CudaSlice<f32>,
     /// The fused head and pick's per-block bests and its count of finished blocks ([`ops::head_argmax_bf16`]).
@@ -105,7 +105,7 @@ pub struct GreedyRun<'m> {
 impl CudaModel {
     fn decode_bufs(&self) -> Result<DecodeBufs, CudaError> {
         let g = &*self.gpu;
-        let bytes = 8 + 6 * self.hid + 4 * self.vocab + 8 * ops::HEAD_BLOCKS;
+        let bytes = 8 + 8 * self.hid + 4 * self.vocab + 8 * ops::HEAD_BLOCKS;
         let charge = self.ledger.charge(bytes, "decode buffers")?;
         Ok(DecodeBufs {
             tok: g.alloc(1)?,
@@ -192,10 +192,19 @@ impl CudaModel {
         let g = &*self.gpu;
         let (tok, hidden) = (g.ptr(&b.tok), g.ptr(&b.hidden));
         self.final_norm(p, s, &b.hidden)?;
-        if let (Precision::Bf16 | Precision::Bf16Split, W::Bf16(w)) = (self.prec, self.head()) {
+        if let (Precision::Bf16 | Precision::Bf16Split, W::Bf16(w), None) =
+            (self.prec, self.head(), &self.head_rot)
+        {
             if self.hid.is_multiple_of(8) && w.is_multiple_of(16) {
                 let parts = (g.ptr(&b.part_v), g.ptr(&b.part_i), g.ptr(&b.count));
-                return ops::head_argmax_bf16(g, hidden, self.hid, (w, self.hid, self.vocab), parts, tok);
+                return ops::head_argmax_bf16(
+                    g,
+                    hidden,
+                    self.hid,
+                    (w, self.hid, self.vocab),
+                    parts,
+                    tok,
+                );
             }
         }
         let logits = g.ptr(&b.logits);

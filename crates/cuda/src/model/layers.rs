@@ -1,10 +1,13 @@
 //! The model crate's op set as launches ([`Launches`], driven by `onepass_model::layer_ops::run_layers` from
 //! [`CudaModel::run_layers`]: this crate holds no layer loop of its own), the precision-dependent GEMM inputs and
-//! residual updates, and the readout (label rows or full logits).
+//! residual updates (each projection dispatched on its weights' formats: cuBLAS or the bf16 GEMV for float ones,
+//! [`crate::qgemm`] for block-format ones), a rotated pack's Hadamard sites, and the readout (label rows or full
+//! logits).
 
 use onepass_model::layer_ops::{self, LayerOps};
 
 use super::*;
+use crate::qgemm::Act;
 
 impl CudaModel {
     pub(super) fn head(&self) -> W {
@@ -32,33 +35,80 @@ impl CudaModel {
         }
     }
 
-    /// `y = x · wᵀ` for an input projection: `x` [T, K] as [`CudaModel::act_in`] laid it out; in split mode both
-    /// planes (`both`: one GEMM over 2K) or the hi plane alone.
-    pub(super) fn gemm_in(
+    /// A block-format GEMM ([`crate::qgemm::gemm_q`]) over this model's dequantisation scratch.
+    fn gemm_q(
         &self,
-        x: u64,
+        x: Act,
         t: usize,
         k: usize,
-        w: &Weight,
+        w: W,
         n: usize,
+        y: (u64, usize),
+        beta: f32,
+    ) -> Result<(), CudaError> {
+        let s = self
+            .dequant
+            .as_ref()
+            .map_or((0, 0), |b| (self.gpu.ptr(b), b.len()));
+        crate::qgemm::gemm_q(&self.gpu, x, t, k, w, n, y, beta, s)
+    }
+
+    /// The [`Act`] of an input projection's input at `x` ([`CudaModel::act_in`]'s layout): split mode both planes
+    /// (`both`) or the hi plane alone.
+    fn act_in_q(&self, x: u64, k: usize, both: bool) -> Act {
+        match self.prec {
+            Precision::Bf16 => Act::Bf16 { x, ldx: k },
+            Precision::F32 => Act::F32 { x, ldx: k },
+            Precision::Bf16Split if both => Act::Split {
+                x,
+                ldx: 2 * k,
+                lo: k,
+            },
+            Precision::Bf16Split => Act::Bf16 { x, ldx: 2 * k },
+        }
+    }
+
+    /// `y = x · wᵀ` for an input projection, part by part (each into its rows of y): `x` [T, K] as
+    /// [`CudaModel::act_in`] laid it out, at `p.act` (a rotated part, or any part of an unrotated site) or `p.actu`
+    /// (the normed input as it is, beside its rotation); in split mode both planes (`both`: a float part's one GEMM
+    /// over 2K) or the hi plane alone.
+    pub(super) fn gemm_in(
+        &self,
+        p: &FwdPtrs,
+        t: usize,
+        k: usize,
+        lin: &Linear,
         y: u64,
         ldy: usize,
         both: bool,
     ) -> Result<(), CudaError> {
-        let (_, ldx) = self.act_in(x, k);
-        if both {
-            return crate::gemm::gemm_split(
-                &self.gpu,
-                (x, ldx),
-                t,
-                k,
-                (w.w, w.ld),
-                n,
-                (y, ldy),
-                0.0,
-            );
+        for part in &lin.parts {
+            let x = if part.rot || lin.rot.is_none() {
+                p.act
+            } else {
+                p.actu
+            };
+            let (_, ldx) = self.act_in(x, k);
+            let (w, yp) = (&part.w, y + 4 * part.row0 as u64);
+            if w.w.is_block() {
+                let a = self.act_in_q(x, k, both);
+                self.gemm_q(a, t, k, w.w, part.rows, (yp, ldy), 0.0)?;
+            } else if both {
+                crate::gemm::gemm_split(
+                    &self.gpu,
+                    (x, ldx),
+                    t,
+                    k,
+                    (w.w, w.ld),
+                    part.rows,
+                    (yp, ldy),
+                    0.0,
+                )?;
+            } else {
+                crate::gemm::gemm_ld(&self.gpu, x, ldx, t, k, w.w, w.ld, part.rows, yp, ldy, 0.0)?;
+            }
         }
-        crate::gemm::gemm_ld(&self.gpu, x, ldx, t, k, w.w, w.ld, n, y, ldy, 0.0)
+        Ok(())
     }
 
     /// `out = rms_norm(x) · final_norm` for `n` rows (f32).
@@ -69,28 +119,54 @@ impl CudaModel {
         out: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
         let o = Out::F32(self.gpu.ptr(out));
-        self.norm(p, s.n, self.final_norm.ptr, self.pending_at_end(s), (o, self.hid))
-    }
-
-    /// Whether the last layer's residual GEMM leaves two halves for the final norm to add ([`CudaModel::gemm_residual`]).
-    pub(super) fn pending_at_end(&self, s: Shape) -> bool {
-        self.both_planes(s.split, Projection::MlpOut)
-            && !self
-                .layers
-                .last()
-                .is_some_and(|l| self.direct_residual(s.n, self.inter, &l.w_down))
-    }
-
-    /// Whether a residual projection of `t` rows over K = `k` on both planes adds their products straight into x (one
-    /// token row, a bf16 weight the GEMV takes) instead of leaving two halves in the fold buffer.
-    fn direct_residual(&self, t: usize, k: usize, w: &Weight) -> bool {
-        t == 1 && k.is_multiple_of(8) && w.ld.is_multiple_of(8) && matches!(w.w, W::Bf16(a) if a.is_multiple_of(16))
+        let pending = self
+            .layers
+            .last()
+            .is_some_and(|l| self.defers(s.split, Projection::MlpOut, &l.w_down, s.n, self.inter));
+        self.norm(p, s.n, self.final_norm.ptr, pending, (o, self.hid))
     }
 
     /// Whether projection `p` multiplies both planes of its input (split mode, and `p` among `split`): its residual
     /// GEMM then leaves two halves for the next [`CudaModel::norm`] to add.
     pub(super) fn both_planes(&self, split: SplitGemms, p: Projection) -> bool {
         self.prec == Precision::Bf16Split && split.has(p)
+    }
+
+    /// Whether residual projection `p` (weights `lin`, over `t` rows of K = `k`) leaves its two halves for the next
+    /// norm to add: both planes of a float weight in a model without rotation (a block-format GEMM, and any GEMM of
+    /// a rotated pack, whose norms rotate their output, adds into the residual itself), unless one token row's GEMV
+    /// adds them ([`CudaModel::direct_residual`]).
+    pub(super) fn defers(
+        &self,
+        split: SplitGemms,
+        p: Projection,
+        lin: &Linear,
+        t: usize,
+        k: usize,
+    ) -> bool {
+        self.both_planes(split, p)
+            && !lin.has_blocks()
+            && !self.rotated
+            && !self.direct_residual(t, k, lin)
+    }
+
+    /// Whether a residual projection of one token row on both planes adds their products into x itself (one GEMV
+    /// per part, every part a bf16 weight the GEMV takes).
+    fn direct_residual(&self, t: usize, k: usize, lin: &Linear) -> bool {
+        t == 1
+            && k.is_multiple_of(8)
+            && lin.parts.iter().all(|pt| {
+                pt.w.ld.is_multiple_of(8) && matches!(pt.w.w, W::Bf16(a) if a.is_multiple_of(16))
+            })
+    }
+
+    /// Whether one token row's norm can be formed inside the input projection that reads it
+    /// ([`crate::gemm::gemv_norm`]): a bf16 precision and one bf16 part reading the input as it is.
+    pub(super) fn fuses_norm(&self, lin: &Linear) -> bool {
+        self.prec != Precision::F32
+            && self.hid.is_multiple_of(8)
+            && lin.rot.is_none()
+            && matches!(&lin.parts[..], [pt] if matches!(pt.w.w, W::Bf16(a) if a.is_multiple_of(16)) && pt.w.ld.is_multiple_of(8))
     }
 
     /// RMSNorm of the residual x into `out` (row stride `ldo`); `pending` (split mode only: see
@@ -125,33 +201,54 @@ impl CudaModel {
         self.mark("rms_norm")
     }
 
-    /// The residual update `x += act · wᵀ` (act: [T, K]). On both planes (`both`, split mode) one GEMM over both
-    /// writes its two halves to the fold buffer and the next [`CudaModel::norm`] adds them to x (weights read
-    /// once); → whether that add is pending (never for one token row: the GEMV adds both planes' products to x). Otherwise the GEMM accumulates into x (split mode: the hi plane alone).
+    /// The residual update `x += act · wᵀ` (act: [T, K]). On both planes (`both`, split mode) of a float weight
+    /// that [`CudaModel::defers`], one GEMM over both writes its two halves to the fold buffer and the next
+    /// [`CudaModel::norm`] adds them to x (weights read once); → whether that add is pending. Otherwise the GEMMs
+    /// accumulate into x (split mode: both planes, or the hi plane alone).
     pub(super) fn gemm_residual(
         &self,
         p: &FwdPtrs,
         t: usize,
         k: usize,
-        w: &Weight,
-        both: bool,
+        lin: &Linear,
+        proj: Projection,
+        split: SplitGemms,
     ) -> Result<bool, CudaError> {
-        let hid = self.hid;
-        if both {
-            // One token row (decode): both planes' products summed straight into the residual.
-            if self.direct_residual(t, k, w) {
-                if !crate::gemm::gemv_planes(&self.gpu, p.act, k, (w.w, w.ld), hid, p.x, 1.0)? {
+        let (hid, both) = (self.hid, self.both_planes(split, proj));
+        let lo = p.act + 2 * (t * k) as u64;
+        for part in &lin.parts {
+            let (w, y) = (part.w.w, p.x + 4 * part.row0 as u64);
+            if w.is_block() {
+                let a = match self.prec {
+                    Precision::Bf16 => Act::Bf16 { x: p.act, ldx: k },
+                    Precision::F32 => Act::F32 { x: p.act, ldx: k },
+                    Precision::Bf16Split if both => Act::Split {
+                        x: p.act,
+                        ldx: k,
+                        lo: t * k,
+                    },
+                    Precision::Bf16Split => Act::Bf16 { x: p.act, ldx: k },
+                };
+                self.gemm_q(a, t, k, w, part.rows, (y, hid), 1.0)?;
+            } else if both && self.direct_residual(t, k, lin) {
+                // One token row: both planes' products into the residual in one GEMV.
+                let wl = (w, part.w.ld);
+                if !crate::gemm::gemv_planes(&self.gpu, p.act, k, wl, part.rows, y, 1.0)? {
                     return Err(CudaError::Unsupported(
                         "a residual projection's input is not 16-byte aligned".into(),
                     ));
                 }
-                return Ok(false);
+            } else if self.defers(split, proj, lin, t, k) {
+                self.gpu.gemm(p.act, 2 * t, k, w, hid, p.fold, hid, 0.0)?;
+                return Ok(true);
+            } else {
+                self.gpu.gemm(p.act, t, k, w, part.rows, y, hid, 1.0)?;
+                if both {
+                    self.gpu.gemm(lo, t, k, w, part.rows, y, hid, 1.0)?;
+                }
             }
-            self.gpu.gemm(p.act, 2 * t, k, w.w, hid, p.fold, hid, 0.0)?;
-        } else {
-            self.gpu.gemm(p.act, t, k, w.w, hid, p.x, hid, 1.0)?;
         }
-        Ok(both)
+        Ok(false)
     }
 
     /// Every layer of one forward over the scratch at `p` (no allocation on the device, no host synchronisation:
@@ -202,9 +299,10 @@ impl CudaModel {
         }
         let pd = g.upload(&pairs)?;
         let out: CudaSlice<f32> = g.alloc(picks.len())?;
+        let rot = self.head_input(h)?;
         ops::rows_dot(
             g,
-            g.ptr(&h.buf),
+            rot.as_ref().map_or(g.ptr(&h.buf), |r| g.ptr(r)),
             h.hid,
             g.ptr(&pd),
             picks.len(),
@@ -269,21 +367,42 @@ impl CudaModel {
         }))
     }
 
+    /// A rotated pack's label-row input: the hidden rows rotated by the head's signs (f32). `None` when the head is
+    /// not rotated.
+    fn head_input(&self, h: &CudaHidden) -> Result<Option<CudaSlice<f32>>, CudaError> {
+        let Some(signs) = &self.head_rot else {
+            return Ok(None);
+        };
+        let g = &*self.gpu;
+        let buf: CudaSlice<f32> = g.alloc(h.rows * h.hid)?;
+        ops::hadamard_rows(
+            g,
+            (g.ptr(&h.buf), h.hid),
+            h.rows,
+            h.hid,
+            signs.ptr,
+            false,
+            None,
+            (Out::F32(g.ptr(&buf)), h.hid),
+        )?;
+        Ok(Some(buf))
+    }
+
     /// The head over every hidden row, left on the device. → [N, V] f32
     fn logits_device(&self, h: &CudaHidden) -> Result<CudaSlice<f32>, CudaError> {
         let g = &*self.gpu;
         let out: CudaSlice<f32> = g.alloc(h.rows * self.vocab)?;
-        let hb: Option<CudaSlice<u16>> = match self.prec {
-            Precision::Bf16 | Precision::Bf16Split => Some(g.alloc(h.rows * h.hid)?),
-            Precision::F32 => None,
-        };
-        let hb = hb.as_ref().map_or(0, |b| g.ptr(b));
-        self.head_into(g.ptr(&h.buf), h.rows, hb, g.ptr(&out))?;
+        // Room for the head's input: the rows in bf16 (the bf16 precisions) or rotated (a rotated pack's head).
+        let hb: CudaSlice<f32> = g.alloc(h.rows * h.hid)?;
+        self.head_into(g.ptr(&h.buf), h.rows, g.ptr(&hb), g.ptr(&out))?;
         Ok(out)
     }
 
-    /// The head over `rows` final-normed hidden rows at `h` (f32) into `out` ([rows, V] f32). `hb`: room for the rows
-    /// in bf16, the GEMM input of the bf16 precisions (unused in f32).
+    /// The head over `rows` final-normed hidden rows at `h` (f32) into `out` ([rows, V] f32). `hb`: room for the
+    /// head's input, `rows · H` f32 (4 bytes each): the rows rounded to bf16 (a float head in the bf16 precisions),
+    /// or rotated by the head's signs (a rotated pack); unused otherwise. A block-format head runs [`crate::qgemm`]
+    /// on f32 rows in the f32 and split precisions (its weights are exact, so the split precision's logits are not
+    /// held to bf16 inputs), on bf16 ones in bf16; a float one cuBLAS (or the bf16 GEMV).
     pub(super) fn head_into(
         &self,
         h: u64,
@@ -292,24 +411,42 @@ impl CudaModel {
         out: u64,
     ) -> Result<(), CudaError> {
         let g = &*self.gpu;
-        // The GEMM input in the head's dtype: the hidden rows rounded to bf16, or as they are (f32).
-        let x = match self.prec {
-            Precision::Bf16 | Precision::Bf16Split => {
+        let head = self.head();
+        let f32_in = match self.prec {
+            Precision::F32 => true,
+            Precision::Bf16Split => head.is_block(),
+            Precision::Bf16 => false,
+        };
+        let x = match (&self.head_rot, f32_in) {
+            (Some(signs), _) => {
+                let o = if f32_in { Out::F32(hb) } else { Out::Bf16(hb) };
+                ops::hadamard_rows(
+                    g,
+                    (h, self.hid),
+                    rows,
+                    self.hid,
+                    signs.ptr,
+                    false,
+                    None,
+                    (o, self.hid),
+                )?;
+                hb
+            }
+            (None, false) => {
                 ops::to_bf16(g, h, hb, rows * self.hid)?;
                 hb
             }
-            Precision::F32 => h,
+            (None, true) => h,
         };
-        g.gemm(
-            x,
-            rows,
-            self.hid,
-            self.head(),
-            self.vocab,
-            out,
-            self.vocab,
-            0.0,
-        )
+        if head.is_block() {
+            let a = if f32_in {
+                Act::F32 { x, ldx: self.hid }
+            } else {
+                Act::Bf16 { x, ldx: self.hid }
+            };
+            return self.gemm_q(a, rows, self.hid, head, self.vocab, (out, self.vocab), 0.0);
+        }
+        g.gemm(x, rows, self.hid, head, self.vocab, out, self.vocab, 0.0)
     }
 }
 
@@ -384,6 +521,34 @@ impl<'a> Launches<'a> {
     fn kv_ptr(&self) -> u64 {
         self.p.ptrs + 8 * self.table as u64
     }
+
+    /// Where the producer of `lin`'s input (rows of k) writes: the f32 rotation scratch when `lin` reads a
+    /// rotated input ([`Launches::rotate_site`] then rotates it into the activation), else the activation itself.
+    fn site_out(&self, lin: &Linear, k: usize) -> Out {
+        match lin.rot {
+            Some(_) => Out::F32(self.p.rot),
+            None => self.m.act(self.p.act, self.s.n, k),
+        }
+    }
+
+    /// A rotated site that is not a norm's: the producer's f32 rows rotated into the activation (one launch).
+    fn rotate_site(&self, lin: &Linear, k: usize) -> Result<(), CudaError> {
+        let Some(signs) = &lin.rot else {
+            return Ok(());
+        };
+        let (m, p, n) = (self.m, self.p, self.s.n);
+        ops::hadamard_rows(
+            &m.gpu,
+            (p.rot, k),
+            n,
+            k,
+            signs.ptr,
+            false,
+            None,
+            (m.act(p.act, n, k), k),
+        )?;
+        m.mark("rotation")
+    }
 }
 
 impl LayerOps for Launches<'_> {
@@ -393,34 +558,78 @@ impl LayerOps for Launches<'_> {
         let (m, p) = (self.m, self.p);
         m.mark("upload")?;
         ops::embed_gather(&m.gpu, m.embed.w, p.ids, p.x, self.s.n, m.hid)?;
+        if let Some(signs) = &m.embed_rot {
+            // The rows were stored as R·e: e = Rᵀ·z, in place.
+            ops::hadamard_rows(
+                &m.gpu,
+                (p.x, m.hid),
+                self.s.n,
+                m.hid,
+                signs.ptr,
+                true,
+                None,
+                (Out::F32(p.x), m.hid),
+            )?;
+        }
         m.mark("embed")
     }
 
     fn norm(&mut self, l: usize, site: NormSite) -> Result<(), CudaError> {
         let (m, p) = (self.m, self.p);
         let layer = self.layer(l);
-        let gain = match site {
-            NormSite::Input => layer.in_norm.ptr,
-            NormSite::Post => layer.post_norm.ptr,
+        let (gain, next) = match (site, &layer.mixer) {
+            (NormSite::Input, Mixer::Gdn(g)) => (layer.in_norm.ptr, &g.w_in),
+            (NormSite::Input, Mixer::Attn(a)) => (layer.in_norm.ptr, &a.w_in),
+            (NormSite::Post, _) => (layer.post_norm.ptr, &layer.w_gu),
         };
-        if self.s.n == 1 && !self.pending && m.prec != Precision::F32 {
-            self.deferred = Some(gain);
-            return Ok(());
+        let Some(signs) = &next.rot else {
+            if self.s.n == 1 && !self.pending && m.fuses_norm(next) {
+                self.deferred = Some(gain);
+                return Ok(());
+            }
+            return m.norm(p, self.s.n, gain, self.pending, m.act_in(p.act, m.hid));
+        };
+        if self.pending {
+            return Err(CudaError::Unsupported(
+                "a residual add deferred into a rotated norm".into(),
+            ));
         }
-        m.norm(p, self.s.n, gain, self.pending, m.act_in(p.act, m.hid))
+        // A rotated site: the norm and its rotation in one launch, the normed rows as they are beside them for the
+        // parts that read those (a Gated DeltaNet's in_proj_a and in_proj_b).
+        let raw = next
+            .parts
+            .iter()
+            .any(|pt| !pt.rot)
+            .then(|| m.act_in(p.actu, m.hid));
+        ops::hadamard_rows(
+            &m.gpu,
+            (p.x, m.hid),
+            self.s.n,
+            m.hid,
+            signs.ptr,
+            false,
+            Some((gain, m.eps, raw)),
+            m.act_in(p.act, m.hid),
+        )?;
+        m.mark("rms_norm + rotation")
     }
 
     fn project_in(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
         let both = self.both(proj);
         if let Some(gain) = self.deferred.take() {
-            let (w, pw) = match proj {
+            let (lin, pw) = match proj {
                 Projection::GdnIn => (&self.gdn(l).w_in, self.gdn(l).proj_width()),
                 Projection::AttnIn => (&self.attn(l).w_in, self.attn(l).proj_width()),
                 _ => (&self.layer(l).w_gu, 2 * m.inter),
             };
             // Both planes in split mode where the projection multiplies both, else the one bf16 plane.
-            let planes = if m.prec == Precision::Bf16Split && both { 2 } else { 1 };
+            let planes = if m.prec == Precision::Bf16Split && both {
+                2
+            } else {
+                1
+            };
+            let w = &lin.parts[0].w;
             let x = (p.x, gain, m.eps);
             if crate::gemm::gemv_norm(&m.gpu, x, planes, m.hid, (w.w, w.ld), pw, p.proj)? {
                 self.next_entries(proj);
@@ -433,19 +642,19 @@ impl LayerOps for Launches<'_> {
                 let g = self.gdn(l);
                 let pw = g.proj_width();
                 self.next_entries(proj);
-                m.gemm_in(p.act, n, m.hid, &g.w_in, pw, p.proj, pw, both)?;
+                m.gemm_in(p, n, m.hid, &g.w_in, p.proj, pw, both)?;
                 m.mark("gemm gdn in")
             }
             Projection::AttnIn => {
                 let a = self.attn(l);
                 let pw = a.proj_width();
                 self.next_entries(proj);
-                m.gemm_in(p.act, n, m.hid, &a.w_in, pw, p.proj, pw, both)?;
+                m.gemm_in(p, n, m.hid, &a.w_in, p.proj, pw, both)?;
                 m.mark("gemm attn in")
             }
             Projection::MlpIn => {
                 let gu = 2 * m.inter;
-                m.gemm_in(p.act, n, m.hid, &self.layer(l).w_gu, gu, p.proj, gu, both)?;
+                m.gemm_in(p, n, m.hid, &self.layer(l).w_gu, p.proj, gu, both)?;
                 m.mark("gemm mlp gate|up")
             }
             _ => unreachable!("{proj:?} is an output projection"),
@@ -545,9 +754,10 @@ impl LayerOps for Launches<'_> {
             n,
             d.hv,
             d.dv,
-            m.act(p.act, n, d.hv * d.dv),
+            self.site_out(&g.w_out, d.hv * d.dv),
         )?;
-        m.mark("gated norm")
+        m.mark("gated norm")?;
+        self.rotate_site(&g.w_out, d.hv * d.dv)
     }
 
     fn attn_prep(&mut self, l: usize) -> Result<(), CudaError> {
@@ -575,7 +785,7 @@ impl LayerOps for Launches<'_> {
         let at = self.attn(l);
         let (a, pw, kv_p) = (at.a, at.proj_width(), self.kv_ptr());
         let scale = 1.0 / (a.head_dim as f32).sqrt();
-        let out = m.act(p.act, s.n, a.heads * a.head_dim);
+        let out = self.site_out(&at.w_o, a.heads * a.head_dim);
         if at.tc {
             crate::attn_tc::attention_tc(
                 &m.gpu,
@@ -599,18 +809,20 @@ impl LayerOps for Launches<'_> {
                 &m.gpu, p.mid, p.proj, pw, p.segs, kv_p, s.nseg, s.max_len, a, scale, out,
             )?;
         }
-        m.mark("attention")
+        m.mark("attention")?;
+        self.rotate_site(&at.w_o, a.heads * a.head_dim)
     }
 
-    fn swiglu(&mut self, _l: usize) -> Result<(), CudaError> {
+    fn swiglu(&mut self, l: usize) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
-        ops::swiglu(&m.gpu, p.proj, m.inter, n, m.act(p.act, n, m.inter))?;
-        m.mark("swiglu")
+        let down = &self.layer(l).w_down;
+        ops::swiglu(&m.gpu, p.proj, m.inter, n, self.site_out(down, m.inter))?;
+        m.mark("swiglu")?;
+        self.rotate_site(down, m.inter)
     }
 
     fn project_residual(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
-        let both = self.both(proj);
         let (w, k, name) = match proj {
             Projection::GdnOut => {
                 let g = self.gdn(l);
@@ -623,7 +835,7 @@ impl LayerOps for Launches<'_> {
             Projection::MlpOut => (&self.layer(l).w_down, m.inter, "gemm mlp down"),
             _ => unreachable!("{proj:?} is an input projection"),
         };
-        self.pending = m.gemm_residual(p, n, k, w, both)?;
+        self.pending = m.gemm_residual(p, n, k, w, proj, self.s.split)?;
         m.mark(name)
     }
 }

@@ -66,7 +66,8 @@ struct Dev<T> {
     ptr: u64,
 }
 
-/// A weight matrix on the device, in the model's precision.
+/// A weight matrix on the device: a float one in the model's precision, or a block-format one (PQ2_0, Q8_0) as the
+/// file stores it ([`crate::qgemm`]).
 struct Weight {
     /// Owns the memory `w` points into.
     _buf: WeightBuf,
@@ -76,11 +77,30 @@ struct Weight {
     ld: usize,
 }
 
+/// Consecutive weights of a [`Linear`] stored alike (one format, one input): rows `row0 .. row0 + rows` of its
+/// output.
+struct Part {
+    w: Weight,
+    row0: usize,
+    rows: usize,
+    /// Reads the rotated input (a folded weight of a rotated pack), else the input as it is.
+    rot: bool,
+}
+
+/// A projection's weights on the device, stacked by output rows as `Model::linear` lists them: one [`Part`] per run
+/// of weights that share a format and an input (a Bonsai pack's Gated DeltaNet input projection: the ternary
+/// in_proj_qkv and in_proj_z reading the rotated input, then the float in_proj_a and in_proj_b reading it as it is).
+struct Linear {
+    parts: Vec<Part>,
+    /// The Hadamard signs of the input of the rotated parts ([K]; a rotated pack), uploaded once per site.
+    rot: Option<Dev<f32>>,
+}
+
 struct GdnLayer {
     /// w_in: [cd + HV*DV + 2*HV, H] = in_proj_qkv; in_proj_z; in_proj_a; in_proj_b
-    w_in: Weight,
+    w_in: Linear,
     /// w_out: [H, HV*DV]
-    w_out: Weight,
+    w_out: Linear,
     /// Offsets (f32 values) of this layer's conv state [K-1, cd] and recurrent state [HV, DK, DV] in a
     /// [`CudaState`]'s `rec` buffer.
     conv_off: usize,
@@ -97,9 +117,9 @@ struct GdnLayer {
 
 struct AttnLayer {
     /// w_in: [H*2D + 2*HKV*D, hidden] = q_proj (q|gate per head); k_proj; v_proj
-    w_in: Weight,
+    w_in: Linear,
     /// w_o: [hidden, H*D]
-    w_o: Weight,
+    w_o: Linear,
     q_norm: Dev<f32>,
     k_norm: Dev<f32>,
     inv_freq: Dev<f32>,
@@ -115,9 +135,9 @@ struct Layer {
     post_norm: Dev<f32>,
     mixer: Mixer,
     /// w_gu: [2I, H] = gate; up
-    w_gu: Weight,
+    w_gu: Linear,
     /// w_down: [H, I]
-    w_down: Weight,
+    w_down: Linear,
 }
 
 // Sequence state and the memory ledger (`state`). Their behaviour is in that module.
@@ -197,6 +217,10 @@ struct Shape {
 struct Widths {
     /// Split mode: the two halves of a residual GEMM's output ([2N, H]).
     fold: usize,
+    /// A rotated pack: the normed input as it is, beside its rotation in `act` (H; 0 otherwise).
+    actu: usize,
+    /// A rotated pack: the f32 output of a mixer or the SwiGLU before its rotation into `act` (0 otherwise).
+    rot: usize,
     proj: usize,
     mid: usize,
     act: usize,
@@ -219,6 +243,8 @@ struct Scratch {
     gates: CudaSlice<f32>,
     wy: CudaSlice<f32>,
     fold: CudaSlice<f32>,
+    actu: CudaSlice<f32>,
+    rot: CudaSlice<f32>,
     /// Partial results of the tensor-core attention's key splits (grown on demand).
     attn: Growing<f32>,
     /// The KV rows of a tree's children whose states are dropped ([`KvLayout`]; grown on demand).
@@ -248,6 +274,8 @@ struct FwdPtrs {
     gates: u64,
     wy: u64,
     fold: u64,
+    actu: u64,
+    rot: u64,
     attn: u64,
 }
 
@@ -290,6 +318,15 @@ pub struct CudaModel {
     embed: Weight,
     /// lm_head: [V, H]; None when tied to the embedding.
     lm_head: Option<Weight>,
+    /// A rotated pack's embedding signs (the rows are un-rotated after the gather) and head signs (the final hidden
+    /// rows are rotated before the head).
+    embed_rot: Option<Dev<f32>>,
+    head_rot: Option<Dev<f32>>,
+    /// Whether any weight is folded with a Hadamard rotation (then no residual add is deferred into a norm).
+    rotated: bool,
+    /// The dequantisation scratch of the block-format prefill GEMMs ([`crate::qgemm::DEQUANT_BYTES`]; a model
+    /// with block-format weights only).
+    dequant: Option<CudaSlice<u8>>,
     final_norm: Dev<f32>,
     eps: f32,
     layers: Vec<Layer>,

@@ -93,6 +93,8 @@ impl Scratch {
             gates: g.ptr(&self.gates),
             wy: g.ptr(&self.wy),
             fold: g.ptr(&self.fold),
+            actu: g.ptr(&self.actu),
+            rot: g.ptr(&self.rot),
             attn: g.ptr(&self.attn.buf),
         }
     }
@@ -268,6 +270,8 @@ impl CudaModel {
             gates: 1,
             wy: 0,
             fold: 0,
+            actu: 0,
+            rot: 0,
         };
         if self.prec == Precision::Bf16Split {
             // Residual GEMMs over both planes write 2N rows of H.
@@ -290,6 +294,10 @@ impl CudaModel {
                 }
             }
         }
+        if self.rotated {
+            w.actu = self.hid;
+            w.rot = w.act;
+        }
         w
     }
 
@@ -297,7 +305,8 @@ impl CudaModel {
     pub(super) fn scratch(&self, rows: usize, table_len: usize) -> Result<Scratch, CudaError> {
         let g = &*self.gpu;
         let w = self.widths();
-        let floats = rows * (self.hid + w.act + w.proj + w.mid + w.gates + w.wy + w.fold);
+        let floats =
+            rows * (self.hid + w.act + w.proj + w.mid + w.gates + w.wy + w.fold + w.actu + w.rot);
         let charge = self.ledger.charge(4 * floats, "forward scratch")?;
         Ok(Scratch {
             rows,
@@ -311,6 +320,9 @@ impl CudaModel {
             gates: g.alloc(rows * w.gates)?,
             wy: g.alloc(rows * w.wy)?,
             fold: g.alloc(rows * w.fold)?,
+            // A rotated pack's normed input as it is (in act's layout) and the f32 output of a rotated site.
+            actu: g.alloc(rows * w.actu)?,
+            rot: g.alloc(rows * w.rot)?,
             attn: Growing::new(self, 0, "attention scratch")?,
             kv: Growing::new(self, 0, "tree children's KV rows")?,
             _charge: charge,

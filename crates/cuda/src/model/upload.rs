@@ -1,6 +1,8 @@
 //! Weight upload: a loaded CPU model's weights, asked for by role (each layer's projections and parameters in the
-//! vocabulary of `onepass_model::layer_ops`), as device matrices in the model's precision (stacked projections,
-//! `[W | W]` rows for split-mode inputs), the per-layer device weights, and the constructors.
+//! vocabulary of `onepass_model::layer_ops`), as device matrices: float weights in the model's precision (stacked
+//! projections, `[W | W]` rows for split-mode inputs), block-format ones as the file stores them (PQ2_0 and Q8_0
+//! blocks with their scales moved out, PTQ1_0 transcoded to PQ2_0 words; quant.cu's layout), a rotated pack's sign
+//! vectors per site; the per-layer device weights, and the constructors.
 
 use super::*;
 
@@ -15,41 +17,138 @@ pub(super) fn upload_f32(g: &Gpu, v: &[f32]) -> Result<Dev<f32>, CudaError> {
     Ok(Dev::new(g, g.upload(v)?))
 }
 
-/// Appends a weight's values as bf16 bits. Every weight format is matched by name here and in [`push_f32`]: a
-/// format the model gains is uploaded, or refused with [`CudaError::Unsupported`] naming the tensor and format.
+/// How a weight goes to the device. Every weight format is matched by name here: a format the model gains is
+/// uploaded, or refused with [`CudaError::Unsupported`] naming the tensor and format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    /// F32, F16, BF16: converted to the precision's float layout.
+    Float,
+    /// PQ2_0 as stored; PTQ1_0 transcoded to PQ2_0 words (the same values, losslessly).
+    Pq2,
+    Q8,
+}
+
+fn form(t: &Tensor) -> Form {
+    match t.view() {
+        View::F32(_) | View::BF16(_) | View::F16(_) => Form::Float,
+        View::PQ2_0(_) | View::PTQ1_0(_) => Form::Pq2,
+        View::Q8_0(_) => Form::Q8,
+    }
+}
+
+/// Appends a float weight's values as bf16 bits.
 pub(super) fn push_bf16(out: &mut Vec<u16>, t: &Tensor) -> Result<(), CudaError> {
     match t.view() {
         View::BF16(v) => out.extend(v.iter().map(|x| x.to_bits())),
         View::F32(_) | View::F16(_) => {
             out.extend(t.to_f32_vec().iter().map(|x| bf16::from_f32(*x).to_bits()))
         }
-        View::Q8_0(_) | View::PQ2_0(_) | View::PTQ1_0(_) => return Err(unsupported(t)),
+        View::Q8_0(_) | View::PQ2_0(_) | View::PTQ1_0(_) => return Err(not_float(t)),
     }
     Ok(())
 }
 
-/// Appends a weight's values as f32 (the checkpoint's values exactly).
+/// Appends a float weight's values as f32 (the checkpoint's values exactly).
 pub(super) fn push_f32(out: &mut Vec<f32>, t: &Tensor) -> Result<(), CudaError> {
     match t.view() {
         View::F32(_) | View::BF16(_) | View::F16(_) => out.extend(t.to_f32_vec()),
-        View::Q8_0(_) | View::PQ2_0(_) | View::PTQ1_0(_) => return Err(unsupported(t)),
+        View::Q8_0(_) | View::PQ2_0(_) | View::PTQ1_0(_) => return Err(not_float(t)),
     }
     Ok(())
 }
 
-/// The refusal of a weight format the GPU does not read yet.
-fn unsupported(t: &Tensor) -> CudaError {
+fn not_float(t: &Tensor) -> CudaError {
     CudaError::Unsupported(format!(
-        "{} is stored as {}; the GPU runs float weights (F32, F16, BF16) only; run it with --device cpu",
+        "{} is stored as {}, not as a float weight",
         t.name(),
         t.dtype().name()
     ))
+}
+
+/// Uploads block-format weights stacked by rows (all of one [`Form`], the same column count) in quant.cu's layout:
+/// every block's code bytes in order (rows after rows), then, from a 256-byte boundary, every block's f16 scale.
+fn upload_block(g: &Gpu, parts: &[&Tensor], f: Form) -> Result<Weight, CudaError> {
+    let cols = parts
+        .first()
+        .and_then(|t| t.shape().last().copied())
+        .unwrap_or(0);
+    let mut owned: Vec<std::borrow::Cow<[u8]>> = Vec::with_capacity(parts.len());
+    for t in parts {
+        owned.push(match (t.view(), f) {
+            (View::PQ2_0(b), Form::Pq2) | (View::Q8_0(b), Form::Q8) => b.into(),
+            (View::PTQ1_0(b), Form::Pq2) => {
+                let mut o = vec![0u8; b.len() / 28 * 34];
+                onepass_formats::ptq1_0_to_pq2_0(b, &mut o)
+                    .map_err(|e| CudaError::Unsupported(format!("{}: {e}", t.name())))?;
+                o.into()
+            }
+            _ => return Err(not_float(t)),
+        });
+    }
+    let blocks: Vec<&[u8]> = owned.iter().map(|b| &**b).collect();
+    let (buf, w) = crate::qgemm::upload_blocks(g, &blocks, f == Form::Q8)?;
+    Ok(Weight {
+        _buf: WeightBuf::Bytes(buf),
+        w,
+        ld: cols,
+    })
+}
+
+/// One weight matrix (the embedding, the head): a float one in the precision's layout, or blocks as stored.
+fn upload_one(g: &Gpu, t: &Tensor, prec: Precision) -> Result<Weight, CudaError> {
+    match form(t) {
+        Form::Float => upload_stacked(g, &[t], prec, false),
+        f => upload_block(g, &[t], f),
+    }
+}
+
+/// A projection's weights (`Model::linear`'s order) as a [`Linear`]: runs of weights of one [`Form`] and one input
+/// stacked into one [`Part`] each. `rot`: the site's signs and how many leading weights read the rotated input.
+/// `twice`: float parts stored `[W | W]` (split-mode input projections).
+fn upload_linear(
+    g: &Gpu,
+    ts: &[&Tensor],
+    rot: Option<(&[f32], usize)>,
+    prec: Precision,
+    twice: bool,
+) -> Result<Linear, CudaError> {
+    let folded = rot.map_or(0, |r| r.1);
+    let mut parts = Vec::new();
+    let (mut i, mut row0) = (0, 0);
+    while i < ts.len() {
+        let (f, r) = (form(ts[i]), i < folded);
+        let mut j = i + 1;
+        while j < ts.len() && form(ts[j]) == f && (j < folded) == r {
+            j += 1;
+        }
+        let group = &ts[i..j];
+        let rows: usize = group.iter().map(|t| t.shape()[0]).sum();
+        let w = match f {
+            Form::Float => upload_stacked(g, group, prec, twice)?,
+            _ => upload_block(g, group, f)?,
+        };
+        parts.push(Part {
+            w,
+            row0,
+            rows,
+            rot: r,
+        });
+        row0 += rows;
+        i = j;
+    }
+    let rot = match rot {
+        Some((s, _)) => Some(upload_f32(g, s)?),
+        None => None,
+    };
+    Ok(Linear { parts, rot })
 }
 
 /// The device memory a [`Weight`]'s `w` points into.
 pub(super) enum WeightBuf {
     Bf16(CudaSlice<u16>),
     F32(CudaSlice<f32>),
+    /// Block-format codes and scales.
+    Bytes(CudaSlice<u8>),
 }
 
 impl Weight {
@@ -58,7 +157,20 @@ impl Weight {
         match &self._buf {
             WeightBuf::Bf16(b) => 2 * b.len(),
             WeightBuf::F32(b) => 4 * b.len(),
+            WeightBuf::Bytes(b) => b.len(),
         }
+    }
+}
+
+impl Linear {
+    /// Device bytes of its weights.
+    pub(super) fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.w.bytes()).sum()
+    }
+
+    /// Whether any part is stored in a block format.
+    pub(super) fn has_blocks(&self) -> bool {
+        self.parts.iter().any(|p| p.w.w.is_block())
     }
 }
 
@@ -163,17 +275,12 @@ impl CudaModel {
         let prec = o.precision;
         let g = &*gpu;
         let c = m.text_config();
-        if let Some(why) = m.float_only_reason() {
-            return Err(CudaError::Unsupported(format!(
-                "the GPU runs float weights (F32, F16, BF16) only; {why}; run it with --device cpu"
-            )));
-        }
-        let up = |t: &Tensor| upload_stacked(g, &[t], prec, false);
-        // A projection's weights stacked as one matrix; an input projection (its input a norm's output) stored
-        // `[W | W]` in split mode, so that one GEMM multiplies both planes.
+        let up = |t: &Tensor| upload_one(g, t, prec);
+        // A projection's weights stacked by format and input; a float input projection (its input a norm's output)
+        // stored `[W | W]` in split mode, so that one GEMM multiplies both planes.
         let linear = |l: usize, p: Projection| {
             let twice = p.is_input() && prec == Precision::Bf16Split;
-            upload_stacked(g, &m.linear(l, p)?, prec, twice)
+            upload_linear(g, &m.linear(l, p)?, m.rotation(l, p)?, prec, twice)
         };
         let param = |l: usize, p: Param| upload_f32(g, m.param(l, p)?);
         let embed = up(m.embedding())?;
@@ -182,6 +289,8 @@ impl CudaModel {
         } else {
             Some(up(m.lm_head())?)
         };
+        let signs = |s: Option<&[f32]>| s.map(|s| upload_f32(g, s)).transpose();
+        let (embed_rot, head_rot) = (signs(m.embedding_signs())?, signs(m.head_signs())?);
         let attn_tc = o.attention == AttnKernels::TensorCore;
         let mut layers = Vec::with_capacity(c.layer_types.len());
         let mut rec_len = 0usize;
@@ -259,6 +368,27 @@ impl CudaModel {
             });
         }
         let final_norm = upload_f32(g, m.final_norm_gain())?;
+        let lins = |l: &Layer| -> [bool; 2] {
+            let (a, b) = match &l.mixer {
+                Mixer::Gdn(m) => (&m.w_in, &m.w_out),
+                Mixer::Attn(m) => (&m.w_in, &m.w_o),
+            };
+            let all = [a, b, &l.w_gu, &l.w_down];
+            [
+                all.iter().any(|x| x.rot.is_some()),
+                all.iter().any(|x| x.has_blocks()),
+            ]
+        };
+        let rotated =
+            embed_rot.is_some() || head_rot.is_some() || layers.iter().any(|l| lins(l)[0]);
+        let blocks = embed.w.is_block()
+            || lm_head.as_ref().is_some_and(|h| h.w.is_block())
+            || layers.iter().any(|l| lins(l)[1]);
+        let dequant = if blocks {
+            Some(g.alloc::<u8>(crate::qgemm::DEQUANT_BYTES)?)
+        } else {
+            None
+        };
         let gdn_tc = o.gdn != GdnKernels::Simt;
         let gdn_leaf = o.gdn == GdnKernels::TensorCore;
         let mut tree_min_root = gdn_tc.then_some(2);
@@ -274,6 +404,10 @@ impl CudaModel {
             prec,
             embed,
             lm_head,
+            embed_rot,
+            head_rot,
+            rotated,
+            dequant,
             final_norm,
             eps: c.rms_norm_eps,
             layers,

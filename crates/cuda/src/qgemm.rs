@@ -1,0 +1,166 @@
+//! Projections with block-format weights (PQ2_0 ternary, Q8_0), kept on the device as the file stores them
+//! (quant.cu's layout: code bytes per row, then the f16 scales; a PTQ1_0 matrix is transcoded to PQ2_0 words at
+//! load). `y[T, N] (row stride ldy) = x[T, K] · w[N, K]ᵀ + beta · y`, f32 output and accumulation.
+//!
+//! - At most [`GEMV_ROWS`] rows (decode): `gemv_pq2_*` / `gemv_q8_*`, 4 (one x row) or 2 weight rows per warp
+//!   sharing each x load, K split over up to 8 warps where N is small, each code byte read once and decoded in
+//!   registers (one logic op and one subtraction per weight, no table, no branch), the dot of
+//!   each 16-weight group scaled by its block's scale; x read in the precision's layout ([`Act`]: bf16, f32, or
+//!   split, whose hi + lo is the value the sums see).
+//! - More rows (prefill): a correct path, not a fast one: the weight is dequantised in chunks of rows into a
+//!   scratch buffer (bf16 for bf16 inputs; f32 for f32 inputs, exactly; split inputs get the weight as bf16 hi +
+//!   lo planes too, and three bf16 GEMMs `x_hi·W_hi + x_lo·W_hi + x_hi·W_lo`), and cuBLAS multiplies each chunk
+//!   ([`crate::gemm::gemm_ld`]). A tensor-core GEMM that dequantises tiles in shared memory is left to do.
+
+use cudarc::driver::CudaSlice;
+
+use crate::gemm::{gemm_ld, GEMV_ROWS};
+use crate::launch;
+use crate::ops::W;
+use crate::runtime::{cfg, Gpu};
+use crate::CudaError;
+
+/// Bytes of the dequantisation scratch a model keeps for prefill ([`gemm_q`]'s `scratch`): chunks of 16 M values
+/// (f32, or bf16 hi and lo planes).
+pub const DEQUANT_BYTES: usize = 64 << 20;
+
+/// A GEMM input (activation) for a block-format weight, in the precision's layout: rows at `x + r·ldx` (elements).
+#[derive(Clone, Copy, Debug)]
+pub enum Act {
+    /// bf16 rows.
+    Bf16 { x: u64, ldx: usize },
+    /// f32 rows.
+    F32 { x: u64, ldx: usize },
+    /// Two bf16 planes: hi at `x`, lo `lo` elements after it; the value is hi + lo.
+    Split { x: u64, ldx: usize, lo: usize },
+}
+
+impl Act {
+    /// 0 bf16, 1 f32, 2 split (`XM` in quant.cu).
+    fn mode(self) -> usize {
+        match self {
+            Act::Bf16 { .. } => 0,
+            Act::F32 { .. } => 1,
+            Act::Split { .. } => 2,
+        }
+    }
+
+    /// (address, row stride, lo offset).
+    fn parts(self) -> (u64, usize, usize) {
+        match self {
+            Act::Bf16 { x, ldx } | Act::F32 { x, ldx } => (x, ldx, 0),
+            Act::Split { x, ldx, lo } => (x, ldx, lo),
+        }
+    }
+
+    /// Whether the GEMV's 16-value loads take it: 16-byte aligned rows (and lo plane).
+    fn vec_ok(self) -> bool {
+        let (x, ldx, lo) = self.parts();
+        let (align, per) = match self {
+            Act::F32 { .. } => (16, 4),
+            _ => (16, 8),
+        };
+        x.is_multiple_of(align) && ldx.is_multiple_of(per) && lo.is_multiple_of(per)
+    }
+}
+
+/// Uploads a block-format matrix in quant.cu's layout: `blocks`, the 34-byte PQ2_0 (or, with `q8`, Q8_0) blocks of
+/// its rows in order (the parts of a stacked matrix one after another), become every block's code bytes in order,
+/// then, from a 256-byte boundary, every block's f16 scale. → the buffer and its [`W`]
+pub fn upload_blocks(g: &Gpu, blocks: &[&[u8]], q8: bool) -> Result<(CudaSlice<u8>, W), CudaError> {
+    let total: usize = blocks.iter().map(|b| b.len()).sum();
+    if !total.is_multiple_of(34) {
+        return Err(CudaError::Unsupported(format!(
+            "{total} bytes of blocks: not whole 34-byte blocks"
+        )));
+    }
+    let mut codes: Vec<u8> = Vec::with_capacity(total + 256);
+    let mut scales: Vec<u8> = Vec::with_capacity(total / 17);
+    for b in blocks.iter().flat_map(|b| b.chunks_exact(34)) {
+        scales.extend_from_slice(&b[..2]);
+        codes.extend_from_slice(&b[2..]);
+    }
+    let d_off = codes.len().next_multiple_of(256);
+    codes.resize(d_off, 0);
+    codes.extend_from_slice(&scales);
+    let buf = g.upload(&codes)?;
+    let (q, d) = (g.ptr(&buf), g.ptr(&buf) + d_off as u64);
+    Ok((buf, if q8 { W::Q8 { q, d } } else { W::Pq2 { q, d } }))
+}
+
+/// The format index of a block weight (0 PQ2_0, 1 Q8_0), its codes, scales and block length.
+fn block_parts(w: W) -> Result<(usize, u64, u64, usize), CudaError> {
+    match w {
+        W::Pq2 { q, d } => Ok((0, q, d, 128)),
+        W::Q8 { q, d } => Ok((1, q, d, 32)),
+        W::Bf16(_) | W::F32(_) => Err(CudaError::Unsupported(
+            "a float weight in the block-format GEMM".into(),
+        )),
+    }
+}
+
+/// `y = x · wᵀ + beta · y` for a block-format `w` [N, K]: the GEMV for at most [`GEMV_ROWS`] rows, else the
+/// weight dequantised chunk by chunk into `scratch` (address, bytes) and multiplied by cuBLAS.
+pub fn gemm_q(
+    g: &Gpu,
+    x: Act,
+    t: usize,
+    k: usize,
+    w: W,
+    n: usize,
+    (y, ldy): (u64, usize),
+    beta: f32,
+    scratch: (u64, usize),
+) -> Result<(), CudaError> {
+    let (fmt, q, d, block) = block_parts(w)?;
+    if t == 0 || n == 0 {
+        return Ok(());
+    }
+    if !k.is_multiple_of(block) || ldy < n {
+        return Err(CudaError::Unsupported(format!(
+            "block-format GEMM: K {k} not a multiple of the block {block}, or ldy {ldy} below N {n}"
+        )));
+    }
+    if t <= GEMV_ROWS && x.vec_ok() {
+        let (xp, ldx, lo) = x.parts();
+        let f = &g.k.gemv_q[fmt][x.mode()][usize::from(t > 1)];
+        // Weight rows per row set (4 for one x row, 2 for more: `gemv_q_rows`' R), and warps per set splitting K:
+        // enough warps in all (about 4096) to keep the loads in flight where N is small, each with at least one
+        // step of 32 groups.
+        let sets = n.div_ceil(if t > 1 { 2 } else { 4 });
+        let wpr = (4096 / sets).clamp(1, 8).min((k / 16 / 32).max(1));
+        let wpr = 1usize << wpr.ilog2();
+        return launch!(g, *f, cfg((sets.div_ceil(8 / wpr) as u32, 1), 256, 0);
+            q, d, xp, ldx as i32, lo as i64, t as i32, k as i32, n as i32, y, ldy as i32, beta, wpr as i32);
+    }
+    let (s, bytes) = scratch;
+    let chunk = (bytes / 4 / k).min(n);
+    if chunk == 0 {
+        return Err(CudaError::Unsupported(format!(
+            "block-format GEMM: a row of {k} values does not fit the dequantisation scratch"
+        )));
+    }
+    let mut n0 = 0;
+    while n0 < n {
+        let nc = chunk.min(n - n0);
+        // The dequantised chunk's layout: bf16, f32, or bf16 hi and lo planes (dequant_rows' mode).
+        let mode = x.mode() as i32;
+        let groups = nc * k / 16;
+        launch!(g, g.k.dequant_rows, cfg((groups.div_ceil(256) as u32, 1), 256, 0);
+            q, d, fmt as i32, k as i32, n0 as i32, nc as i32, s, mode)?;
+        let yo = y + 4 * n0 as u64;
+        match x {
+            Act::Bf16 { x, ldx } => gemm_ld(g, x, ldx, t, k, W::Bf16(s), k, nc, yo, ldy, beta)?,
+            Act::F32 { x, ldx } => gemm_ld(g, x, ldx, t, k, W::F32(s), k, nc, yo, ldy, beta)?,
+            Act::Split { x, ldx, lo } => {
+                let (whi, wlo) = (W::Bf16(s), W::Bf16(s + 2 * (nc * k) as u64));
+                let xlo = x + 2 * lo as u64;
+                gemm_ld(g, x, ldx, t, k, whi, k, nc, yo, ldy, beta)?;
+                gemm_ld(g, xlo, ldx, t, k, whi, k, nc, yo, ldy, 1.0)?;
+                gemm_ld(g, x, ldx, t, k, wlo, k, nc, yo, ldy, 1.0)?;
+            }
+        }
+        n0 += nc;
+    }
+    Ok(())
+}

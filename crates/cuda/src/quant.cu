@@ -1,0 +1,305 @@
+// Block-format weights on the device (compiled after kernels.cu, whose helpers they use): the few-row GEMVs of
+// PQ2_0 and Q8_0 matrices (decode), their dequantisation to bf16 / f32 rows (prefill: cuBLAS multiplies the
+// dequantised chunk), and the blockwise Hadamard rotation of a Bonsai pack's activations.
+//
+// Device layout of a block-format matrix [N, K] (crates/cuda/src/qgemm.rs uploads it): the blocks' code bytes of
+// every row first, row after row (PQ2_0: K/4 bytes per row, weight j of a row in bits 2(j % 4) of byte j / 4, so
+// four bytes read as a little-endian word hold 16 consecutive weights, weight i of the word at bits 2i; Q8_0: K
+// signed bytes per row), then the f16 scales [N, K / block] (block 128 and 32). The same bytes as the file's
+// 34-byte blocks (2.125 and 8.5 bits per weight), with the scales moved out so that every code load is aligned.
+// PQ2_0 code c is the value (c - 1) d (code 3 is +2d, as the CPU kernels read it).
+
+// Code conversion without tables, branches or int-to-float instructions: a value v (a few bits) placed in the
+// mantissa of 2^23 at bit offset 8p reads as 2^23 + v * 2^(8p), so one logic op (mask and or) and one subtraction
+// give (v - bias) * 2^(8p) exactly. Each 16-weight group is decoded into f[16] in that scaled form: f[i] holds
+// weight i times 2^(8 CLS[i]), and the dot of a group sums each class apart, then scales the classes back.
+#define QMAGIC 0x4B000000u
+#define QMAGIC_F 8388608.0f
+
+// PQ2_0: the 16 weights of word w. Weight 4b + j is in bits 8b + 2j: shifted right by 2j, its code sits at bit 8b
+// (b < 3: class b; b = 3, shifted 8 more: class 2).
+__device__ __forceinline__ void decode_pq2(unsigned w, float* f) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        unsigned a = w >> (2 * j), b = w >> (2 * j + 8);
+        f[j] = __uint_as_float((a & 0x3u) | QMAGIC) - (QMAGIC_F + 1.0f);
+        f[4 + j] = __uint_as_float((a & 0x300u) | QMAGIC) - (QMAGIC_F + 256.0f);
+        f[8 + j] = __uint_as_float((a & 0x30000u) | QMAGIC) - (QMAGIC_F + 65536.0f);
+        f[12 + j] = __uint_as_float((b & 0x30000u) | QMAGIC) - (QMAGIC_F + 65536.0f);
+    }
+}
+// Σ f[i] x[i] with PQ2_0's classes (weights 0..3 class 0, 4..7 class 1, 8..15 class 2).
+__device__ __forceinline__ float dot_pq2(const float* f, const float* x) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        s0 = fmaf(f[j], x[j], s0);
+        s1 = fmaf(f[4 + j], x[4 + j], s1);
+        s2 = fmaf(f[8 + j], x[8 + j], s2);
+        s2 = fmaf(f[12 + j], x[12 + j], s2);
+    }
+    return s0 + s1 * (1.0f / 256.0f) + s2 * (1.0f / 65536.0f);
+}
+// Q8_0: 16 signed bytes (weights 4m .. 4m + 3 in word m). With the sign bit flipped a byte is q + 128; bytes 0 and
+// 1 of a word (and of the word shifted by 16) sit at bit offsets 0 and 8: classes 0 and 1, alternating by weight.
+__device__ __forceinline__ void decode_q8(uint4 v, float* f) {
+    const unsigned* u = (const unsigned*)&v;
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        unsigned t = u[m] ^ 0x80808080u, h = t >> 16;
+        f[4 * m] = __uint_as_float((t & 0xffu) | QMAGIC) - (QMAGIC_F + 128.0f);
+        f[4 * m + 1] = __uint_as_float((t & 0xff00u) | QMAGIC) - (QMAGIC_F + 32768.0f);
+        f[4 * m + 2] = __uint_as_float((h & 0xffu) | QMAGIC) - (QMAGIC_F + 128.0f);
+        f[4 * m + 3] = __uint_as_float((h & 0xff00u) | QMAGIC) - (QMAGIC_F + 32768.0f);
+    }
+}
+__device__ __forceinline__ float dot_q8(const float* f, const float* x) {
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+        s0 = fmaf(f[i], x[i], s0);
+        s1 = fmaf(f[i + 1], x[i + 1], s1);
+    }
+    return s0 + s1 * (1.0f / 256.0f);
+}
+
+// 16 consecutive activation values at element offset `off` as f32, from the layout XM: 0 bf16, 1 f32, 2 split
+// (bf16 hi at off, bf16 lo `lo` elements on: the value hi + lo). off % 16 == 0 and 16-byte aligned rows.
+template <int XM>
+__device__ __forceinline__ void load_x16(const void* x, idx_t off, long long lo, float* v) {
+    if constexpr (XM == 1) {
+        const float4* p = (const float4*)((const float*)x + off);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float4 t = __ldg(p + i);
+            v[4 * i] = t.x, v[4 * i + 1] = t.y, v[4 * i + 2] = t.z, v[4 * i + 3] = t.w;
+        }
+    } else {
+        const uint4* p = (const uint4*)((const bf16_t*)x + off);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint4 t = __ldg(p + i);
+            const unsigned* u = (const unsigned*)&t;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[8 * i + 2 * k] = __uint_as_float(u[k] << 16);
+                v[8 * i + 2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+            }
+        }
+        if constexpr (XM == 2) {
+            const uint4* q = (const uint4*)((const bf16_t*)x + off + lo);
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                uint4 t = __ldg(q + i);
+                const unsigned* u = (const unsigned*)&t;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    v[8 * i + 2 * k] += __uint_as_float(u[k] << 16);
+                    v[8 * i + 2 * k + 1] += __uint_as_float(u[k] & 0xffff0000u);
+                }
+            }
+        }
+    }
+}
+
+// Few-row projection with a block-format weight (decode): y[r, n] (row stride ldy) = x[r, :K] · w[n, :K] + beta
+// y[r, n] for r < rows <= ROWS, f32 products and sums. A block of 8 warps takes 8 / wpr row sets of R weight rows;
+// the wpr warps of a row set split K (warp s of them takes the 16-weight groups s·32 + lane, + 32 wpr, ...), so that
+// enough loads are in flight where N is small. Each lane reads its group's code bytes of the R rows once (PQ2_0: a
+// 4-byte word per row, Q8_0: 16 bytes), decodes them once for every x row, and loads each x row's 16 values once
+// for the R rows (x is read from L1 R times less often than with one row per warp); each group's dot is scaled by
+// its block's scale. The sums: per lane, then the warp, then the row set's warps in order (shared memory). x rows at
+// x + r ldx (split: lo `lo` elements after hi); K % 128 == 0 (PQ2_0) or K % 32 == 0 (Q8_0), 16-byte aligned x rows
+// (the caller checks). beta 0 (y not read) or 1. grid ceil(N / (R · 8 / wpr)), 256 threads.
+template <int FMT, int XM, int ROWS, int R>
+__device__ __forceinline__ void gemv_q_rows(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                            const void* __restrict__ x, int ldx, long long lo, int rows, int K,
+                                            int N, float* __restrict__ y, int ldy, float beta, int wpr) {
+    __shared__ float part[8][ROWS][R];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int sets = 8 / wpr, slice = warp % wpr;
+    int n0 = (blockIdx.x * sets + warp / wpr) * R;
+    constexpr int BLK = FMT == 0 ? 128 : 32;
+    float acc[ROWS][R];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[r][i] = 0.0f;
+    // Rows past N read row N - 1 (their sums are dropped): no branch in the loop.
+    idx_t row[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) row[i] = (idx_t)min(n0 + i, N - 1);
+    int groups = K / 16;
+#pragma unroll 2
+    for (int gi = slice * 32 + lane; gi < groups; gi += 32 * wpr) {
+        float f[R][16], sc[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            if constexpr (FMT == 0)
+                decode_pq2(__ldg((const unsigned*)(q + row[i] * (K / 4)) + gi), f[i]);
+            else
+                decode_q8(__ldg((const uint4*)(q + row[i] * K) + gi), f[i]);
+            sc[i] = h2f(__ldg(d + row[i] * (K / BLK) + gi * 16 / BLK));
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            if (r < rows) {
+                float xv[16];
+                load_x16<XM>(x, (idx_t)r * ldx + gi * 16, lo, xv);
+#pragma unroll
+                for (int i = 0; i < R; i++)
+                    acc[r][i] = fmaf(sc[i], FMT == 0 ? dot_pq2(f[i], xv) : dot_q8(f[i], xv), acc[r][i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[r][i] = warp_sum(acc[r][i]);
+    if (wpr > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+#pragma unroll
+                for (int i = 0; i < R; i++) part[warp][r][i] = acc[r][i];
+        }
+        __syncthreads();
+        if (slice != 0) return;
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    float t = 0.0f;
+                    for (int s2 = 0; s2 < wpr; s2++) t += part[warp + s2][r][i];
+                    acc[r][i] = t;
+                }
+        }
+    }
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        if (r >= rows) break;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            if (n0 + i < N) {
+                float* yo = y + (idx_t)r * ldy + n0 + i;
+                *yo = beta != 0.0f ? acc[r][i] + beta * *yo : acc[r][i];
+            }
+        }
+    }
+}
+
+// The instantiations: one x row with 4 weight rows per set, up to GEMV_ROWS x rows with 2.
+#define GEMV_Q(name, FMT, XM, ROWS)                                                                              \
+    KERNEL(simt) void name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,              \
+                           const void* __restrict__ x, int ldx, long long lo, int rows, int K, int N,             \
+                           float* __restrict__ y, int ldy, float beta, int wpr) {                                \
+        gemv_q_rows<FMT, XM, ROWS, ROWS == 1 ? 4 : 2>(q, d, x, ldx, lo, rows, K, N, y, ldy, beta, wpr);          \
+    }
+GEMV_Q(gemv_pq2_bf16_1, 0, 0, 1)
+GEMV_Q(gemv_pq2_bf16_8, 0, 0, GEMV_ROWS)
+GEMV_Q(gemv_pq2_f32_1, 0, 1, 1)
+GEMV_Q(gemv_pq2_f32_8, 0, 1, GEMV_ROWS)
+GEMV_Q(gemv_pq2_split_1, 0, 2, 1)
+GEMV_Q(gemv_pq2_split_8, 0, 2, GEMV_ROWS)
+GEMV_Q(gemv_q8_bf16_1, 1, 0, 1)
+GEMV_Q(gemv_q8_bf16_8, 1, 0, GEMV_ROWS)
+GEMV_Q(gemv_q8_f32_1, 1, 1, 1)
+GEMV_Q(gemv_q8_f32_8, 1, 1, GEMV_ROWS)
+GEMV_Q(gemv_q8_split_1, 1, 2, 1)
+GEMV_Q(gemv_q8_split_8, 1, 2, GEMV_ROWS)
+
+// Rows n0 .. n0 + nrows of a block-format matrix (fmt 0 PQ2_0, 1 Q8_0) decoded into out [nrows, K] (prefill: a
+// GEMM multiplies the chunk): mode 0 bf16 (rounded to nearest), 1 f32 (exact), 2 bf16 hi and lo planes (lo
+// nrows K values after hi, hi + lo the value to about 2^-16; a PQ2_0 value, an f16 times -1, 0, 1 or 2, exactly).
+// One thread per 16-weight group; grid ceil(nrows K / 16 / 256), 256 threads.
+KERNEL(simt) void dequant_rows(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, int fmt,
+                               int K, int n0, int nrows, void* __restrict__ out, int mode) {
+    idx_t gi = (idx_t)blockIdx.x * blockDim.x + threadIdx.x;
+    idx_t gpr = K / 16;
+    if (gi >= (idx_t)nrows * gpr) return;
+    idx_t r = gi / gpr, c = (gi % gpr) * 16, n = n0 + r;
+    float f[16], v[16];
+    float sc;
+    if (fmt == 0) {
+        decode_pq2(__ldg((const unsigned*)(q + n * (K / 4)) + c / 16), f);
+        sc = h2f(d[n * (K / 128) + c / 128]);
+#pragma unroll
+        for (int i = 0; i < 16; i++) v[i] = f[i] * (i < 4 ? 1.0f : i < 8 ? (1.0f / 256.0f) : (1.0f / 65536.0f)) * sc;
+    } else {
+        decode_q8(__ldg((const uint4*)(q + n * K) + c / 16), f);
+        sc = h2f(d[n * (K / 32) + c / 32]);
+#pragma unroll
+        for (int i = 0; i < 16; i++) v[i] = f[i] * ((i & 1) ? (1.0f / 256.0f) : 1.0f) * sc;
+    }
+    idx_t o = r * K + c;
+    if (mode == 1) {
+        float4* p = (float4*)((float*)out + o);
+#pragma unroll
+        for (int i = 0; i < 4; i++) p[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+        return;
+    }
+    unsigned hi[8], lo[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        bf16_t a = f2bf(v[2 * i]), b = f2bf(v[2 * i + 1]);
+        hi[i] = a | ((unsigned)b << 16);
+        lo[i] = f2bf(v[2 * i] - bf2f(a)) | ((unsigned)f2bf(v[2 * i + 1] - bf2f(b)) << 16);
+    }
+    uint4* ph = (uint4*)((bf16_t*)out + o);
+    ph[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    ph[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+    if (mode == 2) {
+        uint4* pl = (uint4*)((bf16_t*)out + (idx_t)nrows * K + o);
+        pl[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        pl[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+    }
+}
+
+// The blockwise Hadamard rotation of a Bonsai pack (docs/formats.md): per row and 1024-block, R x = H (S x) / 32
+// (signs first), or with `inverse` R^T z = S (H z / 32) (the embedding after its gather). With a gain (not null) the
+// row is first RMS-normed (x * rsqrt(mean(x^2) + eps) * gain, the whole row's sum of squares, recomputed by each of
+// its blocks) and, where `raw` is not null, also stored unrotated there (raw_mode, row stride ldr: the input of the
+// linears that read the normed input as it is). The rotated row is stored as `store_act` with `mode` (row stride
+// ldo). x: [R, K] (stride ldx), K % 1024 == 0; `out` may be x when there is no gain (each block reads its own
+// 1024 values before it writes them). grid (R, K / 1024), 256 threads: the 10 butterfly stages in shared memory.
+KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict__ gain, float eps, int K,
+                                const float* __restrict__ signs, int inverse, void* out, int mode, int ldo,
+                                void* raw, int raw_mode, int ldr) {
+    __shared__ float s[1024];
+    idx_t r = blockIdx.x;
+    int c0 = blockIdx.y * 1024;
+    const float* row = x + r * ldx;
+    float inv = 1.0f;
+    if (gain) {
+        float ss = 0.0f;
+        for (int c = threadIdx.x; c < K; c += blockDim.x) ss += row[c] * row[c];
+        ss = block_sum(ss);
+        inv = 1.0f / sqrtf(ss / K + eps);
+    }
+    for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
+        int c = c0 + i;
+        float v = row[c];
+        if (gain) {
+            v = v * inv * gain[c];
+            if (raw) store_act(raw, r * ldr + c, v, raw_mode);
+        }
+        s[i] = inverse ? v : v * signs[c];
+    }
+    for (int h = 1; h < 1024; h <<= 1) {
+        __syncthreads();
+        for (int p = threadIdx.x; p < 512; p += blockDim.x) {
+            int i = (p / h) * 2 * h + (p % h), j = i + h;
+            float a = s[i], b = s[j];
+            s[i] = a + b;
+            s[j] = a - b;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
+        int c = c0 + i;
+        float v = s[i] * (1.0f / 32.0f);
+        store_act(out, r * ldo + c, inverse ? v * signs[c] : v, mode);
+    }
+}

@@ -1,0 +1,486 @@
+//! The block-format kernels against their CPU references (onepass-kernels) on odd shapes: the PQ2_0 and Q8_0
+//! projections ([`onepass_cuda::qgemm::gemm_q`]: the GEMV for 1..8 rows, the dequantised-chunk cuBLAS path for
+//! more, in each activation layout), the embedding gather and label-row readout on block weights, and the
+//! blockwise Hadamard rotation (plain, inverse, fused with the RMSNorm). GPU tests: `#[ignore]`d, run with
+//! `--include-ignored` on a GPU machine.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use half::f16;
+use onepass_cuda::ops::{self, Out, W};
+use onepass_cuda::qgemm::{gemm_q, upload_blocks, Act};
+use onepass_kernels::{
+    dot_rows, hadamard_rotate_reference, hadamard_unrotate_reference, matmul_t_reference,
+};
+use onepass_tensor::{DType, Tensor};
+
+/// A random PQ2_0 ([`DType::PQ2_0`], every code 0..=3, code 3 included) or Q8_0 matrix [n, k] as file blocks.
+fn blocks(dtype: DType, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    let bl = dtype.block_len();
+    let nb = n * k / bl;
+    let u = rnd(nb * 33, seed);
+    let mut out = Vec::with_capacity(nb * 34);
+    for b in 0..nb {
+        let r = &u[b * 33..(b + 1) * 33];
+        let d = f16::from_f32(0.02 + 0.05 * (r[0] + 1.0));
+        out.extend_from_slice(&d.to_le_bytes());
+        for v in &r[1..33] {
+            // Bytes spread over 0..=255: every 2-bit code (PQ2_0) and every signed value (Q8_0) occurs.
+            out.push((((v + 1.0) * 128.0) as u32).min(255) as u8);
+        }
+    }
+    out
+}
+
+/// x as the GPU reads it in each layout, and the values the reference multiplies.
+struct XCase {
+    name: &'static str,
+    /// Device buffer words (bf16 bits as u16 pairs, or f32 bits).
+    bits: Vec<u32>,
+    reference: Vec<f32>,
+    /// The activation descriptor of the buffer at an address.
+    act: Box<dyn Fn(u64) -> Act>,
+}
+
+fn x_layouts(x: &[f32], t: usize, k: usize) -> Vec<XCase> {
+    let pack = |v: &[u16]| -> Vec<u32> {
+        v.chunks(2)
+            .map(|p| p[0] as u32 | (*p.get(1).unwrap_or(&0) as u32) << 16)
+            .collect()
+    };
+    let hi = to_bf16_bits(x);
+    let hif = from_bf16_bits(&hi);
+    let lo_vals: Vec<f32> = x.iter().zip(&hif).map(|(a, b)| a - b).collect();
+    let lo = to_bf16_bits(&lo_vals);
+    let split_ref: Vec<f32> = hif
+        .iter()
+        .zip(from_bf16_bits(&lo))
+        .map(|(a, b)| a + b)
+        .collect();
+    // Split rows as the input projections get them: [hi | lo] per row (row stride 2K).
+    let mut rows = Vec::with_capacity(2 * t * k);
+    for r in 0..t {
+        rows.extend_from_slice(&hi[r * k..(r + 1) * k]);
+        rows.extend_from_slice(&lo[r * k..(r + 1) * k]);
+    }
+    // Split planes as the residual projections get them: all hi rows, then all lo rows.
+    let planes: Vec<u16> = hi.iter().chain(&lo).copied().collect();
+    vec![
+        XCase {
+            name: "bf16",
+            bits: pack(&hi),
+            reference: hif.clone(),
+            act: Box::new(move |p| Act::Bf16 { x: p, ldx: k }),
+        },
+        XCase {
+            name: "f32",
+            bits: x.iter().map(|v| v.to_bits()).collect(),
+            reference: x.to_vec(),
+            act: Box::new(move |p| Act::F32 { x: p, ldx: k }),
+        },
+        XCase {
+            name: "split rows",
+            bits: pack(&rows),
+            reference: split_ref.clone(),
+            act: Box::new(move |p| Act::Split {
+                x: p,
+                ldx: 2 * k,
+                lo: k,
+            }),
+        },
+        XCase {
+            name: "split planes",
+            bits: pack(&planes),
+            reference: split_ref,
+            act: Box::new(move |p| Act::Split {
+                x: p,
+                ldx: k,
+                lo: t * k,
+            }),
+        },
+    ]
+}
+
+/// `gemm_q` against `matmul_t_reference` (f64 sums over the tensor's decoded values) for PQ2_0 and Q8_0, K of 1, 3
+/// and 9 blocks, N from 1 to 300 (not multiples of the 8 rows per block), 1..8 rows (the GEMV) and 9, 33 (the
+/// dequantised chunks, the scratch sized for 37 rows so that N = 300 takes 9 chunks), every activation layout, an
+/// output row stride above N, and beta 1 (accumulating into y). Bounds: exact weights and f32 sums, 2e-5 of the
+/// largest output; prefill with bf16 inputs multiplies the weights rounded to bf16 (a bf16 GEMM), 8e-3; split
+/// prefill the weights as hi + lo planes, 1e-4.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_gemm_matches_cpu_on_odd_shapes() {
+    let g = gpu();
+    let mut fails = Vec::new();
+    for dtype in [DType::PQ2_0, DType::Q8_0] {
+        let bl = dtype.block_len();
+        for (kb, n) in [(1usize, 1usize), (3, 7), (9, 300), (3, 65)] {
+            let k = kb * bl;
+            let raw = blocks(dtype, n, k, (k * 31 + n) as u64);
+            let tensor = Tensor::from_raw("w", dtype, vec![n, k], &raw).unwrap();
+            let (_wbuf, w) = upload_blocks(&g, &[&raw], dtype == DType::Q8_0).unwrap();
+            let scratch = g.alloc::<u8>(4 * k * 37).unwrap();
+            for t in [1usize, 2, 3, 5, 8, 9, 33] {
+                let x = rnd(t * k, (t * 7 + k) as u64);
+                for case in x_layouts(&x, t, k) {
+                    let mut want = vec![0.0f32; t * n];
+                    matmul_t_reference(&case.reference, t, &tensor, &mut want);
+                    let xd = g.upload(&case.bits).unwrap();
+                    let ldy = n + 3;
+                    let y0 = rnd(t * ldy, 99);
+                    let yd = g.upload(&y0).unwrap();
+                    for beta in [0.0f32, 1.0] {
+                        g.upload_into(&y0, &yd).unwrap();
+                        gemm_q(
+                            &g,
+                            (case.act)(g.ptr(&xd)),
+                            t,
+                            k,
+                            w,
+                            n,
+                            (g.ptr(&yd), ldy),
+                            beta,
+                            (g.ptr(&scratch), 4 * k * 37),
+                        )
+                        .unwrap();
+                        let got = g.download(&yd, t * ldy).unwrap();
+                        let mut a = Vec::new();
+                        let mut b = Vec::new();
+                        for r in 0..t {
+                            for c in 0..n {
+                                a.push(got[r * ldy + c]);
+                                b.push(want[r * n + c] + beta * y0[r * ldy + c]);
+                            }
+                            for c in n..ldy {
+                                assert_eq!(got[r * ldy + c], y0[r * ldy + c], "wrote past N");
+                            }
+                        }
+                        let tol = match (t <= 8, case.name) {
+                            (true, _) | (false, "f32") => F32_TOL,
+                            (false, "bf16") => BF16_TOL,
+                            _ => 1e-4,
+                        };
+                        let e = rel_err(&a, &b);
+                        let name = format!(
+                            "{} K {k} N {n} T {t} {} beta {beta}",
+                            dtype.name(),
+                            case.name
+                        );
+                        eprintln!("{name}: {e:.3e} (tolerance {tol:.0e})");
+                        if e > tol {
+                            fails.push(format!("{name}: {e:.3e}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(fails.is_empty(), "over tolerance: {fails:?}");
+}
+
+/// A misaligned input (not on a 16-byte boundary: the GEMV's loads cannot take it) runs the dequantised path with
+/// the same result.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_gemm_misaligned_input_matches_cpu() {
+    let g = gpu();
+    let (n, k, t) = (45usize, 256usize, 3usize);
+    let raw = blocks(DType::PQ2_0, n, k, 5);
+    let tensor = Tensor::from_raw("w", DType::PQ2_0, vec![n, k], &raw).unwrap();
+    let (_wbuf, w) = upload_blocks(&g, &[&raw], false).unwrap();
+    let x = rnd(t * k, 6);
+    let mut want = vec![0.0f32; t * n];
+    matmul_t_reference(&x, t, &tensor, &mut want);
+    // One f32 of padding in front: the rows start 4 bytes past a 16-byte boundary.
+    let padded: Vec<f32> = std::iter::once(0.0).chain(x.iter().copied()).collect();
+    let xd = g.upload(&padded).unwrap();
+    let yd = g.alloc::<f32>(t * n).unwrap();
+    let scratch = g.alloc::<u8>(1 << 20).unwrap();
+    gemm_q(
+        &g,
+        Act::F32 {
+            x: g.ptr(&xd) + 4,
+            ldx: k,
+        },
+        t,
+        k,
+        w,
+        n,
+        (g.ptr(&yd), n),
+        0.0,
+        (g.ptr(&scratch), 1 << 20),
+    )
+    .unwrap();
+    check(
+        "misaligned PQ2_0",
+        &g.download(&yd, t * n).unwrap(),
+        &want,
+        F32_TOL,
+    );
+}
+
+/// The embedding gather and the label-row readout on PQ2_0 and Q8_0 tables against the tensor's own rows and
+/// `dot_rows`.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_embed_and_readout_match_cpu() {
+    let g = gpu();
+    for dtype in [DType::PQ2_0, DType::Q8_0] {
+        let (v, h) = (37usize, 384usize);
+        let raw = blocks(dtype, v, h, 11);
+        let tensor = Tensor::from_raw("e", dtype, vec![v, h], &raw).unwrap();
+        let (_wbuf, w) = upload_blocks(&g, &[&raw], dtype == DType::Q8_0).unwrap();
+        let ids: Vec<i32> = vec![0, 36, 5, 5, 17];
+        let idd = g.upload(&ids).unwrap();
+        let xd = g.alloc::<f32>(ids.len() * h).unwrap();
+        ops::embed_gather(&g, w, g.ptr(&idd), g.ptr(&xd), ids.len(), h).unwrap();
+        let mut want = vec![0.0f32; ids.len() * h];
+        for (i, &id) in ids.iter().enumerate() {
+            tensor.read_f32(id as usize * h, &mut want[i * h..(i + 1) * h]);
+        }
+        check(
+            &format!("{} embed gather", dtype.name()),
+            &g.download(&xd, ids.len() * h).unwrap(),
+            &want,
+            0.0,
+        );
+        let hidden = rnd(2 * h, 12);
+        let hd = g.upload(&hidden).unwrap();
+        let picks: Vec<(usize, u32)> = vec![(0, 3), (1, 36), (0, 0), (1, 20)];
+        let pairs: Vec<i32> = picks
+            .iter()
+            .flat_map(|&(r, l)| [r as i32, l as i32])
+            .collect();
+        let pd = g.upload(&pairs).unwrap();
+        let out = g.alloc::<f32>(picks.len()).unwrap();
+        ops::rows_dot(&g, g.ptr(&hd), h, g.ptr(&pd), picks.len(), w, g.ptr(&out)).unwrap();
+        let mut want = Vec::new();
+        for &(r, l) in &picks {
+            let mut o = [0.0f32];
+            dot_rows(&hidden[r * h..(r + 1) * h], &tensor, &[l], &mut o);
+            want.push(o[0]);
+        }
+        check(
+            &format!("{} label rows", dtype.name()),
+            &g.download(&out, picks.len()).unwrap(),
+            &want,
+            F32_TOL,
+        );
+    }
+}
+
+/// The Hadamard rotation against the f64 references: `R·x` and `Rᵀ·x` of 1, 3 and 17 rows of 1024 and 3072 values
+/// (f32 out, in place for the inverse), and the norm fused in front in every output layout, with the normed rows as
+/// they are beside it.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn hadamard_rows_match_cpu() {
+    let g = gpu();
+    for rows in [1usize, 3, 17] {
+        for k in [1024usize, 3072] {
+            let x = rnd(rows * k, (rows * k) as u64);
+            let signs: Vec<f32> = rnd(k, 3)
+                .iter()
+                .map(|v| if *v < 0.0 { -1.0 } else { 1.0 })
+                .collect();
+            let sd = g.upload(&signs).unwrap();
+            let xd = g.upload(&x).unwrap();
+            let out = g.alloc::<f32>(rows * k).unwrap();
+            ops::hadamard_rows(
+                &g,
+                (g.ptr(&xd), k),
+                rows,
+                k,
+                g.ptr(&sd),
+                false,
+                None,
+                (Out::F32(g.ptr(&out)), k),
+            )
+            .unwrap();
+            let mut want = x.clone();
+            hadamard_rotate_reference(&mut want, &signs);
+            check(
+                &format!("rotate {rows}x{k}"),
+                &g.download(&out, rows * k).unwrap(),
+                &want,
+                F32_TOL,
+            );
+            // The inverse, in place.
+            ops::hadamard_rows(
+                &g,
+                (g.ptr(&xd), k),
+                rows,
+                k,
+                g.ptr(&sd),
+                true,
+                None,
+                (Out::F32(g.ptr(&xd)), k),
+            )
+            .unwrap();
+            let mut want = x.clone();
+            hadamard_unrotate_reference(&mut want, &signs);
+            check(
+                &format!("unrotate {rows}x{k} in place"),
+                &g.download(&xd, rows * k).unwrap(),
+                &want,
+                F32_TOL,
+            );
+
+            // Norm + rotation; the rotated rows in each layout, the normed rows as they are in the same one.
+            let gain: Vec<f32> = rnd(k, 4).iter().map(|v| 1.0 + 0.5 * v).collect();
+            let eps = 1e-6f32;
+            let mut normed = x.clone();
+            for row in normed.chunks_mut(k) {
+                let ms = row.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / k as f64;
+                let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+                for (v, w) in row.iter_mut().zip(&gain) {
+                    *v = (f64::from(*v) * inv * f64::from(*w)) as f32;
+                }
+            }
+            let mut rotated = normed.clone();
+            hadamard_rotate_reference(&mut rotated, &signs);
+            let xd = g.upload(&x).unwrap();
+            let gd = g.upload(&gain).unwrap();
+            for mode in ["f32", "bf16", "split"] {
+                let (o, r) = (
+                    g.alloc::<f32>(rows * k).unwrap(),
+                    g.alloc::<f32>(rows * k).unwrap(),
+                );
+                let (op, rp) = (g.ptr(&o), g.ptr(&r));
+                let (out, raw, ld) = match mode {
+                    "f32" => (Out::F32(op), Out::F32(rp), k),
+                    "bf16" => (Out::Bf16(op), Out::Bf16(rp), k),
+                    _ => (Out::Split(op, k), Out::Split(rp, k), 2 * k),
+                };
+                ops::hadamard_rows(
+                    &g,
+                    (g.ptr(&xd), k),
+                    rows,
+                    k,
+                    g.ptr(&sd),
+                    false,
+                    Some((g.ptr(&gd), eps, Some((raw, ld)))),
+                    (out, ld),
+                )
+                .unwrap();
+                let read = |b: &cudarc::driver::CudaSlice<f32>| -> Vec<f32> {
+                    let v = g.download(b, rows * k).unwrap();
+                    match mode {
+                        "f32" => v,
+                        _ => {
+                            let bits: Vec<u16> = v
+                                .iter()
+                                .flat_map(|f| {
+                                    let u = f.to_bits();
+                                    [u as u16, (u >> 16) as u16]
+                                })
+                                .collect();
+                            let vals = from_bf16_bits(&bits);
+                            if mode == "bf16" {
+                                vals[..rows * k].to_vec()
+                            } else {
+                                // Row r: hi [k] then lo [k].
+                                (0..rows * k)
+                                    .map(|i| {
+                                        let (r, c) = (i / k, i % k);
+                                        vals[2 * r * k + c] + vals[2 * r * k + k + c]
+                                    })
+                                    .collect()
+                            }
+                        }
+                    }
+                };
+                let tol = match mode {
+                    "bf16" => BF16_TOL,
+                    "split" => 1e-4,
+                    _ => F32_TOL,
+                };
+                check(
+                    &format!("norm + rotate {rows}x{k} {mode}"),
+                    &read(&o),
+                    &rotated,
+                    tol,
+                );
+                check(
+                    &format!("norm {rows}x{k} {mode} (unrotated)"),
+                    &read(&r),
+                    &normed,
+                    tol,
+                );
+            }
+        }
+    }
+}
+
+/// The W of an upload is the block format asked for.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn upload_blocks_names_the_format() {
+    let g = gpu();
+    let raw = blocks(DType::Q8_0, 2, 64, 1);
+    let (_b, w) = upload_blocks(&g, &[&raw], true).unwrap();
+    assert!(matches!(w, W::Q8 { .. }));
+    assert!(upload_blocks(&g, &[&raw[..33]], true).is_err());
+}
+
+/// Not a check (ignored like the GPU tests): µs per call of the block-format projections on the Bonsai 27B shapes
+/// (PQ2_0) and the Qwen3.5-0.8B ones (Q8_0), bf16 inputs, 1 and 8 rows (the GEMV) and 512 (the dequantised-chunk
+/// prefill), with the bytes of weight read per call as GB/s and as a share of the device's copy bandwidth measured
+/// in the same run (a 1 GiB device-to-device copy: read + write bytes over its time). Shapes under the 50 MB L2 are
+/// partly served from it.
+#[test]
+#[ignore = "a timing table on a CUDA GPU, not a check (run with --include-ignored on a GPU machine)"]
+fn block_gemm_timings() {
+    let g = gpu();
+    let n_copy = 1usize << 28;
+    let src = g.zeros::<f32>(n_copy).unwrap();
+    let dst = std::cell::RefCell::new(g.zeros::<f32>(n_copy).unwrap());
+    let us = per_call_us(&g, &|| {
+        g.copy(&src, 0, &mut dst.borrow_mut(), 0, n_copy).unwrap()
+    });
+    let ceiling = 2.0 * 4.0 * n_copy as f64 / (us * 1e-6) / 1e9;
+    println!("{}: device copy {ceiling:.0} GB/s (read + write)", g.name);
+    let shapes = [
+        ("27B gate|up", DType::PQ2_0, 2 * 17408, 5120),
+        ("27B down", DType::PQ2_0, 5120, 17408),
+        ("27B gdn qkv|z", DType::PQ2_0, 10240 + 6144, 5120),
+        ("27B gdn out", DType::PQ2_0, 5120, 6144),
+        ("27B head", DType::PQ2_0, 248320, 5120),
+        ("0.8B gate|up", DType::Q8_0, 7168, 1024),
+        ("0.8B down", DType::Q8_0, 1024, 3584),
+        ("0.8B head", DType::Q8_0, 248320, 1024),
+    ];
+    let scratch = g.alloc::<u8>(onepass_cuda::qgemm::DEQUANT_BYTES).unwrap();
+    for (name, dtype, n, k) in shapes {
+        let raw = blocks(dtype, n, k, 7);
+        let (_wbuf, w) = upload_blocks(&g, &[&raw], dtype == DType::Q8_0).unwrap();
+        for t in [1usize, 8, 512] {
+            let x = g.upload(&to_bf16_bits(&rnd(t * k, 8))).unwrap();
+            let y = g.zeros::<f32>(t * n).unwrap();
+            let (xp, yp, sp) = (g.ptr(&x), g.ptr(&y), g.ptr(&scratch));
+            let us = per_call_us(&g, &|| {
+                gemm_q(
+                    &g,
+                    Act::Bf16 { x: xp, ldx: k },
+                    t,
+                    k,
+                    w,
+                    n,
+                    (yp, n),
+                    0.0,
+                    (sp, onepass_cuda::qgemm::DEQUANT_BYTES),
+                )
+                .unwrap()
+            });
+            let gbs = raw.len() as f64 / (us * 1e-6) / 1e9;
+            let tf = 2.0 * (t * n * k) as f64 / (us * 1e-6) / 1e12;
+            println!(
+                "{name:14} {} N {n:6} K {k:5} T {t:3}: {us:9.1} µs {gbs:7.0} GB/s of weights ({:4.0}% of the copy) {tf:6.1} TFLOP/s",
+                dtype.name(),
+                100.0 * gbs / ceiling
+            );
+        }
+    }
+}

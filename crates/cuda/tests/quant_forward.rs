@@ -1,0 +1,330 @@
+//! The whole GPU forward of block-format GGUF files against the CPU model that loads the same file: Q8_0 files of
+//! two tiny presets (every matrix Q8_0; untied and tied), and random ternary packs with the blockwise
+//! Hadamard rotation (PQ2_0 and PTQ1_0 `tiny-ternary`, untied and tied), written by `onepass_model::convert` as
+//! `onepass synth --format` writes them. Per file and precision: a prefill of 130 tokens (the dequantised-chunk
+//! GEMMs), a batch over three forks (63, 1 and 65 tokens), label-row readout, and three one-token steps on the
+//! forks (the block GEMVs; the third replays a CUDA graph). GPU tests: `#[ignore]`d, run with `--include-ignored`
+//! on a GPU machine.
+//!
+//! Tolerance (max |logit_gpu − logit_cpu| / max(1, max |logit_cpu|)): 1e-3 in the f32 and split precisions
+//! (weights exact in both; split carries activations to about 2^-16), 1e-1 in bf16 (its activations are rounded to
+//! 8 bits, as in forward.rs).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use onepass_cuda::{CudaModel, Precision};
+use onepass_model::convert::{convert, Input, OutType, TokenizerFiles};
+use onepass_model::{synth, Model};
+
+const TOL: f32 = 1e-3;
+const BF16_TOL: f32 = 1e-1;
+
+/// A GGUF file of type `ty` written from the synthetic spec, and the CPU model loaded from it.
+fn pack(name: &str, spec: &synth::SynthSpec, ty: OutType) -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tok = dir.path().join("tokenizer");
+    std::fs::create_dir_all(&tok).unwrap();
+    std::fs::write(
+        tok.join("tokenizer.json"),
+        onepass_tokenizer::synthetic_tokenizer_json(spec.vocab_size).unwrap(),
+    )
+    .unwrap();
+    let files = TokenizerFiles::from_dir(&tok).unwrap();
+    let out = dir.path().join("model.gguf");
+    convert(
+        Input::Synth {
+            spec,
+            name,
+            tokenizer: &files,
+        },
+        &out,
+        ty,
+        5,
+        &mut |_, _, _, _| {},
+    )
+    .unwrap();
+    let m = Model::load(&out).expect("load");
+    (dir, m)
+}
+
+fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    rnd(n, seed)
+        .iter()
+        .map(|x| (((x + 1.0) * 0.5 * vocab as f32) as usize).min(vocab - 1) as u32)
+        .collect()
+}
+
+fn pairs<'a, S>(states: &'a mut [S], seqs: &'a [Vec<u32>]) -> Vec<(&'a mut S, &'a [u32])> {
+    states
+        .iter_mut()
+        .zip(seqs)
+        .map(|(s, x)| (s, x.as_slice()))
+        .collect()
+}
+
+fn soft(fails: &mut Vec<String>, name: &str, a: &[f32], b: &[f32], tol: f32) {
+    let e = rel_err(a, b);
+    eprintln!("{name}: max|diff|/max(1,max|ref|) = {e:.3e} (tolerance {tol:.0e})");
+    if e > tol {
+        fails.push(format!("{name}: {e:.3e}"));
+    }
+}
+
+/// Prefill, batch over forks, label rows, three decode steps: GPU logits against the CPU's.
+fn check_forward(fails: &mut Vec<String>, name: &str, m: &Model, gm: &CudaModel, tol: f32) {
+    let (v, h) = (m.vocab_size(), m.hidden_size());
+    let seq = ids(130, v, 1);
+    let mut cs = m.new_state();
+    let want = m.logits(&m.forward(&mut cs, &seq).unwrap());
+    let mut gs = gm.new_state().unwrap();
+    let hid = gm.forward(&mut gs, &seq).unwrap();
+    soft(
+        fails,
+        &format!("{name} prefill 130"),
+        &gm.logits(&hid).unwrap(),
+        &want,
+        tol,
+    );
+
+    let prefix = ids(40, v, 2);
+    let mut cp = m.new_state();
+    m.forward(&mut cp, &prefix).unwrap();
+    let mut gp = gm.new_state().unwrap();
+    gm.forward(&mut gp, &prefix).unwrap();
+    let sufs = [ids(63, v, 3), ids(1, v, 4), ids(65, v, 5)];
+    let mut cf = cp.fork(3);
+    let mut gf = gm.fork(&gp, 3).unwrap();
+    let cpu_h = m.forward_batch(&mut pairs(&mut cf, &sufs)).unwrap();
+    let got_h = gm.forward_batch(&mut pairs(&mut gf, &sufs)).unwrap();
+    soft(
+        fails,
+        &format!("{name} batch over forks"),
+        &gm.logits(&got_h).unwrap(),
+        &m.logits(&cpu_h),
+        tol,
+    );
+
+    let labels: Vec<u32> = vec![3, 17, 42, (v - 1) as u32];
+    let mut picks = Vec::new();
+    let mut want_rows = Vec::new();
+    for r in [62usize, 63, 128] {
+        for &l in &labels {
+            picks.push((r, l));
+        }
+        want_rows.extend(m.logits_rows(&cpu_h[r * h..(r + 1) * h], &labels).unwrap());
+    }
+    soft(
+        fails,
+        &format!("{name} label rows"),
+        &gm.logits_rows(&got_h, &picks).unwrap(),
+        &want_rows,
+        tol,
+    );
+
+    for step in 0..3u64 {
+        let one: Vec<Vec<u32>> = (0..3).map(|i| ids(1, v, 10 + 3 * step + i)).collect();
+        let want = m.logits(&m.forward_batch(&mut pairs(&mut cf, &one)).unwrap());
+        let got = gm
+            .logits(&gm.forward_batch(&mut pairs(&mut gf, &one)).unwrap())
+            .unwrap();
+        soft(
+            fails,
+            &format!("{name} decode step {step} (3 rows)"),
+            &got,
+            &want,
+            tol,
+        );
+    }
+    // One row alone (the one-row GEMVs), and greedy's argmax on the GPU against the CPU logits' (ties aside).
+    let one = ids(1, v, 30);
+    let want = m.logits(&m.forward(&mut cs, &one).unwrap());
+    let got_h = gm.forward(&mut gs, &one).unwrap();
+    soft(
+        fails,
+        &format!("{name} decode one row"),
+        &gm.logits(&got_h).unwrap(),
+        &want,
+        tol,
+    );
+    let arg = gm.argmax_at(&got_h, &[0]).unwrap()[0] as usize;
+    let best = want.iter().copied().fold(f32::MIN, f32::max);
+    let margin = best - want[arg];
+    eprintln!("{name} argmax {arg}: {margin:.3e} below the CPU's best");
+    if margin > tol * best.abs().max(1.0) {
+        fails.push(format!("{name} argmax {arg}: {margin:.3e} below the best"));
+    }
+}
+
+fn cases() -> Vec<(String, synth::SynthSpec, OutType)> {
+    let p = |n: &str| synth::preset(n).expect("preset");
+    vec![
+        ("tiny-gva Q8_0".into(), p("tiny-gva"), OutType::Q8_0),
+        ("tiny-bf16 Q8_0".into(), p("tiny-bf16"), OutType::Q8_0),
+        (
+            "tiny-gva Q8_0 (tied)".into(),
+            synth::SynthSpec {
+                tie_word_embeddings: true,
+                ..p("tiny-gva")
+            },
+            OutType::Q8_0,
+        ),
+        (
+            "tiny-ternary PQ2_0".into(),
+            p("tiny-ternary"),
+            OutType::PQ2_0,
+        ),
+        (
+            "tiny-ternary PTQ1_0".into(),
+            p("tiny-ternary"),
+            OutType::PTQ1_0,
+        ),
+        (
+            "tiny-ternary PQ2_0 (tied)".into(),
+            synth::SynthSpec {
+                tie_word_embeddings: true,
+                ..p("tiny-ternary")
+            },
+            OutType::PQ2_0,
+        ),
+    ]
+}
+
+/// Every block-format file in the f32 and split precisions, within 1e-3 of the CPU.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_format_forward_matches_cpu() {
+    let g = gpu();
+    let mut fails = Vec::new();
+    for (name, spec, ty) in cases() {
+        let (_dir, m) = pack(&name, &spec, ty);
+        for prec in [Precision::F32, Precision::Bf16Split] {
+            let gm = CudaModel::with_precision(&m, g.clone(), prec).expect("upload");
+            check_forward(&mut fails, &format!("{name} {prec:?}"), &m, &gm, TOL);
+        }
+    }
+    assert!(fails.is_empty(), "over tolerance: {fails:?}");
+}
+
+/// The bf16 precision on the same files (activations rounded to bf16).
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_format_forward_bf16_matches_cpu() {
+    let g = gpu();
+    let mut fails = Vec::new();
+    for (name, spec, ty) in cases() {
+        let (_dir, m) = pack(&name, &spec, ty);
+        let gm = CudaModel::with_precision(&m, g.clone(), Precision::Bf16).expect("upload");
+        check_forward(&mut fails, &format!("{name} Bf16"), &m, &gm, BF16_TOL);
+    }
+    assert!(fails.is_empty(), "over tolerance: {fails:?}");
+}
+
+/// The device keeps the file's bytes: a ternary pack's weights take about 2.125 bits per weight on the GPU (PTQ1_0
+/// as its PQ2_0 transcode), a Q8_0 file's 8.5, not a float copy.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_weights_stay_packed_on_the_device() {
+    let g = gpu();
+    for (name, spec, ty) in cases() {
+        let (_dir, m) = pack(&name, &spec, ty);
+        let gm = CudaModel::with_precision(&m, g.clone(), Precision::Bf16).expect("upload");
+        let file = m.info().weight_bytes as f64;
+        let dev = gm.weight_bytes() as f64;
+        eprintln!("{name}: {dev} device bytes of weights, the model's {file}");
+        // PTQ1_0 grows to PQ2_0 (34 / 28); the small float tensors and the scale alignment add a little.
+        let cap = if ty == OutType::PTQ1_0 { 1.3 } else { 1.1 };
+        assert!(dev <= cap * file, "{name}: {dev} > {cap} x {file}");
+    }
+}
+
+/// Without a GPU: every file the GPU tests run is written and loads on the CPU, the ternary packs rotated and
+/// ternary, the Q8_0 files Q8_0 and not rotated (what the GPU tests above compare is what they are meant to).
+#[test]
+fn block_format_cases_load_on_the_cpu() {
+    for (name, spec, ty) in cases() {
+        let (_dir, m) = pack(&name, &spec, ty);
+        let ternary = matches!(ty, OutType::PQ2_0 | OutType::PTQ1_0);
+        assert_eq!(m.is_rotated(), ternary, "{name}");
+        let want = ty.ggml_type().name();
+        let types: Vec<&str> = m.info().weight_dtypes.iter().map(|d| d.name()).collect();
+        assert!(types.contains(&want), "{name}: {types:?}");
+        assert_eq!(m.lm_head().dtype().name(), want, "{name}: the head");
+        assert_eq!(
+            m.head_signs().is_some(),
+            ternary,
+            "{name}: the head's rotation"
+        );
+    }
+}
+
+/// Greedy decoding on the device (`greedy_steps`: each step one graph of the layers, the head and the argmax) on
+/// every file in split precision against the CPU model's greedy tokens over 32 steps from the same prompt: equal,
+/// except that a step where the CPU's two best logits are within 1e-3 of the largest (a near-tie) may pick the
+/// other, after which the sequences are not compared further. Prints each run's smallest top-2 margin.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_format_greedy_decode_matches_cpu() {
+    const STEPS: usize = 32;
+    let g = gpu();
+    let mut fails = Vec::new();
+    for (name, spec, ty) in cases() {
+        let (_dir, m) = pack(&name, &spec, ty);
+        let v = m.vocab_size();
+        let prompt = ids(20, v, 40);
+        let argmax = |l: &[f32]| {
+            l.iter()
+                .enumerate()
+                .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        };
+        // The CPU's greedy tokens, each step's logits kept.
+        let mut cs = m.new_state();
+        let h = m.forward(&mut cs, &prompt).unwrap();
+        let last = m.logits(&h[(prompt.len() - 1) * m.hidden_size()..]);
+        let first = argmax(&last).0 as u32;
+        let (mut cpu, mut steps) = (Vec::new(), Vec::new());
+        let mut tok = first;
+        for _ in 0..STEPS {
+            let l = m.logits(&m.forward(&mut cs, &[tok]).unwrap());
+            tok = argmax(&l).0 as u32;
+            cpu.push(tok);
+            steps.push(l);
+        }
+        let gm = CudaModel::with_precision(&m, g.clone(), Precision::Bf16Split).expect("upload");
+        let mut gs = gm.new_state().unwrap();
+        gm.forward(&mut gs, &prompt).unwrap();
+        let serial = std::sync::Mutex::new(());
+        let mut gpu_toks = Vec::new();
+        let fed = gm
+            .greedy_steps(&mut gs, first, STEPS, &serial, &mut |t| {
+                gpu_toks.push(t);
+                true
+            })
+            .unwrap();
+        assert_eq!(fed, Some(STEPS), "{name}");
+        let mut min_margin = f32::MAX;
+        for (i, (c, gt)) in cpu.iter().zip(&gpu_toks).enumerate() {
+            let l = &steps[i];
+            let best = l[*c as usize];
+            let second = l
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != *c as usize)
+                .fold(f32::MIN, |b, (_, &x)| b.max(x));
+            min_margin = min_margin.min(best - second);
+            if c != gt {
+                let gap = best - l[*gt as usize];
+                eprintln!(
+                    "{name}: step {i} GPU {gt} against CPU {c}, {gap:.3e} below the CPU's best"
+                );
+                if gap > 1e-3 * best.abs().max(1.0) {
+                    fails.push(format!("{name}: step {i}: {gt} != {c} ({gap:.3e})"));
+                }
+                break;
+            }
+        }
+        eprintln!("{name}: greedy {STEPS} steps, smallest CPU top-2 margin {min_margin:.3e}");
+    }
+    assert!(fails.is_empty(), "greedy tokens differ: {fails:?}");
+}
