@@ -535,7 +535,63 @@ pub fn hadamard_rows(
     let ((r, raw_mode), ldr) = raw.map_or(((0, 0), 0), |(o, ld)| (o.parts(), ld));
     let c = cfg((rows as u32, (k / 1024) as u32), 256, 0);
     launch!(g, g.k.hadamard_rows, c; x, ldx as i32, gain, eps, k as i32, signs, i32::from(inverse), o, mode,
-        ldo as i32, r, raw_mode, ldr as i32)
+        ldo as i32, r, raw_mode, ldr as i32, 0i32)
+}
+
+/// Whether [`gated_norm_rotate`] takes value heads of `dv` values, `hv` of them: whole heads in each 1024-block.
+pub fn gated_norm_rotate_takes(hv: usize, dv: usize) -> bool {
+    dv >= 4 && dv.is_power_of_two() && dv <= 1024 && (hv * dv).is_multiple_of(1024)
+}
+
+/// [`rms_norm_gated`] and the rotation of its output in one launch (a rotated pack's out_proj site): `out = R ·
+/// (norm(x)·w·silu(z))` per row. x: [N, HV·DV] f32; z row n at z + n·ldz; w: [DV]; signs: [HV·DV]. The dims must
+/// pass [`gated_norm_rotate_takes`].
+pub fn gated_norm_rotate(
+    g: &Gpu,
+    (x, z, ldz): (u64, u64, usize),
+    w: u64,
+    eps: f32,
+    n: usize,
+    (hv, dv): (usize, usize),
+    signs: u64,
+    (out, ldo): (Out, usize),
+) -> Result<(), CudaError> {
+    if !gated_norm_rotate_takes(hv, dv) {
+        return Err(CudaError::Unsupported(format!(
+            "the fused gated norm and rotation of {hv} heads of {dv} values"
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let (o, mode) = out.parts();
+    let k = hv * dv;
+    let c = cfg((n as u32, (k / 1024) as u32), 256, 0);
+    launch!(g, g.k.gated_norm_rotate, c; x, z, ldz as i32, w, eps, dv as i32, k as i32, signs, o, mode, ldo as i32)
+}
+
+/// [`swiglu`] and the rotation of its output in one launch (a rotated pack's down-projection site): `out = R ·
+/// (silu(gate) · up)` per row. gu: [N, 2·inter] f32 (gate, then up), `inter % 1024 == 0`; signs: [inter].
+pub fn swiglu_rotate(
+    g: &Gpu,
+    gu: u64,
+    inter: usize,
+    n: usize,
+    signs: u64,
+    (out, ldo): (Out, usize),
+) -> Result<(), CudaError> {
+    if !inter.is_multiple_of(1024) {
+        return Err(CudaError::Unsupported(format!(
+            "a Hadamard rotation of rows of {inter} values (a multiple of 1024 needed)"
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let (o, mode) = out.parts();
+    let c = cfg((n as u32, (inter / 1024) as u32), 256, 0);
+    launch!(g, g.k.hadamard_rows, c; gu, (2 * inter) as i32, 0u64, 0.0f32, inter as i32, signs, 0i32, o, mode,
+        ldo as i32, 0u64, 0i32, 0i32, 1i32)
 }
 
 /// `x += f[..R] + f[R..]` (f: [2R, dim], the second half `lo` values after the first), then [`rms_norm`] of x:

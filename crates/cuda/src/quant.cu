@@ -257,36 +257,11 @@ KERNEL(simt) void dequant_rows(const unsigned char* __restrict__ q, const unsign
     }
 }
 
-// The blockwise Hadamard rotation of a Bonsai pack (docs/formats.md): per row and 1024-block, R x = H (S x) / 32
-// (signs first), or with `inverse` R^T z = S (H z / 32) (the embedding after its gather). With a gain (not null) the
-// row is first RMS-normed (x * rsqrt(mean(x^2) + eps) * gain, the whole row's sum of squares, recomputed by each of
-// its blocks) and, where `raw` is not null, also stored unrotated there (raw_mode, row stride ldr: the input of the
-// linears that read the normed input as it is). The rotated row is stored as `store_act` with `mode` (row stride
-// ldo). x: [R, K] (stride ldx), K % 1024 == 0; `out` may be x when there is no gain (each block reads its own
-// 1024 values before it writes them). grid (R, K / 1024), 256 threads: the 10 butterfly stages in shared memory.
-KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict__ gain, float eps, int K,
-                                const float* __restrict__ signs, int inverse, void* out, int mode, int ldo,
-                                void* raw, int raw_mode, int ldr) {
-    __shared__ float s[1024];
-    idx_t r = blockIdx.x;
-    int c0 = blockIdx.y * 1024;
-    const float* row = x + r * ldx;
-    float inv = 1.0f;
-    if (gain) {
-        float ss = 0.0f;
-        for (int c = threadIdx.x; c < K; c += blockDim.x) ss += row[c] * row[c];
-        ss = block_sum(ss);
-        inv = 1.0f / sqrtf(ss / K + eps);
-    }
-    for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
-        int c = c0 + i;
-        float v = row[c];
-        if (gain) {
-            v = v * inv * gain[c];
-            if (raw) store_act(raw, r * ldr + c, v, raw_mode);
-        }
-        s[i] = inverse ? v : v * signs[c];
-    }
+// The 10 butterfly stages of the FWHT over s[1024] (a block's values, signed already unless `inverse`), then / 32
+// (and the signs for the inverse), stored as `store_act` with `mode` at out[o + c0 + i]. Every thread of the block
+// (256) calls it; it synchronises first, so s may have been written just before.
+__device__ __forceinline__ void fwht1024_store(float* s, idx_t o, int c0, const float* __restrict__ signs,
+                                               int inverse, void* out, int mode) {
     for (int h = 1; h < 1024; h <<= 1) {
         __syncthreads();
         for (int p = threadIdx.x; p < 512; p += blockDim.x) {
@@ -300,6 +275,78 @@ KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict
     for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
         int c = c0 + i;
         float v = s[i] * (1.0f / 32.0f);
-        store_act(out, r * ldo + c, inverse ? v * signs[c] : v, mode);
+        store_act(out, o + c, inverse ? v * signs[c] : v, mode);
     }
+}
+
+// The blockwise Hadamard rotation of a Bonsai pack (docs/formats.md): per row and 1024-block, R x = H (S x) / 32
+// (signs first), or with `inverse` R^T z = S (H z / 32) (the embedding after its gather). With a gain (not null) the
+// row is first RMS-normed (x * rsqrt(mean(x^2) + eps) * gain, the whole row's sum of squares, recomputed by each of
+// its blocks) and, where `raw` is not null, also stored unrotated there (raw_mode, row stride ldr: the input of the
+// linears that read the normed input as it is). The rotated row is stored as `store_act` with `mode` (row stride
+// ldo). x: [R, K] (stride ldx), K % 1024 == 0; `out` may be x when there is no gain (each block reads its own
+// 1024 values before it writes them). With `swiglu` (and no gain) x holds an MLP's [gate | up] rows (stride ldx,
+// each K wide) and the rotated values are silu(gate) * up (the SwiGLU fused in front). grid (R, K / 1024), 256
+// threads: the 10 butterfly stages in shared memory.
+KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict__ gain, float eps, int K,
+                                const float* __restrict__ signs, int inverse, void* out, int mode, int ldo,
+                                void* raw, int raw_mode, int ldr, int swiglu) {
+    __shared__ float s[1024];
+    idx_t r = blockIdx.x;
+    int c0 = blockIdx.y * 1024;
+    const float* row = x + r * ldx;
+    float inv = 1.0f;
+    if (gain) {
+        float ss = 0.0f;
+        for (int c = threadIdx.x; c < K; c += blockDim.x) ss += row[c] * row[c];
+        ss = block_sum(ss);
+        inv = 1.0f / sqrtf(ss / K + eps);
+    }
+    for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
+        int c = c0 + i;
+        float v = swiglu ? silu_f(row[c]) * row[K + c] : row[c];
+        if (gain) {
+            v = v * inv * gain[c];
+            if (raw) store_act(raw, r * ldr + c, v, raw_mode);
+        }
+        s[i] = inverse ? v : v * signs[c];
+    }
+    fwht1024_store(s, r * ldo, c0, signs, inverse, out, mode);
+}
+
+// The gated RMSNorm of a Gated DeltaNet's core output (rms_norm_gated: per value head of dv values, x * rsqrt(mean(x^2)
+// + eps) * w * silu(z)) and the rotation of the result in one launch (a rotated pack's out_proj site). x: [N, K]
+// (K = HV dv, K % 1024 == 0, 1024 % dv == 0, dv % 4 == 0); z row n at z + n ldz ([HV, dv]); w: [dv]. Each block
+// takes 1024 values of a row, whole heads: thread t holds values 4t .. 4t + 3 (one head), the head's sum of squares
+// by shuffles over its dv / 4 threads (and the warps' sums in shared memory for dv > 128). grid (N, K / 1024), 256
+// threads.
+KERNEL(simt) void gated_norm_rotate(const float* __restrict__ x, const float* __restrict__ z, int ldz,
+                                    const float* __restrict__ w, float eps, int dv, int K,
+                                    const float* __restrict__ signs, void* out, int mode, int ldo) {
+    __shared__ float s[1024];
+    __shared__ float wsum[8];
+    idx_t r = blockIdx.x;
+    int c0 = blockIdx.y * 1024, i0 = 4 * threadIdx.x, c = c0 + i0;
+    float v[4], ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        v[j] = x[r * K + c + j];
+        ss += v[j] * v[j];
+    }
+    int seg = min(dv / 4, 32);
+    for (int o = seg / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (dv > 128) {
+        int warp = threadIdx.x >> 5, per = dv / 128;
+        if ((threadIdx.x & 31) == 0) wsum[warp] = ss;
+        __syncthreads();
+        ss = 0.0f;
+        for (int k = 0; k < per; k++) ss += wsum[warp / per * per + k];
+    }
+    float inv = 1.0f / sqrtf(ss / dv + eps);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float g = v[j] * inv * w[(c + j) % dv] * silu_f(z[r * ldz + c + j]);
+        s[i0 + j] = g * signs[c + j];
+    }
+    fwht1024_store(s, r * ldo, c0, signs, 0, out, mode);
 }

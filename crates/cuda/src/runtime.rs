@@ -53,6 +53,7 @@ pub struct Kernels {
     pub gemv_q: [[[CudaFunction; 2]; 3]; 2],
     pub dequant_rows: CudaFunction,
     pub hadamard_rows: CudaFunction,
+    pub gated_norm_rotate: CudaFunction,
     pub attn_prep: CudaFunction,
     pub swiglu: CudaFunction,
     pub to_bf16: CudaFunction,
@@ -624,8 +625,9 @@ impl Gpu {
             };
         }
         let k = by_name! {
-            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16, gemv_norm_bf16, attn_prep, swiglu,
-            to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait, dequant_rows, hadamard_rows;
+            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16,
+            gemv_norm_bf16, attn_prep, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
+            dequant_rows, hadamard_rows, gated_norm_rotate;
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,

@@ -414,6 +414,156 @@ fn hadamard_rows_match_cpu() {
     }
 }
 
+/// The SwiGLU with the rotation of its output in one launch (a rotated pack's down-projection site) against the
+/// CPU's `silu(gate)·up` rotated by the f64 reference, 5 rows of 2048, f32 and split outputs.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn swiglu_rotate_matches_cpu() {
+    let g = gpu();
+    let (n, inter) = (5usize, 2048usize);
+    let gu: Vec<f32> = rnd(n * 2 * inter, 21).iter().map(|v| 3.0 * v).collect();
+    let signs: Vec<f32> = rnd(inter, 22)
+        .iter()
+        .map(|v| if *v < 0.0 { -1.0 } else { 1.0 })
+        .collect();
+    let mut want = vec![0.0f32; n * inter];
+    for r in 0..n {
+        for c in 0..inter {
+            let (a, b) = (gu[r * 2 * inter + c], gu[r * 2 * inter + inter + c]);
+            want[r * inter + c] = a / (1.0 + (-a).exp()) * b;
+        }
+    }
+    hadamard_rotate_reference(&mut want, &signs);
+    let (gd, sd) = (g.upload(&gu).unwrap(), g.upload(&signs).unwrap());
+    let out = g.alloc::<f32>(n * inter).unwrap();
+    ops::swiglu_rotate(
+        &g,
+        g.ptr(&gd),
+        inter,
+        n,
+        g.ptr(&sd),
+        (Out::F32(g.ptr(&out)), inter),
+    )
+    .unwrap();
+    check(
+        "swiglu + rotate f32",
+        &g.download(&out, n * inter).unwrap(),
+        &want,
+        F32_TOL,
+    );
+    // Split planes (hi rows, then lo rows), as the residual projection reads them.
+    ops::swiglu_rotate(
+        &g,
+        g.ptr(&gd),
+        inter,
+        n,
+        g.ptr(&sd),
+        (Out::Split(g.ptr(&out), n * inter), inter),
+    )
+    .unwrap();
+    let v = g.download(&out, n * inter).unwrap();
+    let bits: Vec<u16> = v
+        .iter()
+        .flat_map(|f| {
+            let u = f.to_bits();
+            [u as u16, (u >> 16) as u16]
+        })
+        .collect();
+    let vals = from_bf16_bits(&bits);
+    let got: Vec<f32> = (0..n * inter)
+        .map(|i| vals[i] + vals[n * inter + i])
+        .collect();
+    check("swiglu + rotate split", &got, &want, 1e-4);
+}
+
+/// The gated RMSNorm with the rotation of its output in one launch (a rotated pack's out_proj site) against the
+/// CPU's per-head `norm(x)·w·silu(z)` (f64) rotated by the f64 reference: heads of 64, 128, 256 and 1024 values (the
+/// head sums by shuffles within a warp, and across warps), 3 rows, z at an odd row stride; f32 and bf16 outputs.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn gated_norm_rotate_matches_cpu() {
+    let g = gpu();
+    let n = 3usize;
+    for (hv, dv) in [(16usize, 64usize), (8, 128), (4, 256), (2, 1024)] {
+        let k = hv * dv;
+        let ldz = k + 5;
+        let x = rnd(n * k, 31);
+        let z: Vec<f32> = rnd(n * ldz, 32).iter().map(|v| 2.0 * v).collect();
+        let w: Vec<f32> = rnd(dv, 33).iter().map(|v| 1.0 + 0.3 * v).collect();
+        let signs: Vec<f32> = rnd(k, 34)
+            .iter()
+            .map(|v| if *v < 0.0 { -1.0 } else { 1.0 })
+            .collect();
+        let eps = 1e-6f32;
+        let mut want = vec![0.0f32; n * k];
+        for r in 0..n {
+            for h in 0..hv {
+                let row = &x[r * k + h * dv..r * k + (h + 1) * dv];
+                let ms = row.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / dv as f64;
+                let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+                for c in 0..dv {
+                    let zv = f64::from(z[r * ldz + h * dv + c]);
+                    let silu = zv / (1.0 + (-zv).exp());
+                    want[r * k + h * dv + c] =
+                        (f64::from(row[c]) * inv * f64::from(w[c]) * silu) as f32;
+                }
+            }
+        }
+        hadamard_rotate_reference(&mut want, &signs);
+        let (xd, zd, wd, sd) = (
+            g.upload(&x).unwrap(),
+            g.upload(&z).unwrap(),
+            g.upload(&w).unwrap(),
+            g.upload(&signs).unwrap(),
+        );
+        let out = g.alloc::<f32>(n * k).unwrap();
+        for bf16 in [false, true] {
+            let o = if bf16 {
+                Out::Bf16(g.ptr(&out))
+            } else {
+                Out::F32(g.ptr(&out))
+            };
+            ops::gated_norm_rotate(
+                &g,
+                (g.ptr(&xd), g.ptr(&zd), ldz),
+                g.ptr(&wd),
+                eps,
+                n,
+                (hv, dv),
+                g.ptr(&sd),
+                (o, k),
+            )
+            .unwrap();
+            let v = g.download(&out, n * k).unwrap();
+            let got = if bf16 {
+                let bits: Vec<u16> = v
+                    .iter()
+                    .flat_map(|f| {
+                        let u = f.to_bits();
+                        [u as u16, (u >> 16) as u16]
+                    })
+                    .collect();
+                from_bf16_bits(&bits)[..n * k].to_vec()
+            } else {
+                v
+            };
+            check(
+                &format!(
+                    "gated norm + rotate {hv}x{dv} {}",
+                    if bf16 { "bf16" } else { "f32" }
+                ),
+                &got,
+                &want,
+                if bf16 { BF16_TOL } else { F32_TOL },
+            );
+        }
+    }
+    assert!(
+        !ops::gated_norm_rotate_takes(3, 96),
+        "heads that do not tile 1024"
+    );
+}
+
 /// The W of an upload is the block format asked for.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]

@@ -744,6 +744,26 @@ impl LayerOps for Launches<'_> {
         let d = g.d;
         let (_, _, _, core_p, _) = self.gdn_ptrs(g);
         let z_off = g.cd;
+        if let Some(signs) = g
+            .w_out
+            .rot
+            .as_ref()
+            .filter(|_| ops::gated_norm_rotate_takes(d.hv, d.dv))
+        {
+            // The out_proj site: the gated norm and its rotation in one launch.
+            let k = d.hv * d.dv;
+            ops::gated_norm_rotate(
+                &m.gpu,
+                (core_p, p.proj + 4 * z_off as u64, g.proj_width()),
+                g.norm.ptr,
+                g.eps,
+                n,
+                (d.hv, d.dv),
+                signs.ptr,
+                (m.act(p.act, n, k), k),
+            )?;
+            return m.mark("gated norm + rotation");
+        }
         ops::rms_norm_gated(
             &m.gpu,
             core_p,
@@ -816,9 +836,14 @@ impl LayerOps for Launches<'_> {
     fn swiglu(&mut self, l: usize) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
         let down = &self.layer(l).w_down;
-        ops::swiglu(&m.gpu, p.proj, m.inter, n, self.site_out(down, m.inter))?;
-        m.mark("swiglu")?;
-        self.rotate_site(down, m.inter)
+        if let Some(signs) = &down.rot {
+            // The down projection's site: the SwiGLU and its rotation in one launch.
+            let out = (m.act(p.act, n, m.inter), m.inter);
+            ops::swiglu_rotate(&m.gpu, p.proj, m.inter, n, signs.ptr, out)?;
+            return m.mark("swiglu + rotation");
+        }
+        ops::swiglu(&m.gpu, p.proj, m.inter, n, m.act(p.act, n, m.inter))?;
+        m.mark("swiglu")
     }
 
     fn project_residual(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
