@@ -293,6 +293,10 @@ pub struct CudaArgs {
     /// default, closest to the CPU), bf16 (fastest, plain bf16 activations), or f32 (f32 weights; for checking).
     #[arg(long, default_value = "split")]
     pub gpu_precision: String,
+    /// Make each request's answers on the GPU independent of the other requests batched with it, bit for bit
+    /// (the GPU then runs one GEMM algorithm per shape and plans attention per sequence; docs/cuda.md).
+    #[arg(long)]
+    pub gpu_batch_invariant: bool,
     /// Arithmetic of the tensor-core kernels, comma-separated items applied in order: 3xtf32 (f32 accuracy),
     /// tf32 (faster, less exact), a kernel that runs tf32 (prep, state, attn), or attn=3xtf32|tf32|bf16x3|bf16.
     /// Default: the precision's (docs/cuda.md).
@@ -379,6 +383,7 @@ impl CudaArgs {
             trees: !self.gpu_no_trees,
             graphs: !self.gpu_no_graphs,
             keep_freed_memory: !self.gpu_release_memory,
+            batch_invariant: self.gpu_batch_invariant,
         })
     }
 }
@@ -767,6 +772,7 @@ mod tests {
             gpu_no_trees: false,
             gpu_no_graphs: false,
             gpu_release_memory: false,
+            gpu_batch_invariant: false,
         }
     }
 
@@ -862,6 +868,8 @@ mod tests {
         assert_eq!(o.gdn, onepass_cuda::GdnKernels::Simt);
         assert_eq!(o.attention, onepass_cuda::AttnKernels::Tiled);
         assert!(!o.trees && !o.graphs && !o.keep_freed_memory);
+        assert!(!o.batch_invariant);
+        assert!(options(&["t", "--gpu-batch-invariant"]).batch_invariant);
         let o = options(&["t", "--gpu-gdn", "tc-no-leaf"]);
         assert_eq!(o.gdn, onepass_cuda::GdnKernels::TensorCoreNoLeaf);
         assert_eq!(o.attention, onepass_cuda::AttnKernels::TensorCore);

@@ -21,6 +21,13 @@
 #define ATC_MIN_CHUNK 32  // fewest keys per split
 #define ATC_MAX_SPLITS 16
 
+// Key splits per tile of a segment of `len` rows (> 0): at most `ns`, and at most `target` blocks over the segment's
+// tiles and KV heads (batch invariance: from the segment alone; target INT_MAX: `ns` for every segment).
+__device__ __forceinline__ int atc_seg_splits(int len, int TQ, int HKV, int ns, int target) {
+    int blocks = (len + TQ - 1) / TQ * HKV;
+    return min(ns, max(1, target / blocks));
+}
+
 // Keys per split and splits used for a tile that sees `nkeys` keys, with at most `ns` splits.
 __device__ __forceinline__ void atc_plan(int nkeys, int ns, int& chunk, int& used) {
     int c = (nkeys + ns - 1) / ns;
@@ -38,21 +45,23 @@ struct AtcWork {
 // in a tree (CudaModel::forward_tree) those are the children, whose one tile sees its root's keys as well, so
 // started last they would run alone at the end. False: the block has nothing to do.
 __device__ __forceinline__ bool atc_work(AtcWork& w, const int* seg, const u64* kv, int HKV, int TQ, int ns,
-                                         int nseg) {
+                                         int target, int nseg) {
     w.kh = (int)blockIdx.x % HKV;
     int bx = (int)blockIdx.x / HKV;
-    int tile = (int)(gridDim.x / HKV / ns) - 1 - bx / ns;
-    w.split = bx % ns;
     int s = nseg - 1 - (int)blockIdx.y;
     w.start = seg[3 * s];
     int len = seg[3 * s + 1];
     w.pos0 = seg[3 * s + 2];
+    if (len <= 0) return false;
+    int sns = atc_seg_splits(len, TQ, HKV, ns, target), tiles = (len + TQ - 1) / TQ;
+    if (bx >= tiles * sns) return false;
+    int tile = tiles - 1 - bx / sns;
+    w.split = bx % sns;
     w.t0 = tile * TQ;
-    if (w.t0 >= len) return false;
     w.nq = min(TQ, len - w.t0);
     int nkeys = w.pos0 + w.t0 + w.nq;  // keys 0..nkeys-1 are seen by some row of the tile
     int chunk;
-    atc_plan(nkeys, ns, chunk, w.used);
+    atc_plan(nkeys, sns, chunk, w.used);
     if (w.split >= w.used) return false;
     w.kbeg = w.split * chunk;
     w.kend = min(nkeys, w.kbeg + chunk);
@@ -430,7 +439,7 @@ __device__ __forceinline__ void atc_pv_bf(float (&o)[NT][4], const float (&sc)[A
 template <int NT, int KIND>
 __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
                                                const int* seg, const u64* kv, int H, int HKV, int D, float scale,
-                                               void* out, int mode, int ns, int nrows, int nseg,
+                                               void* out, int mode, int ns, int target, int nrows, int nseg,
                                                float* __restrict__ scratch, float* sm) {
     constexpr bool BF = KIND >= 2, X3 = KIND == 0 || KIND == 2;
     const int G = H / HKV;
@@ -442,7 +451,7 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
     float* Ks = Qs + ATC_M * ldq;   // [ATC_NK, ldq]
     float* Vs = Ks + ATC_NK * ldq;  // [ATC_NK, lds]
     AtcWork w;
-    if (!atc_work(w, seg, kv, HKV, ATC_M / G, ns, nseg)) return;
+    if (!atc_work(w, seg, kv, HKV, ATC_M / G, ns, target, nseg)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
     const float scale2 = scale * 1.4426950408889634f;  // log2 e
     const AtcShare<NT * 2> sh(tid);
@@ -495,26 +504,28 @@ __device__ __forceinline__ void attention_tc_t(const float* __restrict__ q, cons
 }
 
 // q: [N, H, D]; proj: [N, ld] (gate of head h at h*2D + D); seg: [S, 3]; kv: [S, KV_ENTRIES]; out: [N, H*D] as
-// `store_act` with `mode`. ns: most key splits per tile; scratch: [ns, nrows, H] x (D + 2) floats when ns > 1
-// (nrows: the token rows N). grid (ceil(maxlen / (ATC_M / G)) * ns * HKV, nseg), block 128, dynamic shared memory
+// `store_act` with `mode`. ns: most key splits per tile; target: most blocks of a segment's tiles and splits (a
+// segment's splits follow from its own length: atc_seg_splits; INT_MAX: ns for every segment); scratch: [ns, nrows,
+// H] x (D + 2) floats when ns > 1 (nrows: the token rows N). grid (x, nseg) with x at least HKV times the most (tiles
+// x splits) of any segment (attention_tc in attn_tc.rs), block 128, dynamic shared memory
 // (ATC_M + ATC_NK) * (Dp + 8) + ATC_NK * (Dp + 4) floats, Dp = 64, 128 or 256 (the least >= D); D % 4 == 0,
 // D <= 256, G = H / HKV <= 64.
 // attention_tc: 3xTF32 products; attention_tc_tf32: 1xTF32; attention_bf: bf16x3; attention_bf1: one bf16.
 #define ATTENTION_TC(NAME, KIND)                                                                                     \
     KERNEL(NAME) void __launch_bounds__(128, 2)                                                                      \
         NAME(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,     \
-             int H, int HKV, int D, float scale, void* out, int mode, int ns, int nrows, int nseg,                   \
+             int H, int HKV, int D, float scale, void* out, int mode, int ns, int target, int nrows, int nseg,       \
              float* __restrict__ scratch) {                                                                          \
         extern __shared__ float atc_sm[];                                                                            \
         if (D <= 64)                                                                                                 \
-            attention_tc_t<8, KIND>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,    \
-                                    atc_sm);                                                                         \
+            attention_tc_t<8, KIND>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, target, nrows, nseg,     \
+                                    scratch, atc_sm);                                                                \
         else if (D <= 128)                                                                                           \
-            attention_tc_t<16, KIND>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,   \
-                                     atc_sm);                                                                        \
+            attention_tc_t<16, KIND>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, target, nrows, nseg,    \
+                                     scratch, atc_sm);                                                               \
         else                                                                                                         \
-            attention_tc_t<32, KIND>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, nrows, nseg, scratch,   \
-                                     atc_sm);                                                                        \
+            attention_tc_t<32, KIND>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, target, nrows, nseg,    \
+                                     scratch, atc_sm);                                                               \
     }
 ATTENTION_TC(attention_tc, 0)
 ATTENTION_TC(attention_tc_tf32, 1)
@@ -529,7 +540,7 @@ ATTENTION_TC(attention_bf1, 3)
 // blocks, most of them empty); D % 4 == 0, D <= 256, ns <= ATC_MAX_SPLITS.
 KERNEL(simt) void __launch_bounds__(256)
     attention_tc_combine(const float* __restrict__ proj, int ld, const int* seg, int H, int HKV, int D, void* out,
-                         int mode, int ns, int nrows, int nseg, const float* __restrict__ scratch) {
+                         int mode, int ns, int target, int nrows, int nseg, const float* __restrict__ scratch) {
     int pair = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31, s = blockIdx.y;
     int t = pair / H, h = pair - t * H;
     int start = seg[3 * s], len = seg[3 * s + 1], pos0 = seg[3 * s + 2];
@@ -538,7 +549,7 @@ KERNEL(simt) void __launch_bounds__(256)
     int t0 = t / TQ * TQ;
     int nkeys = pos0 + t0 + min(TQ, len - t0);
     int chunk, used;
-    atc_plan(nkeys, ns, chunk, used);
+    atc_plan(nkeys, atc_seg_splits(len, TQ, HKV, ns, target), chunk, used);
     if (used == 1) return;
     idx_t stride = (idx_t)nrows * H;             // partial rows between splits
     idx_t row = ((idx_t)start + t) * H + h;      // partial row of (split 0, this token, this head)

@@ -56,6 +56,13 @@ pub fn attention_tc_plan(lens: impl IntoIterator<Item = usize>, a: AttnDims, sms
     (BLOCKS_PER_SM * sms.max(1) / blocks).clamp(1, MAX_SPLITS)
 }
 
+/// Key splits per tile of one segment of `len` rows, from that segment alone: [`attention_tc_plan`] as if it were
+/// the only segment of its forward. The batch-invariant plan ([`attention_tc_invariant`]): a tile's splits, and so
+/// the order its keys are summed in, then depend on its own segment, never on the others in the forward.
+pub fn attention_tc_segment_splits(len: usize, a: AttnDims, sms: usize) -> usize {
+    attention_tc_plan([len], a, sms)
+}
+
 /// Scratch (f32 values) of [`attention_tc`] with `splits` key splits over `rows` token rows: per (split, row,
 /// head) the unnormalised output row [D] and (max, sum); none with one split.
 pub fn attention_tc_scratch_len(splits: usize, rows: usize, a: AttnDims) -> usize {
@@ -121,6 +128,73 @@ pub fn attention_tc(
     scratch: u64,
     splits: usize,
 ) -> Result<(), CudaError> {
+    launch_attention(
+        g, arith, q, proj, ld, segs, kv, nseg, max_len, rows, a, scale, out, scratch, splits, None,
+    )
+}
+
+/// [`attention_tc`] with each segment's key splits from its own length ([`attention_tc_segment_splits`]): `splits`,
+/// the most of any segment (its scratch: [`attention_tc_scratch_len`]`(splits, rows, a)`), caps them; a tile's sums
+/// then do not depend on the other segments of the forward (batch invariance).
+pub fn attention_tc_invariant(
+    g: &Gpu,
+    arith: AttnArith,
+    q: u64,
+    proj: u64,
+    ld: usize,
+    segs: u64,
+    kv: u64,
+    nseg: usize,
+    max_len: usize,
+    rows: usize,
+    a: AttnDims,
+    scale: f32,
+    out: Out,
+    scratch: u64,
+    splits: usize,
+) -> Result<(), CudaError> {
+    let target = BLOCKS_PER_SM * g.sms.max(1);
+    launch_attention(
+        g,
+        arith,
+        q,
+        proj,
+        ld,
+        segs,
+        kv,
+        nseg,
+        max_len,
+        rows,
+        a,
+        scale,
+        out,
+        scratch,
+        splits,
+        Some(target),
+    )
+}
+
+/// The launches of [`attention_tc`] (`target` `None`: `splits` for every segment) and [`attention_tc_invariant`]
+/// (`Some(blocks)`: a segment's splits at most `blocks` over its tiles and KV heads, the kernel's `atc_seg_splits`,
+/// as [`attention_tc_plan`] counts them).
+fn launch_attention(
+    g: &Gpu,
+    arith: AttnArith,
+    q: u64,
+    proj: u64,
+    ld: usize,
+    segs: u64,
+    kv: u64,
+    nseg: usize,
+    max_len: usize,
+    rows: usize,
+    a: AttnDims,
+    scale: f32,
+    out: Out,
+    scratch: u64,
+    splits: usize,
+    target: Option<usize>,
+) -> Result<(), CudaError> {
     let d = a.head_dim;
     if !attention_tc_supported(g, a) {
         return Err(CudaError::Unsupported(format!(
@@ -138,21 +212,27 @@ pub fn attention_tc(
     }
     let (o, mode) = out.parts();
     let tiles = max_len.div_ceil(tile_tokens(a));
-    // x: (tile, split, KV head), KV head fastest; y: segment (attn_tc.cu walks both in the order it wants).
-    let lc = cfg(
-        ((tiles * splits * a.kv_heads) as u32, nseg as u32),
-        128,
-        smem(a) as u32,
-    );
+    let kvh = a.kv_heads.max(1);
+    // x: (tile, split, KV head), KV head fastest; y: segment (attn_tc.cu walks both in the order it wants). With a
+    // target, a segment of t tiles has min(splits, max(1, target / (t kvh))) splits, so t x splits is at most
+    // max(t, target / kvh).
+    let (per_seg, target) = match target {
+        None => (tiles * splits, i32::MAX),
+        Some(b) => (
+            (tiles * splits).min(tiles.max(b / kvh)),
+            b.min(i32::MAX as usize) as i32,
+        ),
+    };
+    let lc = cfg(((per_seg * kvh) as u32, nseg as u32), 128, smem(a) as u32);
     launch!(g, g.k.attention_tc[arith as usize], lc;
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, d as i32, scale, o, mode,
-        splits as i32, rows as i32, nseg as i32, scratch)?;
+        splits as i32, target, rows as i32, nseg as i32, scratch)?;
     if splits > 1 {
         let pairs = (max_len * a.heads).div_ceil(8) as u32;
         let lc = cfg3((pairs, nseg as u32, 1), 256, 0);
         launch!(g, g.k.attention_tc_combine, lc;
             proj, ld as i32, segs, a.heads as i32, a.kv_heads as i32, d as i32, o, mode,
-            splits as i32, rows as i32, nseg as i32, scratch)?;
+            splits as i32, target, rows as i32, nseg as i32, scratch)?;
     }
     Ok(())
 }
@@ -484,5 +564,27 @@ mod tests {
         assert_eq!(attention_tc_plan(std::iter::empty(), a, 132), 1);
         // Capped at MAX_SPLITS: one short query (over a long cache) on a large GPU.
         assert_eq!(attention_tc_plan([1], a, 1000), super::MAX_SPLITS);
+    }
+
+    /// The batch-invariant plan: each segment's splits as if it were alone (264 blocks on an H200 over its tiles and
+    /// 2 KV heads), whatever the other segments: a 175-token prefix 12 (11 tiles), a 29-token child 16 (capped), a
+    /// 3,400-token prefix 1; the grid bound of `launch_attention` (tiles x splits at most max(tiles, 132)) holds.
+    #[test]
+    fn segment_splits_follow_from_the_segment_alone() {
+        use super::{attention_tc_segment_splits as seg, AttnDims};
+        let a = AttnDims {
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 256,
+            half: 32,
+        };
+        assert_eq!(seg(175, a, 132), 12);
+        assert_eq!(seg(29, a, 132), super::MAX_SPLITS);
+        assert_eq!(seg(3400, a, 132), 1);
+        assert_eq!(seg(691, a, 132), 3);
+        for len in [1usize, 15, 16, 17, 100, 175, 691, 2000, 3400] {
+            let tiles = len.div_ceil(16);
+            assert!(tiles * seg(len, a, 132) <= tiles.max(264 / 2), "{len}");
+        }
     }
 }

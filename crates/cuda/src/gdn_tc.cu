@@ -152,6 +152,9 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     // 23..66 at 64 columns: 38.2 -> 29.8 µs).
     const int h = blockIdx.x, j0 = blockIdx.y * BV, s = blockIdx.z, w = min(BV, dv - j0);
     const int start = seg[3 * s], len = seg[3 * s + 1];
+    // keep 2: as 0, and a segment of at most one chunk is the leaf pass's (a batch-invariant tree's short children).
+    if (keep == 2 && len <= GDN_C) return;  // the whole block
+    keep = keep == 1;
     const int kh = h / (hv / hk);
     const bool vecb = vec != 0;
     float* Sg = (float*)states[s] + (idx_t)h * dk * dv;
@@ -326,7 +329,8 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 // State pass on tensor cores, BV value columns per block. grid (hv, ceil(dv / BV), nseg), block 256, dynamic shared
 // memory from gdn_tc_smem (gdn_tc.rs). Arguments as gdn_wy_state's, plus init (init[s]: where segment s's state is
 // read from; states[s] itself, or the state of the parent segment it continues, written by an earlier launch), keep
-// (0: the states after the segments are not needed: neither the last chunk's update nor the write-back runs) and
+// (0: the states after the segments are not needed: neither the last chunk's update nor the write-back runs; 2: as
+// 0, and segments of at most one chunk are skipped, left to gdn_tc_leaf) and
 // vec (1: 16-byte tile copies are aligned). gdn_tc_state_<BV>: 3xTF32 products; gdn_tc_state_<BV>_tf32: 1xTF32
 // (each operand rounded to TF32 once, a third of the mma and none of the small halves' splits).
 #define GDN_TC_STATE(BV, NAME, X3)                                                                                   \
@@ -377,7 +381,8 @@ __device__ __forceinline__ void gdn_tc_leaf_t(const float* __restrict__ qkv, int
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     const int h = blockIdx.x, s = blockIdx.y, j0 = blockIdx.z * BV, w = min(BV, dv - j0);
     const int start = seg[3 * s], n = min(GDN_C, seg[3 * s + 1]);
-    if (n <= 0) return;  // the whole block
+    // Nothing to do, or a segment longer than one chunk (the state pass takes it: keep 2): the whole block.
+    if (n <= 0 || seg[3 * s + 1] > GDN_C) return;
     const int kh = h / (hv / hk);
     const bool vecb = vec != 0;
     const float* Si = (const float*)init[s] + (idx_t)h * dk * dv;

@@ -22,9 +22,13 @@ pub struct SegStates {
     /// Whether the states of segments `roots..` are written (false: they are dropped after the forward, so the last
     /// chunk's update and the write-back are skipped).
     pub keep_children: bool,
-    /// Segments `roots..` are each at most one chunk ([`GDN_CHUNK`] tokens) long: with `keep_children` false they
-    /// then take [`gdn_tc_leaf`] instead of the second state pass.
+    /// With `keep_children` false, the segments `roots..` of at most one chunk ([`GDN_CHUNK`] tokens) take
+    /// [`gdn_tc_leaf`] instead of the second state pass (set when some are, or only when all are: the caller's
+    /// choice)...
     pub leaf_children: bool,
+    /// ...and some of them are longer: those then take the second state pass (the leaf pass skips them, the state
+    /// pass skips the short ones).
+    pub long_children: bool,
 }
 
 impl SegStates {
@@ -36,6 +40,7 @@ impl SegStates {
             roots: nseg,
             keep_children: true,
             leaf_children: false,
+            long_children: false,
         }
     }
 }
@@ -135,6 +140,38 @@ pub fn gdn_tc_state(
     scratch: u64,
     dvs: usize,
 ) -> Result<(), CudaError> {
+    state_pass(
+        g,
+        arith,
+        qkv,
+        ld,
+        out,
+        segs,
+        (states, init, keep as i32),
+        nseg,
+        d,
+        rows,
+        scratch,
+        dvs,
+    )
+}
+
+/// [`gdn_tc_state`] with the kernel's `keep`: 0, 1, or 2 (as 0, and segments of at most one chunk skipped: the leaf
+/// pass takes them).
+fn state_pass(
+    g: &Gpu,
+    arith: Arith,
+    qkv: u64,
+    ld: usize,
+    out: u64,
+    segs: u64,
+    (states, init, keep): (u64, u64, i32),
+    nseg: usize,
+    d: GdnDims,
+    rows: usize,
+    scratch: u64,
+    dvs: usize,
+) -> Result<(), CudaError> {
     if !gdn_tc_supported(g, d, dvs) {
         return Err(CudaError::Unsupported(format!(
             "tensor-core gated delta state pass: dims {d:?}, {dvs} value columns per block \
@@ -160,7 +197,7 @@ pub fn gdn_tc_state(
         gdn_tc_smem(d, dvs) as u32,
     );
     launch!(g, g.k.gdn_tc_state[arith as usize][slice], lc;
-        qkv, ld as i32, u, w, m, e, out, segs, states, init, keep as i32, d.hk as i32, d.hv as i32, d.dk as i32,
+        qkv, ld as i32, u, w, m, e, out, segs, states, init, keep, d.hk as i32, d.hv as i32, d.dk as i32,
         d.dv as i32, vec as i32)
 }
 
@@ -246,7 +283,8 @@ pub fn gdn_tc_leaf(
 ///
 /// `st` ([`SegStates`]): segments `st.roots..nseg` may continue others of the batch (`CudaModel::forward_tree`); the
 /// state pass then runs twice, over `0..roots` and then over the rest, which read what the first wrote (the second
-/// as [`gdn_tc_leaf`] when their states are dropped and each is at most one chunk long).
+/// as [`gdn_tc_leaf`] when their states are dropped and each is at most one chunk long; with
+/// [`SegStates::long_children`] the short ones as the leaf pass, the long ones as the state pass).
 /// [`SegStates::own`]: every segment continues its own state (one pass). Continuing segments need the tensor-core
 /// state pass ([`gdn_tc_supported`]; else [`CudaError::Unsupported`], nothing launched).
 pub fn gdn_tc_chunked(
@@ -304,8 +342,9 @@ pub fn gdn_tc_chunked(
     if roots < nseg {
         let (o, a) = (12 * roots as u64, 8 * roots as u64); // segs: 3 i32 per segment; states, init: one u64
         let leaf = gdn_tc_leaf_slice(d, nseg - roots);
-        if st.leaf_children && !st.keep_children && gdn_tc_leaf_supported(g, d, leaf) {
-            return gdn_tc_leaf(
+        let leaf_ok = st.leaf_children && !st.keep_children && gdn_tc_leaf_supported(g, d, leaf);
+        if leaf_ok {
+            gdn_tc_leaf(
                 g,
                 tc.state,
                 qkv,
@@ -318,16 +357,20 @@ pub fn gdn_tc_chunked(
                 rows,
                 scratch,
                 leaf,
-            );
+            )?;
+            if !st.long_children {
+                return Ok(());
+            }
         }
-        gdn_tc_state(
+        let keep = if leaf_ok { 2 } else { st.keep_children as i32 };
+        state_pass(
             g,
             tc.state,
             qkv,
             ld,
             out,
             segs + o,
-            (states + a, init + a, st.keep_children),
+            (states + a, init + a, keep),
             nseg - roots,
             d,
             rows,

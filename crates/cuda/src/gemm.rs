@@ -11,6 +11,11 @@
 //! read once, 16 bytes per lane, at the memory bandwidth where cuBLAS's kernels for so few rows are not; the sums
 //! are in another order, so results differ from the GEMM's by f32 rounding.
 //!
+//! Batch invariance (`CudaModel::set_batch_invariant`, `--gpu-batch-invariant`): the `*_as` functions with
+//! `invariant` set run every product of more than one row through [`crate::gemm_lt`]'s pinned cuBLASLt algorithm
+//! (one per shape for every T, split-K off) and never the GEMV, so a row's sums do not depend on the rows stacked
+//! with it.
+//!
 //! Column-major view (cuBLAS's): `y_cm[N, T] (ld ldy) = op(w_cm)[N, K] · x_cm[K, T]`, where `w_cm` is
 //! `[K, N]` (ld K) transposed and `x_cm` is `[K, T]` (ld K).
 
@@ -112,6 +117,21 @@ pub fn gemv_planes(
 /// row stride `ldw` at least 2K).
 pub fn gemm_split(
     g: &Gpu,
+    x: (u64, usize),
+    t: usize,
+    k: usize,
+    w: (W, usize),
+    n: usize,
+    y: (u64, usize),
+    beta: f32,
+) -> Result<(), CudaError> {
+    gemm_split_as(g, false, x, t, k, w, n, y, beta)
+}
+
+/// [`gemm_split`], batch-invariant when `invariant` (module docs: no GEMV, the pinned algorithm).
+pub fn gemm_split_as(
+    g: &Gpu,
+    invariant: bool,
     (x, ldx): (u64, usize),
     t: usize,
     k: usize,
@@ -121,11 +141,17 @@ pub fn gemm_split(
     beta: f32,
 ) -> Result<(), CudaError> {
     if let W::Bf16(wp) = w {
-        if t > 0 && 2 * t <= GEMV_ROWS && ldx == 2 * k && ldy >= n && gemv_fits(x, k, k, wp, ldw) {
+        if !invariant
+            && t > 0
+            && 2 * t <= GEMV_ROWS
+            && ldx == 2 * k
+            && ldy >= n
+            && gemv_fits(x, k, k, wp, ldw)
+        {
             return gemv(g, (x, k, 2 * t, 2), k, (wp, ldw, n), (y, ldy), beta);
         }
     }
-    gemm_ld(g, x, ldx, t, 2 * k, w, ldw, n, y, ldy, beta)
+    gemm_ld_as(g, invariant, x, ldx, t, 2 * k, w, ldw, n, y, ldy, beta)
 }
 
 /// The body of [`Gpu::gemm`]: `y[T, N] (row stride ldy) = x[T, K] · w[N, K]ᵀ + beta · y`, x in w's dtype.
@@ -157,6 +183,25 @@ pub fn gemm_ld(
     ldy: usize,
     beta: f32,
 ) -> Result<(), CudaError> {
+    gemm_ld_as(g, false, x, ldx, t, k, w, ldw, n, y, ldy, beta)
+}
+
+/// [`gemm_ld`], batch-invariant when `invariant` (module docs: no GEMV, the pinned algorithm; GemmEx where
+/// cuBLASLt has none).
+pub fn gemm_ld_as(
+    g: &Gpu,
+    invariant: bool,
+    x: u64,
+    ldx: usize,
+    t: usize,
+    k: usize,
+    w: W,
+    ldw: usize,
+    n: usize,
+    y: u64,
+    ldy: usize,
+    beta: f32,
+) -> Result<(), CudaError> {
     if t == 0 || n == 0 {
         return Ok(());
     }
@@ -165,7 +210,11 @@ pub fn gemm_ld(
             "gemm strides: ldx {ldx}, ldw {ldw} below K {k}, or ldy {ldy} below N {n}"
         )));
     }
-    if let W::Bf16(wp) = w {
+    if invariant {
+        if crate::gemm_lt::gemm_pinned(g, (x, ldx), t, k, (w, ldw), n, (y, ldy), beta)? {
+            return Ok(());
+        }
+    } else if let W::Bf16(wp) = w {
         if t <= GEMV_ROWS && gemv_fits(x, ldx, k, wp, ldw) {
             return gemv(g, (x, ldx, t, 1), k, (wp, ldw, n), (y, ldy), beta);
         }

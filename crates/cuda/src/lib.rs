@@ -16,6 +16,7 @@ pub mod attn_tc;
 pub mod gdn_prep_tc;
 pub mod gdn_tc;
 pub mod gemm;
+pub mod gemm_lt;
 pub mod model;
 pub mod ops;
 pub mod options;

@@ -48,6 +48,9 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// The device memory pool keeps freed memory for the next request ([`crate::Gpu::open`]).
     pub keep_freed_memory: bool,
+    /// A sequence's results do not depend on the other sequences of its forward (batch invariance,
+    /// [`crate::CudaModel::set_batch_invariant`]).
+    pub batch_invariant: bool,
 }
 
 impl Default for CudaOptions {
@@ -63,6 +66,7 @@ impl Default for CudaOptions {
             trees: true,
             graphs: true,
             keep_freed_memory: true,
+            batch_invariant: false,
         }
     }
 }

@@ -232,6 +232,8 @@ pub struct Gpu {
     pub cc: (i32, i32),
     /// [`Gpu::fallbacks`], once loaded.
     fallbacks: std::sync::OnceLock<Fallbacks>,
+    /// The batch-invariant GEMMs' cuBLASLt handle and pinned algorithms ([`crate::gemm_lt`]).
+    pub(crate) pinned: crate::gemm_lt::Pinned,
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -669,6 +671,7 @@ impl Gpu {
             sms,
             cc: (maj, min),
             fallbacks: std::sync::OnceLock::new(),
+            pinned: Default::default(),
         }))
     }
 

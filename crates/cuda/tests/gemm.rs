@@ -1,5 +1,7 @@
 //! The projection GEMM (`onepass_cuda::gemm`, cublasGemmEx) against a CPU f64-accumulated reference on odd
-//! shapes, beta 0 and 1, ldy > N, unaligned pointers. GPU tests: `#[ignore]`d, run with `--include-ignored` on a GPU machine.
+//! shapes, beta 0 and 1, ldy > N, unaligned pointers; the batch-invariant GEMM (`gemm_ld_as` with `invariant`,
+//! `onepass_cuda::gemm_lt`'s pinned algorithm) against the same reference and, bit for bit, against itself for one
+//! row stacked among 1 to 3,399 others. GPU tests: `#[ignore]`d, run with `--include-ignored` on a GPU machine.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -176,7 +178,100 @@ fn f32_gemm_is_not_tf32() {
     );
 }
 
-/// Not a check (ignored like the GPU tests): µs per call and TFLOP/s of the Qwen3.5-0.8B projection shapes.
+/// The batch-invariant GEMM: a row's outputs are the same bits whatever rows are stacked with it (T from 2 to 3,400,
+/// the row first or last), bf16 and f32, on the Qwen3.5-0.8B projection shapes (split mode's 2K inputs among them)
+/// and odd ones, beta 0 and 1; within the GEMM's bound of the CPU reference; no GEMM fell back to GemmEx. Prints each
+/// shape's pinned algorithm.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn invariant_gemm_rows_do_not_depend_on_the_rows_stacked() {
+    use onepass_cuda::gemm::gemm_ld_as;
+    let g = gpu();
+    // (K, N, beta)
+    let shapes = [
+        (1024, 8224, 0.0f32),
+        (2048, 8224, 0.0),
+        (2048, 1024, 1.0),
+        (1024, 6144, 0.0),
+        (1024, 7168, 0.0),
+        (3584, 1024, 1.0),
+        (3584, 1024, 0.0),
+        (264, 333, 1.0),
+    ];
+    let ts = [2usize, 3, 8, 9, 64, 175, 1000, 3400];
+    for f32w in [false, true] {
+        for &(k, n, beta) in &shapes {
+            let tmax = *ts.iter().max().unwrap();
+            let xs = bf16_round(&rnd(tmax * k, 700 + k as u64));
+            let w = bf16_round(&rnd(n * k, 701 + n as u64));
+            let row = bf16_round(&rnd(k, 702));
+            let y0 = rnd(n, 703);
+            let mut want = vec![0.0; n];
+            cpu::matmul_t_reference(&row, 1, &Tensor::from_f32("w", vec![n, k], &w), &mut want);
+            for (o, b) in want.iter_mut().zip(&y0) {
+                *o += beta * b;
+            }
+            let wd = if f32w {
+                (g.upload(&w).unwrap(), None)
+            } else {
+                (
+                    g.zeros::<f32>(1).unwrap(),
+                    Some(g.upload(&to_bf16_bits(&w)).unwrap()),
+                )
+            };
+            let wp = match &wd.1 {
+                Some(b) => W::Bf16(g.ptr(b)),
+                None => W::F32(g.ptr(&wd.0)),
+            };
+            let mut first: Option<Vec<f32>> = None;
+            for &t in &ts {
+                for at in [0, t - 1] {
+                    let mut x = xs[..t * k].to_vec();
+                    x[at * k..(at + 1) * k].copy_from_slice(&row);
+                    let mut yh = rnd(t * n, 704);
+                    yh[at * n..(at + 1) * n].copy_from_slice(&y0);
+                    let yd = g.upload(&yh).unwrap();
+                    let (xd16, xd32);
+                    let xp = if f32w {
+                        xd32 = g.upload(&x).unwrap();
+                        g.ptr(&xd32)
+                    } else {
+                        xd16 = g.upload(&to_bf16_bits(&x)).unwrap();
+                        g.ptr(&xd16)
+                    };
+                    let tag = format!(
+                        "{} K={k} N={n} beta={beta} row {at} of {t}",
+                        if f32w { "f32" } else { "bf16" }
+                    );
+                    gemm_ld_as(&g, true, xp, k, t, k, wp, k, n, g.ptr(&yd), n, beta)
+                        .unwrap_or_else(|e| panic!("{tag}: {e}"));
+                    let got = g.download(&yd, t * n).unwrap()[at * n..(at + 1) * n].to_vec();
+                    match &first {
+                        None => {
+                            check(&tag, &got, &want, if f32w { 2e-6 } else { TOL });
+                            first = Some(got);
+                        }
+                        Some(f) => assert!(
+                            got.iter().zip(f).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{tag}: differs from the row among 2"
+                        ),
+                    }
+                }
+            }
+        }
+    }
+    for line in onepass_cuda::gemm_lt::pinned(&g) {
+        println!("pinned {line}");
+    }
+    assert_eq!(
+        onepass_cuda::gemm_lt::fallbacks(&g),
+        0,
+        "GEMMs fell back to GemmEx"
+    );
+}
+
+/// Not a check (ignored like the GPU tests): µs per call and TFLOP/s of the Qwen3.5-0.8B projection shapes, GemmEx
+/// and the batch-invariant pinned algorithm side by side.
 #[test]
 #[ignore = "a timing table on a CUDA GPU, not a check (run with --include-ignored on a GPU machine)"]
 fn gemm_timings() {
@@ -199,8 +294,29 @@ fn gemm_timings() {
             let us = per_call_us(&g, &|| {
                 g.gemm(xp, t, k, W::Bf16(wp), n, yp, n, beta).unwrap()
             });
+            let inv = per_call_us(&g, &|| {
+                onepass_cuda::gemm::gemm_ld_as(
+                    &g,
+                    true,
+                    xp,
+                    k,
+                    t,
+                    k,
+                    W::Bf16(wp),
+                    k,
+                    n,
+                    yp,
+                    n,
+                    beta,
+                )
+                .unwrap()
+            });
             let tf = 2.0 * (t * n * k) as f64 / (us * 1e-6) / 1e12;
-            println!("T {t:5} {name:12} N {n:5} K {k:5} beta {beta}: {us:8.1} µs {tf:6.1} TFLOP/s");
+            println!(
+                "T {t:5} {name:12} N {n:5} K {k:5} beta {beta}: {us:8.1} µs {tf:6.1} TFLOP/s; batch-invariant \
+                 {inv:8.1} µs ({:.2}x)",
+                inv / us
+            );
         }
     }
 }

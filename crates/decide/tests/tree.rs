@@ -31,8 +31,9 @@ use onepass_decide::{parse_request, Engine, EngineOptions, Plan, Row};
 use onepass_model::{Model, ModelError, SequenceState};
 
 /// Tree route vs plain engine, per probability: the same rows in other `forward_batch` compositions, f32 on the CPU
-/// (the matmul's path and reduction order depend on the tokens stacked), as `SHARED_TOLERANCE` in tests/answers.rs.
-/// Seen: 1.1e-6; the plain engine itself moves up to 2.0e-6 between five plans per call and one per call. Where both
+/// (a route may cut a row into other pieces: f32 reduction order), as `SHARED_TOLERANCE` in tests/answers.rs.
+/// Seen: 1.1e-6 (before the float matmul was made batch-invariant, the plain engine itself moved up to 2.0e-6
+/// between five plans per call and one per call; now it moves nothing: tests/batch_invariance.rs). Where both
 /// engines take the same route the answers must be equal.
 const TOLERANCE: f32 = 1e-5;
 

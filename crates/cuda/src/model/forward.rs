@@ -178,20 +178,35 @@ impl CudaModel {
     /// The graph key of a forward over segments of `lens` ids, the first `roots` of them roots (see
     /// [`CudaModel::forward_queue`]), the children's states written when `keep_children`.
     pub(super) fn shape_of(&self, lens: &[usize], roots: usize, keep_children: bool) -> Shape {
+        let invariant = self.batch_invariant();
+        let children = &lens[roots.min(lens.len())..];
         Shape {
             n: lens.iter().sum(),
             nseg: lens.len(),
             roots,
             keep_children,
-            short_children: lens[roots.min(lens.len())..]
-                .iter()
-                .all(|&l| l <= ops::GDN_CHUNK),
+            // Batch-invariant: whichever children are short take the leaf pass (the others the state pass), so a
+            // child's kernel follows from its own length.
+            short_children: if invariant {
+                children.iter().any(|&l| l <= ops::GDN_CHUNK)
+            } else {
+                children.iter().all(|&l| l <= ops::GDN_CHUNK)
+            },
+            long_children: invariant && children.iter().any(|&l| l > ops::GDN_CHUNK),
             max_len: lens.iter().copied().max().unwrap_or(0),
             split: self.split_gemms(),
             attn_splits: self.attn_tc_dims().map_or(1, |a| {
-                crate::attn_tc::attention_tc_plan(lens.iter().copied(), a, self.gpu.sms)
+                if invariant {
+                    lens.iter()
+                        .map(|&l| crate::attn_tc::attention_tc_segment_splits(l, a, self.gpu.sms))
+                        .max()
+                        .unwrap_or(1)
+                } else {
+                    crate::attn_tc::attention_tc_plan(lens.iter().copied(), a, self.gpu.sms)
+                }
             }),
             greedy: false,
+            invariant,
         }
     }
 

@@ -71,7 +71,7 @@ impl CudaModel {
     /// `y = x · wᵀ` for an input projection, part by part (each into its rows of y): `x` [T, K] as
     /// [`CudaModel::act_in`] laid it out, at `p.act` (a rotated part, or any part of an unrotated site) or `p.actu`
     /// (the normed input as it is, beside its rotation); in split mode both planes (`both`: a float part's one GEMM
-    /// over 2K) or the hi plane alone.
+    /// over 2K) or the hi plane alone. `invariant`: a float part batch-invariant ([`CudaModel::invariant_gemms`]).
     pub(super) fn gemm_in(
         &self,
         p: &FwdPtrs,
@@ -81,7 +81,9 @@ impl CudaModel {
         y: u64,
         ldy: usize,
         both: bool,
+        invariant: bool,
     ) -> Result<(), CudaError> {
+        let inv = self.invariant_gemms(invariant, t);
         for part in &lin.parts {
             let x = if part.rot || lin.rot.is_none() {
                 p.act
@@ -94,8 +96,9 @@ impl CudaModel {
                 let a = self.act_in_q(x, k, both);
                 self.gemm_q(a, t, k, w.w, part.rows, (yp, ldy), 0.0)?;
             } else if both {
-                crate::gemm::gemm_split(
+                crate::gemm::gemm_split_as(
                     &self.gpu,
+                    inv,
                     (x, ldx),
                     t,
                     k,
@@ -105,10 +108,18 @@ impl CudaModel {
                     0.0,
                 )?;
             } else {
-                crate::gemm::gemm_ld(&self.gpu, x, ldx, t, k, w.w, w.ld, part.rows, yp, ldy, 0.0)?;
+                let (g, rows) = (&*self.gpu, part.rows);
+                crate::gemm::gemm_ld_as(g, inv, x, ldx, t, k, w.w, w.ld, rows, yp, ldy, 0.0)?;
             }
         }
         Ok(())
+    }
+
+    /// Whether a forward's float product over `t` rows runs batch-invariant: the forward does (`invariant`, its
+    /// [`Shape`]'s) and has more than one row (a decode step, one row, keeps the few-row GEMV: nothing is stacked
+    /// with it). Block-format weights (Q8_0, PQ2_0) are not covered.
+    pub(super) fn invariant_gemms(&self, invariant: bool, t: usize) -> bool {
+        invariant && t > 1
     }
 
     /// `out = rms_norm(x) · final_norm` for `n` rows (f32).
@@ -213,8 +224,10 @@ impl CudaModel {
         lin: &Linear,
         proj: Projection,
         split: SplitGemms,
+        invariant: bool,
     ) -> Result<bool, CudaError> {
         let (hid, both) = (self.hid, self.both_planes(split, proj));
+        let (g, inv) = (&*self.gpu, self.invariant_gemms(invariant, t));
         let lo = p.act + 2 * (t * k) as u64;
         for part in &lin.parts {
             let (w, y) = (part.w.w, p.x + 4 * part.row0 as u64);
@@ -239,12 +252,12 @@ impl CudaModel {
                     ));
                 }
             } else if self.defers(split, proj, lin, t, k) {
-                self.gpu.gemm(p.act, 2 * t, k, w, hid, p.fold, hid, 0.0)?;
+                crate::gemm::gemm_ld_as(g, inv, p.act, k, 2 * t, k, w, k, hid, p.fold, hid, 0.0)?;
                 return Ok(true);
             } else {
-                self.gpu.gemm(p.act, t, k, w, part.rows, y, hid, 1.0)?;
+                crate::gemm::gemm_ld_as(g, inv, p.act, k, t, k, w, k, part.rows, y, hid, 1.0)?;
                 if both {
-                    self.gpu.gemm(lo, t, k, w, part.rows, y, hid, 1.0)?;
+                    crate::gemm::gemm_ld_as(g, inv, lo, k, t, k, w, k, part.rows, y, hid, 1.0)?;
                 }
             }
         }
@@ -642,19 +655,28 @@ impl LayerOps for Launches<'_> {
                 let g = self.gdn(l);
                 let pw = g.proj_width();
                 self.next_entries(proj);
-                m.gemm_in(p, n, m.hid, &g.w_in, p.proj, pw, both)?;
+                m.gemm_in(p, n, m.hid, &g.w_in, p.proj, pw, both, self.s.invariant)?;
                 m.mark("gemm gdn in")
             }
             Projection::AttnIn => {
                 let a = self.attn(l);
                 let pw = a.proj_width();
                 self.next_entries(proj);
-                m.gemm_in(p, n, m.hid, &a.w_in, p.proj, pw, both)?;
+                m.gemm_in(p, n, m.hid, &a.w_in, p.proj, pw, both, self.s.invariant)?;
                 m.mark("gemm attn in")
             }
             Projection::MlpIn => {
                 let gu = 2 * m.inter;
-                m.gemm_in(p, n, m.hid, &self.layer(l).w_gu, p.proj, gu, both)?;
+                m.gemm_in(
+                    p,
+                    n,
+                    m.hid,
+                    &self.layer(l).w_gu,
+                    p.proj,
+                    gu,
+                    both,
+                    self.s.invariant,
+                )?;
                 m.mark("gemm mlp gate|up")
             }
             _ => unreachable!("{proj:?} is an output projection"),
@@ -722,6 +744,7 @@ impl LayerOps for Launches<'_> {
                     roots: s.roots,
                     keep_children: s.keep_children,
                     leaf_children: s.short_children && m.gdn_leaf,
+                    long_children: s.long_children,
                 },
                 s.nseg,
                 d,
@@ -807,7 +830,12 @@ impl LayerOps for Launches<'_> {
         let scale = 1.0 / (a.head_dim as f32).sqrt();
         let out = self.site_out(&at.w_o, a.heads * a.head_dim);
         if at.tc {
-            crate::attn_tc::attention_tc(
+            let attention = if s.invariant {
+                crate::attn_tc::attention_tc_invariant
+            } else {
+                crate::attn_tc::attention_tc
+            };
+            attention(
                 &m.gpu,
                 self.tc.attn,
                 p.mid,
@@ -860,7 +888,7 @@ impl LayerOps for Launches<'_> {
             Projection::MlpOut => (&self.layer(l).w_down, m.inter, "gemm mlp down"),
             _ => unreachable!("{proj:?} is an input projection"),
         };
-        self.pending = m.gemm_residual(p, n, k, w, proj, self.s.split)?;
+        self.pending = m.gemm_residual(p, n, k, w, proj, self.s.split, self.s.invariant)?;
         m.mark(name)
     }
 }

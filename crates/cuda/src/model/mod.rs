@@ -199,8 +199,12 @@ struct Shape {
     roots: usize,
     /// Whether the states of segments `roots..` are written (false: dropped after the forward).
     keep_children: bool,
-    /// Segments `roots..` (if any) are each at most one gated delta chunk long ([`crate::gdn_tc::SegStates`]).
+    /// Segments `roots..` (if any) are each at most one gated delta chunk long, or with `invariant` some of them are
+    /// ([`crate::gdn_tc::SegStates`]).
     short_children: bool,
+    /// With `invariant`: some of segments `roots..` are longer than one chunk (they take the state pass, the short
+    /// ones the leaf pass); else false.
+    long_children: bool,
     /// The longest segment (1: every segment one token, the decode step).
     max_len: usize,
     /// Key splits per tile of the tensor-core attention ([`crate::attn_tc::attention_tc_plan`] of the segments; 1
@@ -211,6 +215,8 @@ struct Shape {
     /// A greedy decode step ([`GreedyRun`]): the forward fed the last pick from the device, then the final norm, the
     /// head and the argmax, all in the graph.
     greedy: bool,
+    /// Batch-invariant launches ([`CudaModel::set_batch_invariant`]; read once per forward).
+    invariant: bool,
 }
 
 /// Values per token row of the forward scratch buffers.
@@ -376,6 +382,8 @@ pub struct CudaModel {
     tc: Mutex<TcArith>,
     /// The projections that multiply both planes in split mode ([`CudaModel::set_split_gemms`]).
     split: Mutex<SplitGemms>,
+    /// Batch invariance ([`CudaModel::set_batch_invariant`]).
+    invariant: std::sync::atomic::AtomicBool,
 }
 
 /// Final-normed hidden rows on the device. hidden: [N, H] f32
@@ -526,6 +534,27 @@ impl CudaModel {
     /// Whether [`CudaModel::forward_tree`] runs trees at all (else it always answers `None`).
     pub fn runs_trees(&self) -> bool {
         self.tree_min_root.is_some() && self.tree_on.load(Ordering::Relaxed)
+    }
+
+    /// Batch invariance on or off from the next forward on: with it, a segment's results do not depend on the other
+    /// segments of its forward (docs/cuda.md, "Batch invariance"): every projection of a forward of more than one row
+    /// runs one cuBLASLt algorithm per shape for every row count, split-K off ([`crate::gemm_lt`]; no few-row GEMV);
+    /// the attention's key splits per tile follow from the tile's own segment alone
+    /// ([`crate::attn_tc::attention_tc_segment_splits`]); each tree child takes the leaf pass or the state pass by its
+    /// own length. Turning it on opens cuBLASLt ([`crate::gemm_lt::prepare`]; where that fails the GEMMs fall back to
+    /// GemmEx and count in [`crate::gemm_lt::fallbacks`]).
+    pub fn set_batch_invariant(&self, on: bool) {
+        if on {
+            if let Err(e) = crate::gemm_lt::prepare(&self.gpu) {
+                eprintln!("onepass: batch-invariant GEMMs unavailable ({e}); cublasGemmEx instead");
+            }
+        }
+        self.invariant.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether forwards are batch-invariant ([`CudaModel::set_batch_invariant`]).
+    pub fn batch_invariant(&self) -> bool {
+        self.invariant.load(Ordering::Relaxed)
     }
 
     /// Forwards that ran children with their roots ([`CudaModel::forward_tree`]) since load.

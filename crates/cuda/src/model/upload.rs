@@ -442,6 +442,8 @@ impl CudaModel {
             use_graphs: std::sync::atomic::AtomicBool::new(o.graphs),
             tc: Mutex::new(o.kernels.unwrap_or(TcArith::for_precision(prec))),
             split: Mutex::new(o.split_gemms.unwrap_or_default()),
+            invariant: std::sync::atomic::AtomicBool::new(false),
         })
+        .inspect(|m: &CudaModel| m.set_batch_invariant(o.batch_invariant))
     }
 }

@@ -13,6 +13,9 @@ use sha2::{Digest, Sha256};
 // Shared with crates/server/tests/common (and, through this file, crates/decide/tests/cuda_answers.rs).
 #[path = "process_dir.rs"]
 mod process_dir;
+
+/// Batch invariance: a request alone against the same request batched with others.
+pub mod invariance;
 pub use process_dir::process_dir;
 
 /// The repository root: the working directory when it holds the fixtures (a test binary carried to another machine

@@ -3,12 +3,19 @@
 //! kernels of [`super::ternary`], PTQ1_0 those of [`super::ptq1_0`], Q8_0 the block dot products of
 //! [`super::q8_0`]).
 //!
-//! Prefill (several tokens) splits the output features into blocks of 64 to 512 rows, one rayon
-//! task each. With bf16 weights on an AVX-512 processor a task runs a register-blocked kernel that
-//! reads the bf16 rows directly (4 tokens × 4 weight rows per tile, widened in registers, token
-//! tiles sized for L2); otherwise it widens its block of W to f32 once and runs the packed GEMM of
-//! the `gemm` crate on it. Decode (one or two tokens) is bound by memory bandwidth, so
-//! it streams each weight row once through a SIMD dot product that widens bf16 in registers.
+//! f32, bf16 and f16 weights take one kernel for any number of tokens, so that an output's sum is the same
+//! whatever else is stacked with its token (batch invariance: a System One request answers bit for bit alike alone
+//! and batched, tests/batch_invariance.rs in onepass-decide). Every output `x[i] · w[j]` is summed in one order
+//! that depends on K alone: 16 lanes (8 without AVX-512) over the first K rounded down to the lanes, lane `l`
+//! summing the products at `l mod lanes` in order, the lanes reduced in a fixed tree, then the remaining products
+//! added in order. The output features are split into blocks, one rayon task each (256 rows for one or two tokens,
+//! where the weights are streamed once; else 64 to 512); a task runs register tiles of 4 tokens × 4 weight rows
+//! (AVX-512: bf16 and f16 widened in registers, token tiles sized for L2) or 2 × 4 (elsewhere). Blocks and tiles
+//! change which products run together, never an output's order.
+//!
+//! Q8_0 prefill (several tokens) decodes each block of W to f32 once and runs the packed GEMM of the `gemm` crate
+//! on it, whose blocking depends on the tokens stacked; decode (one or two tokens) streams each row once through
+//! the block dot products.
 
 use half::{bf16, f16};
 use onepass_tensor::{Tensor, View};
@@ -18,13 +25,15 @@ use super::ptq1_0::ptq1_0_matmul_t;
 use super::q8_0::{decode_q8_0, dot_q8_0};
 use super::sgemm::{sgemm_raw, Mat};
 use super::ternary::ternary_matmul_t;
+use super::tiled::{rows_tiled, Rows};
 
 /// Output features handled per task in the GEMM path: at least this many...
 const BLOCK_N_MIN: usize = 64;
 /// ...and at most this many (the GEMM repacks the activations once per block, so blocks should
 /// be large; rayon still needs several blocks per thread to balance).
 const BLOCK_N_MAX: usize = 512;
-/// Below this many tokens the matrix-vector path is used.
+/// Up to this many tokens Q8_0 weights take the matrix-vector path, and the float kernels stream each weight row
+/// once per task (blocks of [`GEMV_ROWS`]).
 const GEMV_MAX_T: usize = 2;
 /// Output rows per task in the matrix-vector path.
 const GEMV_ROWS: usize = 256;
@@ -54,7 +63,10 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
     match w.view() {
         View::PQ2_0(raw) => return ternary_matmul_t(x, t, raw, n, k, y),
         View::PTQ1_0(raw) => return ptq1_0_matmul_t(x, t, raw, n, k, y),
-        _ => {}
+        View::F32(v) => return rows_tiled(x, t, k, n, Rows::F32(v), y),
+        View::BF16(v) => return rows_tiled(x, t, k, n, Rows::Bf16(v), y),
+        View::F16(v) => return rows_tiled(x, t, k, n, Rows::F16(v), y),
+        View::Q8_0(_) => {}
     }
     if t <= GEMV_MAX_T {
         gemv(x, t, k, n, w, y);
@@ -136,37 +148,15 @@ fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32
             let r0 = b * block_n;
             let r1 = (r0 + block_n).min(n);
             let rows = r1 - r0;
-            #[cfg(target_arch = "x86_64")]
-            if let View::BF16(v) = view {
-                if k.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: AVX-512F is present; y is [t, n] and this task writes only columns
-                    // r0..r1, which no other task writes.
-                    unsafe { simd::gemm_bf16_dot_avx512(x, t, k, v, r0, r1, dst.0, n) };
-                    return;
-                }
-            }
             let wb: &[f32] = match view {
-                View::F32(v) => &v[r0 * k..r1 * k],
-                View::BF16(v) => {
-                    scratch.resize(rows * k, 0.0);
-                    widen_bf16(&v[r0 * k..r1 * k], scratch);
-                    scratch
-                }
-                View::F16(v) => {
-                    scratch.resize(rows * k, 0.0);
-                    for (o, h) in scratch.iter_mut().zip(&v[r0 * k..r1 * k]) {
-                        *o = h.to_f32();
-                    }
-                    scratch
-                }
                 View::Q8_0(raw) => {
                     let rb = k / 32 * 34;
                     scratch.resize(rows * k, 0.0);
                     decode_q8_0(&raw[r0 * rb..r1 * rb], scratch);
                     scratch
                 }
-                View::PQ2_0(_) | View::PTQ1_0(_) => {
-                    unreachable!("ternary weights run the ternary kernels")
+                View::F32(_) | View::BF16(_) | View::F16(_) | View::PQ2_0(_) | View::PTQ1_0(_) => {
+                    unreachable!("float and ternary weights run their own kernels")
                 }
             };
             // SAFETY: y is [t, n] (checked by matmul_t); this task writes only columns r0..r1 of each
@@ -184,7 +174,7 @@ fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32
 }
 
 /// A destination pointer shared by tasks that write disjoint elements.
-struct SharedMut(*mut f32);
+pub(super) struct SharedMut(pub(super) *mut f32);
 // SAFETY: only used for disjoint writes, see gemv and gemm_blocks.
 unsafe impl Sync for SharedMut {}
 
@@ -379,77 +369,6 @@ mod simd {
         lanes.iter().sum()
     }
 
-    /// Bytes of activations per token tile (half of a 1 MiB L2).
-    const TOKEN_TILE_BYTES: usize = 512 * 1024;
-
-    /// `y[i, j] = x[i] · w[j]` for all tokens `i < t` and weight rows `r0 <= j < r1`, in 4 × 4
-    /// register tiles: 16 accumulators of 16 lanes each, bf16 weights widened in registers,
-    /// lanes summed once at the end. `k` must be a multiple of 16.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn gemm_bf16_dot_avx512(
-        x: &[f32],
-        t: usize,
-        k: usize,
-        w: &[bf16],
-        r0: usize,
-        r1: usize,
-        y: *mut f32,
-        n: usize,
-    ) {
-        debug_assert!(k.is_multiple_of(16) && x.len() >= t * k && w.len() >= r1 * k);
-        let wp = w.as_ptr() as *const u16;
-        let xp = x.as_ptr();
-        // Token tiles keep their activations in L2 while every weight row of the block streams
-        // past them (four rows at a time, from L1).
-        let tile = (TOKEN_TILE_BYTES / (4 * k)).clamp(4, 256) & !3;
-        let mut i0 = 0;
-        while i0 < t {
-            let i1 = (i0 + tile).min(t);
-            let mut j = r0;
-            while j < r1 {
-                let nr = (r1 - j).min(4);
-                let mut i = i0;
-                while i < i1 {
-                    let mr = (i1 - i).min(4);
-                    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-                    let mut kk = 0;
-                    while kk < k {
-                        // SAFETY: rows i..i+mr of x and j..j+nr of w exist and kk + 16 <= k.
-                        unsafe {
-                            let mut wv = [_mm512_setzero_ps(); 4];
-                            for c in 0..nr {
-                                let h =
-                                    _mm256_loadu_si256(wp.add((j + c) * k + kk) as *const __m256i);
-                                wv[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                                    _mm512_cvtepu16_epi32(h),
-                                    16,
-                                ));
-                            }
-                            for r in 0..mr {
-                                let xv = _mm512_loadu_ps(xp.add((i + r) * k + kk));
-                                for c in 0..nr {
-                                    acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-                                }
-                            }
-                        }
-                        kk += 16;
-                    }
-                    for r in 0..mr {
-                        for c in 0..nr {
-                            // SAFETY: (i + r, j + c) is inside y's [t, n].
-                            unsafe {
-                                *y.add((i + r) * n + j + c) = _mm512_reduce_add_ps(acc[r][c])
-                            };
-                        }
-                    }
-                    i += mr;
-                }
-                j += nr;
-            }
-            i0 = i1;
-        }
-    }
-
     /// `a · b` for 16-bit weights (`F16`: IEEE half, widened by `vcvtph2ps`; else bf16, the top half of an f32) in
     /// two 16-lane accumulators, then the remainder in order.
     #[target_feature(enable = "avx512f")]
@@ -590,6 +509,48 @@ mod tests {
         ] {
             for dtype in [DType::F32, DType::BF16, DType::F16] {
                 check(t, k, n, dtype);
+            }
+        }
+    }
+
+    /// Batch invariance: a token's outputs are bit-identical whatever is stacked with it (alone, beside one other
+    /// token, in 3, 5, 64 or 300 tokens, first or last), for every float format and K with and without a remainder
+    /// of the lanes.
+    #[test]
+    fn float_outputs_do_not_depend_on_the_tokens_stacked() {
+        use onepass_tensor::DType;
+        for (k, n) in [(64, 37), (100, 300), (17, 9), (1031, 5)] {
+            let wv = pseudo(n * k, 2);
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let w = match dtype {
+                    DType::BF16 => Tensor::from_f32_as_bf16("w", vec![n, k], &wv),
+                    DType::F16 => {
+                        let raw: Vec<u8> = wv
+                            .iter()
+                            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                            .collect();
+                        Tensor::from_raw("w", DType::F16, vec![n, k], &raw).expect("f16")
+                    }
+                    _ => Tensor::from_f32("w", vec![n, k], &wv),
+                };
+                let token = pseudo(k, 9);
+                let mut alone = vec![0.0; n];
+                matmul_t(&token, 1, &w, &mut alone);
+                for t in [2, 3, 5, 64, 300] {
+                    for at in [0, t - 1] {
+                        let mut x = pseudo(t * k, 5);
+                        x[at * k..(at + 1) * k].copy_from_slice(&token);
+                        let mut y = vec![0.0; t * n];
+                        matmul_t(&x, t, &w, &mut y);
+                        let got = &y[at * n..(at + 1) * n];
+                        assert!(
+                            got.iter()
+                                .zip(&alone)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{dtype:?} k={k} n={n}: token {at} of {t} differs from alone"
+                        );
+                    }
+                }
             }
         }
     }

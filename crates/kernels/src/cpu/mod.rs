@@ -9,3 +9,4 @@ pub mod ptq1_0;
 pub mod q8_0;
 pub(crate) mod sgemm;
 pub mod ternary;
+mod tiled;

@@ -1,0 +1,301 @@
+//! The float weights' kernel of [`super::matmul::matmul_t`]: `y[i, j] = x[i] · w[j]` for f32, bf16 and f16 weights,
+//! with every output summed in one order that depends on K alone, never on the number of tokens (module docs of
+//! matmul.rs): AVX-512 tiles of 4 tokens × 4 weight rows with 16 lanes, else portable tiles of 2 × 4 with 8 lanes.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::matmul::SharedMut;
+
+/// A float weight `[N, K]`, row-major.
+#[derive(Clone, Copy)]
+pub(super) enum Rows<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+/// Output features per task for one or two tokens (each weight row streamed once)...
+const STREAM_ROWS: usize = 256;
+/// ...and for more tokens: at least this many, at most that many (several blocks per thread to balance).
+const BLOCK_N_MIN: usize = 64;
+const BLOCK_N_MAX: usize = 512;
+
+/// `y[T, N] = x[T, K] · w[N, K]ᵀ`; the shapes were checked by `matmul_t`.
+pub(super) fn rows_tiled(x: &[f32], t: usize, k: usize, n: usize, w: Rows<'_>, y: &mut [f32]) {
+    let block_n = if t <= 2 {
+        STREAM_ROWS
+    } else {
+        let per_thread = 4 * rayon::current_num_threads().max(1);
+        n.div_ceil(per_thread)
+            .next_multiple_of(16)
+            .clamp(BLOCK_N_MIN, BLOCK_N_MAX)
+    };
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    // Every block writes a disjoint set of columns of y, straight into y.
+    let dst = SharedMut(y.as_mut_ptr());
+    let dst = &dst;
+    (0..n.div_ceil(block_n)).into_par_iter().for_each(|b| {
+        let r0 = b * block_n;
+        let r1 = (r0 + block_n).min(n);
+        // SAFETY (all three): y is [t, n] (checked by matmul_t) and this task writes only columns r0..r1 of each row,
+        // which no other task writes; x is [t, k] and w [n, k]; the processor has the features enabled.
+        #[cfg(target_arch = "x86_64")]
+        if avx512 {
+            unsafe {
+                match w {
+                    Rows::F32(v) => {
+                        avx512::tiles::<0>(x, t, k, v.as_ptr() as *const u8, r0, r1, dst.0, n)
+                    }
+                    Rows::Bf16(v) => {
+                        avx512::tiles::<1>(x, t, k, v.as_ptr() as *const u8, r0, r1, dst.0, n)
+                    }
+                    Rows::F16(v) => {
+                        avx512::tiles::<2>(x, t, k, v.as_ptr() as *const u8, r0, r1, dst.0, n)
+                    }
+                }
+            }
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            unsafe { tiles_avx2(x, t, k, w, r0, r1, dst.0, n) };
+            return;
+        }
+        unsafe { tiles_portable(x, t, k, w, r0, r1, dst.0, n) };
+    });
+}
+
+/// [`tiles_portable`] compiled for AVX2 (the lanes' arrays vectorise; the same arithmetic: no fused products).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn tiles_avx2(
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: Rows<'_>,
+    r0: usize,
+    r1: usize,
+    y: *mut f32,
+    n: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { tiles_portable(x, t, k, w, r0, r1, y, n) }
+}
+
+/// Lanes of the portable kernel.
+const LANES: usize = 8;
+
+/// `y[i, j] = x[i] · w[j]` for all tokens `i < t` and weight rows `r0 <= j < r1`, in tiles of 2 tokens × 4 weight rows:
+/// per output [`LANES`] partial sums over the first K rounded down to the lanes (lane `l` the products at `l mod
+/// LANES`, each a product then an add), summed lane 0 first, then the remaining products added in order.
+///
+/// # Safety
+/// `y + i * n + j` must be valid for writes for every `i < t`, `r0 <= j < r1`, and no other thread may write them.
+#[inline(always)]
+unsafe fn tiles_portable(
+    x: &[f32],
+    t: usize,
+    k: usize,
+    w: Rows<'_>,
+    r0: usize,
+    r1: usize,
+    y: *mut f32,
+    n: usize,
+) {
+    let kl = k / LANES * LANES;
+    let widen = |j: usize, c: usize| -> f32 {
+        match w {
+            Rows::F32(v) => v[j * k + c],
+            Rows::Bf16(v) => f32::from_bits((v[j * k + c].to_bits() as u32) << 16),
+            Rows::F16(v) => v[j * k + c].to_f32(),
+        }
+    };
+    let mut i = 0;
+    while i < t {
+        let mr = (t - i).min(2);
+        let mut j = r0;
+        while j < r1 {
+            let nr = (r1 - j).min(4);
+            let mut acc = [[[0.0f32; LANES]; 4]; 2];
+            let mut kk = 0;
+            while kk < kl {
+                let mut wv = [[0.0f32; LANES]; 4];
+                for (c, wc) in wv.iter_mut().enumerate().take(nr) {
+                    for (l, v) in wc.iter_mut().enumerate() {
+                        *v = widen(j + c, kk + l);
+                    }
+                }
+                for (r, ar) in acc.iter_mut().enumerate().take(mr) {
+                    let xr = &x[(i + r) * k + kk..(i + r) * k + kk + LANES];
+                    for (ac, wc) in ar.iter_mut().zip(&wv).take(nr) {
+                        for l in 0..LANES {
+                            ac[l] += xr[l] * wc[l];
+                        }
+                    }
+                }
+                kk += LANES;
+            }
+            for (r, ar) in acc.iter().enumerate().take(mr) {
+                for (c, ac) in ar.iter().enumerate().take(nr) {
+                    let mut s: f32 = ac.iter().sum();
+                    for q in kl..k {
+                        s += x[(i + r) * k + q] * widen(j + c, q);
+                    }
+                    // SAFETY: (i + r, j + c) is inside y's [t, n], in this task's columns.
+                    unsafe { *y.add((i + r) * n + j + c) = s };
+                }
+            }
+            j += nr;
+        }
+        i += mr;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Bytes of activations per token tile (half of a 1 MiB L2).
+    const TOKEN_TILE_BYTES: usize = 512 * 1024;
+
+    /// 16 weights of row-major `w` from element `idx`, as f32: `W` 0 f32, 1 bf16 (the top half of an f32), 2 f16.
+    #[inline(always)]
+    unsafe fn load16<const W: u8>(w: *const u8, idx: usize) -> __m512 {
+        // SAFETY: the caller keeps idx + 16 within w.
+        unsafe {
+            match W {
+                0 => _mm512_loadu_ps((w as *const f32).add(idx)),
+                1 => {
+                    let h = _mm256_loadu_si256((w as *const u16).add(idx) as *const __m256i);
+                    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                }
+                _ => _mm512_cvtph_ps(_mm256_loadu_si256(
+                    (w as *const u16).add(idx) as *const __m256i
+                )),
+            }
+        }
+    }
+
+    /// One weight of `w` as f32 (see [`load16`]).
+    #[inline(always)]
+    unsafe fn load1<const W: u8>(w: *const u8, idx: usize) -> f32 {
+        // SAFETY: the caller keeps idx within w.
+        unsafe {
+            match W {
+                0 => *(w as *const f32).add(idx),
+                1 => f32::from_bits((*(w as *const u16).add(idx) as u32) << 16),
+                _ => half::f16::from_bits(*(w as *const u16).add(idx)).to_f32(),
+            }
+        }
+    }
+
+    /// `y[i, j] = x[i] · w[j]` for all tokens `i < t` and weight rows `r0 <= j < r1`, in 4 × 4 register tiles: 16
+    /// accumulators of 16 lanes each over the first K rounded down to 16, weights widened in registers, the lanes
+    /// reduced by `_mm512_reduce_add_ps`, then the remaining products added in order. Token tiles keep their
+    /// activations in L2 while every weight row of the block streams past them (four rows at a time, from L1).
+    ///
+    /// # Safety
+    /// AVX-512F; x is [t, k], w [≥ r1, k] of the format `W`; `y + i * n + j` valid for writes for every `i < t`,
+    /// `r0 <= j < r1`, written by no other thread.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tiles<const W: u8>(
+        x: &[f32],
+        t: usize,
+        k: usize,
+        w: *const u8,
+        r0: usize,
+        r1: usize,
+        y: *mut f32,
+        n: usize,
+    ) {
+        debug_assert!(x.len() >= t * k);
+        let xp = x.as_ptr();
+        let k16 = k / 16 * 16;
+        let tile = (TOKEN_TILE_BYTES / (4 * k.max(1))).clamp(4, 256) & !3;
+        let mut i0 = 0;
+        while i0 < t {
+            let i1 = (i0 + tile).min(t);
+            let mut j = r0;
+            while j < r1 {
+                let nr = (r1 - j).min(4);
+                let mut i = i0;
+                while i < i1 {
+                    let mr = (i1 - i).min(4);
+                    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+                    let mut kk = 0;
+                    while kk < k16 {
+                        // SAFETY: rows i..i+mr of x and j..j+nr of w exist and kk + 16 <= k.
+                        unsafe {
+                            let mut wv = [_mm512_setzero_ps(); 4];
+                            for (c, v) in wv.iter_mut().enumerate().take(nr) {
+                                *v = load16::<W>(w, (j + c) * k + kk);
+                            }
+                            for (r, ar) in acc.iter_mut().enumerate().take(mr) {
+                                let xv = _mm512_loadu_ps(xp.add((i + r) * k + kk));
+                                for (a, v) in ar.iter_mut().zip(&wv).take(nr) {
+                                    *a = _mm512_fmadd_ps(xv, *v, *a);
+                                }
+                            }
+                        }
+                        kk += 16;
+                    }
+                    for (r, ar) in acc.iter().enumerate().take(mr) {
+                        for (c, a) in ar.iter().enumerate().take(nr) {
+                            let mut s = _mm512_reduce_add_ps(*a);
+                            for q in k16..k {
+                                // SAFETY: q < k within rows i + r of x and j + c of w.
+                                s += unsafe {
+                                    *xp.add((i + r) * k + q) * load1::<W>(w, (j + c) * k + q)
+                                };
+                            }
+                            // SAFETY: (i + r, j + c) is inside y's [t, n], in this task's columns.
+                            unsafe { *y.add((i + r) * n + j + c) = s };
+                        }
+                    }
+                    i += mr;
+                }
+                j += nr;
+            }
+            i0 = i1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The portable kernel (what a processor without AVX-512 runs) against f64 sums, on shapes with partial tiles
+    /// and a remainder of the lanes; and a token's outputs alone equal its outputs among others, bit for bit.
+    #[test]
+    fn portable_tiles_match_f64_and_do_not_depend_on_the_tokens_stacked() {
+        let (k, n) = (37, 11);
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let run = |x: &[f32], t: usize| {
+            let mut y = vec![0.0f32; t * n];
+            // SAFETY: y is [t, n], written by this call alone.
+            unsafe { tiles_portable(x, t, k, Rows::F32(&w), 0, n, y.as_mut_ptr(), n) };
+            y
+        };
+        let t = 5;
+        let x: Vec<f32> = (0..t * k).map(|i| (i as f32 * 0.11).cos()).collect();
+        let y = run(&x, t);
+        for i in 0..t {
+            for j in 0..n {
+                let want: f64 = (0..k)
+                    .map(|c| x[i * k + c] as f64 * w[j * k + c] as f64)
+                    .sum();
+                assert!((y[i * n + j] as f64 - want).abs() < 1e-4, "({i}, {j})");
+            }
+        }
+        let alone = run(&x[3 * k..4 * k], 1);
+        assert!(y[3 * n..4 * n]
+            .iter()
+            .zip(&alone)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}
