@@ -99,7 +99,7 @@ __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx,
             uint4 wv = __ldg((const uint4*)(wr + c));
 #pragma unroll
             for (int r = 0; r < ROWS; r++)
-                if (r < rows) acc[r] += dot8(wv, __ldg((const uint4*)(x + (idx_t)r * ldx + c)));
+                if (r < rows) acc[r] += dot8(wv, *(const uint4*)(x + (idx_t)r * ldx + c));
         }
     }
 #pragma unroll
@@ -151,6 +151,39 @@ KERNEL(simt) void gemv_bf16_8(const bf16_t* __restrict__ x, int ldx, int rows, i
     gemv_rows<GEMV_ROWS, 4>(x, ldx, rows, group, K, w, ldw, N, y, ldy, beta, wpr);
 }
 
+// Decode's norm and input projection in one launch, for one token row x [K] f32: y[n] = sum over the planes of
+// plane(rms_norm(x) * gain) · w[n], the normed row rounded to bf16 (PLANES 1) or split into bf16 hi and lo planes
+// (PLANES 2, split precision), in dynamic shared memory (2 * PLANES * K bytes); then as gemv_bf16 over those rows.
+// Every block forms the norm itself (x is read by every block, from L2), so no launch writes it. grid and wpr as
+// gemv_bf16, 256 threads; K a multiple of 8.
+template <int PLANES>
+__device__ __forceinline__ void gemv_norm(const float* __restrict__ x, const float* __restrict__ gain, float eps,
+                                          int K, const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y,
+                                          int wpr) {
+    extern __shared__ float sm[];
+    bf16_t* xs = (bf16_t*)sm;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < K; c += blockDim.x) s += x[c] * x[c];
+    s = block_sum(s);
+    float inv = 1.0f / sqrtf(s / K + eps);
+    for (int c = threadIdx.x; c < K; c += blockDim.x) {
+        float v = x[c] * inv * gain[c];
+        bf16_t h = f2bf(v);
+        xs[c] = h;
+        if (PLANES == 2) xs[K + c] = f2bf(v - bf2f(h));
+    }
+    __syncthreads();
+    gemv_rows<2, 8>(xs, K, PLANES, PLANES, K, w, ldw, N, y, N, 0.0f, wpr);
+}
+KERNEL(simt) void gemv_norm_bf16(const float* __restrict__ x, const float* __restrict__ gain, float eps, int K,
+                                 int planes, const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y,
+                                 int wpr) {
+    if (planes == 2)
+        gemv_norm<2>(x, gain, eps, K, w, ldw, N, y, wpr);
+    else
+        gemv_norm<1>(x, gain, eps, K, w, ldw, N, y, wpr);
+}
+
 // Greedy decoding's next token: out[r] = the index of the highest of x[r, :n] (the lowest index among equal ones;
 // NaN never wins; 0 when nothing beats -inf), as the host's argmax over the same logits. grid rows, 1024 threads.
 // The warp's highest (v, i), the lowest i among equal v; every lane gets it.
@@ -170,6 +203,7 @@ KERNEL(simt) void argmax_rows(const float* __restrict__ x, int n, int* __restric
     const float* xr = x + (idx_t)blockIdx.x * n;
     float v = -__int_as_float(0x7f800000);
     int i = 0x7fffffff;
+#pragma unroll 8
     for (int c = threadIdx.x; c < n; c += blockDim.x) {
         float t = xr[c];
         if (t > v) {
@@ -190,5 +224,83 @@ KERNEL(simt) void argmax_rows(const float* __restrict__ x, int n, int* __restric
         i = l < nw ? bi[l] : 0x7fffffff;
         argmax_warp(v, i);
         if (l == 0) out[blockIdx.x] = i == 0x7fffffff ? 0 : i;
+    }
+}
+
+// Greedy decoding's head and pick in one launch: out[0] = the n of the highest bf16(h) · w[n] over the N weight rows
+// (the lowest n among equal values; NaN never wins; 0 when nothing beats -inf). Each product is formed as gemv_bf16
+// forms it for one x row (lanes over K in 16-byte loads, in the same order, then the warp sum), so the pick is the
+// argmax of the head's logits; h [K] f32 is rounded to bf16 as to_bf16 rounds it, into shared memory (2K bytes of
+// dynamic shared memory). Each warp takes rows warp, warp + W, ... (W: the grid's warps) and keeps its best; the block's best goes to (part_v,
+// part_i)[block]; the last block to finish picks among the blocks' and sets *count back to 0 for the next launch. K and ldw multiples of 8, w 16-byte aligned. grid at most HEAD_BLOCKS, 256 threads.
+#define HEAD_BLOCKS 2048
+KERNEL(simt) void head_argmax_bf16(const float* __restrict__ h, int K, const bf16_t* __restrict__ w, int ldw,
+                                   int N, float* part_v, int* part_i, unsigned* count, int* out) {
+    extern __shared__ float sm[];
+    bf16_t* xs = (bf16_t*)sm;
+    __shared__ float bv[8];
+    __shared__ int bi[8];
+    __shared__ bool last;
+    for (int c = threadIdx.x; c < K; c += blockDim.x) xs[c] = f2bf(h[c]);
+    __syncthreads();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float v = -__int_as_float(0x7f800000);
+    int i = 0x7fffffff;
+    for (int n = blockIdx.x * 8 + warp; n < N; n += gridDim.x * 8) {
+        const bf16_t* wr = w + (idx_t)n * ldw;
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int c = lane * 8; c < K; c += 256) acc += dot8(__ldg((const uint4*)(wr + c)), *(const uint4*)(xs + c));
+        acc = warp_sum(acc);
+        // Rows ascend within a warp, so a tie keeps the lower one.
+        if (acc > v) {
+            v = acc;
+            i = n;
+        }
+    }
+    if (lane == 0) {
+        bv[warp] = v;
+        bi[warp] = i;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < 8 ? bv[lane] : -__int_as_float(0x7f800000);
+        i = lane < 8 ? bi[lane] : 0x7fffffff;
+        argmax_warp(v, i);
+        if (lane == 0) {
+            part_v[blockIdx.x] = v;
+            part_i[blockIdx.x] = i;
+            __threadfence();
+            last = atomicAdd(count, 1u) == gridDim.x - 1;
+        }
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    v = -__int_as_float(0x7f800000);
+    i = 0x7fffffff;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
+        float v2 = __ldcg(part_v + b);
+        int i2 = __ldcg(part_i + b);
+        if (v2 > v || (v2 == v && i2 < i)) {
+            v = v2;
+            i = i2;
+        }
+    }
+    argmax_warp(v, i);
+    __syncthreads();
+    if (lane == 0) {
+        bv[warp] = v;
+        bi[warp] = i;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < 8 ? bv[lane] : -__int_as_float(0x7f800000);
+        i = lane < 8 ? bi[lane] : 0x7fffffff;
+        argmax_warp(v, i);
+        if (lane == 0) {
+            out[0] = i == 0x7fffffff ? 0 : i;
+            *count = 0;
+        }
     }
 }

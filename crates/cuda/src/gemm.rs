@@ -48,14 +48,67 @@ fn gemv(
     (y, ldy): (u64, usize),
     beta: f32,
 ) -> Result<(), CudaError> {
-    // Warps per weight row: enough warps in all (about 4096) to keep every load slot busy where N is small, each
-    // with at least one 256-value slice of K.
-    let wpr = (4096 / n.max(1)).clamp(1, 8).min((k / 256).max(1));
-    let wpr = 1usize << wpr.ilog2();
+    let wpr = gemv_wpr(n, k);
     let f = &g.k.gemv_bf16[usize::from(rows > 2)];
     launch!(g, *f, cfg((n.div_ceil(8 / wpr) as u32, 1), 256, 0);
         x, ldx as i32, rows as i32, group as i32, k as i32, w, ldw as i32, n as i32, y, ldy as i32, beta,
         wpr as i32)
+}
+
+/// Warps per weight row of the few-row GEMV: enough warps in all (about 4096) to keep every load slot busy where N is
+/// small, each with at least one 256-value slice of K.
+fn gemv_wpr(n: usize, k: usize) -> usize {
+    let wpr = (4096 / n.max(1)).clamp(1, 8).min((k / 256).max(1));
+    1usize << wpr.ilog2()
+}
+
+/// Decode's norm and input projection in one launch, for one token row: `y[n] = Σ plane(rms_norm(x) · gain) · w[n]ᵀ`
+/// over `planes` bf16 planes of the normed row (1: it rounded to bf16; 2: its hi and lo planes, split precision).
+/// `x` [K] f32, `w` [N, K] bf16 (row stride `ldw`), `y` [N]. → false, with nothing launched, where the GEMV does not
+/// take `w` (the caller then runs the norm and the projection apart).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_norm(
+    g: &Gpu,
+    (x, gain, eps): (u64, u64, f32),
+    planes: usize,
+    k: usize,
+    (w, ldw): (W, usize),
+    n: usize,
+    y: u64,
+) -> Result<bool, CudaError> {
+    let W::Bf16(wp) = w else {
+        return Ok(false);
+    };
+    let smem = 2 * planes * k;
+    if !(1..=2).contains(&planes) || !gemv_fits(0, k, k, wp, ldw) || smem > 48 * 1024 || n == 0 {
+        return Ok(false);
+    }
+    let wpr = gemv_wpr(n, k);
+    launch!(g, g.k.gemv_norm_bf16, cfg((n.div_ceil(8 / wpr) as u32, 1), 256, smem as u32);
+        x, gain, eps, k as i32, planes as i32, wp, ldw as i32, n as i32, y, wpr as i32)?;
+    Ok(true)
+}
+
+/// One token row's two bf16 planes (consecutive rows of x, row stride K), their products summed into one output row:
+/// `y = (x₀ + x₁) · wᵀ + beta · y` (decode's residual projection in split precision, accumulated into the residual
+/// directly). → false, with nothing launched, where the GEMV does not take it.
+pub fn gemv_planes(
+    g: &Gpu,
+    x: u64,
+    k: usize,
+    (w, ldw): (W, usize),
+    n: usize,
+    y: u64,
+    beta: f32,
+) -> Result<bool, CudaError> {
+    let W::Bf16(wp) = w else {
+        return Ok(false);
+    };
+    if !gemv_fits(x, k, k, wp, ldw) {
+        return Ok(false);
+    }
+    gemv(g, (x, k, 2, 2), k, (wp, ldw, n), (y, n), beta)?;
+    Ok(true)
 }
 
 /// [`gemm_ld`] for a split-precision input: row r of x holds its hi and lo bf16 planes side by side (`[hi | lo]`,

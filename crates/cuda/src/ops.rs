@@ -331,6 +331,34 @@ pub fn argmax_rows(g: &Gpu, x: u64, rows: usize, n: usize, out: u64) -> Result<(
     launch!(g, g.k.argmax_rows, cfg((rows as u32, 1), 1024, 0); x, n as i32, out)
 }
 
+/// Blocks of [`head_argmax_bf16`] at most (`HEAD_BLOCKS` in decode.cu): the length of its partial buffers.
+pub const HEAD_BLOCKS: usize = 2048;
+
+/// Greedy decoding's head and pick in one launch: `out[0]` = the index of the highest `bf16(h) · w[n]` over the N
+/// rows of `w` [N, K] (row stride `ldw`), as [`argmax_rows`] over the bf16 GEMV's logits picks it. `part_v`,
+/// `part_i`: [`HEAD_BLOCKS`] values each; `count`: one u32, 0 before the launch (the launch leaves it 0). K and `ldw`
+/// multiples of 8, `w` 16-byte aligned (the caller checks).
+#[allow(clippy::too_many_arguments)]
+pub fn head_argmax_bf16(
+    g: &Gpu,
+    h: u64,
+    k: usize,
+    (w, ldw, n): (u64, usize, usize),
+    (part_v, part_i, count): (u64, u64, u64),
+    out: u64,
+) -> Result<(), CudaError> {
+    let blocks = n.div_ceil(8).clamp(1, (8 * g.sms).min(HEAD_BLOCKS));
+    let smem = 2 * k.next_multiple_of(8);
+    // Without an opt-in to more (48 KB: K up to 24,576).
+    if smem > 48 * 1024 || n > i32::MAX as usize {
+        return Err(CudaError::Unsupported(format!(
+            "a head of {n} rows of {k} values for the fused pick"
+        )));
+    }
+    launch!(g, g.k.head_argmax_bf16, cfg((blocks as u32, 1), 256, smem as u32);
+        h, k as i32, w, ldw as i32, n as i32, part_v, part_i, count, out)
+}
+
 /// One-token gated delta step for segments of exactly one row.
 pub fn gdn_step(
     g: &Gpu,

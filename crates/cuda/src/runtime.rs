@@ -47,6 +47,8 @@ pub struct Kernels {
     /// `gemv_bf16_2`, `gemv_bf16_8`: at most 2 and at most 8 x rows.
     pub gemv_bf16: [CudaFunction; 2],
     pub argmax_rows: CudaFunction,
+    pub head_argmax_bf16: CudaFunction,
+    pub gemv_norm_bf16: CudaFunction,
     /// `gemv_{pq2,q8}_{bf16,f32,split}_{1,8}` (quant.cu): [format][activation layout][more than one row].
     pub gemv_q: [[[CudaFunction; 2]; 3]; 2],
     pub dequant_rows: CudaFunction,
@@ -625,8 +627,9 @@ impl Gpu {
             };
         }
         let k = by_name! {
-            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, attn_prep, swiglu,
-            to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait, dequant_rows, hadamard_rows, gated_norm_rotate;
+            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16,
+            gemv_norm_bf16, attn_prep, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
+            dequant_rows, hadamard_rows, gated_norm_rotate;
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,

@@ -271,6 +271,147 @@ fn argmax_rows_picks_the_first_maximum() {
     }
 }
 
+/// Decode's norm and input projection in one launch (`gemm::gemv_norm`) against the CPU: the row normed in f64, rounded
+/// to one bf16 plane or split into hi and lo planes, times bf16 weights, on odd shapes. A wrong plane, gain or row
+/// shows as O(1); the norm's reduction order alone moves a few bf16 roundings (far below the bound).
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn gemv_norm_matches_cpu() {
+    let g = gpu();
+    let eps = 1e-6f32;
+    for &(k, n, planes) in &[
+        (1024usize, 6176usize, 2usize),
+        (136, 7, 1),
+        (136, 7, 2),
+        (1024, 1025, 1),
+        (2048, 333, 2),
+    ] {
+        let x: Vec<f32> = rnd(k, 40 + k as u64).iter().map(|v| 3.0 * v).collect();
+        let gain: Vec<f32> = rnd(k, 41).iter().map(|v| 1.0 + 0.5 * v).collect();
+        // A weight row stride past K, as the split input projections' (stored twice).
+        let ldw = k + 8;
+        let w = bf16_round(&rnd(n * ldw, 42 + n as u64));
+        let ms: f64 = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / k as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        let normed: Vec<f32> = (0..k)
+            .map(|c| (x[c] as f64 * inv * gain[c] as f64) as f32)
+            .collect();
+        let hi = bf16_round(&normed);
+        let lo: Vec<f32> = bf16_round(
+            &normed
+                .iter()
+                .zip(&hi)
+                .map(|(v, h)| v - h)
+                .collect::<Vec<_>>(),
+        );
+        let want: Vec<f32> = (0..n)
+            .map(|r| {
+                (0..k)
+                    .map(|c| {
+                        let a = if planes == 2 {
+                            hi[c] as f64 + lo[c] as f64
+                        } else {
+                            hi[c] as f64
+                        };
+                        a * w[r * ldw + c] as f64
+                    })
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        let (xd, gd) = (g.upload(&x).unwrap(), g.upload(&gain).unwrap());
+        let wd = g.upload(&to_bf16_bits(&w)).unwrap();
+        let y = g.alloc::<f32>(n).unwrap();
+        let took = gemm::gemv_norm(
+            &g,
+            (g.ptr(&xd), g.ptr(&gd), eps),
+            planes,
+            k,
+            (W::Bf16(g.ptr(&wd)), ldw),
+            n,
+            g.ptr(&y),
+        )
+        .unwrap();
+        assert!(took, "the fused norm and GEMV declined k={k} n={n}");
+        check(
+            &format!("gemv_norm k={k} n={n} planes={planes}"),
+            &g.download(&y, n).unwrap(),
+            &want,
+            1e-3,
+        );
+    }
+}
+
+/// The fused head and pick of greedy decoding against its two-launch twin (the head's bf16 GEMV, then `argmax_rows`):
+/// the same pick on odd shapes up to the Qwen3.5 head, twice in a row (the launch leaves its block count at 0 for the
+/// next), and on a tie between two identical weight rows placed in different blocks' strides the lower row, which is
+/// also the CPU's pick (the f64 products of those rows are the largest by far).
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn head_argmax_picks_what_the_head_and_argmax_pick() {
+    let g = gpu();
+    let parts = (
+        g.alloc::<f32>(ops::HEAD_BLOCKS).unwrap(),
+        g.alloc::<i32>(ops::HEAD_BLOCKS).unwrap(),
+        g.upload(&[0u32]).unwrap(),
+    );
+    let pp = (g.ptr(&parts.0), g.ptr(&parts.1), g.ptr(&parts.2));
+    for &(k, n) in &[
+        (64usize, 1usize),
+        (136, 7),
+        (1024, 1025),
+        (2048, 333),
+        (1024, 248_320),
+    ] {
+        let h = rnd(k, 30 + k as u64);
+        let mut w = bf16_round(&rnd(n * k, 31 + n as u64));
+        let tie = if n > 2 { Some((n / 3, n - 1)) } else { None };
+        if let Some((a, b)) = tie {
+            for c in 0..k {
+                let v = if h[c] >= 0.0 { 1.0 } else { -1.0 };
+                w[a * k + c] = v;
+                w[b * k + c] = v;
+            }
+        }
+        let (hd, wd) = (g.upload(&h).unwrap(), g.upload(&to_bf16_bits(&w)).unwrap());
+        // The two-launch twin.
+        let hb = g.alloc::<u16>(k).unwrap();
+        ops::to_bf16(&g, g.ptr(&hd), g.ptr(&hb), k).unwrap();
+        let logits = g.alloc::<f32>(n).unwrap();
+        g.gemm_bf16(g.ptr(&hb), 1, k, g.ptr(&wd), n, g.ptr(&logits), n, 0.0)
+            .unwrap();
+        let twin = g.alloc::<i32>(1).unwrap();
+        ops::argmax_rows(&g, g.ptr(&logits), 1, n, g.ptr(&twin)).unwrap();
+        let want = g.download(&twin, 1).unwrap()[0];
+        for rep in 0..2 {
+            let out = g.alloc::<i32>(1).unwrap();
+            ops::head_argmax_bf16(&g, g.ptr(&hd), k, (g.ptr(&wd), k, n), pp, g.ptr(&out)).unwrap();
+            let got = g.download(&out, 1).unwrap()[0];
+            assert_eq!(got, want, "fused pick k={k} n={n}, launch {rep}");
+        }
+        if let Some((a, _)) = tie {
+            assert_eq!(
+                want, a as i32,
+                "tie k={k} n={n}: the lower of two equal rows"
+            );
+        }
+        let cpu_pick = (0..n)
+            .map(|r| {
+                let d: f64 = (0..k)
+                    .map(|c| w[r * k + c] as f64 * bf16_round(&[h[c]])[0] as f64)
+                    .sum();
+                (r, d)
+            })
+            .fold(
+                (0, f64::NEG_INFINITY),
+                |b, (r, d)| if d > b.1 { (r, d) } else { b },
+            )
+            .0;
+        if tie.is_some() || n == 1 {
+            assert_eq!(want, cpu_pick as i32, "k={k} n={n}: the CPU's pick");
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gemm_bf16_matches_cpu() {

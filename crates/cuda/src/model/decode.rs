@@ -26,8 +26,12 @@ pub(super) struct DecodeBufs {
     hidden: CudaSlice<f32>,
     /// The head's input ([`CudaModel::head_into`]: the row in bf16, or rotated). [H] f32
     hb: CudaSlice<f32>,
-    /// [V] f32
+    /// [V] f32 (where the head and the pick are two launches)
     logits: CudaSlice<f32>,
+    /// The fused head and pick's per-block bests and its count of finished blocks ([`ops::head_argmax_bf16`]).
+    part_v: CudaSlice<f32>,
+    part_i: CudaSlice<i32>,
+    count: CudaSlice<u32>,
     slots: HostSlots,
     _charge: Charge,
 }
@@ -101,13 +105,16 @@ pub struct GreedyRun<'m> {
 impl CudaModel {
     fn decode_bufs(&self) -> Result<DecodeBufs, CudaError> {
         let g = &*self.gpu;
-        let bytes = 4 + 8 * self.hid + 4 * self.vocab;
+        let bytes = 8 + 8 * self.hid + 4 * self.vocab + 8 * ops::HEAD_BLOCKS;
         let charge = self.ledger.charge(bytes, "decode buffers")?;
         Ok(DecodeBufs {
             tok: g.alloc(1)?,
             hidden: g.alloc(self.hid)?,
             hb: g.alloc(self.hid)?,
             logits: g.alloc(self.vocab)?,
+            part_v: g.alloc(ops::HEAD_BLOCKS)?,
+            part_i: g.alloc(ops::HEAD_BLOCKS)?,
+            count: g.zeros(1)?,
             slots: HostSlots::new(g)?,
             _charge: charge,
         })
@@ -178,6 +185,34 @@ impl CudaModel {
     }
 }
 
+impl CudaModel {
+    /// The final norm, then the head and the pick into `b.tok`: one launch where the head is a bf16 GEMV's
+    /// ([`ops::head_argmax_bf16`]), else the head's logits then [`ops::argmax_rows`].
+    fn head_pick(&self, p: &FwdPtrs, s: Shape, b: &DecodeBufs) -> Result<(), CudaError> {
+        let g = &*self.gpu;
+        let (tok, hidden) = (g.ptr(&b.tok), g.ptr(&b.hidden));
+        self.final_norm(p, s, &b.hidden)?;
+        if let (Precision::Bf16 | Precision::Bf16Split, W::Bf16(w), None) =
+            (self.prec, self.head(), &self.head_rot)
+        {
+            if self.hid.is_multiple_of(8) && w.is_multiple_of(16) {
+                let parts = (g.ptr(&b.part_v), g.ptr(&b.part_i), g.ptr(&b.count));
+                return ops::head_argmax_bf16(
+                    g,
+                    hidden,
+                    self.hid,
+                    (w, self.hid, self.vocab),
+                    parts,
+                    tok,
+                );
+            }
+        }
+        let logits = g.ptr(&b.logits);
+        self.head_into(hidden, 1, g.ptr(&b.hb), logits)?;
+        ops::argmax_rows(g, logits, 1, self.vocab, tok)
+    }
+}
+
 impl GreedyRun<'_> {
     /// Queues one step of `st`: it feeds `feed`, or with `None` the pick of the step queued before.
     pub fn queue(&mut self, st: &mut CudaState, feed: Option<u32>) -> Result<(), CudaError> {
@@ -213,12 +248,7 @@ impl GreedyRun<'_> {
         let table = m.table(&items, &[], &[-1], (g.ptr(&a.kv.buf), 0));
         g.upload_into(&table, &a.table.buf)?;
         let p = a.ptrs(m, shape);
-        let (tok, hidden, hb, logits) = (
-            g.ptr(&b.tok),
-            g.ptr(&b.hidden),
-            g.ptr(&b.hb),
-            g.ptr(&b.logits),
-        );
+        let tok = g.ptr(&b.tok);
         m.graphed(shape, &|| {
             // SAFETY: both addresses are live device buffers (the pick, the table's first id), 4 bytes each; the copy
             // is ordered on the model's stream.
@@ -227,9 +257,7 @@ impl GreedyRun<'_> {
             }
             .op("pick into the table")?;
             m.run_layers(&p, shape)?;
-            m.final_norm(&p, shape, &b.hidden)?;
-            m.head_into(hidden, 1, hb, logits)?;
-            ops::argmax_rows(g, logits, 1, m.vocab, tok)
+            m.head_pick(&p, shape, b)
         })?;
         drop(arena);
         b.slots.fetch(g, self.queued % SLOTS, tok)?;

@@ -133,7 +133,7 @@ impl CudaModel {
         let pending = self
             .layers
             .last()
-            .is_some_and(|l| self.defers(s.split, Projection::MlpOut, &l.w_down));
+            .is_some_and(|l| self.defers(s.split, Projection::MlpOut, &l.w_down, s.n, self.inter));
         self.norm(p, s.n, self.final_norm.ptr, pending, (o, self.hid))
     }
 
@@ -143,11 +143,41 @@ impl CudaModel {
         self.prec == Precision::Bf16Split && split.has(p)
     }
 
-    /// Whether residual projection `p` (weights `lin`) leaves its two halves for the next norm to add: both
-    /// planes of a float weight in a model without rotation (a block-format GEMM, and any GEMM of a rotated pack,
-    /// whose norms rotate their output, adds into the residual itself).
-    pub(super) fn defers(&self, split: SplitGemms, p: Projection, lin: &Linear) -> bool {
-        self.both_planes(split, p) && !lin.has_blocks() && !self.rotated
+    /// Whether residual projection `p` (weights `lin`, over `t` rows of K = `k`) leaves its two halves for the next
+    /// norm to add: both planes of a float weight in a model without rotation (a block-format GEMM, and any GEMM of
+    /// a rotated pack, whose norms rotate their output, adds into the residual itself), unless one token row's GEMV
+    /// adds them ([`CudaModel::direct_residual`]).
+    pub(super) fn defers(
+        &self,
+        split: SplitGemms,
+        p: Projection,
+        lin: &Linear,
+        t: usize,
+        k: usize,
+    ) -> bool {
+        self.both_planes(split, p)
+            && !lin.has_blocks()
+            && !self.rotated
+            && !self.direct_residual(t, k, lin)
+    }
+
+    /// Whether a residual projection of one token row on both planes adds their products into x itself (one GEMV
+    /// per part, every part a bf16 weight the GEMV takes).
+    fn direct_residual(&self, t: usize, k: usize, lin: &Linear) -> bool {
+        t == 1
+            && k.is_multiple_of(8)
+            && lin.parts.iter().all(|pt| {
+                pt.w.ld.is_multiple_of(8) && matches!(pt.w.w, W::Bf16(a) if a.is_multiple_of(16))
+            })
+    }
+
+    /// Whether one token row's norm can be formed inside the input projection that reads it
+    /// ([`crate::gemm::gemv_norm`]): a bf16 precision and one bf16 part reading the input as it is.
+    pub(super) fn fuses_norm(&self, lin: &Linear) -> bool {
+        self.prec != Precision::F32
+            && self.hid.is_multiple_of(8)
+            && lin.rot.is_none()
+            && matches!(&lin.parts[..], [pt] if matches!(pt.w.w, W::Bf16(a) if a.is_multiple_of(16)) && pt.w.ld.is_multiple_of(8))
     }
 
     /// RMSNorm of the residual x into `out` (row stride `ldo`); `pending` (split mode only: see
@@ -213,7 +243,15 @@ impl CudaModel {
                     Precision::Bf16Split => Act::Bf16 { x: p.act, ldx: k },
                 };
                 self.gemm_q(a, t, k, w, part.rows, (y, hid), 1.0)?;
-            } else if self.defers(split, proj, lin) {
+            } else if both && self.direct_residual(t, k, lin) {
+                // One token row: both planes' products into the residual in one GEMV.
+                let wl = (w, part.w.ld);
+                if !crate::gemm::gemv_planes(&self.gpu, p.act, k, wl, part.rows, y, 1.0)? {
+                    return Err(CudaError::Unsupported(
+                        "a residual projection's input is not 16-byte aligned".into(),
+                    ));
+                }
+            } else if self.defers(split, proj, lin, t, k) {
                 crate::gemm::gemm_ld_as(g, inv, p.act, k, 2 * t, k, w, k, hid, p.fold, hid, 0.0)?;
                 return Ok(true);
             } else {
@@ -244,6 +282,7 @@ impl CudaModel {
             // Read once: every layer of this forward multiplies the same way.
             tc: self.tc_arith(),
             pending: false,
+            deferred: None,
             table: 0,
             next_table: 0,
         };
@@ -434,6 +473,9 @@ struct Launches<'a> {
     tc: TcArith,
     /// The last residual GEMM left two halves in the fold buffer (see [`CudaModel::gemm_residual`]).
     pending: bool,
+    /// A norm not launched yet (its gain): for one token row the next input projection forms it itself
+    /// ([`crate::gemm::gemv_norm`]).
+    deferred: Option<u64>,
     /// The current layer's first entry in the pointer table (its mixer's per-segment state pointers), and the
     /// next layer's.
     table: usize,
@@ -476,6 +518,17 @@ impl<'a> Launches<'a> {
         let core_p = p.mid + 4 * (n * m.cd) as u64;
         let beta_p = p.gates + 4 * (n * m.d.hv) as u64;
         (conv_p, ssm_p, init_p, core_p, beta_p)
+    }
+
+    /// A mixer's input projection starts its layer's entries in the pointer table.
+    fn next_entries(&mut self, proj: Projection) {
+        let per = match proj {
+            Projection::GdnIn => GDN_ENTRIES,
+            Projection::AttnIn => KV_ENTRIES,
+            _ => return,
+        };
+        self.table = self.next_table;
+        self.next_table += per * self.s.nseg;
     }
 
     fn kv_ptr(&self) -> u64 {
@@ -543,6 +596,10 @@ impl LayerOps for Launches<'_> {
             (NormSite::Post, _) => (layer.post_norm.ptr, &layer.w_gu),
         };
         let Some(signs) = &next.rot else {
+            if self.s.n == 1 && !self.pending && m.fuses_norm(next) {
+                self.deferred = Some(gain);
+                return Ok(());
+            }
             return m.norm(p, self.s.n, gain, self.pending, m.act_in(p.act, m.hid));
         };
         if self.pending {
@@ -573,20 +630,38 @@ impl LayerOps for Launches<'_> {
     fn project_in(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
         let both = self.both(proj);
+        if let Some(gain) = self.deferred.take() {
+            let (lin, pw) = match proj {
+                Projection::GdnIn => (&self.gdn(l).w_in, self.gdn(l).proj_width()),
+                Projection::AttnIn => (&self.attn(l).w_in, self.attn(l).proj_width()),
+                _ => (&self.layer(l).w_gu, 2 * m.inter),
+            };
+            // Both planes in split mode where the projection multiplies both, else the one bf16 plane.
+            let planes = if m.prec == Precision::Bf16Split && both {
+                2
+            } else {
+                1
+            };
+            let w = &lin.parts[0].w;
+            let x = (p.x, gain, m.eps);
+            if crate::gemm::gemv_norm(&m.gpu, x, planes, m.hid, (w.w, w.ld), pw, p.proj)? {
+                self.next_entries(proj);
+                return m.mark("norm + input projection");
+            }
+            m.norm(p, n, gain, false, m.act_in(p.act, m.hid))?;
+        }
         match proj {
             Projection::GdnIn => {
                 let g = self.gdn(l);
                 let pw = g.proj_width();
-                self.table = self.next_table;
-                self.next_table += GDN_ENTRIES * self.s.nseg;
+                self.next_entries(proj);
                 m.gemm_in(p, n, m.hid, &g.w_in, p.proj, pw, both, self.s.invariant)?;
                 m.mark("gemm gdn in")
             }
             Projection::AttnIn => {
                 let a = self.attn(l);
                 let pw = a.proj_width();
-                self.table = self.next_table;
-                self.next_table += KV_ENTRIES * self.s.nseg;
+                self.next_entries(proj);
                 m.gemm_in(p, n, m.hid, &a.w_in, p.proj, pw, both, self.s.invariant)?;
                 m.mark("gemm attn in")
             }
