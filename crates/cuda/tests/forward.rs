@@ -475,3 +475,38 @@ fn greedy_steps_pick_what_steps_pick() {
     assert_eq!(e.position(), prompt.len());
     drop(held);
 }
+
+/// A sampled decode step as one graph (`logits_step`: the layers, the final norm and the head) against a plain
+/// one-token forward and its logits: bit-identical logits over 6 steps (the graph is captured at the second and
+/// replayed after), states at the same position; declined with nothing run while a decode holds the buffers.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn logits_step_equals_forward_and_head() {
+    let g = gpu();
+    let (_dir, m) = load("tiny-gva", DType::BF16);
+    let vocab = m.vocab_size();
+    let gm = CudaModel::with_precision(&m, g.clone(), Precision::Bf16Split).expect("upload");
+    let prompt = ids(20, vocab, 91);
+    let (mut a, mut b) = (gm.new_state().unwrap(), gm.new_state().unwrap());
+    gm.forward(&mut a, &prompt).unwrap();
+    gm.forward(&mut b, &prompt).unwrap();
+    for (i, &tok) in ids(6, vocab, 92).iter().enumerate() {
+        let want = gm.logits(&gm.forward(&mut a, &[tok]).unwrap()).unwrap();
+        let got = gm
+            .logits_step(&mut b, tok)
+            .unwrap()
+            .expect("the decode buffers are free");
+        assert!(
+            got == want,
+            "step {i}: the graph's logits differ from the forward's"
+        );
+        assert_eq!(a.position(), b.position());
+    }
+    let held = gm
+        .greedy_run()
+        .unwrap()
+        .expect("the decode buffers are free");
+    assert!(gm.logits_step(&mut b, 3).unwrap().is_none());
+    assert_eq!(b.position(), a.position());
+    drop(held);
+}

@@ -212,6 +212,13 @@ impl Backend for AnyBackend {
             _ => Err(AnyError::Mismatch),
         }
     }
+    fn step_logits(&self, st: &mut AnyState, tok: u32) -> Result<Vec<f32>, AnyError> {
+        match (self, st) {
+            (AnyBackend::Cpu(m), AnyState::Cpu(s)) => Ok(Backend::step_logits(m, s, tok)?),
+            (AnyBackend::Cuda(c), AnyState::Cuda(s)) => Ok(c.step_logits(s, tok)?),
+            _ => Err(AnyError::Mismatch),
+        }
+    }
     fn greedy_steps(
         &self,
         st: &mut AnyState,

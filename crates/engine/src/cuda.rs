@@ -165,6 +165,22 @@ impl Backend for CudaBackend {
     }
 
     /// Picked on the GPU: the logits stay there and only the ids come back.
+    /// One CUDA graph for the step, the head in it ([`CudaModel::logits_step`]); a plain forward and readout while a
+    /// decode holds the GPU's decode buffers.
+    fn step_logits(&self, st: &mut CudaState, tok: u32) -> Result<Vec<f32>, CudaError> {
+        let r = {
+            let _g = self.guard()?;
+            self.model.logits_step(st, tok)?
+        };
+        match r {
+            Some(l) => Ok(l),
+            None => Ok(self
+                .extend(st, &[tok], 0, &[0], crate::Pick::Full)?
+                .pop()
+                .unwrap_or_default()),
+        }
+    }
+
     /// Each step one CUDA graph, queued before the host reads the step before's token
     /// ([`CudaModel::greedy_steps`]); step by step while another decode holds the GPU's decode buffers.
     fn greedy_steps(

@@ -126,6 +126,14 @@ pub trait Backend: Send + Sync {
     fn argmax(&self, h: &Self::Hidden, rows: &[usize]) -> Result<Vec<u32>, Self::Error> {
         Ok(self.logits(h, rows)?.iter().map(|l| argmax(l)).collect())
     }
+    /// One decode step: feeds `tok` to `st`. → the whole vocabulary's logits after it (a sampled generation's step).
+    /// Default: [`Backend::extend`] of the one id.
+    fn step_logits(&self, st: &mut Self::State, tok: u32) -> Result<Vec<f32>, Self::Error> {
+        Ok(self
+            .extend(st, &[tok], 0, &[0], Pick::Full)?
+            .pop()
+            .unwrap_or_default())
+    }
     /// Greedy decoding of `st` from `first`: feeds it, then each next token (the [`argmax`] of the logits after it),
     /// handing every token to `on_token` until it answers false or `max_steps` forwards ran. A device backend may
     /// queue a step before `on_token` has answered for the token before it (the GPU does, so that the host's work on

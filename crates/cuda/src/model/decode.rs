@@ -8,7 +8,8 @@
 //! token, the step queued after it has already run, so the state holds one token more than the caller accepted.
 //!
 //! One decode at a time holds the fixed buffers (their addresses are in the graph); a second concurrent decode gets
-//! none ([`CudaModel::greedy_steps`] answers `None`) and runs step by step.
+//! none ([`CudaModel::greedy_steps`] answers `None`) and runs step by step. A sampled step
+//! ([`CudaModel::logits_step`]) is one graph too, ending in the head's logits, which the host samples from.
 
 use std::sync::{MutexGuard, TryLockError};
 
@@ -186,6 +187,15 @@ impl CudaModel {
 }
 
 impl CudaModel {
+    /// One sampled decode step: feeds `tok` to `st`. → the whole vocabulary's logits after it, the step one graph (the
+    /// layers, the final norm and the head), or `None` with nothing run when a decode holds the decode buffers.
+    pub fn logits_step(&self, st: &mut CudaState, tok: u32) -> Result<Option<Vec<f32>>, CudaError> {
+        match self.greedy_run()? {
+            Some(mut run) => run.logits_after(st, tok).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// The final norm, then the head and the pick into `b.tok`: one launch where the head is a bf16 GEMV's
     /// ([`ops::head_argmax_bf16`]), else the head's logits then [`ops::argmax_rows`].
     fn head_pick(&self, p: &FwdPtrs, s: Shape, b: &DecodeBufs) -> Result<(), CudaError> {
@@ -216,7 +226,6 @@ impl CudaModel {
 impl GreedyRun<'_> {
     /// Queues one step of `st`: it feeds `feed`, or with `None` the pick of the step queued before.
     pub fn queue(&mut self, st: &mut CudaState, feed: Option<u32>) -> Result<(), CudaError> {
-        let (m, g) = (self.m, &*self.m.gpu);
         let input = |s: &str| CudaError::Model(ModelError::Input(s.into()));
         if self.queued - self.taken >= SLOTS {
             return Err(input(
@@ -226,10 +235,36 @@ impl GreedyRun<'_> {
         if feed.is_none() && self.queued == 0 {
             return Err(input("the first step of a greedy decode needs its token"));
         }
-        let b = self
-            .bufs
+        self.run_step(st, feed, Step::Greedy)?;
+        let (g, b) = (&*self.m.gpu, self.bufs()?);
+        b.slots.fetch(g, self.queued % SLOTS, g.ptr(&b.tok))?;
+        self.queued += 1;
+        Ok(())
+    }
+
+    /// One sampled step of `st`: feeds `tok`. → the whole vocabulary's logits after it (the layers, the final norm and
+    /// the head in one graph; the logits copied to the host)
+    pub fn logits_after(&mut self, st: &mut CudaState, tok: u32) -> Result<Vec<f32>, CudaError> {
+        if self.queued != self.taken {
+            return Err(CudaError::Model(ModelError::Input(
+                "a sampled step while greedy steps are queued".into(),
+            )));
+        }
+        self.run_step(st, Some(tok), Step::Logits)?;
+        let b = self.bufs()?;
+        self.m.gpu.download(&b.logits, self.m.vocab)
+    }
+
+    fn bufs(&self) -> Result<&DecodeBufs, CudaError> {
+        self.bufs
             .as_ref()
-            .ok_or_else(|| CudaError::Unsupported("no decode buffers".into()))?;
+            .ok_or_else(|| CudaError::Unsupported("no decode buffers".into()))
+    }
+
+    /// Queues one decode step of `st` as one graph: the id (`feed`, else the last pick) copied into the table on the
+    /// device, the layers, then what `step` adds (the pick into `tok`, or the logits).
+    fn run_step(&self, st: &mut CudaState, feed: Option<u32>, step: Step) -> Result<(), CudaError> {
+        let (m, g, b) = (self.m, &*self.m.gpu, self.bufs()?);
         // The id checked and the KV rows grown as for any forward; the table's id is a stand-in, the graph copies the
         // pick over it.
         let id = [feed.unwrap_or(0)];
@@ -239,7 +274,7 @@ impl GreedyRun<'_> {
             g.upload_into(&[t as i32], &b.tok)?;
         }
         let mut shape = m.shape_of(&[1], 1, true);
-        shape.greedy = true;
+        shape.step = step;
         let table_len = TableLayout::new(&m.layers, 1, 1).len;
         let mut arena = m.arena_for(shape, table_len)?;
         let a = arena
@@ -257,12 +292,16 @@ impl GreedyRun<'_> {
             }
             .op("pick into the table")?;
             m.run_layers(&p, shape)?;
-            m.head_pick(&p, shape, b)
+            match step {
+                Step::Logits => {
+                    m.final_norm(&p, shape, &b.hidden)?;
+                    m.head_into(g.ptr(&b.hidden), 1, g.ptr(&b.hb), g.ptr(&b.logits))
+                }
+                _ => m.head_pick(&p, shape, b),
+            }
         })?;
         drop(arena);
-        b.slots.fetch(g, self.queued % SLOTS, tok)?;
         st.pos += 1;
-        self.queued += 1;
         Ok(())
     }
 
@@ -273,11 +312,7 @@ impl GreedyRun<'_> {
                 "no greedy step is queued".into(),
             )));
         }
-        let b = self
-            .bufs
-            .as_ref()
-            .ok_or_else(|| CudaError::Unsupported("no decode buffers".into()))?;
-        let t = b.slots.wait(self.taken % SLOTS)?;
+        let t = self.bufs()?.slots.wait(self.taken % SLOTS)?;
         self.taken += 1;
         Ok(t as u32)
     }

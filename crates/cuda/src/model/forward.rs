@@ -205,7 +205,7 @@ impl CudaModel {
                     crate::attn_tc::attention_tc_plan(lens.iter().copied(), a, self.gpu.sms)
                 }
             }),
-            greedy: false,
+            step: Step::Forward,
             invariant,
         }
     }

@@ -212,11 +212,21 @@ struct Shape {
     attn_splits: usize,
     /// The projections on both planes (split mode; read once per forward).
     split: SplitGemms,
-    /// A greedy decode step ([`GreedyRun`]): the forward fed the last pick from the device, then the final norm, the
-    /// head and the argmax, all in the graph.
-    greedy: bool,
+    /// A plain forward, or a decode step whose graph also holds the head ([`GreedyRun`]).
+    step: Step,
     /// Batch-invariant launches ([`CudaModel::set_batch_invariant`]; read once per forward).
     invariant: bool,
+}
+
+/// What a forward's graph holds after the layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Step {
+    /// The layers alone (the final norm and the readout are launched apart).
+    Forward,
+    /// A greedy step: the id fed from the previous pick on the device, then the final norm, the head and the pick.
+    Greedy,
+    /// A sampled step: the final norm and the head's logits.
+    Logits,
 }
 
 /// Values per token row of the forward scratch buffers.

@@ -338,10 +338,8 @@ pub fn generate<B: Backend>(
             let mut tok = first;
             loop {
                 let logits = model
-                    .extend(&mut st, &[tok], 0, &[0], Pick::Full)
-                    .map_err(GenerateError::model)?
-                    .pop()
-                    .unwrap_or_default();
+                    .step_logits(&mut st, tok)
+                    .map_err(GenerateError::model)?;
                 steps += 1;
                 tok = draw(&logits)?;
                 if let Some(f) = take(tok)? {
