@@ -57,8 +57,8 @@ pub fn attention_tc_plan(lens: impl IntoIterator<Item = usize>, a: AttnDims, sms
 }
 
 /// Key splits per tile of one segment of `len` rows, from that segment alone: [`attention_tc_plan`] as if it were
-/// the only segment of its forward. The batch-invariant plan ([`attention_tc_invariant`]): a tile's splits, and so
-/// the order its keys are summed in, then depend on its own segment, never on the others in the forward.
+/// the only segment of its forward. The batch-invariant plan ([`attention_tc`] with `per_segment`): a tile's splits,
+/// and so the order its keys are summed in, then depend on its own segment, never on the others in the forward.
 pub fn attention_tc_segment_splits(len: usize, a: AttnDims, sms: usize) -> usize {
     attention_tc_plan([len], a, sms)
 }
@@ -110,7 +110,10 @@ pub fn attention_tc_supported(g: &Gpu, a: AttnDims) -> bool {
 /// h*2D + D); segs: [S, 3] i32 (start row, rows, position of the first row); kv: [S, KV_ENTRIES]
 /// ([`crate::ops::KV_ENTRIES`]); `max_len`: the longest segment; `rows`: N; out: [N, H*D]. At most `splits` key
 /// splits per tile (1..=[`MAX_SPLITS`], [`attention_tc_plan`]; 1: no scratch, no merge kernel); scratch:
-/// [`attention_tc_scratch_len`]`(splits, rows, a)` f32 values.
+/// [`attention_tc_scratch_len`]`(splits, rows, a)` f32 values. `per_segment`: each segment's splits from its own
+/// length (at most its share of the grid's blocks over its tiles and KV heads, the kernel's `atc_seg_splits`, as
+/// [`attention_tc_plan`] counts them; `splits` caps them), so a tile's sums do not depend on the other segments of the
+/// forward (batch invariance); else `splits` for every segment.
 pub fn attention_tc(
     g: &Gpu,
     arith: AttnArith,
@@ -127,74 +130,9 @@ pub fn attention_tc(
     out: Out,
     scratch: u64,
     splits: usize,
+    per_segment: bool,
 ) -> Result<(), CudaError> {
-    launch_attention(
-        g, arith, q, proj, ld, segs, kv, nseg, max_len, rows, a, scale, out, scratch, splits, None,
-    )
-}
-
-/// [`attention_tc`] with each segment's key splits from its own length ([`attention_tc_segment_splits`]): `splits`,
-/// the most of any segment (its scratch: [`attention_tc_scratch_len`]`(splits, rows, a)`), caps them; a tile's sums
-/// then do not depend on the other segments of the forward (batch invariance).
-pub fn attention_tc_invariant(
-    g: &Gpu,
-    arith: AttnArith,
-    q: u64,
-    proj: u64,
-    ld: usize,
-    segs: u64,
-    kv: u64,
-    nseg: usize,
-    max_len: usize,
-    rows: usize,
-    a: AttnDims,
-    scale: f32,
-    out: Out,
-    scratch: u64,
-    splits: usize,
-) -> Result<(), CudaError> {
-    let target = BLOCKS_PER_SM * g.sms.max(1);
-    launch_attention(
-        g,
-        arith,
-        q,
-        proj,
-        ld,
-        segs,
-        kv,
-        nseg,
-        max_len,
-        rows,
-        a,
-        scale,
-        out,
-        scratch,
-        splits,
-        Some(target),
-    )
-}
-
-/// The launches of [`attention_tc`] (`target` `None`: `splits` for every segment) and [`attention_tc_invariant`]
-/// (`Some(blocks)`: a segment's splits at most `blocks` over its tiles and KV heads, the kernel's `atc_seg_splits`,
-/// as [`attention_tc_plan`] counts them).
-fn launch_attention(
-    g: &Gpu,
-    arith: AttnArith,
-    q: u64,
-    proj: u64,
-    ld: usize,
-    segs: u64,
-    kv: u64,
-    nseg: usize,
-    max_len: usize,
-    rows: usize,
-    a: AttnDims,
-    scale: f32,
-    out: Out,
-    scratch: u64,
-    splits: usize,
-    target: Option<usize>,
-) -> Result<(), CudaError> {
+    let target = per_segment.then(|| BLOCKS_PER_SM * g.sms.max(1));
     let d = a.head_dim;
     if !attention_tc_supported(g, a) {
         return Err(CudaError::Unsupported(format!(
@@ -568,7 +506,7 @@ mod tests {
 
     /// The batch-invariant plan: each segment's splits as if it were alone (264 blocks on an H200 over its tiles and
     /// 2 KV heads), whatever the other segments: a 175-token prefix 12 (11 tiles), a 29-token child 16 (capped), a
-    /// 3,400-token prefix 1; the grid bound of `launch_attention` (tiles x splits at most max(tiles, 132)) holds.
+    /// 3,400-token prefix 1; the grid bound of `attention_tc` (tiles x splits at most max(tiles, 132)) holds.
     #[test]
     fn segment_splits_follow_from_the_segment_alone() {
         use super::{attention_tc_segment_splits as seg, AttnDims};

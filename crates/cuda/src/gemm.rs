@@ -66,7 +66,6 @@ fn gemv_wpr(n: usize, k: usize) -> usize {
 /// over `planes` bf16 planes of the normed row (1: it rounded to bf16; 2: its hi and lo planes, split precision).
 /// `x` [K] f32, `w` [N, K] bf16 (row stride `ldw`), `y` [N]. → false, with nothing launched, where the GEMV does not
 /// take `w` (the caller then runs the norm and the projection apart).
-#[allow(clippy::too_many_arguments)]
 pub fn gemv_norm(
     g: &Gpu,
     (x, gain, eps): (u64, u64, f32),

@@ -338,7 +338,6 @@ pub const HEAD_BLOCKS: usize = 2048;
 /// rows of `w` [N, K] (row stride `ldw`), as [`argmax_rows`] over the bf16 GEMV's logits picks it. `part_v`,
 /// `part_i`: [`HEAD_BLOCKS`] values each; `count`: one u32, 0 before the launch (the launch leaves it 0). K and `ldw`
 /// multiples of 8, `w` 16-byte aligned (the caller checks).
-#[allow(clippy::too_many_arguments)]
 pub fn head_argmax_bf16(
     g: &Gpu,
     h: u64,

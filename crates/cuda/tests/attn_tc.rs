@@ -87,6 +87,7 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
                 out,
                 g.ptr(&scratch),
                 splits,
+                false,
             )
             .unwrap()
         };
@@ -228,6 +229,7 @@ fn attention_tc_timings() {
                     Out::Bf16(o),
                     sc,
                     splits,
+                    false,
                 )
                 .unwrap()
             })

@@ -830,12 +830,7 @@ impl LayerOps for Launches<'_> {
         let scale = 1.0 / (a.head_dim as f32).sqrt();
         let out = self.site_out(&at.w_o, a.heads * a.head_dim);
         if at.tc {
-            let attention = if s.invariant {
-                crate::attn_tc::attention_tc_invariant
-            } else {
-                crate::attn_tc::attention_tc
-            };
-            attention(
+            crate::attn_tc::attention_tc(
                 &m.gpu,
                 self.tc.attn,
                 p.mid,
@@ -851,6 +846,7 @@ impl LayerOps for Launches<'_> {
                 out,
                 p.attn,
                 s.attn_splits,
+                s.invariant,
             )?;
         } else {
             ops::attention_tiled(
