@@ -197,9 +197,27 @@ __device__ __forceinline__ void argmax_warp(float& v, int& i) {
         }
     }
 }
-KERNEL(simt) void argmax_rows(const float* __restrict__ x, int n, int* __restrict__ out) {
+// The block's highest (v, i), the lowest i among equal v, in every lane of warp 0 (the other warps keep their own).
+// Every thread of the block calls it; blockDim.x a multiple of 32, at most 1024; it may be called again in a kernel.
+__device__ __forceinline__ void argmax_block(float& v, int& i) {
     __shared__ float bv[32];
     __shared__ int bi[32];
+    argmax_warp(v, i);
+    int wi = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();  // a call before this one has read bv and bi
+    if (l == 0) {
+        bv[wi] = v;
+        bi[wi] = i;
+    }
+    __syncthreads();
+    if (wi == 0) {
+        int nw = blockDim.x >> 5;
+        v = l < nw ? bv[l] : -__int_as_float(0x7f800000);
+        i = l < nw ? bi[l] : 0x7fffffff;
+        argmax_warp(v, i);
+    }
+}
+KERNEL(simt) void argmax_rows(const float* __restrict__ x, int n, int* __restrict__ out) {
     const float* xr = x + (idx_t)blockIdx.x * n;
     float v = -__int_as_float(0x7f800000);
     int i = 0x7fffffff;
@@ -211,35 +229,22 @@ KERNEL(simt) void argmax_rows(const float* __restrict__ x, int n, int* __restric
             i = c;
         }
     }
-    argmax_warp(v, i);
-    int wi = threadIdx.x >> 5, l = threadIdx.x & 31;
-    if (l == 0) {
-        bv[wi] = v;
-        bi[wi] = i;
-    }
-    __syncthreads();
-    if (wi == 0) {
-        int nw = blockDim.x >> 5;
-        v = l < nw ? bv[l] : -__int_as_float(0x7f800000);
-        i = l < nw ? bi[l] : 0x7fffffff;
-        argmax_warp(v, i);
-        if (l == 0) out[blockIdx.x] = i == 0x7fffffff ? 0 : i;
-    }
+    argmax_block(v, i);
+    if (threadIdx.x == 0) out[blockIdx.x] = i == 0x7fffffff ? 0 : i;
 }
 
 // Greedy decoding's head and pick in one launch: out[0] = the n of the highest bf16(h) · w[n] over the N weight rows
 // (the lowest n among equal values; NaN never wins; 0 when nothing beats -inf). Each product is formed as gemv_bf16
 // forms it for one x row (lanes over K in 16-byte loads, in the same order, then the warp sum), so the pick is the
 // argmax of the head's logits; h [K] f32 is rounded to bf16 as to_bf16 rounds it, into shared memory (2K bytes of
-// dynamic shared memory). Each warp takes rows warp, warp + W, ... (W: the grid's warps) and keeps its best; the block's best goes to (part_v,
-// part_i)[block]; the last block to finish picks among the blocks' and sets *count back to 0 for the next launch. K and ldw multiples of 8, w 16-byte aligned. grid at most HEAD_BLOCKS, 256 threads.
+// dynamic shared memory). Each warp takes rows warp, warp + W, ... (W: the grid's warps) and keeps its best; the
+// block's best goes to (part_v, part_i)[block]; the last block to finish picks among the blocks' and sets *count back
+// to 0 for the next launch. K and ldw multiples of 8, w 16-byte aligned. grid at most HEAD_BLOCKS, 256 threads.
 #define HEAD_BLOCKS 2048
 KERNEL(simt) void head_argmax_bf16(const float* __restrict__ h, int K, const bf16_t* __restrict__ w, int ldw,
                                    int N, float* part_v, int* part_i, unsigned* count, int* out) {
     extern __shared__ float sm[];
     bf16_t* xs = (bf16_t*)sm;
-    __shared__ float bv[8];
-    __shared__ int bi[8];
     __shared__ bool last;
     for (int c = threadIdx.x; c < K; c += blockDim.x) xs[c] = f2bf(h[c]);
     __syncthreads();
@@ -258,21 +263,12 @@ KERNEL(simt) void head_argmax_bf16(const float* __restrict__ h, int K, const bf1
             i = n;
         }
     }
-    if (lane == 0) {
-        bv[warp] = v;
-        bi[warp] = i;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < 8 ? bv[lane] : -__int_as_float(0x7f800000);
-        i = lane < 8 ? bi[lane] : 0x7fffffff;
-        argmax_warp(v, i);
-        if (lane == 0) {
-            part_v[blockIdx.x] = v;
-            part_i[blockIdx.x] = i;
-            __threadfence();
-            last = atomicAdd(count, 1u) == gridDim.x - 1;
-        }
+    argmax_block(v, i);
+    if (threadIdx.x == 0) {
+        part_v[blockIdx.x] = v;
+        part_i[blockIdx.x] = i;
+        __threadfence();
+        last = atomicAdd(count, 1u) == gridDim.x - 1;
     }
     __syncthreads();
     if (!last) return;
@@ -287,20 +283,9 @@ KERNEL(simt) void head_argmax_bf16(const float* __restrict__ h, int K, const bf1
             i = i2;
         }
     }
-    argmax_warp(v, i);
-    __syncthreads();
-    if (lane == 0) {
-        bv[warp] = v;
-        bi[warp] = i;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < 8 ? bv[lane] : -__int_as_float(0x7f800000);
-        i = lane < 8 ? bi[lane] : 0x7fffffff;
-        argmax_warp(v, i);
-        if (lane == 0) {
-            out[0] = i == 0x7fffffff ? 0 : i;
-            *count = 0;
-        }
+    argmax_block(v, i);
+    if (threadIdx.x == 0) {
+        out[0] = i == 0x7fffffff ? 0 : i;
+        *count = 0;
     }
 }
