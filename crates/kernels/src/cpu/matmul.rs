@@ -471,13 +471,11 @@ mod tests {
         }
     }
 
-    /// The weights in `dtype` (F32, BF16 or F16), fast against the reference.
-    fn check(t: usize, k: usize, n: usize, dtype: onepass_tensor::DType) {
+    /// `wv` as an [N, K] weight in `dtype` (BF16, F16, else F32).
+    fn weight_as(dtype: onepass_tensor::DType, n: usize, k: usize, wv: &[f32]) -> Tensor {
         use onepass_tensor::DType;
-        let x = pseudo(t * k, 1);
-        let wv = pseudo(n * k, 2);
-        let w = match dtype {
-            DType::BF16 => Tensor::from_f32_as_bf16("w", vec![n, k], &wv),
+        match dtype {
+            DType::BF16 => Tensor::from_f32_as_bf16("w", vec![n, k], wv),
             DType::F16 => {
                 let raw: Vec<u8> = wv
                     .iter()
@@ -485,8 +483,15 @@ mod tests {
                     .collect();
                 Tensor::from_raw("w", DType::F16, vec![n, k], &raw).expect("f16")
             }
-            _ => Tensor::from_f32("w", vec![n, k], &wv),
-        };
+            _ => Tensor::from_f32("w", vec![n, k], wv),
+        }
+    }
+
+    /// The weights in `dtype` (F32, BF16 or F16), fast against the reference.
+    fn check(t: usize, k: usize, n: usize, dtype: onepass_tensor::DType) {
+        let x = pseudo(t * k, 1);
+        let wv = pseudo(n * k, 2);
+        let w = weight_as(dtype, n, k, &wv);
         assert_fast_matches_reference(&x, t, &w, &format!("t={t} k={k} n={n} {dtype:?}"));
     }
 
@@ -522,17 +527,7 @@ mod tests {
         for (k, n) in [(64, 37), (100, 300), (17, 9), (1031, 5)] {
             let wv = pseudo(n * k, 2);
             for dtype in [DType::F32, DType::BF16, DType::F16] {
-                let w = match dtype {
-                    DType::BF16 => Tensor::from_f32_as_bf16("w", vec![n, k], &wv),
-                    DType::F16 => {
-                        let raw: Vec<u8> = wv
-                            .iter()
-                            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-                            .collect();
-                        Tensor::from_raw("w", DType::F16, vec![n, k], &raw).expect("f16")
-                    }
-                    _ => Tensor::from_f32("w", vec![n, k], &wv),
-                };
+                let w = weight_as(dtype, n, k, &wv);
                 let token = pseudo(k, 9);
                 let mut alone = vec![0.0; n];
                 matmul_t(&token, 1, &w, &mut alone);
