@@ -18,6 +18,7 @@
 
 mod common;
 
+use common::forward_check::*;
 use common::*;
 use onepass_cuda::{CudaModel, Precision};
 use onepass_model::{synth, Model};
@@ -36,13 +37,6 @@ fn load(preset: &str, dtype: DType) -> (tempfile::TempDir, Model) {
     synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).expect("synth");
     let m = Model::load(dir.path()).expect("load");
     (dir, m)
-}
-
-fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    rnd(n, seed)
-        .iter()
-        .map(|x| (((x + 1.0) * 0.5 * vocab as f32) as usize).min(vocab - 1) as u32)
-        .collect()
 }
 
 #[test]
@@ -72,106 +66,6 @@ fn forward_f32_mode_matches_cpu_within_1e4() {
         check_forward(&mut fails, &format!("{preset} f32"), &m, &gm, F32_LOGIT_TOL);
     }
     assert!(fails.is_empty(), "over tolerance: {fails:?}");
-}
-
-/// Prefill, batch over forks, label-row readout, one decode step: GPU logits against the CPU's.
-fn check_forward(fails: &mut Vec<String>, preset: &str, m: &Model, gm: &CudaModel, tol: f32) {
-    {
-        let v = m.vocab_size();
-        let h = m.hidden_size();
-
-        // 1. One prefill of 130 tokens (three chunks, the last partial).
-        let seq = ids(130, v, 1);
-        let mut cs = m.new_state();
-        let want = m.logits(&m.forward(&mut cs, &seq).unwrap());
-        let mut gs = gm.new_state().unwrap();
-        let hid = gm.forward(&mut gs, &seq).unwrap();
-        soft(
-            fails,
-            &format!("{preset} prefill 130 logits"),
-            &gm.logits(&hid).unwrap(),
-            &want,
-            tol,
-        );
-
-        // 2. A shared prefix, forked; suffixes of 63, 1, 65 tokens in one batch.
-        let prefix = ids(40, v, 2);
-        let mut cp = m.new_state();
-        m.forward(&mut cp, &prefix).unwrap();
-        let mut gp = gm.new_state().unwrap();
-        gm.forward(&mut gp, &prefix).unwrap();
-        let sufs = [ids(63, v, 3), ids(1, v, 4), ids(65, v, 5)];
-        let mut cf = cp.fork(3);
-        let mut gf = gm.fork(&gp, 3).unwrap();
-        let want = m.logits(&m.forward_batch(&mut pairs(&mut cf, &sufs)).unwrap());
-        let got_h = gm.forward_batch(&mut pairs(&mut gf, &sufs)).unwrap();
-        soft(
-            fails,
-            &format!("{preset} batch over forks logits"),
-            &gm.logits(&got_h).unwrap(),
-            &want,
-            tol,
-        );
-
-        // 3. Label-row readout at chosen rows.
-        let cpu_hidden = {
-            let mut cf2 = cp.fork(3);
-            m.forward_batch(&mut pairs(&mut cf2, &sufs)).unwrap()
-        };
-        let labels: Vec<u32> = vec![3, 17, 42, (v - 1) as u32];
-        let rows = [62usize, 63, 128];
-        let mut picks = Vec::new();
-        let mut want_rows = Vec::new();
-        for &r in &rows {
-            for &l in &labels {
-                picks.push((r, l));
-            }
-            want_rows.extend(
-                m.logits_rows(&cpu_hidden[r * h..(r + 1) * h], &labels)
-                    .unwrap(),
-            );
-        }
-        soft(
-            fails,
-            &format!("{preset} label-row readout"),
-            &gm.logits_rows(&got_h, &picks).unwrap(),
-            &want_rows,
-            tol,
-        );
-
-        // 4. One decode token on every fork (the one-token gated delta step).
-        let step = [ids(1, v, 6), ids(1, v, 7), ids(1, v, 8)];
-        let want = m.logits(&m.forward_batch(&mut pairs(&mut cf, &step)).unwrap());
-        let got = gm
-            .logits(&gm.forward_batch(&mut pairs(&mut gf, &step)).unwrap())
-            .unwrap();
-        soft(
-            fails,
-            &format!("{preset} decode step logits"),
-            &got,
-            &want,
-            tol,
-        );
-        assert_eq!(gf[0].position(), 40 + 63 + 1);
-    }
-}
-
-/// The (state, tokens) items of a batch call: state i continues with `seqs[i]`.
-fn pairs<'a, S>(states: &'a mut [S], seqs: &'a [Vec<u32>]) -> Vec<(&'a mut S, &'a [u32])> {
-    states
-        .iter_mut()
-        .zip(seqs)
-        .map(|(s, x)| (s, x.as_slice()))
-        .collect()
-}
-
-/// Like `check`, but records the failure and carries on (every preset and case gets measured).
-fn soft(fails: &mut Vec<String>, name: &str, a: &[f32], b: &[f32], tol: f32) {
-    let e = rel_err(a, b);
-    eprintln!("{name}: max|diff|/max(1,max|ref|) = {e:.3e} (tolerance {tol:.0e})");
-    if e > tol {
-        fails.push(format!("{name}: {e:.3e}"));
-    }
 }
 
 #[test]
