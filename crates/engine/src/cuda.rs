@@ -164,7 +164,6 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    /// Picked on the GPU: the logits stay there and only the ids come back.
     /// One CUDA graph for the step, the head in it ([`CudaModel::logits_step`]); a plain forward and readout while a
     /// decode holds the GPU's decode buffers.
     fn step_logits(&self, st: &mut CudaState, tok: u32) -> Result<Vec<f32>, CudaError> {
@@ -174,10 +173,7 @@ impl Backend for CudaBackend {
         };
         match r {
             Some(l) => Ok(l),
-            None => Ok(self
-                .extend(st, &[tok], 0, &[0], crate::Pick::Full)?
-                .pop()
-                .unwrap_or_default()),
+            None => crate::step_logits_by_extend(self, st, tok),
         }
     }
 
@@ -201,6 +197,7 @@ impl Backend for CudaBackend {
         }
     }
 
+    /// Picked on the GPU: the logits stay there and only the ids come back.
     fn argmax(&self, h: &CudaHidden, rows: &[usize]) -> Result<Vec<u32>, CudaError> {
         let _g = self.guard()?;
         self.model.argmax_at(h, rows)

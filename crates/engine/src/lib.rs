@@ -127,12 +127,9 @@ pub trait Backend: Send + Sync {
         Ok(self.logits(h, rows)?.iter().map(|l| argmax(l)).collect())
     }
     /// One decode step: feeds `tok` to `st`. → the whole vocabulary's logits after it (a sampled generation's step).
-    /// Default: [`Backend::extend`] of the one id.
+    /// Default: [`step_logits_by_extend`].
     fn step_logits(&self, st: &mut Self::State, tok: u32) -> Result<Vec<f32>, Self::Error> {
-        Ok(self
-            .extend(st, &[tok], 0, &[0], Pick::Full)?
-            .pop()
-            .unwrap_or_default())
+        step_logits_by_extend(self, st, tok)
     }
     /// Greedy decoding of `st` from `first`: feeds it, then each next token (the [`argmax`] of the logits after it),
     /// handing every token to `on_token` until it answers false or `max_steps` forwards ran. A device backend may
@@ -183,6 +180,17 @@ pub trait Backend: Send + Sync {
         }
         Ok(out)
     }
+}
+
+/// [`Backend::step_logits`] as [`Backend::extend`] of the one id with the whole vocabulary read.
+pub fn step_logits_by_extend<B: Backend + ?Sized>(
+    b: &B,
+    st: &mut B::State,
+    tok: u32,
+) -> Result<Vec<f32>, B::Error> {
+    Ok(b.extend(st, &[tok], 0, &[0], Pick::Full)?
+        .pop()
+        .unwrap_or_default())
 }
 
 /// [`Backend::greedy_steps`] one forward and one [`Backend::argmax`] at a time: the state holds exactly the tokens

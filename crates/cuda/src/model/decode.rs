@@ -121,7 +121,7 @@ impl CudaModel {
         })
     }
 
-    /// Starts a greedy decode. `None`: another decode holds the decode buffers.
+    /// Takes the decode buffers for a greedy decode or a sampled step. `None`: another decode holds them.
     pub fn greedy_run(&self) -> Result<Option<GreedyRun<'_>>, CudaError> {
         let mut bufs = match self.decode.try_lock() {
             Ok(b) => b,
@@ -184,9 +184,7 @@ impl CudaModel {
         drop(run);
         Ok(Some(fed))
     }
-}
 
-impl CudaModel {
     /// One sampled decode step: feeds `tok` to `st`. → the whole vocabulary's logits after it, the step one graph (the
     /// layers, the final norm and the head), or `None` with nothing run when a decode holds the decode buffers.
     pub fn logits_step(&self, st: &mut CudaState, tok: u32) -> Result<Option<Vec<f32>>, CudaError> {

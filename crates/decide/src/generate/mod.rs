@@ -321,8 +321,10 @@ pub fn generate<B: Backend>(
         // Greedy steps run on the backend (a GPU picks each token where the logits are, a step ahead of this loop);
         // the forwards a generation may need at most bound them: one per token after the first, within the context.
         None if sampling.is_greedy() => {
-            let max_steps =
-                (req.max_tokens.saturating_sub(1)).min(max_pos.saturating_sub(ids.len() + 1));
+            let max_steps = req
+                .max_tokens
+                .saturating_sub(1)
+                .min(max_pos.saturating_sub(ids.len() + 1));
             let mut end: Result<Option<Finish>, GenerateError> = Ok(None);
             model
                 .greedy_steps(&mut st, first, max_steps, &mut |t| {
