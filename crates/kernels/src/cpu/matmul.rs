@@ -9,8 +9,9 @@
 //! that depends on K alone: 16 lanes (8 without AVX-512) over the first K rounded down to the lanes, lane `l`
 //! summing the products at `l mod lanes` in order, the lanes reduced in a fixed tree, then the remaining products
 //! added in order. The output features are split into blocks, one rayon task each (256 rows for one or two tokens,
-//! where the weights are streamed once; else 64 to 512); a task runs register tiles of 4 tokens × 4 weight rows
-//! (AVX-512: bf16 and f16 widened in registers, token tiles sized for L2) or 2 × 4 (elsewhere). Blocks and tiles
+//! where the weights are streamed once; else 64 to 512); with AVX-512 a task runs one register tile generic over
+//! the weight's widening (bf16 and f16 widened in registers): 1 or 2 tokens × 8 weight rows, the next 8 rows
+//! prefetched, for decode; 4 × 4 with token tiles sized for L2 for more tokens; elsewhere 2 × 4. Blocks and tiles
 //! change which products run together, never an output's order.
 //!
 //! Q8_0 prefill (several tokens) decodes each block of W to f32 once and runs the packed GEMM of the `gemm` crate
@@ -511,6 +512,9 @@ mod tests {
             (300, 16, 9),
             // Decode over a long row: the 16-bit dots' SIMD loop and their remainder.
             (1, 1031, 33),
+            // One and two tokens, K a multiple of 16: full 8-row stream tiles and a partial one.
+            (1, 64, 21),
+            (2, 64, 21),
         ] {
             for dtype in [DType::F32, DType::BF16, DType::F16] {
                 check(t, k, n, dtype);
