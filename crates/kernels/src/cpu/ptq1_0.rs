@@ -120,7 +120,8 @@ unsafe fn rows(
     n: usize,
 ) {
     let (row_tile, token_tile) = match path {
-        TernaryPath::Avx512 => (4, 4),
+        // PTQ1_0 has no integer kernel yet: the VNNI path runs the f32 AVX-512 one.
+        TernaryPath::Avx512 | TernaryPath::Avx512Vnni => (4, 4),
         _ => (2, 2),
     };
     let row_bytes = k / PTQ1_0_BLOCK * PTQ1_0_BYTES;
@@ -162,7 +163,7 @@ unsafe fn tile(
     match path {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F and F16C available (caller); slices bounded by the caller.
-        TernaryPath::Avx512 => unsafe {
+        TernaryPath::Avx512 | TernaryPath::Avx512Vnni => unsafe {
             dispatch_tile!(tile_avx512, rt, tt, (x, k, w, row_bytes, y, n))
         },
         #[cfg(target_arch = "x86_64")]

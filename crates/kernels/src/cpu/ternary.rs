@@ -19,6 +19,11 @@
 use half::f16;
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::act_q::quantize;
+#[cfg(target_arch = "x86_64")]
+use super::ternary_vnni::{rows as vnni_rows, PQ2_0_ORDER};
+
 /// Values per PQ2_0 block.
 pub const PQ2_0_BLOCK: usize = 128;
 /// Bytes per PQ2_0 block.
@@ -29,6 +34,8 @@ const ROWS_PER_TASK: usize = 64;
 /// Which implementation [`ternary_matmul_t_with`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TernaryPath {
+    /// Integer dot products on activations rounded to 16 bits per 128-value block (`super::ternary_vnni`).
+    Avx512Vnni,
     Avx512,
     Avx2,
     /// Plain Rust, the same tiling (for processors without AVX2).
@@ -38,16 +45,27 @@ pub enum TernaryPath {
 impl TernaryPath {
     /// The fastest path this processor supports.
     pub fn detect() -> TernaryPath {
-        [TernaryPath::Avx512, TernaryPath::Avx2]
-            .into_iter()
+        [
+            TernaryPath::Avx512Vnni,
+            TernaryPath::Avx512,
+            TernaryPath::Avx2,
+        ]
+        .into_iter()
             .find(|p| p.available())
             .unwrap_or(TernaryPath::Portable)
+    }
+
+    /// Whether the path rounds the activations to 16 bits per 128-value block before its dot products (the
+    /// integer kernels); the others multiply the f32 activations as given.
+    pub fn rounds_activations(self) -> bool {
+        self == TernaryPath::Avx512Vnni
     }
 
     /// Whether this processor can run the path.
     pub fn available(self) -> bool {
         match self {
             TernaryPath::Portable => true,
+            TernaryPath::Avx512Vnni => super::ternary_vnni::available(),
             #[cfg(target_arch = "x86_64")]
             TernaryPath::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
@@ -90,6 +108,13 @@ pub fn ternary_matmul_t_with(
         "ternary matmul: {path:?} is not available on this processor"
     );
     if t == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if path == TernaryPath::Avx512Vnni {
+        let a = quantize(x, t, k, &PQ2_0_ORDER);
+        // SAFETY: as below; the activations are quantized in the order the kernel reads.
+        unsafe { for_row_tasks(n, y, |r0, r1, y| vnni_rows(&a, t, w, r0, r1, y, n)) };
         return;
     }
     // SAFETY: shapes checked above; each task writes only columns r0..r1 of y, which no other task writes; the
