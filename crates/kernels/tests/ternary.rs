@@ -21,11 +21,11 @@ use xorshift::Rng;
 
 #[path = "common/ternary_checks.rs"]
 mod ternary_checks;
+use onepass_kernels::TernaryPath;
 use ternary_checks::{
     abs_products, assert_close, assert_path_close, decoded, paths, twin_checked_against_dense,
     SHAPES, WORST_ROUNDED,
 };
-use onepass_kernels::TernaryPath;
 
 /// Random PQ2_0 rows: codes 0..=3 (code 3 rare, as a stress of the +2·d rule), scales in the
 /// range real packs use.

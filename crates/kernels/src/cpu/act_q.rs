@@ -4,13 +4,12 @@
 //! (0..255), so that the VNNI byte dot product (`vpdpbusd`, unsigned × signed bytes into 32-bit sums) can take
 //! either half: `Σ w·q = 256·Σ w·h + Σ w·l`.
 //!
-//! Layout, made for 64-byte registers whose two halves hold two consecutive blocks: a block's 128 bytes are four
-//! 32-byte chunks (stored position `p` of the block holds value `order[p]`, the order the kernel's weight unpacking
-//! produces), and blocks go in pairs, chunk `c` of block `2P + j` at byte `64·c + 32·j` of pair `P`'s 256 bytes (an
-//! odd last block is paired with zeros). Per pair and token come the 16 lanes `s` of the two blocks (lanes 0..8 the
-//! first block's scale, 8..16 the second's) and minus the sums of `q` over the bytes that each 32-bit lane of the
-//! dot products covers (`neg_lane_sums`): the correction for weights stored as unsigned codes `c` with value
-//! `c − 1`, `Σ (c − 1)·q = 256·Σ c·h + Σ c·l − Σ q`.
+//! Blocks go in pairs, each pair filling a few 64-byte registers in the order the kernel's weight unpacking
+//! produces (a [`Layout`]: which byte each value of the two blocks lands on; bytes no value lands on hold zero; an
+//! odd last block is paired with zeros). Per pair and token come the 16 lanes of `s` (each 32-bit lane of the
+//! registers belongs to one block; lanes of neither read 0) and minus the sums of `q` over the bytes each lane
+//! covers (`neg_lane_sums`): the correction for weights stored as unsigned codes `c` with value `c − 1`,
+//! `Σ (c − 1)·q = 256·Σ c·h + Σ c·l − Σ q`, is then the accumulator the dot products start from.
 //!
 //! Quantized once per matmul call, shared by every weight row. A block whose values are not all finite gets the
 //! scale NaN, so the outputs that read it are NaN as with float activations.
@@ -19,8 +18,34 @@
 pub const ACT_BLOCK: usize = 128;
 /// 32-bit lanes of a 64-byte dot product.
 pub const LANES: usize = 16;
-/// Bytes of a pair of blocks (per half: h or l).
-pub const PAIR_BYTES: usize = 2 * ACT_BLOCK;
+
+/// Where a kernel reads each activation value of a pair of blocks.
+pub struct Layout {
+    /// 64-byte registers per pair.
+    pub regs: usize,
+    /// `slot[j][v]`: the byte (below `64 · regs`) of value `v` of block `j` of the pair.
+    pub slot: [[u16; ACT_BLOCK]; 2],
+}
+
+impl Layout {
+    /// Bytes per pair (of h or of l).
+    pub const fn pair_bytes(&self) -> usize {
+        64 * self.regs
+    }
+
+    /// The block (0 or 1) each lane reads, if any. Panics if a lane mixes blocks (a wrong layout).
+    fn lane_blocks(&self) -> [Option<usize>; LANES] {
+        let mut lanes = [None; LANES];
+        for (j, slots) in self.slot.iter().enumerate() {
+            for &o in slots {
+                let lane = &mut lanes[(usize::from(o) % 64) / 4];
+                assert!(lane.is_none_or(|b| b == j), "layout: a lane mixes blocks");
+                *lane = Some(j);
+            }
+        }
+        lanes
+    }
+}
 
 /// `x[T, K]` in the two-level 16-bit form.
 pub struct ActQ {
@@ -28,47 +53,34 @@ pub struct ActQ {
     pub k: usize,
     /// Pairs of blocks per token.
     pub pairs: usize,
-    /// h: [T, pairs, 256] high bytes (signed), in the layout above.
+    /// Bytes per pair of [`Self::hi`] and [`Self::lo`].
+    pub pair_bytes: usize,
+    /// h: [T, pairs, pair_bytes] high bytes (signed), in the layout's order.
     pub hi: Vec<i8>,
-    /// l: [T, pairs, 256] low bytes (unsigned).
+    /// l: [T, pairs, pair_bytes] low bytes (unsigned).
     pub lo: Vec<u8>,
-    /// s: [T, pairs, 16], `x ≈ s·q`.
+    /// s: [T, pairs, 16], `x ≈ s·q`, each lane its block's.
     pub scale_lanes: Vec<f32>,
-    /// [T, pairs, 16]: lane `j` holds −Σ q over bytes `4·(j mod 8)..+4` of the four chunks of block `j / 8`.
+    /// [T, pairs, 16]: lane `j` holds −Σ q over the bytes `4j..4j + 4` of each register.
     pub neg_lane_sums: Vec<i32>,
 }
-
-/// The natural order: stored position `p` holds value `p` of the block.
-#[allow(dead_code)]
-pub const NATURAL: [u8; ACT_BLOCK] = {
-    let mut o = [0u8; ACT_BLOCK];
-    let mut p = 0;
-    while p < ACT_BLOCK {
-        o[p] = p as u8;
-        p += 1;
-    }
-    o
-};
 
 /// The largest `|q|`.
 const Q_MAX: f32 = 32767.0;
 
-/// Byte offset of stored position `p` of block `j` (0 or 1) within its pair.
-#[inline(always)]
-pub fn pair_offset(j: usize, p: usize) -> usize {
-    64 * (p / 32) + 32 * j + p % 32
-}
-
-/// Quantizes `x[T, K]` (K a multiple of 128); stored position `p` of each block holds value `order[p]`.
-pub fn quantize(x: &[f32], t: usize, k: usize, order: &[u8; ACT_BLOCK]) -> ActQ {
+/// Quantizes `x[T, K]` (K a multiple of 128) into `layout`.
+pub fn quantize(x: &[f32], t: usize, k: usize, layout: &Layout) -> ActQ {
     assert!(k.is_multiple_of(ACT_BLOCK) && x.len() == t * k);
     let nb = k / ACT_BLOCK;
     let pairs = nb.div_ceil(2);
+    let pair_bytes = layout.pair_bytes();
+    let lane_blocks = layout.lane_blocks();
     let mut out = ActQ {
         k,
         pairs,
-        hi: vec![0; t * pairs * PAIR_BYTES],
-        lo: vec![0; t * pairs * PAIR_BYTES],
+        pair_bytes,
+        hi: vec![0; t * pairs * pair_bytes],
+        lo: vec![0; t * pairs * pair_bytes],
         scale_lanes: vec![0.0; t * pairs * LANES],
         neg_lane_sums: vec![0; t * pairs * LANES],
     };
@@ -84,18 +96,21 @@ pub fn quantize(x: &[f32], t: usize, k: usize, order: &[u8; ACT_BLOCK]) -> ActQ 
             } else {
                 (max / Q_MAX, Q_MAX / max)
             };
-            let pair = i * pairs + b / 2;
-            let j = b % 2;
-            out.scale_lanes[pair * LANES + 8 * j..][..8].fill(s);
-            let hi = &mut out.hi[pair * PAIR_BYTES..][..PAIR_BYTES];
-            let lo = &mut out.lo[pair * PAIR_BYTES..][..PAIR_BYTES];
-            let sums = &mut out.neg_lane_sums[pair * LANES + 8 * j..][..8];
-            for (p, &src) in order.iter().enumerate() {
-                let q = round_q(xs[usize::from(src)], inv);
-                let o = pair_offset(j, p);
+            let (pair, j) = (i * pairs + b / 2, b % 2);
+            let lanes = &mut out.scale_lanes[pair * LANES..][..LANES];
+            for (lane, block) in lanes.iter_mut().zip(lane_blocks) {
+                if block == Some(j) {
+                    *lane = s;
+                }
+            }
+            let hi = &mut out.hi[pair * pair_bytes..][..pair_bytes];
+            let lo = &mut out.lo[pair * pair_bytes..][..pair_bytes];
+            let sums = &mut out.neg_lane_sums[pair * LANES..][..LANES];
+            for (&v, &o) in xs.iter().zip(&layout.slot[j]) {
+                let (q, o) = (round_q(v, inv), usize::from(o));
                 hi[o] = (q >> 8) as i8;
                 lo[o] = (q & 0xFF) as u8;
-                sums[(p % 32) / 4] -= q;
+                sums[(o % 64) / 4] -= q;
             }
         }
     }
@@ -112,52 +127,102 @@ pub fn round_q(x: f32, inv: f32) -> i32 {
 mod tests {
     use super::*;
 
+    /// Where [`ODD`] puts value `v` of block `j`: block 0 in the low halves, each 32 values reversed; block 1 in
+    /// the high halves, the registers reversed.
+    const fn odd_slot(j: usize, v: usize) -> usize {
+        if j == 0 {
+            64 * (v / 32) + 31 - v % 32
+        } else {
+            64 * (3 - v / 32) + 32 + v % 32
+        }
+    }
+
+    /// A layout no kernel uses, to check that the quantizer follows the map.
+    const ODD: Layout = {
+        let mut slot = [[0u16; ACT_BLOCK]; 2];
+        let mut v = 0;
+        while v < ACT_BLOCK {
+            slot[0][v] = odd_slot(0, v) as u16;
+            slot[1][v] = odd_slot(1, v) as u16;
+            v += 1;
+        }
+        Layout { regs: 4, slot }
+    };
+
     #[test]
     fn the_two_bytes_give_back_q_and_q_gives_back_x_within_half_a_step() {
-        let mut rev = NATURAL;
-        rev.reverse();
         // Three blocks per token: one whole pair and one padded with zeros.
         let k = 3 * ACT_BLOCK;
         let x: Vec<f32> = (0..2 * k)
             .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
             .collect();
-        let a = quantize(&x, 2, k, &rev);
-        assert_eq!(a.pairs, 2);
-        for i in 0..2 {
-            for b in 0..4 {
-                let pair = i * 2 + b / 2;
-                let (j, base) = (b % 2, pair * PAIR_BYTES);
-                let mut sums = [0i32; 8];
-                for p in 0..ACT_BLOCK {
-                    let o = base + 64 * (p / 32) + 32 * j + p % 32;
+        let a = quantize(&x, 2, k, &ODD);
+        assert_eq!((a.pairs, a.pair_bytes), (2, 256));
+        for pair in 0..4 {
+            let (i, base) = (pair / 2, pair * 256);
+            let mut sums = [0i32; LANES];
+            for j in 0..2 {
+                let b = 2 * (pair % 2) + j;
+                for v in 0..ACT_BLOCK {
+                    let o = base + odd_slot(j, v);
                     let q = 256 * i32::from(a.hi[o]) + i32::from(a.lo[o]);
-                    sums[(p % 32) / 4] -= q;
-                    let s = a.scale_lanes[pair * LANES + 8 * j];
+                    sums[(o % 64) / 4] -= q;
                     if b == 3 {
-                        assert_eq!((q, s), (0, 0.0), "padding");
+                        assert_eq!(q, 0, "padding");
                         continue;
                     }
                     let xs = &x[i * k + b * ACT_BLOCK..][..ACT_BLOCK];
                     let max = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    assert_eq!(s, max / 32767.0);
-                    let v = xs[usize::from(rev[p])];
-                    assert!((q as f32 * s - v).abs() <= 0.5001 * s, "{v} vs {q}·{s}");
+                    let s = max / 32767.0;
+                    assert!(
+                        (q as f32 * s - xs[v]).abs() <= 0.5001 * s,
+                        "{} vs {q}·{s}",
+                        xs[v]
+                    );
                 }
-                assert_eq!(&a.neg_lane_sums[pair * LANES + 8 * j..][..8], &sums);
-                let lanes = &a.scale_lanes[pair * LANES + 8 * j..][..8];
-                assert!(lanes.iter().all(|&v| v == lanes[0]));
             }
+            assert_eq!(
+                &a.neg_lane_sums[pair * LANES..][..LANES],
+                &sums,
+                "pair {pair}"
+            );
         }
     }
 
     #[test]
-    fn zero_blocks_read_zero_and_non_finite_blocks_read_nan() {
+    fn lanes_take_the_scale_of_their_block_and_zero_blocks_read_zero() {
+        // PQ2_0-like halves: block 0 in the low 32 bytes of each register, block 1 in the high ones.
+        let mut slot = [[0u16; ACT_BLOCK]; 2];
+        for v in 0..ACT_BLOCK {
+            slot[0][v] = (64 * (v / 32) + v % 32) as u16;
+            slot[1][v] = (64 * (v / 32) + 32 + v % 32) as u16;
+        }
+        let halves = Layout { regs: 4, slot };
         let mut x = vec![0f32; 3 * ACT_BLOCK];
+        x[5] = 2.0;
         x[ACT_BLOCK + 5] = f32::INFINITY;
         x[2 * ACT_BLOCK + 9] = f32::NAN;
-        let a = quantize(&x, 1, 3 * ACT_BLOCK, &NATURAL);
-        assert_eq!(a.scale_lanes[0], 0.0);
-        assert!(a.scale_lanes[8].is_nan() && a.scale_lanes[16].is_nan());
-        assert!(a.hi.iter().all(|&h| h == 0) && a.lo.iter().all(|&l| l == 0));
+        let a = quantize(&x, 1, 3 * ACT_BLOCK, &halves);
+        let s = 2.0 / 32767.0;
+        assert!(a.scale_lanes[..8].iter().all(|&v| v == s));
+        assert!(a.scale_lanes[8..24].iter().all(|v| v.is_nan()));
+        assert!(a.scale_lanes[24..].iter().all(|&v| v == 0.0), "padding");
+        assert!(a
+            .hi
+            .iter()
+            .zip(&a.lo)
+            .enumerate()
+            .all(|(o, (&h, &l))| (h, l) == if o == 5 { (127, 255) } else { (0, 0) }));
+    }
+
+    #[test]
+    #[should_panic(expected = "mixes blocks")]
+    fn a_layout_whose_lane_mixes_blocks_is_refused() {
+        let mut slot = [[0u16; ACT_BLOCK]; 2];
+        for v in 0..ACT_BLOCK {
+            slot[0][v] = (2 * v) as u16;
+            slot[1][v] = (2 * v + 1) as u16;
+        }
+        quantize(&[0.0; ACT_BLOCK], 1, ACT_BLOCK, &Layout { regs: 4, slot });
     }
 }

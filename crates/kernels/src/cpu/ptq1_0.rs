@@ -20,7 +20,11 @@
 
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
+use super::act_q::quantize;
 use super::ternary::{check_packed_shapes, for_row_tasks, TernaryPath};
+#[cfg(target_arch = "x86_64")]
+use super::ternary_vnni::{rows as vnni_rows, Packed};
 
 /// Values per PTQ1_0 block.
 pub const PTQ1_0_BLOCK: usize = 128;
@@ -53,13 +57,24 @@ pub fn ptq1_0_matmul_t_with(
     if t == 0 || n == 0 {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if path == TernaryPath::Avx512Vnni {
+        let a = quantize(x, t, k, Packed::Ptq1_0.layout());
+        // SAFETY: as below; the activations are quantized in the layout the kernel reads.
+        unsafe {
+            for_row_tasks(n, y, |r0, r1, y| {
+                vnni_rows(Packed::Ptq1_0, &a, t, w, r0, r1, y, n)
+            })
+        };
+        return;
+    }
     // SAFETY: shapes checked above; each task writes only columns r0..r1 of y, which no other task writes; the
     // path is available (asserted above).
     unsafe { for_row_tasks(n, y, |r0, r1, y| rows(path, x, t, w, k, r0, r1, y, n)) };
 }
 
 /// The byte and trit holding value `j` (0..128) of a PTQ1_0 block, from the layout rule.
-pub fn ptq1_0_position(j: usize) -> (usize, u32) {
+pub const fn ptq1_0_position(j: usize) -> (usize, u32) {
     match j {
         0..80 => (j % 16, (j / 16) as u32),
         80..120 => (16 + (j - 80) % 8, ((j - 80) / 8) as u32),
@@ -120,8 +135,7 @@ unsafe fn rows(
     n: usize,
 ) {
     let (row_tile, token_tile) = match path {
-        // PTQ1_0 has no integer kernel yet: the VNNI path runs the f32 AVX-512 one.
-        TernaryPath::Avx512 | TernaryPath::Avx512Vnni => (4, 4),
+        TernaryPath::Avx512 => (4, 4),
         _ => (2, 2),
     };
     let row_bytes = k / PTQ1_0_BLOCK * PTQ1_0_BYTES;
@@ -163,7 +177,7 @@ unsafe fn tile(
     match path {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512F and F16C available (caller); slices bounded by the caller.
-        TernaryPath::Avx512 | TernaryPath::Avx512Vnni => unsafe {
+        TernaryPath::Avx512 => unsafe {
             dispatch_tile!(tile_avx512, rt, tt, (x, k, w, row_bytes, y, n))
         },
         #[cfg(target_arch = "x86_64")]

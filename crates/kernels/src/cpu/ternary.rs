@@ -22,7 +22,7 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::act_q::quantize;
 #[cfg(target_arch = "x86_64")]
-use super::ternary_vnni::{rows as vnni_rows, PQ2_0_ORDER};
+use super::ternary_vnni::{rows as vnni_rows, Packed};
 
 /// Values per PQ2_0 block.
 pub const PQ2_0_BLOCK: usize = 128;
@@ -51,8 +51,8 @@ impl TernaryPath {
             TernaryPath::Avx2,
         ]
         .into_iter()
-            .find(|p| p.available())
-            .unwrap_or(TernaryPath::Portable)
+        .find(|p| p.available())
+        .unwrap_or(TernaryPath::Portable)
     }
 
     /// Whether the path rounds the activations to 16 bits per 128-value block before its dot products (the
@@ -112,9 +112,13 @@ pub fn ternary_matmul_t_with(
     }
     #[cfg(target_arch = "x86_64")]
     if path == TernaryPath::Avx512Vnni {
-        let a = quantize(x, t, k, &PQ2_0_ORDER);
-        // SAFETY: as below; the activations are quantized in the order the kernel reads.
-        unsafe { for_row_tasks(n, y, |r0, r1, y| vnni_rows(&a, t, w, r0, r1, y, n)) };
+        let a = quantize(x, t, k, Packed::Pq2_0.layout());
+        // SAFETY: as below; the activations are quantized in the layout the kernel reads.
+        unsafe {
+            for_row_tasks(n, y, |r0, r1, y| {
+                vnni_rows(Packed::Pq2_0, &a, t, w, r0, r1, y, n)
+            })
+        };
         return;
     }
     // SAFETY: shapes checked above; each task writes only columns r0..r1 of y, which no other task writes; the

@@ -16,18 +16,35 @@
 //! the tile's rows. The rounding of the activations (at most `s / 2` per value, `s` the block's max|x| / 32767)
 //! is the only difference from the f32 kernels: see docs/ARCHITECTURE.md's tolerance table for what it costs.
 
-use super::act_q::{ActQ, ACT_BLOCK, LANES, PAIR_BYTES};
-use super::ternary::{PQ2_0_BLOCK, PQ2_0_BYTES};
+use super::act_q::{ActQ, Layout, ACT_BLOCK, LANES};
+use super::ptq1_0::{ptq1_0_position, PTQ1_0_BYTES};
+use super::ternary::PQ2_0_BYTES;
 
-/// The activation order of the unpacked codes: stored position `p` holds value `4·(p mod 32) + p / 32`.
-pub const PQ2_0_ORDER: [u8; ACT_BLOCK] = {
-    let mut o = [0u8; ACT_BLOCK];
-    let mut p = 0;
-    while p < ACT_BLOCK {
-        o[p] = (4 * (p % 32) + p / 32) as u8;
-        p += 1;
+/// Where the unpacked PQ2_0 codes put each value: value `4i + c` of block `j` of a pair at byte `i` of half `j` of
+/// register `c`.
+pub const PQ2_0_LAYOUT: Layout = {
+    let mut slot = [[0u16; ACT_BLOCK]; 2];
+    let mut v = 0;
+    while v < ACT_BLOCK {
+        slot[0][v] = (64 * (v % 4) + v / 4) as u16;
+        slot[1][v] = (64 * (v % 4) + 32 + v / 4) as u16;
+        v += 1;
     }
-    o
+    Layout { regs: 4, slot }
+};
+
+/// Where the decoded PTQ1_0 trits put each value: trit `n` of byte `m` of block `j` of a pair at byte `28j + m` of
+/// register `n` (the blocks' 28-byte strides, so block 0 owns lanes 0..7 and block 1 lanes 7..14).
+pub const PTQ1_0_LAYOUT: Layout = {
+    let mut slot = [[0u16; ACT_BLOCK]; 2];
+    let mut v = 0;
+    while v < ACT_BLOCK {
+        let (m, n) = ptq1_0_position(v);
+        slot[0][v] = (64 * n as usize + m) as u16;
+        slot[1][v] = (64 * n as usize + PTQ1_0_BYTES + m) as u16;
+        v += 1;
+    }
+    Layout { regs: 5, slot }
 };
 
 /// Whether the processor has what [`rows`] needs.
@@ -44,14 +61,48 @@ pub fn available() -> bool {
     false
 }
 
-/// Rows `r0..r1` of the output for every token of `a` (quantized in [`PQ2_0_ORDER`]).
+/// The packed ternary formats the integer kernel reads.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Packed {
+    Pq2_0,
+    Ptq1_0,
+}
+
+impl Packed {
+    /// The activation layout its unpacking produces.
+    pub fn layout(self) -> &'static Layout {
+        match self {
+            Packed::Pq2_0 => &PQ2_0_LAYOUT,
+            Packed::Ptq1_0 => &PTQ1_0_LAYOUT,
+        }
+    }
+
+    fn block_bytes(self) -> usize {
+        match self {
+            Packed::Pq2_0 => PQ2_0_BYTES,
+            Packed::Ptq1_0 => PTQ1_0_BYTES,
+        }
+    }
+}
+
+/// Rows `r0..r1` of the output for every token of `a` (quantized in `format`'s layout).
 ///
 /// # Safety
 /// [`available`]; `y` is `[t, n]` and this call alone writes its columns `r0..r1`; `w` holds `n` rows of
-/// `a.k / 128` blocks.
+/// `a.k / 128` blocks of `format`.
 #[cfg(target_arch = "x86_64")]
-pub unsafe fn rows(a: &ActQ, t: usize, w: &[u8], r0: usize, r1: usize, y: *mut f32, n: usize) {
-    let row_bytes = a.k / PQ2_0_BLOCK * PQ2_0_BYTES;
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rows(
+    format: Packed,
+    a: &ActQ,
+    t: usize,
+    w: &[u8],
+    r0: usize,
+    r1: usize,
+    y: *mut f32,
+    n: usize,
+) {
+    let row_bytes = a.k / ACT_BLOCK * format.block_bytes();
     // One token: 4 rows share each activation load. Several: 2 rows × 4 tokens share each unpacked block.
     let row_tile = if t == 1 { 4 } else { 2 };
     let mut r = r0;
@@ -62,22 +113,19 @@ pub unsafe fn rows(a: &ActQ, t: usize, w: &[u8], r0: usize, r1: usize, y: *mut f
         while t0 < t {
             let tt = 4.min(t - t0);
             let y = y.wrapping_add(t0 * n + r);
-            // SAFETY: forwarded from the caller; the tile's outputs lie in columns r..r + rt of rows t0..t0 + tt.
-            unsafe {
-                match (rt, tt) {
-                    (4, 1) => tile::<4, 1>(a, t0, w, row_bytes, y, n),
-                    (3, 1) => tile::<3, 1>(a, t0, w, row_bytes, y, n),
-                    (2, 1) => tile::<2, 1>(a, t0, w, row_bytes, y, n),
-                    (1, 1) => tile::<1, 1>(a, t0, w, row_bytes, y, n),
-                    (2, 2) => tile::<2, 2>(a, t0, w, row_bytes, y, n),
-                    (2, 3) => tile::<2, 3>(a, t0, w, row_bytes, y, n),
-                    (2, 4) => tile::<2, 4>(a, t0, w, row_bytes, y, n),
-                    (1, 2) => tile::<1, 2>(a, t0, w, row_bytes, y, n),
-                    (1, 3) => tile::<1, 3>(a, t0, w, row_bytes, y, n),
-                    (1, 4) => tile::<1, 4>(a, t0, w, row_bytes, y, n),
-                    other => unreachable!("tile {other:?}"),
-                }
+            macro_rules! go {
+                ($($rt:literal, $tt:literal);*) => {
+                    match (rt, tt, format) {
+                        $(
+                            ($rt, $tt, Packed::Pq2_0) => tile::<$rt, $tt, false>(a, t0, w, row_bytes, y, n),
+                            ($rt, $tt, Packed::Ptq1_0) => tile::<$rt, $tt, true>(a, t0, w, row_bytes, y, n),
+                        )*
+                        other => unreachable!("tile {other:?}"),
+                    }
+                };
             }
+            // SAFETY: forwarded from the caller; the tile's outputs lie in columns r..r + rt of rows t0..t0 + tt.
+            unsafe { go!(4, 1; 3, 1; 2, 1; 1, 1; 2, 2; 2, 3; 2, 4; 1, 2; 1, 3; 1, 4) };
             t0 += tt;
         }
         r += rt;
@@ -87,23 +135,39 @@ pub unsafe fn rows(a: &ActQ, t: usize, w: &[u8], r0: usize, r1: usize, y: *mut f
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// One pair of blocks of one row, unpacked: the four code registers (stored chunk `c` of both blocks) and the
-/// 16 lanes of the two scales `d`.
+/// How far ahead (in blocks) the one-token tiles prefetch each row.
+const PREFETCH_BLOCKS: usize = 96;
+
+/// Registers per pair, at most (PTQ1_0's five trits; PQ2_0 uses four).
+const MAX_REGS: usize = 5;
+
+/// One pair of blocks of one row, unpacked: the code registers and the 16 lanes of the blocks' scales `d`.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Codes {
-    c: [__m512i; 4],
+    c: [__m512i; MAX_REGS],
     d: __m512,
 }
 
-/// Unpacks blocks `b` and `b + 1` (`two`: whether `b + 1` exists) of the row starting at `row`.
+/// The two scales (f16 bits, the second 0 without a second block) to 16 lanes: `lanes[i]` picks scale `lanes[i]`
+/// (2: zero).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,f16c")]
+fn scale_lanes(bits: u32, lanes: __m512i) -> __m512 {
+    let two = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(two))
+}
+
+/// Unpacks PQ2_0 blocks `b` and `b + 1` (`two`: whether `b + 1` exists) of the row starting at `row`: register
+/// `c` holds bits `2c..2c + 2` of each code byte of block `b` (low half) and `b + 1` (high half).
 ///
 /// # Safety
 /// [`available`]; block `b` (and `b + 1` if `two`) lies inside the row.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,gfni,f16c")]
-unsafe fn unpack(row: *const u8, b: usize, two: bool) -> Codes {
+unsafe fn unpack_pq2_0(row: *const u8, b: usize, two: bool) -> Codes {
     // SAFETY: per the contract: 34 bytes at block b (and b + 1).
     unsafe {
         let p = row.add(b * PQ2_0_BYTES);
@@ -113,67 +177,132 @@ unsafe fn unpack(row: *const u8, b: usize, two: bool) -> Codes {
             let hi = _mm256_loadu_si256(q.add(2) as *const __m256i);
             let bits = u32::from((p as *const u16).read_unaligned())
                 | (u32::from((q as *const u16).read_unaligned()) << 16);
-            (_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi), bits)
+            (
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi),
+                bits,
+            )
         } else {
             (
                 _mm512_zextsi256_si512(lo),
                 u32::from((p as *const u16).read_unaligned()),
             )
         };
-        // Bits 2c and 2c + 1 of every byte to bits 0 and 1: an 8×8 bit-matrix product per byte (row 7 − i of the
-        // matrix picks output bit i).
+        // Bits 2c and 2c + 1 of every byte to bits 0 and 1: an 8×8 bit-matrix product per byte (matrix byte
+        // 7 − i selects the input bits whose parity is output bit i).
         let plane = |c: i64| {
             _mm512_gf2p8affine_epi64_epi8::<0>(
                 codes,
                 _mm512_set1_epi64(((1i64 << (2 * c)) << 56) | ((1i64 << (2 * c + 1)) << 48)),
             )
         };
-        let two_d = _mm_cvtph_ps(_mm_cvtsi32_si128(d_bits as i32));
         let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         Codes {
-            c: [plane(0), plane(1), plane(2), plane(3)],
-            d: _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(two_d)),
+            c: [
+                plane(0),
+                plane(1),
+                plane(2),
+                plane(3),
+                _mm512_setzero_si512(),
+            ],
+            d: scale_lanes(d_bits, halves),
         }
     }
 }
 
-/// One token's pair of blocks: the four h and four l registers, the lane sums and the lane scales.
+/// Decodes PTQ1_0 blocks `b` and `b + 1` (`two`: whether `b + 1` exists) of the row starting at `row`: register
+/// `n` holds trit `n` of each byte, at the byte's offset from block `b`'s start (the scales' bytes and the bytes past
+/// the blocks read 0).
+///
+/// A byte `u` gives trit `(3u) >> 8` and passes on `(3u) mod 256`: `vpmaddubsw` against (3, 0) multiplies the
+/// even bytes by 3 into 16-bit words (against (0, 3) the odd ones), whose high byte is the trit and low byte the
+/// next `u`; the even bytes' trits are shifted down and merged with the odd ones'.
+///
+/// # Safety
+/// [`available`]; block `b` (and `b + 1` if `two`) lies inside the row.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn unpack_ptq1_0(row: *const u8, b: usize, two: bool) -> Codes {
+    // Trit bytes 0..26 of each block; 26..28 hold the scale.
+    const TRITS: u64 = (1 << 26) - 1;
+    let mask = if two { TRITS | (TRITS << 28) } else { TRITS };
+    // SAFETY: the masked load reads only bytes of block b (and b + 1), per the contract.
+    let (u, d_bits) = unsafe {
+        let p = row.add(b * PTQ1_0_BYTES);
+        let u = _mm512_maskz_loadu_epi8(mask, p as *const i8);
+        let d0 = u32::from((p.add(26) as *const u16).read_unaligned());
+        let d1 = if two {
+            u32::from((p.add(PTQ1_0_BYTES + 26) as *const u16).read_unaligned())
+        } else {
+            0
+        };
+        (u, d0 | (d1 << 16))
+    };
+    let even3 = _mm512_set1_epi16(3);
+    let odd3 = _mm512_set1_epi16(3 << 8);
+    let high = _mm512_set1_epi16(-256);
+    let mut e = u;
+    let mut o = u;
+    let mut c = [_mm512_setzero_si512(); MAX_REGS];
+    for (n, c) in c.iter_mut().enumerate() {
+        e = _mm512_maddubs_epi16(e, even3);
+        o = _mm512_maddubs_epi16(o, if n == 0 { odd3 } else { even3 });
+        // (e >> 8) | (o & 0xFF00)
+        *c = _mm512_ternarylogic_epi32::<0xF8>(_mm512_srli_epi16::<8>(e), o, high);
+    }
+    // Block 0's 28 bytes are lanes 0..7, block 1's lanes 7..14; lanes 14 and 15 read no block.
+    let lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 2, 2);
+    Codes {
+        c,
+        d: scale_lanes(d_bits, lanes),
+    }
+}
+
+/// One token's pair of blocks: the h and l registers, the lane sums and the lane scales.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Acts {
-    h: [__m512i; 4],
-    l: [__m512i; 4],
+    h: [__m512i; MAX_REGS],
+    l: [__m512i; MAX_REGS],
     neg_sums: __m512i,
     s: __m512,
 }
 
 /// # Safety
-/// [`available`]; `pair` < the tokens × pairs of `a`.
+/// [`available`]; `pair` < the tokens × pairs of `a`, whose layout has `regs` registers.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn acts(a: &ActQ, pair: usize) -> Acts {
+unsafe fn acts(a: &ActQ, pair: usize, regs: usize) -> Acts {
     // SAFETY: pair `pair` of a's arrays (the contract).
     unsafe {
-        let hp = a.hi.as_ptr().add(pair * PAIR_BYTES) as *const __m512i;
-        let lp = a.lo.as_ptr().add(pair * PAIR_BYTES) as *const __m512i;
-        Acts {
-            h: [0, 1, 2, 3].map(|c| _mm512_loadu_si512(hp.add(c))),
-            l: [0, 1, 2, 3].map(|c| _mm512_loadu_si512(lp.add(c))),
-            neg_sums: _mm512_loadu_si512(a.neg_lane_sums.as_ptr().add(pair * LANES) as *const __m512i),
+        let hp = a.hi.as_ptr().add(pair * a.pair_bytes) as *const __m512i;
+        let lp = a.lo.as_ptr().add(pair * a.pair_bytes) as *const __m512i;
+        let mut x = Acts {
+            h: [_mm512_setzero_si512(); MAX_REGS],
+            l: [_mm512_setzero_si512(); MAX_REGS],
+            neg_sums: _mm512_loadu_si512(
+                a.neg_lane_sums.as_ptr().add(pair * LANES) as *const __m512i
+            ),
             s: _mm512_loadu_ps(a.scale_lanes.as_ptr().add(pair * LANES)),
+        };
+        for c in 0..regs {
+            x.h[c] = _mm512_loadu_si512(hp.add(c));
+            x.l[c] = _mm512_loadu_si512(lp.add(c));
         }
+        x
     }
 }
 
-/// `acc + d·s·Σ (c − 1)·q` over one pair of blocks, lane by lane (the same operations whatever the tile).
+/// `acc + d·s·Σ (c − 1)·q` over one pair of blocks (`regs` registers), lane by lane: the same operations whatever
+/// the tile.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-fn dot_pair(w: &Codes, x: &Acts, acc: __m512) -> __m512 {
+fn dot_pair(w: &Codes, x: &Acts, regs: usize, acc: __m512) -> __m512 {
     let mut hs = _mm512_setzero_si512();
     let mut ls = x.neg_sums;
-    for c in 0..4 {
+    for c in 0..regs {
         hs = _mm512_dpbusd_epi32(hs, w.c[c], x.h[c]);
         ls = _mm512_dpbusd_epi32(ls, x.l[c], w.c[c]);
     }
@@ -181,13 +310,13 @@ fn dot_pair(w: &Codes, x: &Acts, acc: __m512) -> __m512 {
     _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(w.d, x.s), acc)
 }
 
-/// One tile: `R` rows of `w` (from its start) × tokens `t0..t0 + TT` of `a`.
+/// One tile: `R` rows of `w` (from its start) × tokens `t0..t0 + TT` of `a`; PQ2_0 blocks, or PTQ1_0 if `PTQ`.
 ///
 /// # Safety
 /// [`available`]; `y + i·n + j` writable for `i < TT`, `j < R`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,gfni,f16c")]
-unsafe fn tile<const R: usize, const TT: usize>(
+unsafe fn tile<const R: usize, const TT: usize, const PTQ: bool>(
     a: &ActQ,
     t0: usize,
     w: &[u8],
@@ -196,27 +325,41 @@ unsafe fn tile<const R: usize, const TT: usize>(
     n: usize,
 ) {
     let nb = a.k / ACT_BLOCK;
-    assert!(w.len() >= R * row_bytes && a.hi.len() >= (t0 + TT) * a.pairs * PAIR_BYTES);
+    let (regs, block_bytes) = if PTQ {
+        (5, PTQ1_0_BYTES)
+    } else {
+        (4, PQ2_0_BYTES)
+    };
+    assert!(w.len() >= R * row_bytes && a.hi.len() >= (t0 + TT) * a.pairs * a.pair_bytes);
+    assert_eq!(a.pair_bytes, 64 * regs);
     let mut acc = [[_mm512_setzero_ps(); TT]; R];
     let wp = w.as_ptr();
+    // SAFETY: the blocks lie in rows rr < R of w, the pairs in tokens < t0 + TT of a (asserted above).
+    let unpack = |rr: usize, b: usize, two: bool| unsafe {
+        if PTQ {
+            unpack_ptq1_0(wp.add(rr * row_bytes), b, two)
+        } else {
+            unpack_pq2_0(wp.add(rr * row_bytes), b, two)
+        }
+    };
     for pb in 0..a.pairs {
         let (b, two) = (2 * pb, 2 * pb + 1 < nb);
-        // SAFETY (both branches): the blocks lie in rows rr < R of w, the pairs in tokens < t0 + TT of a
-        // (asserted above).
         if TT == 1 {
             // Each row unpacked right before its dot: the token's registers stay loaded across the rows.
-            let x = unsafe { acts(a, t0 * a.pairs + pb) };
+            // SAFETY: as above.
+            let x = unsafe { acts(a, t0 * a.pairs + pb, regs) };
             for (rr, acc) in acc.iter_mut().enumerate() {
-                let c = unsafe { unpack(wp.add(rr * row_bytes), b, two) };
-                acc[0] = dot_pair(&c, &x, acc[0]);
+                let ahead = wp.wrapping_add(rr * row_bytes + (b + PREFETCH_BLOCKS) * block_bytes);
+                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                acc[0] = dot_pair(&unpack(rr, b, two), &x, regs, acc[0]);
             }
         } else {
-            let c: [Codes; R] =
-                std::array::from_fn(|rr| unsafe { unpack(wp.add(rr * row_bytes), b, two) });
+            let c: [Codes; R] = std::array::from_fn(|rr| unpack(rr, b, two));
             for i in 0..TT {
-                let x = unsafe { acts(a, (t0 + i) * a.pairs + pb) };
+                // SAFETY: as above.
+                let x = unsafe { acts(a, (t0 + i) * a.pairs + pb, regs) };
                 for rr in 0..R {
-                    acc[rr][i] = dot_pair(&c[rr], &x, acc[rr][i]);
+                    acc[rr][i] = dot_pair(&c[rr], &x, regs, acc[rr][i]);
                 }
             }
         }

@@ -97,8 +97,15 @@ pub fn act_rounded(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let mut steps = Vec::with_capacity(x.len());
     for xs in x.chunks_exact(128) {
         let max = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let (s, inv) = if max == 0.0 { (0.0, 0.0) } else { (max / 32767.0, 32767.0 / max) };
-        out.extend(xs.iter().map(|v| (v * inv).round().clamp(-32767.0, 32767.0) * s));
+        let (s, inv) = if max == 0.0 {
+            (0.0, 0.0)
+        } else {
+            (max / 32767.0, 32767.0 / max)
+        };
+        out.extend(
+            xs.iter()
+                .map(|v| (v * inv).round().clamp(-32767.0, 32767.0) * s),
+        );
         steps.extend(std::iter::repeat_n(s, 128));
     }
     (out, steps)
