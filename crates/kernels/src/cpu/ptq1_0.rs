@@ -16,7 +16,9 @@
 //! vectors of `(trit − 1)·d` (the same table lookup the PQ2_0 kernels use, so the values and the
 //! order of the multiply-adds are those of the PQ2_0 kernel on the transcoded blocks: the results are
 //! the same bits), then runs them over the `TT` tokens. [`ptq1_0_matmul_t_reference`] is the slow
-//! twin (f64 accumulation, each value decoded on its own from the layout rule).
+//! twin (f64 accumulation, each value decoded on its own from the layout rule). On the AVX-512 VNNI path the
+//! integer kernel of `super::ternary_vnni` runs instead (rounded activations; equal to the PQ2_0 one up to f32
+//! rounding, not bit for bit).
 
 use half::f16;
 

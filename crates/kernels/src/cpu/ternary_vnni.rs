@@ -1,20 +1,26 @@
-//! The PQ2_0 matvec/GEMM on integer dot products (AVX-512 VNNI): the activations rounded once per call to the
-//! two-level 16-bit form of [`super::act_q`], each weight block's 2-bit codes `c` unpacked to bytes and dotted
-//! with the activation bytes: `Σ (c − 1)·q = 256·Σ c·h + Σ c·l − Σ q` (`vpdpbusd` with `c` as the unsigned
-//! operand against `h`, and `l` as the unsigned operand against `c`, which as a byte is also a valid signed one;
-//! the `−Σ q` term is the accumulator the second dot starts from). Per block and token the 16 lanes of the exact
-//! integer sum (below 2²⁴ in magnitude, so exact in f32) are converted once and added with the factor `d·s` into
-//! 16 f32 lanes, which are reduced at the end of the row in a fixed tree: an output's arithmetic depends on its
-//! token and row alone, not on how many tokens the call stacks (batch invariance).
+//! The PQ2_0 and PTQ1_0 matvec/GEMM on integer dot products (AVX-512 VNNI): the activations rounded once per call
+//! to the two-level 16-bit form of [`super::act_q`], each pair of weight blocks decoded to one byte per code `c`
+//! (value `c − 1`, `c` in 0..=3) and dotted with the activation bytes: `Σ (c − 1)·q = 256·Σ c·h + Σ c·l − Σ q`
+//! (`vpdpbusd` with `c` as the unsigned operand against `h`, and `l` as the unsigned operand against `c`, which as a
+//! byte is also a valid signed one; the `−Σ q` term is the accumulator the second dot starts from). Per pair of
+//! blocks and token the 16 lanes of the exact integer sum (below 2²⁴ in magnitude, so exact in f32) are converted
+//! once and added with the factor `d·s` (each lane its block's) into 16 f32 lanes, reduced at the end of the row in
+//! a fixed tree: an output's arithmetic depends on its token and row alone, not on how many tokens the call stacks
+//! (batch invariance).
 //!
-//! Unpacking: the 32 code bytes of a block are broadcast to both halves of a 64-byte register and shifted (as
-//! 16-bit words) right by 0 and 2 (first register) or 4 and 6 (second), then masked to two bits: stored position
-//! `p` holds the code of value `4·(p mod 32) + p / 32`, the order the activations are quantized in
-//! ([`PQ2_0_ORDER`]).
+//! Decoding, two blocks into each 64-byte register:
+//! - PQ2_0: the 32 code bytes of block `b` (low half) and `b + 1` (high half); register `c` takes bits `2c, 2c + 1`
+//!   of every byte (one `vgf2p8affineqb`), so value `4i + c` of a block sits at byte `i` of its half.
+//! - PTQ1_0: the two blocks' 56 bytes as stored (one masked load; scale bytes and the rest read 0); register `n`
+//!   takes trit `n` of every byte, at the byte's own offset (two `vpmaddubsw`, a shift and a merge, see
+//!   [`unpack_ptq1_0`]), so block 0 owns lanes 0..7 and block 1 lanes 7..14.
 //!
-//! Tiles are 4 weight rows × up to 4 tokens: each unpacked block serves the tile's tokens, each activation load
-//! the tile's rows. The rounding of the activations (at most `s / 2` per value, `s` the block's max|x| / 32767)
-//! is the only difference from the f32 kernels: see docs/ARCHITECTURE.md's tolerance table for what it costs.
+//! The activations are quantized in the matching [`Layout`] ([`PQ2_0_LAYOUT`], [`PTQ1_0_LAYOUT`]). The two formats'
+//! outputs are not bit-identical (their lanes split a block's sum differently), only equal up to f32 rounding.
+//! Tiles of 8 rows × one token share each activation load (the rows stay in L1 for the next token, so decoding
+//! again per token costs less than holding decoded pairs for several tokens in registers), and each row is
+//! prefetched [`PREFETCH_BLOCKS`] ahead (decode streams the weights once: without it the loads wait on memory). The rounding of the activations (at most `s / 2` per value, `s` the block's max|x| /
+//! 32767) is the only difference from the f32 kernels: docs/ARCHITECTURE.md's tolerance table says what it costs.
 
 use super::act_q::{ActQ, Layout, ACT_BLOCK, LANES};
 use super::ptq1_0::{ptq1_0_position, PTQ1_0_BYTES};
@@ -103,30 +109,25 @@ pub unsafe fn rows(
     n: usize,
 ) {
     let row_bytes = a.k / ACT_BLOCK * format.block_bytes();
-    // One token: 4 rows share each activation load. Several: 2 rows × 4 tokens share each unpacked block.
-    let row_tile = if t == 1 { 4 } else { 2 };
     let mut r = r0;
     while r < r1 {
-        let rt = row_tile.min(r1 - r);
+        let rt = ROW_TILE.min(r1 - r);
         let w = &w[r * row_bytes..(r + rt) * row_bytes];
-        let mut t0 = 0;
-        while t0 < t {
-            let tt = 4.min(t - t0);
-            let y = y.wrapping_add(t0 * n + r);
+        for i in 0..t {
+            let y = y.wrapping_add(i * n + r);
             macro_rules! go {
-                ($($rt:literal, $tt:literal);*) => {
-                    match (rt, tt, format) {
+                ($($rt:literal)*) => {
+                    match (rt, format) {
                         $(
-                            ($rt, $tt, Packed::Pq2_0) => tile::<$rt, $tt, false>(a, t0, w, row_bytes, y, n),
-                            ($rt, $tt, Packed::Ptq1_0) => tile::<$rt, $tt, true>(a, t0, w, row_bytes, y, n),
+                            ($rt, Packed::Pq2_0) => tile::<$rt, false>(a, i, w, row_bytes, y),
+                            ($rt, Packed::Ptq1_0) => tile::<$rt, true>(a, i, w, row_bytes, y),
                         )*
                         other => unreachable!("tile {other:?}"),
                     }
                 };
             }
-            // SAFETY: forwarded from the caller; the tile's outputs lie in columns r..r + rt of rows t0..t0 + tt.
-            unsafe { go!(4, 1; 3, 1; 2, 1; 1, 1; 2, 2; 2, 3; 2, 4; 1, 2; 1, 3; 1, 4) };
-            t0 += tt;
+            // SAFETY: forwarded from the caller; the tile's outputs are columns r..r + rt of row i.
+            unsafe { go!(1 2 3 4 5 6 7 8) };
         }
         r += rt;
     }
@@ -135,7 +136,9 @@ pub unsafe fn rows(
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// How far ahead (in blocks) the one-token tiles prefetch each row.
+/// Weight rows per tile: each activation load serves them all.
+const ROW_TILE: usize = 8;
+/// How far ahead (in blocks) the tiles prefetch each row.
 const PREFETCH_BLOCKS: usize = 96;
 
 /// Registers per pair, at most (PTQ1_0's five trits; PQ2_0 uses four).
@@ -310,19 +313,19 @@ fn dot_pair(w: &Codes, x: &Acts, regs: usize, acc: __m512) -> __m512 {
     _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(w.d, x.s), acc)
 }
 
-/// One tile: `R` rows of `w` (from its start) × tokens `t0..t0 + TT` of `a`; PQ2_0 blocks, or PTQ1_0 if `PTQ`.
+/// One tile: `R` rows of `w` (from its start) × token `i` of `a`; PQ2_0 blocks, or PTQ1_0 if `PTQ`. Each row's
+/// pair of blocks is decoded right before its dot, while the token's registers stay loaded across the rows.
 ///
 /// # Safety
-/// [`available`]; `y + i·n + j` writable for `i < TT`, `j < R`.
+/// [`available`]; `y + j` writable for `j < R`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,gfni,f16c")]
-unsafe fn tile<const R: usize, const TT: usize, const PTQ: bool>(
+unsafe fn tile<const R: usize, const PTQ: bool>(
     a: &ActQ,
-    t0: usize,
+    i: usize,
     w: &[u8],
     row_bytes: usize,
     y: *mut f32,
-    n: usize,
 ) {
     let nb = a.k / ACT_BLOCK;
     let (regs, block_bytes) = if PTQ {
@@ -330,44 +333,32 @@ unsafe fn tile<const R: usize, const TT: usize, const PTQ: bool>(
     } else {
         (4, PQ2_0_BYTES)
     };
-    assert!(w.len() >= R * row_bytes && a.hi.len() >= (t0 + TT) * a.pairs * a.pair_bytes);
+    assert!(w.len() >= R * row_bytes && a.hi.len() >= (i + 1) * a.pairs * a.pair_bytes);
     assert_eq!(a.pair_bytes, 64 * regs);
-    let mut acc = [[_mm512_setzero_ps(); TT]; R];
+    let mut acc = [_mm512_setzero_ps(); R];
     let wp = w.as_ptr();
-    // SAFETY: the blocks lie in rows rr < R of w, the pairs in tokens < t0 + TT of a (asserted above).
-    let unpack = |rr: usize, b: usize, two: bool| unsafe {
-        if PTQ {
-            unpack_ptq1_0(wp.add(rr * row_bytes), b, two)
-        } else {
-            unpack_pq2_0(wp.add(rr * row_bytes), b, two)
-        }
-    };
     for pb in 0..a.pairs {
         let (b, two) = (2 * pb, 2 * pb + 1 < nb);
-        if TT == 1 {
-            // Each row unpacked right before its dot: the token's registers stay loaded across the rows.
+        // SAFETY: pair pb of token i of a, and blocks b (b + 1) of rows rr < R of w (asserted above).
+        let x = unsafe { acts(a, i * a.pairs + pb, regs) };
+        for (rr, acc) in acc.iter_mut().enumerate() {
+            let row = wp.wrapping_add(rr * row_bytes);
+            _mm_prefetch::<_MM_HINT_T0>(
+                row.wrapping_add((b + PREFETCH_BLOCKS) * block_bytes) as *const i8
+            );
             // SAFETY: as above.
-            let x = unsafe { acts(a, t0 * a.pairs + pb, regs) };
-            for (rr, acc) in acc.iter_mut().enumerate() {
-                let ahead = wp.wrapping_add(rr * row_bytes + (b + PREFETCH_BLOCKS) * block_bytes);
-                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-                acc[0] = dot_pair(&unpack(rr, b, two), &x, regs, acc[0]);
-            }
-        } else {
-            let c: [Codes; R] = std::array::from_fn(|rr| unpack(rr, b, two));
-            for i in 0..TT {
-                // SAFETY: as above.
-                let x = unsafe { acts(a, (t0 + i) * a.pairs + pb, regs) };
-                for rr in 0..R {
-                    acc[rr][i] = dot_pair(&c[rr], &x, regs, acc[rr][i]);
+            let c = unsafe {
+                if PTQ {
+                    unpack_ptq1_0(row, b, two)
+                } else {
+                    unpack_pq2_0(row, b, two)
                 }
-            }
+            };
+            *acc = dot_pair(&c, &x, regs, *acc);
         }
     }
-    for (rr, acc) in acc.iter().enumerate() {
-        for (i, &v) in acc.iter().enumerate() {
-            // SAFETY: see the function's contract.
-            unsafe { *y.add(i * n + rr) = _mm512_reduce_add_ps(v) };
-        }
+    for (rr, &v) in acc.iter().enumerate() {
+        // SAFETY: see the function's contract.
+        unsafe { *y.add(rr) = _mm512_reduce_add_ps(v) };
     }
 }
