@@ -1,14 +1,14 @@
-//! The decode matvec (one token) on F16 and Q8_0 weights next to this machine's memory read bandwidth,
-//! measured in the same run: for each Qwen3.5-0.8B shape, copies of the matrix adding up to at least
-//! MB megabytes (default 512) are rotated so every call reads memory, not cache.
+//! The decode matvec (T tokens, default 1) on F16, BF16 and Q8_0 weights next to this machine's memory read
+//! bandwidth, measured in the same run: for each Qwen3.5-0.8B and 2B shape, copies of the matrix adding up to at
+//! least MB megabytes (default 512) are rotated so every call reads memory, not cache.
 //!
-//!     cargo run --release -p onepass-kernels --example gemv_bench [-- MB]
+//!     cargo run --release -p onepass-kernels --example gemv_bench [-- MB [T]]
 //!
 //! Prints GB/s of weight bytes and the share of the read bandwidth; asserts nothing.
 
 use std::time::Instant;
 
-use half::f16;
+use half::{bf16, f16};
 use onepass_kernels::matmul_t;
 use onepass_tensor::{DType, Tensor};
 use rayon::prelude::*;
@@ -18,14 +18,26 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(512);
+    let t: usize = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     let read_gbs = read_bandwidth(total_mb << 20);
     println!(
-        "memory read {read_gbs:6.1} GB/s (parallel xor-reduce over {total_mb} MB), {} threads",
+        "memory read {read_gbs:6.1} GB/s (parallel xor-reduce over {total_mb} MB), {} threads, {t} token(s)",
         rayon::current_num_threads()
     );
-    // The 0.8B shape's projections: FFN gate/up and down, the GDN qkv, the head.
-    for (n, k) in [(3584, 1024), (1024, 3584), (6144, 1024), (248_320, 1024)] {
-        for dtype in [DType::F16, DType::Q8_0] {
+    // The 0.8B and 2B shapes' projections: FFN gate/up and down, the GDN qkv, the head.
+    for (n, k) in [
+        (3584, 1024),
+        (1024, 3584),
+        (6144, 1024),
+        (248_320, 1024),
+        (6144, 2048),
+        (2048, 6144),
+        (248_320, 2048),
+    ] {
+        for dtype in [DType::F16, DType::BF16, DType::Q8_0] {
             let one = weights(dtype, n, k, 1);
             let bytes = one.len();
             let copies = (total_mb << 20).div_ceil(bytes).max(1);
@@ -39,13 +51,13 @@ fn main() {
                     Tensor::from_raw("w", dtype, vec![n, k], &raw).expect("weights")
                 })
                 .collect();
-            let x: Vec<f32> = (0..k).map(|i| ((i % 17) as f32 - 8.0) * 0.1).collect();
-            let mut y = vec![0f32; n];
+            let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) * 0.1).collect();
+            let mut y = vec![0f32; t * n];
             let reps = (2 * copies).max(4);
             let mut best = f64::INFINITY;
             for rep in 0..=reps {
                 let t0 = Instant::now();
-                matmul_t(&x, 1, &mats[rep % copies], &mut y);
+                matmul_t(&x, t, &mats[rep % copies], &mut y);
                 if rep > 0 {
                     best = best.min(t0.elapsed().as_secs_f64());
                 }
@@ -60,7 +72,7 @@ fn main() {
     }
 }
 
-/// Raw bytes of a random `[n, k]` matrix in `dtype` (F16 or Q8_0).
+/// Raw bytes of a random `[n, k]` matrix in `dtype` (F16, BF16 or Q8_0).
 fn weights(dtype: DType, n: usize, k: usize, seed: u32) -> Vec<u8> {
     let mut s = 0x9e37_79b9u32.wrapping_mul(seed) | 1;
     let mut next = move || {
@@ -72,6 +84,9 @@ fn weights(dtype: DType, n: usize, k: usize, seed: u32) -> Vec<u8> {
     match dtype {
         DType::F16 => (0..n * k)
             .flat_map(|_| f16::from_f32((next() % 2001) as f32 * 1e-3 - 1.0).to_le_bytes())
+            .collect(),
+        DType::BF16 => (0..n * k)
+            .flat_map(|_| bf16::from_f32((next() % 2001) as f32 * 1e-3 - 1.0).to_le_bytes())
             .collect(),
         _ => (0..n * k / 32)
             .flat_map(|_| {

@@ -1,4 +1,4 @@
-//! µs per `matmul_t` call on the Qwen3.5-0.8B MLP shape (N 3,584, K 1,024), bf16 and f32 weights, 1 to 512 tokens:
+//! µs per `matmul_t` call on the Qwen3.5-0.8B MLP shape (N 3,584, K 1,024), bf16, f16 and f32 weights, 1 to 512 tokens:
 //! how the batch-invariant float kernel compares with the kernels it replaced (run this example from two checkouts,
 //! alternating; docs/benchmarks/cpu-matmul.md). `cargo run --release -p onepass-kernels --example matmul_bench`
 use onepass_tensor::Tensor;
@@ -8,6 +8,7 @@ fn main() {
     let wv: Vec<f32> = (0..n * k).map(|i| ((i as f32) * 0.37).sin()).collect();
     for (name, w) in [
         ("bf16", Tensor::from_f32_as_bf16("w", vec![n, k], &wv)),
+        ("f16", f16_weight(n, k, &wv)),
         ("f32", Tensor::from_f32("w", vec![n, k], &wv)),
     ] {
         for t in [1usize, 2, 8, 64, 512] {
@@ -26,4 +27,13 @@ fn main() {
             );
         }
     }
+}
+
+/// `wv` rounded to an f16 weight [n, k].
+fn f16_weight(n: usize, k: usize, wv: &[f32]) -> Tensor {
+    let raw: Vec<u8> = wv
+        .iter()
+        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+        .collect();
+    Tensor::from_raw("w", onepass_tensor::DType::F16, vec![n, k], &raw).expect("f16 weight")
 }

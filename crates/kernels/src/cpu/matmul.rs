@@ -9,20 +9,21 @@
 //! that depends on K alone: 16 lanes (8 without AVX-512) over the first K rounded down to the lanes, lane `l`
 //! summing the products at `l mod lanes` in order, the lanes reduced in a fixed tree, then the remaining products
 //! added in order. The output features are split into blocks, one rayon task each (256 rows for one or two tokens,
-//! where the weights are streamed once; else 64 to 512); a task runs register tiles of 4 tokens × 4 weight rows
-//! (AVX-512: bf16 and f16 widened in registers, token tiles sized for L2) or 2 × 4 (elsewhere). Blocks and tiles
+//! where the weights are streamed once; else 64 to 512); with AVX-512 a task runs one register tile generic over
+//! the weight's widening (bf16 and f16 widened in registers): 1 or 2 tokens × 8 weight rows, the next 8 rows
+//! prefetched, for decode; 4 × 4 with token tiles sized for L2 for more tokens; elsewhere 2 × 4. Blocks and tiles
 //! change which products run together, never an output's order.
 //!
 //! Q8_0 prefill (several tokens) decodes each block of W to f32 once and runs the packed GEMM of the `gemm` crate
 //! on it, whose blocking depends on the tokens stacked; decode (one or two tokens) streams each row once through
-//! the block dot products.
+//! the block dot products ([`super::q8_0::rows_q8_0`]: a row's codes widened once for both tokens).
 
 use half::{bf16, f16};
 use onepass_tensor::{Tensor, View};
 use rayon::prelude::*;
 
 use super::ptq1_0::ptq1_0_matmul_t;
-use super::q8_0::{decode_q8_0, dot_q8_0};
+use super::q8_0::{decode_q8_0, dot_q8_0, rows_q8_0};
 use super::sgemm::{sgemm_raw, Mat};
 use super::ternary::ternary_matmul_t;
 use super::tiled::{rows_tiled, Rows};
@@ -110,24 +111,28 @@ fn weight_dims(w: &Tensor) -> (usize, usize) {
     }
 }
 
+/// The Q8_0 matrix-vector path of one or two tokens: each task owns GEMV_ROWS consecutive outputs of every token,
+/// streams those weight rows exactly once ([`rows_q8_0`]) and writes the outputs straight into y.
 fn gemv(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32]) {
-    let view = w.view();
-    let view = &view;
-    // Each task owns GEMV_ROWS consecutive outputs of every token and writes them straight into y,
-    // so the weight rows are streamed exactly once.
+    let View::Q8_0(raw) = w.view() else {
+        unreachable!("only Q8_0 weights take the matrix-vector path")
+    };
     let dst = SharedMut(y.as_mut_ptr());
     let dst = &dst;
-    (0..n.div_ceil(GEMV_ROWS)).into_par_iter().for_each(|b| {
-        let r0 = b * GEMV_ROWS;
-        let r1 = (r0 + GEMV_ROWS).min(n);
-        for r in r0..r1 {
+    (0..n.div_ceil(GEMV_ROWS))
+        .into_par_iter()
+        .for_each_init(Vec::new, |out: &mut Vec<f32>, b| {
+            let r0 = b * GEMV_ROWS;
+            let rows = GEMV_ROWS.min(n - r0);
+            out.resize(t * rows, 0.0);
+            rows_q8_0(x, t, k, raw, r0, out);
             for i in 0..t {
-                let v = dot_row(view, r, k, &x[i * k..(i + 1) * k]);
-                // SAFETY: y is [t, n] (checked by matmul_t); column r belongs to this task only.
-                unsafe { *dst.0.add(i * n + r) = v };
+                for (j, v) in out[i * rows..(i + 1) * rows].iter().enumerate() {
+                    // SAFETY: y is [t, n] (checked by matmul_t); columns r0..r0 + rows belong to this task only.
+                    unsafe { *dst.0.add(i * n + r0 + j) = *v };
+                }
             }
-        }
-    });
+        });
 }
 
 fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32]) {
@@ -511,6 +516,9 @@ mod tests {
             (300, 16, 9),
             // Decode over a long row: the 16-bit dots' SIMD loop and their remainder.
             (1, 1031, 33),
+            // One and two tokens, K a multiple of 16: full 8-row stream tiles and a partial one.
+            (1, 64, 21),
+            (2, 64, 21),
         ] {
             for dtype in [DType::F32, DType::BF16, DType::F16] {
                 check(t, k, n, dtype);

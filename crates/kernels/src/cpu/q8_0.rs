@@ -21,7 +21,7 @@ pub fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
             && std::arch::is_x86_feature_detected!("f16c")
         {
             // SAFETY: the processor supports AVX-512F and F16C (checked above); the lengths agree.
-            return unsafe { dot_q8_0_avx512(row, x) };
+            return unsafe { dot_q8_0_avx512::<1>(row, [x]) }[0];
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
@@ -76,16 +76,22 @@ unsafe fn dot_q8_0_avx2(row: &[u8], x: &[f32]) -> f32 {
     }
 }
 
-/// The AVX-512 dot: per block, two 16-lane products summed, then scaled by `d` into one of four
-/// accumulators taken in turn, so consecutive blocks never wait on each other's FMA (the AVX2 dot's
-/// single chain of dependent FMAs bounds decode by latency, not by memory).
+/// The AVX-512 dot of one row with `T` activation vectors (one or two tokens): per block, the codes widened once,
+/// two 16-lane products per token summed, then scaled by `d` into one of four accumulators taken in turn, so
+/// consecutive blocks never wait on each other's FMA (the AVX2 dot's single chain of dependent FMAs bounds decode
+/// by latency, not by memory).
+///
+/// # Safety
+/// AVX-512F and F16C; every `xs[i]` holds at least `32 · row.len() / 34` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,f16c")]
-unsafe fn dot_q8_0_avx512(row: &[u8], x: &[f32]) -> f32 {
+#[inline]
+unsafe fn dot_q8_0_avx512<const T: usize>(row: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     use std::arch::x86_64::*;
     let nb = row.len() / Q8_0_BYTES;
-    let (rp, xp) = (row.as_ptr(), x.as_ptr());
-    // SAFETY: block b reads bytes 34b..34b+34 of the row and values 32b..32b+32 of x, b < nb.
+    let rp = row.as_ptr();
+    let xp = xs.map(|x| x.as_ptr());
+    // SAFETY: block b reads bytes 34b..34b+34 of the row and values 32b..32b+32 of each x, b < nb.
     unsafe {
         let block = |b: usize| {
             let p = rp.add(b * Q8_0_BYTES);
@@ -98,32 +104,87 @@ unsafe fn dot_q8_0_avx512(row: &[u8], x: &[f32]) -> f32 {
             let w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
                 p.add(18) as *const __m128i
             )));
-            let xs = xp.add(b * Q8_0_BLOCK);
-            let s = _mm512_fmadd_ps(
-                w1,
-                _mm512_loadu_ps(xs.add(16)),
-                _mm512_mul_ps(w0, _mm512_loadu_ps(xs)),
-            );
+            let s = xp.map(|x| {
+                let x = x.add(b * Q8_0_BLOCK);
+                _mm512_fmadd_ps(
+                    w1,
+                    _mm512_loadu_ps(x.add(16)),
+                    _mm512_mul_ps(w0, _mm512_loadu_ps(x)),
+                )
+            });
             (_mm512_broadcastss_ps(d), s)
         };
-        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut acc = [[_mm512_setzero_ps(); 4]; T];
         let mut b = 0;
         while b + 4 <= nb {
-            for (j, a) in acc.iter_mut().enumerate() {
+            for j in 0..4 {
                 let (d, s) = block(b + j);
-                *a = _mm512_fmadd_ps(d, s, *a);
+                for (a, s) in acc.iter_mut().zip(s) {
+                    a[j] = _mm512_fmadd_ps(d, s, a[j]);
+                }
             }
             b += 4;
         }
         while b < nb {
             let (d, s) = block(b);
-            acc[0] = _mm512_fmadd_ps(d, s, acc[0]);
+            for (a, s) in acc.iter_mut().zip(s) {
+                a[0] = _mm512_fmadd_ps(d, s, a[0]);
+            }
             b += 1;
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(
-            _mm512_add_ps(acc[0], acc[1]),
-            _mm512_add_ps(acc[2], acc[3]),
-        ))
+        acc.map(|a| {
+            _mm512_reduce_add_ps(_mm512_add_ps(
+                _mm512_add_ps(a[0], a[1]),
+                _mm512_add_ps(a[2], a[3]),
+            ))
+        })
+    }
+}
+
+/// `y[i, j] = x[i] · w[r0 + j]` for the tokens `i < t` of x: [t, k] and the rows `r0 <= r < r0 + rows` of the
+/// Q8_0 weight `w`: [N, k]; y: [t, rows]. The matrix-vector path of one or two tokens: each row is read once, its
+/// codes widened once for both tokens (AVX-512), with no dispatch per row.
+pub fn rows_q8_0(x: &[f32], t: usize, k: usize, w: &[u8], r0: usize, y: &mut [f32]) {
+    let rb = k / Q8_0_BLOCK * Q8_0_BYTES;
+    let rows = y.len() / t.max(1);
+    assert!(x.len() == t * k && w.len() >= (r0 + rows) * rb && y.len() == t * rows);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if t <= 2
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: the processor supports AVX-512F and F16C (checked above); the lengths were checked.
+            return unsafe { rows_q8_0_avx512(x, t, k, &w[r0 * rb..(r0 + rows) * rb], y) };
+        }
+    }
+    for j in 0..rows {
+        let row = &w[(r0 + j) * rb..(r0 + j + 1) * rb];
+        for i in 0..t {
+            y[i * rows + j] = dot_q8_0(row, &x[i * k..(i + 1) * k]);
+        }
+    }
+}
+
+/// [`rows_q8_0`] for one or two tokens with the AVX-512 dot inlined; `w` holds exactly the rows.
+///
+/// # Safety
+/// AVX-512F and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn rows_q8_0_avx512(x: &[f32], t: usize, k: usize, w: &[u8], y: &mut [f32]) {
+    let rows = y.len() / t;
+    for (j, row) in w.chunks_exact(k / Q8_0_BLOCK * Q8_0_BYTES).enumerate() {
+        // SAFETY: the caller's features; every x row holds k values.
+        unsafe {
+            if t == 1 {
+                y[j] = dot_q8_0_avx512::<1>(row, [x])[0];
+            } else {
+                let [a, b] = dot_q8_0_avx512::<2>(row, [&x[..k], &x[k..2 * k]]);
+                y[j] = a;
+                y[rows + j] = b;
+            }
+        }
     }
 }
 
@@ -180,7 +241,19 @@ mod tests {
                 && std::arch::is_x86_feature_detected!("f16c")
             {
                 // SAFETY: the processor supports AVX-512F and F16C (checked above).
-                got.push(unsafe { dot_q8_0_avx512(&row, &x) });
+                got.push(unsafe { dot_q8_0_avx512::<1>(&row, [&x]) }[0]);
+                // Two tokens at once: each its own dot, the other token's values not mixed in.
+                let x2: Vec<f32> = x.iter().map(|v| 1.0 - v).collect();
+                // SAFETY: as above; both vectors hold k values.
+                let [a, b] = unsafe { dot_q8_0_avx512::<2>(&row, [&x, &x2]) };
+                got.push(a);
+                // SAFETY: as above.
+                let alone = unsafe { dot_q8_0_avx512::<1>(&row, [&x2]) }[0];
+                assert_eq!(
+                    b.to_bits(),
+                    alone.to_bits(),
+                    "k={k}: the second token's dot"
+                );
             }
         }
         for got in got {

@@ -1,6 +1,7 @@
 //! The float weights' kernel of [`super::matmul::matmul_t`]: `y[i, j] = x[i] · w[j]` for f32, bf16 and f16 weights,
 //! with every output summed in one order that depends on K alone, never on the number of tokens (module docs of
-//! matmul.rs): AVX-512 tiles of 4 tokens × 4 weight rows with 16 lanes, else portable tiles of 2 × 4 with 8 lanes.
+//! matmul.rs): with AVX-512 one generic register tile over the weight's widening (1 or 2 tokens × 8 weight rows
+//! streamed at memory speed for decode, 4 × 4 for prefill; 16 lanes), else portable tiles of 2 × 4 with 8 lanes.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -49,9 +50,6 @@ pub(super) fn rows_tiled(x: &[f32], t: usize, k: usize, n: usize, w: Rows<'_>, y
                 match w {
                     Rows::F32(v) => {
                         avx512::tiles::<0>(x, t, k, v.as_ptr() as *const u8, r0, r1, dst.0, n)
-                    }
-                    Rows::Bf16(v) if k.is_multiple_of(16) => {
-                        avx512::tiles_bf16(x, t, k, v, r0, r1, dst.0, n)
                     }
                     Rows::Bf16(v) => {
                         avx512::tiles::<1>(x, t, k, v.as_ptr() as *const u8, r0, r1, dst.0, n)
@@ -160,99 +158,18 @@ unsafe fn tiles_portable(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use half::bf16;
     use std::arch::x86_64::*;
 
     /// Bytes of activations per token tile (half of a 1 MiB L2).
     const TOKEN_TILE_BYTES: usize = 512 * 1024;
+    /// Weight rows per pass for one or two tokens: 8 rows (16 accumulators for two tokens) stream together, so
+    /// several independent sums hide the multiply-add latency while the weights stream at memory speed.
+    const STREAM_NR: usize = 8;
 
-    /// [`tiles`] for bf16 weights and `k` a multiple of 16 (the same sums in the same order, no remainder), kept
-    /// as the hand-written kernel it was before the others joined it: the generic one measured up to a third slower
-    /// on bf16 (2-core build machine, 2026-12-02). 4 × 4 register tiles: 16 accumulators of 16 lanes each, bf16
-    /// weights widened in registers, lanes summed once at the end.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn tiles_bf16(
-        x: &[f32],
-        t: usize,
-        k: usize,
-        w: &[bf16],
-        r0: usize,
-        r1: usize,
-        y: *mut f32,
-        n: usize,
-    ) {
-        debug_assert!(k.is_multiple_of(16) && x.len() >= t * k && w.len() >= r1 * k);
-        let wp = w.as_ptr() as *const u16;
-        let xp = x.as_ptr();
-        // Token tiles keep their activations in L2 while every weight row of the block streams
-        // past them (four rows at a time, from L1).
-        let tile = (TOKEN_TILE_BYTES / (4 * k)).clamp(4, 256) & !3;
-        let mut i0 = 0;
-        while i0 < t {
-            let i1 = (i0 + tile).min(t);
-            let mut j = r0;
-            while j < r1 {
-                let nr = (r1 - j).min(4);
-                let mut i = i0;
-                while i < i1 {
-                    let mr = (i1 - i).min(4);
-                    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-                    let mut kk = 0;
-                    while kk < k {
-                        // SAFETY: rows i..i+mr of x and j..j+nr of w exist and kk + 16 <= k.
-                        unsafe {
-                            let mut wv = [_mm512_setzero_ps(); 4];
-                            for c in 0..nr {
-                                let h =
-                                    _mm256_loadu_si256(wp.add((j + c) * k + kk) as *const __m256i);
-                                wv[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                                    _mm512_cvtepu16_epi32(h),
-                                    16,
-                                ));
-                            }
-                            for r in 0..mr {
-                                let xv = _mm512_loadu_ps(xp.add((i + r) * k + kk));
-                                for c in 0..nr {
-                                    acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-                                }
-                            }
-                        }
-                        kk += 16;
-                    }
-                    for r in 0..mr {
-                        for c in 0..nr {
-                            // SAFETY: (i + r, j + c) is inside y's [t, n].
-                            unsafe {
-                                *y.add((i + r) * n + j + c) = _mm512_reduce_add_ps(acc[r][c])
-                            };
-                        }
-                    }
-                    i += mr;
-                }
-                j += nr;
-            }
-            i0 = i1;
-        }
-    }
-
-    /// One weight of `w` as f32: `W` 0 f32, 1 bf16 (the top half of an f32), 2 f16.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn load1<const W: u8>(w: *const u8, idx: usize) -> f32 {
-        // SAFETY: the caller keeps idx within w.
-        unsafe {
-            match W {
-                0 => *(w as *const f32).add(idx),
-                1 => f32::from_bits((*(w as *const u16).add(idx) as u32) << 16),
-                _ => half::f16::from_bits(*(w as *const u16).add(idx)).to_f32(),
-            }
-        }
-    }
-
-    /// `y[i, j] = x[i] · w[j]` for all tokens `i < t` and weight rows `r0 <= j < r1`, in 4 × 4 register tiles: 16
-    /// accumulators of 16 lanes each over the first K rounded down to 16, weights widened in registers, the lanes
-    /// reduced by `_mm512_reduce_add_ps`, then the remaining products added in order. Token tiles keep their
-    /// activations in L2 while every weight row of the block streams past them (four rows at a time, from L1).
+    /// `y[i, j] = x[i] · w[j]` for all tokens `i < t` and weight rows `r0 <= j < r1` (`W` the weight's format: 0
+    /// f32, 1 bf16, 2 f16). One or two tokens run tiles of t × [`STREAM_NR`] (each weight row read once); more
+    /// run 4 × 4 tiles, token tiles keeping their activations in L2 while every weight row of the block streams
+    /// past them (four rows at a time, from L1). Every output is summed alike in every tile ([`tile`]).
     ///
     /// # Safety
     /// AVX-512F; x is [t, k], w [≥ r1, k] of the format `W`; `y + i * n + j` valid for writes for every `i < t`,
@@ -269,71 +186,152 @@ mod avx512 {
         n: usize,
     ) {
         debug_assert!(x.len() >= t * k);
-        let xp = x.as_ptr();
-        let k16 = k / 16 * 16;
-        let tile = (TOKEN_TILE_BYTES / (4 * k.max(1))).clamp(4, 256) & !3;
-        let mut i0 = 0;
-        while i0 < t {
-            let i1 = (i0 + tile).min(t);
-            let mut j = r0;
-            while j < r1 {
-                let nr = (r1 - j).min(4);
-                let mut i = i0;
-                while i < i1 {
-                    let mr = (i1 - i).min(4);
-                    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-                    let mut kk = 0;
-                    while kk < k16 {
-                        // SAFETY: rows i..i+mr of x and j..j+nr of w exist and kk + 16 <= k.
-                        unsafe {
-                            let mut wv = [_mm512_setzero_ps(); 4];
-                            for c in 0..nr {
-                                // 16 weights from element idx as f32 (written here, not in a helper, so that the
-                                // tile's registers stay registers).
-                                let idx = (j + c) * k + kk;
-                                wv[c] = match W {
-                                    0 => _mm512_loadu_ps((w as *const f32).add(idx)),
-                                    1 => {
-                                        let h = _mm256_loadu_si256(
-                                            (w as *const u16).add(idx) as *const __m256i
-                                        );
-                                        _mm512_castsi512_ps(_mm512_slli_epi32(
-                                            _mm512_cvtepu16_epi32(h),
-                                            16,
-                                        ))
-                                    }
-                                    _ => _mm512_cvtph_ps(_mm256_loadu_si256(
-                                        (w as *const u16).add(idx) as *const __m256i,
-                                    )),
-                                };
-                            }
-                            for r in 0..mr {
-                                let xv = _mm512_loadu_ps(xp.add((i + r) * k + kk));
-                                for c in 0..nr {
-                                    acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-                                }
-                            }
+        let x = x.as_ptr();
+        // SAFETY (every call): the tiles stay inside rows 0..t of x, r0..r1 of w and this task's outputs.
+        unsafe {
+            if t <= 2 {
+                let mut j = r0;
+                while j < r1 {
+                    let nr = (r1 - j).min(STREAM_NR);
+                    match (t, nr) {
+                        (1, STREAM_NR) => {
+                            tile::<W, 1, STREAM_NR, true, true>(x, 0, 1, k, w, j, nr, y, n)
                         }
-                        kk += 16;
-                    }
-                    for r in 0..mr {
-                        for c in 0..nr {
-                            let mut s = _mm512_reduce_add_ps(acc[r][c]);
-                            for q in k16..k {
-                                // SAFETY: q < k within rows i + r of x and j + c of w.
-                                s += unsafe {
-                                    *xp.add((i + r) * k + q) * load1::<W>(w, (j + c) * k + q)
-                                };
-                            }
-                            // SAFETY: (i + r, j + c) is inside y's [t, n], in this task's columns.
-                            unsafe { *y.add((i + r) * n + j + c) = s };
+                        (1, _) => tile::<W, 1, STREAM_NR, true, false>(x, 0, 1, k, w, j, nr, y, n),
+                        (_, STREAM_NR) => {
+                            tile::<W, 2, STREAM_NR, true, true>(x, 0, 2, k, w, j, nr, y, n)
                         }
+                        _ => tile::<W, 2, STREAM_NR, true, false>(x, 0, t, k, w, j, nr, y, n),
                     }
-                    i += mr;
+                    j += nr;
                 }
-                j += nr;
+                return;
             }
-            i0 = i1;
+            let tile_t = (TOKEN_TILE_BYTES / (4 * k.max(1))).clamp(4, 256) & !3;
+            let mut i0 = 0;
+            while i0 < t {
+                let i1 = (i0 + tile_t).min(t);
+                let mut j = r0;
+                while j < r1 {
+                    let nr = (r1 - j).min(4);
+                    let mut i = i0;
+                    while i < i1 {
+                        let mr = (i1 - i).min(4);
+                        if mr == 4 && nr == 4 {
+                            tile::<W, 4, 4, false, true>(x, i, mr, k, w, j, nr, y, n);
+                        } else {
+                            tile::<W, 4, 4, false, false>(x, i, mr, k, w, j, nr, y, n);
+                        }
+                        i += mr;
+                    }
+                    j += nr;
+                }
+                i0 = i1;
+            }
+        }
+    }
+
+    /// One register tile: `y[i, j] = x[i] · w[j]` for tokens `i0 <= i < i0 + mr` and rows `j0 <= j < j0 + nr`
+    /// (`mr <= MR`, `nr <= NR`; `FULL` tiles use the constants, so the checks fold away; `PREFETCH` asks for the
+    /// next tile's weights while this one runs, for streaming one or two tokens). Every output
+    /// is one 16-lane accumulator over the first K rounded down to 16 (lane `l` the fused products at `l mod 16`,
+    /// in order), reduced by `_mm512_reduce_add_ps`, then the remaining products added in order: the same order
+    /// in every tile shape, so a token's outputs never depend on the tokens beside it.
+    ///
+    /// # Safety
+    /// AVX-512F; rows i0..i0+mr of x and j0..j0+nr of w exist; the outputs are the caller's to write.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // fixed-bound loops over register arrays unroll
+    unsafe fn tile<
+        const W: u8,
+        const MR: usize,
+        const NR: usize,
+        const PREFETCH: bool,
+        const FULL: bool,
+    >(
+        x: *const f32,
+        i0: usize,
+        mr: usize,
+        k: usize,
+        w: *const u8,
+        j0: usize,
+        nr: usize,
+        y: *mut f32,
+        n: usize,
+    ) {
+        let (mr, nr) = if FULL { (MR, NR) } else { (mr, nr) };
+        let k16 = k / 16 * 16;
+        let mut acc = [[_mm512_setzero_ps(); NR]; MR];
+        let mut kk = 0;
+        while kk < k16 {
+            // SAFETY: rows i0..i0+mr of x and j0..j0+nr of w exist and kk + 16 <= k.
+            unsafe {
+                let mut wv = [_mm512_setzero_ps(); NR];
+                if PREFETCH {
+                    // The next tile's rows at the same offset: the weights then arrive as one stream (the
+                    // hardware prefetchers alone kept 8 short interleaved rows well below the read bandwidth).
+                    // A prefetch past the weights is harmless (the pointer is never read).
+                    for c in 0..NR {
+                        let idx = (j0 + NR + c) * k + kk;
+                        let p = match W {
+                            0 => (w as *const f32).wrapping_add(idx) as *const i8,
+                            _ => (w as *const u16).wrapping_add(idx) as *const i8,
+                        };
+                        _mm_prefetch::<_MM_HINT_T0>(p);
+                    }
+                }
+                for c in 0..NR {
+                    if c < nr {
+                        // 16 weights from element idx as f32 (written here, not in a helper, so that the
+                        // tile's registers stay registers).
+                        let idx = (j0 + c) * k + kk;
+                        wv[c] = match W {
+                            0 => _mm512_loadu_ps((w as *const f32).add(idx)),
+                            1 => _mm512_castsi512_ps(_mm512_slli_epi32(
+                                _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                    (w as *const u16).add(idx) as *const __m256i,
+                                )),
+                                16,
+                            )),
+                            _ => _mm512_cvtph_ps(_mm256_loadu_si256(
+                                (w as *const u16).add(idx) as *const __m256i
+                            )),
+                        };
+                    }
+                }
+                for r in 0..MR {
+                    if r < mr {
+                        let xv = _mm512_loadu_ps(x.add((i0 + r) * k + kk));
+                        for c in 0..NR {
+                            if c < nr {
+                                acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+                            }
+                        }
+                    }
+                }
+            }
+            kk += 16;
+        }
+        for r in 0..mr {
+            for c in 0..nr {
+                let mut s = _mm512_reduce_add_ps(acc[r][c]);
+                for q in k16..k {
+                    // SAFETY: q < k within rows i0 + r of x and j0 + c of w.
+                    let (xq, wq) = unsafe {
+                        let idx = (j0 + c) * k + q;
+                        let wq = match W {
+                            0 => *(w as *const f32).add(idx),
+                            1 => f32::from_bits((*(w as *const u16).add(idx) as u32) << 16),
+                            _ => half::f16::from_bits(*(w as *const u16).add(idx)).to_f32(),
+                        };
+                        (*x.add((i0 + r) * k + q), wq)
+                    };
+                    s += xq * wq;
+                }
+                // SAFETY: (i0 + r, j0 + c) is inside y's [t, n], in this task's columns.
+                unsafe { *y.add((i0 + r) * n + j0 + c) = s };
+            }
         }
     }
 }
