@@ -22,27 +22,32 @@
 //! prefetched [`PREFETCH_BLOCKS`] ahead (decode streams the weights once: without it the loads wait on memory). The rounding of the activations (at most `s / 2` per value, `s` the block's max|x| /
 //! 32767) is the only difference from the f32 kernels: docs/ARCHITECTURE.md's tolerance table says what it costs.
 
-use super::act_q::{ActQ, Layout, ACT_BLOCK, LANES};
+use super::act_q::{ActQ, Layout, ACT_BLOCK, LANES, MAX_GROUP};
 use super::ptq1_0::{ptq1_0_position, PTQ1_0_BYTES};
 use super::ternary::PQ2_0_BYTES;
 
 /// Where the unpacked PQ2_0 codes put each value: value `4i + c` of block `j` of a pair at byte `i` of half `j` of
 /// register `c`.
 pub const PQ2_0_LAYOUT: Layout = {
-    let mut slot = [[0u16; ACT_BLOCK]; 2];
+    let mut slot = [[0u16; ACT_BLOCK]; MAX_GROUP];
     let mut v = 0;
     while v < ACT_BLOCK {
         slot[0][v] = (64 * (v % 4) + v / 4) as u16;
         slot[1][v] = (64 * (v % 4) + 32 + v / 4) as u16;
         v += 1;
     }
-    Layout { regs: 4, slot }
+    Layout {
+        blocks: 2,
+        regs: 4,
+        slot,
+        hi_plus_128: false,
+    }
 };
 
 /// Where the decoded PTQ1_0 trits put each value: trit `n` of byte `m` of block `j` of a pair at byte `28j + m` of
 /// register `n` (the blocks' 28-byte strides, so block 0 owns lanes 0..7 and block 1 lanes 7..14).
 pub const PTQ1_0_LAYOUT: Layout = {
-    let mut slot = [[0u16; ACT_BLOCK]; 2];
+    let mut slot = [[0u16; ACT_BLOCK]; MAX_GROUP];
     let mut v = 0;
     while v < ACT_BLOCK {
         let (m, n) = ptq1_0_position(v);
@@ -50,7 +55,12 @@ pub const PTQ1_0_LAYOUT: Layout = {
         slot[1][v] = (64 * n as usize + PTQ1_0_BYTES + m) as u16;
         v += 1;
     }
-    Layout { regs: 5, slot }
+    Layout {
+        blocks: 2,
+        regs: 5,
+        slot,
+        hi_plus_128: false,
+    }
 };
 
 /// Whether the processor has what [`rows`] needs.
