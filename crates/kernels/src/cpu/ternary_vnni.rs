@@ -18,9 +18,11 @@
 //! The activations are quantized in the matching [`Layout`] ([`PQ2_0_LAYOUT`], [`PTQ1_0_LAYOUT`]). The two formats'
 //! outputs are not bit-identical (their lanes split a block's sum differently), only equal up to f32 rounding.
 //! Tiles of 8 rows × one token share each activation load (the rows stay in L1 for the next token, so decoding
-//! again per token costs less than holding decoded pairs for several tokens in registers), and each row is
-//! prefetched [`PREFETCH_BLOCKS`] ahead (decode streams the weights once: without it the loads wait on memory). The rounding of the activations (at most `s / 2` per value, `s` the block's max|x| /
-//! 32767) is the only difference from the f32 kernels: docs/ARCHITECTURE.md's tolerance table says what it costs.
+//! again per token costs less than holding decoded pairs for several tokens in registers), and each block read is
+//! prefetched for the next tile, 8 rows ahead (decode streams the weights once: without it the loads wait on
+//! memory; one tile ahead beat 96 blocks ahead within the row by 1.4x at K = 17408). The rounding of the activations
+//! (at most `s / 2` per value, `s` the block's max|x| / 32767) is the only difference from the f32 kernels:
+//! docs/ARCHITECTURE.md's tolerance table says what it costs.
 
 use super::act_q::{ActQ, Layout, ACT_BLOCK, LANES, MAX_GROUP};
 use super::ptq1_0::{ptq1_0_position, PTQ1_0_BYTES};
@@ -148,8 +150,6 @@ use std::arch::x86_64::*;
 
 /// Weight rows per tile: each activation load serves them all.
 const ROW_TILE: usize = 8;
-/// How far ahead (in blocks) the tiles prefetch each row.
-const PREFETCH_BLOCKS: usize = 96;
 
 /// Registers per pair, at most (PTQ1_0's five trits; PQ2_0 uses four).
 const MAX_REGS: usize = 5;
@@ -353,8 +353,10 @@ unsafe fn tile<const R: usize, const PTQ: bool>(
         let x = unsafe { acts(a, i * a.pairs + pb, regs) };
         for (rr, acc) in acc.iter_mut().enumerate() {
             let row = wp.wrapping_add(rr * row_bytes);
+            // The same blocks of the next tile's row rr (past the task's rows it reads the next task's, or nothing:
+            // a prefetch never faults).
             _mm_prefetch::<_MM_HINT_T0>(
-                row.wrapping_add((b + PREFETCH_BLOCKS) * block_bytes) as *const i8
+                row.wrapping_add(R * row_bytes + b * block_bytes) as *const i8
             );
             // SAFETY: as above.
             let c = unsafe {
