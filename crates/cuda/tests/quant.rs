@@ -202,7 +202,13 @@ fn block_gemm_matches_cpu_on_odd_shapes() {
                             assert_eq!(got[r * ldy + c], y0[r * ldy + c], "wrote past N");
                         }
                     }
+                    // One row of a PQ2_0 matrix with K a multiple of 1024 and bf16 or split inputs: the wide
+                    // GEMV's integer dot products round each lane's 32 inputs to int16 (about 2^-16 of their
+                    // largest), 1e-4.
+                    let int_dots =
+                        dtype == DType::PQ2_0 && t == 1 && k % 1024 == 0 && case.name != "f32";
                     let tol = match (t <= 8, case.name) {
+                        _ if int_dots => 1e-4,
                         (true, _) | (false, "f32") => F32_TOL,
                         (false, "bf16") => BF16_TOL,
                         _ => 1e-4,
