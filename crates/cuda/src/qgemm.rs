@@ -138,14 +138,15 @@ pub fn gemm_q(
     }
     // One row, K a multiple of the columns per warp (PQ2_0 1024, Q8_0 512: every matrix of a Bonsai pack and of the
     // Qwen3.5 shapes): x in registers, the weights streamed (`gemv_*_wide`). At most 16 warps per block (these
-    // threads take about 128 registers): a longer K runs as calls over column ranges of at most 16 warps, the later
-    // ones adding into y. Rows per block (a multiple of 8) such that the blocks fill the multiprocessors (16 resident
-    // warps each) in one wave.
+    // threads take about 128 registers; 22 for PQ2_0's integer products, quant.cu's launch bounds): a longer K runs
+    // as calls over column ranges of at most that many warps, the later ones adding into y. Rows per block (a
+    // multiple of 8) such that the blocks fill the multiprocessors (16 resident warps each) in one wave.
     let per_warp = if fmt == 0 { 1024 } else { 512 };
     if t == 1 && fmt < 2 && k.is_multiple_of(per_warp) && x.vec_ok() {
         let (xp, _, lo) = x.parts();
         let (cols, el) = (k / per_warp, if x.mode() == 1 { 4 } else { 2 });
-        let calls = cols.div_ceil(16);
+        let most = if fmt == 0 && x.mode() != 1 { 22 } else { 16 };
+        let calls = cols.div_ceil(most);
         let f = &g.k.gemv_q_wide[fmt][x.mode()];
         let (mut w0, mut beta) = (0, beta);
         for c in 0..calls {

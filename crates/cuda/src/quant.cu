@@ -432,18 +432,21 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
         buf ^= 1;
     }
 }
-#define GEMV_Q_WIDE(name, FMT, XM)                                                                                \
-    KERNEL(simt) void name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,              \
-                           const void* __restrict__ x, long long lo, int K, int ldk, int N,                       \
-                           float* __restrict__ y, float beta, int rpb) {                                          \
+// The instantiations. The integer-product ones (PQ2_0, bf16 / split inputs) are bounded to 22 warps a block (about
+// 90 registers a thread), so that 27B's K of 17,408 (17 warps) runs in one call; the others take up to 16.
+#define GEMV_Q_WIDE(name, FMT, XM, BOUND)                                                                         \
+    KERNEL(simt) void __launch_bounds__(BOUND)                                                                    \
+        name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,                           \
+             const void* __restrict__ x, long long lo, int K, int ldk, int N, float* __restrict__ y, float beta,  \
+             int rpb) {                                                                                           \
         gemv_q_wide<FMT, XM>(q, d, x, lo, K, ldk, N, y, beta, rpb);                                               \
     }
-GEMV_Q_WIDE(gemv_pq2_wide_bf16, 0, 0)
-GEMV_Q_WIDE(gemv_pq2_wide_f32, 0, 1)
-GEMV_Q_WIDE(gemv_pq2_wide_split, 0, 2)
-GEMV_Q_WIDE(gemv_q8_wide_bf16, 1, 0)
-GEMV_Q_WIDE(gemv_q8_wide_f32, 1, 1)
-GEMV_Q_WIDE(gemv_q8_wide_split, 1, 2)
+GEMV_Q_WIDE(gemv_pq2_wide_bf16, 0, 0, 704)
+GEMV_Q_WIDE(gemv_pq2_wide_f32, 0, 1, 512)
+GEMV_Q_WIDE(gemv_pq2_wide_split, 0, 2, 704)
+GEMV_Q_WIDE(gemv_q8_wide_bf16, 1, 0, 512)
+GEMV_Q_WIDE(gemv_q8_wide_f32, 1, 1, 512)
+GEMV_Q_WIDE(gemv_q8_wide_split, 1, 2, 512)
 
 // Rows n0 .. n0 + nrows of a block-format matrix (fmt 0 PQ2_0, 1 Q8_0, 2 f16 rows, 3 f32 rows) decoded into out
 // [nrows, K] (prefill: a GEMM multiplies the chunk): mode 0 bf16 (rounded to nearest), 1 f32 (exact), 2 bf16 hi and

@@ -103,7 +103,7 @@ fn x_layouts(x: &[f32], t: usize, k: usize) -> Vec<XCase> {
 
 /// `gemm_q` against `matmul_t_reference` (f64 sums over the tensor's decoded values) for PQ2_0 and Q8_0, K of 1, 3,
 /// 8, 9, 16, 24, 40, 112 and 136 blocks (one row takes the wide GEMV where K is a multiple of 1024 for PQ2_0, 512
-/// for Q8_0: PQ2_0 K 1024 to 17408, past 16 warps in two calls; Q8_0 K 512 and 3584), and for float rows kept as
+/// for Q8_0: PQ2_0 K 1024 to 17408, which the f32 inputs take in two calls; Q8_0 K 512 and 3584), and for float rows kept as
 /// stored (f16 and f32 values bf16 does not hold, split mode's form of them; K 16 to 1040), N from 1 to 300 (not
 /// multiples of the 8 rows per block), 1..8 rows (the GEMV) and 9, 33 (the dequantised chunks, the scratch sized for
 /// 37 rows so that N = 300 takes 9 chunks), every activation layout, an output row stride above N, and beta 1
