@@ -231,7 +231,7 @@ pub fn gemm_ld_as(
             blas_sys::cudaDataType::CUDA_R_32F,
             C::CUBLAS_COMPUTE_32F_PEDANTIC,
         ),
-        W::Pq2 { .. } | W::Q8 { .. } => {
+        W::Pq2 { .. } | W::Q8 { .. } | W::F16(_) | W::F32Rows(_) => {
             return Err(CudaError::Unsupported(
                 "a block-format weight in a float GEMM (crate::qgemm multiplies those)".into(),
             ))

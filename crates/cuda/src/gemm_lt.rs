@@ -532,7 +532,7 @@ pub fn gemm_pinned(
         W::Bf16(p) => (p, false),
         W::F32(p) => (p, true),
         // Block formats run crate::qgemm; the caller's GemmEx path refuses them.
-        W::Pq2 { .. } | W::Q8 { .. } => return Ok(false),
+        W::Pq2 { .. } | W::Q8 { .. } | W::F16(_) | W::F32Rows(_) => return Ok(false),
     };
     let key = Key {
         n,

@@ -42,12 +42,13 @@ __device__ __forceinline__ float h2f(unsigned short h) {
     return f;
 }
 
-// One value of a weight row stored as `mode` says: 0 bf16, 1 f32, 2 PQ2_0, 3 Q8_0 (d: the scales of 2 and 3; the
-// block formats' device layout is in quant.cu).
+// One value of a weight row stored as `mode` says: 0 bf16, 1 f32, 2 PQ2_0, 3 Q8_0, 4 f16 (d: the scales of 2 and 3;
+// the block formats' device layout is in quant.cu).
 __device__ __forceinline__ float load_wq(const void* w, const unsigned short* d, int mode, idx_t row, int K,
                                          int c) {
     if (mode == 0) return bf2f(((const bf16_t*)w)[row * K + c]);
     if (mode == 1) return ((const float*)w)[row * K + c];
+    if (mode == 4) return h2f(((const unsigned short*)w)[row * K + c]);
     const unsigned char* q = (const unsigned char*)w;
     if (mode == 2) {
         int code = (q[row * (K / 4) + c / 4] >> (2 * (c & 3))) & 3;

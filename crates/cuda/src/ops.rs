@@ -30,6 +30,12 @@ pub enum W {
         q: u64,
         d: u64,
     },
+    /// f16 values [N, K] as the file stores them, multiplied like the block formats: split mode's form of f16
+    /// weights that bf16 does not hold exactly.
+    F16(u64),
+    /// f32 values [N, K] multiplied like the block formats: split mode's form of f32 weights that bf16 does not
+    /// hold exactly.
+    F32Rows(u64),
 }
 
 impl W {
@@ -40,12 +46,17 @@ impl W {
             W::F32(p) => (p, 0, 1),
             W::Pq2 { q, d } => (q, d, 2),
             W::Q8 { q, d } => (q, d, 3),
+            W::F16(p) => (p, 0, 4),
+            W::F32Rows(p) => (p, 0, 1),
         }
     }
 
-    /// Whether it is stored in a block format (multiplied by [`crate::qgemm`], not cuBLAS).
+    /// Whether it is multiplied by [`crate::qgemm`] (a block format, or float rows kept as stored), not cuBLAS.
     pub fn is_block(self) -> bool {
-        matches!(self, W::Pq2 { .. } | W::Q8 { .. })
+        matches!(
+            self,
+            W::Pq2 { .. } | W::Q8 { .. } | W::F16(_) | W::F32Rows(_)
+        )
     }
 }
 

@@ -2,7 +2,10 @@
 //! (quant.cu's layout: code bytes per row, then the f16 scales; a PTQ1_0 matrix is transcoded to PQ2_0 words at
 //! load). `y[T, N] (row stride ldy) = x[T, K] · w[N, K]ᵀ + beta · y`, f32 output and accumulation.
 //!
-//! - At most [`GEMV_ROWS`] rows (decode): `gemv_pq2_*` / `gemv_q8_*`, 4 (one x row) or 2 weight rows per warp
+//! - One row (decode) where K is a multiple of 1024 (PQ2_0) or 512 (Q8_0): `gemv_{pq2,q8}_wide_*`, each lane's 32
+//!   (16) x values read once into registers, the block's rows streamed through them in tiles of 8 (8 or 16 code
+//!   bytes per row and lane, all 8 rows' loads issued before the arithmetic), sums in a fixed order.
+//! - Otherwise at most [`GEMV_ROWS`] rows (decode): `gemv_pq2_*` / `gemv_q8_*`, 4 (one x row) or 2 weight rows per warp
 //!   sharing each x load, K split over up to 8 warps where N is small, each code byte read once and decoded in
 //!   registers (one logic op and one subtraction per weight, no table, no branch), the dot of
 //!   each 16-weight group scaled by its block's scale; x read in the precision's layout ([`Act`]: bf16, f32, or
@@ -88,11 +91,23 @@ pub fn upload_blocks(g: &Gpu, blocks: &[&[u8]], q8: bool) -> Result<(CudaSlice<u
     Ok((buf, if q8 { W::Q8 { q, d } } else { W::Pq2 { q, d } }))
 }
 
-/// The format index of a block weight (0 PQ2_0, 1 Q8_0), its codes, scales and block length.
+/// Uploads float rows kept as stored (split mode's form of weights bf16 does not hold exactly): `rows`, the
+/// little-endian values of the parts one after another, f16 (`f16`) or f32. → the buffer and its [`W`]
+pub fn upload_rows(g: &Gpu, rows: &[&[u8]], f16: bool) -> Result<(CudaSlice<u8>, W), CudaError> {
+    let bytes: Vec<u8> = rows.concat();
+    let buf = g.upload(&bytes)?;
+    let p = g.ptr(&buf);
+    Ok((buf, if f16 { W::F16(p) } else { W::F32Rows(p) }))
+}
+
+/// The format index of a block weight (0 PQ2_0, 1 Q8_0, 2 f16 rows, 3 f32 rows), its codes, scales and block
+/// length (for float rows: the 16 values of a GEMV group; they have no scales).
 fn block_parts(w: W) -> Result<(usize, u64, u64, usize), CudaError> {
     match w {
         W::Pq2 { q, d } => Ok((0, q, d, 128)),
         W::Q8 { q, d } => Ok((1, q, d, 32)),
+        W::F16(p) => Ok((2, p, 0, 16)),
+        W::F32Rows(p) => Ok((3, p, 0, 16)),
         W::Bf16(_) | W::F32(_) => Err(CudaError::Unsupported(
             "a float weight in the block-format GEMM".into(),
         )),
@@ -121,6 +136,32 @@ pub fn gemm_q(
             "block-format GEMM: K {k} not a multiple of the block {block}, or ldy {ldy} below N {n}"
         )));
     }
+    // One row, K a multiple of the columns per warp (PQ2_0 1024, Q8_0 512: every matrix of a Bonsai pack and of the
+    // Qwen3.5 shapes): x in registers, the weights streamed (`gemv_*_wide`). At most 16 warps per block (these
+    // threads take about 128 registers; 22 for PQ2_0's integer products, quant.cu's launch bounds): a longer K runs
+    // as calls over column ranges of at most that many warps, the later ones adding into y. Rows per block (a
+    // multiple of 8) such that the blocks fill the multiprocessors (16 resident warps each) in one wave.
+    let per_warp = if fmt == 0 { 1024 } else { 512 };
+    if t == 1 && fmt < 2 && k.is_multiple_of(per_warp) && x.vec_ok() {
+        let (xp, _, lo) = x.parts();
+        let (cols, el) = (k / per_warp, if x.mode() == 1 { 4 } else { 2 });
+        let most = if fmt == 0 && x.mode() != 1 { 22 } else { 16 };
+        let calls = cols.div_ceil(most);
+        let f = &g.k.gemv_q_wide[fmt][x.mode()];
+        let (mut w0, mut beta) = (0, beta);
+        for c in 0..calls {
+            let warps = (cols - w0) / (calls - c);
+            let k0 = w0 * per_warp;
+            let (qo, dofs) = (if fmt == 0 { k0 / 4 } else { k0 }, k0 / block);
+            let blocks = g.sms * (16 / warps).max(1);
+            let rpb = n.div_ceil(blocks).next_multiple_of(8);
+            launch!(g, *f, cfg((n.div_ceil(rpb) as u32, 1), 32 * warps as u32, 0);
+                q + qo as u64, d + 2 * dofs as u64, xp + (el * k0) as u64, lo as i64,
+                (warps * per_warp) as i32, k as i32, n as i32, y, beta, rpb as i32)?;
+            (w0, beta) = (w0 + warps, 1.0);
+        }
+        return Ok(());
+    }
     if t <= GEMV_ROWS && x.vec_ok() {
         let (xp, ldx, lo) = x.parts();
         let f = &g.k.gemv_q[fmt][x.mode()][usize::from(t > 1)];
@@ -135,6 +176,10 @@ pub fn gemm_q(
     }
     let (s, bytes) = scratch;
     let chunk = (bytes / 4 / k).min(n);
+    // Float rows in f32 (the exact mode, or f32 inputs): the weight itself, no chunk to decode.
+    if let (W::F32Rows(p), Act::F32 { x, ldx }) = (w, x) {
+        return gemm_ld(g, x, ldx, t, k, W::F32(p), k, n, y, ldy, beta);
+    }
     if chunk == 0 {
         return Err(CudaError::Unsupported(format!(
             "block-format GEMM: a row of {k} values does not fit the dequantisation scratch"

@@ -1,5 +1,5 @@
 // Block-format weights on the device (compiled after kernels.cu, whose helpers they use): the few-row GEMVs of
-// PQ2_0 and Q8_0 matrices (decode), their dequantisation to bf16 / f32 rows (prefill: cuBLAS multiplies the
+// PQ2_0 and Q8_0 matrices, and of float rows kept as stored in split mode (f16, f32: decode), their dequantisation to bf16 / f32 rows (prefill: cuBLAS multiplies the
 // dequantised chunk), and the blockwise Hadamard rotation of a Bonsai pack's activations.
 //
 // Device layout of a block-format matrix [N, K] (crates/cuda/src/qgemm.rs uploads it): the blocks' code bytes of
@@ -63,6 +63,38 @@ __device__ __forceinline__ float dot_q8(const float* f, const float* x) {
     return s0 + s1 * (1.0f / 256.0f);
 }
 
+// Float rows multiplied like the block formats (split mode: weights bf16 does not hold exactly, kept as stored):
+// FMT 2 f16, FMT 3 f32; the 16 values of group gi of a row (32 or 64 bytes) as f32.
+template <int FMT>
+__device__ __forceinline__ void load_rows16(const unsigned char* q, idx_t row, int K, int gi, float* f) {
+    if constexpr (FMT == 2) {
+        const uint4* p = (const uint4*)(q + row * K * 2) + 2 * gi;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint4 t = __ldg(p + i);
+            const unsigned* u = (const unsigned*)&t;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                f[8 * i + 2 * k] = h2f((unsigned short)(u[k] & 0xffffu));
+                f[8 * i + 2 * k + 1] = h2f((unsigned short)(u[k] >> 16));
+            }
+        }
+    } else {
+        const float4* p = (const float4*)(q + row * K * 4) + 4 * gi;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float4 t = __ldg(p + i);
+            f[4 * i] = t.x, f[4 * i + 1] = t.y, f[4 * i + 2] = t.z, f[4 * i + 3] = t.w;
+        }
+    }
+}
+__device__ __forceinline__ float dot16(const float* f, const float* x) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) s = fmaf(f[i], x[i], s);
+    return s;
+}
+
 // 16 consecutive activation values at element offset `off` as f32, from the layout XM: 0 bf16, 1 f32, 2 split
 // (bf16 hi at off, bf16 lo `lo` elements on: the value hi + lo). off % 16 == 0 and 16-byte aligned rows.
 template <int XM>
@@ -119,7 +151,7 @@ __device__ __forceinline__ void gemv_q_rows(const unsigned char* __restrict__ q,
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int sets = 8 / wpr, slice = warp % wpr;
     int n0 = (blockIdx.x * sets + warp / wpr) * R;
-    constexpr int BLK = FMT == 0 ? 128 : 32;
+    constexpr int BLK = FMT == 0 ? 128 : FMT == 1 ? 32 : 16;
     float acc[ROWS][R];
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
@@ -137,9 +169,11 @@ __device__ __forceinline__ void gemv_q_rows(const unsigned char* __restrict__ q,
         for (int i = 0; i < R; i++) {
             if constexpr (FMT == 0)
                 decode_pq2(__ldg((const unsigned*)(q + row[i] * (K / 4)) + gi), f[i]);
-            else
+            else if constexpr (FMT == 1)
                 decode_q8(__ldg((const uint4*)(q + row[i] * K) + gi), f[i]);
-            sc[i] = h2f(__ldg(d + row[i] * (K / BLK) + gi * 16 / BLK));
+            else
+                load_rows16<FMT>(q, row[i], K, gi, f[i]);
+            sc[i] = FMT < 2 ? h2f(__ldg(d + row[i] * (K / BLK) + gi * 16 / BLK)) : 1.0f;
         }
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
@@ -148,7 +182,8 @@ __device__ __forceinline__ void gemv_q_rows(const unsigned char* __restrict__ q,
                 load_x16<XM>(x, (idx_t)r * ldx + gi * 16, lo, xv);
 #pragma unroll
                 for (int i = 0; i < R; i++)
-                    acc[r][i] = fmaf(sc[i], FMT == 0 ? dot_pq2(f[i], xv) : dot_q8(f[i], xv), acc[r][i]);
+                    acc[r][i] = fmaf(sc[i], FMT == 0 ? dot_pq2(f[i], xv) : FMT == 1 ? dot_q8(f[i], xv) : dot16(f[i], xv),
+                                     acc[r][i]);
             }
         }
     }
@@ -209,10 +244,214 @@ GEMV_Q(gemv_q8_f32_1, 1, 1, 1)
 GEMV_Q(gemv_q8_f32_8, 1, 1, GEMV_ROWS)
 GEMV_Q(gemv_q8_split_1, 1, 2, 1)
 GEMV_Q(gemv_q8_split_8, 1, 2, GEMV_ROWS)
+GEMV_Q(gemv_f16_bf16_1, 2, 0, 1)
+GEMV_Q(gemv_f16_bf16_8, 2, 0, GEMV_ROWS)
+GEMV_Q(gemv_f16_f32_1, 2, 1, 1)
+GEMV_Q(gemv_f16_f32_8, 2, 1, GEMV_ROWS)
+GEMV_Q(gemv_f16_split_1, 2, 2, 1)
+GEMV_Q(gemv_f16_split_8, 2, 2, GEMV_ROWS)
+GEMV_Q(gemv_f32r_bf16_1, 3, 0, 1)
+GEMV_Q(gemv_f32r_bf16_8, 3, 0, GEMV_ROWS)
+GEMV_Q(gemv_f32r_f32_1, 3, 1, 1)
+GEMV_Q(gemv_f32r_f32_8, 3, 1, GEMV_ROWS)
+GEMV_Q(gemv_f32r_split_1, 3, 2, 1)
+GEMV_Q(gemv_f32r_split_8, 3, 2, GEMV_ROWS)
 
-// Rows n0 .. n0 + nrows of a block-format matrix (fmt 0 PQ2_0, 1 Q8_0) decoded into out [nrows, K] (prefill: a
-// GEMM multiplies the chunk): mode 0 bf16 (rounded to nearest), 1 f32 (exact), 2 bf16 hi and lo planes (lo
-// nrows K values after hi, hi + lo the value to about 2^-16; a PQ2_0 value, an f16 times -1, 0, 1 or 2, exactly).
+// Streaming loads of weight codes and scales (not kept in L1), as volatile asm so that the compiler issues a tile's
+// loads where they are written, all before the arithmetic that waits for them, instead of one row at a time.
+__device__ __forceinline__ uint4 ld_stream_v2(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    v.z = v.w = 0u;
+    return v;
+}
+__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ unsigned short ld_stream_u16(const void* p) {
+    unsigned short v;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+// One tile of the wide GEMV: the codes (PQ2_0: two words in .x .y; Q8_0: 16 bytes) and the f16 scale of 8 rows from
+// row nt (rows past N read row N - 1: their sums are dropped).
+template <int FMT>
+__device__ __forceinline__ void wide_tile_load(const unsigned char* q, const unsigned short* d, int nt, int N,
+                                               idx_t row_bytes, idx_t row_scales, int c0, int s0, uint4* wv,
+                                               unsigned short* sc) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        idx_t r = (idx_t)min(nt + i, N - 1);
+        if constexpr (FMT == 0)
+            wv[i] = ld_stream_v2((const uint2*)(q + r * row_bytes) + c0 / 32);
+        else
+            wv[i] = ld_stream_v4((const uint4*)(q + r * row_bytes) + c0 / 16);
+        sc[i] = ld_stream_u16(d + r * row_scales + s0);
+    }
+}
+
+// One-row GEMV of a block-format matrix (decode) streaming the weights at memory speed: y[n] = x · w[n, :K] +
+// beta y[n]. The block's warps split K: lane l of warp w takes the C columns from (32 w + l) C (PQ2_0: C = 32, two
+// code words of every row in one 8-byte load; Q8_0: C = 16, one 16-byte load), whose x values it reads once, as
+// f32 (split: hi + lo), and keeps in registers, and one block scale per row. The block walks its `rpb` rows in tiles
+// of 8, loading the next tile (PQ2_0; Q8_0's 16-byte codes take the registers of a second tile) while it multiplies
+// the current one; a tile's 8 lane sums are reduced over the warp by halving exchanges (after which lane l holds row
+// 4 b4 + 2 b3 + b2 of its bits), the warps' sums added in shared memory in warp order (the same order for every
+// call: deterministic), y written by the first 8 threads. The K columns multiplied are the first of rows of ldk
+// (the caller offsets q, d and x to take a later range: a long K runs as several calls adding into y, so that a
+// block stays within 16 warps of these register-heavy threads). K % (32 C) == 0, 16-byte aligned x, rpb % 8 == 0;
+// grid ceil(N / rpb), K / C threads.
+template <int FMT, int XM>
+__device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                            const void* __restrict__ x, long long lo, int K, int ldk, int N,
+                                            float* __restrict__ y, float beta, int rpb) {
+    constexpr int C = FMT == 0 ? 32 : 16, BLK = FMT == 0 ? 128 : 32;
+    __shared__ float part[2][32][8];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    int c0 = (warp * 32 + lane) * C;
+    int n0 = blockIdx.x * rpb, n1 = min(n0 + rpb, N);
+    idx_t row_bytes = FMT == 0 ? ldk / 4 : ldk, row_scales = ldk / BLK;
+    int s0 = c0 / BLK, buf = 0;
+    uint4 wv[8];
+    unsigned short sc[8];
+    wide_tile_load<FMT>(q, d, n0, N, row_bytes, row_scales, c0, s0, wv, sc);
+    float xv[C];
+#pragma unroll
+    for (int i = 0; i < C; i += 16) load_x16<XM>(x, c0 + i, lo, xv + i);
+    // PQ2_0 with bf16 or split inputs: integer dot products. The lane's 32 values become int16 q = round(x / s),
+    // s = max |x| / 32767 (about 2^-16 of the lane's largest value, split's own precision), each split into a
+    // signed high and an unsigned low byte, q = 256 h + l, packed four to a word in the order of the codes that
+    // one shift and mask of a code word yield (weights j, 4 + j, 8 + j, 12 + j). Then per row and word
+    // Σ c q = 256 Σ c h + Σ c l in 8 dp4a (codes c = value + 1, 0..3), the row's sum Σ (c - 1) q = that - Σ q
+    // exactly in int32, scaled once by s d. About one instruction per weight against three for the float decode.
+    [[maybe_unused]] unsigned hq[2][4], lq[2][4];
+    [[maybe_unused]] int qsum = 0;
+    [[maybe_unused]] float xs = 0.0f;
+    constexpr bool INT = FMT == 0 && XM != 1;
+    if constexpr (INT) {
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(xv[i]));
+        float inv = m > 0.0f ? 32767.0f / m : 0.0f;
+        xs = m / 32767.0f;
+#pragma unroll
+        for (int w = 0; w < 2; w++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                unsigned hw = 0u, lw = 0u;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    int qv = __float2int_rn(xv[16 * w + 4 * b + j] * inv);
+                    qsum += qv;
+                    hw |= (unsigned)((qv >> 8) & 0xff) << (8 * b);
+                    lw |= (unsigned)(qv & 0xff) << (8 * b);
+                }
+                hq[w][j] = hw, lq[w][j] = lw;
+            }
+    }
+#pragma unroll 1
+    for (int nt = n0; nt < n1; nt += 8) {
+        float p[8];
+        if constexpr (INT) {
+            uint4 nw[8];
+            unsigned short ns[8];
+            if (nt + 8 < n1) wide_tile_load<FMT>(q, d, nt + 8, N, row_bytes, row_scales, c0, s0, nw, ns);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int ah = 0;
+                unsigned al = 0u;
+#pragma unroll
+                for (int w = 0; w < 2; w++) {
+                    unsigned word = w == 0 ? wv[i].x : wv[i].y;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        unsigned c = (word >> (2 * j)) & 0x03030303u;
+                        ah = __dp4a((int)c, (int)hq[w][j], ah);
+                        al = __dp4a(c, lq[w][j], al);
+                    }
+                }
+                p[i] = (float)(ah * 256 + (int)al - qsum) * (xs * h2f(sc[i]));
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) wv[i] = nw[i], sc[i] = ns[i];
+        } else if constexpr (FMT == 0) {
+            uint4 nw[8];
+            unsigned short ns[8];
+            if (nt + 8 < n1) wide_tile_load<FMT>(q, d, nt + 8, N, row_bytes, row_scales, c0, s0, nw, ns);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float f[16];
+                decode_pq2(wv[i].x, f);
+                float s = dot_pq2(f, xv);
+                decode_pq2(wv[i].y, f);
+                p[i] = (s + dot_pq2(f, xv + 16)) * h2f(sc[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) wv[i] = nw[i], sc[i] = ns[i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float f[16];
+                decode_q8(wv[i], f);
+                p[i] = dot_q8(f, xv) * h2f(sc[i]);
+            }
+            if (nt + 8 < n1) wide_tile_load<FMT>(q, d, nt + 8, N, row_bytes, row_scales, c0, s0, wv, sc);
+        }
+        bool up = lane & 16;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float send = up ? p[i] : p[i + 4], keep = up ? p[i + 4] : p[i];
+            p[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+        }
+        up = lane & 8;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float send = up ? p[i] : p[i + 2], keep = up ? p[i + 2] : p[i];
+            p[i] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+        }
+        up = lane & 4;
+        {
+            float send = up ? p[0] : p[1], keep = up ? p[1] : p[0];
+            p[0] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+        }
+        p[0] += __shfl_xor_sync(0xffffffffu, p[0], 2);
+        p[0] += __shfl_xor_sync(0xffffffffu, p[0], 1);
+        if ((lane & 3) == 0) part[buf][warp][((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1)] = p[0];
+        __syncthreads();
+        if (threadIdx.x < 8 && nt + (int)threadIdx.x < n1) {
+            float t = 0.0f;
+            for (int w = 0; w < warps; w++) t += part[buf][w][threadIdx.x];
+            float* yo = y + nt + threadIdx.x;
+            *yo = beta != 0.0f ? t + beta * *yo : t;
+        }
+        buf ^= 1;
+    }
+}
+// The instantiations. The integer-product ones (PQ2_0, bf16 / split inputs) are bounded to 22 warps a block (about
+// 90 registers a thread), so that 27B's K of 17,408 (17 warps) runs in one call; the others take up to 16.
+#define GEMV_Q_WIDE(name, FMT, XM, BOUND)                                                                         \
+    KERNEL(simt) void __launch_bounds__(BOUND)                                                                    \
+        name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,                           \
+             const void* __restrict__ x, long long lo, int K, int ldk, int N, float* __restrict__ y, float beta,  \
+             int rpb) {                                                                                           \
+        gemv_q_wide<FMT, XM>(q, d, x, lo, K, ldk, N, y, beta, rpb);                                               \
+    }
+GEMV_Q_WIDE(gemv_pq2_wide_bf16, 0, 0, 704)
+GEMV_Q_WIDE(gemv_pq2_wide_f32, 0, 1, 512)
+GEMV_Q_WIDE(gemv_pq2_wide_split, 0, 2, 704)
+GEMV_Q_WIDE(gemv_q8_wide_bf16, 1, 0, 512)
+GEMV_Q_WIDE(gemv_q8_wide_f32, 1, 1, 512)
+GEMV_Q_WIDE(gemv_q8_wide_split, 1, 2, 512)
+
+// Rows n0 .. n0 + nrows of a block-format matrix (fmt 0 PQ2_0, 1 Q8_0, 2 f16 rows, 3 f32 rows) decoded into out
+// [nrows, K] (prefill: a GEMM multiplies the chunk): mode 0 bf16 (rounded to nearest), 1 f32 (exact), 2 bf16 hi and
+// lo planes (lo nrows K values after hi, hi + lo the value to about 2^-16; a PQ2_0 value, an f16 times -1, 0, 1 or 2,
+// and an f16 exactly).
 // One thread per 16-weight group; grid ceil(nrows K / 16 / 256), 256 threads.
 KERNEL(simt) void dequant_rows(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, int fmt,
                                int K, int n0, int nrows, void* __restrict__ out, int mode) {
@@ -227,11 +466,15 @@ KERNEL(simt) void dequant_rows(const unsigned char* __restrict__ q, const unsign
         sc = h2f(d[n * (K / 128) + c / 128]);
 #pragma unroll
         for (int i = 0; i < 16; i++) v[i] = f[i] * (i < 4 ? 1.0f : i < 8 ? (1.0f / 256.0f) : (1.0f / 65536.0f)) * sc;
-    } else {
+    } else if (fmt == 1) {
         decode_q8(__ldg((const uint4*)(q + n * K) + c / 16), f);
         sc = h2f(d[n * (K / 32) + c / 32]);
 #pragma unroll
         for (int i = 0; i < 16; i++) v[i] = f[i] * ((i & 1) ? (1.0f / 256.0f) : 1.0f) * sc;
+    } else if (fmt == 2) {
+        load_rows16<2>(q, n, K, (int)(c / 16), v);
+    } else {
+        load_rows16<3>(q, n, K, (int)(c / 16), v);
     }
     idx_t o = r * K + c;
     if (mode == 1) {
@@ -259,23 +502,52 @@ KERNEL(simt) void dequant_rows(const unsigned char* __restrict__ q, const unsign
 
 // The 10 butterfly stages of the FWHT over s[1024] (a block's values, signed already unless `inverse`), then / 32
 // (and the signs for the inverse), stored as `store_act` with `mode` at out[o + c0 + i]. Every thread of the block
-// (256) calls it; it synchronises first, so s may have been written just before.
+// (256) calls it; it synchronises first, so s may have been written just before. Thread t holds values 4t .. 4t + 3:
+// the stages of span 1 and 2 in its registers, 4 to 64 by shuffles within the warp, 128 to 512 through s (the
+// same sums in the same order as one stage at a time in shared memory, with 6 barriers instead of 10 and no index
+// division).
 __device__ __forceinline__ void fwht1024_store(float* s, idx_t o, int c0, const float* __restrict__ signs,
                                                int inverse, void* out, int mode) {
-    for (int h = 1; h < 1024; h <<= 1) {
-        __syncthreads();
-        for (int p = threadIdx.x; p < 512; p += blockDim.x) {
-            int i = (p / h) * 2 * h + (p % h), j = i + h;
-            float a = s[i], b = s[j];
-            s[i] = a + b;
-            s[j] = a - b;
+    __syncthreads();
+    int t = threadIdx.x;
+    float v[4];
+    {
+        float4 q = ((const float4*)s)[t];
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    }
+    float a = v[0], b = v[1];
+    v[0] = a + b, v[1] = a - b;
+    a = v[2], b = v[3];
+    v[2] = a + b, v[3] = a - b;
+    a = v[0], b = v[2];
+    v[0] = a + b, v[2] = a - b;
+    a = v[1], b = v[3];
+    v[1] = a + b, v[3] = a - b;
+#pragma unroll
+    for (int k = 0; k < 5; k++) {
+        bool up = t & (1 << k);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float other = __shfl_xor_sync(0xffffffffu, v[e], 1 << k);
+            v[e] = up ? other - v[e] : v[e] + other;
         }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
-        int c = c0 + i;
-        float v = s[i] * (1.0f / 32.0f);
-        store_act(out, o + c, inverse ? v * signs[c] : v, mode);
+#pragma unroll
+    for (int k = 5; k < 8; k++) {
+        __syncthreads();
+        ((float4*)s)[t] = make_float4(v[0], v[1], v[2], v[3]);
+        __syncthreads();
+        float4 q = ((const float4*)s)[t ^ (1 << k)];
+        float other[4] = {q.x, q.y, q.z, q.w};
+        bool up = t & (1 << k);
+#pragma unroll
+        for (int e = 0; e < 4; e++) v[e] = up ? other[e] - v[e] : v[e] + other[e];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int c = c0 + 4 * t + e;
+        float x = v[e] * (1.0f / 32.0f);
+        store_act(out, o + c, inverse ? x * signs[c] : x, mode);
     }
 }
 
@@ -291,14 +563,22 @@ __device__ __forceinline__ void fwht1024_store(float* s, idx_t o, int c0, const 
 KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict__ gain, float eps, int K,
                                 const float* __restrict__ signs, int inverse, void* out, int mode, int ldo,
                                 void* raw, int raw_mode, int ldr, int swiglu) {
-    __shared__ float s[1024];
+    __shared__ __align__(16) float s[1024];
     idx_t r = blockIdx.x;
     int c0 = blockIdx.y * 1024;
     const float* row = x + r * ldx;
     float inv = 1.0f;
     if (gain) {
         float ss = 0.0f;
-        for (int c = threadIdx.x; c < K; c += blockDim.x) ss += row[c] * row[c];
+        if ((ldx & 3) == 0 && ((unsigned long long)x & 15) == 0) {
+            // 16-byte loads, all of a thread's issued together (K % 1024 == 0).
+            for (int c = 4 * threadIdx.x; c < K; c += 4 * blockDim.x) {
+                float4 q = *(const float4*)(row + c);
+                ss += q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
+            }
+        } else {
+            for (int c = threadIdx.x; c < K; c += blockDim.x) ss += row[c] * row[c];
+        }
         ss = block_sum(ss);
         inv = 1.0f / sqrtf(ss / K + eps);
     }
@@ -323,7 +603,7 @@ KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict
 KERNEL(simt) void gated_norm_rotate(const float* __restrict__ x, const float* __restrict__ z, int ldz,
                                     const float* __restrict__ w, float eps, int dv, int K,
                                     const float* __restrict__ signs, void* out, int mode, int ldo) {
-    __shared__ float s[1024];
+    __shared__ __align__(16) float s[1024];
     __shared__ float wsum[8];
     idx_t r = blockIdx.x;
     int c0 = blockIdx.y * 1024, i0 = 4 * threadIdx.x, c = c0 + i0;

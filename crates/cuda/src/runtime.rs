@@ -49,8 +49,11 @@ pub struct Kernels {
     pub argmax_rows: CudaFunction,
     pub head_argmax_bf16: CudaFunction,
     pub gemv_norm_bf16: CudaFunction,
-    /// `gemv_{pq2,q8}_{bf16,f32,split}_{1,8}` (quant.cu): [format][activation layout][more than one row].
-    pub gemv_q: [[[CudaFunction; 2]; 3]; 2],
+    /// `gemv_{pq2,q8,f16,f32r}_{bf16,f32,split}_{1,8}` (quant.cu): [format][activation layout][more than one row].
+    pub gemv_q: [[[CudaFunction; 2]; 3]; 4],
+    /// `gemv_{pq2,q8}_wide_{bf16,f32,split}` (quant.cu): the one-row GEMV with x in registers, [format][activation
+    /// layout].
+    pub gemv_q_wide: [[CudaFunction; 3]; 2],
     pub dequant_rows: CudaFunction,
     pub hadamard_rows: CudaFunction,
     pub gated_norm_rotate: CudaFunction,
@@ -657,7 +660,17 @@ impl Gpu {
                     };
                     Ok([rows("bf16")?, rows("f32")?, rows("split")?])
                 };
-                [fmt("pq2")?, fmt("q8")?]
+                [fmt("pq2")?, fmt("q8")?, fmt("f16")?, fmt("f32r")?]
+            },
+            gemv_q_wide: {
+                let wide = |q: &str| -> Result<[CudaFunction; 3], CudaError> {
+                    Ok([
+                        f(&format!("gemv_{q}_wide_bf16"))?,
+                        f(&format!("gemv_{q}_wide_f32"))?,
+                        f(&format!("gemv_{q}_wide_split"))?,
+                    ])
+                };
+                [wide("pq2")?, wide("q8")?]
             },
         };
         let name = ctx.name().op("device name")?;

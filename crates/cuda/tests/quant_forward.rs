@@ -80,6 +80,7 @@ fn cases() -> Vec<(String, synth::SynthSpec, OutType)> {
     vec![
         ("tiny-gva Q8_0".into(), p("tiny-gva"), OutType::Q8_0),
         ("tiny-bf16 Q8_0".into(), p("tiny-bf16"), OutType::Q8_0),
+        ("tiny-gva F16".into(), p("tiny-gva"), OutType::F16),
         (
             "tiny-gva Q8_0 (tied)".into(),
             synth::SynthSpec {
@@ -122,11 +123,12 @@ fn block_format_forward_matches_cpu() {
     for (name, spec, ty) in cases() {
         let (_dir, m) = pack(&name, &spec, ty);
         for prec in [Precision::F32, Precision::Bf16Split] {
-            let tol = if ty == OutType::Q8_0 && prec == Precision::Bf16Split {
-                TOL.max(2.0 * float_twin_error(&g, &name, &spec, prec))
-            } else {
-                TOL
-            };
+            let tol =
+                if ty != OutType::PQ2_0 && ty != OutType::PTQ1_0 && prec == Precision::Bf16Split {
+                    TOL.max(2.0 * float_twin_error(&g, &name, &spec, prec))
+                } else {
+                    TOL
+                };
             let gm = CudaModel::with_precision(&m, g.clone(), prec).expect("upload");
             check_forward(&mut fails, &format!("{name} {prec:?}"), &m, &gm, tol);
         }
@@ -146,7 +148,7 @@ fn block_format_forward_bf16_matches_cpu() {
     for (name, spec, ty) in cases() {
         let (_dir, m) = pack(&name, &spec, ty);
         let gm = CudaModel::with_precision(&m, g.clone(), Precision::Bf16).expect("upload");
-        let tol = if ty == OutType::Q8_0 {
+        let tol = if ty == OutType::Q8_0 || ty == OutType::F16 {
             2.0 * BF16_TOL
         } else {
             BF16_TOL

@@ -96,6 +96,7 @@ fn main() {
     );
 
     for path in [
+        TernaryPath::Avx512Vnni,
         TernaryPath::Avx512,
         TernaryPath::Avx2,
         TernaryPath::Portable,

@@ -7,7 +7,7 @@ use half::f16;
 use onepass_formats::quant::{ptq1_0_to_pq2_0, GgmlType};
 use onepass_kernels::{
     dot_rows, matmul_t, ptq1_0_matmul_t, ptq1_0_matmul_t_reference, ptq1_0_matmul_t_with,
-    ternary_matmul_t_with,
+    ternary_matmul_t_with, TernaryPath,
 };
 use onepass_tensor::{DType, Tensor};
 
@@ -17,7 +17,10 @@ use xorshift::Rng;
 
 #[path = "common/ternary_checks.rs"]
 mod ternary_checks;
-use ternary_checks::{assert_close, decoded, paths, twin_checked_against_dense, SHAPES};
+use ternary_checks::{
+    abs_products, act_rounded, assert_close, assert_path_close, decoded, paths,
+    twin_checked_against_dense, SHAPES,
+};
 
 /// Random PTQ1_0 rows: every trit byte uniform over 0..=255 (all of them decode, so every byte
 /// value is exercised), scales in the range real packs use, last in the block.
@@ -55,19 +58,39 @@ fn ptq1_0_paths_match_the_twin_the_decoder_and_the_pq2_0_kernel_on_odd_shapes() 
                 |x, out| ptq1_0_matmul_t_reference(x, t, &w, n, k, out),
                 &format!("twin vs dense N={n} K={k} T={t}"),
             );
+            let twin = |x: &[f32], out: &mut [f32]| ptq1_0_matmul_t_reference(x, t, &w, n, k, out);
             for &path in &paths {
                 let mut y = vec![f32::NAN; t * n];
                 ptq1_0_matmul_t_with(path, &x, t, &w, n, k, &mut y);
-                assert_close(&format!("{path:?} N={n} K={k} T={t}"), &y, &slow, &scale);
-                // Same values, same multiply-add order as the PQ2_0 kernel: the same bits.
+                let what = format!("{path:?} N={n} K={k} T={t}");
+                assert_path_close(path, &what, &x, t, &wf, &y, &slow, &scale, twin);
                 let mut via = vec![f32::NAN; t * n];
                 ternary_matmul_t_with(path, &x, t, &words, n, k, &mut via);
-                let same = y.iter().zip(&via).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{path:?} N={n} K={k} T={t}: PTQ1_0 vs PQ2_0 bits");
+                if path.rounds_activations() {
+                    // The same integer sums per block, spread over the lanes differently: equal up to the f32
+                    // rounding of the lanes.
+                    let rounded = abs_products(&act_rounded(&x).0, t, &wf, n, k);
+                    assert_close(&format!("{what}: PTQ1_0 vs PQ2_0"), &y, &via, &rounded);
+                } else {
+                    // Same values, same multiply-add order as the PQ2_0 kernel: the same bits.
+                    let same = y.iter().zip(&via).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{what}: PTQ1_0 vs PQ2_0 bits");
+                }
             }
             let mut y = vec![f32::NAN; t * n];
             matmul_t(&x, t, &packed, &mut y);
-            assert_close(&format!("matmul_t N={n} K={k} T={t}"), &y, &slow, &scale);
+            let what = format!("matmul_t N={n} K={k} T={t}");
+            assert_path_close(
+                TernaryPath::detect(),
+                &what,
+                &x,
+                t,
+                &wf,
+                &y,
+                &slow,
+                &scale,
+                twin,
+            );
         }
         let x: Vec<f32> = (0..k).map(|_| rng.normal_ish()).collect();
         let rows: Vec<u32> = (0..n as u32).rev().step_by(2).collect();
@@ -102,13 +125,37 @@ fn ptq1_0_layout_rule_holds_value_by_value() {
         block[24 + h] = enc([t4[0], t4[1], t4[2], t4[3], 0]);
     }
     block[26..].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+    // x = v·e_j with v = 1 − 2⁻¹⁵, which the integer kernels' rounding keeps exactly (32767 steps of 2⁻¹⁵).
+    let v = 1.0 - 2f32.powi(-15);
     for path in paths() {
         for j in 0..128 {
             let mut x = vec![0f32; 128];
-            x[j] = 1.0;
+            x[j] = v;
             let mut y = [f32::NAN];
             ptq1_0_matmul_t_with(path, &x, 1, &block, 1, 128, &mut y);
-            assert_eq!(y[0], (trit(j) as f32 - 1.0) * 0.5, "{path:?} value {j}");
+            assert_eq!(y[0], (trit(j) as f32 - 1.0) * 0.5 * v, "{path:?} value {j}");
+        }
+    }
+}
+
+#[test]
+fn a_token_reads_the_same_bits_alone_and_stacked_with_others() {
+    let mut rng = Rng(0x5eed_7432);
+    let (n, k) = (67, 640);
+    let w = random_ptq1_0(&mut rng, n, k);
+    let t = 7;
+    let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
+    for path in paths() {
+        let mut all = vec![f32::NAN; t * n];
+        ptq1_0_matmul_t_with(path, &x, t, &w, n, k, &mut all);
+        for i in 0..t {
+            let mut one = vec![f32::NAN; n];
+            ptq1_0_matmul_t_with(path, &x[i * k..(i + 1) * k], 1, &w, n, k, &mut one);
+            let same = one
+                .iter()
+                .zip(&all[i * n..(i + 1) * n])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{path:?}: token {i} alone vs stacked");
         }
     }
 }

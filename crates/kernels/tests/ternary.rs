@@ -21,8 +21,10 @@ use xorshift::Rng;
 
 #[path = "common/ternary_checks.rs"]
 mod ternary_checks;
+use onepass_kernels::TernaryPath;
 use ternary_checks::{
-    abs_products, assert_close, decoded, paths, twin_checked_against_dense, SHAPES,
+    abs_products, assert_close, assert_path_close, decoded, paths, twin_checked_against_dense,
+    SHAPES, WORST_ROUNDED,
 };
 
 /// Random PQ2_0 rows: codes 0..=3 (code 3 rare, as a stress of the +2·d rule), scales in the
@@ -62,33 +64,60 @@ fn fast_paths_match_the_slow_twin_and_dequantize_then_matmul_on_odd_shapes() {
                 |x, out| ternary_matmul_t_reference(x, t, &w, n, k, out),
                 &format!("slow twin vs dense, N={n} K={k} T={t}"),
             );
+            let twin = |x: &[f32], out: &mut [f32]| ternary_matmul_t_reference(x, t, &w, n, k, out);
             for &path in &paths {
                 let mut y = vec![f32::NAN; t * n];
                 ternary_matmul_t_with(path, &x, t, &w, n, k, &mut y);
-                assert_close(&format!("{path:?} N={n} K={k} T={t}"), &y, &slow, &scale);
+                let what = format!("{path:?} N={n} K={k} T={t}");
+                assert_path_close(path, &what, &x, t, &wf, &y, &slow, &scale, twin);
             }
             let mut y = vec![f32::NAN; t * n];
             ternary_matmul_t(&x, t, &w, n, k, &mut y);
-            assert_close(
-                &format!("detected path N={n} K={k} T={t}"),
-                &y,
-                &slow,
-                &scale,
-            );
+            let what = format!("detected path N={n} K={k} T={t}");
+            let path = TernaryPath::detect();
+            assert_path_close(path, &what, &x, t, &wf, &y, &slow, &scale, twin);
+        }
+    }
+    let (peak, sum) = *WORST_ROUNDED.lock().expect("not poisoned");
+    eprintln!(
+        "rounded activations: max |error| / max|y| {peak:.2e}, max |error| / Σ|w·x| {sum:.2e}"
+    );
+}
+
+#[test]
+fn a_token_reads_the_same_bits_alone_and_stacked_with_others() {
+    let mut rng = Rng(0x5eed_0019);
+    let (n, k) = (67, 640);
+    let w = random_pq2_0(&mut rng, n, k);
+    let t = 7;
+    let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
+    for path in paths() {
+        let mut all = vec![f32::NAN; t * n];
+        ternary_matmul_t_with(path, &x, t, &w, n, k, &mut all);
+        for i in 0..t {
+            let mut one = vec![f32::NAN; n];
+            ternary_matmul_t_with(path, &x[i * k..(i + 1) * k], 1, &w, n, k, &mut one);
+            let same = one
+                .iter()
+                .zip(&all[i * n..(i + 1) * n])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{path:?}: token {i} alone vs stacked");
         }
     }
 }
 
 #[test]
 fn code_three_reads_as_plus_two_d_on_every_path() {
-    // One row, one block: all codes 3, scale 0.5, x all 1 → 128 · 2 · 0.5 = 128.
+    // One row, one block: all codes 3, scale 0.5, x all 1 − 2⁻¹⁵ (which the integer kernels' rounding keeps
+    // exactly: 32767 steps of 2⁻¹⁵) → 128 · 2 · 0.5 · x.
     let mut w = f16::from_f32(0.5).to_le_bytes().to_vec();
     w.extend(std::iter::repeat_n(0xFFu8, 32));
-    let x = vec![1f32; 128];
+    let v = 1.0 - 2f32.powi(-15);
+    let x = vec![v; 128];
     for path in paths() {
         let mut y = [0f32];
         ternary_matmul_t_with(path, &x, 1, &w, 1, 128, &mut y);
-        assert_eq!(y[0], 128.0, "{path:?}");
+        assert_eq!(y[0], 128.0 * v, "{path:?}");
     }
 }
 

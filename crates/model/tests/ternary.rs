@@ -12,6 +12,7 @@ use common::to_gguf::{convert, Opts};
 use common::{logits_split, worst};
 use half::f16;
 use onepass_formats::{ptq1_0_to_pq2_0, Checkpoint, GgmlType, GgufArray, GgufValue};
+use onepass_kernels::TernaryPath;
 use onepass_model::gguf::gguf_name;
 use onepass_model::synth::{preset, pseudo_ids, write_checkpoint};
 use onepass_model::{LayerKind, Model, ModelConfig};
@@ -352,8 +353,17 @@ fn a_ptq1_0_pack_stays_packed_and_gives_the_pq2_0_pack_logits() {
     let (a, b) = (logits(&ptq), logits(&pq));
     let d = worst(&a, &b, pq.vocab_size());
     eprintln!("PTQ1_0 pack vs PQ2_0 pack: max rel {d:.2e}");
-    // The kernels run the same values in the same order: equal up to rounding (in fact the same bits).
-    assert!(d <= 1e-6, "{d}");
+    // The same values: with f32 activations the kernels run them in the same order (the same bits). The integer
+    // kernels (AVX-512 VNNI) round the activations to 16 bits per block and spread each block's exact integer sum
+    // over their lanes differently for the two layouts; a last-bit difference in one layer's output can move a
+    // rounding step in the next layer's activations, so the packs agree within the activation rounding's error
+    // (docs/ARCHITECTURE.md), not bit for bit.
+    let bound = if TernaryPath::detect().rounds_activations() {
+        1e-3
+    } else {
+        1e-6
+    };
+    assert!(d <= bound, "{d}");
 }
 
 #[test]

@@ -21,15 +21,27 @@ pub(super) fn upload_f32(g: &Gpu, v: &[f32]) -> Result<Dev<f32>, CudaError> {
 /// uploaded, or refused with [`CudaError::Unsupported`] naming the tensor and format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Form {
-    /// F32, F16, BF16: converted to the precision's float layout.
+    /// BF16, and F32 or F16 outside split mode or held exactly by bf16: converted to the precision's float layout.
     Float,
     /// PQ2_0 as stored; PTQ1_0 transcoded to PQ2_0 words (the same values, losslessly).
     Pq2,
     Q8,
+    /// Split mode, an F16 matrix bf16 does not hold exactly: kept as stored, multiplied by [`crate::qgemm`]
+    /// (decode reads it directly, prefill splits it into bf16 hi and lo planes), so that the weights stay exact.
+    F16Rows,
+    /// Split mode, an F32 matrix bf16 does not hold exactly: the same, as f32.
+    F32Rows,
 }
 
-fn form(t: &Tensor) -> Form {
+/// How `t` goes to the device in `prec`. Split mode promises exact weights: a float matrix that bf16 does not hold
+/// exactly (an F16 file from f32 weights, say) keeps its own values (the float-rows forms; their GEMV groups take
+/// 16 columns); one that bf16 holds (the usual F16 or F32 file of a bf16 model) takes the bf16 path.
+fn form(t: &Tensor, prec: Precision) -> Form {
+    let split = prec == Precision::Bf16Split && t.shape().last().is_some_and(|k| k % 16 == 0);
+    let bf16 = |x: f32| x.to_bits() & 0xffff == 0;
     match t.view() {
+        View::F16(v) if split && !v.iter().all(|h| bf16(h.to_f32())) => Form::F16Rows,
+        View::F32(v) if split && !v.iter().all(|x| bf16(*x)) => Form::F32Rows,
         View::F32(_) | View::BF16(_) | View::F16(_) => Form::Float,
         View::PQ2_0(_) | View::PTQ1_0(_) => Form::Pq2,
         View::Q8_0(_) => Form::Q8,
@@ -66,7 +78,8 @@ fn not_float(t: &Tensor) -> CudaError {
 }
 
 /// Uploads block-format weights stacked by rows (all of one [`Form`], the same column count) in quant.cu's layout:
-/// every block's code bytes in order (rows after rows), then, from a 256-byte boundary, every block's f16 scale.
+/// every block's code bytes in order (rows after rows), then, from a 256-byte boundary, every block's f16 scale;
+/// float rows (the float-rows forms) as their values in order.
 fn upload_block(g: &Gpu, parts: &[&Tensor], f: Form) -> Result<Weight, CudaError> {
     let cols = parts
         .first()
@@ -82,11 +95,24 @@ fn upload_block(g: &Gpu, parts: &[&Tensor], f: Form) -> Result<Weight, CudaError
                     .map_err(|e| CudaError::Unsupported(format!("{}: {e}", t.name())))?;
                 o.into()
             }
+            (View::F16(v), Form::F16Rows) => v
+                .iter()
+                .flat_map(|h| h.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+            (View::F32(v), Form::F32Rows) => v
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
             _ => return Err(not_float(t)),
         });
     }
     let blocks: Vec<&[u8]> = owned.iter().map(|b| &**b).collect();
-    let (buf, w) = crate::qgemm::upload_blocks(g, &blocks, f == Form::Q8)?;
+    let (buf, w) = match f {
+        Form::F16Rows | Form::F32Rows => crate::qgemm::upload_rows(g, &blocks, f == Form::F16Rows)?,
+        _ => crate::qgemm::upload_blocks(g, &blocks, f == Form::Q8)?,
+    };
     Ok(Weight {
         _buf: WeightBuf::Bytes(buf),
         w,
@@ -96,7 +122,7 @@ fn upload_block(g: &Gpu, parts: &[&Tensor], f: Form) -> Result<Weight, CudaError
 
 /// One weight matrix (the embedding, the head): a float one in the precision's layout, or blocks as stored.
 fn upload_one(g: &Gpu, t: &Tensor, prec: Precision) -> Result<Weight, CudaError> {
-    match form(t) {
+    match form(t, prec) {
         Form::Float => upload_stacked(g, &[t], prec, false),
         f => upload_block(g, &[t], f),
     }
@@ -113,12 +139,13 @@ fn upload_linear(
     twice: bool,
 ) -> Result<Linear, CudaError> {
     let folded = rot.map_or(0, |r| r.1);
+    let forms: Vec<Form> = ts.iter().map(|t| form(t, prec)).collect();
     let mut parts = Vec::new();
     let (mut i, mut row0) = (0, 0);
     while i < ts.len() {
-        let (f, r) = (form(ts[i]), i < folded);
+        let (f, r) = (forms[i], i < folded);
         let mut j = i + 1;
-        while j < ts.len() && form(ts[j]) == f && (j < folded) == r {
+        while j < ts.len() && forms[j] == f && (j < folded) == r {
             j += 1;
         }
         let group = &ts[i..j];

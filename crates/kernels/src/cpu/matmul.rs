@@ -14,8 +14,10 @@
 //! prefetched, for decode; 4 × 4 with token tiles sized for L2 for more tokens; elsewhere 2 × 4. Blocks and tiles
 //! change which products run together, never an output's order.
 //!
-//! Q8_0 prefill (several tokens) decodes each block of W to f32 once and runs the packed GEMM of the `gemm` crate
-//! on it, whose blocking depends on the tokens stacked; decode (one or two tokens) streams each row once through
+//! Q8_0 prefill (several tokens) runs, where the processor has AVX-512 VNNI and K is a multiple of 128, the integer
+//! GEMM of [`super::q8_0_vnni`] (activations rounded to 16 bits per 128-value block; each token's outputs computed
+//! alike whatever else is stacked); elsewhere it decodes each block of W to f32 once and runs the packed GEMM of the
+//! `gemm` crate on it, whose blocking depends on the tokens stacked. Decode (one or two tokens) streams each row once through
 //! the block dot products ([`super::q8_0::rows_q8_0`]: a row's codes widened once for both tokens).
 
 use half::{bf16, f16};
@@ -24,6 +26,7 @@ use rayon::prelude::*;
 
 use super::ptq1_0::ptq1_0_matmul_t;
 use super::q8_0::{decode_q8_0, dot_q8_0, rows_q8_0};
+use super::q8_0_vnni::{self, q8_0_matmul_t_vnni};
 use super::sgemm::{sgemm_raw, Mat};
 use super::ternary::ternary_matmul_t;
 use super::tiled::{rows_tiled, Rows};
@@ -71,6 +74,10 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
     }
     if t <= GEMV_MAX_T {
         gemv(x, t, k, n, w, y);
+    } else if let (View::Q8_0(raw), true) =
+        (w.view(), k.is_multiple_of(128) && q8_0_vnni::available())
+    {
+        q8_0_matmul_t_vnni(x, t, raw, n, k, y);
     } else {
         gemm_blocks(x, t, k, n, w, y);
     }

@@ -16,11 +16,17 @@
 //! vectors of `(trit − 1)·d` (the same table lookup the PQ2_0 kernels use, so the values and the
 //! order of the multiply-adds are those of the PQ2_0 kernel on the transcoded blocks: the results are
 //! the same bits), then runs them over the `TT` tokens. [`ptq1_0_matmul_t_reference`] is the slow
-//! twin (f64 accumulation, each value decoded on its own from the layout rule).
+//! twin (f64 accumulation, each value decoded on its own from the layout rule). On the AVX-512 VNNI path the
+//! integer kernel of `super::ternary_vnni` runs instead (rounded activations; equal to the PQ2_0 one up to f32
+//! rounding, not bit for bit).
 
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
+use super::act_q::quantize;
 use super::ternary::{check_packed_shapes, for_row_tasks, TernaryPath};
+#[cfg(target_arch = "x86_64")]
+use super::ternary_vnni::{rows as vnni_rows, Packed};
 
 /// Values per PTQ1_0 block.
 pub const PTQ1_0_BLOCK: usize = 128;
@@ -53,13 +59,24 @@ pub fn ptq1_0_matmul_t_with(
     if t == 0 || n == 0 {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if path == TernaryPath::Avx512Vnni {
+        let a = quantize(x, t, k, Packed::Ptq1_0.layout());
+        // SAFETY: as below; the activations are quantized in the layout the kernel reads.
+        unsafe {
+            for_row_tasks(n, y, |r0, r1, y| {
+                vnni_rows(Packed::Ptq1_0, &a, t, w, r0, r1, y, n)
+            })
+        };
+        return;
+    }
     // SAFETY: shapes checked above; each task writes only columns r0..r1 of y, which no other task writes; the
     // path is available (asserted above).
     unsafe { for_row_tasks(n, y, |r0, r1, y| rows(path, x, t, w, k, r0, r1, y, n)) };
 }
 
 /// The byte and trit holding value `j` (0..128) of a PTQ1_0 block, from the layout rule.
-pub fn ptq1_0_position(j: usize) -> (usize, u32) {
+pub const fn ptq1_0_position(j: usize) -> (usize, u32) {
     match j {
         0..80 => (j % 16, (j / 16) as u32),
         80..120 => (16 + (j - 80) % 8, ((j - 80) / 8) as u32),

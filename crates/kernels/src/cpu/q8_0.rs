@@ -1,8 +1,9 @@
 //! Q8_0 weights (GGUF type 8): rows of 34-byte blocks, an f16 scale `d` and 32 signed bytes `q`, value
 //! `q·d`. Matrix-vector products read the blocks as stored: each block's 32 codes are widened in registers,
 //! multiplied by the activation, summed, and the sum scaled by `d` (one multiply per 32 weights), so decode
-//! streams 8.5 bits per weight. Prefill decodes a task's block of rows into an f32 scratch (exact: an f16
-//! times a small integer is an f32) and runs the packed GEMM on it (`matmul_t`); nothing is kept decoded.
+//! streams 8.5 bits per weight. Prefill runs the integer GEMM of `q8_0_vnni.rs` where the processor has AVX-512
+//! VNNI, else decodes a task's block of rows into an f32 scratch (exact: an f16 times a small integer is an f32)
+//! and runs the packed GEMM on it (`matmul_t`); nothing is kept decoded.
 //! The slow twin is `matmul_t_reference`, which decodes every value through the tensor.
 
 use half::f16;

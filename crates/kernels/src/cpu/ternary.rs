@@ -15,9 +15,19 @@
 //! decoded vector over `TT` tokens and each activation load over `R` rows; rayon splits the rows
 //! across cores. AVX-512 tiles are 4 rows × up to 4 tokens, AVX2 tiles 2 rows × up to 2 tokens;
 //! [`ternary_matmul_t_reference`] is the slow twin (f64 accumulation, one value at a time).
+//!
+//! Where the processor has AVX-512 VNNI and GFNI, [`TernaryPath::detect`] picks instead the integer kernel of
+//! `super::ternary_vnni` (for PTQ1_0 too), which rounds the activations to 16 bits per 128-value block (relative
+//! error ≤ 2⁻¹⁶ of the block's largest value) and is about twice as fast; the f32 paths stay for the processors
+//! without it and as its comparison.
 
 use half::f16;
 use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+use super::act_q::quantize;
+#[cfg(target_arch = "x86_64")]
+use super::ternary_vnni::{rows as vnni_rows, Packed};
 
 /// Values per PQ2_0 block.
 pub const PQ2_0_BLOCK: usize = 128;
@@ -29,6 +39,8 @@ const ROWS_PER_TASK: usize = 64;
 /// Which implementation [`ternary_matmul_t_with`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TernaryPath {
+    /// Integer dot products on activations rounded to 16 bits per 128-value block (`super::ternary_vnni`).
+    Avx512Vnni,
     Avx512,
     Avx2,
     /// Plain Rust, the same tiling (for processors without AVX2).
@@ -38,16 +50,27 @@ pub enum TernaryPath {
 impl TernaryPath {
     /// The fastest path this processor supports.
     pub fn detect() -> TernaryPath {
-        [TernaryPath::Avx512, TernaryPath::Avx2]
-            .into_iter()
-            .find(|p| p.available())
-            .unwrap_or(TernaryPath::Portable)
+        [
+            TernaryPath::Avx512Vnni,
+            TernaryPath::Avx512,
+            TernaryPath::Avx2,
+        ]
+        .into_iter()
+        .find(|p| p.available())
+        .unwrap_or(TernaryPath::Portable)
+    }
+
+    /// Whether the path rounds the activations to 16 bits per 128-value block before its dot products (the
+    /// integer kernels); the others multiply the f32 activations as given.
+    pub fn rounds_activations(self) -> bool {
+        self == TernaryPath::Avx512Vnni
     }
 
     /// Whether this processor can run the path.
     pub fn available(self) -> bool {
         match self {
             TernaryPath::Portable => true,
+            TernaryPath::Avx512Vnni => super::ternary_vnni::available(),
             #[cfg(target_arch = "x86_64")]
             TernaryPath::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
@@ -90,6 +113,17 @@ pub fn ternary_matmul_t_with(
         "ternary matmul: {path:?} is not available on this processor"
     );
     if t == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if path == TernaryPath::Avx512Vnni {
+        let a = quantize(x, t, k, Packed::Pq2_0.layout());
+        // SAFETY: as below; the activations are quantized in the layout the kernel reads.
+        unsafe {
+            for_row_tasks(n, y, |r0, r1, y| {
+                vnni_rows(Packed::Pq2_0, &a, t, w, r0, r1, y, n)
+            })
+        };
         return;
     }
     // SAFETY: shapes checked above; each task writes only columns r0..r1 of y, which no other task writes; the

@@ -32,6 +32,7 @@ pub fn decoded(ty: GgmlType, w: &[u8], n: usize, k: usize) -> (Vec<f32>, Tensor)
 /// The paths this processor can run.
 pub fn paths() -> Vec<TernaryPath> {
     [
+        TernaryPath::Avx512Vnni,
         TernaryPath::Avx512,
         TernaryPath::Avx2,
         TernaryPath::Portable,
@@ -87,4 +88,79 @@ pub fn twin_checked_against_dense(
     matmul_t_reference(&x, t, wt, &mut dense);
     assert_close(what, &slow, &dense, &scale);
     (x, slow, scale)
+}
+
+/// `x[T, K]` rounded as the integer kernels round their activations (per 128-value block of a token,
+/// `s = max|x| / 32767`, `q = round(x · 32767 / max|x|)`, value `q·s`): → (the rounded values, each value's step `s`).
+pub fn act_rounded(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let mut out = Vec::with_capacity(x.len());
+    let mut steps = Vec::with_capacity(x.len());
+    for xs in x.chunks_exact(128) {
+        let max = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let (s, inv) = if max == 0.0 {
+            (0.0, 0.0)
+        } else {
+            (max / 32767.0, 32767.0 / max)
+        };
+        out.extend(
+            xs.iter()
+                .map(|v| (v * inv).round().clamp(-32767.0, 32767.0) * s),
+        );
+        steps.extend(std::iter::repeat_n(s, 128));
+    }
+    (out, steps)
+}
+
+/// The largest error seen by [`assert_path_close`] on a path that rounds its activations, relative to the largest
+/// |output| of the call, and relative to the output's Σ|w·x|.
+pub static WORST_ROUNDED: std::sync::Mutex<(f64, f64)> = std::sync::Mutex::new((0.0, 0.0));
+
+/// [`assert_close`] for `path`'s output `got` on `x[T, K]` against the slow twin's `want` (`scale` from
+/// [`abs_products`], `wf` the decoded weights [N, K]). A path that rounds its activations (the integer kernels) is
+/// held to the bound of that rounding on top, Σ|w|·s/2 per output, and its output is also compared at the f32
+/// bound with `twin` (the slow twin) on the rounded activations, which checks its integer arithmetic exactly.
+#[allow(clippy::too_many_arguments)]
+pub fn assert_path_close(
+    path: TernaryPath,
+    what: &str,
+    x: &[f32],
+    t: usize,
+    wf: &[f32],
+    got: &[f32],
+    want: &[f32],
+    scale: &[f32],
+    twin: impl Fn(&[f32], &mut [f32]),
+) {
+    if !path.rounds_activations() {
+        return assert_close(what, got, want, scale);
+    }
+    let (n, k) = (want.len() / t, x.len() / t);
+    let (xr, steps) = act_rounded(x);
+    let mut on_rounded = vec![0f32; t * n];
+    twin(&xr, &mut on_rounded);
+    assert_close(
+        &format!("{what} vs the twin on rounded activations"),
+        got,
+        &on_rounded,
+        &abs_products(&xr, t, wf, n, k),
+    );
+    let peak = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let mut worst = WORST_ROUNDED.lock().expect("not poisoned");
+    for i in 0..t {
+        for r in 0..n {
+            let bound: f32 = (0..k)
+                .map(|c| wf[r * k + c].abs() * steps[i * k + c] * 0.5)
+                .sum();
+            let (g, w, s) = (got[i * n + r], want[i * n + r], scale[i * n + r]);
+            let tol = 1.01 * bound + 2e-6 * s + 1e-7;
+            assert!(
+                (g - w).abs() <= tol,
+                "{what}: output ({i}, {r}): {g} vs {w} (|diff| {} > {tol})",
+                (g - w).abs()
+            );
+            let e = f64::from((g - w).abs());
+            worst.0 = worst.0.max(e / f64::from(peak.max(f32::MIN_POSITIVE)));
+            worst.1 = worst.1.max(e / f64::from(s.max(f32::MIN_POSITIVE)));
+        }
+    }
 }

@@ -1,0 +1,316 @@
+//! Activations rounded for integer dot products: each block of 128 values of a token becomes 16-bit integers
+//! `q = round(x / s)` with `s = max|x| / 32767` (so the rounding error is at most `s / 2`, 2⁻¹⁶ of the block's
+//! largest value), stored in two bytes per value, `q = 256·h + l` with `h` signed (−128..127) and `l` unsigned
+//! (0..255), so that the VNNI byte dot product (`vpdpbusd`, unsigned × signed bytes into 32-bit sums) can take
+//! either half: `Σ w·q = 256·Σ w·h + Σ w·l`.
+//!
+//! Blocks go in groups (pairs for the ternary kernels, four for Q8_0), each group filling a few 64-byte registers
+//! in the order the kernel's weight unpacking produces (a [`Layout`]: which byte each value of the group's blocks
+//! lands on; bytes no value lands on hold zero; a last group short of blocks is filled with zeros). Per group and
+//! token come the 16 lanes of `s` (each 32-bit lane of the registers belongs to one block; lanes of none read 0)
+//! and minus the sums of `q` over the bytes each lane covers (`neg_lane_sums`): the correction for weights stored
+//! as unsigned codes `c` with value `c − 1`, `Σ (c − 1)·q = 256·Σ c·h + Σ c·l − Σ q`, is then the accumulator the
+//! dot products start from. A layout may ask for the high bytes as `h + 128` (unsigned), for signed weights.
+//!
+//! Quantized once per matmul call, shared by every weight row. A block whose values are not all finite gets the
+//! scale NaN, so the outputs that read it are NaN as with float activations.
+
+use rayon::prelude::*;
+
+/// Values per activation block.
+pub const ACT_BLOCK: usize = 128;
+/// 32-bit lanes of a 64-byte dot product.
+pub const LANES: usize = 16;
+
+/// Most blocks per group.
+pub const MAX_GROUP: usize = 4;
+
+/// Where a kernel reads each activation value of a group of blocks (a pair for the ternary kernels, four for Q8_0).
+pub struct Layout {
+    /// Blocks per group (at most [`MAX_GROUP`]).
+    pub blocks: usize,
+    /// 64-byte registers per group.
+    pub regs: usize,
+    /// `slot[j][v]`: the byte (below `64 · regs`) of value `v` of block `j` of the group (`j < blocks`).
+    pub slot: [[u16; ACT_BLOCK]; MAX_GROUP],
+    /// Whether the high bytes are stored as `h + 128` (unsigned), for kernels whose weights are the signed operand.
+    pub hi_plus_128: bool,
+}
+
+impl Layout {
+    /// Bytes per group (of h or of l).
+    pub const fn pair_bytes(&self) -> usize {
+        64 * self.regs
+    }
+
+    /// The block of the group each lane reads, if any. Panics if a lane mixes blocks (a wrong layout).
+    fn lane_blocks(&self) -> [Option<usize>; LANES] {
+        let mut lanes = [None; LANES];
+        for (j, slots) in self.slot[..self.blocks].iter().enumerate() {
+            for &o in slots {
+                let lane = &mut lanes[(usize::from(o) % 64) / 4];
+                assert!(lane.is_none_or(|b| b == j), "layout: a lane mixes blocks");
+                *lane = Some(j);
+            }
+        }
+        lanes
+    }
+}
+
+/// `x[T, K]` in the two-level 16-bit form.
+pub struct ActQ {
+    /// Values per token.
+    pub k: usize,
+    /// Groups of blocks per token (pairs for the ternary layouts).
+    pub pairs: usize,
+    /// Bytes per pair of [`Self::hi`] and [`Self::lo`].
+    pub pair_bytes: usize,
+    /// h: [T, pairs, pair_bytes] high bytes (signed), in the layout's order.
+    pub hi: Vec<i8>,
+    /// l: [T, pairs, pair_bytes] low bytes (unsigned).
+    pub lo: Vec<u8>,
+    /// s: [T, pairs, 16], `x ≈ s·q`, each lane its block's.
+    pub scale_lanes: Vec<f32>,
+    /// [T, pairs, 16]: lane `j` holds −Σ q over the bytes `4j..4j + 4` of each register.
+    pub neg_lane_sums: Vec<i32>,
+}
+
+/// The largest `|q|`.
+const Q_MAX: f32 = 32767.0;
+
+/// Quantizes `x[T, K]` (K a multiple of 128) into `layout`, the tokens in parallel when there are many values.
+pub fn quantize(x: &[f32], t: usize, k: usize, layout: &Layout) -> ActQ {
+    assert!(k.is_multiple_of(ACT_BLOCK) && x.len() == t * k);
+    let pairs = (k / ACT_BLOCK).div_ceil(layout.blocks);
+    let pair_bytes = layout.pair_bytes();
+    let lane_blocks = layout.lane_blocks();
+    let mut out = ActQ {
+        k,
+        pairs,
+        pair_bytes,
+        hi: vec![0; t * pairs * pair_bytes],
+        lo: vec![0; t * pairs * pair_bytes],
+        scale_lanes: vec![0.0; t * pairs * LANES],
+        neg_lane_sums: vec![0; t * pairs * LANES],
+    };
+    let per_token = pairs * pair_bytes;
+    let tokens = out
+        .hi
+        .chunks_exact_mut(per_token)
+        .zip(out.lo.chunks_exact_mut(per_token))
+        .zip(out.scale_lanes.chunks_exact_mut(pairs * LANES))
+        .zip(out.neg_lane_sums.chunks_exact_mut(pairs * LANES))
+        .zip(x.chunks_exact(k));
+    let one = |((((hi, lo), scales), sums), xs): TokenOut<'_>| {
+        token(xs, layout, &lane_blocks, hi, lo, scales, sums)
+    };
+    if t * k >= 1 << 16 {
+        tokens.par_bridge().for_each(one);
+    } else {
+        tokens.for_each(one);
+    }
+    out
+}
+
+/// One token's output slices and its values.
+type TokenOut<'a> = (
+    (((&'a mut [i8], &'a mut [u8]), &'a mut [f32]), &'a mut [i32]),
+    &'a [f32],
+);
+
+/// Quantizes one token `xs` [K] into its slices of [`ActQ`].
+fn token(
+    xs: &[f32],
+    layout: &Layout,
+    lane_blocks: &[Option<usize>; LANES],
+    hi: &mut [i8],
+    lo: &mut [u8],
+    scales: &mut [f32],
+    sums: &mut [i32],
+) {
+    let pair_bytes = layout.pair_bytes();
+    let flip = if layout.hi_plus_128 { i8::MIN } else { 0 };
+    for (b, xs) in xs.chunks_exact(ACT_BLOCK).enumerate() {
+        let max = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let bad = xs.iter().any(|v| !v.is_finite());
+        let (s, inv) = if bad {
+            (f32::NAN, 0.0)
+        } else if max == 0.0 {
+            (0.0, 0.0)
+        } else {
+            (max / Q_MAX, Q_MAX / max)
+        };
+        let (pair, j) = (b / layout.blocks, b % layout.blocks);
+        for (lane, block) in scales[pair * LANES..][..LANES].iter_mut().zip(lane_blocks) {
+            if *block == Some(j) {
+                *lane = s;
+            }
+        }
+        let hi = &mut hi[pair * pair_bytes..][..pair_bytes];
+        let lo = &mut lo[pair * pair_bytes..][..pair_bytes];
+        let sums = &mut sums[pair * LANES..][..LANES];
+        for (&v, &o) in xs.iter().zip(&layout.slot[j]) {
+            let (q, o) = (round_q(v, inv), usize::from(o));
+            hi[o] = ((q >> 8) as i8) ^ flip;
+            lo[o] = (q & 0xFF) as u8;
+            sums[(o % 64) / 4] -= q;
+        }
+    }
+}
+
+/// `round(x · inv)` (ties away from zero, as `f32::round`, spelled so that it compiles without a library call)
+/// clamped to ±32767.
+#[inline(always)]
+pub fn round_q(x: f32, inv: f32) -> i32 {
+    let r = x * inv;
+    // Truncate, then step away from zero if the (exact) remainder is at least a half.
+    let t = r as i32;
+    let f = r - t as f32;
+    let q = t + i32::from(f >= 0.5) - i32::from(f <= -0.5);
+    q.clamp(-(Q_MAX as i32), Q_MAX as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where [`ODD`] puts value `v` of block `j`: block 0 in the low halves, each 32 values reversed; block 1 in
+    /// the high halves, the registers reversed.
+    const fn odd_slot(j: usize, v: usize) -> usize {
+        if j == 0 {
+            64 * (v / 32) + 31 - v % 32
+        } else {
+            64 * (3 - v / 32) + 32 + v % 32
+        }
+    }
+
+    /// A layout no kernel uses, to check that the quantizer follows the map.
+    const ODD: Layout = {
+        let mut slot = [[0u16; ACT_BLOCK]; MAX_GROUP];
+        let mut v = 0;
+        while v < ACT_BLOCK {
+            slot[0][v] = odd_slot(0, v) as u16;
+            slot[1][v] = odd_slot(1, v) as u16;
+            v += 1;
+        }
+        Layout {
+            blocks: 2,
+            regs: 4,
+            slot,
+            hi_plus_128: false,
+        }
+    };
+
+    #[test]
+    fn the_two_bytes_give_back_q_and_q_gives_back_x_within_half_a_step() {
+        // Three blocks per token: one whole pair and one padded with zeros.
+        let k = 3 * ACT_BLOCK;
+        let x: Vec<f32> = (0..2 * k)
+            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
+            .collect();
+        let a = quantize(&x, 2, k, &ODD);
+        assert_eq!((a.pairs, a.pair_bytes), (2, 256));
+        for pair in 0..4 {
+            let (i, base) = (pair / 2, pair * 256);
+            let mut sums = [0i32; LANES];
+            for j in 0..2 {
+                let b = 2 * (pair % 2) + j;
+                for v in 0..ACT_BLOCK {
+                    let o = base + odd_slot(j, v);
+                    let q = 256 * i32::from(a.hi[o]) + i32::from(a.lo[o]);
+                    sums[(o % 64) / 4] -= q;
+                    if b == 3 {
+                        assert_eq!(q, 0, "padding");
+                        continue;
+                    }
+                    let xs = &x[i * k + b * ACT_BLOCK..][..ACT_BLOCK];
+                    let max = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let s = max / 32767.0;
+                    assert!(
+                        (q as f32 * s - xs[v]).abs() <= 0.5001 * s,
+                        "{} vs {q}·{s}",
+                        xs[v]
+                    );
+                }
+            }
+            assert_eq!(
+                &a.neg_lane_sums[pair * LANES..][..LANES],
+                &sums,
+                "pair {pair}"
+            );
+        }
+    }
+
+    #[test]
+    fn lanes_take_the_scale_of_their_block_and_zero_blocks_read_zero() {
+        // PQ2_0-like halves: block 0 in the low 32 bytes of each register, block 1 in the high ones.
+        let mut slot = [[0u16; ACT_BLOCK]; MAX_GROUP];
+        for v in 0..ACT_BLOCK {
+            slot[0][v] = (64 * (v / 32) + v % 32) as u16;
+            slot[1][v] = (64 * (v / 32) + 32 + v % 32) as u16;
+        }
+        let halves = Layout {
+            blocks: 2,
+            regs: 4,
+            slot,
+            hi_plus_128: false,
+        };
+        let mut x = vec![0f32; 3 * ACT_BLOCK];
+        x[5] = 2.0;
+        x[ACT_BLOCK + 5] = f32::INFINITY;
+        x[2 * ACT_BLOCK + 9] = f32::NAN;
+        let a = quantize(&x, 1, 3 * ACT_BLOCK, &halves);
+        let s = 2.0 / 32767.0;
+        assert!(a.scale_lanes[..8].iter().all(|&v| v == s));
+        assert!(a.scale_lanes[8..24].iter().all(|v| v.is_nan()));
+        assert!(a.scale_lanes[24..].iter().all(|&v| v == 0.0), "padding");
+        assert!(a
+            .hi
+            .iter()
+            .zip(&a.lo)
+            .enumerate()
+            .all(|(o, (&h, &l))| (h, l) == if o == 5 { (127, 255) } else { (0, 0) }));
+    }
+
+    #[test]
+    fn rounding_is_f32_round() {
+        for r in [
+            0.0f32,
+            0.5,
+            -0.5,
+            1.5,
+            2.5,
+            -2.5,
+            0.499_999_97,
+            32766.5,
+            -32766.5,
+            1e-8,
+            7.25,
+            -7.75,
+            32767.2,
+        ] {
+            assert_eq!(
+                round_q(r, 1.0),
+                r.round().clamp(-32767.0, 32767.0) as i32,
+                "{r}"
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "mixes blocks")]
+    fn a_layout_whose_lane_mixes_blocks_is_refused() {
+        let mut slot = [[0u16; ACT_BLOCK]; MAX_GROUP];
+        for v in 0..ACT_BLOCK {
+            slot[0][v] = (2 * v) as u16;
+            slot[1][v] = (2 * v + 1) as u16;
+        }
+        let mixed = Layout {
+            blocks: 2,
+            regs: 4,
+            slot,
+            hi_plus_128: false,
+        };
+        quantize(&[0.0; ACT_BLOCK], 1, ACT_BLOCK, &mixed);
+    }
+}
