@@ -18,8 +18,8 @@ use xorshift::Rng;
 #[path = "common/ternary_checks.rs"]
 mod ternary_checks;
 use ternary_checks::{
-    abs_products, act_rounded, assert_close, assert_path_close, decoded, paths,
-    twin_checked_against_dense, SHAPES,
+    abs_products, act_rounded, assert_close, assert_path_close, assert_tokens_alone_as_stacked,
+    decoded, paths, twin_checked_against_dense, SHAPES,
 };
 
 /// Random PTQ1_0 rows: every trit byte uniform over 0..=255 (all of them decode, so every byte
@@ -145,17 +145,5 @@ fn a_token_reads_the_same_bits_alone_and_stacked_with_others() {
     let w = random_ptq1_0(&mut rng, n, k);
     let t = 7;
     let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
-    for path in paths() {
-        let mut all = vec![f32::NAN; t * n];
-        ptq1_0_matmul_t_with(path, &x, t, &w, n, k, &mut all);
-        for i in 0..t {
-            let mut one = vec![f32::NAN; n];
-            ptq1_0_matmul_t_with(path, &x[i * k..(i + 1) * k], 1, &w, n, k, &mut one);
-            let same = one
-                .iter()
-                .zip(&all[i * n..(i + 1) * n])
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{path:?}: token {i} alone vs stacked");
-        }
-    }
+    assert_tokens_alone_as_stacked(ptq1_0_matmul_t_with, &x, t, &w, n, k);
 }

@@ -23,8 +23,8 @@ use xorshift::Rng;
 mod ternary_checks;
 use onepass_kernels::TernaryPath;
 use ternary_checks::{
-    abs_products, assert_close, assert_path_close, decoded, paths, twin_checked_against_dense,
-    SHAPES, WORST_ROUNDED,
+    abs_products, assert_close, assert_path_close, assert_tokens_alone_as_stacked, decoded, paths,
+    twin_checked_against_dense, SHAPES, WORST_ROUNDED,
 };
 
 /// Random PQ2_0 rows: codes 0..=3 (code 3 rare, as a stress of the +2·d rule), scales in the
@@ -91,19 +91,7 @@ fn a_token_reads_the_same_bits_alone_and_stacked_with_others() {
     let w = random_pq2_0(&mut rng, n, k);
     let t = 7;
     let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
-    for path in paths() {
-        let mut all = vec![f32::NAN; t * n];
-        ternary_matmul_t_with(path, &x, t, &w, n, k, &mut all);
-        for i in 0..t {
-            let mut one = vec![f32::NAN; n];
-            ternary_matmul_t_with(path, &x[i * k..(i + 1) * k], 1, &w, n, k, &mut one);
-            let same = one
-                .iter()
-                .zip(&all[i * n..(i + 1) * n])
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{path:?}: token {i} alone vs stacked");
-        }
-    }
+    assert_tokens_alone_as_stacked(ternary_matmul_t_with, &x, t, &w, n, k);
 }
 
 #[test]

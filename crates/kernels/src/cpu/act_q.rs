@@ -78,6 +78,15 @@ pub struct ActQ {
 /// The largest `|q|`.
 const Q_MAX: f32 = 32767.0;
 
+/// Whether the processor has the AVX-512 integer dot products the kernels on these activations run (F, BW, VNNI;
+/// the ternary ones need GFNI and F16C besides).
+#[cfg(target_arch = "x86_64")]
+pub fn avx512_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
 /// Quantizes `x[T, K]` (K a multiple of 128) into `layout`, the tokens in parallel when there are many values.
 pub fn quantize(x: &[f32], t: usize, k: usize, layout: &Layout) -> ActQ {
     assert!(k.is_multiple_of(ACT_BLOCK) && x.len() == t * k);

@@ -22,11 +22,9 @@
 
 use half::f16;
 
-#[cfg(target_arch = "x86_64")]
-use super::act_q::quantize;
 use super::ternary::{check_packed_shapes, for_row_tasks, TernaryPath};
 #[cfg(target_arch = "x86_64")]
-use super::ternary_vnni::{rows as vnni_rows, Packed};
+use super::ternary_vnni::{matmul_t as vnni_matmul_t, Packed};
 
 /// Values per PTQ1_0 block.
 pub const PTQ1_0_BLOCK: usize = 128;
@@ -61,13 +59,8 @@ pub fn ptq1_0_matmul_t_with(
     }
     #[cfg(target_arch = "x86_64")]
     if path == TernaryPath::Avx512Vnni {
-        let a = quantize(x, t, k, Packed::Ptq1_0.layout());
-        // SAFETY: as below; the activations are quantized in the layout the kernel reads.
-        unsafe {
-            for_row_tasks(n, y, |r0, r1, y| {
-                vnni_rows(Packed::Ptq1_0, &a, t, w, r0, r1, y, n)
-            })
-        };
+        // SAFETY: shapes checked above; the path is available (asserted above).
+        unsafe { vnni_matmul_t(Packed::Ptq1_0, x, t, w, n, k, y) };
         return;
     }
     // SAFETY: shapes checked above; each task writes only columns r0..r1 of y, which no other task writes; the

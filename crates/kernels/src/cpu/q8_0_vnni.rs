@@ -58,9 +58,7 @@ pub const Q8_0_LAYOUT: Layout = {
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
+        super::act_q::avx512_vnni()
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

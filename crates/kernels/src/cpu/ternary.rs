@@ -25,9 +25,7 @@ use half::f16;
 use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
-use super::act_q::quantize;
-#[cfg(target_arch = "x86_64")]
-use super::ternary_vnni::{rows as vnni_rows, Packed};
+use super::ternary_vnni::{matmul_t as vnni_matmul_t, Packed};
 
 /// Values per PQ2_0 block.
 pub const PQ2_0_BLOCK: usize = 128;
@@ -117,13 +115,8 @@ pub fn ternary_matmul_t_with(
     }
     #[cfg(target_arch = "x86_64")]
     if path == TernaryPath::Avx512Vnni {
-        let a = quantize(x, t, k, Packed::Pq2_0.layout());
-        // SAFETY: as below; the activations are quantized in the layout the kernel reads.
-        unsafe {
-            for_row_tasks(n, y, |r0, r1, y| {
-                vnni_rows(Packed::Pq2_0, &a, t, w, r0, r1, y, n)
-            })
-        };
+        // SAFETY: shapes checked above; the path is available (asserted above).
+        unsafe { vnni_matmul_t(Packed::Pq2_0, x, t, w, n, k, y) };
         return;
     }
     // SAFETY: shapes checked above; each task writes only columns r0..r1 of y, which no other task writes; the

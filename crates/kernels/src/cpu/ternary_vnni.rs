@@ -69,9 +69,7 @@ pub const PTQ1_0_LAYOUT: Layout = {
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
+        super::act_q::avx512_vnni()
             && std::arch::is_x86_feature_detected!("gfni")
             && std::arch::is_x86_feature_detected!("f16c")
     }
@@ -101,6 +99,28 @@ impl Packed {
             Packed::Ptq1_0 => PTQ1_0_BYTES,
         }
     }
+}
+
+/// `y[t, n] = x[t, k] · wᵀ` for `w` of `format`: the activations quantized once in its layout, then [`rows`] over
+/// the row tasks of [`super::ternary::for_row_tasks`].
+///
+/// # Safety
+/// [`available`]; the shapes checked by the caller (`y` is `[t, n]`, `w` holds `n` rows of `k / 128` blocks).
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn matmul_t(
+    format: Packed,
+    x: &[f32],
+    t: usize,
+    w: &[u8],
+    n: usize,
+    k: usize,
+    y: &mut [f32],
+) {
+    let a = super::act_q::quantize(x, t, k, format.layout());
+    // SAFETY: each task writes only columns r0..r1 of y, which no other task writes; the caller's contract.
+    unsafe {
+        super::ternary::for_row_tasks(n, y, |r0, r1, y| rows(format, &a, t, w, r0, r1, y, n))
+    };
 }
 
 /// Rows `r0..r1` of the output for every token of `a` (quantized in `format`'s layout).

@@ -164,3 +164,31 @@ pub fn assert_path_close(
         }
     }
 }
+
+/// A ternary matmul on one path (`ternary_matmul_t_with`'s or `ptq1_0_matmul_t_with`'s signature).
+pub type PathMatmul = fn(TernaryPath, &[f32], usize, &[u8], usize, usize, &mut [f32]);
+
+/// Every token of `x` ([T, K]) gives the same output bits alone as stacked with the others, on every path (batch
+/// invariance), for weights `w` ([N, K] in `matmul`'s format).
+pub fn assert_tokens_alone_as_stacked(
+    matmul: PathMatmul,
+    x: &[f32],
+    t: usize,
+    w: &[u8],
+    n: usize,
+    k: usize,
+) {
+    for path in paths() {
+        let mut all = vec![f32::NAN; t * n];
+        matmul(path, x, t, w, n, k, &mut all);
+        for i in 0..t {
+            let mut one = vec![f32::NAN; n];
+            matmul(path, &x[i * k..(i + 1) * k], 1, w, n, k, &mut one);
+            let same = one
+                .iter()
+                .zip(&all[i * n..(i + 1) * n])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{path:?}: token {i} alone vs stacked");
+        }
+    }
+}
