@@ -174,12 +174,12 @@ pub fn gemm_q(
         return launch!(g, *f, cfg((sets.div_ceil(8 / wpr) as u32, 1), 256, 0);
             q, d, xp, ldx as i32, lo as i64, t as i32, k as i32, n as i32, y, ldy as i32, beta, wpr as i32);
     }
-    let (s, bytes) = scratch;
-    let chunk = (bytes / 4 / k).min(n);
     // Float rows in f32 (the exact mode, or f32 inputs): the weight itself, no chunk to decode.
     if let (W::F32Rows(p), Act::F32 { x, ldx }) = (w, x) {
         return gemm_ld(g, x, ldx, t, k, W::F32(p), k, n, y, ldy, beta);
     }
+    let (s, bytes) = scratch;
+    let chunk = (bytes / 4 / k).min(n);
     if chunk == 0 {
         return Err(CudaError::Unsupported(format!(
             "block-format GEMM: a row of {k} values does not fit the dequantisation scratch"

@@ -63,38 +63,6 @@ __device__ __forceinline__ float dot_q8(const float* f, const float* x) {
     return s0 + s1 * (1.0f / 256.0f);
 }
 
-// Float rows multiplied like the block formats (split mode: weights bf16 does not hold exactly, kept as stored):
-// FMT 2 f16, FMT 3 f32; the 16 values of group gi of a row (32 or 64 bytes) as f32.
-template <int FMT>
-__device__ __forceinline__ void load_rows16(const unsigned char* q, idx_t row, int K, int gi, float* f) {
-    if constexpr (FMT == 2) {
-        const uint4* p = (const uint4*)(q + row * K * 2) + 2 * gi;
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            uint4 t = __ldg(p + i);
-            const unsigned* u = (const unsigned*)&t;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                f[8 * i + 2 * k] = h2f((unsigned short)(u[k] & 0xffffu));
-                f[8 * i + 2 * k + 1] = h2f((unsigned short)(u[k] >> 16));
-            }
-        }
-    } else {
-        const float4* p = (const float4*)(q + row * K * 4) + 4 * gi;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float4 t = __ldg(p + i);
-            f[4 * i] = t.x, f[4 * i + 1] = t.y, f[4 * i + 2] = t.z, f[4 * i + 3] = t.w;
-        }
-    }
-}
-__device__ __forceinline__ float dot16(const float* f, const float* x) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; i++) s = fmaf(f[i], x[i], s);
-    return s;
-}
-
 // 16 consecutive activation values at element offset `off` as f32, from the layout XM: 0 bf16, 1 f32, 2 split
 // (bf16 hi at off, bf16 lo `lo` elements on: the value hi + lo). off % 16 == 0 and 16-byte aligned rows.
 template <int XM>
@@ -132,6 +100,33 @@ __device__ __forceinline__ void load_x16(const void* x, idx_t off, long long lo,
             }
         }
     }
+}
+
+// Float rows multiplied like the block formats (split mode: weights bf16 does not hold exactly, kept as stored):
+// FMT 2 f16, FMT 3 f32; the 16 values of group gi of a row (32 or 64 bytes) as f32.
+template <int FMT>
+__device__ __forceinline__ void load_rows16(const unsigned char* q, idx_t row, int K, int gi, float* f) {
+    if constexpr (FMT == 2) {
+        const uint4* p = (const uint4*)(q + row * K * 2) + 2 * gi;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint4 t = __ldg(p + i);
+            const unsigned* u = (const unsigned*)&t;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                f[8 * i + 2 * k] = h2f((unsigned short)(u[k] & 0xffffu));
+                f[8 * i + 2 * k + 1] = h2f((unsigned short)(u[k] >> 16));
+            }
+        }
+    } else {
+        load_x16<1>(q + row * K * 4, (idx_t)gi * 16, 0, f);
+    }
+}
+__device__ __forceinline__ float dot16(const float* f, const float* x) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) s = fmaf(f[i], x[i], s);
+    return s;
 }
 
 // Few-row projection with a block-format weight (decode): y[r, n] (row stride ldy) = x[r, :K] · w[n, :K] + beta
@@ -357,39 +352,33 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
 #pragma unroll 1
     for (int nt = n0; nt < n1; nt += 8) {
         float p[8];
-        if constexpr (INT) {
+        if constexpr (FMT == 0) {
             uint4 nw[8];
             unsigned short ns[8];
             if (nt + 8 < n1) wide_tile_load<FMT>(q, d, nt + 8, N, row_bytes, row_scales, c0, s0, nw, ns);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                int ah = 0;
-                unsigned al = 0u;
+                if constexpr (INT) {
+                    int ah = 0;
+                    unsigned al = 0u;
 #pragma unroll
-                for (int w = 0; w < 2; w++) {
-                    unsigned word = w == 0 ? wv[i].x : wv[i].y;
+                    for (int w = 0; w < 2; w++) {
+                        unsigned word = w == 0 ? wv[i].x : wv[i].y;
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        unsigned c = (word >> (2 * j)) & 0x03030303u;
-                        ah = __dp4a((int)c, (int)hq[w][j], ah);
-                        al = __dp4a(c, lq[w][j], al);
+                        for (int j = 0; j < 4; j++) {
+                            unsigned c = (word >> (2 * j)) & 0x03030303u;
+                            ah = __dp4a((int)c, (int)hq[w][j], ah);
+                            al = __dp4a(c, lq[w][j], al);
+                        }
                     }
+                    p[i] = (float)(ah * 256 + (int)al - qsum) * (xs * h2f(sc[i]));
+                } else {
+                    float f[16];
+                    decode_pq2(wv[i].x, f);
+                    float s = dot_pq2(f, xv);
+                    decode_pq2(wv[i].y, f);
+                    p[i] = (s + dot_pq2(f, xv + 16)) * h2f(sc[i]);
                 }
-                p[i] = (float)(ah * 256 + (int)al - qsum) * (xs * h2f(sc[i]));
-            }
-#pragma unroll
-            for (int i = 0; i < 8; i++) wv[i] = nw[i], sc[i] = ns[i];
-        } else if constexpr (FMT == 0) {
-            uint4 nw[8];
-            unsigned short ns[8];
-            if (nt + 8 < n1) wide_tile_load<FMT>(q, d, nt + 8, N, row_bytes, row_scales, c0, s0, nw, ns);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float f[16];
-                decode_pq2(wv[i].x, f);
-                float s = dot_pq2(f, xv);
-                decode_pq2(wv[i].y, f);
-                p[i] = (s + dot_pq2(f, xv + 16)) * h2f(sc[i]);
             }
 #pragma unroll
             for (int i = 0; i < 8; i++) wv[i] = nw[i], sc[i] = ns[i];
