@@ -13,7 +13,7 @@
 //! - More rows (prefill), bf16 or split inputs, PQ2_0 or Q8_0 (K a multiple of 128): the int8 tensor cores
 //!   ([`gemm_qmma`], qmma.cu). x is quantized per row and 128-value block to int16 (scale max |x| / 32767, the
 //!   one-row integer GEMV's rounding, about 2^-16 of each block's largest value: split mode's precision) as two
-//!   byte planes h, l (q = 256 h + l) into `scratch`; then 128 x 128 tiles multiply both planes by the weight bytes
+//!   byte planes h, l (q = 256 h + l) into `scratch`; then 64 x 256 tiles multiply both planes by the weight bytes
 //!   as stored (PQ2_0 codes after one shift and mask, Q8_0 bytes; m16n8k32 mma, exact int32 sums per block),
 //!   scaled per block into f32 accumulators. A fixed summation order: bit-identical runs.
 //! - Otherwise (f32 inputs, the exact mode; float rows; Q8_0 with another K): the weight dequantised in chunks of
@@ -195,15 +195,21 @@ pub fn gemm_q(
     gemm_q_dequant(g, x, t, k, w, n, (y, ldy), beta, scratch)
 }
 
-/// The tile of [`gemm_qmma`]'s kernels (qmma.cu's `QMMA_BM`, `QMMA_BN`): 128 rows of x by 128 rows of w.
-const QMMA_TILE: usize = 128;
+/// The warps of [`gemm_qmma`]'s kernels (qmma.cu's constants of the same names): 8 warps of MT x NT mma tiles of
+/// 16 x 8, WARPS_N of them along w.
+const QMMA_MT: usize = 4;
+const QMMA_NT: usize = 4;
+const QMMA_WARPS_N: usize = 8;
+/// The block tile: rows of x, rows of w.
+const QMMA_BM: usize = 16 * QMMA_MT * (8 / QMMA_WARPS_N);
+const QMMA_BN: usize = 8 * QMMA_NT * QMMA_WARPS_N;
 
-/// Dynamic shared memory of `qmma_pq2` and `qmma_q8` (qmma.cu: `QMMA_STAGES` stages of `QmmaTile<FMT>::STAGE`
-/// bytes: the h and l planes of 128 x rows by 128 K at a row pitch of 144, the tile's weight bytes (PQ2_0 32 per
-/// row, Q8_0 128 at a pitch of 144), the rows' scales and Σ q, Q8_0's 4 weight scales per row).
+/// Dynamic shared memory of `qmma_pq2` and `qmma_q8` (qmma.cu: `QMMA_STAGES` (3) stages of `QmmaTile<FMT>::STAGE`
+/// bytes: the h and l planes of the tile's x rows by 128 K at a row pitch of 144, its weight bytes (PQ2_0 32 per
+/// row, Q8_0 128 at a pitch of 144), the x rows' scales and Σ q, Q8_0's 4 weight scales per row).
 const QMMA_SMEM: [u32; 2] = [
-    3 * (2 * 128 * 144 + 128 * 32 + 1024),
-    3 * (2 * 128 * 144 + 128 * 144 + 1024 + 1024),
+    (3 * (2 * QMMA_BM * 144 + QMMA_BN * 32 + 8 * QMMA_BM)) as u32,
+    (3 * (2 * QMMA_BM * 144 + QMMA_BN * 144 + 8 * QMMA_BM + 8 * QMMA_BN)) as u32,
 ];
 
 /// Bytes of `qmma_quant`'s output for `rows` rows of K values: the h and l planes [rows, Kp] (Kp = K rounded up to
@@ -215,8 +221,8 @@ pub fn qmma_scratch_bytes(rows: usize, k: usize) -> usize {
 
 /// `y = x · wᵀ + beta · y` on the int8 tensor cores (qmma.cu): x (bf16 or split) quantized per row and 128-value
 /// block to int16 as two byte planes into `scratch` (`qmma_quant`), then `qmma_pq2` / `qmma_q8` multiply the
-/// planes by the weight bytes as they are stored. x rows in calls of as many as the scratch holds (whole tiles of
-/// 128 where it takes more than one call). `w`: (format index, codes, scales).
+/// planes by the weight bytes as they are stored. x rows in calls of as many as the scratch holds (whole tiles
+/// where it takes more than one call). `w`: (format index, codes, scales).
 fn gemm_qmma(
     g: &Gpu,
     x: Act,
@@ -235,15 +241,12 @@ fn gemm_qmma(
     // The most rows whose planes, scales and Σ q (rows padded to 4) fit the scratch, at most 32,768 a call (the
     // quantization's grid rows).
     let fit = (bytes.saturating_sub(32 * nb) / (2 * kp + 8 * nb)).min(1 << 15);
-    let rows = if fit >= t {
-        t
-    } else {
-        fit / QMMA_TILE * QMMA_TILE
-    };
+    let rows = if fit >= t { t } else { fit / QMMA_BM * QMMA_BM };
     if rows == 0 {
         return Err(CudaError::Unsupported(format!(
-            "block-format GEMM: the quantized activations of {QMMA_TILE} rows of K {k} ({} bytes) do not fit the              scratch of {bytes} bytes",
-            qmma_scratch_bytes(QMMA_TILE, k)
+            "block-format GEMM: the quantized activations of {QMMA_BM} rows of K {k} ({} bytes) do not fit \
+             the scratch of {bytes} bytes",
+            qmma_scratch_bytes(QMMA_BM, k)
         )));
     }
     for r0 in (0..t).step_by(rows) {
@@ -254,7 +257,7 @@ fn gemm_qmma(
         launch!(g, g.k.qmma_quant, cfg((nb.div_ceil(8) as u32, tc as u32), 256, 0);
             xp + (2 * r0 * ldx) as u64, ldx as i32, lo as i64, split, k as i32, kp as i32, i32::from(fmt == 0),
             xh, xl, sx, qs, tp as i32)?;
-        let grid = (tc.div_ceil(QMMA_TILE) as u32, n.div_ceil(QMMA_TILE) as u32);
+        let grid = (tc.div_ceil(QMMA_BM) as u32, n.div_ceil(QMMA_BN) as u32);
         launch!(g, g.k.qmma[fmt], cfg(grid, 256, QMMA_SMEM[fmt]);
             q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32,
             y + (4 * r0 * ldy) as u64, ldy as i32, beta)?;

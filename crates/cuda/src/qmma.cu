@@ -104,10 +104,19 @@ __device__ __forceinline__ void qmma_cp8(unsigned dst, const void* src, int byte
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-// The block tile: 128 rows of x by 128 rows of w, 8 warps as 2 (x rows) x 4 (w rows), each 64 x 32 (4 x 4 mma
-// tiles); one 128-K block per pipeline stage, QMMA_STAGES stages in flight (cp.async).
-#define QMMA_BM 128
-#define QMMA_BN 128
+// The block tile: QMMA_BM rows of x by QMMA_BN rows of w, 8 warps of QMMA_MT x QMMA_NT mma tiles (16 x 8 each),
+// QMMA_WARPS_N of them along w; one 128-K block per pipeline stage, QMMA_STAGES stages in flight (cp.async).
+// qgemm.rs's QMMA_* constants repeat these. Now 64 x 256, warps of 64 x 32 side by side along w: the x planes
+// (2 bytes a value, the larger operand) are read once per 256 weight rows. Measured on an H200 (27B PQ2_0 shapes,
+// T 512, split, docs/benchmarks/ternary-gpu.md), µs for gate|up 34816 x 5120, down 5120 x 17408, qkv|z 16384 x
+// 5120: 128 x 128 tiles of 64 x 32 warps 934 / 730 / 431; of 32 x 64 warps 1028 / 806 / 472; 64 x 256 of 32 x 64
+// warps 979 / 760 / 450 (4 stages: 982 / 756 / 447); this tile 858 / 664 / 395 (Q8_0 down 950 against 872 for
+// the first tile).
+#define QMMA_MT 4       // 16-row mma tiles of x per warp
+#define QMMA_NT 4       // 8-row mma tiles of w per warp
+#define QMMA_WARPS_N 8  // warps along w
+#define QMMA_BM (16 * QMMA_MT * (8 / QMMA_WARPS_N))
+#define QMMA_BN (8 * QMMA_NT * QMMA_WARPS_N)
 #define QMMA_STAGES 3
 #define QMMA_APITCH 144  // bytes per x row of a plane in a stage (128 + 16: ldmatrix rows on distinct banks)
 
@@ -131,7 +140,7 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
     using L = QmmaTile<FMT>;
     extern __shared__ __align__(16) unsigned char qmma_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    const int wm = warp >> 2, wn = warp & 3;
+    const int wm = warp / QMMA_WARPS_N, wn = warp % QMMA_WARPS_N;
     const int m0 = blockIdx.x * QMMA_BM, n0 = blockIdx.y * QMMA_BN;
     const int nb = Kp / 128;
     const idx_t row_bytes = FMT == 0 ? K / 4 : K, row_scales = FMT == 0 ? K / 128 : K / 32;
@@ -140,9 +149,10 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
     // Stage `st` <- block `b` (every thread issues its copies; rows past T or N and bytes past K zero-filled).
     auto load = [&](int st, int b) {
         unsigned s0 = base + st * L::STAGE;
+        constexpr int ACH = QMMA_BM * 8;  // 16-byte chunks of a plane
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int c = tid + 256 * i, plane = c >> 10, r = (c >> 3) & 127, col = c & 7;
+        for (int i = 0; i < 2 * ACH / 256; i++) {
+            int c = tid + 256 * i, plane = c / ACH, r = (c % ACH) >> 3, col = c & 7;
             bool ok = m0 + r < T;
             const unsigned char* src = plane ? (const unsigned char*)xl : (const unsigned char*)xh;
             if (ok) src += (idx_t)(m0 + r) * Kp + b * 128 + col * 16;
@@ -150,37 +160,40 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
         }
         unsigned sw = s0 + L::A;
         if constexpr (FMT == 0) {
-            int r = tid >> 1, half = tid & 1;
-            bool ok = n0 + r < N;
-            const unsigned char* src = ok ? q + (idx_t)(n0 + r) * row_bytes + b * 32 + half * 16 : q;
-            tc_cp16(sw + r * 32 + half * 16, src, ok ? 16 : 0);
+#pragma unroll
+            for (int u = 0; u < 2 * QMMA_BN / 256; u++) {
+                int c = tid + 256 * u, r = c >> 1, half = c & 1;
+                bool ok = n0 + r < N;
+                const unsigned char* src = ok ? q + (idx_t)(n0 + r) * row_bytes + b * 32 + half * 16 : q;
+                tc_cp16(sw + r * 32 + half * 16, src, ok ? 16 : 0);
+            }
         } else {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int c = tid + 256 * i, r = c >> 3, col = c & 7;
+            for (int u = 0; u < 8 * QMMA_BN / 256; u++) {
+                int c = tid + 256 * u, r = c >> 3, col = c & 7;
                 bool ok = n0 + r < N;
                 const unsigned char* src = ok ? q + (idx_t)(n0 + r) * row_bytes + b * 128 + col * 16 : q;
                 tc_cp16(sw + r * L::WPITCH + col * 16, src, ok ? 16 : 0);
             }
-            if (tid < QMMA_BN) {
-                int r = tid;
+            for (int r = tid; r < QMMA_BN; r += 256) {
                 bool ok = n0 + r < N;
                 const unsigned short* src = ok ? d + (idx_t)(n0 + r) * row_scales + 4 * b : d;
                 qmma_cp8(s0 + L::A + L::W + L::S + r * 8, src, ok ? 8 : 0);
             }
         }
-        if (tid < 64) {
-            int which = tid >> 5, r = (tid & 31) * 4, have = max(0, min(4, T - (m0 + r)));
-            const void* src = which ? (const void*)(qs + (idx_t)b * tp + m0 + r) : (const void*)(sx + (idx_t)b * tp + m0 + r);
+        if (tid < QMMA_BM / 2) {
+            int which = tid / (QMMA_BM / 4), r = (tid % (QMMA_BM / 4)) * 4, have = max(0, min(4, T - (m0 + r)));
+            idx_t at = (idx_t)b * tp + m0 + r;
+            const void* src = which ? (const void*)(qs + at) : (const void*)(sx + at);
             tc_cp16(s0 + L::A + L::W + which * QMMA_BM * 4 + r * 4, have ? src : (const void*)sx, 4 * have);
         }
     };
 
-    float acc[4][4][4];
+    float acc[QMMA_MT][QMMA_NT][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < QMMA_MT; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < QMMA_NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
@@ -198,51 +211,51 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
         if (b + QMMA_STAGES - 1 < nb) load((b + QMMA_STAGES - 1) % QMMA_STAGES, b + QMMA_STAGES - 1);
         tc_commit();
         const int st = b % QMMA_STAGES;
-        const unsigned sa = base + st * L::STAGE + (wm * 64 + arow) * QMMA_APITCH + acol;
+        const unsigned sa = base + st * L::STAGE + (wm * (16 * QMMA_MT) + arow) * QMMA_APITCH + acol;
         const unsigned char* stg = qmma_smem + st * L::STAGE;
         const float* ssx = (const float*)(stg + L::A + L::W);
         const int* sqs = (const int*)(stg + L::A + L::W + QMMA_BM * 4);
-        int c[4][4][4];
+        int c[QMMA_MT][QMMA_NT][4];
         if constexpr (FMT == 0) {
             // The block's scale of each of this lane's 8 columns (loaded now, used after the products).
-            float dv[4][2];
+            float dv[QMMA_NT][2];
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < QMMA_NT; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    int n = n0 + wn * 32 + 8 * j + 2 * t4 + e;
+                    int n = n0 + wn * (8 * QMMA_NT) + 8 * j + 2 * t4 + e;
                     dv[j][e] = n < N ? h2f(__ldg(d + (idx_t)n * row_scales + b)) : 0.0f;
                 }
-            uint2 cw[4];
+            uint2 cw[QMMA_NT];
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                cw[j] = *(const uint2*)(stg + L::A + (wn * 32 + 8 * j + g) * 32 + 8 * t4);
+            for (int j = 0; j < QMMA_NT; j++)
+                cw[j] = *(const uint2*)(stg + L::A + (wn * (8 * QMMA_NT) + 8 * j + g) * 32 + 8 * t4);
             // The h plane, then c = 256 c - Σ q, then the l plane: c = Σ (code - 1) q exactly. (The steps not
             // unrolled: with every A fragment in flight at once the kernel spills.)
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < QMMA_MT; i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++)
+                for (int j = 0; j < QMMA_NT; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) c[i][j][e] = 0;
 #pragma unroll 1
             for (int s = 0; s < 4; s++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
+                for (int i = 0; i < QMMA_MT; i++) {
                     unsigned a[4];
                     qmma_ldsm4(a, sa + i * 16 * QMMA_APITCH + 32 * s);
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
+                    for (int j = 0; j < QMMA_NT; j++) {
                         unsigned b0 = (cw[j].x >> (2 * s)) & 0x03030303u, b1 = (cw[j].y >> (2 * s)) & 0x03030303u;
                         qmma_s8u8(c[i][j], a, b0, b1);
                     }
                 }
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = wm * 64 + 16 * i + g;
+            for (int i = 0; i < QMMA_MT; i++) {
+                int r = wm * (16 * QMMA_MT) + 16 * i + g;
                 int q0 = sqs[r], q1 = sqs[r + 8];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < QMMA_NT; j++) {
                     c[i][j][0] = c[i][j][0] * 256 - q0, c[i][j][1] = c[i][j][1] * 256 - q0;
                     c[i][j][2] = c[i][j][2] * 256 - q1, c[i][j][3] = c[i][j][3] * 256 - q1;
                 }
@@ -250,21 +263,21 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
 #pragma unroll 1
             for (int s = 0; s < 4; s++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
+                for (int i = 0; i < QMMA_MT; i++) {
                     unsigned a[4];
                     qmma_ldsm4(a, sa + QMMA_BM * QMMA_APITCH + i * 16 * QMMA_APITCH + 32 * s);
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
+                    for (int j = 0; j < QMMA_NT; j++) {
                         unsigned b0 = (cw[j].x >> (2 * s)) & 0x03030303u, b1 = (cw[j].y >> (2 * s)) & 0x03030303u;
                         qmma_u8u8(c[i][j], a, b0, b1);
                     }
                 }
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = wm * 64 + 16 * i + g;
+            for (int i = 0; i < QMMA_MT; i++) {
+                int r = wm * (16 * QMMA_MT) + 16 * i + g;
                 float s0 = ssx[r], s1 = ssx[r + 8];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < QMMA_NT; j++) {
                     acc[i][j][0] = fmaf((float)c[i][j][0], s0 * dv[j][0], acc[i][j][0]);
                     acc[i][j][1] = fmaf((float)c[i][j][1], s0 * dv[j][1], acc[i][j][1]);
                     acc[i][j][2] = fmaf((float)c[i][j][2], s1 * dv[j][0], acc[i][j][2]);
@@ -275,31 +288,31 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
             // Q8_0: per 32-step s, c = 256 (w · h) + w · l for the step, scaled by its block's d.
             const unsigned char* sw = stg + L::A;
             const unsigned short* sd = (const unsigned short*)(stg + L::A + L::W + L::S);
-            float sv[4][2];
+            float sv[QMMA_MT][2];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = wm * 64 + 16 * i + g;
+            for (int i = 0; i < QMMA_MT; i++) {
+                int r = wm * (16 * QMMA_MT) + 16 * i + g;
                 sv[i][0] = ssx[r], sv[i][1] = ssx[r + 8];
             }
 #pragma unroll
             for (int s = 0; s < 4; s++) {
-                unsigned bw[4][2];
-                float dv[4][2];
+                unsigned bw[QMMA_NT][2];
+                float dv[QMMA_NT][2];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    int r = wn * 32 + 8 * j + g, col = wn * 32 + 8 * j + 2 * t4;
+                for (int j = 0; j < QMMA_NT; j++) {
+                    int r = wn * (8 * QMMA_NT) + 8 * j + g, col = wn * (8 * QMMA_NT) + 8 * j + 2 * t4;
                     bw[j][0] = *(const unsigned*)(sw + r * L::WPITCH + 32 * s + 4 * t4);
                     bw[j][1] = *(const unsigned*)(sw + r * L::WPITCH + 32 * s + 16 + 4 * t4);
                     dv[j][0] = h2f(sd[col * 4 + s]);
                     dv[j][1] = h2f(sd[(col + 1) * 4 + s]);
                 }
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
+                for (int i = 0; i < QMMA_MT; i++) {
                     unsigned ah[4], al[4];
                     qmma_ldsm4(ah, sa + i * 16 * QMMA_APITCH + 32 * s);
                     qmma_ldsm4(al, sa + QMMA_BM * QMMA_APITCH + i * 16 * QMMA_APITCH + 32 * s);
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
+                    for (int j = 0; j < QMMA_NT; j++) {
                         qmma_s8s8_z(c[i][j], ah, bw[j][0], bw[j][1]);
 #pragma unroll
                         for (int e = 0; e < 4; e++) c[i][j][e] *= 256;
@@ -315,16 +328,16 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
     tc_wait<0>();
     // The tile out: y = acc (+ beta y), rows below T and columns below N only.
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < QMMA_MT; i++)
 #pragma unroll
         for (int e2 = 0; e2 < 2; e2++) {
-            int r = m0 + wm * 64 + 16 * i + g + 8 * e2;
+            int r = m0 + wm * (16 * QMMA_MT) + 16 * i + g + 8 * e2;
             if (r >= T) continue;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < QMMA_NT; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    int n = n0 + wn * 32 + 8 * j + 2 * t4 + e;
+                    int n = n0 + wn * (8 * QMMA_NT) + 8 * j + 2 * t4 + e;
                     if (n >= N) continue;
                     float* yo = y + (idx_t)r * ldy + n;
                     float v = acc[i][j][2 * e2 + e];
@@ -332,8 +345,8 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
                 }
         }
 }
-// grid (ceil(T / 128), ceil(N / 128)), 256 threads, QMMA_STAGES · QmmaTile<FMT>::STAGE bytes of dynamic shared
-// memory.
+// grid (ceil(T / QMMA_BM), ceil(N / QMMA_BN)), 256 threads, QMMA_STAGES · QmmaTile<FMT>::STAGE bytes of dynamic
+// shared memory.
 #define QMMA_GEMM(name, FMT)                                                                                       \
     KERNEL(name) void __launch_bounds__(256, 1)                                                                    \
         name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,                            \
