@@ -10,10 +10,16 @@
 //!   registers (one logic op and one subtraction per weight, no table, no branch), the dot of
 //!   each 16-weight group scaled by its block's scale; x read in the precision's layout ([`Act`]: bf16, f32, or
 //!   split, whose hi + lo is the value the sums see).
-//! - More rows (prefill): a correct path, not a fast one: the weight is dequantised in chunks of rows into a
-//!   scratch buffer (bf16 for bf16 inputs; f32 for f32 inputs, exactly; split inputs get the weight as bf16 hi +
-//!   lo planes too, and three bf16 GEMMs `x_hi·W_hi + x_lo·W_hi + x_hi·W_lo`), and cuBLAS multiplies each chunk
-//!   ([`crate::gemm::gemm_ld`]). A tensor-core GEMM that dequantises tiles in shared memory is left to do.
+//! - More rows (prefill), bf16 or split inputs, PQ2_0 or Q8_0 (K a multiple of 128): the int8 tensor cores
+//!   ([`gemm_qmma`], qmma.cu). x is quantized per row and 128-value block to int16 (scale max |x| / 32767, the
+//!   one-row integer GEMV's rounding, about 2^-16 of each block's largest value: split mode's precision) as two
+//!   byte planes h, l (q = 256 h + l) into `scratch`; then 64 x 256 tiles multiply both planes by the weight bytes
+//!   as stored (PQ2_0 codes after one shift and mask, Q8_0 bytes; m16n8k32 mma, exact int32 sums per block),
+//!   scaled per block into f32 accumulators. A fixed summation order: bit-identical runs.
+//! - Otherwise (f32 inputs, the exact mode; float rows; Q8_0 with another K): the weight dequantised in chunks of
+//!   rows into the scratch (f32 for f32 inputs, exactly; bf16, or bf16 hi + lo planes and three bf16 GEMMs
+//!   `x_hi·W_hi + x_lo·W_hi + x_hi·W_lo` for split inputs) and cuBLAS multiplying each chunk
+//!   ([`gemm_q_dequant`]).
 
 use cudarc::driver::CudaSlice;
 
@@ -23,8 +29,9 @@ use crate::ops::W;
 use crate::runtime::{cfg, Gpu};
 use crate::CudaError;
 
-/// Bytes of the dequantisation scratch a model keeps for prefill ([`gemm_q`]'s `scratch`): chunks of 16 M values
-/// (f32, or bf16 hi and lo planes).
+/// Bytes of the scratch a model keeps for prefill ([`gemm_q`]'s `scratch`): the int8 GEMM's quantized activations
+/// ([`qmma_scratch_bytes`]: about 1,800 rows of 27B's K of 17,408 a call, more calls past that), or the dequantised
+/// weight in chunks of 16 M values (f32, or bf16 hi and lo planes).
 pub const DEQUANT_BYTES: usize = 64 << 20;
 
 /// A GEMM input (activation) for a block-format weight, in the precision's layout: rows at `x + r·ldx` (elements).
@@ -114,8 +121,9 @@ fn block_parts(w: W) -> Result<(usize, u64, u64, usize), CudaError> {
     }
 }
 
-/// `y = x · wᵀ + beta · y` for a block-format `w` [N, K]: the GEMV for at most [`GEMV_ROWS`] rows, else the
-/// weight dequantised chunk by chunk into `scratch` (address, bytes) and multiplied by cuBLAS.
+/// `y = x · wᵀ + beta · y` for a block-format `w` [N, K]: the GEMV for at most [`GEMV_ROWS`] rows, else the int8
+/// tensor-core GEMM over `scratch` (address, bytes; [`qmma_scratch_bytes`]), or for f32 inputs and float rows the
+/// weight dequantised chunk by chunk into it and multiplied by cuBLAS.
 pub fn gemm_q(
     g: &Gpu,
     x: Act,
@@ -178,6 +186,101 @@ pub fn gemm_q(
     if let (W::F32Rows(p), Act::F32 { x, ldx }) = (w, x) {
         return gemm_ld(g, x, ldx, t, k, W::F32(p), k, n, y, ldy, beta);
     }
+    // bf16 or split inputs and PQ2_0 or Q8_0 weights (Q8_0 with K a multiple of 128): the int8 tensor cores.
+    let int8 = matches!(x, Act::Bf16 { .. } | Act::Split { .. })
+        && (fmt == 0 || (fmt == 1 && k.is_multiple_of(128)));
+    if int8 {
+        return gemm_qmma(g, x, t, k, (fmt, q, d), n, (y, ldy), beta, scratch);
+    }
+    gemm_q_dequant(g, x, t, k, w, n, (y, ldy), beta, scratch)
+}
+
+/// The warps of [`gemm_qmma`]'s kernels (qmma.cu's constants of the same names): 8 warps of MT x NT mma tiles of
+/// 16 x 8, WARPS_N of them along w.
+const QMMA_MT: usize = 4;
+const QMMA_NT: usize = 4;
+const QMMA_WARPS_N: usize = 8;
+/// The block tile: rows of x, rows of w.
+const QMMA_BM: usize = 16 * QMMA_MT * (8 / QMMA_WARPS_N);
+const QMMA_BN: usize = 8 * QMMA_NT * QMMA_WARPS_N;
+
+/// Dynamic shared memory of `qmma_pq2` and `qmma_q8` (qmma.cu: `QMMA_STAGES` (3) stages of `QmmaTile<FMT>::STAGE`
+/// bytes: the h and l planes of the tile's x rows by 128 K at a row pitch of 144, its weight bytes (PQ2_0 32 per
+/// row, Q8_0 128 at a pitch of 144), the x rows' scales and Σ q, Q8_0's 4 weight scales per row).
+const QMMA_SMEM: [u32; 2] = [
+    (3 * (2 * QMMA_BM * 144 + QMMA_BN * 32 + 8 * QMMA_BM)) as u32,
+    (3 * (2 * QMMA_BM * 144 + QMMA_BN * 144 + 8 * QMMA_BM + 8 * QMMA_BN)) as u32,
+];
+
+/// Bytes of `qmma_quant`'s output for `rows` rows of K values: the h and l planes [rows, Kp] (Kp = K rounded up to
+/// 128), then the scales and Σ q [Kp / 128, rows rounded up to 4] (f32, i32).
+pub fn qmma_scratch_bytes(rows: usize, k: usize) -> usize {
+    let kp = k.next_multiple_of(128);
+    2 * rows * kp + 8 * (kp / 128) * rows.next_multiple_of(4)
+}
+
+/// `y = x · wᵀ + beta · y` on the int8 tensor cores (qmma.cu): x (bf16 or split) quantized per row and 128-value
+/// block to int16 as two byte planes into `scratch` (`qmma_quant`), then `qmma_pq2` / `qmma_q8` multiply the
+/// planes by the weight bytes as they are stored. x rows in calls of as many as the scratch holds (whole tiles
+/// where it takes more than one call). `w`: (format index, codes, scales).
+fn gemm_qmma(
+    g: &Gpu,
+    x: Act,
+    t: usize,
+    k: usize,
+    (fmt, q, d): (usize, u64, u64),
+    n: usize,
+    (y, ldy): (u64, usize),
+    beta: f32,
+    (s, bytes): (u64, usize),
+) -> Result<(), CudaError> {
+    let (xp, ldx, lo) = x.parts();
+    let split = i32::from(matches!(x, Act::Split { .. }));
+    let kp = k.next_multiple_of(128);
+    let nb = kp / 128;
+    // The most rows whose planes, scales and Σ q (rows padded to 4) fit the scratch, at most 32,768 a call (the
+    // quantization's grid rows).
+    let fit = (bytes.saturating_sub(32 * nb) / (2 * kp + 8 * nb)).min(1 << 15);
+    let rows = if fit >= t { t } else { fit / QMMA_BM * QMMA_BM };
+    if rows == 0 {
+        return Err(CudaError::Unsupported(format!(
+            "block-format GEMM: the quantized activations of {QMMA_BM} rows of K {k} ({} bytes) do not fit \
+             the scratch of {bytes} bytes",
+            qmma_scratch_bytes(QMMA_BM, k)
+        )));
+    }
+    for r0 in (0..t).step_by(rows) {
+        let tc = rows.min(t - r0);
+        let tp = tc.next_multiple_of(4);
+        let (xh, xl) = (s, s + (tc * kp) as u64);
+        let (sx, qs) = (xl + (tc * kp) as u64, xl + (tc * kp + 4 * nb * tp) as u64);
+        launch!(g, g.k.qmma_quant, cfg((nb.div_ceil(8) as u32, tc as u32), 256, 0);
+            xp + (2 * r0 * ldx) as u64, ldx as i32, lo as i64, split, k as i32, kp as i32, i32::from(fmt == 0),
+            xh, xl, sx, qs, tp as i32)?;
+        let grid = (tc.div_ceil(QMMA_BM) as u32, n.div_ceil(QMMA_BN) as u32);
+        launch!(g, g.k.qmma[fmt], cfg(grid, 256, QMMA_SMEM[fmt]);
+            q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32,
+            y + (4 * r0 * ldy) as u64, ldy as i32, beta)?;
+    }
+    Ok(())
+}
+
+/// `y = x · wᵀ + beta · y` with the weight dequantised chunk by chunk into `scratch` (address, bytes; bf16 rows
+/// for bf16 inputs, f32 rows for f32 inputs, exactly, bf16 hi and lo planes for split inputs, three bf16 GEMMs
+/// `x_hi·W_hi + x_lo·W_hi + x_hi·W_lo`) and cuBLAS multiplying each chunk: [`gemm_q`]'s path for f32 inputs and
+/// float rows (and for Q8_0 with K not a multiple of 128); the peer the tensor-core path is timed against.
+pub fn gemm_q_dequant(
+    g: &Gpu,
+    x: Act,
+    t: usize,
+    k: usize,
+    w: W,
+    n: usize,
+    (y, ldy): (u64, usize),
+    beta: f32,
+    scratch: (u64, usize),
+) -> Result<(), CudaError> {
+    let (fmt, q, d, _) = block_parts(w)?;
     let (s, bytes) = scratch;
     let chunk = (bytes / 4 / k).min(n);
     if chunk == 0 {

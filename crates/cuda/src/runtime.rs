@@ -32,6 +32,7 @@ pub const KERNELS_CU: &str = concat!(
     include_str!("gdn_prep_tc.cu"),
     include_str!("fused.cu"),
     include_str!("quant.cu"),
+    include_str!("qmma.cu"),
 );
 
 const NVRTC_OPTS: &[&str] = &["--std=c++17"];
@@ -55,6 +56,10 @@ pub struct Kernels {
     /// layout].
     pub gemv_q_wide: [[CudaFunction; 3]; 2],
     pub dequant_rows: CudaFunction,
+    /// `qmma_quant` (qmma.cu): the activations of the int8 tensor-core GEMM, quantized to two byte planes.
+    pub qmma_quant: CudaFunction,
+    /// `qmma_pq2`, `qmma_q8` (qmma.cu): the prefill GEMM of block-format weights on the int8 tensor cores.
+    pub qmma: [CudaFunction; 2],
     pub hadamard_rows: CudaFunction,
     pub gated_norm_rotate: CudaFunction,
     pub attn_prep: CudaFunction,
@@ -292,6 +297,7 @@ pub const PROGRAMS: &[&[&str]] = &[
     &["attention_bf1"],
     &["simt"],
     &["gdn_tc_prep", "gdn_tc_prep_tf32"],
+    &["qmma_pq2", "qmma_q8"],
 ];
 
 /// Whether program `i` compiles fallback kernels only (loaded by [`Gpu::fallbacks`], not when the GPU opens).
@@ -632,7 +638,8 @@ impl Gpu {
         let k = by_name! {
             embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16,
             gemv_norm_bf16, attn_prep, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
-            dequant_rows, hadamard_rows, gated_norm_rotate;
+            dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate;
+            qmma: [big("qmma_pq2")?, big("qmma_q8")?],
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,

@@ -1,6 +1,6 @@
 //! The block-format kernels against their CPU references (onepass-kernels) on odd shapes: the PQ2_0 and Q8_0
-//! projections (and those of float rows kept as stored, split mode's form of f16 / f32 weights bf16 does not hold) ([`onepass_cuda::qgemm::gemm_q`]: the GEMV for 1..8 rows, the dequantised-chunk cuBLAS path for
-//! more, in each activation layout), the embedding gather and label-row readout on block weights, and the
+//! projections (and those of float rows kept as stored, split mode's form of f16 / f32 weights bf16 does not hold) ([`onepass_cuda::qgemm::gemm_q`]: the GEMV for 1..8 rows, the int8 tensor-core GEMM or the
+//! dequantised-chunk cuBLAS path for more, in each activation layout), the embedding gather and label-row readout on block weights, and the
 //! blockwise Hadamard rotation (plain, inverse, fused with the RMSNorm). GPU tests: `#[ignore]`d, run with
 //! `--include-ignored` on a GPU machine.
 #![allow(clippy::unwrap_used)]
@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use half::f16;
 use onepass_cuda::ops::{self, Out, W};
-use onepass_cuda::qgemm::{gemm_q, upload_blocks, upload_rows, Act};
+use onepass_cuda::qgemm::{gemm_q, gemm_q_dequant, upload_blocks, upload_rows, Act};
 use onepass_kernels::{hadamard_rotate_reference, hadamard_unrotate_reference, matmul_t_reference};
 use onepass_tensor::{DType, Tensor};
 
@@ -105,10 +105,12 @@ fn x_layouts(x: &[f32], t: usize, k: usize) -> Vec<XCase> {
 /// 8, 9, 16, 24, 40, 112 and 136 blocks (one row takes the wide GEMV where K is a multiple of 1024 for PQ2_0, 512
 /// for Q8_0: PQ2_0 K 1024 to 17408, which the f32 inputs take in two calls; Q8_0 K 512 and 3584), and for float rows kept as
 /// stored (f16 and f32 values bf16 does not hold, split mode's form of them; K 16 to 1040), N from 1 to 300 (not
-/// multiples of the 8 rows per block), 1..8 rows (the GEMV) and 9, 33 (the dequantised chunks, the scratch sized for
+/// multiples of the 8 rows per block), 1..8 rows (the GEMV) and 9, 33 (prefill: the int8 tensor-core GEMM for bf16
+/// and split inputs of PQ2_0 and of Q8_0 with K a multiple of 128; else the dequantised chunks, the scratch sized for
 /// 37 rows so that N = 300 takes 9 chunks), every activation layout, an output row stride above N, and beta 1
 /// (accumulating into y). Bounds: exact weights and f32 sums, 2e-5 of the largest output; prefill with bf16 inputs
-/// multiplies the weights rounded to bf16 (a bf16 GEMM), 8e-3; split prefill the weights as hi + lo planes, 1e-4.
+/// 8e-3 (the dequantised path multiplies the weights rounded to bf16); split prefill 1e-4 (the int8 GEMM's int16
+/// activations, or the dequantised weights as hi + lo planes).
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn block_gemm_matches_cpu_on_odd_shapes() {
@@ -689,6 +691,212 @@ fn block_gemm_timings() {
                 dtype.name(),
                 100.0 * gbs / ceiling
             );
+        }
+    }
+}
+
+/// `y = x · wᵀ` in f64 over the tensor's decoded values `wf` [n, k] (`matmul_t_reference`'s arithmetic, the rows
+/// on all cores: the shapes of the int8 GEMM test are too large for one).
+fn reference_rows(x: &[f32], t: usize, wf: &[f32], n: usize, k: usize) -> Vec<f32> {
+    let mut y = vec![0.0f32; t * n];
+    let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
+    let per = t.div_ceil(threads);
+    std::thread::scope(|s| {
+        for (i, chunk) in y.chunks_mut(per * n).enumerate() {
+            s.spawn(move || {
+                for (r, row) in chunk.chunks_mut(n).enumerate() {
+                    let xr = &x[(i * per + r) * k..][..k];
+                    for (j, o) in row.iter_mut().enumerate() {
+                        let wr = &wf[j * k..][..k];
+                        let mut acc = 0.0f64;
+                        for c in 0..k {
+                            acc += f64::from(xr[c]) * f64::from(wr[c]);
+                        }
+                        *o = acc as f32;
+                    }
+                }
+            });
+        }
+    });
+    y
+}
+
+/// The a-priori error bound of the int8 GEMM at each output of `x · wᵀ` (x [t, k], wf [n, k]): each activation
+/// rounded to its 128-value block's step s = max |x| / 32767, so |error| <= Σ_blocks (s / 2) Σ_block |w|, with 2%
+/// on top for the f32 scale and accumulation (and 1e-6 of Σ |w x|).
+fn int8_bound(x: &[f32], t: usize, wf: &[f32], n: usize, k: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(t * n);
+    for r in 0..t {
+        let xr = &x[r * k..][..k];
+        let steps: Vec<f64> = xr
+            .chunks(128)
+            .map(|c| f64::from(c.iter().fold(0.0f32, |m, v| m.max(v.abs()))) / 32767.0)
+            .collect();
+        for j in 0..n {
+            let wr = &wf[j * k..][..k];
+            let (mut b, mut abs) = (0.0f64, 0.0f64);
+            for c in 0..k {
+                b += 0.51 * steps[c / 128] * f64::from(wr[c].abs());
+                abs += f64::from((wr[c] * xr[c]).abs());
+            }
+            out.push((b + 1e-6 * abs) as f32);
+        }
+    }
+    out
+}
+
+/// The int8 tensor-core prefill GEMM (`gemm_q` with more than 8 rows of bf16 or split inputs, qmma.cu) against the
+/// f64 reference on the Qwen3.5 sizes and odd ones: PQ2_0 and Q8_0, T 9 to 512 (not multiples of the 128-row
+/// tile), N with tails (1000, 5128, 300), K 1024, 5120 and 17408; rows scaled from 1/8 to 8 (every 128-value block
+/// has its own activation scale), an output row stride above N. Bound 1e-4 of the largest output for both layouts
+/// (the activations rounded to int16 per block, about 2^-16 of each block's largest, as the one-row integer GEMV;
+/// measured on an H200 up to 1.1e-4 with an outlier 20 times a row's scale in every row, which costs its block that
+/// much precision: those cases, `outlier`, are held to the a-priori bound of [`int8_bound`] at every output
+/// instead). A second run is bit-identical (no split-K atomics: a fixed summation order). The reference itself
+/// equals `matmul_t_reference` on the first shape.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_gemm_int8_matches_cpu() {
+    let g = gpu();
+    let shapes = [
+        (DType::PQ2_0, 9usize, 1000usize, 17408usize, false),
+        (DType::PQ2_0, 33, 5128, 5120, false),
+        (DType::PQ2_0, 200, 1000, 1024, false),
+        (DType::PQ2_0, 512, 5128, 1024, false),
+        (DType::PQ2_0, 400, 300, 5120, false),
+        (DType::PQ2_0, 200, 1000, 1024, true),
+        (DType::Q8_0, 9, 5128, 1024, false),
+        (DType::Q8_0, 200, 1000, 5120, false),
+        (DType::Q8_0, 512, 1000, 1024, false),
+        (DType::Q8_0, 33, 1000, 17408, false),
+        (DType::Q8_0, 512, 1000, 1024, true),
+    ];
+    let scratch = g.alloc::<u8>(onepass_cuda::qgemm::DEQUANT_BYTES).unwrap();
+    let sc = (g.ptr(&scratch), onepass_cuda::qgemm::DEQUANT_BYTES);
+    let mut fails = Vec::new();
+    for (si, &(dtype, t, n, k, outlier)) in shapes.iter().enumerate() {
+        let raw = blocks(dtype, n, k, (n + k) as u64);
+        let tensor = Tensor::from_raw("w", dtype, vec![n, k], &raw).unwrap();
+        let wf = tensor.to_f32_vec();
+        let (_wbuf, w) = upload_blocks(&g, &[&raw], dtype == DType::Q8_0).unwrap();
+        let mut x = rnd(t * k, (t + k) as u64);
+        for (r, row) in x.chunks_mut(k).enumerate() {
+            let f = 2f32.powi((r % 7) as i32 - 3);
+            row.iter_mut().for_each(|v| *v *= f);
+            if outlier {
+                row[(r * 37) % k] *= 20.0;
+            }
+        }
+        let ldy = n + 3;
+        for case in x_layouts(&x, t, k)
+            .into_iter()
+            .filter(|c| c.name != "f32" && (c.name != "split planes" || si == 0))
+        {
+            let want = reference_rows(&case.reference, t, &wf, n, k);
+            if si == 0 && case.name == "bf16" {
+                let mut direct = vec![0.0f32; t * n];
+                matmul_t_reference(&case.reference, t, &tensor, &mut direct);
+                assert_eq!(direct, want, "the threaded reference is matmul_t_reference");
+            }
+            let xd = g.upload(&case.bits).unwrap();
+            let yd = g.upload(&vec![f32::NAN; t * ldy]).unwrap();
+            let run = || {
+                let act = (case.act)(g.ptr(&xd));
+                gemm_q(&g, act, t, k, w, n, (g.ptr(&yd), ldy), 0.0, sc).unwrap();
+                g.download(&yd, t * ldy).unwrap()
+            };
+            let got = run();
+            let again = run();
+            let name = format!(
+                "{} T {t} N {n} K {k} {}{}",
+                dtype.name(),
+                case.name,
+                if outlier { " outliers" } else { "" }
+            );
+            if got
+                .iter()
+                .zip(&again)
+                .any(|(a, b)| a.to_bits() != b.to_bits())
+            {
+                fails.push(format!("{name}: two runs differ"));
+            }
+            let a: Vec<f32> = (0..t * n).map(|i| got[i / n * ldy + i % n]).collect();
+            assert!(
+                (0..t).all(|r| got[r * ldy + n..(r + 1) * ldy].iter().all(|v| v.is_nan())),
+                "{name}: wrote past N"
+            );
+            let e = rel_err(&a, &want);
+            if outlier {
+                let bound = int8_bound(&case.reference, t, &wf, n, k);
+                let over = (0..t * n)
+                    .filter(|&i| (a[i] - want[i]).abs() > bound[i] || a[i].is_nan())
+                    .count();
+                eprintln!("{name}: {e:.3e}, {over} outputs past the a-priori bound");
+                if over > 0 {
+                    fails.push(format!("{name}: {over} outputs past the bound"));
+                }
+            } else {
+                eprintln!("{name}: {e:.3e} (tolerance 1e-4)");
+                if e > 1e-4 {
+                    fails.push(format!("{name}: {e:.3e}"));
+                }
+            }
+        }
+    }
+    assert!(fails.is_empty(), "over tolerance: {fails:?}");
+}
+
+/// Not a check (ignored like the GPU tests): µs per call and TOPS (2 T N K per second) of the int8 tensor-core
+/// prefill GEMM next to the dequantised-chunk cuBLAS path it replaced (`gemm_q_dequant`: three bf16 GEMMs per
+/// chunk for split inputs, one for bf16), on the Bonsai 27B shapes (PQ2_0; Q8_0 on the down projection) at T 512
+/// and 400, split and bf16 inputs.
+#[test]
+#[ignore = "a timing table on a CUDA GPU, not a check (run with --include-ignored on a GPU machine)"]
+fn block_gemm_int8_timings() {
+    let g = gpu();
+    let shapes = [
+        ("27B gate|up", DType::PQ2_0, 2 * 17408, 5120),
+        ("27B down", DType::PQ2_0, 5120, 17408),
+        ("27B gdn qkv|z", DType::PQ2_0, 10240 + 6144, 5120),
+        ("27B down", DType::Q8_0, 5120, 17408),
+    ];
+    let bytes = onepass_cuda::qgemm::DEQUANT_BYTES;
+    let scratch = g.alloc::<u8>(bytes).unwrap();
+    let sc = (g.ptr(&scratch), bytes);
+    for (name, dtype, n, k) in shapes {
+        let raw = blocks(dtype, n, k, 7);
+        let (_wbuf, w) = upload_blocks(&g, &[&raw], dtype == DType::Q8_0).unwrap();
+        for t in [512usize, 400] {
+            let bits = to_bf16_bits(&rnd(2 * t * k, 8));
+            let x = g.upload(&bits).unwrap();
+            let y = g.zeros::<f32>(t * n).unwrap();
+            let (xp, yp) = (g.ptr(&x), g.ptr(&y));
+            for (layout, act) in [
+                (
+                    "split",
+                    Act::Split {
+                        x: xp,
+                        ldx: k,
+                        lo: t * k,
+                    },
+                ),
+                ("bf16", Act::Bf16 { x: xp, ldx: k }),
+            ] {
+                let new = per_call_us(&g, &|| {
+                    gemm_q(&g, act, t, k, w, n, (yp, n), 0.0, sc).unwrap()
+                });
+                let old = per_call_us(&g, &|| {
+                    gemm_q_dequant(&g, act, t, k, w, n, (yp, n), 0.0, sc).unwrap()
+                });
+                let tops = |us: f64| 2.0 * (t * n * k) as f64 / (us * 1e-6) / 1e12;
+                println!(
+                    "{name:14} {} N {n:6} K {k:5} T {t} {layout:5}: int8 mma {new:8.1} µs {:6.1} TOPS | dequant + cuBLAS {old:8.1} µs {:6.1} TOPS | {:.2}x",
+                    dtype.name(),
+                    tops(new),
+                    tops(old),
+                    old / new
+                );
+            }
         }
     }
 }
