@@ -26,7 +26,8 @@
 # Files in $OUT: decider.log (everything printed), decider-server.json, decider-library.json, onepass-bench.jsonl.
 # Knobs: REPS (30), GRID (workload: capture the graph buckets the workloads use, every batch size of them; full:
 # decider.serve's whole start-up grid), BATCH ("8,32" requests in flight), LIBRARY (1), ONEPASS_ANSWERS (1),
-# ONEPASS_BENCH (1; 0 when the onepass bench runs elsewhere in the same run), BUDGET (seconds for the whole script,
+# ONEPASS_BENCH (1; 0 when the onepass bench runs elsewhere in the same run), ONEPASS_FLAGS (more bench-systemone
+# flags, e.g. "--prefix-cache-mb 0" for cold contexts), BUDGET (seconds for the whole script,
 # 570), PRESET (qwen3.5-0.8b).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -203,7 +204,7 @@ if [[ $ONEPASS_BENCH == 1 ]] && (( $(left) > 150 )); then
   step "onepass bench-systemone on the same checkpoint (split and bf16); $(left)s left"
   rm -f "$OUT/onepass-bench.jsonl"
   for P in split bf16; do
-    timeout 150 $OP bench-systemone --device cuda --gpu-precision $P --model $M --reps $REPS --batch-reps 2 \
+    timeout 150 $OP bench-systemone --device cuda --gpu-precision $P --model $M --reps $REPS --batch-reps 2 ${ONEPASS_FLAGS:-} \
       >> "$OUT/onepass-bench.jsonl" || echo "onepass bench-systemone ($P) failed"
   done
 fi

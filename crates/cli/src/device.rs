@@ -459,6 +459,10 @@ pub struct BenchSystemoneArgs {
     /// The workload (1, 2 or 3) whose GPU time is broken down by op (CUDA events, 10 requests); 0: none.
     #[arg(long, default_value_t = 1)]
     profile_workload: usize,
+    /// MiB of prefix states kept, as `serve --prefix-cache-mb`: every request is timed repeatedly, so with the
+    /// cache on each repeat starts from its kept context (warm); 0 times every request computing its context.
+    #[arg(long, default_value_t = 1024)]
+    prefix_cache_mb: usize,
 }
 
 /// The state of the System One workloads: `n` events of a customer (as benches/systemone_cpu.py).
@@ -575,7 +579,10 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
     }
     let dir = onepass_formats::resolve_model(&a.model)?;
     let dev = a.dev.resolve()?;
-    let opts = onepass_decide::EngineOptions::default();
+    let opts = onepass_decide::EngineOptions {
+        prefix_cache_bytes: a.prefix_cache_mb.saturating_mul(1 << 20),
+        ..onepass_decide::EngineOptions::default()
+    };
     if let Some(path) = &a.write_requests {
         let e = onepass_decide::Engine::load(&dir, opts)?;
         std::fs::create_dir_all(path)?;
@@ -606,7 +613,7 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
     }
     println!(
         "{}",
-        json!({"device": device, "model": dir.display().to_string(), "workloads": report, "profile": profile, "host": host})
+        json!({"device": device, "model": dir.display().to_string(), "prefix_cache_mb": a.prefix_cache_mb, "workloads": report, "profile": profile, "host": host})
     );
     Ok(())
 }
@@ -697,6 +704,14 @@ fn bench_engine<B: onepass_decide::engine::Backend>(
 ) -> Result<Vec<serde_json::Value>> {
     let mut report = Vec::new();
     let answer = |body: &[u8]| -> Result<()> { Ok(e.system_one(body).map(|_| ())?) };
+    eprintln!(
+        "{}",
+        if a.prefix_cache_mb > 0 {
+            "contexts kept between repeats (prefix cache on: warm; --prefix-cache-mb 0 computes each)"
+        } else {
+            "every request computes its context (prefix cache off: cold)"
+        }
+    );
     eprintln!(
         "{:<36} {:>9} {:>9} {:>9} {:>12}",
         "workload (one request at a time)", "p50 ms", "p95 ms", "req/s", "decisions/s"
