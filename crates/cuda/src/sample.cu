@@ -11,8 +11,6 @@
 #define SMP_CHUNK 2048
 // Candidates the one-block sort takes (the host's first cut).
 #define SMP_CUT 2048
-// Keys per block of the wide path's sort of the whole vocabulary (1024 threads, 4 each).
-#define SMP_TILE 4096
 // Bits per radix-select pass (2048 bins); six passes cover the 64-bit key (11 · 5 + 9).
 #define SMP_DIGIT 11
 
@@ -431,100 +429,116 @@ KERNEL(simt) void smp_pick_full(const float* __restrict__ x, int n, SmpState* st
     *out = tok;
 }
 
-// The wide path (while wide is set): every key sorted, best first, by a bitonic sort of `P` keys (a power of two,
-// at least SMP_TILE; keys past n are 0, below every real key): smp_wide_tile sorts each tile (steps k <= SMP_TILE),
-// then per step k > SMP_TILE the stages j >= SMP_TILE one launch each (smp_wide_step) and the rest in a tile
-// (smp_wide_merge). grid P / SMP_TILE blocks of 1024 threads (smp_wide_step: P / 2 threads in blocks of 256).
-KERNEL(simt) void smp_wide_tile(const float* __restrict__ x, int n, const SmpState* st, u64* keys) {
-    __shared__ u64 a[SMP_TILE];
+// The wide path (while wide is set): every key sorted, best first, by a bitonic sort of `P` keys (a power of two, at
+// least one tile; keys past n are 0, below every real key): smp_wide_tile sorts each tile of `tile` keys in dynamic
+// shared memory (steps k <= tile), then per step k > tile the stages j >= tile up to three per launch (smp_wide_steps)
+// and the rest in a tile (smp_wide_merge). grid P / tile blocks of 1024 threads, tile · 8 bytes of dynamic shared
+// memory (smp_wide_steps: P / 2^s threads in blocks of 256).
+KERNEL(simt) void smp_wide_tile(const float* __restrict__ x, int n, const SmpState* st, u64* keys, int tile) {
+    extern __shared__ u64 smp_sm[];
     if (!st->wide) return;
-    unsigned base = blockIdx.x * SMP_TILE;
-    for (int i = threadIdx.x; i < SMP_TILE; i += blockDim.x) {
+    unsigned base = blockIdx.x * tile;
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) {
         unsigned e = base + i;
-        a[i] = e < (unsigned)n ? smp_key(x[e], (int)e) : 0ull;
+        smp_sm[i] = e < (unsigned)n ? smp_key(x[e], (int)e) : 0ull;
     }
     __syncthreads();
-    for (unsigned k = 2; k <= SMP_TILE; k <<= 1) smp_merge(a, SMP_TILE, base, k, k >> 1);
-    for (int i = threadIdx.x; i < SMP_TILE; i += blockDim.x) keys[base + i] = a[i];
+    for (unsigned k = 2; k <= (unsigned)tile; k <<= 1) smp_merge(smp_sm, tile, base, k, k >> 1);
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) keys[base + i] = smp_sm[i];
 }
-KERNEL(simt) void smp_wide_step(u64* keys, unsigned k, unsigned j, const SmpState* st) {
+// Stages j, j / 2, ..., j / 2^(s-1) (s <= 3) of bitonic step k over the whole sequence: each thread takes the 2^s keys
+// i0 + m · (j >> (s - 1)) (m < 2^s) that those stages pair among themselves, in registers.
+KERNEL(simt) void smp_wide_steps(u64* keys, unsigned k, unsigned j, int s, const SmpState* st) {
     if (!st->wide) return;
     unsigned q = blockIdx.x * blockDim.x + threadIdx.x;
-    unsigned i = 2 * q - (q & (j - 1)), l = i + j;
-    bool desc = (i & k) == 0;
-    u64 A = keys[i], B = keys[l];
-    if (desc ? A < B : A > B) {
-        keys[i] = B;
-        keys[l] = A;
+    unsigned lo = j >> (s - 1);  // the lowest stage's stride: the group's bits are lo, 2 lo, ..., j
+    unsigned i0 = ((q / lo) << s) * lo + (q % lo);
+    bool desc = (i0 & k) == 0;
+    int m = 1 << s;
+    u64 a[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+        if (t < m) a[t] = keys[i0 + t * lo];
+#pragma unroll
+    for (int h = 4; h > 0; h >>= 1) {
+        if (h >= m) continue;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t >= m || (t & h)) continue;
+            u64 A = a[t], B = a[t + h];
+            if (desc ? A < B : A > B) {
+                a[t] = B;
+                a[t + h] = A;
+            }
+        }
     }
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+        if (t < m) keys[i0 + t * lo] = a[t];
 }
-KERNEL(simt) void smp_wide_merge(u64* keys, unsigned k, const SmpState* st) {
-    __shared__ u64 a[SMP_TILE];
+KERNEL(simt) void smp_wide_merge(u64* keys, unsigned k, const SmpState* st, int tile) {
+    extern __shared__ u64 smp_sm[];
     if (!st->wide) return;
-    unsigned base = blockIdx.x * SMP_TILE;
-    for (int i = threadIdx.x; i < SMP_TILE; i += blockDim.x) a[i] = keys[base + i];
+    unsigned base = blockIdx.x * tile;
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) smp_sm[i] = keys[base + i];
     __syncthreads();
-    smp_merge(a, SMP_TILE, base, k, SMP_TILE / 2);
-    for (int i = threadIdx.x; i < SMP_TILE; i += blockDim.x) keys[base + i] = a[i];
+    smp_merge(smp_sm, tile, base, k, tile / 2);
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) keys[base + i] = smp_sm[i];
+}
+// The weights of the first k sorted keys, in sorted order. grid ceil(k / 256) blocks of 256 (k read on the device:
+// the grid covers the vocabulary).
+KERNEL(simt) void smp_wide_weights(const SmpState* st, const u64* __restrict__ keys, double* w) {
+    if (!st->wide) return;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < st->k) w[i] = smp_weight(smp_logit(keys[i]), st->max, (double)st->temp);
 }
 
-// The wide path's draw over the sorted keys, as smp_pick's walk (the same order and roundings) over up to k of them:
-// chunks of 1024 weights formed by the block, walked by one thread. 1 block, 1024 threads.
-KERNEL(simt) void smp_wide_pick(SmpState* st, const u64* __restrict__ keys, int* out) {
-    __shared__ double w[1024];
-    __shared__ int stop, nsel_s;
-    __shared__ double mass_s;
-    if (!st->wide) return;
-    double max = st->max, t = (double)st->temp, top_p = (double)st->top_p;
+// One thread's walk of w[0, len): the running sum from 0 (mode 0: the first count whose sum reaches `target`, else
+// len; *sum the sum over that count) or the draw (mode 1: the first index j where r < w[j], r reduced by each weight
+// before it; len when none). Eight weights loaded ahead of the ones being added.
+__device__ int smp_walk(const double* __restrict__ w, int len, int mode, double target, double* sum) {
+    double acc = *sum, cur[8], nxt[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) cur[t] = t < len ? __ldcg(w + t) : 0.0;
+    for (int j0 = 0; j0 < len; j0 += 8) {
+#pragma unroll
+        for (int t = 0; t < 8; t++) nxt[t] = j0 + 8 + t < len ? __ldcg(w + j0 + 8 + t) : 0.0;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (j0 + t >= len) break;
+            if (mode == 0) {
+                acc = __dadd_rn(acc, cur[t]);
+                if (acc >= target) {
+                    *sum = acc;
+                    return j0 + t;
+                }
+            } else {
+                if (acc < cur[t]) return j0 + t;
+                acc = __dsub_rn(acc, cur[t]);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 8; t++) cur[t] = nxt[t];
+    }
+    *sum = acc;
+    return len;
+}
+
+// The wide path's draw over the sorted keys, as smp_pick's walk (the same order and roundings) over up to k of them.
+// 1 block of 32 threads (one walks).
+KERNEL(simt) void smp_wide_pick(SmpState* st, const u64* __restrict__ keys, const double* __restrict__ w, int* out) {
+    if (!st->wide || threadIdx.x != 0) return;
     int k = st->k;
-    double target = __dmul_rn(top_p, st->total);
+    double top_p = (double)st->top_p;
     double mass = 0.0;
-    if (threadIdx.x == 0) {
-        stop = 0;
-        nsel_s = k;
+    int nsel = k;
+    if (top_p < 1.0) {
+        int j = smp_walk(w, k, 0, __dmul_rn(top_p, st->total), &mass);
+        if (j < k) nsel = j + 1;
+    } else {
+        smp_walk(w, k, 0, __longlong_as_double(0x7ff0000000000000ll), &mass);
     }
-    for (int c0 = 0; c0 < k; c0 += 1024) {
-        __syncthreads();
-        if (stop) break;
-        int m = min(1024, k - c0);
-        if ((int)threadIdx.x < m) w[threadIdx.x] = smp_weight(smp_logit(keys[c0 + threadIdx.x]), max, t);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int j = 0; j < m; j++) {
-                mass = __dadd_rn(mass, w[j]);
-                if (top_p < 1.0 && mass >= target) {
-                    nsel_s = c0 + j + 1;
-                    stop = 1;
-                    break;
-                }
-            }
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        mass_s = __dmul_rn(smp_uniform(st), mass);
-        stop = 0;
-    }
-    int nsel = nsel_s;
-    int tok = smp_id(keys[nsel - 1]);
-    for (int c0 = 0; c0 < nsel; c0 += 1024) {
-        __syncthreads();
-        if (stop) break;
-        int m = min(1024, nsel - c0);
-        if ((int)threadIdx.x < m) w[threadIdx.x] = smp_weight(smp_logit(keys[c0 + threadIdx.x]), max, t);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            double r = mass_s;
-            for (int j = 0; j < m; j++) {
-                if (r < w[j]) {
-                    tok = smp_id(keys[c0 + j]);
-                    stop = 1;
-                    break;
-                }
-                r = __dsub_rn(r, w[j]);
-            }
-            mass_s = r;
-        }
-    }
-    if (threadIdx.x == 0) *out = tok;
+    double r = __dmul_rn(smp_uniform(st), mass);
+    int j = smp_walk(w, nsel, 1, 0.0, &r);
+    *out = smp_id(keys[j < nsel ? j : nsel - 1]);
 }

@@ -377,8 +377,17 @@ fn sampler_timing_at_248320() {
             .unwrap()
             .unwrap();
         let graphed = per_call_us(&g, &|| graph.launch().unwrap());
+        // The host's draw over the same logits, as a sampled step ran before (after copying them to the host).
+        let host_l = logits(kind, v, 3);
+        let t0 = std::time::Instant::now();
+        let mut rng = Rng::new(1);
+        for _ in 0..10 {
+            std::hint::black_box(sample(&host_l, &s, &mut rng));
+        }
+        let host_us = t0.elapsed().as_secs_f64() * 1e6 / 10.0;
         eprintln!(
-            "  {what} ({:?}): {graphed:.1} µs per draw as a graph, {direct:.1} launched directly",
+            "  {what} ({:?}): {graphed:.1} µs per draw as a graph, {direct:.1} launched directly; the host's \
+             sample() {host_us:.0} µs",
             plan.mode
         );
     }
@@ -436,6 +445,7 @@ fn sample_steps_draw_what_host_steps_draw() {
         let mut host = Vec::new();
         let mut step_logits = Vec::new();
         let mut tok = first;
+        let t0 = std::time::Instant::now();
         for _ in 0..STEPS {
             let l = gm
                 .logits_step(&mut a, tok)
@@ -446,6 +456,7 @@ fn sample_steps_draw_what_host_steps_draw() {
             host.push(tok);
             step_logits.push((l, seed_here));
         }
+        let host_secs = t0.elapsed().as_secs_f64();
         // The device path, continuing the generator where the first draw left it.
         let (mut b, first_b, rng_b) = start(&gm);
         assert_eq!(first, first_b);
@@ -462,9 +473,11 @@ fn sample_steps_draw_what_host_steps_draw() {
         assert_eq!(b.position(), a.position());
         let plan = SamplePlan::new(&s, vocab).unwrap();
         eprintln!(
-            "{s:?} ({:?}): {STEPS} steps, device {:.0} tok/s; host path tokens {host:?}",
+            "{s:?} ({:?}): {STEPS} steps, drawn on the device {:.0} tok/s, on the host {:.0} tok/s; tokens \
+             {host:?}",
             plan.mode,
-            STEPS as f64 / secs
+            STEPS as f64 / secs,
+            STEPS as f64 / host_secs
         );
         match (0..STEPS).find(|&i| dev[i] != host[i]) {
             None => {}
