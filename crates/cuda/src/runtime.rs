@@ -662,7 +662,7 @@ impl Gpu {
                 big("attention_bf1")?,
             ],
             attention_tc_combine: f("attention_tc_combine")?,
-            sample: crate::sample::SampleKernels::load(&f, &big)?,
+            sample: crate::sample::SampleKernels::load(&f)?,
             gemv_bf16: [f("gemv_bf16_2")?, f("gemv_bf16_8")?],
             gemv_q: {
                 let fmt = |q: &str| -> Result<[[CudaFunction; 2]; 3], CudaError> {

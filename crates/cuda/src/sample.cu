@@ -430,9 +430,9 @@ KERNEL(simt) void smp_pick_full(const float* __restrict__ x, int n, SmpState* st
 }
 
 // The wide path (while wide is set): every key sorted, best first, by a bitonic sort of `P` keys (a power of two, at
-// least one tile; keys past n are 0, below every real key): smp_wide_tile sorts each tile of `tile` keys in dynamic
-// shared memory (steps k <= tile), then per step k > tile the stages j >= tile up to three per launch (smp_wide_steps)
-// and the rest in a tile (smp_wide_merge). grid P / tile blocks of 1024 threads, tile · 8 bytes of dynamic shared
+// least one tile; keys past n are 0, below every real key): smp_wide_tile sorts each tile of `tile` keys (4,096) in
+// dynamic shared memory (steps k <= tile), then per step k > tile the stages j >= tile up to three per launch
+// (smp_wide_steps) and the rest in a tile (smp_wide_merge). grid P / tile blocks of 1024 threads, tile · 8 bytes of dynamic shared
 // memory (smp_wide_steps: P / 2^s threads in blocks of 256).
 KERNEL(simt) void smp_wide_tile(const float* __restrict__ x, int n, const SmpState* st, u64* keys, int tile) {
     extern __shared__ u64 smp_sm[];
@@ -485,17 +485,22 @@ KERNEL(simt) void smp_wide_merge(u64* keys, unsigned k, const SmpState* st, int 
     smp_merge(smp_sm, tile, base, k, tile / 2);
     for (int i = threadIdx.x; i < tile; i += blockDim.x) keys[base + i] = smp_sm[i];
 }
-// The weights of the first k sorted keys, in sorted order. grid ceil(k / 256) blocks of 256 (k read on the device:
-// the grid covers the vocabulary).
+// The weights of the first k sorted keys, in sorted order. grid ceil(V / SMP_CHUNK) blocks of 256 (k is read on the
+// device).
 KERNEL(simt) void smp_wide_weights(const SmpState* st, const u64* __restrict__ keys, double* w) {
     if (!st->wide) return;
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < st->k) w[i] = smp_weight(smp_logit(keys[i]), st->max, (double)st->temp);
+    int k = st->k;
+    double max = st->max, t = (double)st->temp;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < k; i += gridDim.x * blockDim.x)
+        w[i] = smp_weight(smp_logit(keys[i]), max, t);
 }
 
-// One thread's walk of w[0, len): the running sum from 0 (mode 0: the first count whose sum reaches `target`, else
-// len; *sum the sum over that count) or the draw (mode 1: the first index j where r < w[j], r reduced by each weight
-// before it; len when none). Eight weights loaded ahead of the ones being added.
+// One thread's walk of w[0, len): the running sum from *sum (mode 0: the first index whose sum reaches `target`, else
+// len; *sum the sum there) or the draw (mode 1: from r = *sum, the first index j where r < w[j], r reduced by each
+// weight before it; len when none). The same additions in the same order as one at a time, eight at once: the sum
+// only grows and r only falls (weights >= 0; r < w exactly when r - w < 0), so a group of eight that does not reach
+// the target (or below 0) holds no stop, and one that does is walked again one weight at a time; the next eight are
+// loaded ahead.
 __device__ int smp_walk(const double* __restrict__ w, int len, int mode, double target, double* sum) {
     double acc = *sum, cur[8], nxt[8];
 #pragma unroll
@@ -503,9 +508,19 @@ __device__ int smp_walk(const double* __restrict__ w, int len, int mode, double 
     for (int j0 = 0; j0 < len; j0 += 8) {
 #pragma unroll
         for (int t = 0; t < 8; t++) nxt[t] = j0 + 8 + t < len ? __ldcg(w + j0 + 8 + t) : 0.0;
+        int m = min(8, len - j0);
+        double a = acc;
+        if (m == 8) {
 #pragma unroll
-        for (int t = 0; t < 8; t++) {
-            if (j0 + t >= len) break;
+            for (int t = 0; t < 8; t++) a = mode == 0 ? __dadd_rn(a, cur[t]) : __dsub_rn(a, cur[t]);
+            if (!(mode == 0 ? a >= target : a < 0.0)) {
+                acc = a;
+#pragma unroll
+                for (int t = 0; t < 8; t++) cur[t] = nxt[t];
+                continue;
+            }
+        }
+        for (int t = 0; t < m; t++) {
             if (mode == 0) {
                 acc = __dadd_rn(acc, cur[t]);
                 if (acc >= target) {

@@ -15,8 +15,8 @@
 //!    the mass, the draw, in the host's order and roundings.
 //! 4. Wide path, when the top-p set may reach past the first cut (its mass stays below `top_p · total` and `k` is
 //!    larger), or `k` > 2,048 without top-p: the whole vocabulary sorted (a bitonic sort of the next power of two:
-//!    tiles of up to 16,384 keys in shared memory, the wider stages three per launch), the weights in sorted order,
-//!    and the same walk over them on one thread (`smp_wide_pick`). Its launches are in the graph only where the
+//!    tiles of 4,096 keys in shared memory, the wider stages three per launch), the weights in sorted order, and
+//!    the same walk over them on one thread (`smp_wide_pick`, eight additions at a time where no stop falls). Its launches are in the graph only where the
 //!    settings can need it; they return at once when not.
 //! 5. No top-k and top-p 1: the whole distribution in id order (`smp_pick_full`), the host's walk: the block where
 //!    `u · total` falls from the blocks' sums, then the id in it from a scan.
@@ -42,8 +42,10 @@ use crate::CudaError;
 const CHUNK: usize = 2048;
 /// Candidates the one-block sort takes: the first cut (`SMP_CUT`; the host's `FIRST_CUT`).
 pub const CUT: usize = 2048;
-/// Keys per block of the wide path's sort at most (`tile` in sample.cu; less where shared memory is smaller).
-const TILE: usize = 16384;
+/// Keys per block of the wide path's sort (`tile` in sample.cu): 32 KB of shared memory. Larger tiles (16,384 in
+/// 128 KB) take fewer launches but sort slower: 16 blocks for 248,320 ids instead of 64 (a top-k 5,000 draw 250 ->
+/// 488 µs on an H200).
+const TILE: usize = 4096;
 /// u64 words of the device state (`SmpState` in sample.cu).
 const STATE_WORDS: usize = 16;
 
@@ -63,10 +65,8 @@ pub struct SampleKernels {
 }
 
 impl SampleKernels {
-    /// `f` loads a kernel, `big` one whose dynamic shared memory may pass 48 KB.
     pub(crate) fn load(
         f: &dyn Fn(&str) -> Result<CudaFunction, CudaError>,
-        big: &dyn Fn(&str) -> Result<CudaFunction, CudaError>,
     ) -> Result<Self, CudaError> {
         Ok(SampleKernels {
             max: f("smp_max")?,
@@ -75,9 +75,9 @@ impl SampleKernels {
             gather: f("smp_gather")?,
             pick: f("smp_pick")?,
             pick_full: f("smp_pick_full")?,
-            wide_tile: big("smp_wide_tile")?,
+            wide_tile: f("smp_wide_tile")?,
             wide_steps: f("smp_wide_steps")?,
-            wide_merge: big("smp_wide_merge")?,
+            wide_merge: f("smp_wide_merge")?,
             wide_weights: f("smp_wide_weights")?,
             wide_pick: f("smp_wide_pick")?,
         })
@@ -156,33 +156,22 @@ pub struct Sampler {
     /// The radix select's histogram (2,048 bins), zero between passes.
     hist: CudaSlice<u32>,
     cand: CudaSlice<u64>,
-    /// The wide path's tile: keys per block of its sort (a power of two, 4,096 to [`TILE`]).
-    tile: usize,
     /// The wide path's keys, [`Sampler::wide_len`], and the weights of the sorted ones [V].
     keys: CudaSlice<u64>,
     wsorted: CudaSlice<f64>,
 }
 
 impl Sampler {
-    /// Bytes [`Sampler::new`] allocates for `vocab` logits on `g`.
-    pub fn bytes(g: &Gpu, vocab: usize) -> usize {
+    /// Bytes [`Sampler::new`] allocates for `vocab` logits.
+    pub fn bytes(vocab: usize) -> usize {
         let blocks = vocab.div_ceil(CHUNK);
-        let wide = 8 * Self::wide_len(vocab, Self::tile_for(g)) + 8 * vocab;
+        let wide = 8 * Self::wide_len(vocab) + 8 * vocab;
         8 * STATE_WORDS + 24 * blocks + 4 * 2048 + 8 * CUT + wide
     }
 
-    /// The wide path's tile on `g`: the most keys (8 bytes each) a block's shared memory holds, up to [`TILE`].
-    fn tile_for(g: &Gpu) -> usize {
-        let mut t = TILE;
-        while t > 4096 && 8 * t > g.max_smem {
-            t /= 2;
-        }
-        t
-    }
-
     /// Keys the wide path sorts: the vocabulary padded to a power of two, at least one tile.
-    fn wide_len(vocab: usize, tile: usize) -> usize {
-        vocab.next_power_of_two().max(tile)
+    fn wide_len(vocab: usize) -> usize {
+        vocab.next_power_of_two().max(TILE)
     }
 
     pub fn new(g: &Gpu, vocab: usize) -> Result<Sampler, CudaError> {
@@ -192,7 +181,6 @@ impl Sampler {
             )));
         }
         let blocks = vocab.div_ceil(CHUNK);
-        let tile = Self::tile_for(g);
         Ok(Sampler {
             vocab,
             state: g.zeros(STATE_WORDS)?,
@@ -203,8 +191,7 @@ impl Sampler {
             last: g.alloc(blocks)?,
             hist: g.zeros(2048)?,
             cand: g.alloc(CUT)?,
-            tile,
-            keys: g.alloc(Self::wide_len(vocab, tile))?,
+            keys: g.alloc(Self::wide_len(vocab))?,
             wsorted: g.alloc(vocab)?,
         })
     }
@@ -257,8 +244,8 @@ impl Sampler {
             launch!(g, k.pick_full, one; logits, n, st, bsum, first, last, out)?;
         }
         if matches!(mode, SampleMode::Wide | SampleMode::WideOnly) {
-            let tile = self.tile;
-            let len = Self::wide_len(self.vocab, tile);
+            let tile = TILE;
+            let len = Self::wide_len(self.vocab);
             let keys = g.ptr(&self.keys);
             let tiles = cfg(((len / tile) as u32, 1), 1024, 8 * tile as u32);
             launch!(g, k.wide_tile, tiles; logits, n, st, keys, tile as i32)?;
@@ -279,8 +266,7 @@ impl Sampler {
                 kk *= 2;
             }
             let ws = g.ptr(&self.wsorted);
-            let c = cfg((self.vocab.div_ceil(256) as u32, 1), 256, 0);
-            launch!(g, k.wide_weights, c; st, keys, ws)?;
+            launch!(g, k.wide_weights, scan; st, keys, ws)?;
             launch!(g, k.wide_pick, cfg((1, 1), 32, 0); st, keys, ws, out)?;
         }
         Ok(())

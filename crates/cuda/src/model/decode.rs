@@ -279,7 +279,7 @@ impl GreedyRun<'_> {
         if b.sampler.is_none() {
             let charge = m
                 .ledger
-                .charge(Sampler::bytes(&m.gpu, m.vocab), "sampler buffers")?;
+                .charge(Sampler::bytes(m.vocab), "sampler buffers")?;
             b.sampler = Some((Sampler::new(&m.gpu, m.vocab)?, charge));
         }
         if let Some((s, _)) = &b.sampler {
