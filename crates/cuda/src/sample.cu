@@ -432,8 +432,8 @@ KERNEL(simt) void smp_pick_full(const float* __restrict__ x, int n, SmpState* st
 // The wide path (while wide is set): every key sorted, best first, by a bitonic sort of `P` keys (a power of two, at
 // least one tile; keys past n are 0, below every real key): smp_wide_tile sorts each tile of `tile` keys (4,096) in
 // dynamic shared memory (steps k <= tile), then per step k > tile the stages j >= tile up to three per launch
-// (smp_wide_steps) and the rest in a tile (smp_wide_merge). grid P / tile blocks of 1024 threads, tile · 8 bytes of dynamic shared
-// memory (smp_wide_steps: P / 2^s threads in blocks of 256).
+// (smp_wide_steps) and the rest in a tile (smp_wide_merge). grid P / tile blocks of 1024 threads, tile · 8 bytes of
+// dynamic shared memory (smp_wide_steps: P / 2^s threads in blocks of 256).
 KERNEL(simt) void smp_wide_tile(const float* __restrict__ x, int n, const SmpState* st, u64* keys, int tile) {
     extern __shared__ u64 smp_sm[];
     if (!st->wide) return;

@@ -16,8 +16,8 @@
 //! 4. Wide path, when the top-p set may reach past the first cut (its mass stays below `top_p · total` and `k` is
 //!    larger), or `k` > 2,048 without top-p: the whole vocabulary sorted (a bitonic sort of the next power of two:
 //!    tiles of 4,096 keys in shared memory, the wider stages three per launch), the weights in sorted order, and
-//!    the same walk over them on one thread (`smp_wide_pick`, eight additions at a time where no stop falls). Its launches are in the graph only where the
-//!    settings can need it; they return at once when not.
+//!    the same walk over them on one thread (`smp_wide_pick`, eight additions at a time where no stop falls). Its
+//!    launches are in the graph only where the settings can need it; they return at once when not.
 //! 5. No top-k and top-p 1: the whole distribution in id order (`smp_pick_full`), the host's walk: the block where
 //!    `u · total` falls from the blocks' sums, then the id in it from a scan.
 //!

@@ -3,10 +3,11 @@
 //! A step is one CUDA graph (captured at the second step of its shape): the pick of the step before is copied into
 //! the forward's table as its id, the layers run, then the final norm, the head and the pick (the argmax, or a
 //! seeded draw under temperature, top-k and top-p: [`crate::sample`], the generator's state on the device), which
-//! writes the next pick where the next step reads it. So the device never waits for the host: the host queues step k + 1 before it
-//! waits for step k's pick (copied into page-locked host memory, with an event after the copy), and its work on that
-//! token (text, stop strings, streaming) overlaps the device's next step. The price: when the caller stops on a
-//! token, the step queued after it has already run, so the state holds one token more than the caller accepted.
+//! writes the next pick where the next step reads it. So the device never waits for the host: the host queues step
+//! k + 1 before it waits for step k's pick (copied into page-locked host memory, with an event after the copy), and
+//! its work on that token (text, stop strings, streaming) overlaps the device's next step. The price: when the caller
+//! stops on a token, the step queued after it has already run, so the state holds one token more than the caller
+//! accepted.
 //!
 //! One decode at a time holds the fixed buffers (their addresses are in the graph); a second concurrent decode gets
 //! none ([`CudaModel::greedy_steps`], [`CudaModel::sample_steps`] answer `None`) and runs step by step. A step whose

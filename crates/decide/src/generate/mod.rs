@@ -1,6 +1,8 @@
 //! Text generation over the sequence API: a prompt (raw text, or chat messages rendered with the model's chat
 //! template and its generation prompt) is prefilled in chunks of [`PREFILL_CHUNK`] ids, then one token at a time is
-//! chosen ([`sample`], on the backend: [`onepass_engine::Backend::sample_steps`]) and fed back, until an end-of-sequence id, a stop string, `max_tokens` or the model's context.
+//! chosen ([`sample`]: the first from the prefill's logits, the rest on the backend,
+//! [`onepass_engine::Backend::sample_steps`]) and fed back, until an end-of-sequence id, a stop string, `max_tokens` or
+//! the model's context.
 //!
 //! - End of sequence: the ids of `eos_token_id` in `config.json` (or its `text_config`) and `generation_config.json`
 //!   (a number or a list), and the tokenizer's `eos_token`. The id that ends a generation is in `tokens`, not in
