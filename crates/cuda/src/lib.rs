@@ -22,6 +22,7 @@ pub mod ops;
 pub mod options;
 pub mod qgemm;
 pub mod runtime;
+pub mod sample;
 
 pub use model::{
     CudaHidden, CudaModel, CudaState, Precision, Projection, SplitGemms, SplitGemmsError,

@@ -26,6 +26,7 @@ use crate::{CudaError, DrvCtx};
 pub const KERNELS_CU: &str = concat!(
     include_str!("kernels.cu"),
     include_str!("decode.cu"),
+    include_str!("sample.cu"),
     include_str!("tc_common.cu"),
     include_str!("gdn_tc.cu"),
     include_str!("attn_tc.cu"),
@@ -79,6 +80,8 @@ pub struct Kernels {
     /// `attention_tc`, `attention_tc_tf32`, `attention_bf`, `attention_bf1`: indexed by `AttnArith as usize`.
     pub attention_tc: [CudaFunction; 4],
     pub attention_tc_combine: CudaFunction,
+    /// sample.cu: sampled decoding's draw on the device.
+    pub sample: crate::sample::SampleKernels,
 }
 
 /// The f32 SIMT kernels that only fallbacks and tests run (`GdnKernels::Simt`, `AttnKernels::Tiled`, attention
@@ -659,6 +662,7 @@ impl Gpu {
                 big("attention_bf1")?,
             ],
             attention_tc_combine: f("attention_tc_combine")?,
+            sample: crate::sample::SampleKernels::load(&f)?,
             gemv_bf16: [f("gemv_bf16_2")?, f("gemv_bf16_8")?],
             gemv_q: {
                 let fmt = |q: &str| -> Result<[[CudaFunction; 2]; 3], CudaError> {

@@ -3,7 +3,7 @@
 use onepass_cuda::{CudaError, CudaHidden, CudaState};
 use onepass_model::{Model, ModelError, SequenceState};
 
-use crate::{Backend, CudaBackend, CudaOptions};
+use crate::{Backend, CudaBackend, CudaOptions, Rng, Sampling};
 
 /// The model on the CPU or on a GPU. Every method forwards to the device's backend, unchanged.
 // One long-lived value per process: the size difference between the variants costs nothing.
@@ -232,6 +232,25 @@ impl Backend for AnyBackend {
             }
             (AnyBackend::Cuda(c), AnyState::Cuda(s)) => {
                 Ok(c.greedy_steps(s, first, max_steps, on_token)?)
+            }
+            _ => Err(AnyError::Mismatch),
+        }
+    }
+    fn sample_steps(
+        &self,
+        st: &mut AnyState,
+        first: u32,
+        max_steps: usize,
+        s: &Sampling,
+        rng: &mut Rng,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize, AnyError> {
+        match (self, st) {
+            (AnyBackend::Cpu(m), AnyState::Cpu(st)) => Ok(Backend::sample_steps(
+                m, st, first, max_steps, s, rng, on_token,
+            )?),
+            (AnyBackend::Cuda(c), AnyState::Cuda(st)) => {
+                Ok(c.sample_steps(st, first, max_steps, s, rng, on_token)?)
             }
             _ => Err(AnyError::Mismatch),
         }

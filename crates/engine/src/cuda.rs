@@ -15,7 +15,7 @@ pub use onepass_cuda::CudaOptions;
 use onepass_cuda::{CudaError, CudaHidden, CudaModel, CudaState, Precision, SplitGemms};
 use onepass_model::Model;
 
-use crate::Backend;
+use crate::{Backend, Rng, Sampling};
 
 /// A [`CudaModel`] as a [`Backend`].
 pub struct CudaBackend {
@@ -194,6 +194,34 @@ impl Backend for CudaBackend {
         {
             Some(fed) => Ok(fed),
             None => crate::greedy_by_steps(self, st, first, max_steps, on_token),
+        }
+    }
+
+    /// Each step one CUDA graph ending in the draw on the GPU ([`CudaModel::sample_steps`]: the generator's state on
+    /// the device, only the token comes back), queued before the host reads the step before's token; `rng` then
+    /// skips the numbers the device drew. Step by step on the host while another decode holds the decode buffers.
+    fn sample_steps(
+        &self,
+        st: &mut CudaState,
+        first: u32,
+        max_steps: usize,
+        s: &Sampling,
+        rng: &mut Rng,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize, CudaError> {
+        drop(self.guard()?);
+        match self
+            .model
+            .sample_steps(st, first, max_steps, s, rng.state(), &self.lock, on_token)?
+        {
+            Some(fed) => {
+                // One number per forward, as the host draws (none where it takes the argmax).
+                if !s.is_greedy() && self.model.vocab_size() > 1 {
+                    rng.skip(fed as u64);
+                }
+                Ok(fed)
+            }
+            None => crate::sample_by_steps(self, st, first, max_steps, s, rng, on_token),
         }
     }
 

@@ -31,6 +31,7 @@ pub use cuda::{CudaBackend, CudaOptions};
 
 use std::fmt::Display;
 
+pub use onepass_model::sample::{argmax, sample, Rng, Sampling};
 use onepass_model::{Model, ModelError, SequenceState};
 
 /// The logits of a prompt prefilled in chunks against the same prompt walked one token at a time, CPU f32: at every
@@ -145,6 +146,23 @@ pub trait Backend: Send + Sync {
     ) -> Result<usize, Self::Error> {
         greedy_by_steps(self, st, first, max_steps, on_token)
     }
+    /// Sampled decoding of `st` from `first` under `s`: feeds it, then each next token ([`sample`] of the logits
+    /// after it, drawing from `rng`), handing every token to `on_token` until it answers false or `max_steps`
+    /// forwards ran. Each forward draws one number of `rng` (none when `s` is greedy: [`Backend::greedy_steps`]
+    /// runs), a forward queued ahead included, so `rng` continues as the host's loop would leave it. A device backend
+    /// may queue a step before `on_token` has answered, as in [`Backend::greedy_steps`]. → forwards run (tokens `st`
+    /// gained). Default: [`sample_by_steps`].
+    fn sample_steps(
+        &self,
+        st: &mut Self::State,
+        first: u32,
+        max_steps: usize,
+        s: &Sampling,
+        rng: &mut Rng,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize, Self::Error> {
+        sample_by_steps(self, st, first, max_steps, s, rng, on_token)
+    }
     /// Continues `st` with `ids` in forwards of at most `chunk` ids (0: one forward), and reads the logits at the
     /// positions `read` (indices into `ids`, ascending) as `pick` says. → one logits vector per entry of `read`.
     /// Chunked and whole agree within [`CHUNK_TOLERANCE`]; the same chunking is bit-identical.
@@ -193,6 +211,34 @@ pub fn step_logits_by_extend<B: Backend + ?Sized>(
         .unwrap_or_default())
 }
 
+/// [`Backend::sample_steps`] on the host: [`Backend::greedy_steps`] when `s` is greedy, else one
+/// [`Backend::step_logits`] and one [`sample`] of its logits at a time (the state holds exactly the tokens `on_token`
+/// was handed before the last, and `first`).
+pub fn sample_by_steps<B: Backend + ?Sized>(
+    b: &B,
+    st: &mut B::State,
+    first: u32,
+    max_steps: usize,
+    s: &Sampling,
+    rng: &mut Rng,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<usize, B::Error> {
+    if s.is_greedy() {
+        return b.greedy_steps(st, first, max_steps, on_token);
+    }
+    let mut tok = first;
+    let mut fed = 0;
+    while fed < max_steps {
+        let logits = b.step_logits(st, tok)?;
+        fed += 1;
+        tok = sample(&logits, s, rng);
+        if !on_token(tok) {
+            break;
+        }
+    }
+    Ok(fed)
+}
+
 /// [`Backend::greedy_steps`] one forward and one [`Backend::argmax`] at a time: the state holds exactly the tokens
 /// `on_token` was handed before the last, and `first`.
 pub fn greedy_by_steps<B: Backend + ?Sized>(
@@ -214,19 +260,6 @@ pub fn greedy_by_steps<B: Backend + ?Sized>(
         }
     }
     Ok(fed)
-}
-
-/// The highest logit's id (the lowest id among equal ones; NaN never wins; 0 when nothing beats -inf).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut bv = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > bv {
-            bv = v;
-            best = i;
-        }
-    }
-    best as u32
 }
 
 impl Backend for Model {

@@ -16,6 +16,7 @@ pub mod gguf;
 pub mod layer_ops;
 pub mod mlx;
 pub mod qwen3_5;
+pub mod sample;
 pub mod state;
 pub mod synth;
 pub mod weights;

@@ -1,19 +1,24 @@
-//! Greedy decoding on the device, queued one step ahead of the host.
+//! Greedy and sampled decoding on the device, queued one step ahead of the host.
 //!
 //! A step is one CUDA graph (captured at the second step of its shape): the pick of the step before is copied into
-//! the forward's table as its id, the layers run, then the final norm, the head and the argmax, which writes the next
-//! pick where the next step reads it. So the device never waits for the host: the host queues step k + 1 before it
-//! waits for step k's pick (copied into page-locked host memory, with an event after the copy), and its work on that
-//! token (text, stop strings, streaming) overlaps the device's next step. The price: when the caller stops on a
-//! token, the step queued after it has already run, so the state holds one token more than the caller accepted.
+//! the forward's table as its id, the layers run, then the final norm, the head and the pick (the argmax, or a
+//! seeded draw under temperature, top-k and top-p: [`crate::sample`], the generator's state on the device), which
+//! writes the next pick where the next step reads it. So the device never waits for the host: the host queues step
+//! k + 1 before it waits for step k's pick (copied into page-locked host memory, with an event after the copy), and
+//! its work on that token (text, stop strings, streaming) overlaps the device's next step. The price: when the caller
+//! stops on a token, the step queued after it has already run, so the state holds one token more than the caller
+//! accepted.
 //!
 //! One decode at a time holds the fixed buffers (their addresses are in the graph); a second concurrent decode gets
-//! none ([`CudaModel::greedy_steps`] answers `None`) and runs step by step. A sampled step
-//! ([`CudaModel::logits_step`]) is one graph too, ending in the head's logits, which the host samples from.
+//! none ([`CudaModel::greedy_steps`], [`CudaModel::sample_steps`] answer `None`) and runs step by step. A step whose
+//! logits go to the host ([`CudaModel::logits_step`]) is one graph too, ending in the head's logits.
 
 use std::sync::{MutexGuard, TryLockError};
 
+use onepass_model::sample::Sampling;
+
 use super::*;
+use crate::sample::{SamplePlan, Sampler};
 use crate::DrvCtx;
 
 /// Steps a decode may queue ahead of the picks it has read (host slots).
@@ -34,6 +39,8 @@ pub(super) struct DecodeBufs {
     part_i: CudaSlice<i32>,
     count: CudaSlice<u32>,
     slots: HostSlots,
+    /// Sampled decoding's buffers, allocated at the first sampled decode.
+    sampler: Option<(Sampler, Charge)>,
     _charge: Charge,
 }
 
@@ -99,6 +106,8 @@ impl Drop for HostSlots {
 pub struct GreedyRun<'m> {
     m: &'m CudaModel,
     bufs: MutexGuard<'m, Option<DecodeBufs>>,
+    /// What each queued step ends in: the argmax ([`Step::Greedy`]) or a draw ([`Step::Sample`]).
+    step: Step,
     queued: usize,
     taken: usize,
 }
@@ -117,6 +126,7 @@ impl CudaModel {
             part_i: g.alloc(ops::HEAD_BLOCKS)?,
             count: g.zeros(1)?,
             slots: HostSlots::new(g)?,
+            sampler: None,
             _charge: charge,
         })
     }
@@ -134,6 +144,7 @@ impl CudaModel {
         Ok(Some(GreedyRun {
             m: self,
             bufs,
+            step: Step::Greedy,
             queued: 0,
             taken: 0,
         }))
@@ -153,6 +164,39 @@ impl CudaModel {
         serial: &Mutex<()>,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<usize>, CudaError> {
+        self.decode_steps(st, first, max_steps, None, serial, on_token)
+    }
+
+    /// Sampled decoding of `st` from `first` under `s`, the generator continued from state `rng` (`Rng::state`):
+    /// as [`CudaModel::greedy_steps`], each step's token drawn on the device ([`crate::sample`]), one number of the
+    /// generator per step queued (the step queued ahead of a stop included). Greedy settings run
+    /// [`CudaModel::greedy_steps`] (no number drawn). → forwards run, or `None` with nothing run when another
+    /// decode holds the decode buffers.
+    pub fn sample_steps(
+        &self,
+        st: &mut CudaState,
+        first: u32,
+        max_steps: usize,
+        s: &Sampling,
+        rng: u64,
+        serial: &Mutex<()>,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, CudaError> {
+        let plan = SamplePlan::new(s, self.vocab).map(|p| (p, rng));
+        self.decode_steps(st, first, max_steps, plan, serial, on_token)
+    }
+
+    /// [`CudaModel::greedy_steps`], each step's pick the argmax, or with `sample` a draw under that plan from that
+    /// generator state.
+    fn decode_steps(
+        &self,
+        st: &mut CudaState,
+        first: u32,
+        max_steps: usize,
+        sample: Option<(SamplePlan, u64)>,
+        serial: &Mutex<()>,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, CudaError> {
         let lock = || serial.lock().unwrap_or_else(|e| e.into_inner());
         if max_steps == 0 {
             return Ok(Some(0));
@@ -166,6 +210,9 @@ impl CudaModel {
         };
         {
             let _s = lock();
+            if let Some((plan, rng)) = &sample {
+                run.set_sampling(plan, *rng)?;
+            }
             run.queue(st, Some(first))?;
         }
         let mut fed = 1;
@@ -222,6 +269,27 @@ impl CudaModel {
 }
 
 impl GreedyRun<'_> {
+    /// Makes the steps queued from now on draw their token under `plan` from generator state `rng` (which the device
+    /// advances one step per draw) instead of taking the argmax. Allocates the sampler's buffers at first use.
+    pub fn set_sampling(&mut self, plan: &SamplePlan, rng: u64) -> Result<(), CudaError> {
+        let m = self.m;
+        let b = self
+            .bufs
+            .as_mut()
+            .ok_or_else(|| CudaError::Unsupported("no decode buffers".into()))?;
+        if b.sampler.is_none() {
+            let charge = m
+                .ledger
+                .charge(Sampler::bytes(m.vocab), "sampler buffers")?;
+            b.sampler = Some((Sampler::new(&m.gpu, m.vocab)?, charge));
+        }
+        if let Some((s, _)) = &b.sampler {
+            s.set(&m.gpu, plan, rng)?;
+        }
+        self.step = Step::Sample(plan.mode);
+        Ok(())
+    }
+
     /// Queues one step of `st`: it feeds `feed`, or with `None` the pick of the step queued before.
     pub fn queue(&mut self, st: &mut CudaState, feed: Option<u32>) -> Result<(), CudaError> {
         let input = |s: &str| CudaError::Model(ModelError::Input(s.into()));
@@ -233,7 +301,7 @@ impl GreedyRun<'_> {
         if feed.is_none() && self.queued == 0 {
             return Err(input("the first step of a greedy decode needs its token"));
         }
-        self.run_step(st, feed, Step::Greedy)?;
+        self.run_step(st, feed, self.step)?;
         let (g, b) = (&*self.m.gpu, self.bufs()?);
         b.slots.fetch(g, self.queued % SLOTS, g.ptr(&b.tok))?;
         self.queued += 1;
@@ -294,6 +362,15 @@ impl GreedyRun<'_> {
                 Step::Logits => {
                     m.final_norm(&p, shape, &b.hidden)?;
                     m.head_into(g.ptr(&b.hidden), 1, g.ptr(&b.hb), g.ptr(&b.logits))
+                }
+                Step::Sample(mode) => {
+                    let (s, _) = b
+                        .sampler
+                        .as_ref()
+                        .ok_or_else(|| CudaError::Unsupported("no sampler buffers".into()))?;
+                    m.final_norm(&p, shape, &b.hidden)?;
+                    m.head_into(g.ptr(&b.hidden), 1, g.ptr(&b.hb), g.ptr(&b.logits))?;
+                    s.queue(g, mode, g.ptr(&b.logits), tok)
                 }
                 _ => m.head_pick(&p, shape, b),
             }

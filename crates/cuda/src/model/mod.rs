@@ -225,8 +225,11 @@ enum Step {
     Forward,
     /// A greedy step: the id fed from the previous pick on the device, then the final norm, the head and the pick.
     Greedy,
-    /// A sampled step: the final norm and the head's logits.
+    /// A sampled step whose logits go to the host: the final norm and the head's logits.
     Logits,
+    /// A sampled step drawn on the device: the final norm, the head and the draw ([`crate::sample`]), which writes
+    /// the next pick as a greedy step does.
+    Sample(crate::sample::SampleMode),
 }
 
 /// Values per token row of the forward scratch buffers.

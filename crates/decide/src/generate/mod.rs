@@ -1,6 +1,8 @@
 //! Text generation over the sequence API: a prompt (raw text, or chat messages rendered with the model's chat
 //! template and its generation prompt) is prefilled in chunks of [`PREFILL_CHUNK`] ids, then one token at a time is
-//! chosen ([`sample`]) and fed back, until an end-of-sequence id, a stop string, `max_tokens` or the model's context.
+//! chosen ([`sample`]: the first from the prefill's logits, the rest on the backend,
+//! [`onepass_engine::Backend::sample_steps`]) and fed back, until an end-of-sequence id, a stop string, `max_tokens` or
+//! the model's context.
 //!
 //! - End of sequence: the ids of `eos_token_id` in `config.json` (or its `text_config`) and `generation_config.json`
 //!   (a number or a list), and the tokenizer's `eos_token`. The id that ends a generation is in `tokens`, not in
@@ -283,17 +285,6 @@ pub fn generate<B: Backend>(
     let mut stream = TextStream::new(&gen.tokenizer, &req.stop);
     let mut tokens = Vec::new();
     let mut steps = 0usize;
-    let vocab = model.vocab_size();
-    // The next token from whole-vocabulary logits, under the request's sampling.
-    let mut draw = |logits: &[f32]| -> Result<u32, GenerateError> {
-        if logits.len() != vocab {
-            return Err(GenerateError::model(format!(
-                "the model returned {} logits for a vocabulary of {vocab}",
-                logits.len()
-            )));
-        }
-        Ok(sample::sample(logits, &sampling, &mut rng))
-    };
     // One token taken: its text streamed, and whether the generation ends with it.
     let mut take = |tok: u32| -> Result<Option<Finish>, GenerateError> {
         tokens.push(tok);
@@ -315,19 +306,27 @@ pub fn generate<B: Backend>(
         }
         Ok(None)
     };
-    let first = draw(&logits)?;
+    let vocab = model.vocab_size();
+    if logits.len() != vocab {
+        return Err(GenerateError::model(format!(
+            "the model returned {} logits for a vocabulary of {vocab}",
+            logits.len()
+        )));
+    }
+    // The first token from the prefill's logits on the host; the rest on the backend, continuing `rng` (a GPU
+    // chooses each token where the logits are, a step ahead of this loop). The forwards a generation may need at
+    // most bound the steps: one per token after the first, within the context.
+    let first = sample::sample(&logits, &sampling, &mut rng);
     let finish = match take(first)? {
         Some(f) => f,
-        // Greedy steps run on the backend (a GPU picks each token where the logits are, a step ahead of this loop);
-        // the forwards a generation may need at most bound them: one per token after the first, within the context.
-        None if sampling.is_greedy() => {
+        None => {
             let max_steps = req
                 .max_tokens
                 .saturating_sub(1)
                 .min(max_pos.saturating_sub(ids.len() + 1));
             let mut end: Result<Option<Finish>, GenerateError> = Ok(None);
             model
-                .greedy_steps(&mut st, first, max_steps, &mut |t| {
+                .sample_steps(&mut st, first, max_steps, &sampling, &mut rng, &mut |t| {
                     steps += 1;
                     end = take(t);
                     matches!(end, Ok(None))
@@ -335,19 +334,6 @@ pub fn generate<B: Backend>(
                 .map_err(GenerateError::model)?;
             // Out of steps without an end: the length bound, which the last step's token met.
             end?.unwrap_or(Finish::Length)
-        }
-        None => {
-            let mut tok = first;
-            loop {
-                let logits = model
-                    .step_logits(&mut st, tok)
-                    .map_err(GenerateError::model)?;
-                steps += 1;
-                tok = draw(&logits)?;
-                if let Some(f) = take(tok)? {
-                    break f;
-                }
-            }
         }
     };
     let rest = stream
