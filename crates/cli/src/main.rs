@@ -92,7 +92,7 @@ enum Cmd {
         #[arg(long)]
         list: bool,
     },
-    /// CPU prefill and decode throughput on one model; prints one JSON object.
+    /// Prefill and decode throughput on one model, on the CPU or a GPU; prints one JSON object.
     Bench(BenchArgs),
     /// System One latency and throughput on three fixed request sizes (cpu or cuda): p50/p95, requests/s, decisions/s.
     BenchSystemone(device::BenchSystemoneArgs),
