@@ -320,6 +320,9 @@ pub struct CudaArgs {
     /// Launch every forward kernel by kernel (no CUDA graphs).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_no_graphs: bool,
+    /// Launch every kernel after the one before has finished (no programmatic dependent launch).
+    #[arg(long, help_heading = EXPERT)]
+    pub gpu_no_pdl: bool,
     /// Hand freed GPU memory back to the driver at every synchronisation instead of keeping it for the next request.
     #[arg(long, help_heading = EXPERT)]
     pub gpu_release_memory: bool,
@@ -382,6 +385,7 @@ impl CudaArgs {
             },
             trees: !self.gpu_no_trees,
             graphs: !self.gpu_no_graphs,
+            pdl: !self.gpu_no_pdl,
             keep_freed_memory: !self.gpu_release_memory,
             batch_invariant: self.gpu_batch_invariant,
         })
@@ -786,6 +790,7 @@ mod tests {
             gpu_attention: AttnArg::Tc,
             gpu_no_trees: false,
             gpu_no_graphs: false,
+            gpu_no_pdl: false,
             gpu_release_memory: false,
             gpu_batch_invariant: false,
         }
@@ -796,7 +801,7 @@ mod tests {
         let o = args("bf16", None).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16);
         assert_eq!(o.kernels, None, "unset: the precision's default");
-        assert!(o.trees && o.graphs && o.keep_freed_memory);
+        assert!(o.trees && o.graphs && o.pdl && o.keep_freed_memory);
         assert_eq!(o.memory_budget_bytes, 64 << 20);
         let o = args("split", Some("tf32")).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16Split);
@@ -852,6 +857,7 @@ mod tests {
             "--gpu-attention",
             "--gpu-no-trees",
             "--gpu-no-graphs",
+            "--gpu-no-pdl",
             "--gpu-release-memory",
         ] {
             assert!(
@@ -878,11 +884,12 @@ mod tests {
             "tiled",
             "--gpu-no-trees",
             "--gpu-no-graphs",
+            "--gpu-no-pdl",
             "--gpu-release-memory",
         ]);
         assert_eq!(o.gdn, onepass_cuda::GdnKernels::Simt);
         assert_eq!(o.attention, onepass_cuda::AttnKernels::Tiled);
-        assert!(!o.trees && !o.graphs && !o.keep_freed_memory);
+        assert!(!o.trees && !o.graphs && !o.pdl && !o.keep_freed_memory);
         assert!(!o.batch_invariant);
         assert!(options(&["t", "--gpu-batch-invariant"]).batch_invariant);
         let o = options(&["t", "--gpu-gdn", "tc-no-leaf"]);

@@ -163,7 +163,7 @@ pub fn gemm_q(
             let (qo, dofs) = (if fmt == 0 { k0 / 4 } else { k0 }, k0 / block);
             let blocks = g.sms * (16 / warps).max(1);
             let rpb = n.div_ceil(blocks).next_multiple_of(8);
-            launch!(g, *f, cfg((n.div_ceil(rpb) as u32, 1), 32 * warps as u32, 0);
+            crate::launch_pdl!(g, *f, cfg((n.div_ceil(rpb) as u32, 1), 32 * warps as u32, 0);
                 q + qo as u64, d + 2 * dofs as u64, xp + (el * k0) as u64, lo as i64,
                 (warps * per_warp) as i32, k as i32, n as i32, y, beta, rpb as i32)?;
             (w0, beta) = (w0 + warps, 1.0);
@@ -193,6 +193,85 @@ pub fn gemm_q(
         return gemm_qmma(g, x, t, k, (fmt, q, d), n, (y, ldy), beta, scratch);
     }
     gemm_q_dequant(g, x, t, k, w, n, (y, ldy), beta, scratch)
+}
+
+/// What a fused one-row PQ2_0 GEMV forms its input from ([`gemv_pq2_rot`]; quant.cu's `RotSrc` and the kernels
+/// `gemv_pq2_rot_*`, in this order): a rotated pack's decode sites, whose rotation (signs, FWHT per 1024-block, / 32)
+/// the GEMV's warps run on the values they hold instead of a launch before it writing the rotated activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RotKind {
+    /// RMSNorm of the residual row (`x`, gain `w`, `eps`), its normed values also stored by block 0 at `raw` when
+    /// that is not 0.
+    Norm = 0,
+    /// `silu(gate) · up` of an MLP's `[gate | up]` row at `x`.
+    Swiglu = 1,
+    /// The Gated DeltaNet's gated norm of the core output `x` (heads of `dv` values, `dv % 32 == 0`), weight `w`
+    /// [dv], gate row `z`.
+    GatedNorm = 2,
+    /// The row at `x` as it is (attention's output).
+    Plain = 3,
+}
+
+/// The input of [`gemv_pq2_rot`] (quant.cu's `RotSrc`, field for field): device addresses of f32 rows, 0 where
+/// the kind reads none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RotSrc {
+    pub x: u64,
+    pub z: u64,
+    pub w: u64,
+    pub signs: u64,
+    pub raw: u64,
+    pub eps: f32,
+    pub dv: i32,
+    /// `store_act`'s mode of `raw` ([`crate::ops::Out::parts`]).
+    pub raw_mode: i32,
+    pub pad: i32,
+}
+
+// SAFETY: a plain C struct of addresses and scalars, laid out as quant.cu's RotSrc.
+unsafe impl cudarc::driver::DeviceRepr for RotSrc {}
+
+/// Whether [`gemv_pq2_rot`] takes weight `w` over K = `k` (one call: K a multiple of 1024 of at most 22 warps' worth).
+pub fn gemv_rot_takes(w: W, k: usize) -> bool {
+    matches!(w, W::Pq2 { .. }) && k.is_multiple_of(1024) && k / 1024 <= 22
+}
+
+/// `y = (R s) · wᵀ + beta · y` for one row: a PQ2_0 `w` [N, K] over the rotated input formed from `src` as `kind`
+/// says, the integer products of the one-row GEMV (the rotated values rounded to int16 per lane of 32, as from a
+/// bf16 or split activation). The weights' first tile is read before the wait for the kernel before ([`crate::pdl`]).
+pub fn gemv_pq2_rot(
+    g: &Gpu,
+    kind: RotKind,
+    src: RotSrc,
+    k: usize,
+    w: W,
+    n: usize,
+    y: u64,
+    beta: f32,
+) -> Result<(), CudaError> {
+    let W::Pq2 { q, d } = w else {
+        return Err(CudaError::Unsupported(
+            "the fused rotation GEMV of a weight not in PQ2_0".into(),
+        ));
+    };
+    if !gemv_rot_takes(w, k)
+        || (kind == RotKind::GatedNorm && (src.dv <= 0 || src.dv % 32 != 0 || 1024 % src.dv != 0))
+    {
+        return Err(CudaError::Unsupported(format!(
+            "the fused rotation GEMV over K {k} ({kind:?}, dv {})",
+            src.dv
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let warps = k / 1024;
+    let blocks = g.sms * (16 / warps).max(1);
+    let rpb = n.div_ceil(blocks).next_multiple_of(8);
+    let f = &g.k.gemv_pq2_rot[kind as usize];
+    crate::launch_pdl!(g, *f, cfg((n.div_ceil(rpb) as u32, 1), 32 * warps as u32, 0);
+        q, d, src, k as i32, n as i32, y, beta, rpb as i32)
 }
 
 /// The warps of [`gemm_qmma`]'s kernels (qmma.cu's constants of the same names): 8 warps of MT x NT mma tiles of

@@ -56,6 +56,9 @@ pub struct Kernels {
     /// `gemv_{pq2,q8}_wide_{bf16,f32,split}` (quant.cu): the one-row GEMV with x in registers, [format][activation
     /// layout].
     pub gemv_q_wide: [[CudaFunction; 3]; 2],
+    /// `gemv_pq2_rot_{norm,swiglu,gnorm,plain}` (quant.cu): the one-row PQ2_0 GEMV forming and rotating its own
+    /// input ([`crate::qgemm::RotKind`] order).
+    pub gemv_pq2_rot: [CudaFunction; 4],
     pub dequant_rows: CudaFunction,
     /// `qmma_quant` (qmma.cu): the activations of the int8 tensor-core GEMM, quantized to two byte planes.
     pub qmma_quant: CudaFunction,
@@ -245,6 +248,9 @@ pub struct Gpu {
     fallbacks: std::sync::OnceLock<Fallbacks>,
     /// The batch-invariant GEMMs' cuBLASLt handle and pinned algorithms ([`crate::gemm_lt`]).
     pub(crate) pinned: crate::gemm_lt::Pinned,
+    /// Programmatic dependent launch for the kernels that wait for it ([`crate::pdl`]); on by default where the
+    /// device has it (compute capability 9.0 and later).
+    pdl: std::sync::atomic::AtomicBool,
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -683,6 +689,12 @@ impl Gpu {
                 };
                 [wide("pq2")?, wide("q8")?]
             },
+            gemv_pq2_rot: [
+                f("gemv_pq2_rot_norm")?,
+                f("gemv_pq2_rot_swiglu")?,
+                f("gemv_pq2_rot_gnorm")?,
+                f("gemv_pq2_rot_plain")?,
+            ],
         };
         let name = ctx.name().op("device name")?;
         Ok(Arc::new(Gpu {
@@ -696,7 +708,19 @@ impl Gpu {
             cc: (maj, min),
             fallbacks: std::sync::OnceLock::new(),
             pinned: Default::default(),
+            pdl: (maj >= 9).into(),
         }))
+    }
+
+    /// Whether the kernels that wait for it launch with programmatic serialization ([`crate::pdl`]).
+    pub fn pdl(&self) -> bool {
+        self.pdl.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns programmatic dependent launch on (where the device has it) or off, for every later launch.
+    pub fn set_pdl(&self, on: bool) {
+        let on = on && self.cc.0 >= 9;
+        self.pdl.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The device's architecture as NVRTC names it, `compute_XY`.

@@ -47,6 +47,7 @@ mod forward;
 mod layers;
 pub mod precision;
 mod profile;
+mod project;
 mod scratch;
 mod state;
 mod upload;
