@@ -144,6 +144,9 @@ struct BenchArgs {
     /// Repetitions per prompt length (the best is reported).
     #[arg(long, default_value_t = 2)]
     reps: usize,
+    /// GPU: let a kernel start while the one before it finishes (programmatic dependent launch).
+    #[arg(long)]
+    gpu_pdl: bool,
     #[command(flatten)]
     dev: device::DeviceArg,
 }
@@ -224,6 +227,7 @@ fn run(cli: Cli) -> Result<()> {
                 a.decode,
                 a.reps,
                 (7, 175, 33),
+                a.gpu_pdl,
             ),
         },
         Cmd::BenchSystemone(a) => device::bench_systemone(a),

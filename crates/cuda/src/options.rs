@@ -47,7 +47,8 @@ pub struct CudaOptions {
     /// CUDA graphs for repeated forward shapes.
     pub graphs: bool,
     /// Programmatic dependent launch where the device has it (compute capability 9.0 and later): a kernel's launch
-    /// and its weight prefetch overlap the tail of the kernel before ([`crate::pdl`]). A setting of the opened
+    /// and its weight prefetch overlap the tail of the kernel before ([`crate::pdl`]); off by default (the 27B
+    /// decode step measured slower with it, docs/benchmarks/ternary-gpu.md). A setting of the opened
     /// [`crate::Gpu`]: the model loaded last on it sets it.
     pub pdl: bool,
     /// The device memory pool keeps freed memory for the next request ([`crate::Gpu::open`]).
@@ -69,7 +70,7 @@ impl Default for CudaOptions {
             attention: AttnKernels::default(),
             trees: true,
             graphs: true,
-            pdl: true,
+            pdl: false,
             keep_freed_memory: true,
             batch_invariant: false,
         }

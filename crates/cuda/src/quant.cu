@@ -290,103 +290,6 @@ __device__ __forceinline__ void wide_tile_load(const unsigned char* q, const uns
     }
 }
 
-// The input of a fused one-row PQ2_0 GEMV at a rotated pack's decode site (SRC of gemv_q_wide; docs/cuda.md,
-// "Rotated packs"): the f32 rows the site's producer left, which the GEMV forms and rotates itself instead of a launch
-// before it writing the rotated activation. SRC 1: x the residual row, RMS-normed (gain w, eps) over the whole row,
-// and with `raw` not null also stored as it is by block 0 (raw_mode: store_act's; the linears that read the normed
-// row unrotated, launched after this one); 2: x an MLP's [gate | up] row (each K wide), silu(gate) * up; 3: x the
-// Gated DeltaNet's core output, the gated norm per head of dv values (dv % 32 == 0, 1024 % dv == 0) times w[dv] and
-// silu(z); 4: x as it is (attention's output). Then the signs and the FWHT of each 1024-block, / 32: R x as
-// hadamard_rows forms it.
-struct RotSrc {
-    const float* x;
-    const float* z;
-    const float* w;
-    const float* signs;
-    void* raw;
-    float eps;
-    int dv;
-    int raw_mode;
-};
-
-// The 32 values xv of lane `lane` of warp `warp` (columns c0 = 1024 warp + 32 lane ..), formed and rotated as
-// RotSrc says: one warp holds one 1024-block, so the butterflies of span 1 to 16 run in the lane's registers and
-// 32 to 512 by shuffles (lane bit k: span 32 * 2^k); SRC 1 sums its squares over the block's warps in warp order
-// (the block's warps span the whole row: K = 1024 warps).
-template <int SRC>
-__device__ __forceinline__ void rot_src_load(const RotSrc& rs, int K, int c0, int lane, int warp, int warps,
-                                             float* xv) {
-    const float4* px = (const float4*)(rs.x + c0);
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float4 t = px[i];
-        if constexpr (SRC == 2) {
-            float4 u = *((const float4*)(rs.x + K + c0) + i);
-            t = make_float4(silu_f(t.x) * u.x, silu_f(t.y) * u.y, silu_f(t.z) * u.z, silu_f(t.w) * u.w);
-        }
-        xv[4 * i] = t.x, xv[4 * i + 1] = t.y, xv[4 * i + 2] = t.z, xv[4 * i + 3] = t.w;
-    }
-    if constexpr (SRC == 1 || SRC == 3) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 32; i++) ss = fmaf(xv[i], xv[i], ss);
-        float inv;
-        if constexpr (SRC == 1) {
-            __shared__ float wss[32];
-            ss = warp_sum(ss);
-            if (lane == 0) wss[warp] = ss;
-            __syncthreads();
-            float t = 0.0f;
-            for (int w = 0; w < warps; w++) t += wss[w];
-            inv = 1.0f / sqrtf(t / K + rs.eps);
-        } else {
-            for (int o = rs.dv / 64; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            inv = 1.0f / sqrtf(ss / rs.dv + rs.eps);
-        }
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            float4 g = SRC == 1 ? *((const float4*)(rs.w + c0) + i) : *((const float4*)(rs.w + (c0 % rs.dv)) + i);
-            float gv[4] = {g.x, g.y, g.z, g.w};
-            if constexpr (SRC == 3) {
-                float4 z = *((const float4*)(rs.z + c0) + i);
-                gv[0] *= silu_f(z.x), gv[1] *= silu_f(z.y), gv[2] *= silu_f(z.z), gv[3] *= silu_f(z.w);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; j++) xv[4 * i + j] = xv[4 * i + j] * inv * gv[j];
-        }
-        if constexpr (SRC == 1) {
-            if (rs.raw && blockIdx.x == 0) {
-#pragma unroll
-                for (int i = 0; i < 32; i += 4) store_act_vec<4>(rs.raw, c0 + i, xv + i, rs.raw_mode);
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float4 g = *((const float4*)(rs.signs + c0) + i);
-        xv[4 * i] *= g.x, xv[4 * i + 1] *= g.y, xv[4 * i + 2] *= g.z, xv[4 * i + 3] *= g.w;
-    }
-#pragma unroll
-    for (int h = 1; h < 32; h <<= 1)
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            if (!(i & h)) {
-                float a = xv[i], b = xv[i + h];
-                xv[i] = a + b, xv[i + h] = a - b;
-            }
-#pragma unroll
-    for (int k = 0; k < 5; k++) {
-        bool up = lane & (1 << k);
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            float o = __shfl_xor_sync(0xffffffffu, xv[i], 1 << k);
-            xv[i] = up ? o - xv[i] : xv[i] + o;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 32; i++) xv[i] *= 1.0f / 32.0f;
-}
-
 // One-row GEMV of a block-format matrix (decode) streaming the weights at memory speed: y[n] = x · w[n, :K] +
 // beta y[n]. The block's warps split K: lane l of warp w takes the C columns from (32 w + l) C (PQ2_0: C = 32, two
 // code words of every row in one 8-byte load; Q8_0: C = 16, one 16-byte load), whose x values it reads once, as
@@ -398,10 +301,10 @@ __device__ __forceinline__ void rot_src_load(const RotSrc& rs, int K, int c0, in
 // (the caller offsets q, d and x to take a later range: a long K runs as several calls adding into y, so that a
 // block stays within 16 warps of these register-heavy threads). K % (32 C) == 0, 16-byte aligned x, rpb % 8 == 0;
 // grid ceil(N / rpb), K / C threads.
-template <int FMT, int XM, int SRC = 0>
+template <int FMT, int XM>
 __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                             const void* __restrict__ x, long long lo, int K, int ldk, int N,
-                                            float* __restrict__ y, float beta, int rpb, const RotSrc& rs) {
+                                            float* __restrict__ y, float beta, int rpb) {
     constexpr int C = FMT == 0 ? 32 : 16, BLK = FMT == 0 ? 128 : 32;
     __shared__ float part[2][32][8];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -414,14 +317,9 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
     // The first tile's weights are read before the wait for the kernel before (nothing writes them).
     wide_tile_load<FMT>(q, d, n0, N, row_bytes, row_scales, c0, s0, wv, sc);
     pdl_wait();
-    pdl_launch();
     float xv[C];
-    if constexpr (SRC == 0) {
 #pragma unroll
-        for (int i = 0; i < C; i += 16) load_x16<XM>(x, c0 + i, lo, xv + i);
-    } else {
-        rot_src_load<SRC>(rs, K, c0, lane, warp, warps, xv);
-    }
+    for (int i = 0; i < C; i += 16) load_x16<XM>(x, c0 + i, lo, xv + i);
     // PQ2_0 with bf16 or split inputs: integer dot products. The lane's 32 values become int16 q = round(x / s),
     // s = max |x| / 32767 (about 2^-16 of the lane's largest value, split's own precision), each split into a
     // signed high and an unsigned low byte, q = 256 h + l, packed four to a word in the order of the codes that
@@ -456,6 +354,9 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
 #pragma unroll 1
     for (int nt = n0; nt < n1; nt += 8) {
         float p[8];
+        // The next kernel may launch once every block is in its last tile (earlier, its blocks would take the
+        // places of this one's and be placed unevenly).
+        if (nt + 8 >= n1) pdl_launch();
         if constexpr (FMT == 0) {
             uint4 nw[8];
             unsigned short ns[8];
@@ -532,7 +433,7 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
         name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,                           \
              const void* __restrict__ x, long long lo, int K, int ldk, int N, float* __restrict__ y, float beta,  \
              int rpb) {                                                                                           \
-        gemv_q_wide<FMT, XM>(q, d, x, lo, K, ldk, N, y, beta, rpb, RotSrc{});                                     \
+        gemv_q_wide<FMT, XM>(q, d, x, lo, K, ldk, N, y, beta, rpb);                                               \
     }
 GEMV_Q_WIDE(gemv_pq2_wide_bf16, 0, 0, 704)
 GEMV_Q_WIDE(gemv_pq2_wide_f32, 0, 1, 512)
@@ -540,17 +441,6 @@ GEMV_Q_WIDE(gemv_pq2_wide_split, 0, 2, 704)
 GEMV_Q_WIDE(gemv_q8_wide_bf16, 1, 0, 512)
 GEMV_Q_WIDE(gemv_q8_wide_f32, 1, 1, 512)
 GEMV_Q_WIDE(gemv_q8_wide_split, 1, 2, 512)
-// The fused ones (RotSrc; integer products, one call: K = 1024 warps, at most 22): y[n] = (R x') · w[n] + beta y[n].
-#define GEMV_PQ2_ROT(name, SRC)                                                                                   \
-    KERNEL(simt) void __launch_bounds__(704)                                                                      \
-        name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, RotSrc rs, int K, int N,  \
-             float* __restrict__ y, float beta, int rpb) {                                                        \
-        gemv_q_wide<0, 0, SRC>(q, d, nullptr, 0, K, K, N, y, beta, rpb, rs);                                       \
-    }
-GEMV_PQ2_ROT(gemv_pq2_rot_norm, 1)
-GEMV_PQ2_ROT(gemv_pq2_rot_swiglu, 2)
-GEMV_PQ2_ROT(gemv_pq2_rot_gnorm, 3)
-GEMV_PQ2_ROT(gemv_pq2_rot_plain, 4)
 
 // Rows n0 .. n0 + nrows of a block-format matrix (fmt 0 PQ2_0, 1 Q8_0, 2 f16 rows, 3 f32 rows) decoded into out
 // [nrows, K] (prefill: a GEMM multiplies the chunk): mode 0 bf16 (rounded to nearest), 1 f32 (exact), 2 bf16 hi and
@@ -699,6 +589,118 @@ KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict
     }
     fwht1024_store(s, r * ldo, c0, signs, inverse, out, mode);
 }
+
+// One token row of a rotated pack's decode site (SRC of rotate_row_*; docs/cuda.md, "Rotated packs"): the f32 row
+// the site's producer left, formed and rotated by one block, one warp per 1024-block. SRC 1: x the residual row, RMS-normed (gain w, eps) over the whole row,
+// and with `raw` not null also stored as it is by block 0 (raw_mode: store_act's; the linears that read the normed
+// row unrotated, launched after this one); 2: x an MLP's [gate | up] row (each K wide), silu(gate) * up; 3: x the
+// Gated DeltaNet's core output, the gated norm per head of dv values (dv % 32 == 0, 1024 % dv == 0) times w[dv] and
+// silu(z); 4: x as it is (attention's output). Then the signs and the FWHT of each 1024-block, / 32: R x as
+// hadamard_rows forms it.
+struct RotSrc {
+    const float* x;
+    const float* z;
+    const float* w;
+    const float* signs;
+    void* raw;
+    float eps;
+    int dv;
+    int raw_mode;
+};
+
+// The 32 values xv of lane `lane` of warp `warp` (columns c0 = 1024 warp + 32 lane ..), formed and rotated as
+// RotSrc says: one warp holds one 1024-block, so the butterflies of span 1 to 16 run in the lane's registers and
+// 32 to 512 by shuffles (lane bit k: span 32 * 2^k); SRC 1 sums its squares over the block's warps in warp order
+// (the block's warps span the whole row: K = 1024 warps).
+template <int SRC>
+__device__ __forceinline__ void rot_src_load(const RotSrc& rs, int K, int c0, int lane, int warp, int warps,
+                                             float* xv) {
+    // Every load first (one round trip): the row (SwiGLU: gate and up), the signs, the gains and z.
+    float sg[32], ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 t = *((const float4*)(rs.x + c0) + i), g4 = *((const float4*)(rs.signs + c0) + i);
+        float tv[4] = {t.x, t.y, t.z, t.w}, f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        sg[4 * i] = g4.x, sg[4 * i + 1] = g4.y, sg[4 * i + 2] = g4.z, sg[4 * i + 3] = g4.w;
+        if constexpr (SRC == 2) {
+            float4 u = *((const float4*)(rs.x + K + c0) + i);
+            f[0] = u.x, f[1] = u.y, f[2] = u.z, f[3] = u.w;
+        }
+        if constexpr (SRC == 1 || SRC == 3) {
+            float4 w = *((const float4*)(rs.w + (SRC == 1 ? c0 : c0 % rs.dv)) + i);
+            f[0] = w.x, f[1] = w.y, f[2] = w.z, f[3] = w.w;
+        }
+        if constexpr (SRC == 3) {
+            float4 z = *((const float4*)(rs.z + c0) + i);
+            f[0] *= silu_f(z.x), f[1] *= silu_f(z.y), f[2] *= silu_f(z.z), f[3] *= silu_f(z.w);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            ss = fmaf(tv[j], tv[j], ss);
+            xv[4 * i + j] = (SRC == 2 ? silu_f(tv[j]) : tv[j]) * f[j];
+        }
+    }
+    if constexpr (SRC == 1 || SRC == 3) {
+        float inv;
+        if constexpr (SRC == 1) {
+            __shared__ float wss[32];
+            ss = warp_sum(ss);
+            if (lane == 0) wss[warp] = ss;
+            __syncthreads();
+            float t = 0.0f;
+            for (int w = 0; w < warps; w++) t += wss[w];
+            inv = 1.0f / sqrtf(t / K + rs.eps);
+        } else {
+            for (int o = rs.dv / 64; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            inv = 1.0f / sqrtf(ss / rs.dv + rs.eps);
+        }
+#pragma unroll
+        for (int i = 0; i < 32; i++) xv[i] *= inv;
+        if constexpr (SRC == 1) {
+            if (rs.raw) {
+#pragma unroll
+                for (int i = 0; i < 32; i += 4) store_act_vec<4>(rs.raw, c0 + i, xv + i, rs.raw_mode);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) xv[i] *= sg[i];
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1)
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            if (!(i & h)) {
+                float a = xv[i], b = xv[i + h];
+                xv[i] = a + b, xv[i + h] = a - b;
+            }
+#pragma unroll
+    for (int k = 0; k < 5; k++) {
+        bool up = lane & (1 << k);
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            float o = __shfl_xor_sync(0xffffffffu, xv[i], 1 << k);
+            xv[i] = up ? o - xv[i] : xv[i] + o;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) xv[i] *= 1.0f / 32.0f;
+}
+
+// rotate_row_*: one row as RotSrc says (SRC 1 to 4), rotated, stored as store_act with `mode` at out[0 .. K): one
+// block of K / 1024 warps (at most 24), no shared-memory butterflies and no barrier but SRC 1's one (the norm's sum).
+#define ROTATE_ROW(name, SRC)                                                                                     \
+    KERNEL(simt) void __launch_bounds__(768) name(RotSrc rs, int K, void* out, int mode) {                       \
+        pdl_wait();                                                                                               \
+        pdl_launch();                                                                                             \
+        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = warp * 1024 + lane * 32;                      \
+        float xv[32];                                                                                             \
+        rot_src_load<SRC>(rs, K, c0, lane, warp, blockDim.x >> 5, xv);                                            \
+        _Pragma("unroll") for (int i = 0; i < 32; i += 4) store_act_vec<4>(out, c0 + i, xv + i, mode);          \
+    }
+ROTATE_ROW(rotate_row_norm, 1)
+ROTATE_ROW(rotate_row_swiglu, 2)
+ROTATE_ROW(rotate_row_gnorm, 3)
+ROTATE_ROW(rotate_row_plain, 4)
 
 // The gated RMSNorm of a Gated DeltaNet's core output (rms_norm_gated: per value head of dv values, x * rsqrt(mean(x^2)
 // + eps) * w * silu(z)) and the rotation of the result in one launch (a rotated pack's out_proj site). x: [N, K]

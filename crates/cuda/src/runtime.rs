@@ -56,9 +56,9 @@ pub struct Kernels {
     /// `gemv_{pq2,q8}_wide_{bf16,f32,split}` (quant.cu): the one-row GEMV with x in registers, [format][activation
     /// layout].
     pub gemv_q_wide: [[CudaFunction; 3]; 2],
-    /// `gemv_pq2_rot_{norm,swiglu,gnorm,plain}` (quant.cu): the one-row PQ2_0 GEMV forming and rotating its own
-    /// input ([`crate::qgemm::RotKind`] order).
-    pub gemv_pq2_rot: [CudaFunction; 4],
+    /// `rotate_row_{norm,swiglu,gnorm,plain}` (quant.cu): one row of a rotated site in one block ([`crate::ops::RotKind`]
+    /// order).
+    pub rotate_row: [CudaFunction; 4],
     pub dequant_rows: CudaFunction,
     /// `qmma_quant` (qmma.cu): the activations of the int8 tensor-core GEMM, quantized to two byte planes.
     pub qmma_quant: CudaFunction,
@@ -248,8 +248,8 @@ pub struct Gpu {
     fallbacks: std::sync::OnceLock<Fallbacks>,
     /// The batch-invariant GEMMs' cuBLASLt handle and pinned algorithms ([`crate::gemm_lt`]).
     pub(crate) pinned: crate::gemm_lt::Pinned,
-    /// Programmatic dependent launch for the kernels that wait for it ([`crate::pdl`]); on by default where the
-    /// device has it (compute capability 9.0 and later).
+    /// Programmatic dependent launch for the kernels that wait for it ([`crate::pdl`]); off until
+    /// [`Gpu::set_pdl`] turns it on (compute capability 9.0 and later only).
     pdl: std::sync::atomic::AtomicBool,
 }
 
@@ -689,11 +689,11 @@ impl Gpu {
                 };
                 [wide("pq2")?, wide("q8")?]
             },
-            gemv_pq2_rot: [
-                f("gemv_pq2_rot_norm")?,
-                f("gemv_pq2_rot_swiglu")?,
-                f("gemv_pq2_rot_gnorm")?,
-                f("gemv_pq2_rot_plain")?,
+            rotate_row: [
+                f("rotate_row_norm")?,
+                f("rotate_row_swiglu")?,
+                f("rotate_row_gnorm")?,
+                f("rotate_row_plain")?,
             ],
         };
         let name = ctx.name().op("device name")?;
@@ -708,7 +708,7 @@ impl Gpu {
             cc: (maj, min),
             fallbacks: std::sync::OnceLock::new(),
             pinned: Default::default(),
-            pdl: (maj >= 9).into(),
+            pdl: false.into(),
         }))
     }
 

@@ -7,7 +7,8 @@
 use onepass_model::layer_ops::{self, LayerOps};
 
 use super::*;
-use crate::qgemm::{Act, RotKind, RotSrc};
+use crate::ops::{RotKind, RotSrc};
+use crate::qgemm::Act;
 
 impl CudaModel {
     pub(super) fn head(&self) -> W {
@@ -33,6 +34,86 @@ impl CudaModel {
             Precision::Bf16 => (Out::Bf16(p), k),
             Precision::F32 => (Out::F32(p), k),
         }
+    }
+
+    /// A block-format GEMM ([`crate::qgemm::gemm_q`]) over this model's dequantisation scratch.
+    fn gemm_q(
+        &self,
+        x: Act,
+        t: usize,
+        k: usize,
+        w: W,
+        n: usize,
+        y: (u64, usize),
+        beta: f32,
+    ) -> Result<(), CudaError> {
+        let s = self
+            .dequant
+            .as_ref()
+            .map_or((0, 0), |b| (self.gpu.ptr(b), b.len()));
+        crate::qgemm::gemm_q(&self.gpu, x, t, k, w, n, y, beta, s)
+    }
+
+    /// The [`Act`] of an input projection's input at `x` ([`CudaModel::act_in`]'s layout): split mode both planes
+    /// (`both`) or the hi plane alone.
+    fn act_in_q(&self, x: u64, k: usize, both: bool) -> Act {
+        match self.prec {
+            Precision::Bf16 => Act::Bf16 { x, ldx: k },
+            Precision::F32 => Act::F32 { x, ldx: k },
+            Precision::Bf16Split if both => Act::Split {
+                x,
+                ldx: 2 * k,
+                lo: k,
+            },
+            Precision::Bf16Split => Act::Bf16 { x, ldx: 2 * k },
+        }
+    }
+
+    /// `y = x · wᵀ` for an input projection, part by part (each into its rows of y): `x` [T, K] as
+    /// [`CudaModel::act_in`] laid it out, at `p.act` (a rotated part, or any part of an unrotated site) or `p.actu`
+    /// (the normed input as it is, beside its rotation); in split mode both planes (`both`: a float part's one GEMM
+    /// over 2K) or the hi plane alone. `invariant`: a float part batch-invariant ([`CudaModel::invariant_gemms`]).
+    pub(super) fn gemm_in(
+        &self,
+        p: &FwdPtrs,
+        t: usize,
+        k: usize,
+        lin: &Linear,
+        y: u64,
+        ldy: usize,
+        both: bool,
+        invariant: bool,
+    ) -> Result<(), CudaError> {
+        let inv = self.invariant_gemms(invariant, t);
+        for part in &lin.parts {
+            let x = if part.rot || lin.rot.is_none() {
+                p.act
+            } else {
+                p.actu
+            };
+            let (_, ldx) = self.act_in(x, k);
+            let (w, yp) = (&part.w, y + 4 * part.row0 as u64);
+            if w.w.is_block() {
+                let a = self.act_in_q(x, k, both);
+                self.gemm_q(a, t, k, w.w, part.rows, (yp, ldy), 0.0)?;
+            } else if both {
+                crate::gemm::gemm_split_as(
+                    &self.gpu,
+                    inv,
+                    (x, ldx),
+                    t,
+                    k,
+                    (w.w, w.ld),
+                    part.rows,
+                    (yp, ldy),
+                    0.0,
+                )?;
+            } else {
+                let (g, rows) = (&*self.gpu, part.rows);
+                crate::gemm::gemm_ld_as(g, inv, x, ldx, t, k, w.w, w.ld, rows, yp, ldy, 0.0)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether a forward's float product over `t` rows runs batch-invariant: the forward does (`invariant`, its
@@ -203,7 +284,6 @@ impl CudaModel {
             tc: self.tc_arith(),
             pending: false,
             deferred: None,
-            rot: None,
             table: 0,
             next_table: 0,
         };
@@ -397,9 +477,6 @@ struct Launches<'a> {
     /// A norm not launched yet (its gain): for one token row the next input projection forms it itself
     /// ([`crate::gemm::gemv_norm`]).
     deferred: Option<u64>,
-    /// A rotated site not launched yet: for one token row the GEMVs of the projection after it form and rotate
-    /// their input themselves ([`CudaModel::gemm_rot`]).
-    rot: Option<(RotKind, RotSrc)>,
     /// The current layer's first entry in the pointer table (its mixer's per-segment state pointers), and the
     /// next layer's.
     table: usize,
@@ -468,18 +545,21 @@ impl<'a> Launches<'a> {
         }
     }
 
-    /// Whether the rotated site feeding `lin` (K = `k`) is left to `lin`'s GEMVs ([`CudaModel::fuses_rotation`]):
-    /// one token row.
-    fn fuses(&self, lin: &Linear, k: usize, residual: bool) -> bool {
-        self.s.n == 1 && self.m.fuses_rotation(lin, k, residual)
-    }
-
     /// A rotated site that is not a norm's: the producer's f32 rows rotated into the activation (one launch).
     fn rotate_site(&self, lin: &Linear, k: usize) -> Result<(), CudaError> {
         let Some(signs) = &lin.rot else {
             return Ok(());
         };
         let (m, p, n) = (self.m, self.p, self.s.n);
+        if n == 1 && ops::rotate_row_takes(RotKind::Plain, k, 0) {
+            let src = RotSrc {
+                x: p.rot,
+                signs: signs.ptr,
+                ..RotSrc::default()
+            };
+            ops::rotate_row(&m.gpu, RotKind::Plain, src, k, m.act(p.act, n, k))?;
+            return m.mark("rotation");
+        }
         ops::hadamard_rows(
             &m.gpu,
             (p.rot, k),
@@ -537,14 +617,15 @@ impl LayerOps for Launches<'_> {
                 "a residual add deferred into a rotated norm".into(),
             ));
         }
-        if self.fuses(next, m.hid, false) {
-            // One token row: the projection's GEMVs norm and rotate the residual row themselves.
-            let raw = next.parts.iter().any(|pt| !pt.rot);
-            let (raw, raw_mode) = if raw {
-                m.act_in(p.actu, m.hid).0.parts()
-            } else {
-                (0, 0)
-            };
+        // A rotated site: the norm and its rotation in one launch, the normed rows as they are beside them for the
+        // parts that read those (a Gated DeltaNet's in_proj_a and in_proj_b).
+        let raw = next
+            .parts
+            .iter()
+            .any(|pt| !pt.rot)
+            .then(|| m.act_in(p.actu, m.hid));
+        if self.s.n == 1 && ops::rotate_row_takes(RotKind::Norm, m.hid, 0) {
+            let (raw, raw_mode) = raw.map_or((0, 0), |(o, _)| o.parts());
             let src = RotSrc {
                 x: p.x,
                 w: gain,
@@ -554,16 +635,9 @@ impl LayerOps for Launches<'_> {
                 raw_mode,
                 ..RotSrc::default()
             };
-            self.rot = Some((RotKind::Norm, src));
-            return Ok(());
+            ops::rotate_row(&m.gpu, RotKind::Norm, src, m.hid, m.act_in(p.act, m.hid).0)?;
+            return m.mark("rms_norm + rotation");
         }
-        // A rotated site: the norm and its rotation in one launch, the normed rows as they are beside them for the
-        // parts that read those (a Gated DeltaNet's in_proj_a and in_proj_b).
-        let raw = next
-            .parts
-            .iter()
-            .any(|pt| !pt.rot)
-            .then(|| m.act_in(p.actu, m.hid));
         ops::hadamard_rows(
             &m.gpu,
             (p.x, m.hid),
@@ -599,20 +673,6 @@ impl LayerOps for Launches<'_> {
                 return m.mark("norm + input projection");
             }
             m.norm(p, n, gain, false, m.act_in(p.act, m.hid))?;
-        }
-        if let Some(rot) = self.rot.take() {
-            let (lin, pw, name) = match proj {
-                Projection::GdnIn => (&self.gdn(l).w_in, self.gdn(l).proj_width(), "gemm gdn in"),
-                Projection::AttnIn => (
-                    &self.attn(l).w_in,
-                    self.attn(l).proj_width(),
-                    "gemm attn in",
-                ),
-                _ => (&self.layer(l).w_gu, 2 * m.inter, "gemm mlp gate|up"),
-            };
-            self.next_entries(proj);
-            m.gemm_rot(p, m.hid, lin, rot, (p.proj, pw), 0.0, both)?;
-            return m.mark(name);
         }
         match proj {
             Projection::GdnIn => {
@@ -731,23 +791,6 @@ impl LayerOps for Launches<'_> {
         let d = g.d;
         let (_, _, _, core_p, _) = self.gdn_ptrs(g);
         let z_off = g.cd;
-        let k = d.hv * d.dv;
-        if let Some(signs) = g.w_out.rot.as_ref().filter(|_| {
-            d.dv.is_multiple_of(32) && 1024 % d.dv == 0 && self.fuses(&g.w_out, k, true)
-        }) {
-            // One token row: out_proj's GEMVs form the gated norm and rotate it themselves.
-            let src = RotSrc {
-                x: core_p,
-                z: p.proj + 4 * z_off as u64,
-                w: g.norm.ptr,
-                signs: signs.ptr,
-                eps: g.eps,
-                dv: d.dv as i32,
-                ..RotSrc::default()
-            };
-            self.rot = Some((RotKind::GatedNorm, src));
-            return Ok(());
-        }
         if let Some(signs) = g
             .w_out
             .rot
@@ -755,6 +798,20 @@ impl LayerOps for Launches<'_> {
             .filter(|_| ops::gated_norm_rotate_takes(d.hv, d.dv))
         {
             // The out_proj site: the gated norm and its rotation in one launch.
+            let k = d.hv * d.dv;
+            if n == 1 && ops::rotate_row_takes(RotKind::GatedNorm, k, d.dv) {
+                let src = RotSrc {
+                    x: core_p,
+                    z: p.proj + 4 * z_off as u64,
+                    w: g.norm.ptr,
+                    signs: signs.ptr,
+                    eps: g.eps,
+                    dv: d.dv as i32,
+                    ..RotSrc::default()
+                };
+                ops::rotate_row(&m.gpu, RotKind::GatedNorm, src, k, m.act(p.act, n, k))?;
+                return m.mark("gated norm + rotation");
+            }
             ops::gated_norm_rotate(
                 &m.gpu,
                 (core_p, p.proj + 4 * z_off as u64, g.proj_width()),
@@ -834,39 +891,29 @@ impl LayerOps for Launches<'_> {
             )?;
         }
         m.mark("attention")?;
-        let k = a.heads * a.head_dim;
-        if let Some(signs) = at.w_o.rot.as_ref().filter(|_| self.fuses(&at.w_o, k, true)) {
-            // One token row: o_proj's GEMVs rotate attention's f32 output themselves.
-            let src = RotSrc {
-                x: p.rot,
-                signs: signs.ptr,
-                ..RotSrc::default()
-            };
-            self.rot = Some((RotKind::Plain, src));
-            return Ok(());
-        }
-        self.rotate_site(&at.w_o, k)
+        self.rotate_site(&at.w_o, a.heads * a.head_dim)
     }
 
     fn swiglu(&mut self, l: usize) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
         let down = &self.layer(l).w_down;
-        if let Some(signs) = down
-            .rot
-            .as_ref()
-            .filter(|_| self.fuses(down, m.inter, true))
-        {
-            // One token row: the down projection's GEMVs form the SwiGLU and rotate it themselves.
-            let src = RotSrc {
-                x: p.proj,
-                signs: signs.ptr,
-                ..RotSrc::default()
-            };
-            self.rot = Some((RotKind::Swiglu, src));
-            return Ok(());
-        }
         if let Some(signs) = &down.rot {
             // The down projection's site: the SwiGLU and its rotation in one launch.
+            if n == 1 && ops::rotate_row_takes(RotKind::Swiglu, m.inter, 0) {
+                let src = RotSrc {
+                    x: p.proj,
+                    signs: signs.ptr,
+                    ..RotSrc::default()
+                };
+                ops::rotate_row(
+                    &m.gpu,
+                    RotKind::Swiglu,
+                    src,
+                    m.inter,
+                    m.act(p.act, n, m.inter),
+                )?;
+                return m.mark("swiglu + rotation");
+            }
             let out = (m.act(p.act, n, m.inter), m.inter);
             ops::swiglu_rotate(&m.gpu, p.proj, m.inter, n, signs.ptr, out)?;
             return m.mark("swiglu + rotation");
@@ -889,11 +936,6 @@ impl LayerOps for Launches<'_> {
             Projection::MlpOut => (&self.layer(l).w_down, m.inter, "gemm mlp down"),
             _ => unreachable!("{proj:?} is an input projection"),
         };
-        if let Some(rot) = self.rot.take() {
-            m.gemm_rot(p, k, w, rot, (p.x, m.hid), 1.0, false)?;
-            self.pending = false;
-            return m.mark(name);
-        }
         self.pending = m.gemm_residual(p, n, k, w, proj, self.s.split, self.s.invariant)?;
         m.mark(name)
     }

@@ -47,7 +47,6 @@ mod forward;
 mod layers;
 pub mod precision;
 mod profile;
-mod project;
 mod scratch;
 mod state;
 mod upload;
