@@ -551,15 +551,6 @@ impl<'a> Launches<'a> {
             return Ok(());
         };
         let (m, p, n) = (self.m, self.p, self.s.n);
-        if n == 1 && ops::rotate_row_takes(RotKind::Plain, k, 0) {
-            let src = RotSrc {
-                x: p.rot,
-                signs: signs.ptr,
-                ..RotSrc::default()
-            };
-            ops::rotate_row(&m.gpu, RotKind::Plain, src, k, m.act(p.act, n, k))?;
-            return m.mark("rotation");
-        }
         ops::hadamard_rows(
             &m.gpu,
             (p.rot, k),
@@ -799,19 +790,6 @@ impl LayerOps for Launches<'_> {
         {
             // The out_proj site: the gated norm and its rotation in one launch.
             let k = d.hv * d.dv;
-            if n == 1 && ops::rotate_row_takes(RotKind::GatedNorm, k, d.dv) {
-                let src = RotSrc {
-                    x: core_p,
-                    z: p.proj + 4 * z_off as u64,
-                    w: g.norm.ptr,
-                    signs: signs.ptr,
-                    eps: g.eps,
-                    dv: d.dv as i32,
-                    ..RotSrc::default()
-                };
-                ops::rotate_row(&m.gpu, RotKind::GatedNorm, src, k, m.act(p.act, n, k))?;
-                return m.mark("gated norm + rotation");
-            }
             ops::gated_norm_rotate(
                 &m.gpu,
                 (core_p, p.proj + 4 * z_off as u64, g.proj_width()),
@@ -899,21 +877,6 @@ impl LayerOps for Launches<'_> {
         let down = &self.layer(l).w_down;
         if let Some(signs) = &down.rot {
             // The down projection's site: the SwiGLU and its rotation in one launch.
-            if n == 1 && ops::rotate_row_takes(RotKind::Swiglu, m.inter, 0) {
-                let src = RotSrc {
-                    x: p.proj,
-                    signs: signs.ptr,
-                    ..RotSrc::default()
-                };
-                ops::rotate_row(
-                    &m.gpu,
-                    RotKind::Swiglu,
-                    src,
-                    m.inter,
-                    m.act(p.act, n, m.inter),
-                )?;
-                return m.mark("swiglu + rotation");
-            }
             let out = (m.act(p.act, n, m.inter), m.inter);
             ops::swiglu_rotate(&m.gpu, p.proj, m.inter, n, signs.ptr, out)?;
             return m.mark("swiglu + rotation");
