@@ -548,70 +548,42 @@ pub fn hadamard_rows(
         ldo as i32, r, raw_mode, ldr as i32, 0i32)
 }
 
-/// What [`rotate_row`] forms its row from (quant.cu's `RotSrc` and the kernels `rotate_row_*`, in this order): a
-/// rotated pack's decode sites (one token row), whose input it forms, rotates (signs, FWHT per 1024-block, / 32) and
-/// stores as the activation of the projection after it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RotKind {
-    /// RMSNorm of the residual row (`x`, gain `w`, `eps`), its normed values also stored at `raw` when that is not 0.
-    Norm = 0,
-    /// `silu(gate) · up` of an MLP's `[gate | up]` row at `x`.
-    Swiglu = 1,
-    /// The Gated DeltaNet's gated norm of the core output `x` (heads of `dv` values, `dv % 32 == 0`), weight `w`
-    /// [dv], gate row `z`.
-    GatedNorm = 2,
-    /// The row at `x` as it is (attention's output).
-    Plain = 3,
-}
-
-/// The input of [`rotate_row`] (quant.cu's `RotSrc`, field for field): device addresses of f32 rows, 0 where the
-/// kind reads none.
+/// The input of [`rotate_row_norm`] (quant.cu's `RotSrc`, field for field): the residual row `x`, the norm's gain
+/// `w` and `eps`, the rotation's signs, and `raw` (0 for none) where the normed row is also stored as it is, in
+/// `store_act`'s mode `raw_mode` ([`Out::parts`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RotSrc {
     pub x: u64,
-    pub z: u64,
     pub w: u64,
     pub signs: u64,
     pub raw: u64,
     pub eps: f32,
-    pub dv: i32,
-    /// `store_act`'s mode of `raw` ([`Out::parts`]).
     pub raw_mode: i32,
-    pub pad: i32,
 }
 
 // SAFETY: a plain C struct of addresses and scalars, laid out as quant.cu's RotSrc.
 unsafe impl cudarc::driver::DeviceRepr for RotSrc {}
 
-/// Whether [`rotate_row`] takes a row of `k` values as `kind` (`dv`: [`RotKind::GatedNorm`]'s head): `k` a multiple
-/// of 1024, at most 24 of them (one block's warps).
-pub fn rotate_row_takes(kind: RotKind, k: usize, dv: usize) -> bool {
-    k.is_multiple_of(1024)
-        && (1..=24).contains(&(k / 1024))
-        && (kind != RotKind::GatedNorm || (dv.is_multiple_of(32) && dv > 0 && 1024 % dv == 0))
+/// Whether [`rotate_row_norm`] takes a row of `k` values: `k` a multiple of 1024, at most 24 of them (one block's
+/// warps).
+pub fn rotate_row_takes(k: usize) -> bool {
+    k.is_multiple_of(1024) && (1..=24).contains(&(k / 1024))
 }
 
-/// One token row of a rotated site in one block: `out = R · f(src)` (f as `kind` says), stored as `out`'s layout
-/// (one row of `k`; split: the lo plane `k` values on). One warp per 1024-block, the butterflies in registers and
-/// shuffles (for one row `hadamard_rows`' five blocks each re-read the whole row for the norm and pass six
-/// barriers).
-pub fn rotate_row(
-    g: &Gpu,
-    kind: RotKind,
-    src: RotSrc,
-    k: usize,
-    out: Out,
-) -> Result<(), CudaError> {
-    if !rotate_row_takes(kind, k, src.dv.max(0) as usize) {
+/// A rotated pack's norm site for one token row in one block: `out = R · RMSNorm(x)` stored as `out`'s layout (one
+/// row of `k`; split: the lo plane `k` values on), the normed row also at `src.raw`. One warp per 1024-block, the
+/// butterflies in registers and shuffles: for one row, `hadamard_rows`' blocks would each re-read the whole row for
+/// the norm and pass six barriers. (The SwiGLU, gated-norm and plain sites measured faster on their row kernels.)
+pub fn rotate_row_norm(g: &Gpu, src: RotSrc, k: usize, out: Out) -> Result<(), CudaError> {
+    if !rotate_row_takes(k) {
         return Err(CudaError::Unsupported(format!(
-            "a one-block rotation of a row of {k} values ({kind:?}, dv {})",
-            src.dv
+            "a one-block rotation of a row of {k} values"
         )));
     }
     let (o, mode) = out.parts();
     let c = cfg((1, 1), 32 * (k / 1024) as u32, 0);
-    crate::launch_pdl!(g, g.k.rotate_row[kind as usize], c; src, k as i32, o, mode)
+    crate::launch_pdl!(g, g.k.rotate_row_norm, c; src, k as i32, o, mode)
 }
 
 /// Whether [`gated_norm_rotate`] takes value heads of `dv` values, `hv` of them: whole heads in each 1024-block.

@@ -590,78 +590,53 @@ KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict
     fwht1024_store(s, r * ldo, c0, signs, inverse, out, mode);
 }
 
-// One token row of a rotated pack's decode site (SRC of rotate_row_*; docs/cuda.md, "Rotated packs"): the f32 row
-// the site's producer left, formed and rotated by one block, one warp per 1024-block. SRC 1: x the residual row, RMS-normed (gain w, eps) over the whole row,
-// and with `raw` not null also stored as it is by block 0 (raw_mode: store_act's; the linears that read the normed
-// row unrotated, launched after this one); 2: x an MLP's [gate | up] row (each K wide), silu(gate) * up; 3: x the
-// Gated DeltaNet's core output, the gated norm per head of dv values (dv % 32 == 0, 1024 % dv == 0) times w[dv] and
-// silu(z); 4: x as it is (attention's output). Then the signs and the FWHT of each 1024-block, / 32: R x as
-// hadamard_rows forms it.
+// One token row of a rotated pack's norm site (rotate_row_norm; docs/cuda.md, "Rotated packs"): the residual row x,
+// RMS-normed over the whole row (gain w, eps) and, with `raw` not null, also stored as it is (raw_mode: store_act's;
+// for the linears that read the normed row unrotated, launched after this one); then the signs and the FWHT of each
+// 1024-block, / 32: R x as hadamard_rows forms it.
 struct RotSrc {
     const float* x;
-    const float* z;
     const float* w;
     const float* signs;
     void* raw;
     float eps;
-    int dv;
     int raw_mode;
 };
 
-// The 32 values xv of lane `lane` of warp `warp` (columns c0 = 1024 warp + 32 lane ..), formed and rotated as
-// RotSrc says: one warp holds one 1024-block, so the butterflies of span 1 to 16 run in the lane's registers and
-// 32 to 512 by shuffles (lane bit k: span 32 * 2^k); SRC 1 sums its squares over the block's warps in warp order
-// (the block's warps span the whole row: K = 1024 warps).
-template <int SRC>
-__device__ __forceinline__ void rot_src_load(const RotSrc& rs, int K, int c0, int lane, int warp, int warps,
-                                             float* xv) {
-    // Every load first (one round trip): the row (SwiGLU: gate and up), the signs, the gains and z.
-    float sg[32], ss = 0.0f;
+// rotate_row_norm: one block of K / 1024 warps (at most 24), warp `warp` holding the 1024-block at 1024 warp, lane
+// `lane` its 32 values from c0 = 1024 warp + 32 lane: the butterflies of span 1 to 16 in the lane's registers, 32 to
+// 512 by shuffles (lane bit k: span 32 * 2^k); one barrier, for the norm's sum of squares (added in warp order).
+// Output stored as store_act with `mode` at out[0 .. K).
+KERNEL(simt) void __launch_bounds__(768) rotate_row_norm(RotSrc rs, int K, void* out, int mode) {
+    pdl_wait();
+    pdl_launch();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = warp * 1024 + lane * 32, warps = blockDim.x >> 5;
+    // Every load first (one round trip): the row, the signs, the gains.
+    float xv[32], sg[32], ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         float4 t = *((const float4*)(rs.x + c0) + i), g4 = *((const float4*)(rs.signs + c0) + i);
-        float tv[4] = {t.x, t.y, t.z, t.w}, f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        float4 w = *((const float4*)(rs.w + c0) + i);
+        float tv[4] = {t.x, t.y, t.z, t.w}, f[4] = {w.x, w.y, w.z, w.w};
         sg[4 * i] = g4.x, sg[4 * i + 1] = g4.y, sg[4 * i + 2] = g4.z, sg[4 * i + 3] = g4.w;
-        if constexpr (SRC == 2) {
-            float4 u = *((const float4*)(rs.x + K + c0) + i);
-            f[0] = u.x, f[1] = u.y, f[2] = u.z, f[3] = u.w;
-        }
-        if constexpr (SRC == 1 || SRC == 3) {
-            float4 w = *((const float4*)(rs.w + (SRC == 1 ? c0 : c0 % rs.dv)) + i);
-            f[0] = w.x, f[1] = w.y, f[2] = w.z, f[3] = w.w;
-        }
-        if constexpr (SRC == 3) {
-            float4 z = *((const float4*)(rs.z + c0) + i);
-            f[0] *= silu_f(z.x), f[1] *= silu_f(z.y), f[2] *= silu_f(z.z), f[3] *= silu_f(z.w);
-        }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             ss = fmaf(tv[j], tv[j], ss);
-            xv[4 * i + j] = (SRC == 2 ? silu_f(tv[j]) : tv[j]) * f[j];
+            xv[4 * i + j] = tv[j] * f[j];
         }
     }
-    if constexpr (SRC == 1 || SRC == 3) {
-        float inv;
-        if constexpr (SRC == 1) {
-            __shared__ float wss[32];
-            ss = warp_sum(ss);
-            if (lane == 0) wss[warp] = ss;
-            __syncthreads();
-            float t = 0.0f;
-            for (int w = 0; w < warps; w++) t += wss[w];
-            inv = 1.0f / sqrtf(t / K + rs.eps);
-        } else {
-            for (int o = rs.dv / 64; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            inv = 1.0f / sqrtf(ss / rs.dv + rs.eps);
-        }
+    __shared__ float wss[32];
+    ss = warp_sum(ss);
+    if (lane == 0) wss[warp] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int w = 0; w < warps; w++) tot += wss[w];
+    float inv = 1.0f / sqrtf(tot / K + rs.eps);
 #pragma unroll
-        for (int i = 0; i < 32; i++) xv[i] *= inv;
-        if constexpr (SRC == 1) {
-            if (rs.raw) {
+    for (int i = 0; i < 32; i++) xv[i] *= inv;
+    if (rs.raw) {
 #pragma unroll
-                for (int i = 0; i < 32; i += 4) store_act_vec<4>(rs.raw, c0 + i, xv + i, rs.raw_mode);
-            }
-        }
+        for (int i = 0; i < 32; i += 4) store_act_vec<4>(rs.raw, c0 + i, xv + i, rs.raw_mode);
     }
 #pragma unroll
     for (int i = 0; i < 32; i++) xv[i] *= sg[i];
@@ -683,24 +658,12 @@ __device__ __forceinline__ void rot_src_load(const RotSrc& rs, int K, int c0, in
         }
     }
 #pragma unroll
-    for (int i = 0; i < 32; i++) xv[i] *= 1.0f / 32.0f;
-}
-
-// rotate_row_*: one row as RotSrc says (SRC 1 to 4), rotated, stored as store_act with `mode` at out[0 .. K): one
-// block of K / 1024 warps (at most 24), no shared-memory butterflies and no barrier but SRC 1's one (the norm's sum).
-#define ROTATE_ROW(name, SRC)                                                                                     \
-    KERNEL(simt) void __launch_bounds__(768) name(RotSrc rs, int K, void* out, int mode) {                       \
-        pdl_wait();                                                                                               \
-        pdl_launch();                                                                                             \
-        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = warp * 1024 + lane * 32;                      \
-        float xv[32];                                                                                             \
-        rot_src_load<SRC>(rs, K, c0, lane, warp, blockDim.x >> 5, xv);                                            \
-        _Pragma("unroll") for (int i = 0; i < 32; i += 4) store_act_vec<4>(out, c0 + i, xv + i, mode);          \
+    for (int i = 0; i < 32; i += 4) {
+        float v[4] = {xv[i] * (1.0f / 32.0f), xv[i + 1] * (1.0f / 32.0f), xv[i + 2] * (1.0f / 32.0f),
+                      xv[i + 3] * (1.0f / 32.0f)};
+        store_act_vec<4>(out, c0 + i, v, mode);
     }
-ROTATE_ROW(rotate_row_norm, 1)
-ROTATE_ROW(rotate_row_swiglu, 2)
-ROTATE_ROW(rotate_row_gnorm, 3)
-ROTATE_ROW(rotate_row_plain, 4)
+}
 
 // The gated RMSNorm of a Gated DeltaNet's core output (rms_norm_gated: per value head of dv values, x * rsqrt(mean(x^2)
 // + eps) * w * silu(z)) and the rotation of the result in one launch (a rotated pack's out_proj site). x: [N, K]

@@ -56,9 +56,8 @@ pub struct Kernels {
     /// `gemv_{pq2,q8}_wide_{bf16,f32,split}` (quant.cu): the one-row GEMV with x in registers, [format][activation
     /// layout].
     pub gemv_q_wide: [[CudaFunction; 3]; 2],
-    /// `rotate_row_{norm,swiglu,gnorm,plain}` (quant.cu): one row of a rotated site in one block ([`crate::ops::RotKind`]
-    /// order).
-    pub rotate_row: [CudaFunction; 4],
+    /// `rotate_row_norm` (quant.cu): a rotated pack's norm site for one row in one block.
+    pub rotate_row_norm: CudaFunction,
     pub dequant_rows: CudaFunction,
     /// `qmma_quant` (qmma.cu): the activations of the int8 tensor-core GEMM, quantized to two byte planes.
     pub qmma_quant: CudaFunction,
@@ -689,12 +688,7 @@ impl Gpu {
                 };
                 [wide("pq2")?, wide("q8")?]
             },
-            rotate_row: [
-                f("rotate_row_norm")?,
-                f("rotate_row_swiglu")?,
-                f("rotate_row_gnorm")?,
-                f("rotate_row_plain")?,
-            ],
+            rotate_row_norm: f("rotate_row_norm")?,
         };
         let name = ctx.name().op("device name")?;
         Ok(Arc::new(Gpu {
