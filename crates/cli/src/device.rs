@@ -91,7 +91,11 @@ pub fn bench_cuda(
     reps: usize,
     s1: (usize, usize, usize),
     pdl: bool,
+    batch: &[usize],
 ) -> Result<()> {
+    if batch.contains(&0) {
+        bail!("--batch takes sequence counts of at least 1");
+    }
     let g = upload(m)?;
     let gpu = g.gpu().clone();
     gpu.set_pdl(pdl);
@@ -223,6 +227,28 @@ pub fn bench_cuda(
         );
         decode_profile(&g, &mut st, &mut full_step, &mut next)?;
     }
+    // Several sequences at once: each step one forward over all of them, the next tokens picked on the GPU.
+    let mut batched = Vec::new();
+    for &b in batch {
+        let mut seqs = g.fork(&st, b)?;
+        let mut toks: Vec<u32> = (0..b as u32).map(|i| (next + i) % v).collect();
+        let rows: Vec<usize> = (0..b).collect();
+        let mut secs = 0.0;
+        for round in 0..2 {
+            let t0 = Instant::now();
+            for _ in 0..if round == 0 { 2.min(decode) } else { decode } {
+                let mut items: Vec<_> = seqs
+                    .iter_mut()
+                    .zip(&toks)
+                    .map(|(s, t)| (s, std::slice::from_ref(t)))
+                    .collect();
+                let h = g.forward_batch(&mut items)?;
+                toks = g.argmax_at(&h, &rows)?;
+            }
+            secs = t0.elapsed().as_secs_f64();
+        }
+        batched.push(crate::batch_row(b, decode, secs));
+    }
     println!(
         "{}",
         json!({
@@ -234,6 +260,7 @@ pub fn bench_cuda(
                 "gpu_argmax_tokens_per_s": if gpu_secs > 0.0 { decode as f64 / gpu_secs } else { 0.0 },
                 "one_logit_tokens_per_s": if one_secs > 0.0 { decode as f64 / one_secs } else { 0.0 },
                 "ahead_tokens_per_s": if ahead_secs > 0.0 { decode as f64 / ahead_secs } else { 0.0 }},
+            "batched_decode": batched,
         })
     );
     Ok(())

@@ -92,7 +92,7 @@ enum Cmd {
         #[arg(long)]
         list: bool,
     },
-    /// CPU prefill and decode throughput on one model; prints one JSON object.
+    /// Prefill and decode throughput on one model, on the CPU or a GPU; prints one JSON object.
     Bench(BenchArgs),
     /// System One latency and throughput on three fixed request sizes (cpu or cuda): p50/p95, requests/s, decisions/s.
     BenchSystemone(device::BenchSystemoneArgs),
@@ -147,6 +147,10 @@ struct BenchArgs {
     /// GPU: let a kernel start while the one before it finishes (programmatic dependent launch).
     #[arg(long)]
     gpu_pdl: bool,
+    /// Also decode this many sequences at once, comma-separated (each step one forward over all of them, the next
+    /// tokens greedy); reports the tokens per second of all of them together.
+    #[arg(long, value_delimiter = ',')]
+    batch: Vec<usize>,
     #[command(flatten)]
     dev: device::DeviceArg,
 }
@@ -219,7 +223,7 @@ fn run(cli: Cli) -> Result<()> {
             )
         }
         Cmd::Bench(a) => match a.dev.resolve()? {
-            device::Device::Cpu => bench(&a.model, &a.prompt_lens, a.decode, a.reps),
+            device::Device::Cpu => bench(&a.model, &a.prompt_lens, a.decode, a.reps, &a.batch),
             // System One-like request: 7 rows of 175 shared + 33 own tokens (406 unique).
             device::Device::Cuda => device::bench_cuda(
                 &load_model(&a.model)?,
@@ -228,6 +232,7 @@ fn run(cli: Cli) -> Result<()> {
                 a.reps,
                 (7, 175, 33),
                 a.gpu_pdl,
+                &a.batch,
             ),
         },
         Cmd::BenchSystemone(a) => device::bench_systemone(a),
@@ -516,7 +521,10 @@ fn add_chat_template(out: &Path) -> Result<()> {
     Ok(())
 }
 
-fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize) -> Result<()> {
+fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize, batch: &[usize]) -> Result<()> {
+    if batch.contains(&0) {
+        bail!("--batch takes sequence counts of at least 1");
+    }
     let m = load_model(arg)?;
     let v = m.vocab_size() as u32;
     let max_len = lens.iter().copied().max().unwrap_or(0);
@@ -548,6 +556,25 @@ fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize) -> Result<()> {
     }
     let secs = t0.elapsed().as_secs_f64();
     eprintln!("decode: {:.2} tok/s", decode as f64 / secs);
+    let mut batched = Vec::new();
+    for &b in batch {
+        let mut seqs = st.fork(b);
+        let mut toks: Vec<u32> = (0..b as u32).map(|i| (next + i) % v).collect();
+        let t0 = Instant::now();
+        for _ in 0..decode {
+            let mut items: Vec<_> = seqs
+                .iter_mut()
+                .zip(&toks)
+                .map(|(s, t)| (s, std::slice::from_ref(t)))
+                .collect();
+            let h = m.forward_batch(&mut items)?;
+            toks = h
+                .chunks(m.hidden_size())
+                .map(|r| argmax(&m.logits(r)) as u32)
+                .collect();
+        }
+        batched.push(batch_row(b, decode, t0.elapsed().as_secs_f64()));
+    }
     let rss = peak_rss_bytes();
     let info = m.info();
     println!(
@@ -557,12 +584,23 @@ fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize) -> Result<()> {
             "threads": rayon_threads(),
             "prefill": prefill,
             "decode": {"tokens": decode, "after": first, "seconds": secs, "tokens_per_s": decode as f64 / secs},
+            "batched_decode": batched,
             "weight_bytes": info.weight_bytes,
             "file_bytes": info.file_bytes,
             "peak_rss_bytes": rss,
         })
     );
     Ok(())
+}
+
+/// One `--batch` measurement: `b` sequences decoded `steps` steps together in `secs`; printed and as JSON.
+pub(crate) fn batch_row(b: usize, steps: usize, secs: f64) -> serde_json::Value {
+    let tps = (b * steps) as f64 / secs;
+    eprintln!(
+        "decode {b} sequences at once: {tps:.1} tok/s together ({:.3} ms a step)",
+        secs * 1e3 / steps.max(1) as f64
+    );
+    json!({"sequences": b, "steps": steps, "seconds": secs, "tokens_per_s": tps})
 }
 
 fn rayon_threads() -> usize {

@@ -19,8 +19,9 @@
 //! outputs are not bit-identical (their lanes split a block's sum differently), only equal up to f32 rounding.
 //! Tiles of 8 rows × one token share each activation load (the rows stay in L1 for the next token, so decoding
 //! again per token costs less than holding decoded pairs for several tokens in registers), and each block read is
-//! prefetched for the next tile, 8 rows ahead (decode streams the weights once: without it the loads wait on
-//! memory; one tile ahead beat 96 blocks ahead within the row by 1.4x at K = 17408). The rounding of the activations
+//! prefetched into L2 four tiles ahead and into L1 for the next tile (decode streams the weights once: without
+//! prefetching the loads wait on memory and the call takes 1.7x as long; one tile ahead beat 96 blocks ahead within
+//! the row by 1.4x at K = 17408, and adding the far L2 prefetch cut another 8-14%). The rounding of the activations
 //! (at most `s / 2` per value, `s` the block's max|x| / 32767) is the only difference from the f32 kernels:
 //! docs/ARCHITECTURE.md's tolerance table says what it costs.
 
@@ -170,6 +171,11 @@ use std::arch::x86_64::*;
 
 /// Weight rows per tile: each activation load serves them all.
 const ROW_TILE: usize = 8;
+
+/// How many tiles ahead the weights are prefetched into L2 (and the next tile's into L1): in-process A/B on the
+/// 27B shape's gate/up matrix (17408 × 5120, decode), 4 to 12 tiles ahead all cut the call's median by 8-14%
+/// against the next tile into L1 alone; 2 by less.
+const FAR_TILES: usize = 4;
 
 /// Registers per pair, at most (PTQ1_0's five trits; PQ2_0 uses four).
 const MAX_REGS: usize = 5;
@@ -373,11 +379,11 @@ unsafe fn tile<const R: usize, const PTQ: bool>(
         let x = unsafe { acts(a, i * a.pairs + pb, regs) };
         for (rr, acc) in acc.iter_mut().enumerate() {
             let row = wp.wrapping_add(rr * row_bytes);
-            // The same blocks of the next tile's row rr (past the task's rows it reads the next task's, or nothing:
-            // a prefetch never faults).
-            _mm_prefetch::<_MM_HINT_T0>(
-                row.wrapping_add(R * row_bytes + b * block_bytes) as *const i8
-            );
+            // The same blocks of row rr of the tile FAR_TILES ahead into L2 and of the next tile into L1 (past the
+            // task's rows they read the next task's, or nothing: a prefetch never faults).
+            let ahead = row.wrapping_add(b * block_bytes);
+            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(FAR_TILES * R * row_bytes) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(R * row_bytes) as *const i8);
             // SAFETY: as above.
             let c = unsafe {
                 if PTQ {
