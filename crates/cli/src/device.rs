@@ -90,6 +90,7 @@ pub fn bench_cuda(
     decode: usize,
     reps: usize,
     s1: (usize, usize, usize),
+    pdl: bool,
     batch: &[usize],
 ) -> Result<()> {
     if batch.contains(&0) {
@@ -97,6 +98,7 @@ pub fn bench_cuda(
     }
     let g = upload(m)?;
     let gpu = g.gpu().clone();
+    gpu.set_pdl(pdl);
     let v = m.vocab_size() as u32;
     let reps = reps.max(1);
     // Warm-up (kernel load, cuBLAS heuristics, allocator pools).
@@ -347,6 +349,10 @@ pub struct CudaArgs {
     /// Launch every forward kernel by kernel (no CUDA graphs).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_no_graphs: bool,
+    /// Let a kernel start while the one before it finishes (programmatic dependent launch, compute capability 9.0
+    /// and later; measured slower on the decode step so far).
+    #[arg(long, help_heading = EXPERT)]
+    pub gpu_pdl: bool,
     /// Hand freed GPU memory back to the driver at every synchronisation instead of keeping it for the next request.
     #[arg(long, help_heading = EXPERT)]
     pub gpu_release_memory: bool,
@@ -409,6 +415,7 @@ impl CudaArgs {
             },
             trees: !self.gpu_no_trees,
             graphs: !self.gpu_no_graphs,
+            pdl: self.gpu_pdl,
             keep_freed_memory: !self.gpu_release_memory,
             batch_invariant: self.gpu_batch_invariant,
         })
@@ -813,6 +820,7 @@ mod tests {
             gpu_attention: AttnArg::Tc,
             gpu_no_trees: false,
             gpu_no_graphs: false,
+            gpu_pdl: false,
             gpu_release_memory: false,
             gpu_batch_invariant: false,
         }
@@ -823,7 +831,7 @@ mod tests {
         let o = args("bf16", None).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16);
         assert_eq!(o.kernels, None, "unset: the precision's default");
-        assert!(o.trees && o.graphs && o.keep_freed_memory);
+        assert!(o.trees && o.graphs && !o.pdl && o.keep_freed_memory);
         assert_eq!(o.memory_budget_bytes, 64 << 20);
         let o = args("split", Some("tf32")).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16Split);
@@ -879,6 +887,7 @@ mod tests {
             "--gpu-attention",
             "--gpu-no-trees",
             "--gpu-no-graphs",
+            "--gpu-pdl",
             "--gpu-release-memory",
         ] {
             assert!(
@@ -905,11 +914,12 @@ mod tests {
             "tiled",
             "--gpu-no-trees",
             "--gpu-no-graphs",
+            "--gpu-pdl",
             "--gpu-release-memory",
         ]);
         assert_eq!(o.gdn, onepass_cuda::GdnKernels::Simt);
         assert_eq!(o.attention, onepass_cuda::AttnKernels::Tiled);
-        assert!(!o.trees && !o.graphs && !o.keep_freed_memory);
+        assert!(!o.trees && !o.graphs && o.pdl && !o.keep_freed_memory);
         assert!(!o.batch_invariant);
         assert!(options(&["t", "--gpu-batch-invariant"]).batch_invariant);
         let o = options(&["t", "--gpu-gdn", "tc-no-leaf"]);

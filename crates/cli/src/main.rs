@@ -144,6 +144,9 @@ struct BenchArgs {
     /// Repetitions per prompt length (the best is reported).
     #[arg(long, default_value_t = 2)]
     reps: usize,
+    /// GPU: let a kernel start while the one before it finishes (programmatic dependent launch).
+    #[arg(long)]
+    gpu_pdl: bool,
     /// Also decode this many sequences at once, comma-separated (each step one forward over all of them, the next
     /// tokens greedy); reports the tokens per second of all of them together.
     #[arg(long, value_delimiter = ',')]
@@ -228,6 +231,7 @@ fn run(cli: Cli) -> Result<()> {
                 a.decode,
                 a.reps,
                 (7, 175, 33),
+                a.gpu_pdl,
                 &a.batch,
             ),
         },

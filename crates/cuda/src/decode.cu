@@ -11,6 +11,8 @@
 #define STEP_ROWS 16
 KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float* beta, float* out,
                            const int* seg, const u64* states, int hk, int hv, int dk, int dv) {
+    pdl_wait();
+    pdl_launch();
     extern __shared__ float sm[];
     __shared__ float red[STEP_GROUPS][STEP_COLS + 1];
     float* q = sm;
@@ -143,11 +145,15 @@ __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx,
 KERNEL(simt) void gemv_bf16_2(const bf16_t* __restrict__ x, int ldx, int rows, int group, int K,
                               const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y, int ldy,
                               float beta, int wpr) {
+    pdl_wait();
+    pdl_launch();
     gemv_rows<2, 8>(x, ldx, rows, group, K, w, ldw, N, y, ldy, beta, wpr);
 }
 KERNEL(simt) void gemv_bf16_8(const bf16_t* __restrict__ x, int ldx, int rows, int group, int K,
                               const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y, int ldy,
                               float beta, int wpr) {
+    pdl_wait();
+    pdl_launch();
     gemv_rows<GEMV_ROWS, 4>(x, ldx, rows, group, K, w, ldw, N, y, ldy, beta, wpr);
 }
 
@@ -218,6 +224,8 @@ __device__ __forceinline__ void argmax_block(float& v, int& i) {
     }
 }
 KERNEL(simt) void argmax_rows(const float* __restrict__ x, int n, int* __restrict__ out) {
+    pdl_wait();
+    pdl_launch();
     const float* xr = x + (idx_t)blockIdx.x * n;
     float v = -__int_as_float(0x7f800000);
     int i = 0x7fffffff;

@@ -131,6 +131,8 @@ KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* 
                                     float scale,
                                     int off_a, int off_b, const float* neg_a, const float* dt_bias, int hv,
                                     float* g, float* beta, int n) {
+    pdl_wait();
+    pdl_launch();
     const int n0 = CONV_RUN * blockIdx.x, nt = min(CONV_RUN, n - n0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (blockIdx.y == 0 && warp == 0)

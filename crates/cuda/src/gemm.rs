@@ -50,7 +50,7 @@ fn gemv(
 ) -> Result<(), CudaError> {
     let wpr = gemv_wpr(n, k);
     let f = &g.k.gemv_bf16[usize::from(rows > 2)];
-    launch!(g, *f, cfg((n.div_ceil(8 / wpr) as u32, 1), 256, 0);
+    crate::launch_pdl!(g, *f, cfg((n.div_ceil(8 / wpr) as u32, 1), 256, 0);
         x, ldx as i32, rows as i32, group as i32, k as i32, w, ldw as i32, n as i32, y, ldy as i32, beta,
         wpr as i32)
 }

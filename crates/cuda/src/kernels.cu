@@ -57,6 +57,23 @@ __device__ __forceinline__ float load_wq(const void* w, const unsigned short* d,
     return (float)(signed char)q[row * K + c] * h2f(d[row * (K / 32) + c / 32]);
 }
 
+// Programmatic dependent launch (Hopper on; a no-op before sm_90 and for a kernel launched without the attribute):
+// a kernel that the host launches with `launch_pdl!` (runtime.rs) may start while the kernel before it in the stream
+// is finishing, so it calls pdl_wait() before its first read of anything an earlier kernel wrote and its first
+// write (the weights, which nothing writes, may be read before), in every block and on every path: a block that
+// returned without it would let the kernels after it overtake the one before. pdl_launch() lets the next kernel
+// start its own launch early (it still waits for this one's completion in its pdl_wait()).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_f(float x) { return x * sigmoid_f(x); }
 __device__ __forceinline__ float warp_sum(float v) {
@@ -237,6 +254,8 @@ __device__ __forceinline__ void norm_rows(float* x, int ldx, const float* __rest
 // x: [R, dim] stride ldx; out: [R, dim] stride ldo. One warp per row (`norm_rows`); grid ceil(R / warps per block).
 KERNEL(simt) void rms_norm(const float* x, int ldx, const float* gain, float eps, int dim,
                            void* out, int mode, int ldo, int rows) {
+    pdl_wait();
+    pdl_launch();
     // x is only read: the cast is for norm_rows' add2 variant, which writes its row back.
     norm_rows<false>((float*)x, ldx, nullptr, 0, gain, eps, dim, out, mode, ldo, rows);
 }
@@ -695,6 +714,8 @@ KERNEL(simt) void gdn_conv_state(const float* x, int ld, int K, int cd, const in
 KERNEL(simt) void attn_prep(const float* proj, int ld, const float* qn, const float* kn, float eps,
                             const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
                             const u64* kv, float* q_out) {
+    pdl_wait();
+    pdl_launch();
     __shared__ float xs[1024];
     int n = blockIdx.x, j = blockIdx.y;
     int s = tok[2 * n], pos = tok[2 * n + 1];

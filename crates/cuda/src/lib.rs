@@ -20,6 +20,7 @@ pub mod gemm_lt;
 pub mod model;
 pub mod ops;
 pub mod options;
+pub mod pdl;
 pub mod qgemm;
 pub mod runtime;
 pub mod sample;

@@ -114,7 +114,7 @@ pub fn rms_norm(
 ) -> Result<(), CudaError> {
     let (o, mode) = out.parts();
     let c = cfg((blocks(rows, NORM_ROWS), 1), 32 * NORM_ROWS as u32, 0);
-    launch!(g, g.k.rms_norm, c; x, ldx as i32, gain, eps, dim as i32, o, mode, ldo as i32, rows as i32)
+    crate::launch_pdl!(g, g.k.rms_norm, c; x, ldx as i32, gain, eps, dim as i32, o, mode, ldo as i32, rows as i32)
 }
 
 /// norm(x) * w * silu(z) per value head. x: [N, HV, DV] f32; z row n at z + n*ldz; out: [N, HV*DV].
@@ -321,7 +321,7 @@ pub fn gdn_conv_prep(
     // far more parallel; the block-per-token kernel for heads its warps do not hold (dk > 256). Same arguments.
     if d.dk <= 256 && cd >= 2 * d.hk * d.dk {
         let groups = blocks(2 * d.hk + (cd - 2 * d.hk * d.dk).div_ceil(128), 4);
-        launch!(g, g.k.gdn_conv_prep_run, cfg((blocks(n, CONV_RUN), groups), 128, 0);
+        crate::launch_pdl!(g, g.k.gdn_conv_prep_run, cfg((blocks(n, CONV_RUN), groups), 128, 0);
             x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
             scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta, n as i32)?;
     } else {
@@ -339,7 +339,7 @@ pub fn argmax_rows(g: &Gpu, x: u64, rows: usize, n: usize, out: u64) -> Result<(
     if n > i32::MAX as usize {
         return Err(CudaError::Unsupported(format!("argmax over {n} values")));
     }
-    launch!(g, g.k.argmax_rows, cfg((rows as u32, 1), 1024, 0); x, n as i32, out)
+    crate::launch_pdl!(g, g.k.argmax_rows, cfg((rows as u32, 1), 1024, 0); x, n as i32, out)
 }
 
 /// Blocks of [`head_argmax_bf16`] at most (`HEAD_BLOCKS` in decode.cu): the length of its partial buffers.
@@ -390,7 +390,7 @@ pub fn gdn_step(
         )));
     }
     let grid = (d.hv as u32, d.dv.div_ceil(16) as u32, nseg as u32);
-    launch!(g, g.k.gdn_step, cfg3(grid, 256, (8 * d.dk) as u32);
+    crate::launch_pdl!(g, g.k.gdn_step, cfg3(grid, 256, (8 * d.dk) as u32);
         qkv, ld as i32, gg, beta, out, segs, states, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32)
 }
 
@@ -431,7 +431,7 @@ pub fn attn_prep(
             a.head_dim
         )));
     }
-    launch!(g, g.k.attn_prep, cfg((n as u32, (a.heads + a.kv_heads) as u32), 128, 0);
+    crate::launch_pdl!(g, g.k.attn_prep, cfg((n as u32, (a.heads + a.kv_heads) as u32), 128, 0);
         proj, ld as i32, qn, kn, eps, inv_freq, a.half as i32, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, tok, kv, q_out)
 }
 
@@ -544,8 +544,46 @@ pub fn hadamard_rows(
     let (gain, eps, raw) = norm.map_or((0, 0.0, None), |(g, e, r)| (g, e, r));
     let ((r, raw_mode), ldr) = raw.map_or(((0, 0), 0), |(o, ld)| (o.parts(), ld));
     let c = cfg((rows as u32, (k / 1024) as u32), 256, 0);
-    launch!(g, g.k.hadamard_rows, c; x, ldx as i32, gain, eps, k as i32, signs, i32::from(inverse), o, mode,
+    crate::launch_pdl!(g, g.k.hadamard_rows, c; x, ldx as i32, gain, eps, k as i32, signs, i32::from(inverse), o, mode,
         ldo as i32, r, raw_mode, ldr as i32, 0i32)
+}
+
+/// The input of [`rotate_row_norm`] (quant.cu's `RotSrc`, field for field): the residual row `x`, the norm's gain
+/// `w` and `eps`, the rotation's signs, and `raw` (0 for none) where the normed row is also stored as it is, in
+/// `store_act`'s mode `raw_mode` ([`Out::parts`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RotSrc {
+    pub x: u64,
+    pub w: u64,
+    pub signs: u64,
+    pub raw: u64,
+    pub eps: f32,
+    pub raw_mode: i32,
+}
+
+// SAFETY: a plain C struct of addresses and scalars, laid out as quant.cu's RotSrc.
+unsafe impl cudarc::driver::DeviceRepr for RotSrc {}
+
+/// Whether [`rotate_row_norm`] takes a row of `k` values: `k` a multiple of 1024, at most 24 of them (one block's
+/// warps).
+pub fn rotate_row_takes(k: usize) -> bool {
+    k.is_multiple_of(1024) && (1..=24).contains(&(k / 1024))
+}
+
+/// A rotated pack's norm site for one token row in one block: `out = R · RMSNorm(x)` stored as `out`'s layout (one
+/// row of `k`; split: the lo plane `k` values on), the normed row also at `src.raw`. One warp per 1024-block, the
+/// butterflies in registers and shuffles: for one row, `hadamard_rows`' blocks would each re-read the whole row for
+/// the norm and pass six barriers. (The SwiGLU, gated-norm and plain sites measured faster on their row kernels.)
+pub fn rotate_row_norm(g: &Gpu, src: RotSrc, k: usize, out: Out) -> Result<(), CudaError> {
+    if !rotate_row_takes(k) {
+        return Err(CudaError::Unsupported(format!(
+            "a one-block rotation of a row of {k} values"
+        )));
+    }
+    let (o, mode) = out.parts();
+    let c = cfg((1, 1), 32 * (k / 1024) as u32, 0);
+    crate::launch_pdl!(g, g.k.rotate_row_norm, c; src, k as i32, o, mode)
 }
 
 /// Whether [`gated_norm_rotate`] takes value heads of `dv` values, `hv` of them: whole heads in each 1024-block.
@@ -600,7 +638,7 @@ pub fn swiglu_rotate(
     }
     let (o, mode) = out.parts();
     let c = cfg((n as u32, (inter / 1024) as u32), 256, 0);
-    launch!(g, g.k.hadamard_rows, c; gu, (2 * inter) as i32, 0u64, 0.0f32, inter as i32, signs, 0i32, o, mode,
+    crate::launch_pdl!(g, g.k.hadamard_rows, c; gu, (2 * inter) as i32, 0u64, 0.0f32, inter as i32, signs, 0i32, o, mode,
         ldo as i32, 0u64, 0i32, 0i32, 1i32)
 }
 

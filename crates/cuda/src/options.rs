@@ -46,6 +46,11 @@ pub struct CudaOptions {
     pub trees: bool,
     /// CUDA graphs for repeated forward shapes.
     pub graphs: bool,
+    /// Programmatic dependent launch where the device has it (compute capability 9.0 and later): a kernel's launch
+    /// and its weight prefetch overlap the tail of the kernel before ([`crate::pdl`]); off by default (the 27B
+    /// decode step measured slower with it, docs/benchmarks/ternary-gpu.md). A setting of the opened
+    /// [`crate::Gpu`]: the model loaded last on it sets it.
+    pub pdl: bool,
     /// The device memory pool keeps freed memory for the next request ([`crate::Gpu::open`]).
     pub keep_freed_memory: bool,
     /// A sequence's results do not depend on the other sequences of its forward (batch invariance,
@@ -65,6 +70,7 @@ impl Default for CudaOptions {
             attention: AttnKernels::default(),
             trees: true,
             graphs: true,
+            pdl: false,
             keep_freed_memory: true,
             batch_invariant: false,
         }

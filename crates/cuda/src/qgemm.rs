@@ -163,7 +163,7 @@ pub fn gemm_q(
             let (qo, dofs) = (if fmt == 0 { k0 / 4 } else { k0 }, k0 / block);
             let blocks = g.sms * (16 / warps).max(1);
             let rpb = n.div_ceil(blocks).next_multiple_of(8);
-            launch!(g, *f, cfg((n.div_ceil(rpb) as u32, 1), 32 * warps as u32, 0);
+            crate::launch_pdl!(g, *f, cfg((n.div_ceil(rpb) as u32, 1), 32 * warps as u32, 0);
                 q + qo as u64, d + 2 * dofs as u64, xp + (el * k0) as u64, lo as i64,
                 (warps * per_warp) as i32, k as i32, n as i32, y, beta, rpb as i32)?;
             (w0, beta) = (w0 + warps, 1.0);

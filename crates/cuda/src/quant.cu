@@ -314,7 +314,9 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
     int s0 = c0 / BLK, buf = 0;
     uint4 wv[8];
     unsigned short sc[8];
+    // The first tile's weights are read before the wait for the kernel before (nothing writes them).
     wide_tile_load<FMT>(q, d, n0, N, row_bytes, row_scales, c0, s0, wv, sc);
+    pdl_wait();
     float xv[C];
 #pragma unroll
     for (int i = 0; i < C; i += 16) load_x16<XM>(x, c0 + i, lo, xv + i);
@@ -352,6 +354,9 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
 #pragma unroll 1
     for (int nt = n0; nt < n1; nt += 8) {
         float p[8];
+        // The next kernel may launch once every block is in its last tile (earlier, its blocks would take the
+        // places of this one's and be placed unevenly).
+        if (nt + 8 >= n1) pdl_launch();
         if constexpr (FMT == 0) {
             uint4 nw[8];
             unsigned short ns[8];
@@ -552,6 +557,8 @@ __device__ __forceinline__ void fwht1024_store(float* s, idx_t o, int c0, const 
 KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict__ gain, float eps, int K,
                                 const float* __restrict__ signs, int inverse, void* out, int mode, int ldo,
                                 void* raw, int raw_mode, int ldr, int swiglu) {
+    pdl_wait();
+    pdl_launch();
     __shared__ __align__(16) float s[1024];
     idx_t r = blockIdx.x;
     int c0 = blockIdx.y * 1024;
@@ -581,6 +588,81 @@ KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict
         s[i] = inverse ? v : v * signs[c];
     }
     fwht1024_store(s, r * ldo, c0, signs, inverse, out, mode);
+}
+
+// One token row of a rotated pack's norm site (rotate_row_norm; docs/cuda.md, "Rotated packs"): the residual row x,
+// RMS-normed over the whole row (gain w, eps) and, with `raw` not null, also stored as it is (raw_mode: store_act's;
+// for the linears that read the normed row unrotated, launched after this one); then the signs and the FWHT of each
+// 1024-block, / 32: R x as hadamard_rows forms it.
+struct RotSrc {
+    const float* x;
+    const float* w;
+    const float* signs;
+    void* raw;
+    float eps;
+    int raw_mode;
+};
+
+// rotate_row_norm: one block of K / 1024 warps (at most 24), warp `warp` holding the 1024-block at 1024 warp, lane
+// `lane` its 32 values from c0 = 1024 warp + 32 lane: the butterflies of span 1 to 16 in the lane's registers, 32 to
+// 512 by shuffles (lane bit k: span 32 * 2^k); one barrier, for the norm's sum of squares (added in warp order).
+// Output stored as store_act with `mode` at out[0 .. K).
+KERNEL(simt) void __launch_bounds__(768) rotate_row_norm(RotSrc rs, int K, void* out, int mode) {
+    pdl_wait();
+    pdl_launch();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = warp * 1024 + lane * 32, warps = blockDim.x >> 5;
+    // Every load first (one round trip): the row, the signs, the gains.
+    float xv[32], sg[32], ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 t = *((const float4*)(rs.x + c0) + i), g4 = *((const float4*)(rs.signs + c0) + i);
+        float4 w = *((const float4*)(rs.w + c0) + i);
+        float tv[4] = {t.x, t.y, t.z, t.w}, f[4] = {w.x, w.y, w.z, w.w};
+        sg[4 * i] = g4.x, sg[4 * i + 1] = g4.y, sg[4 * i + 2] = g4.z, sg[4 * i + 3] = g4.w;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            ss = fmaf(tv[j], tv[j], ss);
+            xv[4 * i + j] = tv[j] * f[j];
+        }
+    }
+    __shared__ float wss[32];
+    ss = warp_sum(ss);
+    if (lane == 0) wss[warp] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int w = 0; w < warps; w++) tot += wss[w];
+    float inv = 1.0f / sqrtf(tot / K + rs.eps);
+#pragma unroll
+    for (int i = 0; i < 32; i++) xv[i] *= inv;
+    if (rs.raw) {
+#pragma unroll
+        for (int i = 0; i < 32; i += 4) store_act_vec<4>(rs.raw, c0 + i, xv + i, rs.raw_mode);
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) xv[i] *= sg[i];
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1)
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            if (!(i & h)) {
+                float a = xv[i], b = xv[i + h];
+                xv[i] = a + b, xv[i + h] = a - b;
+            }
+#pragma unroll
+    for (int k = 0; k < 5; k++) {
+        bool up = lane & (1 << k);
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            float o = __shfl_xor_sync(0xffffffffu, xv[i], 1 << k);
+            xv[i] = up ? o - xv[i] : xv[i] + o;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i += 4) {
+        float v[4] = {xv[i] * (1.0f / 32.0f), xv[i + 1] * (1.0f / 32.0f), xv[i + 2] * (1.0f / 32.0f),
+                      xv[i + 3] * (1.0f / 32.0f)};
+        store_act_vec<4>(out, c0 + i, v, mode);
+    }
 }
 
 // The gated RMSNorm of a Gated DeltaNet's core output (rms_norm_gated: per value head of dv values, x * rsqrt(mean(x^2)

@@ -56,6 +56,8 @@ pub struct Kernels {
     /// `gemv_{pq2,q8}_wide_{bf16,f32,split}` (quant.cu): the one-row GEMV with x in registers, [format][activation
     /// layout].
     pub gemv_q_wide: [[CudaFunction; 3]; 2],
+    /// `rotate_row_norm` (quant.cu): a rotated pack's norm site for one row in one block.
+    pub rotate_row_norm: CudaFunction,
     pub dequant_rows: CudaFunction,
     /// `qmma_quant` (qmma.cu): the activations of the int8 tensor-core GEMM, quantized to two byte planes.
     pub qmma_quant: CudaFunction,
@@ -245,6 +247,9 @@ pub struct Gpu {
     fallbacks: std::sync::OnceLock<Fallbacks>,
     /// The batch-invariant GEMMs' cuBLASLt handle and pinned algorithms ([`crate::gemm_lt`]).
     pub(crate) pinned: crate::gemm_lt::Pinned,
+    /// Programmatic dependent launch for the kernels that wait for it ([`crate::pdl`]); off until
+    /// [`Gpu::set_pdl`] turns it on (compute capability 9.0 and later only).
+    pdl: std::sync::atomic::AtomicBool,
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -683,6 +688,7 @@ impl Gpu {
                 };
                 [wide("pq2")?, wide("q8")?]
             },
+            rotate_row_norm: f("rotate_row_norm")?,
         };
         let name = ctx.name().op("device name")?;
         Ok(Arc::new(Gpu {
@@ -696,7 +702,19 @@ impl Gpu {
             cc: (maj, min),
             fallbacks: std::sync::OnceLock::new(),
             pinned: Default::default(),
+            pdl: false.into(),
         }))
+    }
+
+    /// Whether the kernels that wait for it launch with programmatic serialization ([`crate::pdl`]).
+    pub fn pdl(&self) -> bool {
+        self.pdl.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns programmatic dependent launch on (where the device has it) or off, for every later launch.
+    pub fn set_pdl(&self, on: bool) {
+        let on = on && self.cc.0 >= 9;
+        self.pdl.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The device's architecture as NVRTC names it, `compute_XY`.

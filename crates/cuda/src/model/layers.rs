@@ -7,6 +7,7 @@
 use onepass_model::layer_ops::{self, LayerOps};
 
 use super::*;
+use crate::ops::RotSrc;
 use crate::qgemm::Act;
 
 impl CudaModel {
@@ -614,6 +615,19 @@ impl LayerOps for Launches<'_> {
             .iter()
             .any(|pt| !pt.rot)
             .then(|| m.act_in(p.actu, m.hid));
+        if self.s.n == 1 && ops::rotate_row_takes(m.hid) {
+            let (raw, raw_mode) = raw.map_or((0, 0), |(o, _)| o.parts());
+            let src = RotSrc {
+                x: p.x,
+                w: gain,
+                signs: signs.ptr,
+                raw,
+                eps: m.eps,
+                raw_mode,
+            };
+            ops::rotate_row_norm(&m.gpu, src, m.hid, m.act_in(p.act, m.hid).0)?;
+            return m.mark("rms_norm + rotation");
+        }
         ops::hadamard_rows(
             &m.gpu,
             (p.x, m.hid),

@@ -301,6 +301,7 @@ impl CudaModel {
     pub fn with_options(m: &Model, gpu: Arc<Gpu>, o: &CudaOptions) -> Result<Self, CudaError> {
         let prec = o.precision;
         let g = &*gpu;
+        g.set_pdl(o.pdl);
         let c = m.text_config();
         let up = |t: &Tensor| upload_one(g, t, prec);
         // A projection's weights stacked by format and input; a float input projection (its input a norm's output)
