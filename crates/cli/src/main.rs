@@ -222,6 +222,9 @@ fn run(cli: Cli) -> Result<()> {
                 format.as_deref().map(|f| (f, sign_seed)),
             )
         }
+        Cmd::Bench(a) if a.batch.contains(&0) => {
+            bail!("--batch takes sequence counts of at least 1")
+        }
         Cmd::Bench(a) => match a.dev.resolve()? {
             device::Device::Cpu => bench(&a.model, &a.prompt_lens, a.decode, a.reps, &a.batch),
             // System One-like request: 7 rows of 175 shared + 33 own tokens (406 unique).
@@ -522,9 +525,6 @@ fn add_chat_template(out: &Path) -> Result<()> {
 }
 
 fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize, batch: &[usize]) -> Result<()> {
-    if batch.contains(&0) {
-        bail!("--batch takes sequence counts of at least 1");
-    }
     let m = load_model(arg)?;
     let v = m.vocab_size() as u32;
     let max_len = lens.iter().copied().max().unwrap_or(0);
@@ -562,12 +562,7 @@ fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize, batch: &[usize])
         let mut toks: Vec<u32> = (0..b as u32).map(|i| (next + i) % v).collect();
         let t0 = Instant::now();
         for _ in 0..decode {
-            let mut items: Vec<_> = seqs
-                .iter_mut()
-                .zip(&toks)
-                .map(|(s, t)| (s, std::slice::from_ref(t)))
-                .collect();
-            let h = m.forward_batch(&mut items)?;
+            let h = m.forward_batch(&mut one_token_each(&mut seqs, &toks))?;
             toks = h
                 .chunks(m.hidden_size())
                 .map(|r| argmax(&m.logits(r)) as u32)
@@ -591,6 +586,17 @@ fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize, batch: &[usize])
         })
     );
     Ok(())
+}
+
+/// `--batch`'s forward items: each sequence with its one next token.
+pub(crate) fn one_token_each<'a, S>(
+    seqs: &'a mut [S],
+    toks: &'a [u32],
+) -> Vec<(&'a mut S, &'a [u32])> {
+    seqs.iter_mut()
+        .zip(toks)
+        .map(|(s, t)| (s, std::slice::from_ref(t)))
+        .collect()
 }
 
 /// One `--batch` measurement: `b` sequences decoded `steps` steps together in `secs`; printed and as JSON.
