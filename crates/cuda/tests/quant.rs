@@ -425,32 +425,8 @@ fn hadamard_rows_match_cpu() {
                     (out, ld),
                 )
                 .unwrap();
-                let read = |b: &cudarc::driver::CudaSlice<f32>| -> Vec<f32> {
-                    let v = g.download(b, rows * k).unwrap();
-                    match mode {
-                        "f32" => v,
-                        _ => {
-                            let bits: Vec<u16> = v
-                                .iter()
-                                .flat_map(|f| {
-                                    let u = f.to_bits();
-                                    [u as u16, (u >> 16) as u16]
-                                })
-                                .collect();
-                            let vals = from_bf16_bits(&bits);
-                            if mode == "bf16" {
-                                vals[..rows * k].to_vec()
-                            } else {
-                                // Row r: hi [k] then lo [k].
-                                (0..rows * k)
-                                    .map(|i| {
-                                        let (r, c) = (i / k, i % k);
-                                        vals[2 * r * k + c] + vals[2 * r * k + k + c]
-                                    })
-                                    .collect()
-                            }
-                        }
-                    }
+                let read = |b: &cudarc::driver::CudaSlice<f32>| {
+                    read_act(&g.download(b, rows * k).unwrap(), rows, k, mode)
                 };
                 let tol = match mode {
                     "bf16" => BF16_TOL,
@@ -595,18 +571,7 @@ fn gated_norm_rotate_matches_cpu() {
             )
             .unwrap();
             let v = g.download(&out, n * k).unwrap();
-            let got = if bf16 {
-                let bits: Vec<u16> = v
-                    .iter()
-                    .flat_map(|f| {
-                        let u = f.to_bits();
-                        [u as u16, (u >> 16) as u16]
-                    })
-                    .collect();
-                from_bf16_bits(&bits)[..n * k].to_vec()
-            } else {
-                v
-            };
+            let got = read_act(&v, n, k, if bf16 { "bf16" } else { "f32" });
             check(
                 &format!(
                     "gated norm + rotate {hv}x{dv} {}",

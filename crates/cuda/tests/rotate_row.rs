@@ -1,8 +1,8 @@
 //! The one-block rotation of one token row at a rotated pack's norm sites ([`onepass_cuda::ops::rotate_row_norm`])
 //! against the CPU: the row RMS-normed in f64 and rotated by the CPU's blockwise Hadamard reference, on K of 1, 2, 5
 //! and 17 blocks of 1024 (one warp each), stored in each activation layout (f32, bf16, split hi + lo), and the normed
-//! row stored beside it for the unrotated parts. GPU tests: `#[ignore]`d, run with `--include-ignored` on a GPU
-//! machine.
+//! row stored beside it for the unrotated parts (GPU: `#[ignore]`d, run with `--include-ignored` on a GPU machine), and
+//! on the host the activation readback those checks use.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -17,25 +17,6 @@ fn normed(x: &[f32], w: &[f32], eps: f32, k: usize) -> Vec<f32> {
     let ms = x[..k].iter().map(|v| f(*v).powi(2)).sum::<f64>() / k as f64;
     let inv = 1.0 / (ms + f(eps)).sqrt();
     (0..k).map(|c| (f(x[c]) * inv * f(w[c])) as f32).collect()
-}
-
-/// A device buffer of 2k f32 words read back in `layout` as k values (split: hi, then lo k values on).
-fn read(v: &[f32], k: usize, layout: &str) -> Vec<f32> {
-    if layout == "f32" {
-        return v[..k].to_vec();
-    }
-    let bits: Vec<u16> = v
-        .iter()
-        .flat_map(|f| {
-            let u = f.to_bits();
-            [u as u16, (u >> 16) as u16]
-        })
-        .collect();
-    let vals = from_bf16_bits(&bits);
-    match layout {
-        "bf16" => vals[..k].to_vec(),
-        _ => (0..k).map(|c| vals[c] + vals[k + c]).collect(),
-    }
 }
 
 #[test]
@@ -85,12 +66,43 @@ fn rotate_row_norm_matches_cpu() {
                 _ => 1e-4,
             };
             let name = format!("K {k} {layout}");
-            let got = read(&g.download(&od, 2 * k).unwrap(), k, layout);
+            let got = read_act(&g.download(&od, 2 * k).unwrap(), 1, k, layout);
             check(&name, &got, &want, tol);
-            let got = read(&g.download(&rawd, 2 * k).unwrap(), k, layout);
+            let got = read_act(&g.download(&rawd, 2 * k).unwrap(), 1, k, layout);
             check(&format!("{name} normed row"), &got, &normed, tol);
         }
     }
     assert!(!rotate_row_takes(25 * 1024), "past one block");
     assert!(!rotate_row_takes(1536), "not whole 1024-blocks");
+}
+
+/// The readback the GPU tests above rely on, on the host: f32 words, bf16 pairs in each word, and split rows (each
+/// row's hi plane, then its lo plane) give back the values written.
+#[test]
+fn read_act_reads_each_layout_back() {
+    let (rows, k) = (2usize, 4usize);
+    let want: Vec<f32> = (0..rows * k).map(|i| i as f32 * 0.75 - 2.0).collect();
+    let words = |halves: &[u16]| -> Vec<f32> {
+        halves
+            .chunks(2)
+            .map(|p| f32::from_bits(u32::from(p[0]) | (u32::from(p[1]) << 16)))
+            .collect()
+    };
+    assert_eq!(read_act(&want, rows, k, "f32"), want);
+    assert_eq!(
+        read_act(&words(&to_bf16_bits(&want)), rows, k, "bf16"),
+        want
+    );
+    // Split: hi = the value, lo = a small remainder each row's second plane holds.
+    let lo: Vec<f32> = (0..rows * k).map(|i| i as f32 / 256.0).collect();
+    let mut planes = Vec::new();
+    for r in 0..rows {
+        planes.extend_from_slice(&want[r * k..(r + 1) * k]);
+        planes.extend_from_slice(&lo[r * k..(r + 1) * k]);
+    }
+    let sums: Vec<f32> = want.iter().zip(&lo).map(|(a, b)| a + b).collect();
+    assert_eq!(
+        read_act(&words(&to_bf16_bits(&planes)), rows, k, "split"),
+        sums
+    );
 }

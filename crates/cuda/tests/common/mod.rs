@@ -75,6 +75,31 @@ pub fn from_bf16_bits(v: &[u16]) -> Vec<f32> {
         .collect()
 }
 
+/// `rows` activation rows of `k` values downloaded as f32 words (`words`, at least `rows · k`) read back in the
+/// layout `mode` stores them ("f32"; "bf16"; "split": row r's hi plane [k] then its lo plane [k], summed).
+pub fn read_act(words: &[f32], rows: usize, k: usize, mode: &str) -> Vec<f32> {
+    if mode == "f32" {
+        return words[..rows * k].to_vec();
+    }
+    let bits: Vec<u16> = words
+        .iter()
+        .flat_map(|f| {
+            let u = f.to_bits();
+            [u as u16, (u >> 16) as u16]
+        })
+        .collect();
+    let vals = from_bf16_bits(&bits);
+    if mode == "bf16" {
+        return vals[..rows * k].to_vec();
+    }
+    (0..rows * k)
+        .map(|i| {
+            let (r, c) = (i / k, i % k);
+            vals[2 * r * k + c] + vals[2 * r * k + k + c]
+        })
+        .collect()
+}
+
 /// max |a - b| / max(1, max |b|); fails on NaN or a length mismatch.
 pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length");
