@@ -144,7 +144,8 @@ struct BenchArgs {
     /// Repetitions per prompt length (the best is reported).
     #[arg(long, default_value_t = 2)]
     reps: usize,
-    /// GPU: let a kernel start while the one before it finishes (programmatic dependent launch).
+    /// GPU: let a kernel start while the one before it finishes (programmatic dependent launch, compute capability
+    /// 9.0 and later; measured slower on the decode step so far).
     #[arg(long)]
     gpu_pdl: bool,
     /// Also decode this many sequences at once, comma-separated (each step one forward over all of them, the next
