@@ -494,6 +494,22 @@ KERNEL(simt) void dequant_rows(const unsigned char* __restrict__ q, const unsign
     }
 }
 
+// The five butterfly stages across a warp's lanes (stage k: lane bit k) of E values a lane: value e of lane l
+// pairs with value e of lane l ^ 2^k, the lane with the bit set keeping the difference (the FWHT's spans of E to
+// 16 E, where each lane holds E consecutive values).
+template <int E>
+__device__ __forceinline__ void fwht_warp_stages(float* v, int lane) {
+#pragma unroll
+    for (int k = 0; k < 5; k++) {
+        bool up = lane & (1 << k);
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            float o = __shfl_xor_sync(0xffffffffu, v[e], 1 << k);
+            v[e] = up ? o - v[e] : v[e] + o;
+        }
+    }
+}
+
 // The 10 butterfly stages of the FWHT over s[1024] (a block's values, signed already unless `inverse`), then / 32
 // (and the signs for the inverse), stored as `store_act` with `mode` at out[o + c0 + i]. Every thread of the block
 // (256) calls it; it synchronises first, so s may have been written just before. Thread t holds values 4t .. 4t + 3:
@@ -517,15 +533,7 @@ __device__ __forceinline__ void fwht1024_store(float* s, idx_t o, int c0, const 
     v[0] = a + b, v[2] = a - b;
     a = v[1], b = v[3];
     v[1] = a + b, v[3] = a - b;
-#pragma unroll
-    for (int k = 0; k < 5; k++) {
-        bool up = t & (1 << k);
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float other = __shfl_xor_sync(0xffffffffu, v[e], 1 << k);
-            v[e] = up ? other - v[e] : v[e] + other;
-        }
-    }
+    fwht_warp_stages<4>(v, t);
 #pragma unroll
     for (int k = 5; k < 8; k++) {
         __syncthreads();
@@ -648,15 +656,7 @@ KERNEL(simt) void __launch_bounds__(768) rotate_row_norm(RotSrc rs, int K, void*
                 float a = xv[i], b = xv[i + h];
                 xv[i] = a + b, xv[i + h] = a - b;
             }
-#pragma unroll
-    for (int k = 0; k < 5; k++) {
-        bool up = lane & (1 << k);
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            float o = __shfl_xor_sync(0xffffffffu, xv[i], 1 << k);
-            xv[i] = up ? o - xv[i] : xv[i] + o;
-        }
-    }
+    fwht_warp_stages<32>(xv, lane);
 #pragma unroll
     for (int i = 0; i < 32; i += 4) {
         float v[4] = {xv[i] * (1.0f / 32.0f), xv[i + 1] * (1.0f / 32.0f), xv[i + 2] * (1.0f / 32.0f),

@@ -497,18 +497,8 @@ fn swiglu_rotate_matches_cpu() {
         (Out::Split(g.ptr(&out), n * inter), inter),
     )
     .unwrap();
-    let v = g.download(&out, n * inter).unwrap();
-    let bits: Vec<u16> = v
-        .iter()
-        .flat_map(|f| {
-            let u = f.to_bits();
-            [u as u16, (u >> 16) as u16]
-        })
-        .collect();
-    let vals = from_bf16_bits(&bits);
-    let got: Vec<f32> = (0..n * inter)
-        .map(|i| vals[i] + vals[n * inter + i])
-        .collect();
+    // All n rows' hi plane, then their lo plane: one "row" of n · inter values as read_act reads split rows.
+    let got = read_act(&g.download(&out, n * inter).unwrap(), 1, n * inter, "split");
     check("swiglu + rotate split", &got, &want, 1e-4);
 }
 
