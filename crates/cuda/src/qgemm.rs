@@ -4,7 +4,8 @@
 //!
 //! - One row (decode) where K is a multiple of 1024 (PQ2_0) or 512 (Q8_0): `gemv_{pq2,q8}_wide_*`, each lane's 32
 //!   (16) x values read once into registers, the block's rows streamed through them in tiles of 8 (8 or 16 code
-//!   bytes per row and lane, all 8 rows' loads issued before the arithmetic), sums in a fixed order.
+//!   bytes per row and lane, all 8 rows' loads issued before the arithmetic), sums in a fixed order; PQ2_0 with
+//!   bf16 or split inputs and N >= 8 on integer products (`gemv_pq2_int`).
 //! - Otherwise at most [`GEMV_ROWS`] rows (decode): `gemv_pq2_*` / `gemv_q8_*`, 4 (one x row) or 2 weight rows per warp
 //!   sharing each x load, K split over up to 8 warps where N is small, each code byte read once and decoded in
 //!   registers (one logic op and one subtraction per weight, no table, no branch), the dot of
@@ -146,14 +147,17 @@ pub fn gemm_q(
     }
     // One row, K a multiple of the columns per warp (PQ2_0 1024, Q8_0 512: every matrix of a Bonsai pack and of the
     // Qwen3.5 shapes): x in registers, the weights streamed (`gemv_*_wide`). At most 16 warps per block (these
-    // threads take about 128 registers; 22 for PQ2_0's integer products, quant.cu's launch bounds): a longer K runs
-    // as calls over column ranges of at most that many warps, the later ones adding into y. Rows per block (a
-    // multiple of 8) such that the blocks fill the multiprocessors (16 resident warps each) in one wave.
+    // threads take about 100 registers; 22 for PQ2_0's integer products, quant.cu's launch bounds, which need N >= 8):
+    // a longer K runs as calls over column ranges of at most that many warps, the later ones adding into y. Rows per
+    // block (a multiple of 8) such that the blocks fill the multiprocessors in one wave: 16 resident warps each, 20
+    // for the integer products' blocks of at most 5 warps (73 registers: 4 blocks of 5 warps were 8-9% faster than 3
+    // on the 27B shape's gdn and head matrices, 3 blocks of 6 slower than 2).
     let per_warp = if fmt == 0 { 1024 } else { 512 };
-    if t == 1 && fmt < 2 && k.is_multiple_of(per_warp) && x.vec_ok() {
+    let int = fmt == 0 && x.mode() != 1;
+    if t == 1 && fmt < 2 && k.is_multiple_of(per_warp) && x.vec_ok() && (n >= 8 || !int) {
         let (xp, _, lo) = x.parts();
         let (cols, el) = (k / per_warp, if x.mode() == 1 { 4 } else { 2 });
-        let most = if fmt == 0 && x.mode() != 1 { 22 } else { 16 };
+        let most = if int { 22 } else { 16 };
         let calls = cols.div_ceil(most);
         let f = &g.k.gemv_q_wide[fmt][x.mode()];
         let (mut w0, mut beta) = (0, beta);
@@ -161,7 +165,8 @@ pub fn gemm_q(
             let warps = (cols - w0) / (calls - c);
             let k0 = w0 * per_warp;
             let (qo, dofs) = (if fmt == 0 { k0 / 4 } else { k0 }, k0 / block);
-            let blocks = g.sms * (16 / warps).max(1);
+            let resident = if int && warps <= 5 { 20 } else { 16 };
+            let blocks = g.sms * (resident / warps).max(1);
             let rpb = n.div_ceil(blocks).next_multiple_of(8);
             crate::launch_pdl!(g, *f, cfg((n.div_ceil(rpb) as u32, 1), 32 * warps as u32, 0);
                 q + qo as u64, d + 2 * dofs as u64, xp + (el * k0) as u64, lo as i64,

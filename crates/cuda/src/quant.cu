@@ -290,17 +290,17 @@ __device__ __forceinline__ void wide_tile_load(const unsigned char* q, const uns
     }
 }
 
-// One-row GEMV of a block-format matrix (decode) streaming the weights at memory speed: y[n] = x · w[n, :K] +
-// beta y[n]. The block's warps split K: lane l of warp w takes the C columns from (32 w + l) C (PQ2_0: C = 32, two
-// code words of every row in one 8-byte load; Q8_0: C = 16, one 16-byte load), whose x values it reads once, as
-// f32 (split: hi + lo), and keeps in registers, and one block scale per row. The block walks its `rpb` rows in tiles
-// of 8, loading the next tile (PQ2_0; Q8_0's 16-byte codes take the registers of a second tile) while it multiplies
-// the current one; a tile's 8 lane sums are reduced over the warp by halving exchanges (after which lane l holds row
-// 4 b4 + 2 b3 + b2 of its bits), the warps' sums added in shared memory in warp order (the same order for every
-// call: deterministic), y written by the first 8 threads. The K columns multiplied are the first of rows of ldk
-// (the caller offsets q, d and x to take a later range: a long K runs as several calls adding into y, so that a
-// block stays within 16 warps of these register-heavy threads). K % (32 C) == 0, 16-byte aligned x, rpb % 8 == 0;
-// grid ceil(N / rpb), K / C threads.
+// One-row GEMV of a block-format matrix (decode) with float products (PQ2_0 with f32 inputs, Q8_0): y[n] = x ·
+// w[n, :K] + beta y[n]. The block's warps split K: lane l of warp w takes the C columns from (32 w + l) C (PQ2_0:
+// C = 32, two code words of every row in one 8-byte load; Q8_0: C = 16, one 16-byte load), whose x values it reads
+// once, as f32 (split: hi + lo), and keeps in registers, and one block scale per row. The block walks its `rpb` rows
+// in tiles of 8, loading the next tile (PQ2_0; Q8_0's 16-byte codes take the registers of a second tile) while it
+// multiplies the current one; a tile's 8 lane sums are reduced over the warp by halving exchanges (after which lane
+// l holds row 4 b4 + 2 b3 + b2 of its bits), the warps' sums added in shared memory in warp order (the same order
+// for every call: deterministic), y written by the first 8 threads. The K columns multiplied are the first of rows
+// of ldk (the caller offsets q, d and x to take a later range: a long K runs as several calls adding into y, so
+// that a block stays within 16 warps of these register-heavy threads). K % (32 C) == 0, 16-byte aligned x, rpb % 8
+// == 0; grid ceil(N / rpb), K / C threads.
 template <int FMT, int XM>
 __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                             const void* __restrict__ x, long long lo, int K, int ldk, int N,
@@ -320,37 +320,6 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
     float xv[C];
 #pragma unroll
     for (int i = 0; i < C; i += 16) load_x16<XM>(x, c0 + i, lo, xv + i);
-    // PQ2_0 with bf16 or split inputs: integer dot products. The lane's 32 values become int16 q = round(x / s),
-    // s = max |x| / 32767 (about 2^-16 of the lane's largest value, split's own precision), each split into a
-    // signed high and an unsigned low byte, q = 256 h + l, packed four to a word in the order of the codes that
-    // one shift and mask of a code word yield (weights j, 4 + j, 8 + j, 12 + j). Then per row and word
-    // Σ c q = 256 Σ c h + Σ c l in 8 dp4a (codes c = value + 1, 0..3), the row's sum Σ (c - 1) q = that - Σ q
-    // exactly in int32, scaled once by s d. About one instruction per weight against three for the float decode.
-    [[maybe_unused]] unsigned hq[2][4], lq[2][4];
-    [[maybe_unused]] int qsum = 0;
-    [[maybe_unused]] float xs = 0.0f;
-    constexpr bool INT = FMT == 0 && XM != 1;
-    if constexpr (INT) {
-        float m = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(xv[i]));
-        float inv = m > 0.0f ? 32767.0f / m : 0.0f;
-        xs = m / 32767.0f;
-#pragma unroll
-        for (int w = 0; w < 2; w++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                unsigned hw = 0u, lw = 0u;
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    int qv = __float2int_rn(xv[16 * w + 4 * b + j] * inv);
-                    qsum += qv;
-                    hw |= (unsigned)((qv >> 8) & 0xff) << (8 * b);
-                    lw |= (unsigned)(qv & 0xff) << (8 * b);
-                }
-                hq[w][j] = hw, lq[w][j] = lw;
-            }
-    }
 #pragma unroll 1
     for (int nt = n0; nt < n1; nt += 8) {
         float p[8];
@@ -363,27 +332,11 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
             if (nt + 8 < n1) wide_tile_load<FMT>(q, d, nt + 8, N, row_bytes, row_scales, c0, s0, nw, ns);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                if constexpr (INT) {
-                    int ah = 0;
-                    unsigned al = 0u;
-#pragma unroll
-                    for (int w = 0; w < 2; w++) {
-                        unsigned word = w == 0 ? wv[i].x : wv[i].y;
-#pragma unroll
-                        for (int j = 0; j < 4; j++) {
-                            unsigned c = (word >> (2 * j)) & 0x03030303u;
-                            ah = __dp4a((int)c, (int)hq[w][j], ah);
-                            al = __dp4a(c, lq[w][j], al);
-                        }
-                    }
-                    p[i] = (float)(ah * 256 + (int)al - qsum) * (xs * h2f(sc[i]));
-                } else {
-                    float f[16];
-                    decode_pq2(wv[i].x, f);
-                    float s = dot_pq2(f, xv);
-                    decode_pq2(wv[i].y, f);
-                    p[i] = (s + dot_pq2(f, xv + 16)) * h2f(sc[i]);
-                }
+                float f[16];
+                decode_pq2(wv[i].x, f);
+                float s = dot_pq2(f, xv);
+                decode_pq2(wv[i].y, f);
+                p[i] = (s + dot_pq2(f, xv + 16)) * h2f(sc[i]);
             }
 #pragma unroll
             for (int i = 0; i < 8; i++) wv[i] = nw[i], sc[i] = ns[i];
@@ -426,21 +379,166 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
         buf ^= 1;
     }
 }
-// The instantiations. The integer-product ones (PQ2_0, bf16 / split inputs) are bounded to 22 warps a block (about
-// 90 registers a thread), so that 27B's K of 17,408 (17 warps) runs in one call; the others take up to 16.
-#define GEMV_Q_WIDE(name, FMT, XM, BOUND)                                                                         \
+
+// The one-row PQ2_0 GEMV with integer products (bf16 or split inputs; decode's GEMV on a Bonsai pack): the
+// arguments, grid and split of K of `gemv_q_wide`, and N >= 8.
+//
+// x: each lane's 32 values become int16 q = round(x / s) with s = max |x| / 32767 over their 128-value block
+// (shared by the block's 4 lanes; about 2^-16 of the block's largest value, split's own precision), each split into
+// a signed high and an unsigned low byte, q = 256 h + l, packed four to a word in the order of the codes that one
+// shift and mask of a code word yield (weights j, 4 + j, 8 + j, 12 + j). Per row and word Σ c q = 256 Σ c h + Σ c l
+// in 8 dp4a (codes c = value + 1, 0..3), the row's lane sum Σ (c - 1) q = that - Σ q exactly in int32.
+//
+// The reduction of a tile's 8 rows over the warp: two halving exchanges (lanes 1 and 2 apart) add the 4 lanes of a
+// weight block in int32 (exact: they share s), after which lane l holds rows 4 b0 + 2 b1 + {0, 1} of its bits;
+// those two are scaled by s and their weight scales (2 scale loads a tile, not 8), one more halving exchange leaves
+// one row a lane, two plain ones sum the warp's 8 blocks. The warps' sums are added in shared memory in warp order
+// (deterministic), y written by the first 8 threads.
+//
+// A tile's 8 rows are consecutive: one base address a tile and fixed offsets from it; the last tile of a matrix
+// whose N is not a multiple of 8 is moved back to end at row N (its rows before the block's current one are not
+// written again) instead of clamping every row. About 0.8 of the instructions of clamped rows, 8 scales a tile and
+// per-lane x scales, and 10-28% faster on the 27B shape's matrices (docs/benchmarks/ternary-gpu.md).
+template <int XM>
+__device__ __forceinline__ void gemv_pq2_int(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                             const void* __restrict__ x, long long lo, int K, int ldk, int N,
+                                             float* __restrict__ y, float beta, int rpb) {
+    __shared__ float part[2][32][8];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    int c0 = (warp * 32 + lane) * 32;
+    int n0 = blockIdx.x * rpb, n1 = min(n0 + rpb, N);
+    unsigned rb = (unsigned)(ldk / 4), rs = (unsigned)(ldk / 128);
+    // This lane's two rows of a tile after the integer exchanges.
+    int rsel = 4 * (lane & 1) + 2 * ((lane >> 1) & 1);
+    const unsigned char* qc = q + c0 / 4;
+    const unsigned short* dc = d + c0 / 128 + (idx_t)rsel * rs;
+    int r0 = min(n0, N - 8), buf = 0;
+    uint2 wv[8];
+    unsigned short sc[2];
+    // The first tile's weights are read before the wait for the kernel before (nothing writes them).
+    {
+        const unsigned char* p = qc + (idx_t)r0 * rb;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint4 t = ld_stream_v2(p + i * rb);
+            wv[i] = make_uint2(t.x, t.y);
+        }
+        const unsigned short* ps = dc + (idx_t)r0 * rs;
+        sc[0] = ld_stream_u16(ps), sc[1] = ld_stream_u16(ps + rs);
+    }
+    pdl_wait();
+    float xv[32];
+#pragma unroll
+    for (int i = 0; i < 32; i += 16) load_x16<XM>(x, c0 + i, lo, xv + i);
+    unsigned hq[2][4], lq[2][4];
+    int qsum = 0;
+    float xs;
+    {
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(xv[i]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        float inv = m > 0.0f ? 32767.0f / m : 0.0f;
+        xs = m / 32767.0f;
+#pragma unroll
+        for (int w = 0; w < 2; w++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                unsigned hw = 0u, lw = 0u;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    int qv = __float2int_rn(xv[16 * w + 4 * b + j] * inv);
+                    qsum += qv;
+                    hw |= (unsigned)((qv >> 8) & 0xff) << (8 * b);
+                    lw |= (unsigned)(qv & 0xff) << (8 * b);
+                }
+                hq[w][j] = hw, lq[w][j] = lw;
+            }
+    }
+    bool b0 = lane & 1, b1 = lane & 2, b2 = lane & 4;
+#pragma unroll 1
+    for (int nt = n0; nt < n1; nt += 8) {
+        // The next kernel may launch once every block is in its last tile.
+        if (nt + 8 >= n1) pdl_launch();
+        int rn = min(nt + 8, N - 8);
+        uint2 nw[8];
+        unsigned short ns[2];
+        if (nt + 8 < n1) {
+            const unsigned char* p = qc + (idx_t)rn * rb;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                uint4 t = ld_stream_v2(p + i * rb);
+                nw[i] = make_uint2(t.x, t.y);
+            }
+            const unsigned short* ps = dc + (idx_t)rn * rs;
+            ns[0] = ld_stream_u16(ps), ns[1] = ld_stream_u16(ps + rs);
+        }
+        int v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int ah = 0;
+            unsigned al = 0u;
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                unsigned word = w == 0 ? wv[i].x : wv[i].y;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    unsigned c = (word >> (2 * j)) & 0x03030303u;
+                    ah = __dp4a((int)c, (int)hq[w][j], ah);
+                    al = __dp4a(c, lq[w][j], al);
+                }
+            }
+            v[i] = ah * 256 + (int)al - qsum;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int send = b0 ? v[i] : v[i + 4], keep = b0 ? v[i + 4] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int send = b1 ? v[i] : v[i + 2], keep = b1 ? v[i + 2] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+        }
+        // |4-lane sum| <= 4 * 32 * 2 * 32767 < 2^24: exact in f32.
+        float f0 = (float)v[0] * (xs * h2f(sc[0])), f1 = (float)v[1] * (xs * h2f(sc[1]));
+        float f = (b2 ? f1 : f0) + __shfl_xor_sync(0xffffffffu, b2 ? f0 : f1, 4);
+        f += __shfl_xor_sync(0xffffffffu, f, 8);
+        f += __shfl_xor_sync(0xffffffffu, f, 16);
+        if (lane < 8) part[buf][warp][rsel + (b2 ? 1 : 0)] = f;
+        __syncthreads();
+        if (threadIdx.x < 8) {
+            int r = r0 + (int)threadIdx.x;
+            if (r >= nt && r < n1) {
+                float t = 0.0f;
+                for (int w = 0; w < warps; w++) t += part[buf][w][threadIdx.x];
+                float* yo = y + r;
+                *yo = beta != 0.0f ? t + beta * *yo : t;
+            }
+        }
+        buf ^= 1;
+        r0 = rn;
+#pragma unroll
+        for (int i = 0; i < 8; i++) wv[i] = nw[i];
+        sc[0] = ns[0], sc[1] = ns[1];
+    }
+}
+// The instantiations. The integer-product ones (PQ2_0, bf16 / split inputs) are bounded to 22 warps a block (at most
+// 92 registers a thread), so that 27B's K of 17,408 (17 warps) runs in one call; the others take up to 16.
+#define GEMV_Q_WIDE(name, FN, BOUND)                                                                              \
     KERNEL(simt) void __launch_bounds__(BOUND)                                                                    \
         name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,                           \
              const void* __restrict__ x, long long lo, int K, int ldk, int N, float* __restrict__ y, float beta,  \
              int rpb) {                                                                                           \
-        gemv_q_wide<FMT, XM>(q, d, x, lo, K, ldk, N, y, beta, rpb);                                               \
+        FN(q, d, x, lo, K, ldk, N, y, beta, rpb);                                                                 \
     }
-GEMV_Q_WIDE(gemv_pq2_wide_bf16, 0, 0, 704)
-GEMV_Q_WIDE(gemv_pq2_wide_f32, 0, 1, 512)
-GEMV_Q_WIDE(gemv_pq2_wide_split, 0, 2, 704)
-GEMV_Q_WIDE(gemv_q8_wide_bf16, 1, 0, 512)
-GEMV_Q_WIDE(gemv_q8_wide_f32, 1, 1, 512)
-GEMV_Q_WIDE(gemv_q8_wide_split, 1, 2, 512)
+GEMV_Q_WIDE(gemv_pq2_wide_bf16, gemv_pq2_int<0>, 704)
+GEMV_Q_WIDE(gemv_pq2_wide_f32, (gemv_q_wide<0, 1>), 512)
+GEMV_Q_WIDE(gemv_pq2_wide_split, gemv_pq2_int<2>, 704)
+GEMV_Q_WIDE(gemv_q8_wide_bf16, (gemv_q_wide<1, 0>), 512)
+GEMV_Q_WIDE(gemv_q8_wide_f32, (gemv_q_wide<1, 1>), 512)
+GEMV_Q_WIDE(gemv_q8_wide_split, (gemv_q_wide<1, 2>), 512)
 
 // Rows n0 .. n0 + nrows of a block-format matrix (fmt 0 PQ2_0, 1 Q8_0, 2 f16 rows, 3 f32 rows) decoded into out
 // [nrows, K] (prefill: a GEMM multiplies the chunk): mode 0 bf16 (rounded to nearest), 1 f32 (exact), 2 bf16 hi and

@@ -102,10 +102,12 @@ fn x_layouts(x: &[f32], t: usize, k: usize) -> Vec<XCase> {
 }
 
 /// `gemm_q` against `matmul_t_reference` (f64 sums over the tensor's decoded values) for PQ2_0 and Q8_0, K of 1, 3,
-/// 8, 9, 16, 24, 40, 112 and 136 blocks (one row takes the wide GEMV where K is a multiple of 1024 for PQ2_0, 512
-/// for Q8_0: PQ2_0 K 1024 to 17408, which the f32 inputs take in two calls; Q8_0 K 512 and 3584), and for float rows kept as
-/// stored (f16 and f32 values bf16 does not hold, split mode's form of them; K 16 to 1040), N from 1 to 300 (not
-/// multiples of the 8 rows per block), 1..8 rows (the GEMV) and 9, 33 (prefill: the int8 tensor-core GEMM for bf16
+/// 8, 9, 16, 24, 40, 112, 136 and 184 blocks (one row takes the wide GEMV where K is a multiple of 1024 for PQ2_0, 512
+/// for Q8_0 and N is at least 8 for PQ2_0's integer products: PQ2_0 K 1024 to 23552, which the f32 inputs take in
+/// two calls from 17408 and the integer products from 23552; the last tile of N 300 moved back over rows already
+/// written, which beta 1 would add twice; K 1024 with N 5 the few-row GEMV; Q8_0 K 512 to 3584), and for float rows
+/// kept as stored (f16 and f32 values bf16 does not hold, split mode's form of them; K 16 to 1040), N from 1 to 300
+/// (not multiples of the 8 rows per block), 1..8 rows (the GEMV) and 9, 33 (prefill: the int8 tensor-core GEMM for bf16
 /// and split inputs of PQ2_0 and of Q8_0 with K a multiple of 128; else the dequantised chunks, the scratch sized for
 /// 37 rows so that N = 300 takes 9 chunks), every activation layout, an output row stride above N, and beta 1
 /// (accumulating into y). Bounds: exact weights and f32 sums, 2e-5 of the largest output; prefill with bf16 inputs
@@ -127,6 +129,8 @@ fn block_gemm_matches_cpu_on_odd_shapes() {
         (16, 37),
         (112, 9),
         (136, 11),
+        (8, 5),
+        (184, 10),
     ];
     let mut shapes: Vec<(DType, usize, usize)> = Vec::new();
     for dtype in [DType::PQ2_0, DType::Q8_0] {
@@ -205,8 +209,8 @@ fn block_gemm_matches_cpu_on_odd_shapes() {
                         }
                     }
                     // One row of a PQ2_0 matrix with K a multiple of 1024 and bf16 or split inputs: the wide
-                    // GEMV's integer dot products round each lane's 32 inputs to int16 (about 2^-16 of their
-                    // largest), 1e-4.
+                    // GEMV's integer dot products round each 128-value block of inputs to int16 (about 2^-16 of
+                    // its largest), 1e-4.
                     let int_dots =
                         dtype == DType::PQ2_0 && t == 1 && k % 1024 == 0 && case.name != "f32";
                     let tol = match (t <= 8, case.name) {
