@@ -1,10 +1,13 @@
-// A bench of the one-row PQ2_0 GEMV (decode's `gemv_pq2_wide_split`, quant.cu) and variants of it, on the 27B
-// shape's matrices, outside the engine: random codes and scales, split activations, enough copies of each matrix
-// that every call reads from HBM (not the 50 MB L2), the device-to-device copy bandwidth measured in the same run.
-// Built and run on the GPU machine (or built here with the PyPI nvcc wheels, tools/cuda/ptx-check.py's docstring):
-//   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/gemv-lab tools/cuda/gemv-lab.cu && /tmp/gemv-lab
-//   /tmp/gemv-lab SHAPE VARIANT        one shape and variant, a few calls (for ncu)
-// Every variant's output is checked against the engine kernel's (the same sums in the same order: equal bits).
+// A bench of the one-row PQ2_0 GEMV (decode's `gemv_pq2_wide_split`, quant.cu, with qgemm.rs's grid) and a variant
+// of it written here, on the 27B shape's matrices, outside the engine: random codes and scales, split activations,
+// enough copies of each matrix that every call reads from HBM (not the 50 MB L2), the device-to-device copy bandwidth
+// measured in the same run. Each kernel's output is checked against an f64 sum on sampled rows (the error over the
+// largest |y|, flagged above 1e-4). How the lean kernel was found (docs/benchmarks/ternary-gpu.md); the variant now
+// is the int8 tensor-core GEMV, measured slower. Built and run on the GPU machine (or built here with the PyPI nvcc,
+// nvvm, cuda-runtime and cuda-crt wheels unpacked as tools/cuda/ptx-check.py's docstring says):
+//   nvcc -O3 -std=c++17 -arch=sm_90 -cudart static -diag-suppress 1556 -o /tmp/gemv-lab tools/cuda/gemv-lab.cu
+//   /tmp/gemv-lab                      every shape and variant, a table
+//   /tmp/gemv-lab SHAPE VARIANT        the engine's kernel and one variant on one shape, a few calls (for ncu -k)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,35 +18,35 @@
 
 #include "../../crates/cuda/src/kernels.cu"
 #include "../../crates/cuda/src/decode.cu"
+#include "../../crates/cuda/src/tc_common.cu"
 #include "../../crates/cuda/src/quant.cu"
+#include "../../crates/cuda/src/qmma.cu"
 
-// The lean one-row PQ2_0 GEMV (split or bf16 x): the engine kernel's integer products with fewer instructions
-// around them. (1) A tile's 8 rows are consecutive: one base address a tile and fixed offsets, the last tile moved
-// back to end at row N (its rows before the block's current one are not written again) instead of a clamp per row.
-// (2) x is rounded to int16 per 128-value block (the 4 lanes of a weight block share its scale), so that the 4
-// lanes' integer sums add exactly: the reduction's first two exchanges (lanes 1 and 2 apart) run on int32, each lane
-// then holds 2 rows of its block, scaled by 2 weight scales (2 loads a tile instead of 8), then one float exchange
-// that leaves one row a lane and two plain sums over the warp's 8 blocks.
+// The engine's gemv_pq2_int with the code classes 1 and 3 masked in place (4 c) instead of shifted.
 template <int XM>
-__global__ void __launch_bounds__(704) gemv_lean(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
-                                                 const void* __restrict__ x, long long lo, int K, int ldk, int N,
-                                                 float* __restrict__ y, float beta, int rpb) {
+__global__ void __launch_bounds__(704) gemv_masks(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                             const void* __restrict__ x, long long lo, int K, int ldk, int N,
+                                             float* __restrict__ y, float beta, int rpb) {
     __shared__ float part[2][32][8];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     int c0 = (warp * 32 + lane) * 32;
     int n0 = blockIdx.x * rpb, n1 = min(n0 + rpb, N);
     unsigned rb = (unsigned)(ldk / 4), rs = (unsigned)(ldk / 128);
-    // This lane's two rows of a tile after the integer exchanges: 4 b0 + 2 b1 + {0, 1}.
+    // This lane's two rows of a tile after the integer exchanges.
     int rsel = 4 * (lane & 1) + 2 * ((lane >> 1) & 1);
     const unsigned char* qc = q + c0 / 4;
     const unsigned short* dc = d + c0 / 128 + (idx_t)rsel * rs;
     int r0 = min(n0, N - 8), buf = 0;
     uint2 wv[8];
     unsigned short sc[2];
+    // The first tile's weights are read before the wait for the kernel before (nothing writes them).
     {
         const unsigned char* p = qc + (idx_t)r0 * rb;
 #pragma unroll
-        for (int i = 0; i < 8; i++) wv[i] = make_uint2(0, 0), *(uint4*)&wv[i] = ld_stream_v2(p + i * rb);
+        for (int i = 0; i < 8; i++) {
+            uint4 t = ld_stream_v2(p + i * rb);
+            wv[i] = make_uint2(t.x, t.y);
+        }
         const unsigned short* ps = dc + (idx_t)r0 * rs;
         sc[0] = ld_stream_u16(ps), sc[1] = ld_stream_u16(ps + rs);
     }
@@ -80,6 +83,7 @@ __global__ void __launch_bounds__(704) gemv_lean(const unsigned char* __restrict
     bool b0 = lane & 1, b1 = lane & 2, b2 = lane & 4;
 #pragma unroll 1
     for (int nt = n0; nt < n1; nt += 8) {
+        // The next kernel may launch once every block is in its last tile.
         if (nt + 8 >= n1) pdl_launch();
         int rn = min(nt + 8, N - 8);
         uint2 nw[8];
@@ -97,19 +101,24 @@ __global__ void __launch_bounds__(704) gemv_lean(const unsigned char* __restrict
         int v[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            int ah = 0;
-            unsigned al = 0u;
+            // Classes j = 0, 2 (codes at bits 0, 4 of a byte after no shift or one of 4) and j = 1, 3 masked in
+            // place (4 c): 5 logic instructions a word instead of 7, the odd classes' sum divided by 4 at the end.
+            int ahe = 0, aho = 0;
+            unsigned ale = 0u, alo = 0u;
 #pragma unroll
             for (int w = 0; w < 2; w++) {
-                unsigned word = w == 0 ? wv[i].x : wv[i].y;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    unsigned c = (word >> (2 * j)) & 0x03030303u;
-                    ah = __dp4a((int)c, (int)hq[w][j], ah);
-                    al = __dp4a(c, lq[w][j], al);
-                }
+                unsigned word = w == 0 ? wv[i].x : wv[i].y, sh = word >> 4;
+                unsigned c0 = word & 0x03030303u, c1 = word & 0x0c0c0c0cu, c2 = sh & 0x03030303u, c3 = sh & 0x0c0c0c0cu;
+                ahe = __dp4a((int)c0, (int)hq[w][0], ahe);
+                ale = __dp4a(c0, lq[w][0], ale);
+                ahe = __dp4a((int)c2, (int)hq[w][2], ahe);
+                ale = __dp4a(c2, lq[w][2], ale);
+                aho = __dp4a((int)c1, (int)hq[w][1], aho);
+                alo = __dp4a(c1, lq[w][1], alo);
+                aho = __dp4a((int)c3, (int)hq[w][3], aho);
+                alo = __dp4a(c3, lq[w][3], alo);
             }
-            v[i] = ah * 256 + (int)al - qsum;
+            v[i] = ahe * 256 + (int)ale + ((aho * 256 + (int)alo) >> 2) - qsum;
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -121,6 +130,7 @@ __global__ void __launch_bounds__(704) gemv_lean(const unsigned char* __restrict
             int send = b1 ? v[i] : v[i + 2], keep = b1 ? v[i + 2] : v[i];
             v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
         }
+        // |4-lane sum| <= 4 * 32 * 2 * 32767 < 2^24: exact in f32.
         float f0 = (float)v[0] * (xs * h2f(sc[0])), f1 = (float)v[1] * (xs * h2f(sc[1]));
         float f = (b2 ? f1 : f0) + __shfl_xor_sync(0xffffffffu, b2 ? f0 : f1, 4);
         f += __shfl_xor_sync(0xffffffffu, f, 8);
@@ -141,6 +151,157 @@ __global__ void __launch_bounds__(704) gemv_lean(const unsigned char* __restrict
 #pragma unroll
         for (int i = 0; i < 8; i++) wv[i] = nw[i];
         sc[0] = ns[0], sc[1] = ns[1];
+    }
+}
+// The one-row PQ2_0 GEMV on the int8 tensor cores (m16n8k32): A = 16 weight rows x 32 codes (after one shift and
+// mask), B = x's hi and lo byte planes as columns 0 and 1 (the other 6 columns unused), so that one mma takes 512
+// weights of both planes. x is quantized once per block into shared memory in B-fragment order (per 128-value group
+// g and class j: 8 lanes x 2 words) with each group's scale and Σ q. A warp takes 4 groups (a chunk) of a 16-row
+// tile: thread (r = lane / 4, t = lane % 4) loads 8 code bytes of rows r and r + 8 per group (columns 32 t ..),
+// class j of both words makes its A fragment; C's columns 0 and 1 (lanes t = 0) are the hi and lo sums of rows r,
+// r + 8, combined in int32, scaled per group into f32. The warps' chunks of a tile are added in shared memory in warp
+// order. Rows per block a multiple of 16, N >= 16, K a multiple of 512, every K in one call.
+__global__ void __launch_bounds__(768) gemv_mma(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                                const void* __restrict__ x, long long lo, int K, int ldk, int N,
+                                                float* __restrict__ y, float beta, int rpb) {
+    extern __shared__ unsigned sm_b[];  // [K / 128][4][8][2] B words, then [K / 128] {scale, Σ q}
+    __shared__ float part[2][32][16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int ng = K / 128, chunks = ng / 4;
+    float2* sq = (float2*)(sm_b + ng * 64);
+    // x into B fragments: slot s = (group s / 4, quarter s % 4), 32 values each, 4 consecutive threads a group.
+    for (int s0 = 0; s0 < ng * 4; s0 += blockDim.x) {
+        int s = s0 + threadIdx.x;
+        bool ok = s < ng * 4;
+        float xv[32];
+        if (ok) {
+#pragma unroll
+            for (int i = 0; i < 32; i += 16) load_x16<2>(x, (idx_t)s * 32 + i, lo, xv + i);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) xv[i] = 0.0f;
+        }
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(xv[i]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        // |q| <= 32639: the high byte (q + 128) >> 8 stays within int8.
+        float inv = m > 0.0f ? 32639.0f / m : 0.0f;
+        int qsum = 0;
+        unsigned hw[2][4], lw[2][4];
+#pragma unroll
+        for (int w = 0; w < 2; w++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                unsigned h = 0u, l = 0u;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    int qv = __float2int_rn(xv[16 * w + 4 * b + j] * inv);
+                    qsum += qv;
+                    int hi = (qv + 128) >> 8, lv = qv - 256 * hi;
+                    h |= (unsigned)(hi & 0xff) << (8 * b);
+                    l |= (unsigned)(lv & 0xff) << (8 * b);
+                }
+                hw[w][j] = h, lw[w][j] = l;
+            }
+        qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
+        qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
+        if (ok) {
+            int g = s >> 2, t = s & 3;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                unsigned* o = sm_b + (g * 4 + j) * 16;
+                o[2 * t] = hw[0][j], o[2 * t + 1] = hw[1][j];
+                o[8 + 2 * t] = lw[0][j], o[8 + 2 * t + 1] = lw[1][j];
+            }
+            if (t == 0) sq[g] = make_float2(m / 32639.0f, __int_as_float(qsum));
+        }
+    }
+    const int r = lane >> 2, t = lane & 3;
+    const unsigned rb = (unsigned)(ldk / 4), rs = (unsigned)(ldk / 128);
+    const int n0 = blockIdx.x * rpb, n1 = min(n0 + rpb, N);
+    const int mine = warp < chunks ? (chunks - warp + warps - 1) / warps : 0;
+    const int tiles = (n1 - n0 + 15) / 16, items = tiles * mine;
+    // One item: the 16-row tile from nt, chunk c.
+    auto load = [&](int nt, int c, uint2* cw, uint2* sc) {
+        int r0 = min(nt, N - 16);
+        const unsigned char* p = q + (idx_t)(r0 + r) * rb + c * 128 + 8 * t;
+#pragma unroll
+        for (int gi = 0; gi < 4; gi++) {
+            uint4 a = ld_stream_v2(p + 32 * gi), b2 = ld_stream_v2(p + 8 * (idx_t)rb + 32 * gi);
+            cw[2 * gi] = make_uint2(a.x, a.y), cw[2 * gi + 1] = make_uint2(b2.x, b2.y);
+        }
+        const unsigned short* ps = d + (idx_t)(r0 + r) * rs + c * 4;
+        uint4 s0v = ld_stream_v2(ps), s1v = ld_stream_v2(ps + 8 * (idx_t)rs);
+        sc[0] = make_uint2(s0v.x, s0v.y), sc[1] = make_uint2(s1v.x, s1v.y);
+    };
+    uint2 cw[8], sc[2];
+    if (items > 0) load(n0, warp, cw, sc);
+    __syncthreads();
+    float acc0 = 0.0f, acc1 = 0.0f;
+    int buf = 0;
+    // Every warp walks the block's tiles (a warp with no chunk adds zeros) so that the barriers line up.
+    for (int ti = 0; ti < tiles; ti++) {
+        for (int k = 0; k < mine; k++) {
+            int i = ti * mine + k;
+            uint2 nw[8], ns[2];
+            if (i + 1 < items) {
+                bool same = k + 1 < mine;
+                load(n0 + (ti + (same ? 0 : 1)) * 16, warp + (same ? k + 1 : 0) * warps, nw, ns);
+            }
+            int c = warp + k * warps;
+            // The 4 groups' mma chains interleaved (class j of every group, then j + 1): 4 independent chains
+            // instead of one of 16 dependent mmas.
+            int acc[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int gi = 0; gi < 4; gi++) {
+                    int g = c * 4 + gi;
+                    unsigned a[4];
+                    a[0] = (cw[2 * gi].x >> (2 * j)) & 0x03030303u;
+                    a[1] = (cw[2 * gi + 1].x >> (2 * j)) & 0x03030303u;
+                    a[2] = (cw[2 * gi].y >> (2 * j)) & 0x03030303u;
+                    a[3] = (cw[2 * gi + 1].y >> (2 * j)) & 0x03030303u;
+                    uint2 bb = *(const uint2*)(sm_b + (g * 4 + j) * 16 + 2 * (lane & 7));
+                    if (j == 0)
+                        qmma_s8s8_z(acc[gi], a, bb.x, bb.y);
+                    else
+                        qmma_s8s8(acc[gi], a, bb.x, bb.y);
+                }
+#pragma unroll
+            for (int gi = 0; gi < 4; gi++) {
+                int g = c * 4 + gi;
+                float2 xq = sq[g];
+                int qs = __float_as_int(xq.y);
+                int v0 = acc[gi][0] * 256 + acc[gi][1] - qs, v1 = acc[gi][2] * 256 + acc[gi][3] - qs;
+                unsigned s0w = gi < 2 ? sc[0].x : sc[0].y, s1w = gi < 2 ? sc[1].x : sc[1].y;
+                unsigned short h0 = (gi & 1) ? (unsigned short)(s0w >> 16) : (unsigned short)(s0w & 0xffff);
+                unsigned short h1 = (gi & 1) ? (unsigned short)(s1w >> 16) : (unsigned short)(s1w & 0xffff);
+                acc0 = fmaf((float)v0, xq.x * h2f(h0), acc0);
+                acc1 = fmaf((float)v1, xq.x * h2f(h1), acc1);
+            }
+            if (i + 1 < items) {
+#pragma unroll
+                for (int u = 0; u < 8; u++) cw[u] = nw[u];
+                sc[0] = ns[0], sc[1] = ns[1];
+            }
+        }
+        if (t == 0) part[buf][warp][r] = acc0, part[buf][warp][r + 8] = acc1;
+        acc0 = acc1 = 0.0f;
+        __syncthreads();
+        int nt = n0 + ti * 16, r0 = min(nt, N - 16);
+        if (threadIdx.x < 16) {
+            int row = r0 + (int)threadIdx.x;
+            if (row >= nt && row < n1) {
+                float s = 0.0f;
+                for (int w = 0; w < warps; w++) s += part[buf][w][threadIdx.x];
+                float* yo = y + row;
+                *yo = beta != 0.0f ? s + beta * *yo : s;
+            }
+        }
+        buf ^= 1;
     }
 }
 
@@ -166,25 +327,26 @@ struct Shape {
 };
 struct Variant {
     const char* name;
-    int pf;
-    bool defer;
-    int bps;  // blocks a multiprocessor, 0: the engine's 16 / warps
+    bool lab;  // the mma kernel (else the engine's grid)
+    int wps;   // the mma kernel's resident warps a multiprocessor; for the engine's grid: 1 runs gemv_masks
 };
 int main(int argc, char** argv) {
     const Shape shapes[] = {{"gate|up", 34816, 5120}, {"down", 5120, 17408}, {"gdn qkv|z", 16384, 5120},
                             {"gdn out", 5120, 6144},  {"attn q|k|v", 14336, 5120}, {"head", 248320, 5120}};
     const Variant variants[] = {
-        {"engine", -1, false, 0},
-        {"lean", 0, false, 0},
-        {"engine, 1 block/SM more", -1, false, 1},
-        {"lean, 1 block/SM more", 0, false, 1},
-        {"lean, 2 blocks/SM more", 0, false, 2},
+        {"engine", false, 0},
+        {"masks (engine's grid)", false, 1},
+        {"mma, 16 warps/SM", true, 16},
+        {"mma, 20 warps/SM", true, 20},
+        {"mma, 24 warps/SM", true, 24},
+        {"mma, 32 warps/SM", true, 32},
     };
     const int nv = sizeof(variants) / sizeof(variants[0]), ns = sizeof(shapes) / sizeof(shapes[0]);
     int only_s = -1, only_v = -1;
     if (argc == 3) only_s = atoi(argv[1]), only_v = atoi(argv[2]);
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaFuncSetAttribute(gemv_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -266,16 +428,23 @@ int main(int argc, char** argv) {
         for (int vi = 0; vi < nv; vi++) {
             if (only_v >= 0 && vi != only_v && vi != 0) continue;
             const Variant v = variants[vi];
-            int blocks = sms * (std::max(16 / warps, 1) + v.bps);
+            // engine: qgemm.rs's grid; mma: K / 512 chunks over at most 24 warps, v.wps resident warps a multiprocessor.
+            int chunks = s.k / 512, mw = chunks <= 24 ? chunks : (chunks + (chunks + 23) / 24 - 1) / ((chunks + 23) / 24);
+            int bw = !v.lab ? warps : mw, tile = !v.lab ? 8 : 16;
+            int per_sm = !v.lab ? std::max((warps <= 5 ? 20 : 16) / warps, 1) : std::max(v.wps / mw, 1);
+            int blocks = sms * per_sm;
             int rpb = (s.n + blocks - 1) / blocks;
-            rpb = (rpb + 7) / 8 * 8;
+            rpb = (rpb + tile - 1) / tile * tile;
             int grid = (s.n + rpb - 1) / rpb;
+            size_t smem = (size_t)(s.k / 128) * (256 + 8);
             float* out = y;
             auto launch = [&](int c) {
-                if (v.pf < 0)
+                if (!v.lab && v.wps == 1)
+                    gemv_masks<2><<<grid, 32 * warps>>>(qs[c], ds[c], dx, s.k, s.k, s.k, s.n, out, 0.0f, rpb);
+                else if (!v.lab)
                     gemv_pq2_wide_split<<<grid, 32 * warps>>>(qs[c], ds[c], dx, s.k, s.k, s.k, s.n, out, 0.0f, rpb);
                 else
-                    gemv_lean<2><<<grid, 32 * warps>>>(qs[c], ds[c], dx, s.k, s.k, s.k, s.n, out, 0.0f, rpb);
+                    gemv_mma<<<grid, 32 * mw, smem>>>(qs[c], ds[c], dx, s.k, s.k, s.k, s.n, out, 0.0f, rpb);
             };
             launch(0);
             CK(cudaGetLastError());
@@ -315,7 +484,7 @@ int main(int argc, char** argv) {
             float us = per[per.size() / 2];
             printf("%-10s %-26s %8.2f us  %5.0f GB/s  %4.1f%% of copy  err %.1e%s  (grid %d x %d warps, rpb %d)\n",
                    s.name, v.name, us, mat / (us * 1e-6) / 1e9, 100.0 * mat / (us * 1e-6) / 1e9 / copy_gbs, rel,
-                   rel > 1e-4 ? " TOO LARGE" : "", grid, warps, rpb);
+                   rel > 1e-4 ? " TOO LARGE" : "", grid, bw, rpb);
         }
         for (int c = 0; c < copies; c++) {
             CK(cudaFree(qs[c]));
