@@ -3,7 +3,7 @@
 // enough copies of each matrix that every call reads from HBM (not the 50 MB L2), the device-to-device copy bandwidth
 // measured in the same run. Each kernel's output is checked against an f64 sum on sampled rows (the error over the
 // largest |y|, flagged above 1e-4). How the lean kernel was found (docs/benchmarks/ternary-gpu.md); the variant now
-// is the int8 tensor-core GEMV, measured slower. Built and run on the GPU machine (or built here with the PyPI nvcc,
+// are the int8 tensor-core GEMV and two tiles in flight, both measured slower. Built and run on the GPU machine (or built here with the PyPI nvcc,
 // nvvm, cuda-runtime and cuda-crt wheels unpacked as tools/cuda/ptx-check.py's docstring says):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -cudart static -diag-suppress 1556 -o /tmp/gemv-lab tools/cuda/gemv-lab.cu
 //   /tmp/gemv-lab                      every shape and variant, a table
@@ -22,9 +22,9 @@
 #include "../../crates/cuda/src/quant.cu"
 #include "../../crates/cuda/src/qmma.cu"
 
-// The engine's gemv_pq2_int with the code classes 1 and 3 masked in place (4 c) instead of shifted.
+// The engine's gemv_pq2_int (code classes 1 and 3 masked in place) with two tiles in flight instead of one.
 template <int XM>
-__global__ void __launch_bounds__(704) gemv_masks(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+__global__ void __launch_bounds__(704) gemv_ahead2(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                              const void* __restrict__ x, long long lo, int K, int ldk, int N,
                                              float* __restrict__ y, float beta, int rpb) {
     __shared__ float part[2][32][8];
@@ -49,6 +49,20 @@ __global__ void __launch_bounds__(704) gemv_masks(const unsigned char* __restric
         }
         const unsigned short* ps = dc + (idx_t)r0 * rs;
         sc[0] = ld_stream_u16(ps), sc[1] = ld_stream_u16(ps + rs);
+    }
+    // The tile after it, in flight with it.
+    int r1 = min(n0 + 8, N - 8);
+    uint2 w1[8];
+    unsigned short s1[2];
+    if (n0 + 8 < n1) {
+        const unsigned char* p = qc + (idx_t)r1 * rb;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint4 t = ld_stream_v2(p + i * rb);
+            w1[i] = make_uint2(t.x, t.y);
+        }
+        const unsigned short* ps = dc + (idx_t)r1 * rs;
+        s1[0] = ld_stream_u16(ps), s1[1] = ld_stream_u16(ps + rs);
     }
     pdl_wait();
     float xv[32];
@@ -85,10 +99,10 @@ __global__ void __launch_bounds__(704) gemv_masks(const unsigned char* __restric
     for (int nt = n0; nt < n1; nt += 8) {
         // The next kernel may launch once every block is in its last tile.
         if (nt + 8 >= n1) pdl_launch();
-        int rn = min(nt + 8, N - 8);
+        int rn = min(nt + 16, N - 8);
         uint2 nw[8];
         unsigned short ns[2];
-        if (nt + 8 < n1) {
+        if (nt + 16 < n1) {
             const unsigned char* p = qc + (idx_t)rn * rb;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
@@ -147,10 +161,10 @@ __global__ void __launch_bounds__(704) gemv_masks(const unsigned char* __restric
             }
         }
         buf ^= 1;
-        r0 = rn;
+        r0 = r1, r1 = rn;
 #pragma unroll
-        for (int i = 0; i < 8; i++) wv[i] = nw[i];
-        sc[0] = ns[0], sc[1] = ns[1];
+        for (int i = 0; i < 8; i++) wv[i] = w1[i], w1[i] = nw[i];
+        sc[0] = s1[0], sc[1] = s1[1], s1[0] = ns[0], s1[1] = ns[1];
     }
 }
 // The one-row PQ2_0 GEMV on the int8 tensor cores (m16n8k32): A = 16 weight rows x 32 codes (after one shift and
@@ -328,14 +342,14 @@ struct Shape {
 struct Variant {
     const char* name;
     bool lab;  // the mma kernel (else the engine's grid)
-    int wps;   // the mma kernel's resident warps a multiprocessor; for the engine's grid: 1 runs gemv_masks
+    int wps;   // the mma kernel's resident warps a multiprocessor; for the engine's grid: 1 runs gemv_ahead2
 };
 int main(int argc, char** argv) {
     const Shape shapes[] = {{"gate|up", 34816, 5120}, {"down", 5120, 17408}, {"gdn qkv|z", 16384, 5120},
                             {"gdn out", 5120, 6144},  {"attn q|k|v", 14336, 5120}, {"head", 248320, 5120}};
     const Variant variants[] = {
         {"engine", false, 0},
-        {"masks (engine's grid)", false, 1},
+        {"two tiles ahead (engine's grid)", false, 1},
         {"mma, 16 warps/SM", true, 16},
         {"mma, 20 warps/SM", true, 20},
         {"mma, 24 warps/SM", true, 24},
@@ -440,7 +454,7 @@ int main(int argc, char** argv) {
             float* out = y;
             auto launch = [&](int c) {
                 if (!v.lab && v.wps == 1)
-                    gemv_masks<2><<<grid, 32 * warps>>>(qs[c], ds[c], dx, s.k, s.k, s.k, s.n, out, 0.0f, rpb);
+                    gemv_ahead2<2><<<grid, 32 * warps>>>(qs[c], ds[c], dx, s.k, s.k, s.k, s.n, out, 0.0f, rpb);
                 else if (!v.lab)
                     gemv_pq2_wide_split<<<grid, 32 * warps>>>(qs[c], ds[c], dx, s.k, s.k, s.k, s.n, out, 0.0f, rpb);
                 else
