@@ -1,10 +1,10 @@
-// A bench of the one-row PQ2_0 GEMV (decode's `gemv_pq2_wide_split`, quant.cu, with qgemm.rs's grid) and a variant
+// A bench of the one-row PQ2_0 GEMV (decode's `gemv_pq2_wide_split`, quant.cu, with qgemm.rs's grid) and variants
 // of it written here, on the 27B shape's matrices, outside the engine: random codes and scales, split activations,
 // enough copies of each matrix that every call reads from HBM (not the 50 MB L2), the device-to-device copy bandwidth
 // measured in the same run. Each kernel's output is checked against an f64 sum on sampled rows (the error over the
-// largest |y|, flagged above 1e-4). How the lean kernel was found (docs/benchmarks/ternary-gpu.md); the variant now
-// are the int8 tensor-core GEMV and two tiles in flight, both measured slower. Built and run on the GPU machine (or built here with the PyPI nvcc,
-// nvvm, cuda-runtime and cuda-crt wheels unpacked as tools/cuda/ptx-check.py's docstring says):
+// largest |y|, flagged above 1e-4). How the engine's kernel was found (docs/benchmarks/ternary-gpu.md); the variants
+// now, the int8 tensor-core GEMV and two tiles in flight, were measured slower. Built and run on the GPU machine (or
+// here with the PyPI nvcc, nvvm, cuda-runtime and cuda-crt wheels unpacked as tools/cuda/ptx-check.py says):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -cudart static -diag-suppress 1556 -o /tmp/gemv-lab tools/cuda/gemv-lab.cu
 //   /tmp/gemv-lab                      every shape and variant, a table
 //   /tmp/gemv-lab SHAPE VARIANT        the engine's kernel and one variant on one shape, a few calls (for ncu -k)
