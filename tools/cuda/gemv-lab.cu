@@ -2,8 +2,8 @@
 // of it written here, on the 27B shape's matrices, outside the engine: random codes and scales, split activations,
 // enough copies of each matrix that every call reads from HBM (not the 50 MB L2), the device-to-device copy bandwidth
 // measured in the same run. Each kernel's output is checked against an f64 sum on sampled rows (the error over the
-// largest |y|, flagged above 1e-4). How the engine's kernel was found (docs/benchmarks/ternary-gpu.md); the variants
-// now, the int8 tensor-core GEMV and two tiles in flight, were measured slower. Built and run on the GPU machine (or
+// largest |y|, flagged above 1e-4). How the engine's kernel was found (docs/benchmarks/ternary-gpu.md); the variant
+// now, the int8 tensor-core GEMV, was measured slower. Built and run on the GPU machine (or
 // here with the PyPI nvcc, nvvm, cuda-runtime and cuda-crt wheels unpacked as tools/cuda/ptx-check.py says):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -cudart static -diag-suppress 1556 -o /tmp/gemv-lab tools/cuda/gemv-lab.cu
 //   /tmp/gemv-lab                      every shape and variant, a table
@@ -22,151 +22,6 @@
 #include "../../crates/cuda/src/quant.cu"
 #include "../../crates/cuda/src/qmma.cu"
 
-// The engine's gemv_pq2_int (code classes 1 and 3 masked in place) with two tiles in flight instead of one.
-template <int XM>
-__global__ void __launch_bounds__(704) gemv_ahead2(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
-                                             const void* __restrict__ x, long long lo, int K, int ldk, int N,
-                                             float* __restrict__ y, float beta, int rpb) {
-    __shared__ float part[2][32][8];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    int c0 = (warp * 32 + lane) * 32;
-    int n0 = blockIdx.x * rpb, n1 = min(n0 + rpb, N);
-    unsigned rb = (unsigned)(ldk / 4), rs = (unsigned)(ldk / 128);
-    // This lane's two rows of a tile after the integer exchanges.
-    int rsel = 4 * (lane & 1) + 2 * ((lane >> 1) & 1);
-    const unsigned char* qc = q + c0 / 4;
-    const unsigned short* dc = d + c0 / 128 + (idx_t)rsel * rs;
-    int r0 = min(n0, N - 8), buf = 0;
-    uint2 wv[8];
-    unsigned short sc[2];
-    // The first tile's weights are read before the wait for the kernel before (nothing writes them).
-    {
-        const unsigned char* p = qc + (idx_t)r0 * rb;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            uint4 t = ld_stream_v2(p + i * rb);
-            wv[i] = make_uint2(t.x, t.y);
-        }
-        const unsigned short* ps = dc + (idx_t)r0 * rs;
-        sc[0] = ld_stream_u16(ps), sc[1] = ld_stream_u16(ps + rs);
-    }
-    // The tile after it, in flight with it.
-    int r1 = min(n0 + 8, N - 8);
-    uint2 w1[8];
-    unsigned short s1[2];
-    if (n0 + 8 < n1) {
-        const unsigned char* p = qc + (idx_t)r1 * rb;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            uint4 t = ld_stream_v2(p + i * rb);
-            w1[i] = make_uint2(t.x, t.y);
-        }
-        const unsigned short* ps = dc + (idx_t)r1 * rs;
-        s1[0] = ld_stream_u16(ps), s1[1] = ld_stream_u16(ps + rs);
-    }
-    pdl_wait();
-    float xv[32];
-#pragma unroll
-    for (int i = 0; i < 32; i += 16) load_x16<XM>(x, c0 + i, lo, xv + i);
-    unsigned hq[2][4], lq[2][4];
-    int qsum = 0;
-    float xs;
-    {
-        float m = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(xv[i]));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        float inv = m > 0.0f ? 32767.0f / m : 0.0f;
-        xs = m / 32767.0f;
-#pragma unroll
-        for (int w = 0; w < 2; w++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                unsigned hw = 0u, lw = 0u;
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    int qv = __float2int_rn(xv[16 * w + 4 * b + j] * inv);
-                    qsum += qv;
-                    hw |= (unsigned)((qv >> 8) & 0xff) << (8 * b);
-                    lw |= (unsigned)(qv & 0xff) << (8 * b);
-                }
-                hq[w][j] = hw, lq[w][j] = lw;
-            }
-    }
-    bool b0 = lane & 1, b1 = lane & 2, b2 = lane & 4;
-#pragma unroll 1
-    for (int nt = n0; nt < n1; nt += 8) {
-        // The next kernel may launch once every block is in its last tile.
-        if (nt + 8 >= n1) pdl_launch();
-        int rn = min(nt + 16, N - 8);
-        uint2 nw[8];
-        unsigned short ns[2];
-        if (nt + 16 < n1) {
-            const unsigned char* p = qc + (idx_t)rn * rb;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                uint4 t = ld_stream_v2(p + i * rb);
-                nw[i] = make_uint2(t.x, t.y);
-            }
-            const unsigned short* ps = dc + (idx_t)rn * rs;
-            ns[0] = ld_stream_u16(ps), ns[1] = ld_stream_u16(ps + rs);
-        }
-        int v[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            // Classes j = 0, 2 (codes at bits 0, 4 of a byte after no shift or one of 4) and j = 1, 3 masked in
-            // place (4 c): 5 logic instructions a word instead of 7, the odd classes' sum divided by 4 at the end.
-            int ahe = 0, aho = 0;
-            unsigned ale = 0u, alo = 0u;
-#pragma unroll
-            for (int w = 0; w < 2; w++) {
-                unsigned word = w == 0 ? wv[i].x : wv[i].y, sh = word >> 4;
-                unsigned c0 = word & 0x03030303u, c1 = word & 0x0c0c0c0cu, c2 = sh & 0x03030303u, c3 = sh & 0x0c0c0c0cu;
-                ahe = __dp4a((int)c0, (int)hq[w][0], ahe);
-                ale = __dp4a(c0, lq[w][0], ale);
-                ahe = __dp4a((int)c2, (int)hq[w][2], ahe);
-                ale = __dp4a(c2, lq[w][2], ale);
-                aho = __dp4a((int)c1, (int)hq[w][1], aho);
-                alo = __dp4a(c1, lq[w][1], alo);
-                aho = __dp4a((int)c3, (int)hq[w][3], aho);
-                alo = __dp4a(c3, lq[w][3], alo);
-            }
-            v[i] = ahe * 256 + (int)ale + ((aho * 256 + (int)alo) >> 2) - qsum;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int send = b0 ? v[i] : v[i + 4], keep = b0 ? v[i + 4] : v[i];
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
-        }
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int send = b1 ? v[i] : v[i + 2], keep = b1 ? v[i + 2] : v[i];
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
-        }
-        // |4-lane sum| <= 4 * 32 * 2 * 32767 < 2^24: exact in f32.
-        float f0 = (float)v[0] * (xs * h2f(sc[0])), f1 = (float)v[1] * (xs * h2f(sc[1]));
-        float f = (b2 ? f1 : f0) + __shfl_xor_sync(0xffffffffu, b2 ? f0 : f1, 4);
-        f += __shfl_xor_sync(0xffffffffu, f, 8);
-        f += __shfl_xor_sync(0xffffffffu, f, 16);
-        if (lane < 8) part[buf][warp][rsel + (b2 ? 1 : 0)] = f;
-        __syncthreads();
-        if (threadIdx.x < 8) {
-            int r = r0 + (int)threadIdx.x;
-            if (r >= nt && r < n1) {
-                float t = 0.0f;
-                for (int w = 0; w < warps; w++) t += part[buf][w][threadIdx.x];
-                float* yo = y + r;
-                *yo = beta != 0.0f ? t + beta * *yo : t;
-            }
-        }
-        buf ^= 1;
-        r0 = r1, r1 = rn;
-#pragma unroll
-        for (int i = 0; i < 8; i++) wv[i] = w1[i], w1[i] = nw[i];
-        sc[0] = s1[0], sc[1] = s1[1], s1[0] = ns[0], s1[1] = ns[1];
-    }
-}
 // The one-row PQ2_0 GEMV on the int8 tensor cores (m16n8k32): A = 16 weight rows x 32 codes (after one shift and
 // mask), B = x's hi and lo byte planes as columns 0 and 1 (the other 6 columns unused), so that one mma takes 512
 // weights of both planes. x is quantized once per block into shared memory in B-fragment order (per 128-value group
@@ -341,15 +196,14 @@ struct Shape {
 };
 struct Variant {
     const char* name;
-    bool lab;  // the mma kernel (else the engine's grid)
-    int wps;   // the mma kernel's resident warps a multiprocessor; for the engine's grid: 1 runs gemv_ahead2
+    bool lab;  // the mma kernel (else the engine's)
+    int wps;   // the mma kernel's resident warps a multiprocessor
 };
 int main(int argc, char** argv) {
     const Shape shapes[] = {{"gate|up", 34816, 5120}, {"down", 5120, 17408}, {"gdn qkv|z", 16384, 5120},
                             {"gdn out", 5120, 6144},  {"attn q|k|v", 14336, 5120}, {"head", 248320, 5120}};
     const Variant variants[] = {
         {"engine", false, 0},
-        {"two tiles ahead (engine's grid)", false, 1},
         {"mma, 16 warps/SM", true, 16},
         {"mma, 20 warps/SM", true, 20},
         {"mma, 24 warps/SM", true, 24},
@@ -453,9 +307,7 @@ int main(int argc, char** argv) {
             size_t smem = (size_t)(s.k / 128) * (256 + 8);
             float* out = y;
             auto launch = [&](int c) {
-                if (!v.lab && v.wps == 1)
-                    gemv_ahead2<2><<<grid, 32 * warps>>>(qs[c], ds[c], dx, s.k, s.k, s.k, s.n, out, 0.0f, rpb);
-                else if (!v.lab)
+                if (!v.lab)
                     gemv_pq2_wide_split<<<grid, 32 * warps>>>(qs[c], ds[c], dx, s.k, s.k, s.k, s.n, out, 0.0f, rpb);
                 else
                     gemv_mma<<<grid, 32 * mw, smem>>>(qs[c], ds[c], dx, s.k, s.k, s.k, s.n, out, 0.0f, rpb);

@@ -398,8 +398,23 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
 //
 // A tile's 8 rows are consecutive: one base address a tile and fixed offsets from it; the last tile of a matrix
 // whose N is not a multiple of 8 is moved back to end at row N (its rows before the block's current one are not
-// written again) instead of clamping every row. About 0.8 of the instructions of clamped rows, 8 scales a tile and
-// per-lane x scales, and 10-28% faster on the 27B shape's matrices (docs/benchmarks/ternary-gpu.md).
+// written again) instead of clamping every row. 0.79 of the warp instructions of clamped rows, 8 scales a tile and
+// per-lane x scales (ncu, 27B gate|up, before the in-place masks), and 6-31% less time a call on the 27B shape's
+// matrices (docs/benchmarks/ternary-gpu.md).
+//
+// One tile of it: this lane's 8 code bytes of rows r .. r + 7 (row stride rb bytes from qc) and the scales of its
+// two rows after the exchanges (dc: this lane's scale column, offset by those rows).
+__device__ __forceinline__ void int_tile_load(const unsigned char* qc, const unsigned short* dc, int r, unsigned rb,
+                                              unsigned rs, uint2* w, unsigned short* sc) {
+    const unsigned char* p = qc + (idx_t)r * rb;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint4 t = ld_stream_v2(p + i * rb);
+        w[i] = make_uint2(t.x, t.y);
+    }
+    const unsigned short* ps = dc + (idx_t)r * rs;
+    sc[0] = ld_stream_u16(ps), sc[1] = ld_stream_u16(ps + rs);
+}
 template <int XM>
 __device__ __forceinline__ void gemv_pq2_int(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                              const void* __restrict__ x, long long lo, int K, int ldk, int N,
@@ -417,16 +432,7 @@ __device__ __forceinline__ void gemv_pq2_int(const unsigned char* __restrict__ q
     uint2 wv[8];
     unsigned short sc[2];
     // The first tile's weights are read before the wait for the kernel before (nothing writes them).
-    {
-        const unsigned char* p = qc + (idx_t)r0 * rb;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            uint4 t = ld_stream_v2(p + i * rb);
-            wv[i] = make_uint2(t.x, t.y);
-        }
-        const unsigned short* ps = dc + (idx_t)r0 * rs;
-        sc[0] = ld_stream_u16(ps), sc[1] = ld_stream_u16(ps + rs);
-    }
+    int_tile_load(qc, dc, r0, rb, rs, wv, sc);
     pdl_wait();
     float xv[32];
 #pragma unroll
@@ -465,16 +471,7 @@ __device__ __forceinline__ void gemv_pq2_int(const unsigned char* __restrict__ q
         int rn = min(nt + 8, N - 8);
         uint2 nw[8];
         unsigned short ns[2];
-        if (nt + 8 < n1) {
-            const unsigned char* p = qc + (idx_t)rn * rb;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                uint4 t = ld_stream_v2(p + i * rb);
-                nw[i] = make_uint2(t.x, t.y);
-            }
-            const unsigned short* ps = dc + (idx_t)rn * rs;
-            ns[0] = ld_stream_u16(ps), ns[1] = ld_stream_u16(ps + rs);
-        }
+        if (nt + 8 < n1) int_tile_load(qc, dc, rn, rb, rs, nw, ns);
         int v[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
