@@ -150,8 +150,8 @@ pub fn gemm_q(
     // threads take about 100 registers; 22 for PQ2_0's integer products, quant.cu's launch bounds, which need N >= 8):
     // a longer K runs as calls over column ranges of at most that many warps, the later ones adding into y. Rows per
     // block (a multiple of 8) such that the blocks fill the multiprocessors in one wave: 16 resident warps each, 20
-    // for the integer products' blocks of at most 5 warps (about 72 registers: 4 blocks of 5 warps were 8-9% faster than 3
-    // on the 27B shape's gdn and head matrices, 3 blocks of 6 slower than 2).
+    // for the integer products' blocks of at most 5 warps (about 72 registers: 4 blocks of 5 warps were 8-9% faster
+    // than 3 on the 27B shape's gdn and head matrices, 3 blocks of 6 slower than 2).
     let per_warp = if fmt == 0 { 1024 } else { 512 };
     let int = fmt == 0 && x.mode() != 1;
     if t == 1 && fmt < 2 && k.is_multiple_of(per_warp) && x.vec_ok() && (n >= 8 || !int) {
