@@ -14,9 +14,10 @@
 //! - More rows (prefill), bf16 or split inputs, PQ2_0 or Q8_0 (K a multiple of 128): the int8 tensor cores
 //!   ([`gemm_qmma`], qmma.cu). x is quantized per row and 128-value block to int16 (scale max |x| / 32767, the
 //!   one-row integer GEMV's rounding, about 2^-16 of each block's largest value: split mode's precision) as two
-//!   byte planes h, l (q = 256 h + l) into `scratch`; then 64 x 256 tiles multiply both planes by the weight bytes
-//!   as stored (PQ2_0 codes after one shift and mask, Q8_0 bytes; m16n8k32 mma, exact int32 sums per block),
-//!   scaled per block into f32 accumulators. A fixed summation order: bit-identical runs.
+//!   byte planes h, l (q = 256 h + l) into `scratch`; then tiles multiply both planes by the weight bytes as
+//!   stored (PQ2_0 codes after one shift and mask as the mma's A operand, in one of two tile shapes
+//!   ([`qmma_pq2_tile`]); Q8_0 bytes in 64 x 256 tiles; m16n8k32 mma, exact int32 sums per block), scaled per
+//!   block into f32 accumulators. A fixed summation order, the same for either PQ2_0 tile: bit-identical runs.
 //! - Otherwise (f32 inputs, the exact mode; float rows; Q8_0 with another K): the weight dequantised in chunks of
 //!   rows into the scratch (f32 for f32 inputs, exactly; bf16, or bf16 hi + lo planes and three bf16 GEMMs
 //!   `x_hi·W_hi + x_lo·W_hi + x_hi·W_lo` for split inputs) and cuBLAS multiplying each chunk
@@ -200,22 +201,67 @@ pub fn gemm_q(
     gemm_q_dequant(g, x, t, k, w, n, (y, ldy), beta, scratch)
 }
 
-/// The warps of [`gemm_qmma`]'s kernels (qmma.cu's constants of the same names): 8 warps of MT x NT mma tiles of
-/// 16 x 8, WARPS_N of them along w.
+/// The warps of `qmma_q8` (qmma.cu's constants of the same names): 8 warps of MT x NT mma tiles of 16 x 8, WARPS_N
+/// of them along w.
 const QMMA_MT: usize = 4;
 const QMMA_NT: usize = 4;
 const QMMA_WARPS_N: usize = 8;
-/// The block tile: rows of x, rows of w.
+/// Its block tile: rows of x, rows of w. Calls of more than one tile of rows split x at multiples of it.
 const QMMA_BM: usize = 16 * QMMA_MT * (8 / QMMA_WARPS_N);
 const QMMA_BN: usize = 8 * QMMA_NT * QMMA_WARPS_N;
 
-/// Dynamic shared memory of `qmma_pq2` and `qmma_q8` (qmma.cu: `QMMA_STAGES` (3) stages of `QmmaTile<FMT>::STAGE`
-/// bytes: the h and l planes of the tile's x rows by 128 K at a row pitch of 144, its weight bytes (PQ2_0 32 per
-/// row, Q8_0 128 at a pitch of 144), the x rows' scales and Σ q, Q8_0's 4 weight scales per row).
-const QMMA_SMEM: [u32; 2] = [
-    (3 * (2 * QMMA_BM * 144 + QMMA_BN * 32 + 8 * QMMA_BM)) as u32,
-    (3 * (2 * QMMA_BM * 144 + QMMA_BN * 144 + 8 * QMMA_BM + 8 * QMMA_BN)) as u32,
+/// Dynamic shared memory of `qmma_q8` (qmma.cu: `QMMA_STAGES` (3) stages of `QmmaTile::STAGE` bytes: the h and l
+/// planes of the tile's x rows by 128 K at a row pitch of 144, its weight bytes (128 per row at a pitch of 144),
+/// the x rows' scales and Σ q, the 4 weight scales per row).
+const QMMA_Q8_SMEM: u32 =
+    (3 * (2 * QMMA_BM * 144 + QMMA_BN * 144 + 8 * QMMA_BM + 8 * QMMA_BN)) as u32;
+
+/// A tile shape of PQ2_0's prefill GEMM (qmma.cu's `QMMA_PQ2` kernels): tokens and weight rows per block, threads,
+/// blocks resident on a multiprocessor, and the time of one wave of blocks relative to the first shape's
+/// (measured on an H200: per block, the 16-warp one runs at about 0.7 of the time two resident 8-warp blocks take
+/// each, and a wave holds half as many).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pq2Tile {
+    pub tokens: usize,
+    pub rows: usize,
+    pub threads: u32,
+    pub per_sm: usize,
+    pub wave: f64,
+}
+/// `qmma_pq2` (64 tokens by 128 rows, 8 warps, two blocks a multiprocessor) and `qmma_pq2_16` (32 by 256, 16 warps).
+pub const QMMA_PQ2: [Pq2Tile; 2] = [
+    Pq2Tile {
+        tokens: 64,
+        rows: 128,
+        threads: 256,
+        per_sm: 2,
+        wave: 1.0,
+    },
+    Pq2Tile {
+        tokens: 32,
+        rows: 256,
+        threads: 512,
+        per_sm: 1,
+        wave: 0.7,
+    },
 ];
+impl Pq2Tile {
+    /// Dynamic shared memory: 3 stages of the h and l planes (a row pitch of 144), the code bytes (32 a row), the
+    /// tokens' scales and Σ q.
+    pub fn smem(&self) -> u32 {
+        (3 * (2 * self.tokens * 144 + self.rows * 32 + 8 * self.tokens)) as u32
+    }
+}
+
+/// The PQ2_0 tile for `t` tokens by `n` rows on `sms` multiprocessors: the one with the fewest waves weighted by
+/// their time (a last wave mostly idle costs as much as a full one). Either gives the same bits.
+pub fn qmma_pq2_tile(t: usize, n: usize, sms: usize) -> usize {
+    let cost = |c: &Pq2Tile| {
+        let blocks = t.div_ceil(c.tokens) * n.div_ceil(c.rows);
+        blocks.div_ceil(c.per_sm * sms.max(1)) as f64 * c.wave
+    };
+    usize::from(cost(&QMMA_PQ2[1]) < cost(&QMMA_PQ2[0]))
+}
 
 /// Bytes of `qmma_quant`'s output for `rows` rows of K values: the h and l planes [rows, Kp] (Kp = K rounded up to
 /// 128), then the scales and Σ q [Kp / 128, rows rounded up to 4] (f32, i32).
@@ -262,8 +308,25 @@ fn gemm_qmma(
         launch!(g, g.k.qmma_quant, cfg((nb.div_ceil(8) as u32, tc as u32), 256, 0);
             xp + (2 * r0 * ldx) as u64, ldx as i32, lo as i64, split, k as i32, kp as i32, i32::from(fmt == 0),
             xh, xl, sx, qs, tp as i32)?;
-        let grid = (tc.div_ceil(QMMA_BM) as u32, n.div_ceil(QMMA_BN) as u32);
-        launch!(g, g.k.qmma[fmt], cfg(grid, 256, QMMA_SMEM[fmt]);
+        let (f, grid, threads, smem) = if fmt == 0 {
+            let i = qmma_pq2_tile(tc, n, g.sms);
+            let c = QMMA_PQ2[i];
+            let f = if i == 0 {
+                &g.k.qmma[0]
+            } else {
+                &g.k.qmma_pq2_16
+            };
+            (
+                f,
+                (tc.div_ceil(c.tokens) as u32, n.div_ceil(c.rows) as u32),
+                c.threads,
+                c.smem(),
+            )
+        } else {
+            let grid = (tc.div_ceil(QMMA_BM) as u32, n.div_ceil(QMMA_BN) as u32);
+            (&g.k.qmma[1], grid, 256, QMMA_Q8_SMEM)
+        };
+        launch!(g, *f, cfg(grid, threads, smem);
             q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32,
             y + (4 * r0 * ldy) as u64, ldy as i32, beta)?;
     }
@@ -316,4 +379,36 @@ pub fn gemm_q_dequant(
         n0 += nc;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tile choice on an H200's 132 multiprocessors against the faster of the two in the tile lab
+    /// (tools/cuda/gemm-lab.cu, 27B shapes; docs/benchmarks/ternary-gpu.md): the 16-warp tile only where the
+    /// 8-warp one leaves most of a last wave idle, or where neither fills one.
+    #[test]
+    fn pq2_tile_follows_the_waves() {
+        // (tokens, rows, the faster tile measured)
+        let measured = [
+            (512, 34816, 0),
+            (400, 34816, 0),
+            (512, 5120, 0),
+            (400, 5120, 1),
+            (512, 16384, 0),
+            (400, 16384, 0),
+            (512, 14336, 0),
+            (400, 14336, 0),
+        ];
+        for (t, n, want) in measured {
+            assert_eq!(qmma_pq2_tile(t, n, 132), want, "T {t} N {n}");
+        }
+        assert_eq!(
+            qmma_pq2_tile(9, 1000, 132),
+            1,
+            "under one wave: the wider blocks"
+        );
+        assert_eq!(QMMA_PQ2[0].smem(), 3 * (2 * 64 * 144 + 128 * 32 + 8 * 64));
+    }
 }

@@ -26,7 +26,7 @@ __device__ __forceinline__ int qmma_pq2_weight(int pos) {
 }
 
 // Quantizes x [T, K] (bf16 rows, or split: hi + lo, `lo` elements after hi; row stride ldx elements) for
-// qmma_gemm: h, l planes [T, Kp] (Kp = K rounded up to 128; zeros past K), in PQ2_0's k order (`pq2`) or the
+// the GEMMs: h, l planes [T, Kp] (Kp = K rounded up to 128; zeros past K), in PQ2_0's k order (`pq2`) or the
 // natural one; s and Σ q [Kp / 128, tp] (block-major, tp rows apart). One warp per (row, block): lane i takes
 // positions 4i .. 4i + 3. grid (ceil(Kp / 128 / 8), T), 256 threads.
 KERNEL(simt) void qmma_quant(const unsigned short* __restrict__ x, int ldx, long long lo, int split, int K, int Kp,
@@ -104,7 +104,7 @@ __device__ __forceinline__ void qmma_cp8(unsigned dst, const void* src, int byte
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-// The block tile: QMMA_BM rows of x by QMMA_BN rows of w, 8 warps of QMMA_MT x QMMA_NT mma tiles (16 x 8 each),
+// Q8_0's block tile: QMMA_BM rows of x by QMMA_BN rows of w, 8 warps of QMMA_MT x QMMA_NT mma tiles (16 x 8 each),
 // QMMA_WARPS_N of them along w; one 128-K block per pipeline stage, QMMA_STAGES stages in flight (cp.async).
 // qgemm.rs's QMMA_* constants repeat these. Now 64 x 256, warps of 64 x 32 side by side along w: the x planes
 // (2 bytes a value, the larger operand) are read once per 256 weight rows. Measured on an H200 (27B PQ2_0 shapes,
@@ -120,30 +120,28 @@ __device__ __forceinline__ void qmma_cp8(unsigned dst, const void* src, int byte
 #define QMMA_STAGES 3
 #define QMMA_APITCH 144  // bytes per x row of a plane in a stage (128 + 16: ldmatrix rows on distinct banks)
 
-template <int FMT>
 struct QmmaTile {
-    static constexpr int WPITCH = FMT == 0 ? 32 : 144;  // weight bytes per row in a stage
+    static constexpr int WPITCH = 144;                   // weight bytes per row in a stage
     static constexpr int A = 2 * QMMA_BM * QMMA_APITCH;  // the h and l planes
     static constexpr int W = QMMA_BN * WPITCH;
     static constexpr int S = 2 * QMMA_BM * 4;            // s and Σ q of the stage's x rows
-    static constexpr int D = FMT == 0 ? 0 : QMMA_BN * 8;  // Q8_0: the 4 scales per w row
+    static constexpr int D = QMMA_BN * 8;                // the 4 scales per w row
     static constexpr int STAGE = A + W + S + D;
 };
 
 // y rows m0.. (x rows, T in all) by columns n0.. (w rows, N in all) of one block tile. q, d: the weight (codes,
 // f16 scales; K values per row); xh, xl, sx, qs: qmma_quant's output for these T rows (row stride Kp, tp).
-template <int FMT>
-__device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
-                                          const signed char* __restrict__ xh, const unsigned char* __restrict__ xl,
-                                          const float* __restrict__ sx, const int* __restrict__ qs, int T, int N,
-                                          int K, int Kp, int tp, float* __restrict__ y, int ldy, float beta) {
-    using L = QmmaTile<FMT>;
+__device__ __forceinline__ void qmma_q8_gemm(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                             const signed char* __restrict__ xh, const unsigned char* __restrict__ xl,
+                                             const float* __restrict__ sx, const int* __restrict__ qs, int T, int N,
+                                             int K, int Kp, int tp, float* __restrict__ y, int ldy, float beta) {
+    using L = QmmaTile;
     extern __shared__ __align__(16) unsigned char qmma_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int wm = warp / QMMA_WARPS_N, wn = warp % QMMA_WARPS_N;
     const int m0 = blockIdx.x * QMMA_BM, n0 = blockIdx.y * QMMA_BN;
     const int nb = Kp / 128;
-    const idx_t row_bytes = FMT == 0 ? K / 4 : K, row_scales = FMT == 0 ? K / 128 : K / 32;
+    const idx_t row_bytes = K, row_scales = K / 32;
     const unsigned base = tc_smem_addr(qmma_smem);
 
     // Stage `st` <- block `b` (every thread issues its copies; rows past T or N and bytes past K zero-filled).
@@ -159,27 +157,17 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
             tc_cp16(s0 + plane * QMMA_BM * QMMA_APITCH + r * QMMA_APITCH + col * 16, src, ok ? 16 : 0);
         }
         unsigned sw = s0 + L::A;
-        if constexpr (FMT == 0) {
 #pragma unroll
-            for (int u = 0; u < 2 * QMMA_BN / 256; u++) {
-                int c = tid + 256 * u, r = c >> 1, half = c & 1;
-                bool ok = n0 + r < N;
-                const unsigned char* src = ok ? q + (idx_t)(n0 + r) * row_bytes + b * 32 + half * 16 : q;
-                tc_cp16(sw + r * 32 + half * 16, src, ok ? 16 : 0);
-            }
-        } else {
-#pragma unroll
-            for (int u = 0; u < 8 * QMMA_BN / 256; u++) {
-                int c = tid + 256 * u, r = c >> 3, col = c & 7;
-                bool ok = n0 + r < N;
-                const unsigned char* src = ok ? q + (idx_t)(n0 + r) * row_bytes + b * 128 + col * 16 : q;
-                tc_cp16(sw + r * L::WPITCH + col * 16, src, ok ? 16 : 0);
-            }
-            for (int r = tid; r < QMMA_BN; r += 256) {
-                bool ok = n0 + r < N;
-                const unsigned short* src = ok ? d + (idx_t)(n0 + r) * row_scales + 4 * b : d;
-                qmma_cp8(s0 + L::A + L::W + L::S + r * 8, src, ok ? 8 : 0);
-            }
+        for (int u = 0; u < 8 * QMMA_BN / 256; u++) {
+            int c = tid + 256 * u, r = c >> 3, col = c & 7;
+            bool ok = n0 + r < N;
+            const unsigned char* src = ok ? q + (idx_t)(n0 + r) * row_bytes + b * 128 + col * 16 : q;
+            tc_cp16(sw + r * L::WPITCH + col * 16, src, ok ? 16 : 0);
+        }
+        for (int r = tid; r < QMMA_BN; r += 256) {
+            bool ok = n0 + r < N;
+            const unsigned short* src = ok ? d + (idx_t)(n0 + r) * row_scales + 4 * b : d;
+            qmma_cp8(s0 + L::A + L::W + L::S + r * 8, src, ok ? 8 : 0);
         }
         if (tid < QMMA_BM / 2) {
             int which = tid / (QMMA_BM / 4), r = (tid % (QMMA_BM / 4)) * 4, have = max(0, min(4, T - (m0 + r)));
@@ -214,116 +202,46 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
         const unsigned sa = base + st * L::STAGE + (wm * (16 * QMMA_MT) + arow) * QMMA_APITCH + acol;
         const unsigned char* stg = qmma_smem + st * L::STAGE;
         const float* ssx = (const float*)(stg + L::A + L::W);
-        const int* sqs = (const int*)(stg + L::A + L::W + QMMA_BM * 4);
         int c[QMMA_MT][QMMA_NT][4];
-        if constexpr (FMT == 0) {
-            // The block's scale of each of this lane's 8 columns (loaded now, used after the products).
+        // Q8_0: per 32-step s, c = 256 (w · h) + w · l for the step, scaled by its block's d.
+        const unsigned char* sw = stg + L::A;
+        const unsigned short* sd = (const unsigned short*)(stg + L::A + L::W + L::S);
+        float sv[QMMA_MT][2];
+#pragma unroll
+        for (int i = 0; i < QMMA_MT; i++) {
+            int r = wm * (16 * QMMA_MT) + 16 * i + g;
+            sv[i][0] = ssx[r], sv[i][1] = ssx[r + 8];
+        }
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            unsigned bw[QMMA_NT][2];
             float dv[QMMA_NT][2];
 #pragma unroll
-            for (int j = 0; j < QMMA_NT; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int n = n0 + wn * (8 * QMMA_NT) + 8 * j + 2 * t4 + e;
-                    dv[j][e] = n < N ? h2f(__ldg(d + (idx_t)n * row_scales + b)) : 0.0f;
-                }
-            uint2 cw[QMMA_NT];
-#pragma unroll
-            for (int j = 0; j < QMMA_NT; j++)
-                cw[j] = *(const uint2*)(stg + L::A + (wn * (8 * QMMA_NT) + 8 * j + g) * 32 + 8 * t4);
-            // The h plane, then c = 256 c - Σ q, then the l plane: c = Σ (code - 1) q exactly. (The steps not
-            // unrolled: with every A fragment in flight at once the kernel spills.)
-#pragma unroll
-            for (int i = 0; i < QMMA_MT; i++)
-#pragma unroll
-                for (int j = 0; j < QMMA_NT; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) c[i][j][e] = 0;
-#pragma unroll 1
-            for (int s = 0; s < 4; s++)
-#pragma unroll
-                for (int i = 0; i < QMMA_MT; i++) {
-                    unsigned a[4];
-                    qmma_ldsm4(a, sa + i * 16 * QMMA_APITCH + 32 * s);
-#pragma unroll
-                    for (int j = 0; j < QMMA_NT; j++) {
-                        unsigned b0 = (cw[j].x >> (2 * s)) & 0x03030303u, b1 = (cw[j].y >> (2 * s)) & 0x03030303u;
-                        qmma_s8u8(c[i][j], a, b0, b1);
-                    }
-                }
-#pragma unroll
-            for (int i = 0; i < QMMA_MT; i++) {
-                int r = wm * (16 * QMMA_MT) + 16 * i + g;
-                int q0 = sqs[r], q1 = sqs[r + 8];
-#pragma unroll
-                for (int j = 0; j < QMMA_NT; j++) {
-                    c[i][j][0] = c[i][j][0] * 256 - q0, c[i][j][1] = c[i][j][1] * 256 - q0;
-                    c[i][j][2] = c[i][j][2] * 256 - q1, c[i][j][3] = c[i][j][3] * 256 - q1;
-                }
-            }
-#pragma unroll 1
-            for (int s = 0; s < 4; s++)
-#pragma unroll
-                for (int i = 0; i < QMMA_MT; i++) {
-                    unsigned a[4];
-                    qmma_ldsm4(a, sa + QMMA_BM * QMMA_APITCH + i * 16 * QMMA_APITCH + 32 * s);
-#pragma unroll
-                    for (int j = 0; j < QMMA_NT; j++) {
-                        unsigned b0 = (cw[j].x >> (2 * s)) & 0x03030303u, b1 = (cw[j].y >> (2 * s)) & 0x03030303u;
-                        qmma_u8u8(c[i][j], a, b0, b1);
-                    }
-                }
-#pragma unroll
-            for (int i = 0; i < QMMA_MT; i++) {
-                int r = wm * (16 * QMMA_MT) + 16 * i + g;
-                float s0 = ssx[r], s1 = ssx[r + 8];
-#pragma unroll
-                for (int j = 0; j < QMMA_NT; j++) {
-                    acc[i][j][0] = fmaf((float)c[i][j][0], s0 * dv[j][0], acc[i][j][0]);
-                    acc[i][j][1] = fmaf((float)c[i][j][1], s0 * dv[j][1], acc[i][j][1]);
-                    acc[i][j][2] = fmaf((float)c[i][j][2], s1 * dv[j][0], acc[i][j][2]);
-                    acc[i][j][3] = fmaf((float)c[i][j][3], s1 * dv[j][1], acc[i][j][3]);
-                }
-            }
-        } else {
-            // Q8_0: per 32-step s, c = 256 (w · h) + w · l for the step, scaled by its block's d.
-            const unsigned char* sw = stg + L::A;
-            const unsigned short* sd = (const unsigned short*)(stg + L::A + L::W + L::S);
-            float sv[QMMA_MT][2];
-#pragma unroll
-            for (int i = 0; i < QMMA_MT; i++) {
-                int r = wm * (16 * QMMA_MT) + 16 * i + g;
-                sv[i][0] = ssx[r], sv[i][1] = ssx[r + 8];
+            for (int j = 0; j < QMMA_NT; j++) {
+                int r = wn * (8 * QMMA_NT) + 8 * j + g, col = wn * (8 * QMMA_NT) + 8 * j + 2 * t4;
+                bw[j][0] = *(const unsigned*)(sw + r * L::WPITCH + 32 * s + 4 * t4);
+                bw[j][1] = *(const unsigned*)(sw + r * L::WPITCH + 32 * s + 16 + 4 * t4);
+                dv[j][0] = h2f(sd[col * 4 + s]);
+                dv[j][1] = h2f(sd[(col + 1) * 4 + s]);
             }
 #pragma unroll
-            for (int s = 0; s < 4; s++) {
-                unsigned bw[QMMA_NT][2];
-                float dv[QMMA_NT][2];
+            for (int i = 0; i < QMMA_MT; i++) {
+                unsigned ah[4], al[4];
+                qmma_ldsm4(ah, sa + i * 16 * QMMA_APITCH + 32 * s);
+                qmma_ldsm4(al, sa + QMMA_BM * QMMA_APITCH + i * 16 * QMMA_APITCH + 32 * s);
 #pragma unroll
                 for (int j = 0; j < QMMA_NT; j++) {
-                    int r = wn * (8 * QMMA_NT) + 8 * j + g, col = wn * (8 * QMMA_NT) + 8 * j + 2 * t4;
-                    bw[j][0] = *(const unsigned*)(sw + r * L::WPITCH + 32 * s + 4 * t4);
-                    bw[j][1] = *(const unsigned*)(sw + r * L::WPITCH + 32 * s + 16 + 4 * t4);
-                    dv[j][0] = h2f(sd[col * 4 + s]);
-                    dv[j][1] = h2f(sd[(col + 1) * 4 + s]);
-                }
+                    qmma_s8s8_z(c[i][j], ah, bw[j][0], bw[j][1]);
 #pragma unroll
-                for (int i = 0; i < QMMA_MT; i++) {
-                    unsigned ah[4], al[4];
-                    qmma_ldsm4(ah, sa + i * 16 * QMMA_APITCH + 32 * s);
-                    qmma_ldsm4(al, sa + QMMA_BM * QMMA_APITCH + i * 16 * QMMA_APITCH + 32 * s);
+                    for (int e = 0; e < 4; e++) c[i][j][e] *= 256;
+                    qmma_u8s8(c[i][j], al, bw[j][0], bw[j][1]);
 #pragma unroll
-                    for (int j = 0; j < QMMA_NT; j++) {
-                        qmma_s8s8_z(c[i][j], ah, bw[j][0], bw[j][1]);
-#pragma unroll
-                        for (int e = 0; e < 4; e++) c[i][j][e] *= 256;
-                        qmma_u8s8(c[i][j], al, bw[j][0], bw[j][1]);
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            acc[i][j][e] = fmaf((float)c[i][j][e], sv[i][e >> 1] * dv[j][e & 1], acc[i][j][e]);
-                    }
+                    for (int e = 0; e < 4; e++)
+                        acc[i][j][e] = fmaf((float)c[i][j][e], sv[i][e >> 1] * dv[j][e & 1], acc[i][j][e]);
                 }
             }
         }
+    
     }
     tc_wait<0>();
     // The tile out: y = acc (+ beta y), rows below T and columns below N only.
@@ -345,15 +263,212 @@ __device__ __forceinline__ void qmma_gemm(const unsigned char* __restrict__ q, c
                 }
         }
 }
-// grid (ceil(T / QMMA_BM), ceil(N / QMMA_BN)), 256 threads, QMMA_STAGES · QmmaTile<FMT>::STAGE bytes of dynamic
-// shared memory.
-#define QMMA_GEMM(name, FMT)                                                                                       \
-    KERNEL(name) void __launch_bounds__(256, 1)                                                                    \
+// grid (ceil(T / QMMA_BM), ceil(N / QMMA_BN)), 256 threads, QMMA_STAGES · QmmaTile::STAGE bytes of dynamic shared
+// memory.
+KERNEL(qmma_q8) void __launch_bounds__(256, 1)
+    qmma_q8(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, const signed char* __restrict__ xh,
+            const unsigned char* __restrict__ xl, const float* __restrict__ sx, const int* __restrict__ qs, int T, int N,
+            int K, int Kp, int tp, float* __restrict__ y, int ldy, float beta) {
+    qmma_q8_gemm(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, y, ldy, beta);
+}
+
+// PQ2_0's GEMM: the weight is the mma's A operand, straight from its code words in registers (one shift and mask
+// per register and 32-K step; the k order of qmma_quant's PQ2_0 planes makes words 2t and 2t + 1 of rows g and
+// g + 8 the fragment a0..a3, computed once per 128-K block for both planes and every token tile), the activation
+// planes the B operand (8 tokens by 32 k, one ldmatrix.x4 for two 8-token tiles). A warp takes MI 16-row weight
+// tiles by NJ 8-token tiles, two token tiles at a time: their int32 sums over both planes (the h plane, c = 256 c
+// - Σ q, the l plane) are folded into the f32 accumulator as acc += c (s d) per 128-K block before the next two,
+// so that few int32 sums are live. WW warps along the weight, NW / WW along the tokens; 3 stages of cp.async.
+// Every tile shape sums each output in the same order (the 128-K blocks in turn, exact int32 sums within one):
+// the tile choice (qgemm.rs) changes no bit. Measured on an H200 against the earlier kernel (x as A by ldmatrix,
+// the codes as B, 64 x 256 tiles of 8 warps, docs/benchmarks/ternary-gpu.md): 27B gate|up at 512 tokens 841 ->
+// 662 µs, down 631 -> 410, down at 400 tokens 617 -> 330 (the 16-warp tile).
+template <int MI, int NJ, int WW, int NW>
+struct QmmaPq2Tile {
+    static constexpr int NT = 32 * NW;       // threads
+    static constexpr int BW = WW * 16 * MI;  // weight rows per block
+    static constexpr int BT = NW / WW * 8 * NJ;  // tokens per block
+    static constexpr int XP = QMMA_APITCH;   // bytes per token row of a plane in a stage
+    static constexpr int A = 2 * BT * XP;    // the h and l planes
+    static constexpr int W = BW * 32;        // the code bytes
+    static constexpr int S = 2 * BT * 4;     // s and Σ q of the stage's tokens
+    static constexpr int STAGE = A + W + S;
+    static constexpr int STAGES = 3;
+};
+
+template <int MI, int NJ, int WW, int NW>
+__device__ __forceinline__ void qmma_pq2_gemm(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
+                                              const signed char* __restrict__ xh, const unsigned char* __restrict__ xl,
+                                              const float* __restrict__ sx, const int* __restrict__ qs, int T, int N,
+                                              int K, int Kp, int tp, float* __restrict__ y, int ldy, float beta) {
+    using L = QmmaPq2Tile<MI, NJ, WW, NW>;
+    static_assert(NJ % 2 == 0 && L::BT / 2 <= L::NT, "token tiles in pairs; the scale copies one per thread");
+    extern __shared__ __align__(16) unsigned char qmma_smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int ww = warp % WW, wt = warp / WW;
+    const int m0 = blockIdx.x * L::BT, n0 = blockIdx.y * L::BW;
+    const int nb = Kp / 128;
+    const idx_t row_bytes = K / 4, row_scales = K / 128;
+    const unsigned base = tc_smem_addr(qmma_smem);
+
+    // Each thread's copies of a stage, their sources a fixed offset per block b: x chunks c = tid + NT i (plane
+    // c / ACH, token row (c % ACH) / 8, 16 bytes at (c % 8) 16), weight chunks c = tid + NT u (row c / 2, half
+    // c % 2). Rows past T or N are zero-filled.
+    constexpr int ACH = L::BT * 8, NX = 2 * ACH / L::NT, NWC = (2 * L::BW + L::NT - 1) / L::NT;
+    static_assert(2 * ACH % L::NT == 0, "whole rounds of x chunks");
+    const unsigned char* xsrc[NX];
+    unsigned xdst[NX];
+#pragma unroll
+    for (int i = 0; i < NX; i++) {
+        int c = tid + L::NT * i, plane = c / ACH, r = (c % ACH) >> 3, col = c & 7;
+        const unsigned char* p = plane ? (const unsigned char*)xl : (const unsigned char*)xh;
+        xsrc[i] = m0 + r < T ? p + (idx_t)(m0 + r) * Kp + col * 16 : nullptr;
+        xdst[i] = plane * L::BT * L::XP + r * L::XP + col * 16;
+    }
+    const unsigned char* wsrc[NWC];
+#pragma unroll
+    for (int u = 0; u < NWC; u++) {
+        int c = tid + L::NT * u, r = c >> 1, half = c & 1;
+        wsrc[u] = c < 2 * L::BW && n0 + r < N ? q + (idx_t)(n0 + r) * row_bytes + half * 16 : nullptr;
+    }
+    auto load = [&](int st, int b) {
+        unsigned s0 = base + st * L::STAGE;
+#pragma unroll
+        for (int i = 0; i < NX; i++)
+            tc_cp16(s0 + xdst[i], xsrc[i] ? xsrc[i] + b * 128 : (const unsigned char*)xh, xsrc[i] ? 16 : 0);
+#pragma unroll
+        for (int u = 0; u < NWC; u++)
+            if (tid + L::NT * u < 2 * L::BW)
+                tc_cp16(s0 + L::A + (tid + L::NT * u) * 16, wsrc[u] ? wsrc[u] + b * 32 : q, wsrc[u] ? 16 : 0);
+        if (tid < L::BT / 2) {
+            int which = tid / (L::BT / 4), r = (tid % (L::BT / 4)) * 4, have = max(0, min(4, T - (m0 + r)));
+            idx_t at = (idx_t)b * tp + m0 + r;
+            const void* src = which ? (const void*)(qs + at) : (const void*)(sx + at);
+            tc_cp16(s0 + L::A + L::W + which * L::BT * 4 + r * 4, have ? src : (const void*)sx, 4 * have);
+        }
+    };
+
+    float acc[MI][NJ][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+#pragma unroll
+    for (int st = 0; st < L::STAGES - 1; st++) {
+        if (st < nb) load(st, st);
+        tc_commit();
+    }
+    // This lane's ldmatrix row (token) and 16-byte half; the warp's first weight row and token.
+    const int xrow = (lane & 7) + ((lane >> 4) << 3), xcol = ((lane >> 3) & 1) * 16;
+    const int wr = ww * 16 * MI, tk = wt * 8 * NJ;
+#pragma unroll 1
+    for (int b = 0; b < nb; b++) {
+        tc_wait<L::STAGES - 2>();
+        __syncthreads();
+        if (b + L::STAGES - 1 < nb) load((b + L::STAGES - 1) % L::STAGES, b + L::STAGES - 1);
+        tc_commit();
+        const int st = b % L::STAGES;
+        const unsigned char* stg = qmma_smem + st * L::STAGE;
+        const float* ssx = (const float*)(stg + L::A + L::W);
+        const int* sqs = (const int*)(stg + L::A + L::W + L::BT * 4);
+        // This lane's weight rows: their block scales and code words, then every step's A fragments.
+        float dv[MI][2];
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int n = n0 + wr + 16 * i + g + 8 * h;
+                dv[i][h] = n < N ? h2f(__ldg(d + (idx_t)n * row_scales + b)) : 0.0f;
+            }
+        uint2 cw[MI][2];
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) cw[i][h] = *(const uint2*)(stg + L::A + (wr + 16 * i + g + 8 * h) * 32 + 8 * t4);
+        unsigned af[4][MI][4];
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+#pragma unroll
+            for (int i = 0; i < MI; i++) {
+                af[s][i][0] = (cw[i][0].x >> (2 * s)) & 0x03030303u, af[s][i][1] = (cw[i][1].x >> (2 * s)) & 0x03030303u;
+                af[s][i][2] = (cw[i][0].y >> (2 * s)) & 0x03030303u, af[s][i][3] = (cw[i][1].y >> (2 * s)) & 0x03030303u;
+            }
+        const unsigned sb = base + st * L::STAGE + (tk + xrow) * L::XP + xcol;
+#pragma unroll
+        for (int j0 = 0; j0 < NJ; j0 += 2) {
+            int c[MI][2][4];
+#pragma unroll
+            for (int plane = 0; plane < 2; plane++) {
+                if (plane == 1) {
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        int t = tk + 8 * (j0 + j) + 2 * t4, q0 = sqs[t], q1 = sqs[t + 1];
+#pragma unroll
+                        for (int i = 0; i < MI; i++) {
+                            c[i][j][0] = c[i][j][0] * 256 - q0, c[i][j][1] = c[i][j][1] * 256 - q1;
+                            c[i][j][2] = c[i][j][2] * 256 - q0, c[i][j][3] = c[i][j][3] * 256 - q1;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    unsigned bf[4];
+                    qmma_ldsm4(bf, sb + plane * L::BT * L::XP + (j0 / 2) * 16 * L::XP + 32 * s);
+#pragma unroll
+                    for (int i = 0; i < MI; i++)
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            if (plane == 0 && s == 0)
+                                qmma_u8s8_z(c[i][j], af[s][i], bf[2 * j], bf[2 * j + 1]);
+                            else if (plane == 0)
+                                qmma_u8s8(c[i][j], af[s][i], bf[2 * j], bf[2 * j + 1]);
+                            else
+                                qmma_u8u8(c[i][j], af[s][i], bf[2 * j], bf[2 * j + 1]);
+                        }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                int t = tk + 8 * (j0 + j) + 2 * t4;
+                float s0 = ssx[t], s1 = ssx[t + 1];
+#pragma unroll
+                for (int i = 0; i < MI; i++) {
+                    acc[i][j0 + j][0] = fmaf((float)c[i][j][0], s0 * dv[i][0], acc[i][j0 + j][0]);
+                    acc[i][j0 + j][1] = fmaf((float)c[i][j][1], s1 * dv[i][0], acc[i][j0 + j][1]);
+                    acc[i][j0 + j][2] = fmaf((float)c[i][j][2], s0 * dv[i][1], acc[i][j0 + j][2]);
+                    acc[i][j0 + j][3] = fmaf((float)c[i][j][3], s1 * dv[i][1], acc[i][j0 + j][3]);
+                }
+            }
+        }
+    }
+    tc_wait<0>();
+    // The tile out: y = acc (+ beta y), tokens below T and rows below N only.
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = m0 + tk + 8 * j + 2 * t4 + (e & 1), n = n0 + wr + 16 * i + g + 8 * (e >> 1);
+                if (r >= T || n >= N) continue;
+                float* yo = y + (idx_t)r * ldy + n;
+                float v = acc[i][j][e];
+                *yo = beta != 0.0f ? v + beta * *yo : v;
+            }
+}
+// grid (ceil(T / BT), ceil(N / BW)), 32 NW threads, STAGES · STAGE bytes of dynamic shared memory (QmmaPq2Tile);
+// qgemm.rs's QMMA_PQ2 repeats the shapes. `qmma_pq2`: 64 tokens by 128 rows, 8 warps, two blocks a multiprocessor
+// (128 registers); `qmma_pq2_16`: 32 tokens by 256 rows, 16 warps, one block: fewer, wider blocks, for the shapes
+// where the first leaves a last wave mostly idle (N 5,120 at 400 tokens).
+#define QMMA_PQ2(name, MI, NJ, WW, NW, MINB)                                                                       \
+    KERNEL(name) void __launch_bounds__(32 * NW, MINB)                                                             \
         name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,                            \
              const signed char* __restrict__ xh, const unsigned char* __restrict__ xl,                             \
              const float* __restrict__ sx, const int* __restrict__ qs, int T, int N, int K, int Kp, int tp,        \
              float* __restrict__ y, int ldy, float beta) {                                                         \
-        qmma_gemm<FMT>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, y, ldy, beta);                                       \
+        qmma_pq2_gemm<MI, NJ, WW, NW>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, y, ldy, beta);                        \
     }
-QMMA_GEMM(qmma_pq2, 0)
-QMMA_GEMM(qmma_q8, 1)
+QMMA_PQ2(qmma_pq2, 2, 4, 4, 8, 2)
+QMMA_PQ2(qmma_pq2_16, 2, 2, 8, 16, 1)

@@ -63,6 +63,8 @@ pub struct Kernels {
     pub qmma_quant: CudaFunction,
     /// `qmma_pq2`, `qmma_q8` (qmma.cu): the prefill GEMM of block-format weights on the int8 tensor cores.
     pub qmma: [CudaFunction; 2],
+    /// `qmma_pq2_16` (qmma.cu): PQ2_0's prefill GEMM in 16-warp blocks of 32 tokens by 256 rows.
+    pub qmma_pq2_16: CudaFunction,
     pub hadamard_rows: CudaFunction,
     pub gated_norm_rotate: CudaFunction,
     pub attn_prep: CudaFunction,
@@ -305,7 +307,7 @@ pub const PROGRAMS: &[&[&str]] = &[
     &["attention_bf1"],
     &["simt"],
     &["gdn_tc_prep", "gdn_tc_prep_tf32"],
-    &["qmma_pq2", "qmma_q8"],
+    &["qmma_pq2", "qmma_pq2_16", "qmma_q8"],
 ];
 
 /// Whether program `i` compiles fallback kernels only (loaded by [`Gpu::fallbacks`], not when the GPU opens).
@@ -548,6 +550,18 @@ fn big_smem(k: CudaFunction, max_smem: usize) -> Result<CudaFunction, CudaError>
     Ok(k)
 }
 
+/// [`big_smem`] for a kernel meant to run more than one block a multiprocessor: the whole carveout to shared
+/// memory, so that the blocks' stages fit side by side.
+fn big_smem_shared(k: CudaFunction, max_smem: usize) -> Result<CudaFunction, CudaError> {
+    let k = big_smem(k, max_smem)?;
+    k.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        100,
+    )
+    .op("shared memory carveout")?;
+    Ok(k)
+}
+
 /// One kernel per slice width: `{name}_{bv}{suffix}` for each `bv` of `slices`, in that order, loaded by `load`.
 fn per_slice<const N: usize>(
     slices: [usize; N],
@@ -647,7 +661,8 @@ impl Gpu {
             embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16,
             gemv_norm_bf16, attn_prep, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
             dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate;
-            qmma: [big("qmma_pq2")?, big("qmma_q8")?],
+            qmma: [big_smem_shared(f("qmma_pq2")?, max_smem)?, big("qmma_q8")?],
+            qmma_pq2_16: big("qmma_pq2_16")?,
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,

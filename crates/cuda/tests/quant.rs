@@ -705,8 +705,9 @@ fn int8_bound(x: &[f32], t: usize, wf: &[f32], n: usize, k: usize) -> Vec<f32> {
 }
 
 /// The int8 tensor-core prefill GEMM (`gemm_q` with more than 8 rows of bf16 or split inputs, qmma.cu) against the
-/// f64 reference on the Qwen3.5 sizes and odd ones: PQ2_0 and Q8_0, T 9 to 512 (not multiples of the 128-row
-/// tile), N with tails (1000, 5128, 300), K 1024, 5120 and 17408; rows scaled from 1/8 to 8 (every 128-value block
+/// f64 reference on the Qwen3.5 sizes and odd ones: PQ2_0 and Q8_0, T 9 to 512 (not multiples of the tiles' 32 or
+/// 64 tokens), N with tails (1000, 5128, 5000, 300), K 1024, 5120 and 17408, both PQ2_0 tile shapes (T 512 and 450
+/// take the 8-warp one on an H200's 132 multiprocessors, the others the 16-warp one); rows scaled from 1/8 to 8 (every 128-value block
 /// has its own activation scale), an output row stride above N. Bound 1e-4 of the largest output for both layouts
 /// (the activations rounded to int16 per block, about 2^-16 of each block's largest, as the one-row integer GEMV;
 /// measured on an H200 up to 1.1e-4 with an outlier 20 times a row's scale in every row, which costs its block that
@@ -722,6 +723,7 @@ fn block_gemm_int8_matches_cpu() {
         (DType::PQ2_0, 33, 5128, 5120, false),
         (DType::PQ2_0, 200, 1000, 1024, false),
         (DType::PQ2_0, 512, 5128, 1024, false),
+        (DType::PQ2_0, 450, 5000, 1024, false),
         (DType::PQ2_0, 400, 300, 5120, false),
         (DType::PQ2_0, 200, 1000, 1024, true),
         (DType::Q8_0, 9, 5128, 1024, false),
