@@ -1,9 +1,9 @@
 // A bench of prefill's PQ2_0 GEMM on the int8 tensor cores (`qmma_quant`, then the engine's two tile shapes
 // `qmma_pq2` and `qmma_pq2_16`, qmma.cu) and other tile shapes of the same kernel template, on the 27B shape's
-// matrices at 512 and 400 tokens, outside the engine: random
-// codes (0..3, code 3 rare) and f16 scales, split activations. Each kernel's output is checked against an f64 sum on
-// sampled (token, row) pairs (the error over the largest |y|, flagged above 1e-4) and against the engine kernel's
-// output (the largest difference over the largest |y|). Built and run on the GPU machine (or here with the PyPI nvcc,
+// matrices at 512 and 400 tokens, outside the engine: random codes (0..3, code 3 rare) and f16 scales, split
+// activations. Each kernel's output is checked against an f64 sum on sampled (token, row) pairs (the error over the
+// largest |y|, flagged above 1e-4) and against the first kernel's output (the largest difference over the largest
+// |y|: every tile shape sums in the same order, so 0). Built and run on the GPU machine (or here with the PyPI nvcc,
 // nvvm, cuda-runtime and cuda-crt wheels unpacked as tools/cuda/ptx-check.py says):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -cudart static -diag-suppress 1556 -o /tmp/gemm-lab tools/cuda/gemm-lab.cu
 //   /tmp/gemm-lab                      every shape and variant, a table
