@@ -409,6 +409,50 @@ mod tests {
             1,
             "under one wave: the wider blocks"
         );
-        assert_eq!(QMMA_PQ2[0].smem(), 3 * (2 * 64 * 144 + 128 * 32 + 8 * 64));
+    }
+
+    /// [`QMMA_PQ2`] repeats the kernels' shapes in qmma.cu (`QMMA_PQ2(name, MI, NJ, WW, NW, MINB)`, `QmmaPq2Tile`):
+    /// a launch with other tiles would leave outputs unwritten, so the two are read against each other here.
+    #[test]
+    fn pq2_tiles_match_the_kernel_source() {
+        let src = include_str!("qmma.cu");
+        let num = |key: &str| -> usize {
+            let at = src.find(key).unwrap_or_else(|| panic!("{key} in qmma.cu")) + key.len();
+            let digits: String = src[at..]
+                .chars()
+                .skip_while(|c| c.is_whitespace())
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().unwrap()
+        };
+        let (stages, pitch) = (
+            num("static constexpr int STAGES ="),
+            num("#define QMMA_APITCH"),
+        );
+        for (name, tile) in [("qmma_pq2", QMMA_PQ2[0]), ("qmma_pq2_16", QMMA_PQ2[1])] {
+            let key = format!("\nQMMA_PQ2({name},");
+            let at = src
+                .find(&key)
+                .unwrap_or_else(|| panic!("{name} in qmma.cu"))
+                + key.len();
+            let end = at + src[at..].find(')').unwrap();
+            let args: Vec<usize> = src[at..end]
+                .split(',')
+                .map(|a| a.trim().parse().unwrap())
+                .collect();
+            let [mi, nj, ww, nw, minb] = args[..] else {
+                panic!("{name}: {args:?}")
+            };
+            assert_eq!(tile.rows, ww * 16 * mi, "{name}: rows");
+            assert_eq!(tile.tokens, nw / ww * 8 * nj, "{name}: tokens");
+            assert_eq!(tile.threads as usize, 32 * nw, "{name}: threads");
+            assert_eq!(tile.per_sm, minb, "{name}: blocks a multiprocessor");
+            let stage = 2 * tile.tokens * pitch + tile.rows * 32 + 8 * tile.tokens;
+            assert_eq!(
+                tile.smem() as usize,
+                stages * stage,
+                "{name}: shared memory"
+            );
+        }
     }
 }
