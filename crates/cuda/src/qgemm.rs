@@ -382,6 +382,7 @@ pub fn gemm_q_dequant(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
