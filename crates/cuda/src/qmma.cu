@@ -51,16 +51,11 @@ KERNEL(simt) void qmma_quant(const unsigned short* __restrict__ x, int ldx, long
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float inv = m > 0.0f ? 32767.0f / m : 0.0f;
+    float inv = q16_inv(m);
     unsigned hw = 0u, lw = 0u;
     int sum = 0;
 #pragma unroll
-    for (int b = 0; b < 4; b++) {
-        int q = __float2int_rn(v[b] * inv);
-        sum += q;
-        hw |= (unsigned)((q >> 8) & 0xff) << (8 * b);
-        lw |= (unsigned)(q & 0xff) << (8 * b);
-    }
+    for (int b = 0; b < 4; b++) sum += q16_put(v[b], inv, b, hw, lw);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     idx_t o = r * Kp + blk * 128 + 4 * lane;

@@ -380,6 +380,17 @@ __device__ __forceinline__ void gemv_q_wide(const unsigned char* __restrict__ q,
     }
 }
 
+// The activations' int16 rounding of the integer products (the one-row PQ2_0 GEMV below and qmma.cu's prefill
+// GEMM): per 128-value block, q = round(x · q16_inv(m)), m the block's largest |x| (its scale m / 32767).
+__device__ __forceinline__ float q16_inv(float m) { return m > 0.0f ? 32767.0f / m : 0.0f; }
+// Rounds v to q and puts q's signed high and unsigned low bytes (q = 256 h + l) at byte b of h and l. → q
+__device__ __forceinline__ int q16_put(float v, float inv, int b, unsigned& h, unsigned& l) {
+    int q = __float2int_rn(v * inv);
+    h |= (unsigned)((q >> 8) & 0xff) << (8 * b);
+    l |= (unsigned)(q & 0xff) << (8 * b);
+    return q;
+}
+
 // The one-row PQ2_0 GEMV with integer products (bf16 or split inputs; decode's GEMV on a Bonsai pack): the
 // arguments, grid and split of K of `gemv_q_wide`, and N >= 8.
 //
@@ -446,7 +457,7 @@ __device__ __forceinline__ void gemv_pq2_int(const unsigned char* __restrict__ q
         for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(xv[i]));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        float inv = m > 0.0f ? 32767.0f / m : 0.0f;
+        float inv = q16_inv(m);
         xs = m / 32767.0f;
 #pragma unroll
         for (int w = 0; w < 2; w++)
@@ -454,12 +465,7 @@ __device__ __forceinline__ void gemv_pq2_int(const unsigned char* __restrict__ q
             for (int j = 0; j < 4; j++) {
                 unsigned hw = 0u, lw = 0u;
 #pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    int qv = __float2int_rn(xv[16 * w + 4 * b + j] * inv);
-                    qsum += qv;
-                    hw |= (unsigned)((qv >> 8) & 0xff) << (8 * b);
-                    lw |= (unsigned)(qv & 0xff) << (8 * b);
-                }
+                for (int b = 0; b < 4; b++) qsum += q16_put(xv[16 * w + 4 * b + j], inv, b, hw, lw);
                 hq[w][j] = hw, lq[w][j] = lw;
             }
     }
