@@ -216,40 +216,56 @@ const QMMA_BN: usize = 8 * QMMA_NT * QMMA_WARPS_N;
 const QMMA_Q8_SMEM: u32 =
     (3 * (2 * QMMA_BM * 144 + QMMA_BN * 144 + 8 * QMMA_BM + 8 * QMMA_BN)) as u32;
 
-/// A tile shape of PQ2_0's prefill GEMM (qmma.cu's `QMMA_PQ2` kernels): tokens and weight rows per block, threads,
-/// blocks resident on a multiprocessor, and the time of one wave of blocks relative to the first shape's
-/// (measured on an H200: per block, the 16-warp one runs at about 0.7 of the time two resident 8-warp blocks take
-/// each, and a wave holds half as many).
+/// A tile shape of PQ2_0's prefill GEMM: the template arguments of its kernel in qmma.cu (`QMMA_PQ2(name, MI, NJ,
+/// WW, NW, MINB)`: MI 16-row weight tiles by NJ 8-token tiles a warp, WW warps along the weight, NW warps, MINB
+/// blocks a multiprocessor), and the time of one wave of its blocks relative to the first shape's. `wave`: 0.7 for
+/// the 16-warp shape, between the 0.62 (27B gate|up at 512 tokens, many waves) and 0.84 (down at 400 tokens) that
+/// the H200 lab runs give, so that the choice below takes the faster shape on every lab shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Pq2Tile {
-    pub tokens: usize,
-    pub rows: usize,
-    pub threads: u32,
+    pub mi: usize,
+    pub nj: usize,
+    pub ww: usize,
+    pub nw: usize,
     pub per_sm: usize,
     pub wave: f64,
 }
-/// `qmma_pq2` (64 tokens by 128 rows, 8 warps, two blocks a multiprocessor) and `qmma_pq2_16` (32 by 256, 16 warps).
+/// `qmma_pq2` (64 tokens by 128 rows, 8 warps, two blocks a multiprocessor) and `qmma_pq2_16` (32 by 256, 16 warps),
+/// in the order of [`crate::runtime::Kernels::qmma_pq2`].
 pub const QMMA_PQ2: [Pq2Tile; 2] = [
     Pq2Tile {
-        tokens: 64,
-        rows: 128,
-        threads: 256,
+        mi: 2,
+        nj: 4,
+        ww: 4,
+        nw: 8,
         per_sm: 2,
         wave: 1.0,
     },
     Pq2Tile {
-        tokens: 32,
-        rows: 256,
-        threads: 512,
+        mi: 2,
+        nj: 2,
+        ww: 8,
+        nw: 16,
         per_sm: 1,
         wave: 0.7,
     },
 ];
 impl Pq2Tile {
+    /// Weight rows a block.
+    pub fn rows(&self) -> usize {
+        self.ww * 16 * self.mi
+    }
+    /// Tokens a block.
+    pub fn tokens(&self) -> usize {
+        self.nw / self.ww * 8 * self.nj
+    }
+    pub fn threads(&self) -> u32 {
+        32 * self.nw as u32
+    }
     /// Dynamic shared memory: 3 stages of the h and l planes (a row pitch of 144), the code bytes (32 a row), the
     /// tokens' scales and Σ q.
     pub fn smem(&self) -> u32 {
-        (3 * (2 * self.tokens * 144 + self.rows * 32 + 8 * self.tokens)) as u32
+        (3 * (2 * self.tokens() * 144 + self.rows() * 32 + 8 * self.tokens())) as u32
     }
 }
 
@@ -257,7 +273,7 @@ impl Pq2Tile {
 /// their time (a last wave mostly idle costs as much as a full one). Either gives the same bits.
 pub fn qmma_pq2_tile(t: usize, n: usize, sms: usize) -> usize {
     let cost = |c: &Pq2Tile| {
-        let blocks = t.div_ceil(c.tokens) * n.div_ceil(c.rows);
+        let blocks = t.div_ceil(c.tokens()) * n.div_ceil(c.rows());
         blocks.div_ceil(c.per_sm * sms.max(1)) as f64 * c.wave
     };
     usize::from(cost(&QMMA_PQ2[1]) < cost(&QMMA_PQ2[0]))
@@ -311,20 +327,11 @@ fn gemm_qmma(
         let (f, grid, threads, smem) = if fmt == 0 {
             let i = qmma_pq2_tile(tc, n, g.sms);
             let c = QMMA_PQ2[i];
-            let f = if i == 0 {
-                &g.k.qmma[0]
-            } else {
-                &g.k.qmma_pq2_16
-            };
-            (
-                f,
-                (tc.div_ceil(c.tokens) as u32, n.div_ceil(c.rows) as u32),
-                c.threads,
-                c.smem(),
-            )
+            let grid = (tc.div_ceil(c.tokens()) as u32, n.div_ceil(c.rows()) as u32);
+            (&g.k.qmma_pq2[i], grid, c.threads(), c.smem())
         } else {
             let grid = (tc.div_ceil(QMMA_BM) as u32, n.div_ceil(QMMA_BN) as u32);
-            (&g.k.qmma[1], grid, 256, QMMA_Q8_SMEM)
+            (&g.k.qmma_q8, grid, 256, QMMA_Q8_SMEM)
         };
         launch!(g, *f, cfg(grid, threads, smem);
             q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32,
@@ -388,7 +395,8 @@ mod tests {
 
     /// The tile choice on an H200's 132 multiprocessors against the faster of the two in the tile lab
     /// (tools/cuda/gemm-lab.cu, 27B shapes; docs/benchmarks/ternary-gpu.md): the 16-warp tile only where the
-    /// 8-warp one leaves most of a last wave idle, or where neither fills one.
+    /// 8-warp one leaves most of a last wave idle. And the rule's choice under one wave (not measured): the wider
+    /// blocks.
     #[test]
     fn pq2_tile_follows_the_waves() {
         // (tokens, rows, the faster tile measured)
@@ -412,8 +420,9 @@ mod tests {
         );
     }
 
-    /// [`QMMA_PQ2`] repeats the kernels' shapes in qmma.cu (`QMMA_PQ2(name, MI, NJ, WW, NW, MINB)`, `QmmaPq2Tile`):
-    /// a launch with other tiles would leave outputs unwritten, so the two are read against each other here.
+    /// [`QMMA_PQ2`] repeats the kernels' template arguments in qmma.cu (`QMMA_PQ2(name, MI, NJ, WW, NW, MINB)`) and
+    /// its stage layout (`QmmaPq2Tile`): a launch with other tiles would leave outputs unwritten, so the two are read
+    /// against each other here.
     #[test]
     fn pq2_tiles_match_the_kernel_source() {
         let src = include_str!("qmma.cu");
@@ -441,19 +450,23 @@ mod tests {
                 .split(',')
                 .map(|a| a.trim().parse().unwrap())
                 .collect();
-            let [mi, nj, ww, nw, minb] = args[..] else {
-                panic!("{name}: {args:?}")
-            };
-            assert_eq!(tile.rows, ww * 16 * mi, "{name}: rows");
-            assert_eq!(tile.tokens, nw / ww * 8 * nj, "{name}: tokens");
-            assert_eq!(tile.threads as usize, 32 * nw, "{name}: threads");
-            assert_eq!(tile.per_sm, minb, "{name}: blocks a multiprocessor");
-            let stage = 2 * tile.tokens * pitch + tile.rows * 32 + 8 * tile.tokens;
+            let t = tile;
             assert_eq!(
-                tile.smem() as usize,
-                stages * stage,
-                "{name}: shared memory"
+                args,
+                [t.mi, t.nj, t.ww, t.nw, t.per_sm],
+                "{name}: template arguments"
             );
+            let stage = 2 * t.tokens() * pitch + t.rows() * 32 + 8 * t.tokens();
+            assert_eq!(t.smem() as usize, stages * stage, "{name}: shared memory");
         }
+        assert_eq!((QMMA_PQ2[0].tokens(), QMMA_PQ2[0].rows()), (64, 128));
+        assert_eq!(
+            (
+                QMMA_PQ2[1].tokens(),
+                QMMA_PQ2[1].rows(),
+                QMMA_PQ2[1].threads()
+            ),
+            (32, 256, 512)
+        );
     }
 }

@@ -61,10 +61,11 @@ pub struct Kernels {
     pub dequant_rows: CudaFunction,
     /// `qmma_quant` (qmma.cu): the activations of the int8 tensor-core GEMM, quantized to two byte planes.
     pub qmma_quant: CudaFunction,
-    /// `qmma_pq2`, `qmma_q8` (qmma.cu): the prefill GEMM of block-format weights on the int8 tensor cores.
-    pub qmma: [CudaFunction; 2],
-    /// `qmma_pq2_16` (qmma.cu): PQ2_0's prefill GEMM in 16-warp blocks of 32 tokens by 256 rows.
-    pub qmma_pq2_16: CudaFunction,
+    /// `qmma_pq2`, `qmma_pq2_16` (qmma.cu): PQ2_0's prefill GEMM on the int8 tensor cores in its two tile shapes
+    /// (qgemm.rs's `QMMA_PQ2`, in that order).
+    pub qmma_pq2: [CudaFunction; 2],
+    /// `qmma_q8` (qmma.cu): Q8_0's prefill GEMM on the int8 tensor cores.
+    pub qmma_q8: CudaFunction,
     pub hadamard_rows: CudaFunction,
     pub gated_norm_rotate: CudaFunction,
     pub attn_prep: CudaFunction,
@@ -661,8 +662,8 @@ impl Gpu {
             embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16,
             gemv_norm_bf16, attn_prep, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
             dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate;
-            qmma: [big_smem_shared(f("qmma_pq2")?, max_smem)?, big("qmma_q8")?],
-            qmma_pq2_16: big("qmma_pq2_16")?,
+            qmma_pq2: [big_smem_shared(f("qmma_pq2")?, max_smem)?, big("qmma_pq2_16")?],
+            qmma_q8: big("qmma_q8")?,
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,
