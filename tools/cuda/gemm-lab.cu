@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lab.h"
+
 #include "../../crates/cuda/src/kernels.cu"
 #include "../../crates/cuda/src/decode.cu"
 #include "../../crates/cuda/src/tc_common.cu"
@@ -30,27 +32,6 @@ __global__ void __launch_bounds__(32 * NW, MINB)
     qmma_pq2_gemm<MI, NJ, WW, NW>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, y, ldy, beta);
 }
 
-#define CK(e)                                                                                   \
-    do {                                                                                        \
-        cudaError_t err_ = (e);                                                                 \
-        if (err_ != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #e, cudaGetErrorString(err_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
-
-static float h2f_host(unsigned short h) {
-    unsigned e = (h >> 10) & 31, m = h & 1023, u = ((unsigned)(h & 0x8000) << 16) | (e ? ((e + 112) << 23) | (m << 13) : 0);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static float bf_host(unsigned short h) {
-    unsigned u = (unsigned)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 struct Shape {
     const char* name;
@@ -126,9 +107,7 @@ int main(int argc, char** argv) {
             for (size_t i = 0; i < hx.size(); i++) {
                 float v = ((float)(rnd() % 20001) - 10000.0f) / 10000.0f;
                 if (i >= (size_t)T * s.k) v *= 1.0f / 512.0f;
-                unsigned u;
-                memcpy(&u, &v, 4);
-                hx[i] = (unsigned short)(u >> 16);
+                hx[i] = bf_trunc(v);
             }
             unsigned short* dx;
             CK(cudaMalloc(&dx, hx.size() * 2));

@@ -16,6 +16,8 @@
 #include <string>
 #include <cmath>
 
+#include "lab.h"
+
 #include "../../crates/cuda/src/kernels.cu"
 #include "../../crates/cuda/src/decode.cu"
 #include "../../crates/cuda/src/tc_common.cu"
@@ -174,22 +176,6 @@ __global__ void __launch_bounds__(768) gemv_mma(const unsigned char* __restrict_
     }
 }
 
-#define CK(e)                                                                                   \
-    do {                                                                                        \
-        cudaError_t err_ = (e);                                                                 \
-        if (err_ != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #e, cudaGetErrorString(err_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
-
-static float h2f_host(unsigned short h) {
-    // f16 normals and zero (the lab's scales)
-    unsigned e = (h >> 10) & 31, m = h & 1023, u = ((unsigned)(h & 0x8000) << 16) | (e ? ((e + 112) << 23) | (m << 13) : 0);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 struct Shape {
     const char* name;
     int n, k;
@@ -274,18 +260,10 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < hx.size(); i++) {
             float v = ((float)(rnd() % 20001) - 10000.0f) / 10000.0f;
             if (i >= (size_t)s.k) v *= 1.0f / 512.0f;
-            unsigned u;
-            memcpy(&u, &v, 4);
-            hx[i] = (unsigned short)(u >> 16);
+            hx[i] = bf_trunc(v);
         }
         std::vector<float> xval(s.k);
-        for (int k = 0; k < s.k; k++) {
-            unsigned a = (unsigned)hx[k] << 16, b = (unsigned)hx[k + s.k] << 16;
-            float fa, fb;
-            memcpy(&fa, &a, 4);
-            memcpy(&fb, &b, 4);
-            xval[k] = fa + fb;
-        }
+        for (int k = 0; k < s.k; k++) xval[k] = bf_host(hx[k]) + bf_host(hx[k + s.k]);
         void* dx;
         float* y;
         CK(cudaMalloc(&dx, hx.size() * 2));

@@ -277,7 +277,7 @@ KERNEL(qmma_q8) void __launch_bounds__(256, 1)
 // Every tile shape sums each output in the same order (the 128-K blocks in turn, exact int32 sums within one):
 // the tile choice (qgemm.rs) changes no bit. Measured on an H200 against the earlier kernel (x as A by ldmatrix,
 // the codes as B, 64 x 256 tiles of 8 warps, docs/benchmarks/ternary-gpu.md): 27B gate|up at 512 tokens 841 ->
-// 662 µs, down 631 -> 410, down at 400 tokens 617 -> 330 (the 16-warp tile).
+// 665 µs, down 631 -> 419, down at 400 tokens 617 -> 346 (the 16-warp tile).
 template <int MI, int NJ, int WW, int NW>
 struct QmmaPq2Tile {
     static constexpr int NT = 32 * NW;       // threads
