@@ -127,8 +127,50 @@ type TokenOut<'a> = (
     &'a [f32],
 );
 
-/// Quantizes one token `xs` [K] into its slices of [`ActQ`].
+/// Quantizes one token `xs` [K] into its slices of [`ActQ`] (with AVX-512 where the processor has it: the same
+/// arithmetic, vectorised).
 fn token(
+    xs: &[f32],
+    layout: &Layout,
+    lane_blocks: &[Option<usize>; LANES],
+    hi: &mut [i8],
+    lo: &mut [u8],
+    scales: &mut [f32],
+    sums: &mut [i32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+    {
+        // SAFETY: the features were just detected.
+        unsafe { token_avx512(xs, layout, lane_blocks, hi, lo, scales, sums) };
+        return;
+    }
+    token_body(xs, layout, lane_blocks, hi, lo, scales, sums);
+}
+
+/// [`token_body`] compiled for AVX-512.
+///
+/// # Safety
+/// The processor has AVX-512 F and BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn token_avx512(
+    xs: &[f32],
+    layout: &Layout,
+    lane_blocks: &[Option<usize>; LANES],
+    hi: &mut [i8],
+    lo: &mut [u8],
+    scales: &mut [f32],
+    sums: &mut [i32],
+) {
+    token_body(xs, layout, lane_blocks, hi, lo, scales, sums);
+}
+
+/// One group of blocks at a time: each block's `q` in value order (loops the compiler vectorises), placed by the
+/// layout into the group's bytes as 32-bit values, then split into the two byte planes and summed lane by lane.
+#[inline(always)]
+fn token_body(
     xs: &[f32],
     layout: &Layout,
     lane_blocks: &[Option<usize>; LANES],
@@ -139,33 +181,85 @@ fn token(
 ) {
     let pair_bytes = layout.pair_bytes();
     let flip = if layout.hi_plus_128 { i8::MIN } else { 0 };
-    for (b, xs) in xs.chunks_exact(ACT_BLOCK).enumerate() {
-        let max = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let bad = xs.iter().any(|v| !v.is_finite());
-        let (s, inv) = if bad {
-            (f32::NAN, 0.0)
-        } else if max == 0.0 {
-            (0.0, 0.0)
-        } else {
-            (max / Q_MAX, Q_MAX / max)
-        };
-        let (pair, j) = (b / layout.blocks, b % layout.blocks);
-        for (lane, block) in scales[pair * LANES..][..LANES].iter_mut().zip(lane_blocks) {
-            if *block == Some(j) {
-                *lane = s;
+    assert!(pair_bytes <= PLACED, "layout: {pair_bytes} bytes per group");
+    let mut placed = [0i32; PLACED];
+    let strided = layout.blocks <= 2
+        && layout.regs == 4
+        && (0..layout.blocks).all(|j| {
+            (0..ACT_BLOCK).all(|v| usize::from(layout.slot[j][v]) == 64 * (v % 4) + 32 * j + v / 4)
+        });
+    for (pair, xs) in xs.chunks(ACT_BLOCK * layout.blocks).enumerate() {
+        placed[..pair_bytes].fill(NONE);
+        for (j, xs) in xs.chunks_exact(ACT_BLOCK).enumerate() {
+            // Lane-wise max|x| (a NaN is skipped here and caught by `bad`) and whether any value is not finite.
+            let mut lanes = [0f32; 16];
+            let mut finite = [true; 16];
+            for c in xs.chunks_exact(16) {
+                for ((m, f), &v) in lanes.iter_mut().zip(&mut finite).zip(c) {
+                    let a = v.abs();
+                    *m = if a > *m { a } else { *m };
+                    *f &= a < f32::INFINITY;
+                }
+            }
+            let max = lanes.iter().fold(0f32, |m, &v| m.max(v));
+            let bad = finite.contains(&false);
+            let (s, inv) = if bad {
+                (f32::NAN, 0.0)
+            } else if max == 0.0 {
+                (0.0, 0.0)
+            } else {
+                (max / Q_MAX, Q_MAX / max)
+            };
+            for (lane, block) in scales[pair * LANES..][..LANES].iter_mut().zip(lane_blocks) {
+                if *block == Some(j) {
+                    *lane = s;
+                }
+            }
+            let mut q = [0i32; ACT_BLOCK];
+            for (q, &v) in q.iter_mut().zip(xs) {
+                *q = round_q(v, inv);
+            }
+            if strided {
+                // Value 4i + c at byte i of half j of register c: strided loads the compiler turns into shuffles.
+                for c in 0..4 {
+                    for i in 0..32 {
+                        placed[64 * c + 32 * j + i] = q[4 * i + c];
+                    }
+                }
+            } else {
+                for (&q, &o) in q.iter().zip(&layout.slot[j]) {
+                    // The mask keeps the index in bounds without a check (the layout's slots are below its bytes).
+                    placed[usize::from(o) & (PLACED - 1)] = q;
+                }
             }
         }
         let hi = &mut hi[pair * pair_bytes..][..pair_bytes];
         let lo = &mut lo[pair * pair_bytes..][..pair_bytes];
+        // Bytes no value lands on read 0 in both planes (not flipped) and add nothing to the sums.
+        for ((h, l), q) in hi
+            .iter_mut()
+            .zip(lo.iter_mut())
+            .zip(&mut placed[..pair_bytes])
+        {
+            let none = *q == NONE;
+            *h = if none { 0 } else { ((*q >> 8) as i8) ^ flip };
+            *l = if none { 0 } else { (*q & 0xFF) as u8 };
+            *q = if none { 0 } else { *q };
+        }
         let sums = &mut sums[pair * LANES..][..LANES];
-        for (&v, &o) in xs.iter().zip(&layout.slot[j]) {
-            let (q, o) = (round_q(v, inv), usize::from(o));
-            hi[o] = ((q >> 8) as i8) ^ flip;
-            lo[o] = (q & 0xFF) as u8;
-            sums[(o % 64) / 4] -= q;
+        for reg in placed[..pair_bytes].chunks_exact(64) {
+            for (sum, g) in sums.iter_mut().zip(reg.chunks_exact(4)) {
+                *sum -= g[0] + g[1] + g[2] + g[3];
+            }
         }
     }
 }
+
+/// A byte of a group no value lands on, while the group is placed (no `q` is this small).
+const NONE: i32 = i32::MIN;
+
+/// Bytes per group at most (a power of two): Q8_0's eight registers.
+const PLACED: usize = 512;
 
 /// `round(x · inv)` (ties away from zero, as `f32::round`, spelled so that it compiles without a library call)
 /// clamped to ±32767.
@@ -279,6 +373,85 @@ mod tests {
             .zip(&a.lo)
             .enumerate()
             .all(|(o, (&h, &l))| (h, l) == if o == 5 { (127, 255) } else { (0, 0) }));
+    }
+
+    /// The quantizer value by value, as first written: each `q` stored at its slot and subtracted from its lane.
+    fn value_by_value(x: &[f32], t: usize, k: usize, layout: &Layout) -> ActQ {
+        let pairs = (k / ACT_BLOCK).div_ceil(layout.blocks);
+        let pb = layout.pair_bytes();
+        let lane_blocks = layout.lane_blocks();
+        let mut a = ActQ {
+            k,
+            pairs,
+            pair_bytes: pb,
+            hi: vec![0; t * pairs * pb],
+            lo: vec![0; t * pairs * pb],
+            scale_lanes: vec![0.0; t * pairs * LANES],
+            neg_lane_sums: vec![0; t * pairs * LANES],
+        };
+        for (i, xs) in x.chunks_exact(k).enumerate() {
+            for (b, xs) in xs.chunks_exact(ACT_BLOCK).enumerate() {
+                let max = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let (s, inv) = if xs.iter().any(|v| !v.is_finite()) {
+                    (f32::NAN, 0.0)
+                } else if max == 0.0 {
+                    (0.0, 0.0)
+                } else {
+                    (max / Q_MAX, Q_MAX / max)
+                };
+                let (pair, j) = (i * pairs + b / layout.blocks, b % layout.blocks);
+                for (lane, block) in lane_blocks.iter().enumerate() {
+                    if *block == Some(j) {
+                        a.scale_lanes[pair * LANES + lane] = s;
+                    }
+                }
+                for (&v, &o) in xs.iter().zip(&layout.slot[j]) {
+                    let (q, o) = (round_q(v, inv), usize::from(o));
+                    let flip = if layout.hi_plus_128 { i8::MIN } else { 0 };
+                    a.hi[pair * pb + o] = ((q >> 8) as i8) ^ flip;
+                    a.lo[pair * pb + o] = (q & 0xFF) as u8;
+                    a.neg_lane_sums[pair * LANES + (o % 64) / 4] -= q;
+                }
+            }
+        }
+        a
+    }
+
+    #[test]
+    fn every_kernel_layout_matches_the_value_by_value_quantizer() {
+        use crate::cpu::q8_0_vnni::Q8_0_LAYOUT;
+        use crate::cpu::ternary_vnni::{PQ2_0_LAYOUT, PTQ1_0_LAYOUT};
+        // Seven blocks per token (the last group short), three tokens; a zero block, a block with an infinity and
+        // one with a NaN, values at the rounding ties.
+        let (t, k) = (3, 7 * ACT_BLOCK);
+        let mut seed = 0x05ee_da11_u64;
+        let mut x: Vec<f32> = (0..t * k)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+            })
+            .collect();
+        x[2 * ACT_BLOCK..3 * ACT_BLOCK].fill(0.0);
+        x[k + 5] = f32::INFINITY;
+        x[2 * k + ACT_BLOCK + 9] = f32::NAN;
+        x[4 * ACT_BLOCK] = 32767.0;
+        x[4 * ACT_BLOCK + 1] = 0.5;
+        x[4 * ACT_BLOCK + 2] = -1.5;
+        for (name, layout) in [
+            ("PQ2_0", &PQ2_0_LAYOUT),
+            ("PTQ1_0", &PTQ1_0_LAYOUT),
+            ("Q8_0", &Q8_0_LAYOUT),
+        ] {
+            let (a, b) = (quantize(&x, t, k, layout), value_by_value(&x, t, k, layout));
+            assert_eq!((a.pairs, a.pair_bytes), (b.pairs, b.pair_bytes), "{name}");
+            assert_eq!(a.hi, b.hi, "{name}: high bytes");
+            assert_eq!(a.lo, b.lo, "{name}: low bytes");
+            assert_eq!(a.neg_lane_sums, b.neg_lane_sums, "{name}: lane sums");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.scale_lanes), bits(&b.scale_lanes), "{name}: scales");
+        }
     }
 
     #[test]
