@@ -283,7 +283,11 @@ impl Model {
             attn: None,
             mlp: (Vec::new(), Vec::new()),
         };
-        run_layers(&self.config.text.layer_types, &mut ops)?;
+        // On one of the thread pool's own threads: each op's parallel loop then splits there (the other threads
+        // steal its halves) instead of being handed to the pool while this thread sleeps and wakes, once per
+        // weight; a decode step has hundreds.
+        let kinds = &self.config.text.layer_types;
+        rayon::scope(|_| run_layers(kinds, &mut ops))?;
         let CpuLayers { mut x, items, .. } = ops;
         self.norm.forward_inplace(&mut x);
         for (st, ids) in items.iter_mut() {
