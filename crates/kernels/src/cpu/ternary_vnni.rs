@@ -205,26 +205,24 @@ fn scale_lanes(bits: u32, lanes: __m512i) -> __m512 {
 /// [`available`]; block `b` (and `b + 1` if `two`) lies inside the row.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,gfni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,gfni,f16c")]
 unsafe fn unpack_pq2_0(row: *const u8, b: usize, two: bool) -> Codes {
     // SAFETY: per the contract: 34 bytes at block b (and b + 1).
     unsafe {
         let p = row.add(b * PQ2_0_BYTES);
         let lo = _mm256_loadu_si256(p.add(2) as *const __m256i);
-        let (codes, d_bits) = if two {
+        // The scales as 8 halves each (block b's below block b + 1's), widened to the 16 lanes at once.
+        let d0 = _mm_set1_epi16((p as *const i16).read_unaligned());
+        let (codes, d) = if two {
             let q = p.add(PQ2_0_BYTES);
             let hi = _mm256_loadu_si256(q.add(2) as *const __m256i);
-            let bits = u32::from((p as *const u16).read_unaligned())
-                | (u32::from((q as *const u16).read_unaligned()) << 16);
+            let d1 = _mm_set1_epi16((q as *const i16).read_unaligned());
             (
                 _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi),
-                bits,
+                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(d0), d1),
             )
         } else {
-            (
-                _mm512_zextsi256_si512(lo),
-                u32::from((p as *const u16).read_unaligned()),
-            )
+            (_mm512_zextsi256_si512(lo), _mm256_zextsi128_si256(d0))
         };
         // Bits 2c and 2c + 1 of every byte to bits 0 and 1: an 8×8 bit-matrix product per byte (matrix byte
         // 7 − i selects the input bits whose parity is output bit i).
@@ -234,7 +232,6 @@ unsafe fn unpack_pq2_0(row: *const u8, b: usize, two: bool) -> Codes {
                 _mm512_set1_epi64(((1i64 << (2 * c)) << 56) | ((1i64 << (2 * c + 1)) << 48)),
             )
         };
-        let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         Codes {
             c: [
                 plane(0),
@@ -243,7 +240,7 @@ unsafe fn unpack_pq2_0(row: *const u8, b: usize, two: bool) -> Codes {
                 plane(3),
                 _mm512_setzero_si512(),
             ],
-            d: scale_lanes(d_bits, halves),
+            d: _mm512_cvtph_ps(d),
         }
     }
 }
