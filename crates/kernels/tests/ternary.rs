@@ -260,3 +260,73 @@ fn folded_matmul_equals_the_unfolded_float_product() {
         assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
     }
 }
+
+#[test]
+fn weights_that_read_one_activation_answer_as_each_alone() {
+    use onepass_kernels::matmul_t_many;
+    use onepass_tensor::DType;
+    let mut rng = Rng(0x5eed_0020);
+    // Five blocks per row (the last pair short); row counts off the kernel's tasks and tiles.
+    let k = 640;
+    let ns = [67usize, 130, 9];
+    let raw: Vec<Vec<u8>> = ns.iter().map(|&n| random_pq2_0(&mut rng, n, k)).collect();
+    let pq: Vec<Tensor> = raw
+        .iter()
+        .zip(ns)
+        .map(|(w, n)| Tensor::from_raw("w", DType::PQ2_0, vec![n, k], w).expect("sizes"))
+        .collect();
+    // PTQ1_0 blocks of random trit bytes (every byte value decodes) and scales.
+    let ptq_raw: Vec<Vec<u8>> = ns
+        .iter()
+        .map(|&n| {
+            let mut blocks = vec![0u8; n * k / 128 * 28];
+            for b in blocks.chunks_exact_mut(28) {
+                for v in &mut b[..26] {
+                    *v = rng.next() as u8;
+                }
+                b[26..].copy_from_slice(&f16::from_f32(0.01 + 0.02 * rng.unit()).to_le_bytes());
+            }
+            blocks
+        })
+        .collect();
+    let ptq: Vec<Tensor> = ptq_raw
+        .iter()
+        .zip(ns)
+        .map(|(w, n)| Tensor::from_raw("w", DType::PTQ1_0, vec![n, k], w).expect("sizes"))
+        .collect();
+    let float = Tensor::from_f32("f", vec![5, k], &vec![0.25; 5 * k]);
+    for t in [1usize, 3] {
+        let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
+        let groups: [Vec<&Tensor>; 3] = [
+            pq.iter().collect(),
+            ptq.iter().collect(),
+            vec![&pq[0], &float, &ptq[1]],
+        ];
+        for ws in groups {
+            let alone: Vec<Vec<f32>> = ws
+                .iter()
+                .map(|w| {
+                    let mut y = vec![f32::NAN; t * w.shape()[0]];
+                    onepass_kernels::matmul_t(&x, t, w, &mut y);
+                    y
+                })
+                .collect();
+            let mut out: Vec<Vec<f32>> = ws
+                .iter()
+                .map(|w| vec![f32::NAN; t * w.shape()[0]])
+                .collect();
+            let mut ys: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+            matmul_t_many(&x, t, &ws, &mut ys);
+            for (i, (a, b)) in alone.iter().zip(&out).enumerate() {
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "weight {i} ({}) of {} at T={t}",
+                    ws[i].dtype().name(),
+                    ws.len()
+                );
+            }
+        }
+    }
+}

@@ -83,6 +83,65 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
     }
 }
 
+/// `ys[i][T, N_i] = x[T, K] · ws[i][N_i, K]ᵀ` for weights that read one activation (gate and up, q, k and v): each
+/// output the one [`matmul_t`] gives for its weight alone. Packed ternary weights of one format, where the integer
+/// kernels run, share one rounding of x and one parallel loop over all their rows; others run one by one.
+///
+/// Panics if the buffers do not match the shapes, as [`matmul_t`].
+pub fn matmul_t_many(x: &[f32], t: usize, ws: &[&Tensor], ys: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), ys.len(), "matmul_t_many: one output per weight");
+    let packed = |f: fn(&View<'_>) -> bool| ws.iter().all(|w| f(&w.view()));
+    let format = if packed(|v| matches!(v, View::PQ2_0(_))) {
+        Some(super::ternary_vnni::Packed::Pq2_0)
+    } else if packed(|v| matches!(v, View::PTQ1_0(_))) {
+        Some(super::ternary_vnni::Packed::Ptq1_0)
+    } else {
+        None
+    };
+    let k = ws.first().map(|w| weight_dims(w).1);
+    match (format, k) {
+        (Some(format), Some(k))
+            if ws.len() > 1
+                && t > 0
+                && super::ternary_vnni::available()
+                && ws.iter().all(|w| weight_dims(w).1 == k) =>
+        {
+            let parts: Vec<(&[u8], usize)> = ws
+                .iter()
+                .zip(ys.iter())
+                .map(|(w, y)| {
+                    let (n, _) = weight_dims(w);
+                    let raw = match w.view() {
+                        View::PQ2_0(r) | View::PTQ1_0(r) => r,
+                        _ => unreachable!("checked above"),
+                    };
+                    super::ternary::check_packed_shapes(
+                        "matmul_t_many",
+                        format.shape(),
+                        x,
+                        t,
+                        raw,
+                        n,
+                        k,
+                        y,
+                    );
+                    (raw, n)
+                })
+                .collect();
+            // SAFETY: the shapes are checked above; the integer kernels are available.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                super::ternary_vnni::matmul_t_many(format, x, t, &parts, k, ys)
+            };
+        }
+        _ => {
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                matmul_t(x, t, w, y);
+            }
+        }
+    }
+}
+
 /// Slow twin of [`matmul_t`]: one f64-accumulated dot product per output.
 pub fn matmul_t_reference(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
     let (n, k) = weight_dims(w);

@@ -32,7 +32,7 @@ pub const PQ2_0_BLOCK: usize = 128;
 /// Bytes per PQ2_0 block.
 pub const PQ2_0_BYTES: usize = 34;
 /// Weight rows per rayon task.
-const ROWS_PER_TASK: usize = 64;
+pub(super) const ROWS_PER_TASK: usize = 64;
 
 /// Which implementation [`ternary_matmul_t_with`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use onepass_tensor::Tensor;
 use super::norm::RmsNorm;
 use std::sync::Arc;
 
-use super::{linear, rotated, site, Seg};
+use super::{linear, linears, rotated, site, Seg};
 use crate::config::TextConfig;
 use crate::state::{KvCache, LayerState};
 use crate::weights::Binder;
@@ -76,13 +76,13 @@ impl Attention {
     /// The q|gate, k and v projections of the normed rows x: [N, hidden].
     pub fn project(&self, x: &[f32], n: usize) -> AttnScratch {
         let x = rotated(x, &self.rot_in);
-        let x = &x[..];
+        let [qg, k, v] = linears(&x, n, [&self.q, &self.k, &self.v]);
         AttnScratch {
-            qg: linear(x, n, &self.q),
+            qg,
             q: Vec::new(),
             gate: Vec::new(),
-            k: linear(x, n, &self.k),
-            v: linear(x, n, &self.v),
+            k,
+            v,
             past: Vec::new(),
             o: Vec::new(),
         }

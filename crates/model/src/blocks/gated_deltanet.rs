@@ -17,7 +17,7 @@ use onepass_tensor::Tensor;
 
 use std::sync::Arc;
 
-use super::{linear, rotated, site, unrotated, Seg};
+use super::{linear, linears, rotated, site, unrotated, Seg};
 use crate::config::TextConfig;
 use crate::state::{LayerState, RecurrentState};
 use crate::weights::Binder;
@@ -112,9 +112,10 @@ impl GatedDeltaNet {
     pub fn project(&self, x: &[f32], n: usize) -> GdnScratch {
         // One rotation for the folded qkv and z; a and b read x as it is.
         let xr = rotated(x, &self.rot_in);
+        let [qkv, z] = linears(&xr, n, [&self.in_qkv, &self.in_z]);
         GdnScratch {
-            qkv: linear(&xr, n, &self.in_qkv),
-            z: linear(&xr, n, &self.in_z),
+            qkv,
+            z,
             a: linear(x, n, &self.in_a),
             b: linear(x, n, &self.in_b),
             segs: Vec::new(),

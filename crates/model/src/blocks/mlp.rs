@@ -5,7 +5,7 @@ use onepass_tensor::Tensor;
 
 use std::sync::Arc;
 
-use super::{linear, rotated, site};
+use super::{linear, linears, rotated, site};
 use crate::weights::Binder;
 use crate::ModelError;
 
@@ -33,7 +33,8 @@ impl Mlp {
     /// `gate(x)` and `up(x)` of the normed rows x: [N, H]. → ([N, I], [N, I])
     pub fn gate_up(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
         let x = rotated(x, &self.rot_in);
-        (linear(&x, n, &self.gate), linear(&x, n, &self.up))
+        let [g, u] = linears(&x, n, [&self.gate, &self.up]);
+        (g, u)
     }
 
     /// `g = silu(g) · u`, the input of [`Mlp::down`].

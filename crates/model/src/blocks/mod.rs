@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use onepass_kernels::matmul_t;
+use onepass_kernels::{matmul_t, matmul_t_many};
 use onepass_tensor::Tensor;
 
 use crate::weights::Binder;
@@ -23,6 +23,15 @@ pub mod norm;
 pub fn linear(x: &[f32], n: usize, w: &Tensor) -> Vec<f32> {
     let mut out = vec![0.0; n * w.shape()[0]];
     matmul_t(x, n, w, &mut out);
+    out
+}
+
+/// The projections of the rows x: [N, K] by several weights that read it (gate and up; q, k and v), each the
+/// [`linear`] of its weight: packed ternary weights share one rounding of x and one parallel loop. → [N, M_i] each
+pub fn linears<const W: usize>(x: &[f32], n: usize, ws: [&Tensor; W]) -> [Vec<f32>; W] {
+    let mut out: [Vec<f32>; W] = std::array::from_fn(|i| vec![0.0; n * ws[i].shape()[0]]);
+    let mut ys: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+    matmul_t_many(x, n, &ws, &mut ys);
     out
 }
 
