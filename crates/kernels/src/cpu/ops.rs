@@ -85,8 +85,13 @@ pub fn softplus(x: f32) -> f32 {
 
 /// SwiGLU in place: `gate = silu(gate) * up`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    gate.par_chunks_mut(PAR_CHUNK)
-        .zip(up.par_chunks(PAR_CHUNK))
+    // Even shares for the threads (one token's 17,408 values were one chunk of 16,384 and a sliver).
+    let per = gate
+        .len()
+        .div_ceil(2 * rayon::current_num_threads().max(1))
+        .clamp(1024, PAR_CHUNK);
+    gate.par_chunks_mut(per)
+        .zip(up.par_chunks(per))
         .for_each(|(gs, us)| {
             for (g, u) in gs.iter_mut().zip(us) {
                 *g = silu(*g) * u;
@@ -152,34 +157,74 @@ pub fn causal_conv1d_silu(
     kernel: usize,
     state: &mut [f32],
 ) {
-    let hist = kernel - 1;
-    assert_eq!(state.len(), hist * channels);
-    // Padded input: the history followed by the new tokens.
-    let mut xx = Vec::with_capacity((hist + t) * channels);
-    xx.extend_from_slice(state);
-    xx.extend_from_slice(&x[..t * channels]);
-    // Taps channel-contiguous ([K, C]) so the inner loop runs over channels and vectorises.
+    causal_conv1d_silu_taps(
+        x,
+        t,
+        channels,
+        &conv_taps(weight, channels, kernel),
+        kernel,
+        state,
+    );
+}
+
+/// The conv weight [C, K] as taps channel-contiguous, [K, C]: what [`causal_conv1d_silu_taps`] reads.
+pub fn conv_taps(weight: &[f32], channels: usize, kernel: usize) -> Vec<f32> {
+    assert_eq!(weight.len(), channels * kernel);
     let mut taps = vec![0.0f32; kernel * channels];
     for c in 0..channels {
         for j in 0..kernel {
             taps[j * channels + c] = weight[c * kernel + j];
         }
     }
-    // Outputs read only the padded copy, so tokens are independent.
-    x[..t * channels]
-        .par_chunks_mut(channels)
-        .enumerate()
-        .for_each(|(i, out)| {
-            out.fill(0.0);
-            for j in 0..kernel {
-                let tap = &taps[j * channels..(j + 1) * channels];
-                let inp = &xx[(i + j) * channels..(i + j + 1) * channels];
-                for ((o, w), v) in out.iter_mut().zip(tap).zip(inp) {
-                    *o += w * v;
-                }
+    taps
+}
+
+/// [`causal_conv1d_silu`] with the taps already channel-contiguous ([`conv_taps`]): the inner loop runs over
+/// channels and vectorises; one token's channels are split between the threads, several tokens go one per task.
+/// Every output sums its taps in order, whatever the split.
+pub fn causal_conv1d_silu_taps(
+    x: &mut [f32],
+    t: usize,
+    channels: usize,
+    taps: &[f32],
+    kernel: usize,
+    state: &mut [f32],
+) {
+    let hist = kernel - 1;
+    assert_eq!(state.len(), hist * channels);
+    assert_eq!(taps.len(), kernel * channels);
+    // Padded input: the history followed by the new tokens.
+    let mut xx = Vec::with_capacity((hist + t) * channels);
+    xx.extend_from_slice(state);
+    xx.extend_from_slice(&x[..t * channels]);
+    // Channels c0.. of token i's output.
+    let one = |i: usize, c0: usize, out: &mut [f32]| {
+        out.fill(0.0);
+        let cs = c0..c0 + out.len();
+        for j in 0..kernel {
+            let tap = &taps[j * channels..][cs.clone()];
+            let inp = &xx[(i + j) * channels..][cs.clone()];
+            for ((o, w), v) in out.iter_mut().zip(tap).zip(inp) {
+                *o += w * v;
             }
-            out.iter_mut().for_each(|o| *o = silu(*o));
-        });
+        }
+        out.iter_mut().for_each(|o| *o = silu(*o));
+    };
+    // Outputs read only the padded copy, so tokens and channels are independent.
+    if t == 1 {
+        let per = channels
+            .div_ceil(2 * rayon::current_num_threads().max(1))
+            .next_multiple_of(16);
+        x[..channels]
+            .par_chunks_mut(per)
+            .enumerate()
+            .for_each(|(b, out)| one(0, b * per, out));
+    } else {
+        x[..t * channels]
+            .par_chunks_mut(channels)
+            .enumerate()
+            .for_each(|(i, out)| one(i, 0, out));
+    }
     state.copy_from_slice(&xx[t * channels..]);
 }
 
@@ -237,6 +282,41 @@ mod tests {
         // First output only sees the first input (zero history) through the last tap.
         let want = silu(w[k - 1] * x[0]);
         assert!((whole[0] - want).abs() < 1e-6);
+    }
+
+    #[test]
+    fn conv_of_one_token_split_across_threads_equals_each_channel_summed_alone() {
+        // Wide enough that one token's channels are split into several tasks.
+        let (t, c, k) = (3, 1000, 4);
+        let w: Vec<f32> = (0..c * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let x: Vec<f32> = (0..t * c).map(|i| (i as f32 * 0.71).cos()).collect();
+        let mut st = vec![0.0; (k - 1) * c];
+        let mut got = Vec::new();
+        for i in 0..t {
+            let mut row = x[i * c..(i + 1) * c].to_vec();
+            causal_conv1d_silu(&mut row, 1, c, &w, k, &mut st);
+            got.extend(row);
+        }
+        // Each output alone: the taps in order over the zero history and the inputs.
+        for i in 0..t {
+            for ch in 0..c {
+                let mut o = 0.0f32;
+                for j in 0..k {
+                    let pos = i + j;
+                    let v = if pos < k - 1 {
+                        0.0
+                    } else {
+                        x[(pos - (k - 1)) * c + ch]
+                    };
+                    o += w[ch * k + j] * v;
+                }
+                assert_eq!(
+                    got[i * c + ch].to_bits(),
+                    silu(o).to_bits(),
+                    "token {i} channel {ch}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //! ```
 
 use onepass_kernels::{
-    causal_conv1d_silu, gated_delta_chunked, gated_delta_recurrent, l2_normalize, rms_norm_gated,
-    sigmoid, softplus, DeltaInputs, DeltaShape,
+    causal_conv1d_silu_taps, conv_taps, gated_delta_chunked, gated_delta_recurrent, l2_normalize,
+    rms_norm_gated, sigmoid, softplus, DeltaInputs, DeltaShape,
 };
 use onepass_tensor::Tensor;
 
@@ -34,6 +34,8 @@ pub struct GatedDeltaNet {
     pub(crate) in_b: Tensor,
     /// conv: [conv_dim, K]
     pub(crate) conv: Vec<f32>,
+    /// The same taps channel-contiguous, [K, conv_dim], as the CPU conv reads them.
+    conv_taps: Vec<f32>,
     /// -exp(A_log): [HV]
     pub(crate) neg_a: Vec<f32>,
     pub(crate) dt_bias: Vec<f32>,
@@ -65,6 +67,7 @@ impl GatedDeltaNet {
         let conv_dim = c.gdn_conv_dim();
         let kernel = c.linear_conv_kernel_dim;
         let a_log = vb.get_f32("A_log", &[hv])?;
+        let conv = vb.get_f32("conv1d.weight", &[conv_dim, 1, kernel])?;
         unrotated(vb, "in_proj_a.weight")?;
         unrotated(vb, "in_proj_b.weight")?;
         Ok(GatedDeltaNet {
@@ -74,7 +77,8 @@ impl GatedDeltaNet {
             in_z: vb.get("in_proj_z.weight", &[hv * dv, h])?,
             in_a: vb.get("in_proj_a.weight", &[hv, h])?,
             in_b: vb.get("in_proj_b.weight", &[hv, h])?,
-            conv: vb.get_f32("conv1d.weight", &[conv_dim, 1, kernel])?,
+            conv_taps: conv_taps(&conv, conv_dim, kernel),
+            conv,
             neg_a: a_log.iter().map(|x| -x.exp()).collect(),
             dt_bias: vb.get_f32("dt_bias", &[hv])?,
             norm: vb.get_f32("norm.weight", &[dv])?,
@@ -135,7 +139,7 @@ impl GatedDeltaNet {
             let t = seg.len;
             let rows = seg.start..seg.start + t;
             let xs = &mut s.qkv[rows.start * cd..rows.end * cd];
-            causal_conv1d_silu(xs, t, cd, &self.conv, self.kernel, &mut st.conv);
+            causal_conv1d_silu_taps(xs, t, cd, &self.conv_taps, self.kernel, &mut st.conv);
             // Split the conv output into q [T, HK, DK], k [T, HK, DK], v [T, HV, DV].
             let mut q = Vec::with_capacity(t * hk * dk);
             let mut k = Vec::with_capacity(t * hk * dk);
