@@ -12,8 +12,9 @@
 //! as unsigned codes `c` with value `c − 1`, `Σ (c − 1)·q = 256·Σ c·h + Σ c·l − Σ q`, is then the accumulator the
 //! dot products start from. A layout may ask for the high bytes as `h + 128` (unsigned), for signed weights.
 //!
-//! Quantized once per matmul call (once for all the weights of a `matmul_t_many` call), shared by every weight row. A block whose values are not all finite gets the
-//! scale NaN, so the outputs that read it are NaN as with float activations.
+//! Quantized once per matmul call (once for all the weights of a `matmul_t_many` call), shared by every weight row.
+//! A block whose values are not all finite gets the scale NaN, so the outputs that read it are NaN as with float
+//! activations.
 
 use rayon::prelude::*;
 
