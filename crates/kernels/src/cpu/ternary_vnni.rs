@@ -72,6 +72,8 @@ pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         super::act_q::avx512_vnni()
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("gfni")
             && std::arch::is_x86_feature_detected!("f16c")
     }
@@ -241,16 +243,6 @@ struct Codes {
     d: __m512,
 }
 
-/// The two scales (f16 bits, the second 0 without a second block) to 16 lanes: `lanes[i]` picks scale `lanes[i]`
-/// (2: zero).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f,f16c")]
-fn scale_lanes(bits: u32, lanes: __m512i) -> __m512 {
-    let two = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
-    _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(two))
-}
-
 /// Unpacks PQ2_0 blocks `b` and `b + 1` (`two`: whether `b + 1` exists) of the row starting at `row`: register
 /// `c` holds bits `2c..2c + 2` of each code byte of block `b` (low half) and `b + 1` (high half).
 ///
@@ -258,7 +250,7 @@ fn scale_lanes(bits: u32, lanes: __m512i) -> __m512 {
 /// [`available`]; block `b` (and `b + 1` if `two`) lies inside the row.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,gfni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,gfni,f16c")]
 unsafe fn unpack_pq2_0(row: *const u8, b: usize, two: bool) -> Codes {
     // SAFETY: per the contract: 34 bytes at block b (and b + 1).
     unsafe {
@@ -310,22 +302,22 @@ unsafe fn unpack_pq2_0(row: *const u8, b: usize, two: bool) -> Codes {
 /// [`available`]; block `b` (and `b + 1` if `two`) lies inside the row.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn unpack_ptq1_0(row: *const u8, b: usize, two: bool) -> Codes {
     // Trit bytes 0..26 of each block; 26..28 hold the scale.
     const TRITS: u64 = (1 << 26) - 1;
     let mask = if two { TRITS | (TRITS << 28) } else { TRITS };
     // SAFETY: the masked load reads only bytes of block b (and b + 1), per the contract.
-    let (u, d_bits) = unsafe {
+    let (u, d0, d1) = unsafe {
         let p = row.add(b * PTQ1_0_BYTES);
         let u = _mm512_maskz_loadu_epi8(mask, p as *const i8);
-        let d0 = u32::from((p.add(26) as *const u16).read_unaligned());
+        let d0 = (p.add(26) as *const i16).read_unaligned();
         let d1 = if two {
-            u32::from((p.add(PTQ1_0_BYTES + 26) as *const u16).read_unaligned())
+            (p.add(PTQ1_0_BYTES + 26) as *const i16).read_unaligned()
         } else {
             0
         };
-        (u, d0 | (d1 << 16))
+        (u, d0, d1)
     };
     let even3 = _mm512_set1_epi16(3);
     let odd3 = _mm512_set1_epi16(3 << 8);
@@ -339,11 +331,16 @@ unsafe fn unpack_ptq1_0(row: *const u8, b: usize, two: bool) -> Codes {
         // (e >> 8) | (o & 0xFF00)
         *c = _mm512_ternarylogic_epi32::<0xF8>(_mm512_srli_epi16::<8>(e), o, high);
     }
-    // Block 0's 28 bytes are lanes 0..7, block 1's lanes 7..14; lanes 14 and 15 read no block.
-    let lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 2, 2);
+    // Block 0's 28 bytes are lanes 0..7, block 1's lanes 7..14; lanes 14 and 15 read no block: the two scales as
+    // halves in those lanes (zero in the last two), widened at once.
+    let halves = _mm256_mask_mov_epi16(
+        _mm256_maskz_mov_epi16(0x007F, _mm256_set1_epi16(d0)),
+        0x3F80,
+        _mm256_set1_epi16(d1),
+    );
     Codes {
         c,
-        d: scale_lanes(d_bits, lanes),
+        d: _mm512_cvtph_ps(halves),
     }
 }
 
@@ -405,7 +402,7 @@ fn dot_pair(w: &Codes, x: &Acts, regs: usize, acc: __m512) -> __m512 {
 /// # Safety
 /// [`available`]; `y + j` writable for `j < R`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,gfni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,gfni,f16c")]
 unsafe fn tile<const R: usize, const PTQ: bool>(
     a: &ActQ,
     i: usize,
