@@ -93,7 +93,6 @@ pub fn quantize(x: &[f32], t: usize, k: usize, layout: &Layout) -> ActQ {
     assert!(k.is_multiple_of(ACT_BLOCK) && x.len() == t * k);
     let pairs = (k / ACT_BLOCK).div_ceil(layout.blocks);
     let pair_bytes = layout.pair_bytes();
-    let lane_blocks = layout.lane_blocks();
     let mut out = ActQ {
         k,
         pairs,
@@ -103,6 +102,7 @@ pub fn quantize(x: &[f32], t: usize, k: usize, layout: &Layout) -> ActQ {
         scale_lanes: vec![0.0; t * pairs * LANES],
         neg_lane_sums: vec![0; t * pairs * LANES],
     };
+    let plan = Plan::new(layout);
     let per_token = pairs * pair_bytes;
     let tokens = out
         .hi
@@ -112,7 +112,16 @@ pub fn quantize(x: &[f32], t: usize, k: usize, layout: &Layout) -> ActQ {
         .zip(out.neg_lane_sums.chunks_exact_mut(pairs * LANES))
         .zip(x.chunks_exact(k));
     let one = |((((hi, lo), scales), sums), xs): TokenOut<'_>| {
-        token(xs, layout, &lane_blocks, hi, lo, scales, sums)
+        token(
+            xs,
+            &plan,
+            Slices {
+                hi,
+                lo,
+                scales,
+                sums,
+            },
+        )
     };
     if t * k >= 1 << 16 {
         tokens.par_bridge().for_each(one);
@@ -128,26 +137,57 @@ type TokenOut<'a> = (
     &'a [f32],
 );
 
+/// One token's slices of [`ActQ`].
+struct Slices<'a> {
+    hi: &'a mut [i8],
+    lo: &'a mut [u8],
+    scales: &'a mut [f32],
+    sums: &'a mut [i32],
+}
+
+/// What a call reads of its layout, worked out once for all its tokens.
+struct Plan<'a> {
+    layout: &'a Layout,
+    /// The block of the group each lane reads.
+    lane_blocks: [Option<usize>; LANES],
+    /// Whether the layout is PQ2_0's (value `4i + c` of block `j` at byte `i` of half `j` of register `c`), which is
+    /// placed by strided copies instead of slot by slot.
+    strided: bool,
+}
+
+impl<'a> Plan<'a> {
+    fn new(layout: &'a Layout) -> Self {
+        assert!(
+            layout.pair_bytes() <= PLACED,
+            "layout: {} bytes per group",
+            layout.pair_bytes()
+        );
+        let strided = layout.blocks <= 2
+            && layout.regs == 4
+            && (0..layout.blocks).all(|j| {
+                (0..ACT_BLOCK)
+                    .all(|v| usize::from(layout.slot[j][v]) == 64 * (v % 4) + 32 * j + v / 4)
+            });
+        Plan {
+            layout,
+            lane_blocks: layout.lane_blocks(),
+            strided,
+        }
+    }
+}
+
 /// Quantizes one token `xs` [K] into its slices of [`ActQ`] (with AVX-512 where the processor has it: the same
 /// arithmetic, vectorised).
-fn token(
-    xs: &[f32],
-    layout: &Layout,
-    lane_blocks: &[Option<usize>; LANES],
-    hi: &mut [i8],
-    lo: &mut [u8],
-    scales: &mut [f32],
-    sums: &mut [i32],
-) {
+fn token(xs: &[f32], plan: &Plan<'_>, out: Slices<'_>) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
     {
         // SAFETY: the features were just detected.
-        unsafe { token_avx512(xs, layout, lane_blocks, hi, lo, scales, sums) };
+        unsafe { token_avx512(xs, plan, out) };
         return;
     }
-    token_body(xs, layout, lane_blocks, hi, lo, scales, sums);
+    token_body(xs, plan, out);
 }
 
 /// [`token_body`] compiled for AVX-512.
@@ -156,39 +196,24 @@ fn token(
 /// The processor has AVX-512 F and BW.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn token_avx512(
-    xs: &[f32],
-    layout: &Layout,
-    lane_blocks: &[Option<usize>; LANES],
-    hi: &mut [i8],
-    lo: &mut [u8],
-    scales: &mut [f32],
-    sums: &mut [i32],
-) {
-    token_body(xs, layout, lane_blocks, hi, lo, scales, sums);
+unsafe fn token_avx512(xs: &[f32], plan: &Plan<'_>, out: Slices<'_>) {
+    token_body(xs, plan, out);
 }
 
 /// One group of blocks at a time: each block's `q` in value order (loops the compiler vectorises), placed by the
 /// layout into the group's bytes as 32-bit values, then split into the two byte planes and summed lane by lane.
 #[inline(always)]
-fn token_body(
-    xs: &[f32],
-    layout: &Layout,
-    lane_blocks: &[Option<usize>; LANES],
-    hi: &mut [i8],
-    lo: &mut [u8],
-    scales: &mut [f32],
-    sums: &mut [i32],
-) {
+fn token_body(xs: &[f32], plan: &Plan<'_>, out: Slices<'_>) {
+    let Slices {
+        hi,
+        lo,
+        scales,
+        sums,
+    } = out;
+    let layout = plan.layout;
     let pair_bytes = layout.pair_bytes();
     let flip = if layout.hi_plus_128 { i8::MIN } else { 0 };
-    assert!(pair_bytes <= PLACED, "layout: {pair_bytes} bytes per group");
     let mut placed = [0i32; PLACED];
-    let strided = layout.blocks <= 2
-        && layout.regs == 4
-        && (0..layout.blocks).all(|j| {
-            (0..ACT_BLOCK).all(|v| usize::from(layout.slot[j][v]) == 64 * (v % 4) + 32 * j + v / 4)
-        });
     for (pair, xs) in xs.chunks(ACT_BLOCK * layout.blocks).enumerate() {
         placed[..pair_bytes].fill(NONE);
         for (j, xs) in xs.chunks_exact(ACT_BLOCK).enumerate() {
@@ -211,7 +236,10 @@ fn token_body(
             } else {
                 (max / Q_MAX, Q_MAX / max)
             };
-            for (lane, block) in scales[pair * LANES..][..LANES].iter_mut().zip(lane_blocks) {
+            for (lane, block) in scales[pair * LANES..][..LANES]
+                .iter_mut()
+                .zip(&plan.lane_blocks)
+            {
                 if *block == Some(j) {
                     *lane = s;
                 }
@@ -220,7 +248,7 @@ fn token_body(
             for (q, &v) in q.iter_mut().zip(xs) {
                 *q = round_q(v, inv);
             }
-            if strided {
+            if plan.strided {
                 // Value 4i + c at byte i of half j of register c: strided loads the compiler turns into shuffles.
                 for c in 0..4 {
                     for i in 0..32 {
