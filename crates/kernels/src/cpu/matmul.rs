@@ -90,55 +90,46 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
 /// Panics if the buffers do not match the shapes, as [`matmul_t`].
 pub fn matmul_t_many(x: &[f32], t: usize, ws: &[&Tensor], ys: &mut [&mut [f32]]) {
     assert_eq!(ws.len(), ys.len(), "matmul_t_many: one output per weight");
-    let packed = |f: fn(&View<'_>) -> bool| ws.iter().all(|w| f(&w.view()));
-    let format = if packed(|v| matches!(v, View::PQ2_0(_))) {
-        Some(super::ternary_vnni::Packed::Pq2_0)
-    } else if packed(|v| matches!(v, View::PTQ1_0(_))) {
-        Some(super::ternary_vnni::Packed::Ptq1_0)
-    } else {
-        None
-    };
-    let k = ws.first().map(|w| weight_dims(w).1);
-    match (format, k) {
-        (Some(format), Some(k))
-            if ws.len() > 1
-                && t > 0
-                && super::ternary_vnni::available()
-                && ws.iter().all(|w| weight_dims(w).1 == k) =>
-        {
-            let parts: Vec<(&[u8], usize)> = ws
-                .iter()
-                .zip(ys.iter())
-                .map(|(w, y)| {
-                    let (n, _) = weight_dims(w);
-                    let raw = match w.view() {
-                        View::PQ2_0(r) | View::PTQ1_0(r) => r,
-                        _ => unreachable!("checked above"),
-                    };
-                    super::ternary::check_packed_shapes(
-                        "matmul_t_many",
-                        format.shape(),
-                        x,
-                        t,
-                        raw,
-                        n,
-                        k,
-                        y,
-                    );
-                    (raw, n)
-                })
-                .collect();
-            // SAFETY: the shapes are checked above; the integer kernels are available.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                super::ternary_vnni::matmul_t_many(format, x, t, &parts, k, ys)
-            };
+    // A packed ternary weight's format, blocks and shape.
+    fn packed(w: &Tensor) -> Option<(super::ternary_vnni::Packed, &[u8], usize, usize)> {
+        use super::ternary_vnni::Packed;
+        let (n, k) = weight_dims(w);
+        match w.view() {
+            View::PQ2_0(raw) => Some((Packed::Pq2_0, raw, n, k)),
+            View::PTQ1_0(raw) => Some((Packed::Ptq1_0, raw, n, k)),
+            _ => None,
         }
-        _ => {
-            for (w, y) in ws.iter().zip(ys.iter_mut()) {
-                matmul_t(x, t, w, y);
-            }
+    }
+    let parts: Option<Vec<_>> = ws.iter().map(|w| packed(w)).collect();
+    if let Some(parts) = parts.filter(|p| {
+        p.len() > 1
+            && t > 0
+            && super::ternary_vnni::available()
+            && p.iter().all(|&(f, _, _, k)| (f, k) == (p[0].0, p[0].3))
+    }) {
+        let (format, k) = (parts[0].0, parts[0].3);
+        for (&(_, raw, n, _), y) in parts.iter().zip(ys.iter()) {
+            super::ternary::check_packed_shapes(
+                "matmul_t_many",
+                format.shape(),
+                x,
+                t,
+                raw,
+                n,
+                k,
+                y,
+            );
         }
+        let parts: Vec<(&[u8], usize)> = parts.iter().map(|&(_, raw, n, _)| (raw, n)).collect();
+        // SAFETY: the shapes are checked above; the integer kernels are available.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            super::ternary_vnni::matmul_t_many(format, x, t, &parts, k, ys)
+        };
+        return;
+    }
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        matmul_t(x, t, w, y);
     }
 }
 

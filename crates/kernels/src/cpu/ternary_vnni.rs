@@ -110,8 +110,7 @@ impl Packed {
     }
 }
 
-/// `y[t, n] = x[t, k] · wᵀ` for `w` of `format`: the activations quantized once in its layout, then [`rows`] over
-/// the row tasks of [`super::ternary::for_row_tasks`].
+/// `y[t, n] = x[t, k] · wᵀ` for `w` of `format`: [`matmul_t_many`] of one weight.
 ///
 /// # Safety
 /// [`available`]; the shapes checked by the caller (`y` is `[t, n]`, `w` holds `n` rows of `k / 128` blocks).
@@ -125,15 +124,13 @@ pub unsafe fn matmul_t(
     k: usize,
     y: &mut [f32],
 ) {
-    let a = super::act_q::quantize(x, t, k, format.layout());
-    // SAFETY: each task writes only columns r0..r1 of y, which no other task writes; the caller's contract.
-    unsafe {
-        super::ternary::for_row_tasks(n, y, |r0, r1, y| rows(format, &a, t, w, r0, r1, y, n))
-    };
+    // SAFETY: the caller's contract.
+    unsafe { matmul_t_many(format, x, t, &[(w, n)], k, &mut [y]) };
 }
 
-/// [`matmul_t`] for several weights of `format` that read one activation: `parts[i]` = (the blocks, N_i) of weight
-/// i, written to `ys[i]`; x quantized once, one parallel loop over all the weights' row tasks.
+/// `ys[i] = x · w_iᵀ` for weights of `format` that read one activation: `parts[i]` = (the blocks, N_i) of weight
+/// i, written to `ys[i]`; x quantized once in the format's layout, then [`rows`] over all the weights' row tasks
+/// ([`ROWS_PER_TASK`] rows each) in one parallel loop.
 ///
 /// # Safety
 /// [`available`]; the shapes checked by the caller (`ys[i]` is `[t, N_i]`, each weight `N_i` rows of `k / 128`
