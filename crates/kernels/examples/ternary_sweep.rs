@@ -1,7 +1,8 @@
 //! A decode step's matvecs alone: every packed ternary matrix of a GGUF file (PQ2_0 or PTQ1_0, the token embedding
 //! excepted: decode gathers one of its rows) times one token, in file order, as the model reads them, with the
-//! memory read bandwidth measured before each sweep in the same process. What the kernels reach on the model's mix
-//! of shapes, without the rest of the model; per shape, the median call's GB/s.
+//! memory read bandwidth measured before each sweep in the same process (the `mem_read` example's xor-reduce, best
+//! of 3). What the kernels reach on the model's mix of shapes, without the rest of the model; per shape, the median
+//! call's GB/s.
 //!
 //!     cargo run --release -p onepass-kernels --example ternary_sweep -- FILE.gguf [SWEEPS] [mapped|anon|huge]
 //!
@@ -17,12 +18,14 @@ use std::time::Instant;
 use onepass_formats::gguf::Gguf;
 use onepass_formats::quant::GgmlType;
 use onepass_kernels::{ptq1_0_matmul_t, ternary_matmul_t};
-use rayon::prelude::*;
+
+#[path = "common/mem.rs"]
+mod mem;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(path) = args.first() else {
-        eprintln!("usage: ternary_sweep FILE.gguf [SWEEPS]");
+        eprintln!("usage: ternary_sweep FILE.gguf [SWEEPS] [mapped|anon|huge]");
         std::process::exit(2);
     };
     let sweeps: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
@@ -75,7 +78,7 @@ fn main() {
     let src: Vec<u64> = (0..(1usize << 30) / 8).map(|i| i as u64).collect();
     let mut per_shape: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
     for sweep in 0..=sweeps {
-        let read = read_gbs(&src);
+        let read = mem::read_gbs(&src, 3);
         let t0 = Instant::now();
         for (i, t) in mats.iter().enumerate() {
             let (k, n) = (t.ne[0] as usize, t.ne[1] as usize);
@@ -109,27 +112,4 @@ fn main() {
         v.sort_by(f64::total_cmp);
         println!("  {n:>6} x {k:<6} {:>5} {:6.1}", v.len(), v[v.len() / 2]);
     }
-}
-
-/// A parallel xor-reduce over `src`, best of 3, GB/s.
-fn read_gbs(src: &[u64]) -> f64 {
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        let s = src
-            .par_chunks(1 << 17)
-            .map(|c| {
-                let mut a = [0u64; 8];
-                for w in c.chunks_exact(8) {
-                    for (a, &w) in a.iter_mut().zip(w) {
-                        *a ^= w;
-                    }
-                }
-                a.iter().fold(0, |x, &y| x ^ y)
-            })
-            .reduce(|| 0, |a, b| a ^ b);
-        std::hint::black_box(s);
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    (src.len() * 8) as f64 / best / 1e9
 }
