@@ -5,7 +5,7 @@
 // largest |y|, flagged above 1e-4) and against the first kernel's output (the largest difference over the largest
 // |y|: every tile shape sums in the same order, so 0). Built and run on the GPU machine (or here with the PyPI nvcc,
 // nvvm, cuda-runtime and cuda-crt wheels unpacked as tools/cuda/ptx-check.py says):
-//   nvcc -O3 -std=c++17 -arch=sm_90 -cudart static -diag-suppress 1556 -o /tmp/gemm-lab tools/cuda/gemm-lab.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90a -cudart static -diag-suppress 1556 -o /tmp/gemm-lab tools/cuda/gemm-lab.cu
 //   /tmp/gemm-lab                      every shape and variant, a table
 //   /tmp/gemm-lab SHAPE VARIANT        the engine's kernel and one variant on one shape at 512 tokens (for ncu -k)
 #include <cstdio>
@@ -22,28 +22,39 @@
 #include "../../crates/cuda/src/tc_common.cu"
 #include "../../crates/cuda/src/quant.cu"
 #include "../../crates/cuda/src/qmma.cu"
+#include "../../crates/cuda/src/qwgmma.cu"
 
 // Other tile shapes of the engine's PQ2_0 kernel (qmma_pq2_gemm), for comparison.
 template <int MI, int NJ, int WW, int NW, int MINB>
 __global__ void __launch_bounds__(32 * NW, MINB)
     lab_pq2(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, const signed char* __restrict__ xh,
             const unsigned char* __restrict__ xl, const float* __restrict__ sx, const int* __restrict__ qs, int T, int N,
-            int K, int Kp, int tp, float* __restrict__ y, int ldy, float beta) {
+            int K, int Kp, int tp, int, float* __restrict__ y, int ldy, float beta) {
     qmma_pq2_gemm<MI, NJ, WW, NW>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, y, ldy, beta);
 }
 
+// Tile shapes of the warpgroup-mma kernel (qwg_pq2_gemm, qwgmma.cu; sm_90a): CL 0 the row-layout planes by
+// cp.async, CL >= 1 the tiled planes by bulk copy, multicast in clusters of CL blocks.
+template <int WGS, int MW, int BT, int STAGES, int CL, int MINB>
+__global__ void __launch_bounds__(128 * WGS, MINB) __cluster_dims__(1, CL > 1 ? CL : 1, 1)
+    lab_wg(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, const signed char* __restrict__ xh,
+           const unsigned char* __restrict__ xl, const float* __restrict__ sx, const int* __restrict__ qs, int T, int N,
+           int K, int Kp, int tp, int tt, float* __restrict__ y, int ldy, float beta) {
+    qwg_pq2_gemm<WGS, MW, BT, STAGES, CL>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, tt, y, ldy, beta);
+}
 
 struct Shape {
     const char* name;
     int n, k;
 };
 typedef void (*Kern)(const unsigned char*, const unsigned short*, const signed char*, const unsigned char*,
-                     const float*, const int*, int, int, int, int, int, float*, int, float);
+                     const float*, const int*, int, int, int, int, int, int, float*, int, float);
 struct Variant {
     const char* name;
     Kern f;
     int bt, bw;  // tokens, weight rows per block
     int smem, threads;
+    int cl;  // -1: not a warpgroup kernel; 0: row-layout planes; >= 1 tiled planes, clusters of cl blocks
 };
 template <int MI, int NJ, int WW, int NW>
 static Variant variant(const char* name, Kern f) {
@@ -51,18 +62,33 @@ static Variant variant(const char* name, Kern f) {
     int smem = L::STAGES * L::STAGE;
     CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CK(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    return {name, f, L::BT, L::BW, smem, L::NT};
+    return {name, f, L::BT, L::BW, smem, L::NT, -1};
+}
+
+template <int WGS, int MW, int BT, int STAGES, int CL>
+static Variant wvariant(const char* name, Kern f) {
+    using L = QwgTile<WGS, MW, BT, STAGES>;
+    int smem = STAGES * L::STAGE + (CL >= 1 ? 8 * STAGES : 0);
+    CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CK(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    return {name, f, BT, L::BW, smem, L::NT, CL};
 }
 
 int main(int argc, char** argv) {
     const Shape shapes[] = {{"gate|up", 34816, 5120}, {"down", 5120, 17408}, {"gdn qkv|z", 16384, 5120},
                             {"gdn out", 5120, 6144},  {"attn q|k|v", 14336, 5120}};
     const Variant variants[] = {
-        variant<2, 4, 4, 8>("engine qmma_pq2 64t x 128w", qmma_pq2),
-        variant<2, 2, 8, 16>("engine qmma_pq2_16 32t x 256w", qmma_pq2_16),
-        variant<4, 4, 4, 8>("64t x 256w, 1 block/SM", lab_pq2<4, 4, 4, 8, 1>),
-        variant<2, 8, 4, 8>("128t x 128w, 1 block/SM", lab_pq2<2, 8, 4, 8, 1>),
-        variant<2, 4, 8, 16>("16 warps 64t x 256w", lab_pq2<2, 4, 8, 16, 1>),
+        variant<2, 4, 4, 8>("engine qmma_pq2 64t x 128w", lab_pq2<2, 4, 4, 8, 2>),
+        variant<2, 2, 8, 16>("engine qmma_pq2_16 32t x 256w", lab_pq2<2, 2, 8, 16, 1>),
+        wvariant<4, 1, 64, 4, 0>("wgmma 64t x 256w, 4 wg", lab_wg<4, 1, 64, 4, 0, 1>),
+        wvariant<4, 1, 64, 4, 1>("wg bulk 64t x 256w", lab_wg<4, 1, 64, 4, 1, 1>),
+        wvariant<4, 1, 64, 4, 2>("wg mc2 64t x 256w", lab_wg<4, 1, 64, 4, 2, 1>),
+        wvariant<4, 1, 64, 4, 4>("wg mc4 64t x 256w", lab_wg<4, 1, 64, 4, 4, 1>),
+        wvariant<2, 1, 64, 4, 2>("wg mc2 64t x 128w, 2/SM", lab_wg<2, 1, 64, 4, 2, 2>),
+        wvariant<2, 1, 64, 4, 4>("wg mc4 64t x 128w, 2/SM", lab_wg<2, 1, 64, 4, 4, 2>),
+        wvariant<2, 1, 128, 3, 2>("wg mc2 128t x 128w", lab_wg<2, 1, 128, 3, 2, 1>),
+        wvariant<2, 1, 128, 3, 4>("wg mc4 128t x 128w", lab_wg<2, 1, 128, 3, 4, 1>),
+        wvariant<2, 2, 64, 4, 2>("wg mc2 64t x 256w 2x2", lab_wg<2, 2, 64, 4, 2, 1>),
     };
     const int nv = sizeof(variants) / sizeof(variants[0]), ns = sizeof(shapes) / sizeof(shapes[0]);
     int only_s = -1, only_v = -1;
@@ -123,8 +149,16 @@ int main(int argc, char** argv) {
             CK(cudaMalloc(&qsum, (size_t)nbk * tp * 4));
             auto quant = [&]() {
                 qmma_quant<<<dim3((nbk + 7) / 8, T), 256>>>(dx, s.k, (long long)T * s.k, 1, s.k, kp, 1, xh, xl, sx,
-                                                            qsum, tp);
+                                                            qsum, tp, 0);
             };
+            // The tiled planes of the bulk-copy kernels: tt rows a block (T rounded up to the largest tile, 128).
+            const int tt = (T + 127) / 128 * 128;
+            signed char* xh2;
+            unsigned char* xl2;
+            CK(cudaMalloc(&xh2, (size_t)tt * kp));
+            CK(cudaMalloc(&xl2, (size_t)tt * kp));
+            qmma_quant<<<dim3((nbk + 7) / 8, T), 256>>>(dx, s.k, (long long)T * s.k, 1, s.k, kp, 1, xh2, xl2, sx, qsum,
+                                                        tp, tt);
             quant();
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
@@ -158,9 +192,13 @@ int main(int argc, char** argv) {
                 if (only_v >= 0 && vi != only_v && vi != 0) continue;
                 const Variant& v = variants[vi];
                 float* out = vi == 0 ? y0 : y;
-                dim3 grid((T + v.bt - 1) / v.bt, (s.n + v.bw - 1) / v.bw);
+                int gy = (s.n + v.bw - 1) / v.bw;
+                if (v.cl > 1) gy = (gy + v.cl - 1) / v.cl * v.cl;
+                dim3 grid((T + v.bt - 1) / v.bt, gy);
+                const bool tiled = v.cl >= 1;
                 auto launch = [&]() {
-                    v.f<<<grid, v.threads, v.smem>>>(dq, dd, xh, xl, sx, qsum, T, s.n, s.k, kp, tp, out, s.n, 0.0f);
+                    v.f<<<grid, v.threads, v.smem>>>(dq, dd, tiled ? xh2 : xh, tiled ? xl2 : xl, sx, qsum, T, s.n, s.k,
+                                                     kp, tp, tt, out, s.n, 0.0f);
                 };
                 CK(cudaMemset(out, 0xff, ybytes));
                 launch();
@@ -216,6 +254,8 @@ int main(int argc, char** argv) {
             CK(cudaFree(dx));
             CK(cudaFree(xh));
             CK(cudaFree(xl));
+            CK(cudaFree(xh2));
+            CK(cudaFree(xl2));
             CK(cudaFree(sx));
             CK(cudaFree(qsum));
             CK(cudaFree(y));

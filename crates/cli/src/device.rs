@@ -90,12 +90,13 @@ pub fn bench_cuda(
     decode: usize,
     reps: usize,
     s1: (usize, usize, usize),
-    pdl: bool,
+    (pdl, wgmma): (bool, bool),
     batch: &[usize],
 ) -> Result<()> {
     let g = upload(m)?;
     let gpu = g.gpu().clone();
     gpu.set_pdl(pdl);
+    gpu.set_wgmma(wgmma);
     let v = m.vocab_size() as u32;
     let reps = reps.max(1);
     // Warm-up (kernel load, cuBLAS heuristics, allocator pools).
@@ -350,6 +351,10 @@ pub struct CudaArgs {
     /// and later; measured slower on the decode step so far).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_pdl: bool,
+    /// Keep the ternary (PQ2_0) prefill GEMM to the older tensor-core kernels instead of Hopper's warpgroup ones
+    /// (the same results, slower; for comparing the two).
+    #[arg(long, help_heading = EXPERT)]
+    pub gpu_no_wgmma: bool,
     /// Hand freed GPU memory back to the driver at every synchronisation instead of keeping it for the next request.
     #[arg(long, help_heading = EXPERT)]
     pub gpu_release_memory: bool,
@@ -413,6 +418,7 @@ impl CudaArgs {
             trees: !self.gpu_no_trees,
             graphs: !self.gpu_no_graphs,
             pdl: self.gpu_pdl,
+            wgmma: !self.gpu_no_wgmma,
             keep_freed_memory: !self.gpu_release_memory,
             batch_invariant: self.gpu_batch_invariant,
         })
@@ -818,6 +824,7 @@ mod tests {
             gpu_no_trees: false,
             gpu_no_graphs: false,
             gpu_pdl: false,
+            gpu_no_wgmma: false,
             gpu_release_memory: false,
             gpu_batch_invariant: false,
         }
@@ -828,7 +835,7 @@ mod tests {
         let o = args("bf16", None).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16);
         assert_eq!(o.kernels, None, "unset: the precision's default");
-        assert!(o.trees && o.graphs && !o.pdl && o.keep_freed_memory);
+        assert!(o.trees && o.graphs && !o.pdl && o.wgmma && o.keep_freed_memory);
         assert_eq!(o.memory_budget_bytes, 64 << 20);
         let o = args("split", Some("tf32")).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16Split);
@@ -885,6 +892,7 @@ mod tests {
             "--gpu-no-trees",
             "--gpu-no-graphs",
             "--gpu-pdl",
+            "--gpu-no-wgmma",
             "--gpu-release-memory",
         ] {
             assert!(
@@ -912,11 +920,12 @@ mod tests {
             "--gpu-no-trees",
             "--gpu-no-graphs",
             "--gpu-pdl",
+            "--gpu-no-wgmma",
             "--gpu-release-memory",
         ]);
         assert_eq!(o.gdn, onepass_cuda::GdnKernels::Simt);
         assert_eq!(o.attention, onepass_cuda::AttnKernels::Tiled);
-        assert!(!o.trees && !o.graphs && o.pdl && !o.keep_freed_memory);
+        assert!(!o.trees && !o.graphs && o.pdl && !o.wgmma && !o.keep_freed_memory);
         assert!(!o.batch_invariant);
         assert!(options(&["t", "--gpu-batch-invariant"]).batch_invariant);
         let o = options(&["t", "--gpu-gdn", "tc-no-leaf"]);

@@ -148,6 +148,10 @@ struct BenchArgs {
     /// 9.0 and later; measured slower on the decode step so far).
     #[arg(long)]
     gpu_pdl: bool,
+    /// GPU: keep the ternary (PQ2_0) prefill GEMM to the older tensor-core kernels instead of Hopper's warpgroup
+    /// ones (the same results, slower; for comparing the two).
+    #[arg(long)]
+    gpu_no_wgmma: bool,
     /// Also decode this many sequences at once, comma-separated (each step one forward over all of them, the next
     /// tokens greedy); reports the tokens per second of all of them together.
     #[arg(long, value_delimiter = ',')]
@@ -235,7 +239,7 @@ fn run(cli: Cli) -> Result<()> {
                 a.decode,
                 a.reps,
                 (7, 175, 33),
-                a.gpu_pdl,
+                (a.gpu_pdl, !a.gpu_no_wgmma),
                 &a.batch,
             ),
         },

@@ -51,6 +51,9 @@ pub struct CudaOptions {
     /// decode step measured slower with it, docs/benchmarks/ternary-gpu.md). A setting of the opened
     /// [`crate::Gpu`]: the model loaded last on it sets it.
     pub pdl: bool,
+    /// PQ2_0's prefill GEMM on Hopper's warpgroup mma where the device has it (compute capability 9.0; the same
+    /// bits as the mma.sync kernels, faster); off keeps to those. A setting of the opened [`crate::Gpu`], as `pdl`.
+    pub wgmma: bool,
     /// The device memory pool keeps freed memory for the next request ([`crate::Gpu::open`]).
     pub keep_freed_memory: bool,
     /// A sequence's results do not depend on the other sequences of its forward (batch invariance,
@@ -71,6 +74,7 @@ impl Default for CudaOptions {
             trees: true,
             graphs: true,
             pdl: false,
+            wgmma: true,
             keep_freed_memory: true,
             batch_invariant: false,
         }

@@ -196,7 +196,7 @@ pub fn gemm_q(
     let int8 = matches!(x, Act::Bf16 { .. } | Act::Split { .. })
         && (fmt == 0 || (fmt == 1 && k.is_multiple_of(128)));
     if int8 {
-        return gemm_qmma(g, x, t, k, (fmt, q, d), n, (y, ldy), beta, scratch);
+        return gemm_qmma(g, x, t, k, (fmt, q, d), n, (y, ldy), beta, scratch, None);
     }
     gemm_q_dequant(g, x, t, k, w, n, (y, ldy), beta, scratch)
 }
@@ -279,11 +279,54 @@ pub fn qmma_pq2_tile(t: usize, n: usize, sms: usize) -> usize {
     usize::from(cost(&QMMA_PQ2[1]) < cost(&QMMA_PQ2[0]))
 }
 
+/// The warpgroup-mma tile of PQ2_0's prefill GEMM on compute capability 9.0 (qwgmma.cu's `QWG_PQ2(qwg_pq2, 4, 1,
+/// 64, 4, 1, 1)`): 64 tokens by 256 rows, 4 warpgroups (512 threads), one block a multiprocessor, 4 stages of the
+/// tiled activation planes (bulk copies) and the code bytes.
+pub const QWG_TOKENS: usize = 64;
+pub const QWG_ROWS: usize = 256;
+pub const QWG_THREADS: u32 = 512;
+/// Its dynamic shared memory: 4 stages of the h and l plane tiles (128 bytes a token each), the code bytes (32 a
+/// row), the tokens' scales and Σ q; then the stages' barriers.
+pub const QWG_SMEM: u32 =
+    (4 * (2 * QWG_TOKENS * 128 + QWG_ROWS * 32 + 8 * QWG_TOKENS) + 4 * 8) as u32;
+/// The time of one wave of `qmma_pq2_16`'s blocks relative to one of the warpgroup tile's: 0.86 to 0.91 in the H200
+/// lab runs (27B shapes at 400 and 512 tokens, tools/cuda/gemm-lab.cu), so that the choice below takes the faster
+/// kernel on every lab shape.
+const QWG_WAVE_16: f64 = 0.88;
+
+/// The kernel of PQ2_0's prefill GEMM for `t` tokens by `n` rows on `sms` multiprocessors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pq2Kernel {
+    /// An mma.sync tile ([`QMMA_PQ2`]'s index).
+    Mma(usize),
+    /// The warpgroup-mma tile (`qwg_pq2`), on compute capability 9.0 only.
+    Wg,
+}
+
+/// [`Pq2Kernel`] for `t` tokens by `n` rows: on a device with the warpgroup mma ([`Gpu::wgmma`]) the warpgroup tile
+/// unless the 16-warp mma tile takes fewer waves weighted by their time; elsewhere [`qmma_pq2_tile`]. Every kernel
+/// gives the same bits.
+pub fn pq2_kernel(t: usize, n: usize, sms: usize, wgmma: bool) -> Pq2Kernel {
+    if !wgmma {
+        return Pq2Kernel::Mma(qmma_pq2_tile(t, n, sms));
+    }
+    let waves = |tokens: usize, rows: usize, per_sm: usize| {
+        (t.div_ceil(tokens) * n.div_ceil(rows)).div_ceil(per_sm * sms.max(1)) as f64
+    };
+    let c16 = &QMMA_PQ2[1];
+    if waves(c16.tokens(), c16.rows(), c16.per_sm) * QWG_WAVE_16 < waves(QWG_TOKENS, QWG_ROWS, 1) {
+        Pq2Kernel::Mma(1)
+    } else {
+        Pq2Kernel::Wg
+    }
+}
+
 /// Bytes of `qmma_quant`'s output for `rows` rows of K values: the h and l planes [rows, Kp] (Kp = K rounded up to
-/// 128), then the scales and Σ q [Kp / 128, rows rounded up to 4] (f32, i32).
+/// 128; the warpgroup kernel's tiled planes hold rows rounded up to its 64 tokens), then the scales and Σ q [Kp /
+/// 128, rows rounded up to 4] (f32, i32).
 pub fn qmma_scratch_bytes(rows: usize, k: usize) -> usize {
     let kp = k.next_multiple_of(128);
-    2 * rows * kp + 8 * (kp / 128) * rows.next_multiple_of(4)
+    2 * rows.next_multiple_of(QWG_TOKENS) * kp + 8 * (kp / 128) * rows.next_multiple_of(4)
 }
 
 /// `y = x · wᵀ + beta · y` on the int8 tensor cores (qmma.cu): x (bf16 or split) quantized per row and 128-value
@@ -300,14 +343,16 @@ fn gemm_qmma(
     (y, ldy): (u64, usize),
     beta: f32,
     (s, bytes): (u64, usize),
+    force: Option<Pq2Kernel>,
 ) -> Result<(), CudaError> {
     let (xp, ldx, lo) = x.parts();
     let split = i32::from(matches!(x, Act::Split { .. }));
     let kp = k.next_multiple_of(128);
     let nb = kp / 128;
-    // The most rows whose planes, scales and Σ q (rows padded to 4) fit the scratch, at most 32,768 a call (the
-    // quantization's grid rows).
-    let fit = (bytes.saturating_sub(32 * nb) / (2 * kp + 8 * nb)).min(1 << 15);
+    // The most rows whose planes (rows padded to the warpgroup tile's 64), scales and Σ q (padded to 4) fit the
+    // scratch, at most 32,768 a call (the quantization's grid rows).
+    let pad = 2 * kp * (QWG_TOKENS - 1) + 32 * nb;
+    let fit = (bytes.saturating_sub(pad) / (2 * kp + 8 * nb)).min(1 << 15);
     let rows = if fit >= t { t } else { fit / QMMA_BM * QMMA_BM };
     if rows == 0 {
         return Err(CudaError::Unsupported(format!(
@@ -319,13 +364,31 @@ fn gemm_qmma(
     for r0 in (0..t).step_by(rows) {
         let tc = rows.min(t - r0);
         let tp = tc.next_multiple_of(4);
-        let (xh, xl) = (s, s + (tc * kp) as u64);
-        let (sx, qs) = (xl + (tc * kp) as u64, xl + (tc * kp + 4 * nb * tp) as u64);
+        let kern = (fmt == 0).then(|| force.unwrap_or_else(|| pq2_kernel(tc, n, g.sms, g.wgmma())));
+        // The warpgroup kernel reads the planes tiled, tt rows a 128-K block.
+        let tt = if kern == Some(Pq2Kernel::Wg) {
+            tc.next_multiple_of(QWG_TOKENS)
+        } else {
+            0
+        };
+        let rows_p = tt.max(tc);
+        let (xh, xl) = (s, s + (rows_p * kp) as u64);
+        let (sx, qs) = (
+            xl + (rows_p * kp) as u64,
+            xl + (rows_p * kp + 4 * nb * tp) as u64,
+        );
         launch!(g, g.k.qmma_quant, cfg((nb.div_ceil(8) as u32, tc as u32), 256, 0);
             xp + (2 * r0 * ldx) as u64, ldx as i32, lo as i64, split, k as i32, kp as i32, i32::from(fmt == 0),
-            xh, xl, sx, qs, tp as i32)?;
-        let (f, grid, threads, smem) = if fmt == 0 {
-            let i = qmma_pq2_tile(tc, n, g.sms);
+            xh, xl, sx, qs, tp as i32, tt as i32)?;
+        let yo = y + (4 * r0 * ldy) as u64;
+        if kern == Some(Pq2Kernel::Wg) {
+            let grid = (tc.div_ceil(QWG_TOKENS) as u32, n.div_ceil(QWG_ROWS) as u32);
+            launch!(g, g.k.qwg_pq2, cfg(grid, QWG_THREADS, QWG_SMEM);
+                q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32, tt as i32,
+                yo, ldy as i32, beta)?;
+            continue;
+        }
+        let (f, grid, threads, smem) = if let Some(Pq2Kernel::Mma(i)) = kern {
             let c = QMMA_PQ2[i];
             let grid = (tc.div_ceil(c.tokens()) as u32, n.div_ceil(c.rows()) as u32);
             (&g.k.qmma_pq2[i], grid, c.threads(), c.smem())
@@ -335,9 +398,47 @@ fn gemm_qmma(
         };
         launch!(g, *f, cfg(grid, threads, smem);
             q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32,
-            y + (4 * r0 * ldy) as u64, ldy as i32, beta)?;
+            yo, ldy as i32, beta)?;
     }
     Ok(())
+}
+
+/// [`gemm_q`]'s tensor-core GEMM of a PQ2_0 weight (bf16 or split `x`, any T) on the kernel `kernel` instead of
+/// the one the shape would take: how the GPU tests hold every kernel to the reference on the same shapes.
+/// [`Pq2Kernel::Wg`] needs compute capability 9.0 ([`Gpu::wgmma`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_pq2_on(
+    g: &Gpu,
+    x: Act,
+    t: usize,
+    k: usize,
+    w: W,
+    n: usize,
+    y: (u64, usize),
+    beta: f32,
+    scratch: (u64, usize),
+    kernel: Pq2Kernel,
+) -> Result<(), CudaError> {
+    let W::Pq2 { q, d } = w else {
+        return Err(CudaError::Unsupported(
+            "a PQ2_0 kernel for another format".into(),
+        ));
+    };
+    let ok = matches!(x, Act::Bf16 { .. } | Act::Split { .. }) && k.is_multiple_of(128) && y.1 >= n;
+    let known = match kernel {
+        Pq2Kernel::Mma(i) => i < QMMA_PQ2.len(),
+        Pq2Kernel::Wg => g.wgmma(),
+    };
+    if !ok || !known {
+        return Err(CudaError::Unsupported(format!(
+            "PQ2_0 GEMM kernel {kernel:?} for these inputs (K {k}, N {n}) on compute capability {:?}",
+            g.cc
+        )));
+    }
+    if t == 0 || n == 0 {
+        return Ok(());
+    }
+    gemm_qmma(g, x, t, k, (0, q, d), n, y, beta, scratch, Some(kernel))
 }
 
 /// `y = x · wᵀ + beta · y` with the weight dequantised chunk by chunk into `scratch` (address, bytes; bf16 rows
@@ -418,6 +519,53 @@ mod tests {
             1,
             "under one wave: the wider blocks"
         );
+    }
+
+    /// The kernel choice on an H200 (132 multiprocessors, the warpgroup mma) against the fastest kernel of the lab
+    /// run that measured them side by side (tools/cuda/gemm-lab.cu, 27B shapes, docs/benchmarks/ternary-gpu.md): the
+    /// warpgroup tile except where its last wave is nearly empty and the 16-warp tile's is not (N 5,120 at 400
+    /// tokens). Without the warpgroup mma the mma.sync rule as before.
+    #[test]
+    fn pq2_kernel_follows_the_lab() {
+        let measured = [
+            (512, 34816, Pq2Kernel::Wg),
+            (400, 34816, Pq2Kernel::Wg),
+            (512, 5120, Pq2Kernel::Wg),
+            (400, 5120, Pq2Kernel::Mma(1)),
+            (512, 16384, Pq2Kernel::Wg),
+            (400, 16384, Pq2Kernel::Wg),
+            (512, 14336, Pq2Kernel::Wg),
+            (400, 14336, Pq2Kernel::Wg),
+        ];
+        for (t, n, want) in measured {
+            assert_eq!(pq2_kernel(t, n, 132, true), want, "T {t} N {n}");
+            assert_eq!(
+                pq2_kernel(t, n, 132, false),
+                Pq2Kernel::Mma(qmma_pq2_tile(t, n, 132)),
+                "T {t} N {n}, no warpgroup mma"
+            );
+        }
+    }
+
+    /// The warpgroup tile's constants repeat qwgmma.cu's kernel line and stage layout (`QWG_PQ2(qwg_pq2, WGS, MW,
+    /// BT, STAGES, CL, MINB)`, `QwgTile`).
+    #[test]
+    fn qwg_tile_matches_the_kernel_source() {
+        let src = include_str!("qwgmma.cu");
+        let key = "\nQWG_PQ2(qwg_pq2,";
+        let at = src.find(key).expect("qwg_pq2 in qwgmma.cu") + key.len();
+        let end = at + src[at..].find(')').unwrap();
+        let args: Vec<usize> = src[at..end]
+            .split(',')
+            .map(|a| a.trim().parse().unwrap())
+            .collect();
+        let (wgs, mw, bt, stages) = (args[0], args[1], args[2], args[3]);
+        assert_eq!(QWG_TOKENS, bt);
+        assert_eq!(QWG_ROWS, 64 * mw * wgs);
+        assert_eq!(QWG_THREADS as usize, 128 * wgs);
+        assert_eq!(args[4], 1, "one block a cluster: no cluster launch here");
+        let stage = 2 * bt * 128 + QWG_ROWS * 32 + 8 * bt;
+        assert_eq!(QWG_SMEM as usize, stages * stage + 8 * stages);
     }
 
     /// [`QMMA_PQ2`] repeats the kernels' template arguments in qmma.cu (`QMMA_PQ2(name, MI, NJ, WW, NW, MINB)`) and

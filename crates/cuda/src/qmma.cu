@@ -27,11 +27,14 @@ __device__ __forceinline__ int qmma_pq2_weight(int pos) {
 
 // Quantizes x [T, K] (bf16 rows, or split: hi + lo, `lo` elements after hi; row stride ldx elements) for
 // the GEMMs: h, l planes [T, Kp] (Kp = K rounded up to 128; zeros past K), in PQ2_0's k order (`pq2`) or the
-// natural one; s and Σ q [Kp / 128, tp] (block-major, tp rows apart). One warp per (row, block): lane i takes
-// positions 4i .. 4i + 3. grid (ceil(Kp / 128 / 8), T), 256 threads.
+// natural one; s and Σ q [Kp / 128, tp] (block-major, tp rows apart). `tt` > 0: the planes tiled instead for
+// the warpgroup GEMM (qwgmma.cu), per 128-K block tt rows (a multiple of 8, at least T) of 8-row groups of 8 x
+// 16-byte core matrices: row r, position p of block b at b 128 tt + (r / 8) 1024 + (p / 16) 128 + (r % 8) 16 + p % 16,
+// so that a block's run of rows is one contiguous copy. One warp per (row, block): lane i takes positions
+// 4i .. 4i + 3. grid (ceil(Kp / 128 / 8), T), 256 threads.
 KERNEL(simt) void qmma_quant(const unsigned short* __restrict__ x, int ldx, long long lo, int split, int K, int Kp,
                              int pq2, signed char* __restrict__ xh, unsigned char* __restrict__ xl,
-                             float* __restrict__ sx, int* __restrict__ qs, int tp) {
+                             float* __restrict__ sx, int* __restrict__ qs, int tp, int tt) {
     int lane = threadIdx.x & 31, blk = blockIdx.x * 8 + (threadIdx.x >> 5);
     idx_t r = blockIdx.y;
     if (blk * 128 >= Kp) return;
@@ -58,7 +61,8 @@ KERNEL(simt) void qmma_quant(const unsigned short* __restrict__ x, int ldx, long
     for (int b = 0; b < 4; b++) sum += q16_put(v[b], inv, b, hw, lw);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    idx_t o = r * Kp + blk * 128 + 4 * lane;
+    idx_t o = tt ? (idx_t)blk * 128 * tt + (r >> 3) * 1024 + (lane >> 2) * 128 + (r & 7) * 16 + 4 * (lane & 3)
+                 : r * Kp + blk * 128 + 4 * lane;
     *(unsigned*)(xh + o) = hw;
     *(unsigned*)(xl + o) = lw;
     if (lane == 0) {

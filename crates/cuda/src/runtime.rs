@@ -34,6 +34,7 @@ pub const KERNELS_CU: &str = concat!(
     include_str!("fused.cu"),
     include_str!("quant.cu"),
     include_str!("qmma.cu"),
+    include_str!("qwgmma.cu"),
 );
 
 const NVRTC_OPTS: &[&str] = &["--std=c++17"];
@@ -64,6 +65,9 @@ pub struct Kernels {
     /// `qmma_pq2`, `qmma_pq2_16` (qmma.cu): PQ2_0's prefill GEMM on the int8 tensor cores in its two tile shapes
     /// (qgemm.rs's `QMMA_PQ2`, in that order).
     pub qmma_pq2: [CudaFunction; 2],
+    /// `qwg_pq2` (qwgmma.cu): PQ2_0's prefill GEMM on Hopper's warpgroup mma; launched on compute capability 9.0
+    /// only ([`Gpu::wgmma`]), where the kernels are compiled for sm_90a (elsewhere its body is a trap).
+    pub qwg_pq2: CudaFunction,
     /// `qmma_q8` (qmma.cu): Q8_0's prefill GEMM on the int8 tensor cores.
     pub qmma_q8: CudaFunction,
     pub hadamard_rows: CudaFunction,
@@ -253,6 +257,8 @@ pub struct Gpu {
     /// Programmatic dependent launch for the kernels that wait for it ([`crate::pdl`]); off until
     /// [`Gpu::set_pdl`] turns it on (compute capability 9.0 and later only).
     pdl: std::sync::atomic::AtomicBool,
+    /// Off: PQ2_0's prefill GEMM keeps to the mma.sync kernels where the warpgroup one would run ([`Gpu::wgmma`]).
+    wgmma_off: std::sync::atomic::AtomicBool,
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -309,6 +315,7 @@ pub const PROGRAMS: &[&[&str]] = &[
     &["simt"],
     &["gdn_tc_prep", "gdn_tc_prep_tf32"],
     &["qmma_pq2", "qmma_pq2_16", "qmma_q8"],
+    &["qwg_pq2"],
 ];
 
 /// Whether program `i` compiles fallback kernels only (loaded by [`Gpu::fallbacks`], not when the GPU opens).
@@ -407,7 +414,13 @@ pub fn images_for(
     programs: &[usize],
     what: &str,
 ) -> Result<Vec<Image>, CudaError> {
-    let (sm, compute) = (format!("sm_{maj}{min}"), format!("compute_{maj}{min}"));
+    // Compute capability 9.0 (Hopper) as sm_90a: its architecture-specific instructions (the warpgroup mma of
+    // qwgmma.cu) in every program; that code runs on 9.0 devices only, which is all it is compiled for.
+    let a = if (maj, min) == (9, 0) { "a" } else { "" };
+    let (sm, compute) = (
+        format!("sm_{maj}{min}{a}"),
+        format!("compute_{maj}{min}{a}"),
+    );
     // The source hashed once; each program's file adds its groups and the image kind.
     let source = fnv1a(&[KERNELS_CU.as_bytes(), NVRTC_OPTS.join(" ").as_bytes()]);
     let dir = cache_dir();
@@ -664,6 +677,7 @@ impl Gpu {
             dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate;
             qmma_pq2: [big_smem_shared(f("qmma_pq2")?, max_smem)?, big("qmma_pq2_16")?],
             qmma_q8: big("qmma_q8")?,
+            qwg_pq2: big("qwg_pq2")?,
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,
@@ -719,6 +733,7 @@ impl Gpu {
             fallbacks: std::sync::OnceLock::new(),
             pinned: Default::default(),
             pdl: false.into(),
+            wgmma_off: false.into(),
         }))
     }
 
@@ -731,6 +746,19 @@ impl Gpu {
     pub fn set_pdl(&self, on: bool) {
         let on = on && self.cc.0 >= 9;
         self.pdl.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether PQ2_0's prefill GEMM may take the warpgroup-mma kernel (`qwg_pq2`): the kernels compiled for sm_90a
+    /// (compute capability 9.0) and [`Gpu::set_wgmma`] not turned off.
+    pub fn wgmma(&self) -> bool {
+        self.cc == (9, 0) && !self.wgmma_off.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Lets PQ2_0's prefill GEMM take the warpgroup-mma kernel where the device has it (the default), or keeps it
+    /// to the mma.sync kernels (the same bits, for comparing the two), for every later launch.
+    pub fn set_wgmma(&self, on: bool) {
+        self.wgmma_off
+            .store(!on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The device's architecture as NVRTC names it, `compute_XY`.

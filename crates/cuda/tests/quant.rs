@@ -807,6 +807,104 @@ fn block_gemm_int8_matches_cpu() {
     assert!(fails.is_empty(), "over tolerance: {fails:?}");
 }
 
+/// Every kernel of PQ2_0's prefill GEMM on the same odd shapes (`gemm_pq2_on`: both mma.sync tiles and, on
+/// compute capability 9.0, the warpgroup-mma one, whatever the shape would pick): each output bit-identical across
+/// the kernels (they sum the same integers per 128-K block and fold them in the same order) and within 1e-4 of the
+/// largest output of the f64 reference. Shapes: T 9 to 700 (partial token tiles of 32 and 64, more than one tile
+/// of 512), N not a multiple of the 128 or 256 rows a block (257, 1000, 5128, 2312), K 1024 to 17408; bf16 and
+/// both split layouts, a beta of 1 onto an existing y, an output row stride above N.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_gemm_pq2_kernels_agree() {
+    use onepass_cuda::qgemm::{gemm_pq2_on, Pq2Kernel};
+    let g = gpu();
+    let mut kernels = vec![Pq2Kernel::Mma(0), Pq2Kernel::Mma(1)];
+    if g.wgmma() {
+        kernels.push(Pq2Kernel::Wg);
+    } else {
+        eprintln!(
+            "the warpgroup-mma kernel not checked: compute capability {:?}, it runs on 9.0 only",
+            g.cc
+        );
+    }
+    let shapes = [
+        (9usize, 257usize, 1024usize),
+        (65, 1000, 5120),
+        (130, 5128, 1024),
+        (450, 5000, 2048),
+        (700, 300, 17408),
+        (640, 2312, 5120),
+    ];
+    let scratch = g.alloc::<u8>(onepass_cuda::qgemm::DEQUANT_BYTES).unwrap();
+    let sc = (g.ptr(&scratch), onepass_cuda::qgemm::DEQUANT_BYTES);
+    let mut fails = Vec::new();
+    for (si, &(t, n, k)) in shapes.iter().enumerate() {
+        let raw = blocks(DType::PQ2_0, n, k, (3 * n + k) as u64);
+        let wf = Tensor::from_raw("w", DType::PQ2_0, vec![n, k], &raw)
+            .unwrap()
+            .to_f32_vec();
+        let (_wbuf, w) = upload_blocks(&g, &[&raw], false).unwrap();
+        let mut x = rnd(t * k, (t * 7 + k) as u64);
+        for (r, row) in x.chunks_mut(k).enumerate() {
+            let f = 2f32.powi((r % 5) as i32 - 2);
+            row.iter_mut().for_each(|v| *v *= f);
+        }
+        let ldy = n + 5;
+        let y0: Vec<f32> = (0..t * ldy)
+            .map(|i| ((i % 13) as f32 - 6.0) * 0.25)
+            .collect();
+        for case in x_layouts(&x, t, k).into_iter().filter(|c| {
+            c.name == "bf16"
+                || c.name
+                    == if si % 2 == 0 {
+                        "split planes"
+                    } else {
+                        "split rows"
+                    }
+        }) {
+            let mut want = reference_rows(&case.reference, t, &wf, n, k);
+            let beta = if si % 3 == 1 { 1.0 } else { 0.0 };
+            for (i, v) in want.iter_mut().enumerate() {
+                *v += beta * y0[i / n * ldy + i % n];
+            }
+            let xd = g.upload(&case.bits).unwrap();
+            let mut first: Option<(Pq2Kernel, Vec<f32>)> = None;
+            for &kern in &kernels {
+                let yd = g.upload(&y0).unwrap();
+                let act = (case.act)(g.ptr(&xd));
+                gemm_pq2_on(&g, act, t, k, w, n, (g.ptr(&yd), ldy), beta, sc, kern).unwrap();
+                let got = g.download(&yd, t * ldy).unwrap();
+                let name = format!("T {t} N {n} K {k} {} {kern:?}", case.name);
+                let a: Vec<f32> = (0..t * n).map(|i| got[i / n * ldy + i % n]).collect();
+                if (0..t).any(|r| {
+                    (n..ldy).any(|c| got[r * ldy + c].to_bits() != y0[r * ldy + c].to_bits())
+                }) {
+                    fails.push(format!("{name}: wrote past N"));
+                }
+                let e = rel_err(&a, &want);
+                eprintln!("{name}: {e:.3e} (tolerance 1e-4)");
+                if e > 1e-4 {
+                    fails.push(format!("{name}: {e:.3e}"));
+                }
+                match &first {
+                    None => first = Some((kern, a)),
+                    Some((k0, a0)) => {
+                        let differ = a
+                            .iter()
+                            .zip(a0)
+                            .filter(|(p, q)| p.to_bits() != q.to_bits())
+                            .count();
+                        if differ > 0 {
+                            fails.push(format!("{name}: {differ} outputs differ from {k0:?}'s"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(fails.is_empty(), "{fails:?}");
+}
+
 /// Not a check (ignored like the GPU tests): µs per call and TOPS (2 T N K per second) of the int8 tensor-core
 /// prefill GEMM next to the dequantised-chunk cuBLAS path it replaced (`gemm_q_dequant`: three bf16 GEMMs per
 /// chunk for split inputs, one for bf16), on the Bonsai 27B shapes (PQ2_0; Q8_0 on the down projection) at T 512
