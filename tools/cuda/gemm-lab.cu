@@ -80,15 +80,13 @@ int main(int argc, char** argv) {
     const Variant variants[] = {
         variant<2, 4, 4, 8>("engine qmma_pq2 64t x 128w", lab_pq2<2, 4, 4, 8, 2>),
         variant<2, 2, 8, 16>("engine qmma_pq2_16 32t x 256w", lab_pq2<2, 2, 8, 16, 1>),
-        wvariant<4, 1, 64, 4, 0>("wgmma 64t x 256w, 4 wg", lab_wg<4, 1, 64, 4, 0, 1>),
-        wvariant<4, 1, 64, 4, 1>("wg bulk 64t x 256w", lab_wg<4, 1, 64, 4, 1, 1>),
-        wvariant<4, 1, 64, 4, 2>("wg mc2 64t x 256w", lab_wg<4, 1, 64, 4, 2, 1>),
-        wvariant<4, 1, 64, 4, 4>("wg mc4 64t x 256w", lab_wg<4, 1, 64, 4, 4, 1>),
-        wvariant<2, 1, 64, 4, 2>("wg mc2 64t x 128w, 2/SM", lab_wg<2, 1, 64, 4, 2, 2>),
-        wvariant<2, 1, 64, 4, 4>("wg mc4 64t x 128w, 2/SM", lab_wg<2, 1, 64, 4, 4, 2>),
-        wvariant<2, 1, 128, 3, 2>("wg mc2 128t x 128w", lab_wg<2, 1, 128, 3, 2, 1>),
-        wvariant<2, 1, 128, 3, 4>("wg mc4 128t x 128w", lab_wg<2, 1, 128, 3, 4, 1>),
-        wvariant<2, 2, 64, 4, 2>("wg mc2 64t x 256w 2x2", lab_wg<2, 2, 64, 4, 2, 1>),
+        wvariant<4, 1, 64, 4, 1>("engine qwg_pq2 64t x 256w", lab_wg<4, 1, 64, 4, 1, 1>),
+        wvariant<2, 1, 64, 4, 1>("wg bulk 64t x 128w, 2/SM", lab_wg<2, 1, 64, 4, 1, 2>),
+        wvariant<2, 1, 64, 3, 1>("wg bulk 64t x 128w, 2/SM, 3 st", lab_wg<2, 1, 64, 3, 1, 2>),
+        wvariant<4, 1, 64, 3, 1>("wg bulk 64t x 256w, 3 st", lab_wg<4, 1, 64, 3, 1, 1>),
+        wvariant<2, 1, 128, 3, 1>("wg bulk 128t x 128w", lab_wg<2, 1, 128, 3, 1, 1>),
+        wvariant<2, 2, 64, 4, 1>("wg bulk 64t x 256w, 2 wg of 128", lab_wg<2, 2, 64, 4, 1, 1>),
+        wvariant<4, 1, 64, 4, 2>("wg multicast 2, 64t x 256w", lab_wg<4, 1, 64, 4, 2, 1>),
     };
     const int nv = sizeof(variants) / sizeof(variants[0]), ns = sizeof(shapes) / sizeof(shapes[0]);
     int only_s = -1, only_v = -1;

@@ -322,11 +322,11 @@ pub fn pq2_kernel(t: usize, n: usize, sms: usize, wgmma: bool) -> Pq2Kernel {
 }
 
 /// Bytes of `qmma_quant`'s output for `rows` rows of K values: the h and l planes [rows, Kp] (Kp = K rounded up to
-/// 128; the warpgroup kernel's tiled planes hold rows rounded up to its 64 tokens), then the scales and Σ q [Kp /
-/// 128, rows rounded up to 4] (f32, i32).
+/// 128), then the scales and Σ q [Kp / 128, rows rounded up to 4] (f32, i32). The warpgroup kernel's tiled planes
+/// hold the rows rounded up to its 64 tokens; where those do not fit, the call takes an mma.sync kernel.
 pub fn qmma_scratch_bytes(rows: usize, k: usize) -> usize {
     let kp = k.next_multiple_of(128);
-    2 * rows.next_multiple_of(QWG_TOKENS) * kp + 8 * (kp / 128) * rows.next_multiple_of(4)
+    2 * rows * kp + 8 * (kp / 128) * rows.next_multiple_of(4)
 }
 
 /// `y = x · wᵀ + beta · y` on the int8 tensor cores (qmma.cu): x (bf16 or split) quantized per row and 128-value
@@ -349,10 +349,9 @@ fn gemm_qmma(
     let split = i32::from(matches!(x, Act::Split { .. }));
     let kp = k.next_multiple_of(128);
     let nb = kp / 128;
-    // The most rows whose planes (rows padded to the warpgroup tile's 64), scales and Σ q (padded to 4) fit the
-    // scratch, at most 32,768 a call (the quantization's grid rows).
-    let pad = 2 * kp * (QWG_TOKENS - 1) + 32 * nb;
-    let fit = (bytes.saturating_sub(pad) / (2 * kp + 8 * nb)).min(1 << 15);
+    // The most rows whose planes, scales and Σ q (rows padded to 4) fit the scratch, at most 32,768 a call (the
+    // quantization's grid rows).
+    let fit = (bytes.saturating_sub(32 * nb) / (2 * kp + 8 * nb)).min(1 << 15);
     let rows = if fit >= t { t } else { fit / QMMA_BM * QMMA_BM };
     if rows == 0 {
         return Err(CudaError::Unsupported(format!(
@@ -364,10 +363,22 @@ fn gemm_qmma(
     for r0 in (0..t).step_by(rows) {
         let tc = rows.min(t - r0);
         let tp = tc.next_multiple_of(4);
-        let kern = (fmt == 0).then(|| force.unwrap_or_else(|| pq2_kernel(tc, n, g.sms, g.wgmma())));
-        // The warpgroup kernel reads the planes tiled, tt rows a 128-K block.
+        let mut kern =
+            (fmt == 0).then(|| force.unwrap_or_else(|| pq2_kernel(tc, n, g.sms, g.wgmma())));
+        // The warpgroup kernel reads the planes tiled, tt rows a 128-K block (tc rounded up to its tile): where
+        // those do not fit the scratch, an mma.sync kernel (the same bits).
+        let tiled = tc.next_multiple_of(QWG_TOKENS);
+        if kern == Some(Pq2Kernel::Wg) && 2 * tiled * kp + 8 * nb * tp > bytes {
+            if force.is_some() {
+                return Err(CudaError::Unsupported(format!(
+                    "the warpgroup PQ2_0 GEMM: the tiled activations of {tc} rows of K {k} do not fit the scratch \
+                     of {bytes} bytes"
+                )));
+            }
+            kern = Some(Pq2Kernel::Mma(qmma_pq2_tile(tc, n, g.sms)));
+        }
         let tt = if kern == Some(Pq2Kernel::Wg) {
-            tc.next_multiple_of(QWG_TOKENS)
+            tiled
         } else {
             0
         };
