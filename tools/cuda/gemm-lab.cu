@@ -80,8 +80,8 @@ int main(int argc, char** argv) {
     const Variant variants[] = {
         variant<2, 4, 4, 8>("engine qmma_pq2 64t x 128w", lab_pq2<2, 4, 4, 8, 2>),
         variant<2, 2, 8, 16>("engine qmma_pq2_16 32t x 256w", lab_pq2<2, 2, 8, 16, 1>),
-        wvariant<4, 1, 64, 4, 1>("engine qwg_pq2 64t x 256w", lab_wg<4, 1, 64, 4, 1, 1>),
-        wvariant<2, 1, 64, 4, 1>("wg bulk 64t x 128w, 2/SM", lab_wg<2, 1, 64, 4, 1, 2>),
+        wvariant<2, 1, 64, 4, 1>("engine qwg_pq2 64t x 128w, 2/SM", lab_wg<2, 1, 64, 4, 1, 2>),
+        wvariant<4, 1, 64, 4, 1>("wg bulk 64t x 256w, 4 wg", lab_wg<4, 1, 64, 4, 1, 1>),
         wvariant<2, 1, 64, 3, 1>("wg bulk 64t x 128w, 2/SM, 3 st", lab_wg<2, 1, 64, 3, 1, 2>),
         wvariant<4, 1, 64, 3, 1>("wg bulk 64t x 256w, 3 st", lab_wg<4, 1, 64, 3, 1, 1>),
         wvariant<2, 1, 128, 3, 1>("wg bulk 128t x 128w", lab_wg<2, 1, 128, 3, 1, 1>),

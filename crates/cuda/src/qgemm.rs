@@ -279,21 +279,19 @@ pub fn qmma_pq2_tile(t: usize, n: usize, sms: usize) -> usize {
     usize::from(cost(&QMMA_PQ2[1]) < cost(&QMMA_PQ2[0]))
 }
 
-/// The warpgroup-mma tile of PQ2_0's prefill GEMM on compute capability 9.0 (qwgmma.cu's `QWG_PQ2(qwg_pq2, 4, 1,
-/// 64, 4, 1, 1)`): 64 tokens by 256 rows, 4 warpgroups (512 threads), one block a multiprocessor, 4 stages of the
-/// tiled activation planes (bulk copies) and the code bytes.
+/// The warpgroup-mma tile of PQ2_0's prefill GEMM on compute capability 9.0 (qwgmma.cu's `QWG_PQ2(qwg_pq2, 2, 1,
+/// 64, 4, 1, 2)`): 64 tokens by 128 rows, 2 warpgroups (256 threads), two blocks a multiprocessor, 4 stages of the
+/// tiled activation planes (bulk copies) and the code bytes. Measured on an H200 (tools/cuda/gemm-lab.cu, 27B
+/// shapes at 400 and 512 tokens) faster on every shape than 64 x 256 in 4 warpgroups (one block a multiprocessor:
+/// its warpgroups wait at the same barriers), 128 x 128, or clusters multicasting the activations.
 pub const QWG_TOKENS: usize = 64;
-pub const QWG_ROWS: usize = 256;
-pub const QWG_THREADS: u32 = 512;
+pub const QWG_ROWS: usize = 128;
+pub const QWG_THREADS: u32 = 256;
+pub const QWG_PER_SM: usize = 2;
 /// Its dynamic shared memory: 4 stages of the h and l plane tiles (128 bytes a token each), the code bytes (32 a
 /// row), the tokens' scales and Σ q; then the stages' barriers.
 pub const QWG_SMEM: u32 =
     (4 * (2 * QWG_TOKENS * 128 + QWG_ROWS * 32 + 8 * QWG_TOKENS) + 4 * 8) as u32;
-/// The time of one wave of `qmma_pq2_16`'s blocks relative to one of the warpgroup tile's: 0.86 to 0.91 in the H200
-/// lab runs (27B shapes at 400 and 512 tokens, tools/cuda/gemm-lab.cu), so that the choice below takes the faster
-/// kernel on every lab shape.
-const QWG_WAVE_16: f64 = 0.88;
-
 /// The kernel of PQ2_0's prefill GEMM for `t` tokens by `n` rows on `sms` multiprocessors.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Pq2Kernel {
@@ -304,20 +302,13 @@ pub enum Pq2Kernel {
 }
 
 /// [`Pq2Kernel`] for `t` tokens by `n` rows: on a device with the warpgroup mma ([`Gpu::wgmma`]) the warpgroup tile
-/// unless the 16-warp mma tile takes fewer waves weighted by their time; elsewhere [`qmma_pq2_tile`]. Every kernel
-/// gives the same bits.
+/// (faster than both mma.sync tiles on every shape of the H200 lab runs, 27B shapes at 400 and 512 tokens);
+/// elsewhere [`qmma_pq2_tile`]. Every kernel gives the same bits.
 pub fn pq2_kernel(t: usize, n: usize, sms: usize, wgmma: bool) -> Pq2Kernel {
-    if !wgmma {
-        return Pq2Kernel::Mma(qmma_pq2_tile(t, n, sms));
-    }
-    let waves = |tokens: usize, rows: usize, per_sm: usize| {
-        (t.div_ceil(tokens) * n.div_ceil(rows)).div_ceil(per_sm * sms.max(1)) as f64
-    };
-    let c16 = &QMMA_PQ2[1];
-    if waves(c16.tokens(), c16.rows(), c16.per_sm) * QWG_WAVE_16 < waves(QWG_TOKENS, QWG_ROWS, 1) {
-        Pq2Kernel::Mma(1)
-    } else {
+    if wgmma {
         Pq2Kernel::Wg
+    } else {
+        Pq2Kernel::Mma(qmma_pq2_tile(t, n, sms))
     }
 }
 
@@ -534,15 +525,14 @@ mod tests {
 
     /// The kernel choice on an H200 (132 multiprocessors, the warpgroup mma) against the fastest kernel of the lab
     /// run that measured them side by side (tools/cuda/gemm-lab.cu, 27B shapes, docs/benchmarks/ternary-gpu.md): the
-    /// warpgroup tile except where its last wave is nearly empty and the 16-warp tile's is not (N 5,120 at 400
-    /// tokens). Without the warpgroup mma the mma.sync rule as before.
+    /// warpgroup tile on every shape. Without the warpgroup mma the mma.sync rule as before.
     #[test]
     fn pq2_kernel_follows_the_lab() {
         let measured = [
             (512, 34816, Pq2Kernel::Wg),
             (400, 34816, Pq2Kernel::Wg),
             (512, 5120, Pq2Kernel::Wg),
-            (400, 5120, Pq2Kernel::Mma(1)),
+            (400, 5120, Pq2Kernel::Wg),
             (512, 16384, Pq2Kernel::Wg),
             (400, 16384, Pq2Kernel::Wg),
             (512, 14336, Pq2Kernel::Wg),
@@ -575,6 +565,7 @@ mod tests {
         assert_eq!(QWG_ROWS, 64 * mw * wgs);
         assert_eq!(QWG_THREADS as usize, 128 * wgs);
         assert_eq!(args[4], 1, "one block a cluster: no cluster launch here");
+        assert_eq!(args[5], QWG_PER_SM, "blocks a multiprocessor");
         let stage = 2 * bt * 128 + QWG_ROWS * 32 + 8 * bt;
         assert_eq!(QWG_SMEM as usize, stages * stage + 8 * stages);
     }

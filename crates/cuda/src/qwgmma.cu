@@ -356,4 +356,4 @@ __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q
              int tt, float* __restrict__ y, int ldy, float beta) {                                                 \
         qwg_pq2_gemm<WGS, MW, BT, STAGES, CL>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, tt, y, ldy, beta);            \
     }
-QWG_PQ2(qwg_pq2, 4, 1, 64, 4, 1, 1)
+QWG_PQ2(qwg_pq2, 2, 1, 64, 4, 1, 2)

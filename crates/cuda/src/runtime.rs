@@ -677,7 +677,7 @@ impl Gpu {
             dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate;
             qmma_pq2: [big_smem_shared(f("qmma_pq2")?, max_smem)?, big("qmma_pq2_16")?],
             qmma_q8: big("qmma_q8")?,
-            qwg_pq2: big("qwg_pq2")?,
+            qwg_pq2: big_smem_shared(f("qwg_pq2")?, max_smem)?,
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,
