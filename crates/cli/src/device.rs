@@ -123,6 +123,19 @@ pub fn bench_cuda(
         );
         prefill.push(json!({"tokens": len, "median_ms": med * 1e3, "best_ms": times[0] * 1e3, "tokens_per_s": len as f64 / med}));
     }
+    // Where the longest prefill's time goes: GPU time by op (CUDA events after every op, without graphs).
+    if let Some(&len) = lens.iter().max() {
+        let ids = prompt(len, v, len as u64);
+        let mut st = g.new_state()?;
+        g.profile_start();
+        g.forward(&mut st, &ids)?;
+        print_ops(
+            &format!("prefill {len} by op (CUDA events, no graphs)"),
+            &g.profile_take()?,
+            1,
+            "forward",
+        );
+    }
     // System One-like: `rows` rows of `prefix + suffix` tokens sharing the prefix.
     let (rows, pre, suf) = s1;
     let prefix = prompt(pre, v, 7);
@@ -264,6 +277,22 @@ pub fn bench_cuda(
     Ok(())
 }
 
+/// Prints a by-op table of `ops` ([`onepass_cuda::CudaModel::profile_take`]) over `n` forwards: per forward, each
+/// op's ms, share and launches (a `per`: step, forward), after a line `what: total ms`.
+fn print_ops(what: &str, ops: &[(&'static str, f64, usize)], n: usize, per: &str) {
+    let n = n.max(1);
+    let total: f64 = ops.iter().map(|o| o.1).sum();
+    eprintln!("{what}: {:.3} ms", total / n as f64);
+    for (name, ms, count) in ops {
+        eprintln!(
+            "  {name:<22} {:>8.4} ms {:>5.1}% {:>6} launches/{per}",
+            ms / n as f64,
+            100.0 * ms / total.max(f64::MIN_POSITIVE),
+            count / n
+        );
+    }
+}
+
 /// Where a decode step's time goes: GPU time by op (CUDA events, 16 steps, without graphs), then 16 steps as they
 /// run (graphs on) against the host time queueing their forwards and each forward's GPU span.
 fn decode_profile(
@@ -278,19 +307,12 @@ fn decode_profile(
         step(st, next)?;
     }
     let ops = g.profile_take()?;
-    let total: f64 = ops.iter().map(|o| o.1).sum();
-    eprintln!(
-        "decode step by op (CUDA events, {STEPS} steps, no graphs): {:.3} ms",
-        total / STEPS as f64
+    print_ops(
+        &format!("decode step by op (CUDA events, {STEPS} steps, no graphs)"),
+        &ops,
+        STEPS,
+        "step",
     );
-    for (name, ms, count) in &ops {
-        eprintln!(
-            "  {name:<22} {:>8.4} ms {:>5.1}% {:>6} launches/step",
-            ms / STEPS as f64,
-            100.0 * ms / total,
-            count / STEPS
-        );
-    }
     for _ in 0..4 {
         step(st, next)?;
     }
