@@ -761,9 +761,11 @@ impl Gpu {
             .store(!on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The device's architecture as NVRTC names it, `compute_XY`.
+    /// The architecture the kernels were compiled for, as NVRTC names it: `compute_XY`, `compute_90a` on compute
+    /// capability 9.0 ([`images_for`]).
     pub fn arch(&self) -> String {
-        format!("compute_{}{}", self.cc.0, self.cc.1)
+        let a = if self.cc == (9, 0) { "a" } else { "" };
+        format!("compute_{}{}{a}", self.cc.0, self.cc.1)
     }
 
     /// The fallback kernels, compiled (or read from the cache) and loaded at the first call. Not while a CUDA graph
