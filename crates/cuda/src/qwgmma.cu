@@ -12,7 +12,9 @@
 // warpgroup multiplies its 64 MW rows by the BT tokens: the h plane's four steps (int32 sums, exact), c = 256 c -
 // Σ q, the l plane's four steps onto c, then acc += c (s d) in f32, the same integers and the same f32 operations
 // in the same order as qmma_pq2_gemm: the outputs are that kernel's to the bit. WGS warpgroups side by side along
-// the weight share a stage's activation planes; STAGES stages of cp.async in flight.
+// the weight share a stage's activation planes; STAGES stages in flight (the planes by cp.async or bulk copies, the
+// code bytes, scales and Σ q by cp.async: qwg_pq2_gemm's CL). The engine's tile (qgemm.rs's QWG_*): 2 warpgroups
+// of 64 rows by 64 tokens, two blocks a multiprocessor, the planes tiled and bulk-copied.
 // ---------------------------------------------------------------------------------------------------------------
 
 template <int WGS, int MW, int BT, int STAGES>
@@ -46,8 +48,8 @@ __device__ __forceinline__ void qwg_pin(int& r) { asm volatile("" : "+r"(r)::"me
     "%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55," \
     "%56,%57,%58,%59,%60,%61,%62,%63}"
 
-// c[64 x BT] (+)= a[64 x 32] · b[32 x BT]: a from registers (u8 codes), b by descriptor (BT = 64: s8 or u8, the
-// h or l plane), int32 sums; `acc` 0: c = a · b, else c += a · b.
+// c[64 x BT] (+)= a[64 x 32] · b[32 x BT] (BT 64 or 128): a from registers (u8 codes), b by descriptor (the h
+// plane as s8, or with LO the l plane as u8), int32 sums; `acc` 0: c = a · b, else c += a · b.
 template <int BT, bool LO>
 __device__ __forceinline__ void qwg_mma(int* c, const unsigned* a, unsigned long long desc, int acc);
 
