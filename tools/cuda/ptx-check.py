@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compile crates/cuda/src/*.cu with NVRTC exactly as runtime.rs does (compute_90, --std=c++17), then
+"""Compile crates/cuda/src/*.cu with NVRTC exactly as nvrtc.rs does (compute_90, --std=c++17), then
 assemble the PTX with ptxas for sm_90 and print each kernel's registers, spills and shared memory.
 
 Needs no GPU: NVRTC and ptxas come from the PyPI wheels nvidia-cuda-nvrtc / nvidia-cuda-nvcc (13.0):
@@ -34,8 +34,8 @@ ptxas = pathlib.Path(a.root) / "nvidia/cu13/bin/ptxas"
 if not lib.is_file() or not ptxas.is_file():
     sys.exit(f"no NVRTC / ptxas under {a.root}: see this script's docstring for the two wheels")
 repo = pathlib.Path(__file__).resolve().parents[2]
-# The same order as runtime.rs's KERNELS_CU.
-order = [l.split('"')[1] for l in (repo / "crates/cuda/src/runtime.rs").read_text().splitlines()
+# The same order as nvrtc.rs's KERNELS_CU.
+order = [l.split('"')[1] for l in (repo / "crates/cuda/src/nvrtc.rs").read_text().splitlines()
          if "include_str!(" in l and ".cu\"" in l]
 src = "".join((repo / "crates/cuda/src" / f).read_text() for f in order)
 nv = ctypes.CDLL(str(lib))

@@ -18,6 +18,7 @@ pub mod gdn_tc;
 pub mod gemm;
 pub mod gemm_lt;
 pub mod model;
+pub mod nvrtc;
 pub mod ops;
 pub mod options;
 pub mod pdl;

@@ -58,42 +58,27 @@ __device__ __forceinline__ void qwg_mma(int* c, const unsigned* a, unsigned long
 __device__ __forceinline__ void qwg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void qwg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void qwg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-template <>
-__device__ __forceinline__ void qwg_mma<64, false>(int* c, const unsigned* a, unsigned long long desc, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 " QWG_D32 ", {%32,%33,%34,%35}, %36, p;\n}\n"
-        : QWG_R8(0), QWG_R8(8), QWG_R8(16), QWG_R8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
-        : "memory");
-}
-template <>
-__device__ __forceinline__ void qwg_mma<64, true>(int* c, const unsigned* a, unsigned long long desc, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.u8 " QWG_D32 ", {%32,%33,%34,%35}, %36, p;\n}\n"
-        : QWG_R8(0), QWG_R8(8), QWG_R8(16), QWG_R8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
-        : "memory");
-}
-template <>
-__device__ __forceinline__ void qwg_mma<128, false>(int* c, const unsigned* a, unsigned long long desc, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 " QWG_D64 ", {%64,%65,%66,%67}, %68, p;\n}\n"
-        : QWG_R8(0), QWG_R8(8), QWG_R8(16), QWG_R8(24), QWG_R8(32), QWG_R8(40), QWG_R8(48), QWG_R8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
-        : "memory");
-}
-template <>
-__device__ __forceinline__ void qwg_mma<128, true>(int* c, const unsigned* a, unsigned long long desc, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 " QWG_D64 ", {%64,%65,%66,%67}, %68, p;\n}\n"
-        : QWG_R8(0), QWG_R8(8), QWG_R8(16), QWG_R8(24), QWG_R8(32), QWG_R8(40), QWG_R8(48), QWG_R8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
-        : "memory");
-}
+// One specialization: BT tokens, the B type BTYPE, the accumulator list DLIST (%0 .. %(BT / 2 - 1)), then the
+// operand numbers of a's four registers (NA), the descriptor (ND) and `acc` (NACC), OUTS the accumulators.
+#define QWG_MMA(BT, LO, BTYPE, DLIST, NA, ND, NACC, OUTS)                                                         \
+    template <>                                                                                                  \
+    __device__ __forceinline__ void qwg_mma<BT, LO>(int* c, const unsigned* a, unsigned long long desc, int acc) { \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " NACC ", 0;\n"                                          \
+                     "wgmma.mma_async.sync.aligned.m64n" #BT "k32.s32.u8." BTYPE " " DLIST ", {" NA "}, " ND      \
+                     ", p;\n}\n"                                                                                \
+                     : OUTS                                                                                      \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)                          \
+                     : "memory");                                                                                \
+    }
+#define QWG_OUT32 QWG_R8(0), QWG_R8(8), QWG_R8(16), QWG_R8(24)
+#define QWG_OUT64 QWG_OUT32, QWG_R8(32), QWG_R8(40), QWG_R8(48), QWG_R8(56)
+QWG_MMA(64, false, "s8", QWG_D32, "%32,%33,%34,%35", "%36", "%37", QWG_OUT32)
+QWG_MMA(64, true, "u8", QWG_D32, "%32,%33,%34,%35", "%36", "%37", QWG_OUT32)
+QWG_MMA(128, false, "s8", QWG_D64, "%64,%65,%66,%67", "%68", "%69", QWG_OUT64)
+QWG_MMA(128, true, "u8", QWG_D64, "%64,%65,%66,%67", "%68", "%69", QWG_OUT64)
+#undef QWG_MMA
+#undef QWG_OUT32
+#undef QWG_OUT64
 #else
 #define QWG_ISA 0
 __device__ __forceinline__ void qwg_fence() {}
