@@ -256,10 +256,23 @@ fn model_dir(arg: &str) -> Result<PathBuf> {
     Ok(onepass_formats::resolve_model(arg)?)
 }
 
+/// Loads a model in the file's forms (for `info` and for an upload to the GPU).
 fn load_model(arg: &str) -> Result<Model> {
+    load_model_with(arg, false)
+}
+
+/// Loads a model that stays on the CPU, its weights in the forms the CPU reads fastest.
+fn load_cpu_model(arg: &str) -> Result<Model> {
+    load_model_with(arg, true)
+}
+
+fn load_model_with(arg: &str, cpu: bool) -> Result<Model> {
     let dir = model_dir(arg)?;
     let t0 = Instant::now();
-    let m = Model::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    let mut m = Model::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    if cpu {
+        m.prepare_for_cpu();
+    }
     eprintln!(
         "loaded {} in {:.2}s",
         dir.display(),
@@ -362,7 +375,7 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
 
 fn logits(arg: &str, ids: &str, last: bool, chunk: Option<usize>) -> Result<()> {
     let ids = parse_ids(ids)?;
-    let m = load_model(arg)?;
+    let m = load_cpu_model(arg)?;
     let chunk = chunk.unwrap_or(ids.len()).max(1);
     let mut state = m.new_state();
     let mut hidden = Vec::new();
@@ -530,7 +543,7 @@ fn add_chat_template(out: &Path) -> Result<()> {
 }
 
 fn bench(arg: &str, lens: &[usize], decode: usize, reps: usize, batch: &[usize]) -> Result<()> {
-    let m = load_model(arg)?;
+    let m = load_cpu_model(arg)?;
     let v = m.vocab_size() as u32;
     let max_len = lens.iter().copied().max().unwrap_or(0);
     // A fixed pseudo-random prompt (ids spread over the vocabulary).

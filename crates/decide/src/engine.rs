@@ -243,7 +243,8 @@ impl Engine {
     /// `tokenizer.json` (+ config; else the GGUF file's tokenizer), `decider_config.json` (a missing file means
     /// defaults, decider-contract R6.1).
     pub fn load(dir: &Path, opts: EngineOptions) -> Result<Engine, EngineError> {
-        let model = Model::load(dir)?;
+        let mut model = Model::load(dir)?;
+        model.prepare_for_cpu();
         let model_type = model.config().model_type.clone();
         Engine::from_dir_with(dir, &model_type, model, opts)
     }

@@ -36,8 +36,9 @@ pub enum AnyError {
 }
 
 impl AnyBackend {
-    /// The model on the CPU.
-    pub fn cpu(m: Model) -> AnyBackend {
+    /// The model on the CPU, its weights in the forms the CPU reads fastest ([`Model::prepare_for_cpu`]).
+    pub fn cpu(mut m: Model) -> AnyBackend {
+        m.prepare_for_cpu();
         AnyBackend::Cpu(m)
     }
 

@@ -1,4 +1,5 @@
-//! The decode matvec (T tokens, default 1) on F16, BF16 and Q8_0 weights next to this machine's memory read
+//! The decode matvec (T tokens, default 1) on F16, BF16 and Q8_0 weights (as stored and, where the processor has
+//! AVX-512 VNNI, regrouped as a model prepared for the CPU holds them: Q8_0G) next to this machine's memory read
 //! bandwidth, measured in the same run: for each Qwen3.5-0.8B and 2B shape, copies of the matrix adding up to at
 //! least MB megabytes (default 512) are rotated so every call reads memory, not cache.
 //!
@@ -37,7 +38,11 @@ fn main() {
         (2048, 6144),
         (248_320, 2048),
     ] {
-        for dtype in [DType::F16, DType::BF16, DType::Q8_0] {
+        for dtype in [DType::F16, DType::BF16, DType::Q8_0, DType::Q8_0G] {
+            // Q8_0G: the Q8_0 matrix regrouped, as a model prepared for the CPU holds it (AVX-512 VNNI only).
+            if dtype == DType::Q8_0G && !onepass_kernels::q8_0_grouped_available() {
+                continue;
+            }
             let one = weights(dtype, n, k, 1);
             let bytes = one.len();
             let copies = (total_mb << 20).div_ceil(bytes).max(1);
@@ -48,7 +53,17 @@ fn main() {
                     } else {
                         weights(dtype, n, k, c as u32 + 1)
                     };
-                    Tensor::from_raw("w", dtype, vec![n, k], &raw).expect("weights")
+                    let file = if dtype == DType::Q8_0G {
+                        DType::Q8_0
+                    } else {
+                        dtype
+                    };
+                    let w = Tensor::from_raw("w", file, vec![n, k], &raw).expect("weights");
+                    if dtype == DType::Q8_0G {
+                        w.grouped_q8_0().expect("whole groups")
+                    } else {
+                        w
+                    }
                 })
                 .collect();
             let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) * 0.1).collect();
@@ -72,7 +87,7 @@ fn main() {
     }
 }
 
-/// Raw bytes of a random `[n, k]` matrix in `dtype` (F16, BF16 or Q8_0).
+/// Raw bytes of a random `[n, k]` matrix in `dtype` (F16, BF16; Q8_0 blocks otherwise).
 fn weights(dtype: DType, n: usize, k: usize, seed: u32) -> Vec<u8> {
     let mut s = 0x9e37_79b9u32.wrapping_mul(seed) | 1;
     let mut next = move || {

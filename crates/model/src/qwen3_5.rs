@@ -15,6 +15,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use onepass_formats::{Checkpoint, Gguf, ModelFiles};
 use onepass_kernels::{add_assign, dot_rows, hadamard_unrotate};
 use onepass_tensor::{DType, Tensor};
@@ -188,6 +190,51 @@ impl Model {
             head_signs,
             file_bytes: ck.file_bytes(),
         })
+    }
+
+    /// Rewrites the weights into the forms this processor's kernels read fastest, for a model that stays on the CPU:
+    /// where the processor has AVX-512 VNNI, Q8_0 matrices whose rows are whole groups of 512 values are regrouped
+    /// ([`DType::Q8_0G`]: the same values in as many bytes; the file's pages of the originals leave resident memory),
+    /// so that decode and prefill run the integer kernels on them. Returns how many matrices changed. A model that
+    /// is to be uploaded to a GPU keeps the file's forms, which the upload reads: do not call this on one.
+    pub fn prepare_for_cpu(&mut self) -> usize {
+        if !onepass_kernels::q8_0_grouped_available() {
+            return 0;
+        }
+        let tied = self.config.text.tie_word_embeddings;
+        let mut slots: Vec<&mut Tensor> = vec![&mut self.embed];
+        if !tied {
+            slots.push(&mut self.lm_head);
+        }
+        for l in &mut self.layers {
+            match &mut l.mixer {
+                Mixer::GatedDeltaNet(m) => slots.extend([
+                    &mut m.in_qkv,
+                    &mut m.in_z,
+                    &mut m.in_a,
+                    &mut m.in_b,
+                    &mut m.out,
+                ]),
+                Mixer::Attention(m) => slots.extend([&mut m.q, &mut m.k, &mut m.v, &mut m.o]),
+            }
+            slots.extend([&mut l.mlp.gate, &mut l.mlp.up, &mut l.mlp.down]);
+        }
+        let changed = slots
+            .into_par_iter()
+            .map(|t| match t.grouped_q8_0() {
+                Some(g) => {
+                    t.release_mapped_pages();
+                    *t = g;
+                    1
+                }
+                None => 0,
+            })
+            .sum();
+        if tied {
+            // The head is the embedding: one regrouped copy serves both.
+            self.lm_head = self.embed.renamed(self.lm_head.name());
+        }
+        changed
     }
 
     /// Whether the weights are folded with a Hadamard rotation (a Bonsai pack).

@@ -26,7 +26,17 @@ pub enum DType {
     /// Ternary blocks of 128 values in base 3: 24 bytes of five trits, 2 bytes of four, then the f16 scale
     /// `d`; value `(trit − 1)·d` (28 bytes; the trit order is GGUF's PTQ1_0, see docs/formats.md).
     PTQ1_0,
+    /// Q8_0 blocks regrouped in memory for the CPU's integer kernels (never in a file; see
+    /// [`Tensor::grouped_q8_0`]): groups of 16 blocks (512 values), eight 64-byte registers where byte `4j + b`
+    /// of register `r` is code `4r + b` of block `j` plus 128 (as an unsigned byte), then the 16 blocks' f16
+    /// scales (544 bytes, as many as the 16 blocks take in Q8_0).
+    Q8_0G,
 }
+
+/// Values per [`DType::Q8_0G`] group.
+pub const Q8_0G_VALUES: usize = 512;
+/// Bytes per [`DType::Q8_0G`] group: the eight code registers, then the 16 scales.
+pub const Q8_0G_BYTES: usize = 8 * 64 + 2 * 16;
 
 impl DType {
     /// Bytes per block (per element for the float types).
@@ -36,6 +46,7 @@ impl DType {
             DType::BF16 | DType::F16 => 2,
             DType::Q8_0 | DType::PQ2_0 => 34,
             DType::PTQ1_0 => 28,
+            DType::Q8_0G => Q8_0G_BYTES,
         }
     }
 
@@ -45,6 +56,7 @@ impl DType {
             DType::F32 | DType::BF16 | DType::F16 => 1,
             DType::Q8_0 => 32,
             DType::PQ2_0 | DType::PTQ1_0 => 128,
+            DType::Q8_0G => Q8_0G_VALUES,
         }
     }
 
@@ -62,6 +74,7 @@ impl DType {
             DType::Q8_0 => "Q8_0",
             DType::PQ2_0 => "PQ2_0",
             DType::PTQ1_0 => "PTQ1_0",
+            DType::Q8_0G => "Q8_0 (grouped)",
         }
     }
 
@@ -114,6 +127,7 @@ pub enum View<'a> {
     Q8_0(&'a [u8]),
     PQ2_0(&'a [u8]),
     PTQ1_0(&'a [u8]),
+    Q8_0G(&'a [u8]),
 }
 
 /// A named tensor with a shape and an element format (outermost dimension first).
@@ -257,6 +271,25 @@ impl Tensor {
         matches!(self.bytes, Bytes::Mapped { .. })
     }
 
+    /// Tells the kernel that this process will not read the tensor's mapped bytes for a while: the whole pages
+    /// inside them leave its resident memory (a later read faults them back in from the file, so nothing is lost;
+    /// the maps are of files, read-only). Used after a copy of the tensor replaced it, so that the copy does not
+    /// count twice. Does nothing for an owned tensor.
+    pub fn release_mapped_pages(&self) {
+        #[cfg(unix)]
+        if let Bytes::Mapped { map, offset, len } = &self.bytes {
+            let page = 4096usize;
+            let (b, e) = (offset.next_multiple_of(page), (offset + len) / page * page);
+            if e > b {
+                // SAFETY: the map is a private read-only map of a file, so dropping its pages loses nothing: any
+                // later access reads the file again.
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, b, e - b)
+                };
+            }
+        }
+    }
+
     /// An owned f32 tensor.
     pub fn from_f32(name: &str, shape: Vec<usize>, data: &[f32]) -> Self {
         assert_eq!(
@@ -334,6 +367,7 @@ impl Tensor {
                 DType::Q8_0 => View::Q8_0(raw),
                 DType::PQ2_0 => View::PQ2_0(raw),
                 DType::PTQ1_0 => View::PTQ1_0(raw),
+                DType::Q8_0G => View::Q8_0G(raw),
             }
         }
     }
@@ -389,6 +423,20 @@ impl Tensor {
                     }
                 }
             }
+            View::Q8_0G(raw) => {
+                let groups = &raw[start / bl * Q8_0G_BYTES..end / bl * Q8_0G_BYTES];
+                for (o, g) in out
+                    .chunks_exact_mut(bl)
+                    .zip(groups.chunks_exact(Q8_0G_BYTES))
+                {
+                    for (u, o) in o.iter_mut().enumerate() {
+                        let (j, b) = (u / 32, u % 32);
+                        let code = (g[64 * (b / 4) + 4 * j + b % 4] ^ 0x80) as i8;
+                        let d = f16::from_le_bytes([g[512 + 2 * j], g[513 + 2 * j]]).to_f32();
+                        *o = f32::from(code) * d;
+                    }
+                }
+            }
             View::PTQ1_0(raw) => {
                 let blocks = &raw[start / bl * 28..end / bl * 28];
                 for (o, b) in out.chunks_exact_mut(bl).zip(blocks.chunks_exact(28)) {
@@ -409,11 +457,85 @@ impl Tensor {
         }
     }
 
+    /// A 2-D Q8_0 tensor regrouped as [`DType::Q8_0G`] (an owned copy; the same values), or `None` for other
+    /// types and for rows that are not whole groups of 512 values.
+    pub fn grouped_q8_0(&self) -> Option<Tensor> {
+        let (View::Q8_0(raw), &[n, k]) = (self.view(), self.shape()) else {
+            return None;
+        };
+        if !k.is_multiple_of(Q8_0G_VALUES) {
+            return None;
+        }
+        let len = n * k / Q8_0G_VALUES * Q8_0G_BYTES;
+        let mut words = vec![0u32; len / 4];
+        // SAFETY: u32 words are valid as 4·len bytes (len is a multiple of 4: 544 bytes a group).
+        let out = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, len) };
+        let row_in = k / 32 * 34;
+        let row_out = k / Q8_0G_VALUES * Q8_0G_BYTES;
+        for (src, dst) in raw.chunks_exact(row_in).zip(out.chunks_exact_mut(row_out)) {
+            group_q8_0_row(src, dst);
+        }
+        Some(Tensor {
+            name: self.name.clone(),
+            dtype: DType::Q8_0G,
+            shape: self.shape.clone(),
+            bytes: Bytes::Owned(Arc::new(words), len),
+        })
+    }
+
+    /// The Q8_0 blocks of a Q8_0 or [`DType::Q8_0G`] tensor, as a file stores them (an empty vector for other
+    /// types).
+    pub fn q8_0_blocks(&self) -> Vec<u8> {
+        match self.view() {
+            View::Q8_0(raw) => raw.to_vec(),
+            View::Q8_0G(raw) => {
+                let mut out = vec![0u8; raw.len()];
+                for (g, o) in raw
+                    .chunks_exact(Q8_0G_BYTES)
+                    .zip(out.chunks_exact_mut(Q8_0G_BYTES))
+                {
+                    for (j, block) in o.chunks_exact_mut(34).enumerate() {
+                        block[..2].copy_from_slice(&g[512 + 2 * j..514 + 2 * j]);
+                        for (v, c) in block[2..].iter_mut().enumerate() {
+                            *c = g[64 * (v / 4) + 4 * j + v % 4] ^ 0x80;
+                        }
+                    }
+                }
+                out
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Same tensor with a new name (storage shared).
     pub fn renamed(&self, name: &str) -> Self {
         Tensor {
             name: name.to_string(),
             ..self.clone()
+        }
+    }
+}
+
+/// Regroups one row of Q8_0 blocks (`src`) as [`DType::Q8_0G`] groups into `dst` (whole groups; blocks past the
+/// row's end are written as code 0 with scale 0, so a row of any whole number of blocks can be regrouped).
+pub fn group_q8_0_row(src: &[u8], dst: &mut [u8]) {
+    let blocks = src.len() / 34;
+    assert!(
+        src.len() == blocks * 34 && dst.len() == blocks.div_ceil(16) * Q8_0G_BYTES,
+        "group_q8_0_row: {} bytes into {}",
+        src.len(),
+        dst.len()
+    );
+    for (g, out) in dst.chunks_exact_mut(Q8_0G_BYTES).enumerate() {
+        for j in 0..16 {
+            let block = src.get((16 * g + j) * 34..(16 * g + j + 1) * 34);
+            for r in 0..8 {
+                for b in 0..4 {
+                    out[64 * r + 4 * j + b] = block.map_or(0, |q| q[2 + 4 * r + b]) ^ 0x80;
+                }
+            }
+            let d = block.map_or([0, 0], |q| [q[0], q[1]]);
+            out[512 + 2 * j..512 + 2 * j + 2].copy_from_slice(&d);
         }
     }
 }
@@ -442,6 +564,68 @@ mod tests {
         assert_eq!(back[1], -2.5);
         assert_eq!(back[2], 3.140625);
         assert!((back[3] - 1.0e-3).abs() < 1.0e-5 && back[3] != 1.0e-3);
+    }
+
+    #[test]
+    fn grouped_q8_0_holds_the_same_values_and_bytes() {
+        // Two rows of 1024 values: every code, varied scales.
+        let (n, k) = (2, 1024);
+        let mut raw = Vec::new();
+        for b in 0..n * k / 32 {
+            raw.extend_from_slice(&f16::from_f32(0.01 + 0.003 * (b % 7) as f32).to_le_bytes());
+            raw.extend((0..32).map(|i| ((i * 37 + b * 11) % 256) as u8));
+        }
+        let q = Tensor::from_raw("w", DType::Q8_0, vec![n, k], &raw).expect("q8_0");
+        let g = q.grouped_q8_0().expect("grouped");
+        assert_eq!(
+            (g.dtype(), g.shape(), g.byte_len()),
+            (DType::Q8_0G, &[n, k][..], raw.len())
+        );
+        assert_eq!(g.raw().len(), raw.len());
+        let bits = |t: &Tensor| {
+            t.to_f32_vec()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&g), bits(&q));
+        assert_eq!(g.q8_0_blocks(), raw);
+        // A window of one row reads that row.
+        let mut row = vec![0.0; k];
+        g.read_f32(k, &mut row);
+        assert_eq!(row, q.to_f32_vec()[k..]);
+        // Rows that are not whole groups stay as they are.
+        let short =
+            Tensor::from_raw("s", DType::Q8_0, vec![4, 256], &raw[..4 * 8 * 34]).expect("q8_0");
+        assert!(short.grouped_q8_0().is_none());
+    }
+
+    #[test]
+    fn a_short_row_regroups_with_zero_padding() {
+        // 3 blocks: one group whose 13 missing blocks read code 0 (stored 128) and scale 0.
+        let src: Vec<u8> = (0..3 * 34).map(|i| (i * 7) as u8).collect();
+        let mut dst = vec![0xAA; Q8_0G_BYTES];
+        group_q8_0_row(&src, &mut dst);
+        for j in 0..16 {
+            for v in 0..32 {
+                let byte = dst[64 * (v / 4) + 4 * j + v % 4];
+                let want = if j < 3 {
+                    src[34 * j + 2 + v] ^ 0x80
+                } else {
+                    0x80
+                };
+                assert_eq!(byte, want, "block {j} value {v}");
+            }
+            let d = &dst[512 + 2 * j..514 + 2 * j];
+            assert_eq!(
+                d,
+                if j < 3 {
+                    &src[34 * j..34 * j + 2]
+                } else {
+                    &[0, 0][..]
+                }
+            );
+        }
     }
 
     #[test]

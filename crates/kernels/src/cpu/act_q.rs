@@ -1,7 +1,7 @@
 //! Activations rounded for integer dot products: each block of 128 values of a token becomes 16-bit integers
-//! `q = round(x / s)` with `s = max|x| / 32767` (so the rounding error is at most `s / 2`, 2⁻¹⁶ of the block's
-//! largest value), stored in two bytes per value, `q = 256·h + l` with `h` signed (−128..127) and `l` unsigned
-//! (0..255), so that the VNNI byte dot product (`vpdpbusd`, unsigned × signed bytes into 32-bit sums) can take
+//! `q = round(x / s)` with `s = max|x| / 32767` (32639 in a balanced layout, below; so the rounding error is at
+//! most `s / 2`, about 2⁻¹⁶ of the block's largest value), stored in two bytes per value, `q = 256·h + l` with `h`
+//! signed (−128..127) and `l` unsigned (0..255), so that the VNNI byte dot product (`vpdpbusd`, unsigned × signed bytes into 32-bit sums) can take
 //! either half: `Σ w·q = 256·Σ w·h + Σ w·l`.
 //!
 //! Blocks go in groups (pairs for the ternary kernels, four for Q8_0), each group filling a few 64-byte registers
@@ -10,7 +10,9 @@
 //! token come the 16 lanes of `s` (each 32-bit lane of the registers belongs to one block; lanes of none read 0)
 //! and minus the sums of `q` over the bytes each lane covers (`neg_lane_sums`): the correction for weights stored
 //! as unsigned codes `c` with value `c − 1`, `Σ (c − 1)·q = 256·Σ c·h + Σ c·l − Σ q`, is then the accumulator the
-//! dot products start from. A layout may ask for the high bytes as `h + 128` (unsigned), for signed weights.
+//! dot products start from. A layout may ask for both bytes signed (`balanced`: `l` in −128..127, so that `|q|`
+//! stays within 32639 = 127·256 + 127), for weights stored as unsigned bytes `w + 128` that are the unsigned
+//! operand of both dot products: `Σ w·q = 256·Σ (w + 128)·h + Σ (w + 128)·l − 128·Σ q`.
 //!
 //! Quantized once per matmul call (once for all the weights of a `matmul_t_many` call), shared by every weight row.
 //! A block whose values are not all finite gets the scale NaN, so the outputs that read it are NaN as with float
@@ -34,11 +36,32 @@ pub struct Layout {
     pub regs: usize,
     /// `slot[j][v]`: the byte (below `64 · regs`) of value `v` of block `j` of the group (`j < blocks`).
     pub slot: [[u16; ACT_BLOCK]; MAX_GROUP],
-    /// Whether the high bytes are stored as `h + 128` (unsigned), for kernels whose weights are the signed operand.
-    pub hi_plus_128: bool,
+    /// Whether both bytes are signed (`q = 256·h + l` with `l` in −128..127, `|q|` at most 32639); else `l` is
+    /// unsigned (0..255) and `|q|` at most 32767.
+    pub balanced: bool,
 }
 
 impl Layout {
+    /// The largest `|q|` of the layout's rounding.
+    pub const fn q_max(&self) -> i32 {
+        if self.balanced {
+            BALANCED_Q_MAX
+        } else {
+            Q_MAX
+        }
+    }
+
+    /// `q` as its two bytes `(h, l)`, in the layout's split.
+    #[inline(always)]
+    pub fn split(&self, q: i32) -> (i8, u8) {
+        if self.balanced {
+            let h = (q + 128) >> 8;
+            (h as i8, (q - 256 * h) as i8 as u8)
+        } else {
+            ((q >> 8) as i8, (q & 0xFF) as u8)
+        }
+    }
+
     /// Bytes per group (of h or of l).
     pub const fn pair_bytes(&self) -> usize {
         64 * self.regs
@@ -68,7 +91,7 @@ pub struct ActQ {
     pub pair_bytes: usize,
     /// h: [T, pairs, pair_bytes] high bytes (signed), in the layout's order.
     pub hi: Vec<i8>,
-    /// l: [T, pairs, pair_bytes] low bytes (unsigned).
+    /// l: [T, pairs, pair_bytes] low bytes (unsigned; the bits of signed bytes in a balanced layout).
     pub lo: Vec<u8>,
     /// s: [T, pairs, 16], `x ≈ s·q`, each lane its block's.
     pub scale_lanes: Vec<f32>,
@@ -77,7 +100,9 @@ pub struct ActQ {
 }
 
 /// The largest `|q|`.
-const Q_MAX: f32 = 32767.0;
+const Q_MAX: i32 = 32767;
+/// The largest `|q|` of a balanced layout: `h` = 127 and `l` = 127.
+const BALANCED_Q_MAX: i32 = 127 * 256 + 127;
 
 /// Whether the processor has the AVX-512 integer dot products the kernels on these activations run (F, BW, VNNI;
 /// the ternary ones need GFNI and F16C besides).
@@ -212,7 +237,7 @@ fn token_body(xs: &[f32], plan: &Plan<'_>, out: Slices<'_>) {
     } = out;
     let layout = plan.layout;
     let pair_bytes = layout.pair_bytes();
-    let flip = if layout.hi_plus_128 { i8::MIN } else { 0 };
+    let q_max = layout.q_max();
     let mut placed = [0i32; PLACED];
     for (pair, xs) in xs.chunks(ACT_BLOCK * layout.blocks).enumerate() {
         placed[..pair_bytes].fill(NONE);
@@ -234,7 +259,7 @@ fn token_body(xs: &[f32], plan: &Plan<'_>, out: Slices<'_>) {
             } else if max == 0.0 {
                 (0.0, 0.0)
             } else {
-                (max / Q_MAX, Q_MAX / max)
+                (max / q_max as f32, q_max as f32 / max)
             };
             for (lane, block) in scales[pair * LANES..][..LANES]
                 .iter_mut()
@@ -246,7 +271,7 @@ fn token_body(xs: &[f32], plan: &Plan<'_>, out: Slices<'_>) {
             }
             let mut q = [0i32; ACT_BLOCK];
             for (q, &v) in q.iter_mut().zip(xs) {
-                *q = round_q(v, inv);
+                *q = round_q(v, inv, q_max);
             }
             if plan.strided {
                 // Value 4i + c at byte i of half j of register c: strided loads the compiler turns into shuffles.
@@ -264,16 +289,14 @@ fn token_body(xs: &[f32], plan: &Plan<'_>, out: Slices<'_>) {
         }
         let hi = &mut hi[pair * pair_bytes..][..pair_bytes];
         let lo = &mut lo[pair * pair_bytes..][..pair_bytes];
-        // Bytes no value lands on read 0 in both planes (not flipped) and add nothing to the sums.
+        // Bytes no value lands on read 0 in both planes and add nothing to the sums.
         for ((h, l), q) in hi
             .iter_mut()
             .zip(lo.iter_mut())
             .zip(&mut placed[..pair_bytes])
         {
-            let none = *q == NONE;
-            *h = if none { 0 } else { ((*q >> 8) as i8) ^ flip };
-            *l = if none { 0 } else { (*q & 0xFF) as u8 };
-            *q = if none { 0 } else { *q };
+            *q = if *q == NONE { 0 } else { *q };
+            (*h, *l) = layout.split(*q);
         }
         let sums = &mut sums[pair * LANES..][..LANES];
         for reg in placed[..pair_bytes].chunks_exact(64) {
@@ -291,15 +314,15 @@ const NONE: i32 = i32::MIN;
 const PLACED: usize = 512;
 
 /// `round(x · inv)` (ties away from zero, as `f32::round`, spelled so that it compiles without a library call)
-/// clamped to ±32767.
+/// clamped to ±`q_max`.
 #[inline(always)]
-pub fn round_q(x: f32, inv: f32) -> i32 {
+pub fn round_q(x: f32, inv: f32, q_max: i32) -> i32 {
     let r = x * inv;
     // Truncate, then step away from zero if the (exact) remainder is at least a half.
     let t = r as i32;
     let f = r - t as f32;
     let q = t + i32::from(f >= 0.5) - i32::from(f <= -0.5);
-    q.clamp(-(Q_MAX as i32), Q_MAX as i32)
+    q.clamp(-q_max, q_max)
 }
 
 #[cfg(test)]
@@ -329,7 +352,7 @@ mod tests {
             blocks: 2,
             regs: 4,
             slot,
-            hi_plus_128: false,
+            balanced: false,
         }
     };
 
@@ -385,7 +408,7 @@ mod tests {
             blocks: 2,
             regs: 4,
             slot,
-            hi_plus_128: false,
+            balanced: false,
         };
         let mut x = vec![0f32; 3 * ACT_BLOCK];
         x[5] = 2.0;
@@ -426,7 +449,8 @@ mod tests {
                 } else if max == 0.0 {
                     (0.0, 0.0)
                 } else {
-                    (max / Q_MAX, Q_MAX / max)
+                    let q_max = layout.q_max() as f32;
+                    (max / q_max, q_max / max)
                 };
                 let (pair, j) = (i * pairs + b / layout.blocks, b % layout.blocks);
                 for (lane, block) in lane_blocks.iter().enumerate() {
@@ -435,10 +459,19 @@ mod tests {
                     }
                 }
                 for (&v, &o) in xs.iter().zip(&layout.slot[j]) {
-                    let (q, o) = (round_q(v, inv), usize::from(o));
-                    let flip = if layout.hi_plus_128 { i8::MIN } else { 0 };
-                    a.hi[pair * pb + o] = ((q >> 8) as i8) ^ flip;
-                    a.lo[pair * pb + o] = (q & 0xFF) as u8;
+                    let (q, o) = (round_q(v, inv, layout.q_max()), usize::from(o));
+                    let (h, l) = if layout.balanced {
+                        let h = (q + 128).div_euclid(256);
+                        (h, q - 256 * h)
+                    } else {
+                        (q.div_euclid(256), q.rem_euclid(256))
+                    };
+                    a.hi[pair * pb + o] = i8::try_from(h).expect("high byte");
+                    a.lo[pair * pb + o] = if layout.balanced {
+                        i8::try_from(l).expect("signed low byte") as u8
+                    } else {
+                        u8::try_from(l).expect("unsigned low byte")
+                    };
                     a.neg_lane_sums[pair * LANES + (o % 64) / 4] -= q;
                 }
             }
@@ -501,8 +534,13 @@ mod tests {
             32767.2,
         ] {
             assert_eq!(
-                round_q(r, 1.0),
+                round_q(r, 1.0, Q_MAX),
                 r.round().clamp(-32767.0, 32767.0) as i32,
+                "{r}"
+            );
+            assert_eq!(
+                round_q(r, 1.0, BALANCED_Q_MAX),
+                r.round().clamp(-32639.0, 32639.0) as i32,
                 "{r}"
             );
         }
@@ -520,7 +558,7 @@ mod tests {
             blocks: 2,
             regs: 4,
             slot,
-            hi_plus_128: false,
+            balanced: false,
         };
         quantize(&[0.0; ACT_BLOCK], 1, ACT_BLOCK, &mixed);
     }

@@ -14,11 +14,14 @@
 //! prefetched, for decode; 4 × 4 with token tiles sized for L2 for more tokens; elsewhere 2 × 4. Blocks and tiles
 //! change which products run together, never an output's order.
 //!
-//! Q8_0 prefill (several tokens) runs, where the processor has AVX-512 VNNI and K is a multiple of 128, the integer
-//! GEMM of [`super::q8_0_vnni`] (activations rounded to 16 bits per 128-value block; each token's outputs computed
-//! alike whatever else is stacked); elsewhere it decodes each block of W to f32 once and runs the packed GEMM of the
-//! `gemm` crate on it, whose blocking depends on the tokens stacked. Decode (one or two tokens) streams each row once through
-//! the block dot products ([`super::q8_0::rows_q8_0`]: a row's codes widened once for both tokens).
+//! Q8_0 weights regrouped for the CPU ([`DType::Q8_0G`](onepass_tensor::DType::Q8_0G), what a model prepared for
+//! the CPU holds where the processor has AVX-512 VNNI) run the integer kernels of [`super::q8_0_vnni`] for any number
+//! of tokens (activations rounded to 16 bits per 128-value block; each token's outputs computed alike whatever else is
+//! stacked, decode and prefill alike). Q8_0 weights as stored: prefill (several tokens) runs the same integer GEMM,
+//! regrouping the rows per call, where the processor has AVX-512 VNNI and K is a multiple of 128; elsewhere it
+//! decodes each block of W to f32 once and runs the packed GEMM of the `gemm` crate on it, whose blocking depends on
+//! the tokens stacked. Their decode (one or two tokens) streams each row once through the block dot products
+//! ([`super::q8_0::rows_q8_0`]: a row's codes widened once for both tokens).
 
 use half::{bf16, f16};
 use onepass_tensor::{Tensor, View};
@@ -26,7 +29,7 @@ use rayon::prelude::*;
 
 use super::ptq1_0::ptq1_0_matmul_t;
 use super::q8_0::{decode_q8_0, dot_q8_0, rows_q8_0};
-use super::q8_0_vnni::{self, q8_0_matmul_t_vnni};
+use super::q8_0_vnni::{self, q8_0_dot_rows_vnni, q8_0_matmul_t_vnni, Q8Weight};
 use super::sgemm::{sgemm_raw, Mat};
 use super::ternary::ternary_matmul_t;
 use super::tiled::{rows_tiled, Rows};
@@ -41,6 +44,12 @@ const BLOCK_N_MAX: usize = 512;
 const GEMV_MAX_T: usize = 2;
 /// Output rows per task in the matrix-vector path.
 const GEMV_ROWS: usize = 256;
+
+/// Whether this processor runs the kernels of regrouped Q8_0 weights ([`onepass_tensor::DType::Q8_0G`]): a model
+/// regroups its Q8_0 matrices for the CPU only where it does.
+pub fn q8_0_grouped_available() -> bool {
+    q8_0_vnni::available()
+}
 
 /// `y[T, N] = x[T, K] · w[N, K]ᵀ`.
 ///
@@ -70,6 +79,7 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
         View::F32(v) => return rows_tiled(x, t, k, n, Rows::F32(v), y),
         View::BF16(v) => return rows_tiled(x, t, k, n, Rows::Bf16(v), y),
         View::F16(v) => return rows_tiled(x, t, k, n, Rows::F16(v), y),
+        View::Q8_0G(g) => return q8_0_matmul_t_vnni(x, t, Q8Weight::Grouped(g), n, k, y),
         View::Q8_0(_) => {}
     }
     if t <= GEMV_MAX_T {
@@ -77,7 +87,7 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
     } else if let (View::Q8_0(raw), true) =
         (w.view(), k.is_multiple_of(128) && q8_0_vnni::available())
     {
-        q8_0_matmul_t_vnni(x, t, raw, n, k, y);
+        q8_0_matmul_t_vnni(x, t, Q8Weight::Blocks(raw), n, k, y);
     } else {
         gemm_blocks(x, t, k, n, w, y);
     }
@@ -154,6 +164,10 @@ pub fn dot_rows(x: &[f32], w: &Tensor, rows: &[u32], out: &mut [f32]) {
     assert_eq!(x.len(), k);
     assert_eq!(out.len(), rows.len());
     let view = w.view();
+    if let View::Q8_0G(g) = view {
+        // The integer kernel's value for each row, as the whole matmul gives it.
+        return q8_0_dot_rows_vnni(x, Q8Weight::Grouped(g), n, k, rows, out);
+    }
     for (o, &r) in out.iter_mut().zip(rows) {
         let r = r as usize;
         assert!(r < n, "dot_rows {}: row {r} of {n}", w.name());
@@ -217,8 +231,13 @@ fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32
                     decode_q8_0(&raw[r0 * rb..r1 * rb], scratch);
                     scratch
                 }
-                View::F32(_) | View::BF16(_) | View::F16(_) | View::PQ2_0(_) | View::PTQ1_0(_) => {
-                    unreachable!("float and ternary weights run their own kernels")
+                View::F32(_)
+                | View::BF16(_)
+                | View::F16(_)
+                | View::PQ2_0(_)
+                | View::PTQ1_0(_)
+                | View::Q8_0G(_) => {
+                    unreachable!("float, ternary and regrouped weights run their own kernels")
                 }
             };
             // SAFETY: y is [t, n] (checked by matmul_t); this task writes only columns r0..r1 of each
@@ -287,6 +306,7 @@ fn dot_row(view: &View<'_>, r: usize, k: usize, x: &[f32]) -> f32 {
             ptq1_0_matmul_t(x, 1, &raw[r * rb..(r + 1) * rb], 1, k, &mut out);
             out[0]
         }
+        View::Q8_0G(_) => unreachable!("regrouped Q8_0 rows are read by dot_rows' integer kernel"),
     }
 }
 

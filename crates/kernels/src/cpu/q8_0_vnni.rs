@@ -1,36 +1,40 @@
-//! Q8_0 prefill (several tokens) on VNNI integer dot products: the activations rounded once per call to the two-level
-//! 16-bit form of [`super::act_q`] (high bytes stored as `h + 128`), the weights' signed bytes `w` against them:
-//! `Σ w·q = 256·(Σ (h + 128)·w − 128·Σ w) + Σ l·w`, both halves `vpdpbusd` with the activation byte as the unsigned
-//! operand and the weight as the signed one; `−128·Σ w` (per block, computed when the rows are repacked) is the
-//! accumulator the high dot starts from.
+//! Q8_0 on VNNI integer dot products, for any number of tokens (decode and prefill run the same arithmetic): the
+//! activations rounded once per call to the balanced two-level 16-bit form of [`super::act_q`] (`q = 256·h + l`,
+//! both bytes signed), the weights as unsigned bytes `w + 128` against them:
+//! `Σ w·q = 256·Σ (w + 128)·h + Σ (w + 128)·l − 128·Σ q`, both halves `vpdpbusd` with the weight byte as the
+//! unsigned operand; `−128·Σ q` (per block and token, from the quantizer's lane sums) is the accumulator the low
+//! dot starts from.
 //!
 //! Each 32-bit lane of a dot product sums four bytes, and a Q8_0 block (32 weights, one scale `d`) is eight such
-//! groups: so a task repacks each weight row once per call into groups of 16 blocks (512 weights) where register `r`
-//! (of 8) holds the bytes `4r..4r + 4` of block `j` in lane `j`. The 16 dot products of a group then accumulate in
-//! the lanes of one register per half, one lane per block, and one conversion and one FMA with the lanes of `d·s`
-//! finish 512 weights (a per-block epilogue would cost as much as the dots). Activations come in the matching
-//! layout, [`Q8_0_LAYOUT`]: value `4r + b` of the group's block `j` at byte `64r + 4j + b`.
+//! groups: so the weights are read regrouped ([`DType::Q8_0G`](onepass_tensor::DType::Q8_0G), 16 blocks of a row
+//! per 544-byte group, register `r` holding bytes `4r..4r + 4` of block `j` in lane `j`, then the 16 scales). The 16
+//! dot products of a group accumulate in the lanes of one register per half, one lane per block, and one
+//! conversion and one FMA with the lanes of `d·s` finish 512 weights (a per-block epilogue would cost as much as
+//! the dots). A model prepared for the CPU holds its Q8_0 matrices regrouped (the same bytes as the file's blocks,
+//! see `onepass_model::Model::prepare_for_cpu`); a Q8_0 weight as stored is regrouped per call, 64 rows per task
+//! into a scratch, which costs about as much as the products at one token and little over a prefill. Activations
+//! come in the matching layout, [`Q8_0_LAYOUT`]: value `4r + b` of the group's block `j` at byte `64r + 4j + b`.
 //!
-//! A task repacks its rows (64) once, then runs tiles of 8 rows × one token over chunks of tokens whose activations
-//! fit in L2 beside them: the token's 16 activation registers of a group stay loaded across the 8 rows, whose
-//! repacked groups stay in L1 from one token to the next. Every output's arithmetic depends on its row and token
-//! alone. The integer lane sums reach 2³⁰, so their conversion to f32 rounds (relative 2⁻²⁴); the rounding of the
-//! activations (at most `s / 2` per value, `s` the block's max|x| / 32767) is the real difference from the f32 path.
+//! Tiles of 8 rows × one token over chunks of tokens whose activations fit in L2 beside the rows: the token's 16
+//! activation registers of a group stay loaded across the 8 rows, whose groups stay in cache from one token to
+//! the next; the first token of a chunk prefetches the rows ahead into L2 (decode streams them once). Every
+//! output's arithmetic depends on its row and token alone (batch invariance). The integer lane sums reach 2²⁹, so
+//! their conversion to f32 rounds (relative 2⁻²⁴); the rounding of the activations (at most `s / 2` per value, `s`
+//! the block's max|x| / 32639) is the real difference from float arithmetic.
 
-use half::f16;
+use onepass_tensor::{group_q8_0_row, Q8_0G_BYTES, Q8_0G_VALUES};
 
-use super::act_q::{quantize, ActQ, Layout, ACT_BLOCK, MAX_GROUP};
+use super::act_q::{quantize, ActQ, Layout, ACT_BLOCK, LANES, MAX_GROUP};
 use super::q8_0::{Q8_0_BLOCK, Q8_0_BYTES};
 use super::ternary::for_row_tasks;
 
-/// Q8_0 blocks per group: one per lane.
-const GROUP_BLOCKS: usize = 16;
-/// Repacked bytes per group of one row: 8 code registers, the 16 scales (f32), the 16 corrections (i32).
-const GROUP_PACKED: usize = 8 * 64 + 64 + 64;
 /// Weight rows per tile.
 const ROW_TILE: usize = 8;
 
-/// Where the repacked weights put each activation value: value `v` of activation block `j` of a group of four is
+/// How many tiles ahead the first token of a chunk prefetches its rows into L2.
+const FAR_TILES: usize = 4;
+
+/// Where the regrouped weights put each activation value: value `v` of activation block `j` of a group of four is
 /// value `u = 128j + v` of the group's 512, byte `u mod 32` of Q8_0 block `u / 32`, at byte
 /// `64·((u mod 32) / 4) + 4·(u / 32) + u mod 4`.
 pub const Q8_0_LAYOUT: Layout = {
@@ -50,35 +54,33 @@ pub const Q8_0_LAYOUT: Layout = {
         blocks: 4,
         regs: 8,
         slot,
-        hi_plus_128: true,
+        balanced: true,
     }
 };
 
-/// Whether the processor has what [`q8_0_matmul_t_vnni`] needs.
+/// Whether the processor has what the kernels here need.
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        super::act_q::avx512_vnni()
+        super::act_q::avx512_vnni() && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
 
-/// `y[T, N] = x[T, K] · W[N, K]ᵀ`, `w` the Q8_0 blocks of `W`. Panics if the processor lacks the instructions
-/// ([`available`]), if K is not a multiple of 128 or the buffers do not match the shapes (programming errors).
-pub fn q8_0_matmul_t_vnni(x: &[f32], t: usize, w: &[u8], n: usize, k: usize, y: &mut [f32]) {
-    assert!(
-        available(),
-        "Q8_0 VNNI matmul: not available on this processor"
-    );
-    assert!(k.is_multiple_of(ACT_BLOCK), "Q8_0 VNNI matmul: K = {k}");
+/// The weight of a call: Q8_0 blocks as stored, or regrouped.
+#[derive(Clone, Copy)]
+pub enum Q8Weight<'a> {
+    Blocks(&'a [u8]),
+    Grouped(&'a [u8]),
+}
+
+/// `y[T, N] = x[T, K] · W[N, K]ᵀ`. Panics if the processor lacks the instructions ([`available`]), if K is not a
+/// multiple of 128 (of 512 for regrouped weights) or the buffers do not match the shapes (programming errors).
+pub fn q8_0_matmul_t_vnni(x: &[f32], t: usize, w: Q8Weight<'_>, n: usize, k: usize, y: &mut [f32]) {
+    check(w, n, k);
     assert_eq!(x.len(), t * k, "Q8_0 VNNI matmul: x");
     assert_eq!(y.len(), t * n, "Q8_0 VNNI matmul: y");
-    assert_eq!(
-        w.len(),
-        n * k / Q8_0_BLOCK * Q8_0_BYTES,
-        "Q8_0 VNNI matmul: w"
-    );
     if t == 0 || n == 0 {
         return;
     }
@@ -90,29 +92,61 @@ pub fn q8_0_matmul_t_vnni(x: &[f32], t: usize, w: &[u8], n: usize, k: usize, y: 
     };
 }
 
-/// Repacks one row's Q8_0 blocks (`src`, K / 32 blocks) into `groups` groups of [`GROUP_PACKED`] bytes: code
-/// register `r`, lane `j` = bytes `4r..4r + 4` of block `j`; then block `j`'s scale as f32 at `512 + 4j` and
-/// `−128·Σ w` of block `j` as i32 at `576 + 4j`. Blocks past the row read as zeros.
-fn repack_row(src: &[u8], groups: usize, dst: &mut [u8]) {
-    let nb = src.len() / Q8_0_BYTES;
-    for (g, out) in dst.chunks_exact_mut(GROUP_PACKED).take(groups).enumerate() {
-        for j in 0..GROUP_BLOCKS {
-            let qb = g * GROUP_BLOCKS + j;
-            let (d, sum) = if qb < nb {
-                let block = &src[qb * Q8_0_BYTES..][..Q8_0_BYTES];
-                for r in 0..8 {
-                    out[64 * r + 4 * j..][..4].copy_from_slice(&block[2 + 4 * r..][..4]);
-                }
-                let sum: i32 = block[2..].iter().map(|&c| i32::from(c as i8)).sum();
-                (f16::from_le_bytes([block[0], block[1]]).to_f32(), sum)
-            } else {
-                for r in 0..8 {
-                    out[64 * r + 4 * j..][..4].fill(0);
-                }
-                (0.0, 0)
-            };
-            out[512 + 4 * j..][..4].copy_from_slice(&d.to_le_bytes());
-            out[576 + 4 * j..][..4].copy_from_slice(&(-128 * sum).to_le_bytes());
+/// `out[i] = x · W[rows[i]]` for one activation vector `x[K]`: each the value [`q8_0_matmul_t_vnni`] gives for
+/// that row, to the bit. Panics as [`q8_0_matmul_t_vnni`], or if a row is out of range.
+pub fn q8_0_dot_rows_vnni(
+    x: &[f32],
+    w: Q8Weight<'_>,
+    n: usize,
+    k: usize,
+    rows: &[u32],
+    out: &mut [f32],
+) {
+    check(w, n, k);
+    assert_eq!(x.len(), k, "Q8_0 VNNI rows: x");
+    assert_eq!(out.len(), rows.len(), "Q8_0 VNNI rows: out");
+    let a = quantize(x, 1, k, &Q8_0_LAYOUT);
+    let groups = a.pairs;
+    let mut scratch = vec![0u8; groups * Q8_0G_BYTES];
+    for (o, &r) in out.iter_mut().zip(rows) {
+        let r = r as usize;
+        assert!(r < n, "Q8_0 VNNI rows: row {r} of {n}");
+        let row: &[u8] = match w {
+            Q8Weight::Grouped(g) => &g[r * groups * Q8_0G_BYTES..][..groups * Q8_0G_BYTES],
+            Q8Weight::Blocks(b) => {
+                let rb = k / Q8_0_BLOCK * Q8_0_BYTES;
+                group_q8_0_row(&b[r * rb..][..rb], &mut scratch);
+                &scratch
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the instructions are available (checked); the row holds the call's groups; o is one output.
+        unsafe {
+            tile::<1, false>(&a, 0, row.as_ptr(), row.len(), o)
+        };
+    }
+}
+
+/// Panics unless the instructions are available and `w` holds `n` rows of `k` values.
+fn check(w: Q8Weight<'_>, n: usize, k: usize) {
+    assert!(
+        available(),
+        "Q8_0 VNNI matmul: not available on this processor"
+    );
+    assert!(k.is_multiple_of(ACT_BLOCK), "Q8_0 VNNI matmul: K = {k}");
+    match w {
+        Q8Weight::Blocks(b) => assert_eq!(
+            b.len(),
+            n * k / Q8_0_BLOCK * Q8_0_BYTES,
+            "Q8_0 VNNI matmul: w"
+        ),
+        Q8Weight::Grouped(g) => {
+            assert!(k.is_multiple_of(Q8_0G_VALUES), "Q8_0 grouped: K = {k}");
+            assert_eq!(
+                g.len(),
+                n * k / Q8_0G_VALUES * Q8_0G_BYTES,
+                "Q8_0 grouped: w"
+            );
         }
     }
 }
@@ -120,40 +154,50 @@ fn repack_row(src: &[u8], groups: usize, dst: &mut [u8]) {
 /// Rows `r0..r1` of the output for every token of `a`.
 ///
 /// # Safety
-/// [`available`]; `y` is `[t, n]` and this call alone writes its columns `r0..r1`; `w` holds `n` Q8_0 rows of
-/// `a.k` values.
+/// [`available`]; `y` is `[t, n]` and this call alone writes its columns `r0..r1`; `w` holds `n` rows of `a.k`
+/// values.
 #[cfg(target_arch = "x86_64")]
-unsafe fn rows(a: &ActQ, t: usize, w: &[u8], r0: usize, r1: usize, y: *mut f32, n: usize) {
-    let row_bytes = a.k / Q8_0_BLOCK * Q8_0_BYTES;
-    let groups = a.pairs;
-    let per_row = groups * GROUP_PACKED;
-    let mut packed = vec![0u8; (r1 - r0) * per_row];
-    for (r, dst) in (r0..r1).zip(packed.chunks_exact_mut(per_row)) {
-        repack_row(&w[r * row_bytes..(r + 1) * row_bytes], groups, dst);
-    }
-    // Tokens in chunks whose activations (2 bytes per value) fit in about 128 KB, next to the task's repacked rows.
+unsafe fn rows(a: &ActQ, t: usize, w: Q8Weight<'_>, r0: usize, r1: usize, y: *mut f32, n: usize) {
+    let row_bytes = a.pairs * Q8_0G_BYTES;
+    let scratch;
+    let grouped: &[u8] = match w {
+        Q8Weight::Grouped(g) => &g[r0 * row_bytes..r1 * row_bytes],
+        Q8Weight::Blocks(b) => {
+            let rb = a.k / Q8_0_BLOCK * Q8_0_BYTES;
+            let mut s = vec![0u8; (r1 - r0) * row_bytes];
+            for (src, dst) in b[r0 * rb..r1 * rb]
+                .chunks_exact(rb)
+                .zip(s.chunks_exact_mut(row_bytes))
+            {
+                group_q8_0_row(src, dst);
+            }
+            scratch = s;
+            &scratch
+        }
+    };
+    // Tokens in chunks whose activations (2 bytes per value) fit in about 128 KB, next to the task's rows.
     let chunk = ((128 << 10) / (2 * a.k)).max(4);
     for c0 in (0..t).step_by(chunk) {
-        let mut r = r0;
-        while r < r1 {
-            let rt = ROW_TILE.min(r1 - r);
-            let packed = &packed[(r - r0) * per_row..];
+        let mut r = 0;
+        while r < r1 - r0 {
+            let rt = ROW_TILE.min(r1 - r0 - r);
+            let p = grouped[r * row_bytes..].as_ptr();
             for i in c0..(c0 + chunk).min(t) {
-                let y = y.wrapping_add(i * n + r);
-                // SAFETY: forwarded from the caller; the tile's outputs are columns r..r + rt of row i.
-                unsafe {
-                    match rt {
-                        8 => tile::<8>(a, i, packed, y),
-                        7 => tile::<7>(a, i, packed, y),
-                        6 => tile::<6>(a, i, packed, y),
-                        5 => tile::<5>(a, i, packed, y),
-                        4 => tile::<4>(a, i, packed, y),
-                        3 => tile::<3>(a, i, packed, y),
-                        2 => tile::<2>(a, i, packed, y),
-                        1 => tile::<1>(a, i, packed, y),
-                        other => unreachable!("tile {other}"),
-                    }
+                let y = y.wrapping_add(i * n + r0 + r);
+                macro_rules! go {
+                    ($($rt:literal)*) => {
+                        match (rt, i == c0) {
+                            $(
+                                ($rt, true) => tile::<$rt, true>(a, i, p, row_bytes, y),
+                                ($rt, false) => tile::<$rt, false>(a, i, p, row_bytes, y),
+                            )*
+                            other => unreachable!("tile {other:?}"),
+                        }
+                    };
                 }
+                // SAFETY: forwarded from the caller; the tile's rows are inside `grouped` and its outputs are
+                // columns r0 + r .. r0 + r + rt of row i.
+                unsafe { go!(1 2 3 4 5 6 7 8) };
             }
             r += rt;
         }
@@ -163,39 +207,55 @@ unsafe fn rows(a: &ActQ, t: usize, w: &[u8], r0: usize, r1: usize, y: *mut f32, 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// One tile: the first `R` repacked rows of `packed` × token `i` of `a`.
+/// One tile: the `R` regrouped rows from `rows` (`row_bytes` apart) × token `i` of `a`; with `PREFETCH`, the same
+/// bytes [`FAR_TILES`] tiles ahead are prefetched into L2 (past the task's rows: the next task's or nothing; a
+/// prefetch never faults).
 ///
 /// # Safety
-/// [`available`]; `y + j` writable for `j < R`.
+/// [`available`]; `rows` holds `R` rows of `a.pairs` groups, `row_bytes` apart; `y + j` writable for `j < R`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile<const R: usize>(a: &ActQ, i: usize, packed: &[u8], y: *mut f32) {
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+unsafe fn tile<const R: usize, const PREFETCH: bool>(
+    a: &ActQ,
+    i: usize,
+    rows: *const u8,
+    row_bytes: usize,
+    y: *mut f32,
+) {
     let groups = a.pairs;
-    assert!(packed.len() >= R * groups * GROUP_PACKED);
     assert!(a.pair_bytes == 512 && a.hi.len() >= (i + 1) * groups * 512);
     let mut acc = [_mm512_setzero_ps(); R];
-    let pp = packed.as_ptr();
     for g in 0..groups {
-        let off = (i * groups + g) * 512;
-        // SAFETY: group g of token i of a, and group g of rows rr < R of packed (asserted above).
+        let at = i * groups + g;
+        // SAFETY: group g of token i of a (asserted above), and group g of rows rr < R (the contract).
         unsafe {
-            let hp = a.hi.as_ptr().add(off) as *const __m512i;
-            let lp = a.lo.as_ptr().add(off) as *const __m512i;
-            let hu: [__m512i; 8] = std::array::from_fn(|r| _mm512_loadu_si512(hp.add(r)));
-            let lo: [__m512i; 8] = std::array::from_fn(|r| _mm512_loadu_si512(lp.add(r)));
-            let s = _mm512_loadu_ps(a.scale_lanes.as_ptr().add((i * groups + g) * 16));
+            let hp = a.hi.as_ptr().add(at * 512) as *const __m512i;
+            let lp = a.lo.as_ptr().add(at * 512) as *const __m512i;
+            let h: [__m512i; 8] = std::array::from_fn(|r| _mm512_loadu_si512(hp.add(r)));
+            let l: [__m512i; 8] = std::array::from_fn(|r| _mm512_loadu_si512(lp.add(r)));
+            let s = _mm512_loadu_ps(a.scale_lanes.as_ptr().add(at * LANES));
+            // −128·Σ q of each block.
+            let start = _mm512_slli_epi32::<7>(_mm512_loadu_si512(
+                a.neg_lane_sums.as_ptr().add(at * LANES) as *const __m512i,
+            ));
             for (rr, acc) in acc.iter_mut().enumerate() {
-                let p = pp.add((rr * groups + g) * GROUP_PACKED);
-                let mut hs = _mm512_loadu_si512(p.add(576) as *const __m512i);
-                let mut ls = _mm512_setzero_si512();
+                let p = rows.add(rr * row_bytes + g * Q8_0G_BYTES);
+                if PREFETCH {
+                    let ahead = p.wrapping_add(FAR_TILES * R * row_bytes);
+                    for line in 0..Q8_0G_BYTES.div_ceil(64) {
+                        _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * line) as *const i8);
+                    }
+                }
+                let mut hs = _mm512_setzero_si512();
+                let mut ls = start;
                 for r in 0..8 {
                     let wv = _mm512_loadu_si512(p.add(64 * r) as *const __m512i);
-                    hs = _mm512_dpbusd_epi32(hs, hu[r], wv);
-                    ls = _mm512_dpbusd_epi32(ls, lo[r], wv);
+                    hs = _mm512_dpbusd_epi32(hs, wv, h[r]);
+                    ls = _mm512_dpbusd_epi32(ls, wv, l[r]);
                 }
                 let sum = _mm512_add_epi32(_mm512_slli_epi32::<8>(hs), ls);
-                let ds = _mm512_mul_ps(_mm512_loadu_ps(p.add(512) as *const f32), s);
-                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), ds, *acc);
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(512) as *const __m256i));
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, s), *acc);
             }
         }
     }
@@ -207,6 +267,8 @@ unsafe fn tile<const R: usize>(a: &ActQ, i: usize, packed: &[u8], y: *mut f32) {
 
 #[cfg(test)]
 mod tests {
+    use half::f16;
+
     use super::*;
 
     /// Random-ish Q8_0 rows [n, k]: every code value, scales 0.001..0.01.
@@ -229,7 +291,18 @@ mod tests {
             .collect()
     }
 
-    /// x rounded as the quantizer rounds it, per 128-value block.
+    /// The rows regrouped (whole groups of 512 values, padded).
+    fn grouped(raw: &[u8], n: usize, k: usize) -> Vec<u8> {
+        let rb = k / 32 * Q8_0_BYTES;
+        let gb = k.div_ceil(Q8_0G_VALUES) * Q8_0G_BYTES;
+        let mut out = vec![0u8; n * gb];
+        for (src, dst) in raw.chunks_exact(rb).zip(out.chunks_exact_mut(gb)) {
+            group_q8_0_row(src, dst);
+        }
+        out
+    }
+
+    /// x rounded as the quantizer rounds it for the balanced layout, per 128-value block.
     fn rounded(x: &[f32]) -> (Vec<f64>, Vec<f64>) {
         let mut out = Vec::new();
         let mut steps = Vec::new();
@@ -238,7 +311,7 @@ mod tests {
             let (s, inv) = if max == 0.0 {
                 (0.0, 0.0)
             } else {
-                (max / 32767.0, 32767.0 / max)
+                (max / 32639.0, 32639.0 / max)
             };
             out.extend(xs.iter().map(|v| f64::from((v * inv).round() * s)));
             steps.extend(std::iter::repeat_n(f64::from(s), ACT_BLOCK));
@@ -253,14 +326,17 @@ mod tests {
             return;
         }
         let mut worst = 0f64;
-        // K: one group of 4 blocks (128), 12 blocks, 16 (one whole group), 20 (a whole group and a quarter);
-        // N: row tiles 1..8 and their tails; T: 1 to 9.
+        // K: one activation block (128 values, a group of 4 Q8_0 blocks short of 16), 12 blocks, 16 (one whole
+        // group), 20 (a whole group and a quarter), 48; N: row tiles 1..8 and their tails, more than one task;
+        // T: 1 to 9. Whole groups run regrouped as well, to the same bits.
         for (t, k, n, seed) in [
             (3, 128, 1, 1),
             (1, 384, 7, 2),
             (5, 512, 13, 3),
             (9, 640, 67, 4),
             (4, 1536, 9, 5),
+            (1, 1536, 131, 6),
+            (2, 512, 3, 7),
         ] {
             let raw = q8_0(n, k, seed);
             let wf = decoded(&raw);
@@ -269,7 +345,14 @@ mod tests {
                 .collect();
             let (xr, steps) = rounded(&x);
             let mut y = vec![f32::NAN; t * n];
-            q8_0_matmul_t_vnni(&x, t, &raw, n, k, &mut y);
+            q8_0_matmul_t_vnni(&x, t, Q8Weight::Blocks(&raw), n, k, &mut y);
+            if k.is_multiple_of(Q8_0G_VALUES) {
+                let mut yg = vec![f32::NAN; t * n];
+                let g = grouped(&raw, n, k);
+                q8_0_matmul_t_vnni(&x, t, Q8Weight::Grouped(&g), n, k, &mut yg);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&yg), bits(&y), "t={t} k={k} n={n}: regrouped");
+            }
             for i in 0..t {
                 for r in 0..n {
                     let row = &wf[r * k..(r + 1) * k];
@@ -304,26 +387,32 @@ mod tests {
     }
 
     #[test]
-    fn a_token_reads_the_same_bits_alone_and_stacked_with_others() {
+    fn a_token_reads_the_same_bits_alone_stacked_with_others_and_row_by_row() {
         if !available() {
             return;
         }
-        let (t, k, n) = (7, 640, 19);
+        // 91 tokens: more than one chunk of tokens at K = 1024 (64 a chunk).
+        let (t, k, n) = (91, 1024, 19);
         let raw = q8_0(n, k, 9);
+        let g = grouped(&raw, n, k);
         let x: Vec<f32> = (0..t * k)
             .map(|i| ((i * 31) % 97) as f32 / 48.0 - 1.0)
             .collect();
-        let mut all = vec![0f32; t * n];
-        q8_0_matmul_t_vnni(&x, t, &raw, n, k, &mut all);
-        for i in 0..t {
-            let mut one = vec![0f32; n];
-            q8_0_matmul_t_vnni(&x[i * k..(i + 1) * k], 1, &raw, n, k, &mut one);
-            assert!(
-                one.iter()
-                    .zip(&all[i * n..])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "token {i}"
-            );
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for w in [Q8Weight::Blocks(&raw), Q8Weight::Grouped(&g)] {
+            let mut all = vec![0f32; t * n];
+            q8_0_matmul_t_vnni(&x, t, w, n, k, &mut all);
+            for i in [0, 1, 63, 64, 90] {
+                let xi = &x[i * k..(i + 1) * k];
+                let mut one = vec![0f32; n];
+                q8_0_matmul_t_vnni(xi, 1, w, n, k, &mut one);
+                assert_eq!(bits(&one), bits(&all[i * n..(i + 1) * n]), "token {i}");
+                let picked = [18u32, 0, 7, 7];
+                let mut some = vec![0f32; picked.len()];
+                q8_0_dot_rows_vnni(xi, w, n, k, &picked, &mut some);
+                let want: Vec<f32> = picked.iter().map(|&r| one[r as usize]).collect();
+                assert_eq!(bits(&some), bits(&want), "token {i}: rows picked");
+            }
         }
     }
 }

@@ -44,7 +44,7 @@ pub const PQ2_0_LAYOUT: Layout = {
         blocks: 2,
         regs: 4,
         slot,
-        hi_plus_128: false,
+        balanced: false,
     }
 };
 
@@ -63,7 +63,7 @@ pub const PTQ1_0_LAYOUT: Layout = {
         blocks: 2,
         regs: 5,
         slot,
-        hi_plus_128: false,
+        balanced: false,
     }
 };
 
