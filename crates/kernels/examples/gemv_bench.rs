@@ -40,7 +40,7 @@ fn main() {
     ] {
         for dtype in [DType::F16, DType::BF16, DType::Q8_0, DType::Q8_0G] {
             // Q8_0G: the Q8_0 matrix regrouped, as a model prepared for the CPU holds it (AVX-512 VNNI only).
-            if dtype == DType::Q8_0G && !onepass_kernels::q8_0_grouped_available() {
+            if dtype == DType::Q8_0G && !onepass_kernels::runs_grouped(DType::Q8_0) {
                 continue;
             }
             let one = weights(dtype, n, k, 1);
@@ -60,7 +60,7 @@ fn main() {
                     };
                     let w = Tensor::from_raw("w", file, vec![n, k], &raw).expect("weights");
                     if dtype == DType::Q8_0G {
-                        w.grouped_q8_0().expect("whole groups")
+                        w.grouped().expect("whole groups")
                     } else {
                         w
                     }

@@ -17,9 +17,7 @@ pub use cpu::deltanet::{gated_delta_chunked, gated_delta_recurrent, DeltaInputs,
 pub use cpu::hadamard::{
     hadamard_rotate, hadamard_rotate_reference, hadamard_unrotate, hadamard_unrotate_reference,
 };
-pub use cpu::matmul::{
-    dot_rows, matmul_t, matmul_t_many, matmul_t_reference, q8_0_grouped_available,
-};
+pub use cpu::matmul::{dot_rows, matmul_t, matmul_t_many, matmul_t_reference, runs_grouped};
 pub use cpu::ops::*;
 pub use cpu::ptq1_0::{ptq1_0_matmul_t, ptq1_0_matmul_t_reference, ptq1_0_matmul_t_with};
 pub use cpu::ternary::{

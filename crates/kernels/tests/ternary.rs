@@ -330,3 +330,92 @@ fn weights_that_read_one_activation_answer_as_each_alone() {
         }
     }
 }
+
+#[test]
+fn regrouped_pq2_0_matches_the_slow_twin_on_odd_shapes_and_reads_alike_alone_stacked_and_by_row() {
+    use onepass_kernels::{dot_rows, matmul_t, matmul_t_many};
+    use onepass_tensor::DType;
+    if !TernaryPath::Avx512Vnni.available() {
+        eprintln!("skipped: no AVX-512 VNNI and GFNI, so no model regroups its PQ2_0 matrices");
+        return;
+    }
+    let mut rng = Rng(0x5eed_0021);
+    // One group per row, two, three, five; row counts off the tiles (8) and the tasks (64).
+    for (n, k) in [(1, 1024), (13, 2048), (67, 3072), (130, 5120)] {
+        let w = random_pq2_0(&mut rng, n, k);
+        let (wf, wt) = decoded(GgmlType::PQ2_0, &w, n, k);
+        let g = Tensor::from_raw("w", DType::PQ2_0, vec![n, k], &w)
+            .expect("sizes")
+            .grouped()
+            .expect("whole groups");
+        assert_eq!(g.dtype(), DType::PQ2_0G);
+        for t in [1usize, 2, 3, 9, 63] {
+            let (x, slow, scale) = twin_checked_against_dense(
+                &mut rng,
+                t,
+                &wf,
+                &wt,
+                |x, out| ternary_matmul_t_reference(x, t, &w, n, k, out),
+                &format!("slow twin vs dense, N={n} K={k} T={t}"),
+            );
+            let twin = |x: &[f32], out: &mut [f32]| ternary_matmul_t_reference(x, t, &w, n, k, out);
+            let mut y = vec![f32::NAN; t * n];
+            matmul_t(&x, t, &g, &mut y);
+            let what = format!("regrouped N={n} K={k} T={t}");
+            assert_path_close(
+                TernaryPath::Avx512Vnni,
+                &what,
+                &x,
+                t,
+                &wf,
+                &y,
+                &slow,
+                &scale,
+                twin,
+            );
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            for i in [0, t / 2, t - 1] {
+                let xi = &x[i * k..(i + 1) * k];
+                let mut one = vec![f32::NAN; n];
+                matmul_t(xi, 1, &g, &mut one);
+                assert_eq!(
+                    bits(&one),
+                    bits(&y[i * n..(i + 1) * n]),
+                    "{what}: token {i} alone"
+                );
+                let rows = [n as u32 - 1, 0, (n / 2) as u32];
+                let mut picked = vec![f32::NAN; rows.len()];
+                dot_rows(xi, &g, &rows, &mut picked);
+                let want: Vec<f32> = rows.iter().map(|&r| one[r as usize]).collect();
+                assert_eq!(bits(&picked), bits(&want), "{what}: token {i}, rows picked");
+            }
+        }
+    }
+    // Regrouped weights that read one activation: each the bits it gives alone.
+    let k = 2048;
+    let gs: Vec<Tensor> = [9usize, 70, 1]
+        .iter()
+        .map(|&n| {
+            let w = random_pq2_0(&mut rng, n, k);
+            let t = Tensor::from_raw("w", DType::PQ2_0, vec![n, k], &w).expect("sizes");
+            t.grouped().expect("whole groups")
+        })
+        .collect();
+    let t = 3;
+    let x: Vec<f32> = (0..t * k).map(|_| rng.normal_ish()).collect();
+    let ws: Vec<&Tensor> = gs.iter().collect();
+    let mut out: Vec<Vec<f32>> = ws
+        .iter()
+        .map(|w| vec![f32::NAN; t * w.shape()[0]])
+        .collect();
+    let mut ys: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+    matmul_t_many(&x, t, &ws, &mut ys);
+    for (w, got) in ws.iter().zip(&out) {
+        let mut alone = vec![f32::NAN; t * w.shape()[0]];
+        matmul_t(&x, t, w, &mut alone);
+        assert!(alone
+            .iter()
+            .zip(got)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}

@@ -193,14 +193,13 @@ impl Model {
     }
 
     /// Rewrites the weights into the forms this processor's kernels read fastest, for a model that stays on the CPU:
-    /// where the processor has AVX-512 VNNI, Q8_0 matrices whose rows are whole groups of 512 values are regrouped
-    /// ([`DType::Q8_0G`]: the same values in as many bytes; the file's pages of the originals leave resident memory),
-    /// so that decode and prefill run the integer kernels on them. Returns how many matrices changed. A model that
-    /// is to be uploaded to a GPU keeps the file's forms, which the upload reads: do not call this on one.
+    /// where the processor has AVX-512 VNNI (and GFNI, for PQ2_0), Q8_0 and PQ2_0 matrices whose rows are whole
+    /// groups (512 and 1024 values) are regrouped ([`DType::Q8_0G`], [`DType::PQ2_0G`]: the same values in as many
+    /// bytes, in memory of their own; the file's pages of the originals leave resident memory), so that decode and
+    /// prefill run the integer kernels with one scale step per lane of blocks. Returns how many matrices changed. A
+    /// model that is to be uploaded to a GPU keeps the file's forms, which the upload reads: do not call this on
+    /// one.
     pub fn prepare_for_cpu(&mut self) -> usize {
-        if !onepass_kernels::q8_0_grouped_available() {
-            return 0;
-        }
         let tied = self.config.text.tie_word_embeddings;
         let mut slots: Vec<&mut Tensor> = vec![&mut self.embed];
         if !tied {
@@ -221,13 +220,14 @@ impl Model {
         }
         let changed = slots
             .into_par_iter()
-            .map(|t| match t.grouped_q8_0() {
-                Some(g) => {
-                    t.release_mapped_pages();
-                    *t = g;
-                    1
-                }
-                None => 0,
+            .map(|t| {
+                let grouped = onepass_kernels::runs_grouped(t.dtype()).then(|| t.grouped());
+                let Some(g) = grouped.flatten() else {
+                    return 0;
+                };
+                t.release_mapped_pages();
+                *t = g;
+                1
             })
             .sum();
         if tied {

@@ -490,7 +490,7 @@ fn encode(spec: &Spec, seed: u64) -> Vec<u8> {
                     DType::F16 => {
                         out.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes())
                     }
-                    DType::Q8_0 | DType::PQ2_0 | DType::PTQ1_0 | DType::Q8_0G => {
+                    DType::Q8_0 | DType::PQ2_0 | DType::PTQ1_0 | DType::Q8_0G | DType::PQ2_0G => {
                         unreachable!("write_checkpoint refuses block types")
                     }
                 }

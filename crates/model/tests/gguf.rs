@@ -180,7 +180,7 @@ fn q8_0_gguf_matches_its_dequantized_float_model() {
 
 #[test]
 fn q8_0_regrouped_for_the_cpu_matches_its_dequantized_float_model() {
-    if !onepass_kernels::q8_0_grouped_available() {
+    if !onepass_kernels::runs_grouped(DType::Q8_0) {
         eprintln!(
             "skipped: this processor has no AVX-512 VNNI, so no model regroups its Q8_0 matrices"
         );

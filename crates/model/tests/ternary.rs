@@ -317,6 +317,31 @@ fn a_ternary_pack_gives_the_float_model_with_the_rotation_folded_in() {
     }
     // The GPU path refuses the pack with a reason.
     assert!(m.float_only_reason().expect("refused").contains("Hadamard"));
+    // Prepared for the CPU, its PQ2_0 matrices regrouped for the integer kernels: the same bound, and label rows
+    // that are the full head's values to the bit.
+    let mut cpu = Model::load(&path).expect("pack");
+    if cpu.prepare_for_cpu() == 0 {
+        eprintln!("no AVX-512 VNNI and GFNI: the pack is not regrouped, its check skipped");
+        return;
+    }
+    assert!(cpu.info().weight_dtypes.contains(&DType::PQ2_0G));
+    assert!(cpu.info().weight_dtypes.contains(&DType::PTQ1_0));
+    let got = logits(&cpu);
+    let d = worst(&got, &want, m.vocab_size());
+    eprintln!("ternary pack regrouped vs float model with W = W'R: max rel {d:.2e}");
+    assert!(d <= 1e-3, "{d}");
+    let mut st = cpu.new_state();
+    let h = cpu.forward(&mut st, &[5, 9]).expect("forward");
+    let last = &h[cpu.hidden_size()..];
+    let full = cpu.logits(last);
+    for (p, &r) in cpu
+        .logits_rows(last, &rows)
+        .expect("rows")
+        .iter()
+        .zip(&rows)
+    {
+        assert_eq!(p.to_bits(), full[r as usize].to_bits(), "row {r}");
+    }
 }
 
 /// Every ternary tensor of the pack's linears, the embedding and the head.

@@ -31,7 +31,17 @@ pub enum DType {
     /// of register `r` is code `4r + b` of block `j` plus 128 (as an unsigned byte), then the 16 blocks' f16
     /// scales (544 bytes, as many as the 16 blocks take in Q8_0).
     Q8_0G,
+    /// PQ2_0 blocks regrouped in memory for the CPU's integer kernels (never in a file; see
+    /// [`Tensor::grouped`]): groups of 8 blocks (1024 values), four 64-byte registers where byte `4L + b` of
+    /// register `q` is code byte `16·(L / 8) + 4q + b` of block `L mod 8` (so each 32-bit lane belongs to one
+    /// block), then the 8 blocks' f16 scales (272 bytes, as many as the 8 blocks take in PQ2_0).
+    PQ2_0G,
 }
+
+/// Values per [`DType::PQ2_0G`] group.
+pub const PQ2_0G_VALUES: usize = 1024;
+/// Bytes per [`DType::PQ2_0G`] group: the four code registers, then the 8 scales.
+pub const PQ2_0G_BYTES: usize = 4 * 64 + 2 * 8;
 
 /// Values per [`DType::Q8_0G`] group.
 pub const Q8_0G_VALUES: usize = 512;
@@ -47,6 +57,7 @@ impl DType {
             DType::Q8_0 | DType::PQ2_0 => 34,
             DType::PTQ1_0 => 28,
             DType::Q8_0G => Q8_0G_BYTES,
+            DType::PQ2_0G => PQ2_0G_BYTES,
         }
     }
 
@@ -57,6 +68,7 @@ impl DType {
             DType::Q8_0 => 32,
             DType::PQ2_0 | DType::PTQ1_0 => 128,
             DType::Q8_0G => Q8_0G_VALUES,
+            DType::PQ2_0G => PQ2_0G_VALUES,
         }
     }
 
@@ -75,6 +87,7 @@ impl DType {
             DType::PQ2_0 => "PQ2_0",
             DType::PTQ1_0 => "PTQ1_0",
             DType::Q8_0G => "Q8_0 (grouped)",
+            DType::PQ2_0G => "PQ2_0 (grouped)",
         }
     }
 
@@ -101,12 +114,17 @@ enum Bytes {
     },
     /// An owned buffer of 32-bit words, so every element type is aligned.
     Owned(Arc<Vec<u32>>, usize),
+    /// An anonymous map of this process's own (a regrouped weight): page-aligned, asking for huge pages where the
+    /// system gives them, and handed back to the system when dropped (a large `Vec` freed can stay in the
+    /// allocator's heap).
+    Anon(Arc<Mmap>, usize),
 }
 
 impl Bytes {
     fn as_slice(&self) -> &[u8] {
         match self {
             Bytes::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+            Bytes::Anon(map, len) => &map[..*len],
             Bytes::Owned(words, len) => {
                 // SAFETY: a Vec<u32> is a valid, initialised byte buffer of 4 * words.len() bytes
                 // and `len` never exceeds that.
@@ -128,6 +146,7 @@ pub enum View<'a> {
     PQ2_0(&'a [u8]),
     PTQ1_0(&'a [u8]),
     Q8_0G(&'a [u8]),
+    PQ2_0G(&'a [u8]),
 }
 
 /// A named tensor with a shape and an element format (outermost dimension first).
@@ -368,6 +387,7 @@ impl Tensor {
                 DType::PQ2_0 => View::PQ2_0(raw),
                 DType::PTQ1_0 => View::PTQ1_0(raw),
                 DType::Q8_0G => View::Q8_0G(raw),
+                DType::PQ2_0G => View::PQ2_0G(raw),
             }
         }
     }
@@ -437,6 +457,20 @@ impl Tensor {
                     }
                 }
             }
+            View::PQ2_0G(raw) => {
+                let groups = &raw[start / bl * PQ2_0G_BYTES..end / bl * PQ2_0G_BYTES];
+                for (o, g) in out
+                    .chunks_exact_mut(bl)
+                    .zip(groups.chunks_exact(PQ2_0G_BYTES))
+                {
+                    for (u, o) in o.iter_mut().enumerate() {
+                        let (j, v) = (u / 128, u % 128);
+                        let code = (g[pq2_0g_byte(j, v / 4)] >> (2 * (v % 4))) & 3;
+                        let d = f16::from_le_bytes([g[256 + 2 * j], g[257 + 2 * j]]).to_f32();
+                        *o = (f32::from(code) - 1.0) * d;
+                    }
+                }
+            }
             View::PTQ1_0(raw) => {
                 let blocks = &raw[start / bl * 28..end / bl * 28];
                 for (o, b) in out.chunks_exact_mut(bl).zip(blocks.chunks_exact(28)) {
@@ -457,39 +491,46 @@ impl Tensor {
         }
     }
 
-    /// A 2-D Q8_0 tensor regrouped as [`DType::Q8_0G`] (an owned copy; the same values), or `None` for other
-    /// types and for rows that are not whole groups of 512 values.
-    pub fn grouped_q8_0(&self) -> Option<Tensor> {
-        let (View::Q8_0(raw), &[n, k]) = (self.view(), self.shape()) else {
+    /// A 2-D Q8_0 or PQ2_0 tensor regrouped as [`DType::Q8_0G`] or [`DType::PQ2_0G`] (an owned copy; the same
+    /// values in as many bytes), or `None` for other types and for rows that are not whole groups (512 values for
+    /// Q8_0, 1024 for PQ2_0).
+    pub fn grouped(&self) -> Option<Tensor> {
+        let (&[n, k], dtype) = (self.shape(), self.dtype) else {
             return None;
         };
-        if !k.is_multiple_of(Q8_0G_VALUES) {
+        let (to, regroup): (DType, RowRegroup) = match dtype {
+            DType::Q8_0 => (DType::Q8_0G, group_q8_0_row),
+            DType::PQ2_0 => (DType::PQ2_0G, group_pq2_0_row),
+            _ => return None,
+        };
+        if !k.is_multiple_of(to.block_len()) {
             return None;
         }
-        let len = n * k / Q8_0G_VALUES * Q8_0G_BYTES;
-        let mut words = vec![0u32; len / 4];
-        // SAFETY: u32 words are valid as 4·len bytes (len is a multiple of 4: 544 bytes a group).
-        let out = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, len) };
-        let row_in = k / 32 * 34;
-        let row_out = k / Q8_0G_VALUES * Q8_0G_BYTES;
-        for (src, dst) in raw.chunks_exact(row_in).zip(out.chunks_exact_mut(row_out)) {
-            group_q8_0_row(src, dst);
-        }
+        let (row_in, row_out) = (dtype.bytes_for(k), to.bytes_for(k));
+        let bytes = anon_bytes(to.bytes_for(n * k), |out| {
+            for (src, dst) in self
+                .raw()
+                .chunks_exact(row_in)
+                .zip(out.chunks_exact_mut(row_out))
+            {
+                regroup(src, dst);
+            }
+        });
         Some(Tensor {
             name: self.name.clone(),
-            dtype: DType::Q8_0G,
+            dtype: to,
             shape: self.shape.clone(),
-            bytes: Bytes::Owned(Arc::new(words), len),
+            bytes,
         })
     }
 
-    /// The Q8_0 blocks of a Q8_0 or [`DType::Q8_0G`] tensor, as a file stores them (an empty vector for other
-    /// types).
-    pub fn q8_0_blocks(&self) -> Vec<u8> {
-        match self.view() {
-            View::Q8_0(raw) => raw.to_vec(),
-            View::Q8_0G(raw) => {
-                let mut out = vec![0u8; raw.len()];
+    /// The bytes as a file stores the tensor: a regrouped tensor's blocks back in order (Q8_0 or PQ2_0), the bytes
+    /// of any other.
+    pub fn file_blocks(&self) -> std::borrow::Cow<'_, [u8]> {
+        let raw = self.raw();
+        let mut out = vec![0u8; raw.len()];
+        match self.dtype {
+            DType::Q8_0G => {
                 for (g, o) in raw
                     .chunks_exact(Q8_0G_BYTES)
                     .zip(out.chunks_exact_mut(Q8_0G_BYTES))
@@ -501,10 +542,23 @@ impl Tensor {
                         }
                     }
                 }
-                out
             }
-            _ => Vec::new(),
+            DType::PQ2_0G => {
+                for (g, o) in raw
+                    .chunks_exact(PQ2_0G_BYTES)
+                    .zip(out.chunks_exact_mut(PQ2_0G_BYTES))
+                {
+                    for (j, block) in o.chunks_exact_mut(34).enumerate() {
+                        block[..2].copy_from_slice(&g[256 + 2 * j..258 + 2 * j]);
+                        for (i, c) in block[2..].iter_mut().enumerate() {
+                            *c = g[pq2_0g_byte(j, i)];
+                        }
+                    }
+                }
+            }
+            _ => return raw.into(),
         }
+        out.into()
     }
 
     /// Same tensor with a new name (storage shared).
@@ -540,7 +594,61 @@ pub fn group_q8_0_row(src: &[u8], dst: &mut [u8]) {
     }
 }
 
+/// Regroups one row of blocks into its grouped form ([`group_q8_0_row`], [`group_pq2_0_row`]).
+type RowRegroup = fn(&[u8], &mut [u8]);
+
+/// Where code byte `i` (0..32) of block `j` (0..8) of a [`DType::PQ2_0G`] group lies: lane `j + 8·(i / 16)` of
+/// register `(i mod 16) / 4`, byte `i mod 4`.
+#[inline]
+pub fn pq2_0g_byte(j: usize, i: usize) -> usize {
+    64 * ((i % 16) / 4) + 4 * (j + 8 * (i / 16)) + i % 4
+}
+
+/// Regroups one row of PQ2_0 blocks (`src`) as [`DType::PQ2_0G`] groups into `dst` (whole groups; blocks past
+/// the row's end are written as code 1, value 0, with scale 0).
+pub fn group_pq2_0_row(src: &[u8], dst: &mut [u8]) {
+    let blocks = src.len() / 34;
+    assert!(
+        src.len() == blocks * 34 && dst.len() == blocks.div_ceil(8) * PQ2_0G_BYTES,
+        "group_pq2_0_row: {} bytes into {}",
+        src.len(),
+        dst.len()
+    );
+    for (g, out) in dst.chunks_exact_mut(PQ2_0G_BYTES).enumerate() {
+        for j in 0..8 {
+            let block = src.get((8 * g + j) * 34..(8 * g + j + 1) * 34);
+            for i in 0..32 {
+                out[pq2_0g_byte(j, i)] = block.map_or(0x55, |q| q[2 + i]);
+            }
+            let d = block.map_or([0, 0], |q| [q[0], q[1]]);
+            out[256 + 2 * j..256 + 2 * j + 2].copy_from_slice(&d);
+        }
+    }
+}
+
+/// `len` bytes written by `fill`, in an anonymous map that asks for huge pages ([`Bytes::Anon`]); in an owned
+/// buffer if the system refuses the map.
+fn anon_bytes(len: usize, fill: impl Fn(&mut [u8])) -> Bytes {
+    if let Ok(mut map) = memmap2::MmapMut::map_anon(len.max(1)) {
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
+        fill(&mut map[..len]);
+        if let Ok(map) = map.make_read_only() {
+            return Bytes::Anon(Arc::new(map), len);
+        }
+    }
+    let mut words = vec![0u32; len.div_ceil(4)];
+    // SAFETY: u32 words are valid as 4·words.len() ≥ len bytes.
+    fill(unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, len) });
+    Bytes::Owned(Arc::new(words), len)
+}
+
+/// A copy of `raw`: in an anonymous map from 1 MiB on (whose memory goes back to the system when the tensor is
+/// dropped, as when a model regroups its weights), else in a `Vec`.
 fn owned_bytes(raw: &[u8]) -> Bytes {
+    if raw.len() >= 1 << 20 {
+        return anon_bytes(raw.len(), |out| out.copy_from_slice(raw));
+    }
     let mut words = vec![0u32; raw.len().div_ceil(4)];
     for (i, chunk) in raw.chunks(4).enumerate() {
         let mut w = [0u8; 4];
@@ -576,7 +684,7 @@ mod tests {
             raw.extend((0..32).map(|i| ((i * 37 + b * 11) % 256) as u8));
         }
         let q = Tensor::from_raw("w", DType::Q8_0, vec![n, k], &raw).expect("q8_0");
-        let g = q.grouped_q8_0().expect("grouped");
+        let g = q.grouped().expect("grouped");
         assert_eq!(
             (g.dtype(), g.shape(), g.byte_len()),
             (DType::Q8_0G, &[n, k][..], raw.len())
@@ -589,7 +697,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(bits(&g), bits(&q));
-        assert_eq!(g.q8_0_blocks(), raw);
+        assert_eq!(&*g.file_blocks(), &raw[..]);
         // A window of one row reads that row.
         let mut row = vec![0.0; k];
         g.read_f32(k, &mut row);
@@ -597,7 +705,44 @@ mod tests {
         // Rows that are not whole groups stay as they are.
         let short =
             Tensor::from_raw("s", DType::Q8_0, vec![4, 256], &raw[..4 * 8 * 34]).expect("q8_0");
-        assert!(short.grouped_q8_0().is_none());
+        assert!(short.grouped().is_none());
+    }
+
+    #[test]
+    fn grouped_pq2_0_holds_the_same_values_and_bytes() {
+        // Two rows of 2048 values: every code, varied scales.
+        let (n, k) = (2, 2048);
+        let mut raw = Vec::new();
+        for b in 0..n * k / 128 {
+            raw.extend_from_slice(&f16::from_f32(0.02 + 0.001 * (b % 5) as f32).to_le_bytes());
+            raw.extend((0..32).map(|i| ((i * 59 + b * 13) % 256) as u8));
+        }
+        let p = Tensor::from_raw("w", DType::PQ2_0, vec![n, k], &raw).expect("pq2_0");
+        let g = p.grouped().expect("grouped");
+        assert_eq!(
+            (g.dtype(), g.shape(), g.byte_len()),
+            (DType::PQ2_0G, &[n, k][..], raw.len())
+        );
+        let bits = |t: &Tensor| {
+            t.to_f32_vec()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&g), bits(&p));
+        assert_eq!(&*g.file_blocks(), &raw[..]);
+        // Every lane of a register holds bytes of one block.
+        for q in 0..4 {
+            for lane in 0..16 {
+                for b in 0..4 {
+                    let i = 16 * (lane / 8) + 4 * q + b;
+                    assert_eq!(pq2_0g_byte(lane % 8, i), 64 * q + 4 * lane + b);
+                }
+            }
+        }
+        let short =
+            Tensor::from_raw("s", DType::PQ2_0, vec![1, 512], &raw[..4 * 34]).expect("pq2_0");
+        assert!(short.grouped().is_none());
     }
 
     #[test]

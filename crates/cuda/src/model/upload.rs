@@ -43,7 +43,7 @@ fn form(t: &Tensor, prec: Precision) -> Form {
         View::F16(v) if split && !v.iter().all(|h| bf16(h.to_f32())) => Form::F16Rows,
         View::F32(v) if split && !v.iter().all(|x| bf16(*x)) => Form::F32Rows,
         View::F32(_) | View::BF16(_) | View::F16(_) => Form::Float,
-        View::PQ2_0(_) | View::PTQ1_0(_) => Form::Pq2,
+        View::PQ2_0(_) | View::PTQ1_0(_) | View::PQ2_0G(_) => Form::Pq2,
         View::Q8_0(_) | View::Q8_0G(_) => Form::Q8,
     }
 }
@@ -55,7 +55,7 @@ pub(super) fn push_bf16(out: &mut Vec<u16>, t: &Tensor) -> Result<(), CudaError>
         View::F32(_) | View::F16(_) => {
             out.extend(t.to_f32_vec().iter().map(|x| bf16::from_f32(*x).to_bits()))
         }
-        View::Q8_0(_) | View::PQ2_0(_) | View::PTQ1_0(_) | View::Q8_0G(_) => {
+        View::Q8_0(_) | View::PQ2_0(_) | View::PTQ1_0(_) | View::Q8_0G(_) | View::PQ2_0G(_) => {
             return Err(not_float(t))
         }
     }
@@ -66,7 +66,7 @@ pub(super) fn push_bf16(out: &mut Vec<u16>, t: &Tensor) -> Result<(), CudaError>
 pub(super) fn push_f32(out: &mut Vec<f32>, t: &Tensor) -> Result<(), CudaError> {
     match t.view() {
         View::F32(_) | View::BF16(_) | View::F16(_) => out.extend(t.to_f32_vec()),
-        View::Q8_0(_) | View::PQ2_0(_) | View::PTQ1_0(_) | View::Q8_0G(_) => {
+        View::Q8_0(_) | View::PQ2_0(_) | View::PTQ1_0(_) | View::Q8_0G(_) | View::PQ2_0G(_) => {
             return Err(not_float(t))
         }
     }
@@ -94,7 +94,7 @@ fn upload_block(g: &Gpu, parts: &[&Tensor], f: Form) -> Result<Weight, CudaError
         owned.push(match (t.view(), f) {
             (View::PQ2_0(b), Form::Pq2) | (View::Q8_0(b), Form::Q8) => b.into(),
             // A model prepared for the CPU (it should not come here): its Q8_0 blocks back as the file held them.
-            (View::Q8_0G(_), Form::Q8) => t.q8_0_blocks().into(),
+            (View::Q8_0G(_), Form::Q8) | (View::PQ2_0G(_), Form::Pq2) => t.file_blocks(),
             (View::PTQ1_0(b), Form::Pq2) => {
                 let mut o = vec![0u8; b.len() / 28 * 34];
                 onepass_formats::ptq1_0_to_pq2_0(b, &mut o)

@@ -4,7 +4,7 @@
 //! signed (−128..127) and `l` unsigned (0..255), so that the VNNI byte dot product (`vpdpbusd`, unsigned × signed bytes into 32-bit sums) can take
 //! either half: `Σ w·q = 256·Σ w·h + Σ w·l`.
 //!
-//! Blocks go in groups (pairs for the ternary kernels, four for Q8_0), each group filling a few 64-byte registers
+//! Blocks go in groups (pairs for the ternary kernels, four for Q8_0, eight for regrouped PQ2_0), each group filling a few 64-byte registers
 //! in the order the kernel's weight unpacking produces (a [`Layout`]: which byte each value of the group's blocks
 //! lands on; bytes no value lands on hold zero; a last group short of blocks is filled with zeros). Per group and
 //! token come the 16 lanes of `s` (each 32-bit lane of the registers belongs to one block; lanes of none read 0)
@@ -25,8 +25,8 @@ pub const ACT_BLOCK: usize = 128;
 /// 32-bit lanes of a 64-byte dot product.
 pub const LANES: usize = 16;
 
-/// Most blocks per group.
-pub const MAX_GROUP: usize = 4;
+/// Most blocks per group (the regrouped PQ2_0 layout's eight).
+pub const MAX_GROUP: usize = 8;
 
 /// Where a kernel reads each activation value of a group of blocks (a pair for the ternary kernels, four for Q8_0).
 pub struct Layout {
@@ -310,8 +310,8 @@ fn token_body(xs: &[f32], plan: &Plan<'_>, out: Slices<'_>) {
 /// A byte of a group no value lands on, while the group is placed (no `q` is this small).
 const NONE: i32 = i32::MIN;
 
-/// Bytes per group at most (a power of two): Q8_0's eight registers.
-const PLACED: usize = 512;
+/// Bytes per group at most (a power of two): the regrouped PQ2_0 layout's sixteen registers.
+const PLACED: usize = 1024;
 
 /// `round(x · inv)` (ties away from zero, as `f32::round`, spelled so that it compiles without a library call)
 /// clamped to ±`q_max`.

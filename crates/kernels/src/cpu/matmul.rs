@@ -32,6 +32,7 @@ use super::q8_0::{decode_q8_0, dot_q8_0, rows_q8_0};
 use super::q8_0_vnni::{self, q8_0_dot_rows_vnni, q8_0_matmul_t_vnni, Q8Weight};
 use super::sgemm::{sgemm_raw, Mat};
 use super::ternary::ternary_matmul_t;
+use super::ternary_grouped;
 use super::tiled::{rows_tiled, Rows};
 
 /// Output features handled per task in the GEMM path: at least this many...
@@ -45,10 +46,15 @@ const GEMV_MAX_T: usize = 2;
 /// Output rows per task in the matrix-vector path.
 const GEMV_ROWS: usize = 256;
 
-/// Whether this processor runs the kernels of regrouped Q8_0 weights ([`onepass_tensor::DType::Q8_0G`]): a model
-/// regroups its Q8_0 matrices for the CPU only where it does.
-pub fn q8_0_grouped_available() -> bool {
-    q8_0_vnni::available()
+/// Whether this processor runs the kernels of `dtype`'s regrouped form ([`Tensor::grouped`]: Q8_0 as
+/// [`DType::Q8_0G`](onepass_tensor::DType::Q8_0G), PQ2_0 as [`DType::PQ2_0G`](onepass_tensor::DType::PQ2_0G)): a
+/// model regroups its matrices for the CPU only where it does.
+pub fn runs_grouped(dtype: onepass_tensor::DType) -> bool {
+    match dtype {
+        onepass_tensor::DType::Q8_0 => q8_0_vnni::available(),
+        onepass_tensor::DType::PQ2_0 => ternary_grouped::available(),
+        _ => false,
+    }
 }
 
 /// `y[T, N] = x[T, K] · w[N, K]ᵀ`.
@@ -80,6 +86,7 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
         View::BF16(v) => return rows_tiled(x, t, k, n, Rows::Bf16(v), y),
         View::F16(v) => return rows_tiled(x, t, k, n, Rows::F16(v), y),
         View::Q8_0G(g) => return q8_0_matmul_t_vnni(x, t, Q8Weight::Grouped(g), n, k, y),
+        View::PQ2_0G(g) => return ternary_grouped::matmul_t_many(x, t, &[(g, n)], k, &mut [y]),
         View::Q8_0(_) => {}
     }
     if t <= GEMV_MAX_T {
@@ -109,6 +116,18 @@ pub fn matmul_t_many(x: &[f32], t: usize, ws: &[&Tensor], ys: &mut [&mut [f32]])
             View::PTQ1_0(raw) => Some((Packed::Ptq1_0, raw, n, k)),
             _ => None,
         }
+    }
+    // Regrouped PQ2_0 weights of one K share one rounding of x too.
+    let grouped: Option<Vec<(&[u8], usize, usize)>> = ws
+        .iter()
+        .map(|w| match (w.view(), weight_dims(w)) {
+            (View::PQ2_0G(g), (n, k)) => Some((g, n, k)),
+            _ => None,
+        })
+        .collect();
+    if let Some(g) = grouped.filter(|g| g.len() > 1 && g.iter().all(|p| p.2 == g[0].2)) {
+        let parts: Vec<(&[u8], usize)> = g.iter().map(|&(w, n, _)| (w, n)).collect();
+        return ternary_grouped::matmul_t_many(x, t, &parts, g[0].2, ys);
     }
     let parts: Option<Vec<_>> = ws.iter().map(|w| packed(w)).collect();
     if let Some(parts) = parts.filter(|p| {
@@ -164,9 +183,11 @@ pub fn dot_rows(x: &[f32], w: &Tensor, rows: &[u32], out: &mut [f32]) {
     assert_eq!(x.len(), k);
     assert_eq!(out.len(), rows.len());
     let view = w.view();
-    if let View::Q8_0G(g) = view {
-        // The integer kernel's value for each row, as the whole matmul gives it.
-        return q8_0_dot_rows_vnni(x, Q8Weight::Grouped(g), n, k, rows, out);
+    // A regrouped weight: the integer kernel's value for each row, as the whole matmul gives it.
+    match view {
+        View::Q8_0G(g) => return q8_0_dot_rows_vnni(x, Q8Weight::Grouped(g), n, k, rows, out),
+        View::PQ2_0G(g) => return ternary_grouped::dot_rows(x, g, n, k, rows, out),
+        _ => {}
     }
     for (o, &r) in out.iter_mut().zip(rows) {
         let r = r as usize;
@@ -236,7 +257,8 @@ fn gemm_blocks(x: &[f32], t: usize, k: usize, n: usize, w: &Tensor, y: &mut [f32
                 | View::F16(_)
                 | View::PQ2_0(_)
                 | View::PTQ1_0(_)
-                | View::Q8_0G(_) => {
+                | View::Q8_0G(_)
+                | View::PQ2_0G(_) => {
                     unreachable!("float, ternary and regrouped weights run their own kernels")
                 }
             };
@@ -306,7 +328,9 @@ fn dot_row(view: &View<'_>, r: usize, k: usize, x: &[f32]) -> f32 {
             ptq1_0_matmul_t(x, 1, &raw[r * rb..(r + 1) * rb], 1, k, &mut out);
             out[0]
         }
-        View::Q8_0G(_) => unreachable!("regrouped Q8_0 rows are read by dot_rows' integer kernel"),
+        View::Q8_0G(_) | View::PQ2_0G(_) => {
+            unreachable!("regrouped rows are read by dot_rows' integer kernels")
+        }
     }
 }
 

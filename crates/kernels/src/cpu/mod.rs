@@ -11,5 +11,6 @@ pub mod q8_0;
 mod q8_0_vnni;
 pub(crate) mod sgemm;
 pub mod ternary;
+mod ternary_grouped;
 mod ternary_vnni;
 mod tiled;

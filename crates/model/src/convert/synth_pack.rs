@@ -48,7 +48,7 @@ fn round_to(dtype: DType, v: f32) -> f32 {
         DType::BF16 => half::bf16::from_f32(v).to_f32(),
         DType::F16 => half::f16::from_f32(v).to_f32(),
         // Synthetic tensors are drawn in a float type; a block type has no rounding of its own here.
-        DType::Q8_0 | DType::PQ2_0 | DType::PTQ1_0 | DType::Q8_0G => v,
+        DType::Q8_0 | DType::PQ2_0 | DType::PTQ1_0 | DType::Q8_0G | DType::PQ2_0G => v,
     }
 }
 
