@@ -580,16 +580,24 @@ pub fn group_q8_0_row(src: &[u8], dst: &mut [u8]) {
         src.len(),
         dst.len()
     );
+    // Code 0, scale 0.
+    const PAD: [u8; 34] = [0; 34];
     for (g, out) in dst.chunks_exact_mut(Q8_0G_BYTES).enumerate() {
         for j in 0..16 {
-            let block = src.get((16 * g + j) * 34..(16 * g + j + 1) * 34);
+            let block = src
+                .get((16 * g + j) * 34..(16 * g + j + 1) * 34)
+                .unwrap_or(&PAD);
+            // Four codes at a time, each + 128.
             for r in 0..8 {
-                for b in 0..4 {
-                    out[64 * r + 4 * j + b] = block.map_or(0, |q| q[2 + 4 * r + b]) ^ 0x80;
-                }
+                let w = u32::from_le_bytes([
+                    block[2 + 4 * r],
+                    block[3 + 4 * r],
+                    block[4 + 4 * r],
+                    block[5 + 4 * r],
+                ]) ^ 0x8080_8080;
+                out[64 * r + 4 * j..64 * r + 4 * j + 4].copy_from_slice(&w.to_le_bytes());
             }
-            let d = block.map_or([0, 0], |q| [q[0], q[1]]);
-            out[512 + 2 * j..512 + 2 * j + 2].copy_from_slice(&d);
+            out[512 + 2 * j..512 + 2 * j + 2].copy_from_slice(&block[..2]);
         }
     }
 }
@@ -614,14 +622,23 @@ pub fn group_pq2_0_row(src: &[u8], dst: &mut [u8]) {
         src.len(),
         dst.len()
     );
+    // Scale 0, every code 1.
+    const PAD: [u8; 34] = {
+        let mut b = [0x55u8; 34];
+        (b[0], b[1]) = (0, 0);
+        b
+    };
     for (g, out) in dst.chunks_exact_mut(PQ2_0G_BYTES).enumerate() {
         for j in 0..8 {
-            let block = src.get((8 * g + j) * 34..(8 * g + j + 1) * 34);
-            for i in 0..32 {
-                out[pq2_0g_byte(j, i)] = block.map_or(0x55, |q| q[2 + i]);
+            let block = src
+                .get((8 * g + j) * 34..(8 * g + j + 1) * 34)
+                .unwrap_or(&PAD);
+            // Four code bytes at a time: one 32-bit lane.
+            for i in (0..32).step_by(4) {
+                let at = pq2_0g_byte(j, i);
+                out[at..at + 4].copy_from_slice(&block[2 + i..6 + i]);
             }
-            let d = block.map_or([0, 0], |q| [q[0], q[1]]);
-            out[256 + 2 * j..256 + 2 * j + 2].copy_from_slice(&d);
+            out[256 + 2 * j..256 + 2 * j + 2].copy_from_slice(&block[..2]);
         }
     }
 }
