@@ -246,14 +246,19 @@ unsafe fn tile<const R: usize, const PREFETCH: bool>(
                         _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * line) as *const i8);
                     }
                 }
-                let mut hs = _mm512_setzero_si512();
-                let mut ls = start;
+                // Two sums per half (even and odd registers), so that no chain of dependent dot products is
+                // longer than 4.
+                let mut hs = [_mm512_setzero_si512(); 2];
+                let mut ls = [start, _mm512_setzero_si512()];
                 for r in 0..8 {
                     let wv = _mm512_loadu_si512(p.add(64 * r) as *const __m512i);
-                    hs = _mm512_dpbusd_epi32(hs, wv, h[r]);
-                    ls = _mm512_dpbusd_epi32(ls, wv, l[r]);
+                    hs[r % 2] = _mm512_dpbusd_epi32(hs[r % 2], wv, h[r]);
+                    ls[r % 2] = _mm512_dpbusd_epi32(ls[r % 2], wv, l[r]);
                 }
-                let sum = _mm512_add_epi32(_mm512_slli_epi32::<8>(hs), ls);
+                let sum = _mm512_add_epi32(
+                    _mm512_slli_epi32::<8>(_mm512_add_epi32(hs[0], hs[1])),
+                    _mm512_add_epi32(ls[0], ls[1]),
+                );
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(512) as *const __m256i));
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, s), *acc);
             }
