@@ -3,6 +3,7 @@
 pub(crate) mod act_q;
 pub mod attention;
 pub mod deltanet;
+mod grouped;
 pub mod hadamard;
 pub mod matmul;
 pub mod ops;

@@ -25,11 +25,9 @@
 use onepass_tensor::{group_q8_0_row, Q8_0G_BYTES, Q8_0G_VALUES};
 
 use super::act_q::{quantize, ActQ, Layout, ACT_BLOCK, LANES, MAX_GROUP};
+use super::grouped;
 use super::q8_0::{Q8_0_BLOCK, Q8_0_BYTES};
 use super::ternary::for_row_tasks;
-
-/// Weight rows per tile.
-const ROW_TILE: usize = 8;
 
 /// How many tiles ahead the first token of a chunk prefetches its rows into L2.
 const FAR_TILES: usize = 4;
@@ -160,7 +158,7 @@ fn check(w: Q8Weight<'_>, n: usize, k: usize) {
 unsafe fn rows(a: &ActQ, t: usize, w: Q8Weight<'_>, r0: usize, r1: usize, y: *mut f32, n: usize) {
     let row_bytes = a.pairs * Q8_0G_BYTES;
     let scratch;
-    let grouped: &[u8] = match w {
+    let regrouped: &[u8] = match w {
         Q8Weight::Grouped(g) => &g[r0 * row_bytes..r1 * row_bytes],
         Q8Weight::Blocks(b) => {
             let rb = a.k / Q8_0_BLOCK * Q8_0_BYTES;
@@ -175,33 +173,8 @@ unsafe fn rows(a: &ActQ, t: usize, w: Q8Weight<'_>, r0: usize, r1: usize, y: *mu
             &scratch
         }
     };
-    // Tokens in chunks whose activations (2 bytes per value) fit in about 128 KB, next to the task's rows.
-    let chunk = ((128 << 10) / (2 * a.k)).max(4);
-    for c0 in (0..t).step_by(chunk) {
-        let mut r = 0;
-        while r < r1 - r0 {
-            let rt = ROW_TILE.min(r1 - r0 - r);
-            let p = grouped[r * row_bytes..].as_ptr();
-            for i in c0..(c0 + chunk).min(t) {
-                let y = y.wrapping_add(i * n + r0 + r);
-                macro_rules! go {
-                    ($($rt:literal)*) => {
-                        match (rt, i == c0) {
-                            $(
-                                ($rt, true) => tile::<$rt, true>(a, i, p, row_bytes, y),
-                                ($rt, false) => tile::<$rt, false>(a, i, p, row_bytes, y),
-                            )*
-                            other => unreachable!("tile {other:?}"),
-                        }
-                    };
-                }
-                // SAFETY: forwarded from the caller; the tile's rows are inside `grouped` and its outputs are
-                // columns r0 + r .. r0 + r + rt of row i.
-                unsafe { go!(1 2 3 4 5 6 7 8) };
-            }
-            r += rt;
-        }
-    }
+    // SAFETY: forwarded from the caller; `regrouped` holds rows r0..r1.
+    unsafe { grouped::run(a, t, regrouped, row_bytes, r0, y, n, &grouped::tiles!(tile)) };
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -21,13 +21,11 @@
 use onepass_tensor::{PQ2_0G_BYTES, PQ2_0G_VALUES};
 
 use super::act_q::{quantize, ActQ, Layout, ACT_BLOCK, LANES, MAX_GROUP};
+use super::grouped;
 use super::ternary::for_row_tasks;
 
 /// Blocks per group.
 const GROUP_BLOCKS: usize = 8;
-
-/// Weight rows per tile.
-const ROW_TILE: usize = 8;
 
 /// How many tiles ahead the first token of a chunk prefetches its rows into L2.
 const FAR_TILES: usize = 4;
@@ -141,34 +139,19 @@ fn check_weight(w: &[u8], n: usize, k: usize) {
 #[cfg(target_arch = "x86_64")]
 unsafe fn rows(a: &ActQ, t: usize, w: &[u8], r0: usize, r1: usize, y: *mut f32, n: usize) {
     let row_bytes = a.pairs * PQ2_0G_BYTES;
-    let w = &w[r0 * row_bytes..r1 * row_bytes];
-    // Tokens in chunks whose activations (2 bytes per value) fit in about 128 KB, next to the task's rows.
-    let chunk = ((128 << 10) / (2 * a.k)).max(4);
-    for c0 in (0..t).step_by(chunk) {
-        let mut r = 0;
-        while r < r1 - r0 {
-            let rt = ROW_TILE.min(r1 - r0 - r);
-            let p = w[r * row_bytes..].as_ptr();
-            for i in c0..(c0 + chunk).min(t) {
-                let y = y.wrapping_add(i * n + r0 + r);
-                macro_rules! go {
-                    ($($rt:literal)*) => {
-                        match (rt, i == c0) {
-                            $(
-                                ($rt, true) => tile::<$rt, true>(a, i, p, row_bytes, y),
-                                ($rt, false) => tile::<$rt, false>(a, i, p, row_bytes, y),
-                            )*
-                            other => unreachable!("tile {other:?}"),
-                        }
-                    };
-                }
-                // SAFETY: forwarded from the caller; the tile's rows are inside `w` and its outputs are columns
-                // r0 + r .. r0 + r + rt of row i.
-                unsafe { go!(1 2 3 4 5 6 7 8) };
-            }
-            r += rt;
-        }
-    }
+    // SAFETY: forwarded from the caller; `w` holds rows r0..r1.
+    unsafe {
+        grouped::run(
+            a,
+            t,
+            &w[r0 * row_bytes..r1 * row_bytes],
+            row_bytes,
+            r0,
+            y,
+            n,
+            &grouped::tiles!(tile),
+        )
+    };
 }
 
 #[cfg(target_arch = "x86_64")]
