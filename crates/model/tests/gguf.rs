@@ -10,6 +10,7 @@ use std::sync::Arc;
 use common::to_gguf::{convert, Mutation, Opts};
 use common::{logits_split, synth_dir, worst};
 use onepass_formats::{Checkpoint, GgmlType, GgufValue};
+use onepass_model::layer_ops::Projection;
 use onepass_model::synth::pseudo_ids;
 use onepass_model::{Model, ModelConfig};
 use onepass_tensor::{DType, Tensor};
@@ -66,6 +67,42 @@ fn float_gguf_files_give_the_safetensors_logits() {
         let d = worst(&run(&m), &want, m.vocab_size());
         eprintln!("{preset} {ty} GGUF vs safetensors: max rel {d:.2e}");
         assert!(d <= 1e-5, "{preset} {ty}: {d}");
+    }
+}
+
+#[test]
+fn a_model_prepared_for_the_cpu_moves_its_float_matrices_and_gives_the_same_bits() {
+    // Tied (the head is the embedding) and untied (the embedding stays where a gather reads a few rows).
+    for preset in ["tiny-attn-first-periodic", "tiny-gva"] {
+        let dir = synth(preset);
+        let (_g, path) = gguf_of(dir.path(), &Opts::new(GgmlType::F16));
+        let as_stored = Model::load(&path).expect("gguf");
+        let mut m = Model::load(&path).expect("gguf");
+        let tied = m.text_config().tie_word_embeddings;
+        assert!(m.lm_head().is_mapped() && !m.lm_head().is_anon());
+        // Every matrix the file maps moves (those the loader reordered are copies already), and the head.
+        let matrices = |m: &Model| {
+            let mut v: Vec<(bool, bool)> = Vec::new();
+            for l in 0..m.text_config().layer_types.len() {
+                for p in Projection::ALL {
+                    if let Ok(ts) = m.linear(l, p) {
+                        v.extend(ts.iter().map(|t| (t.is_mapped(), t.is_anon())));
+                    }
+                }
+            }
+            v
+        };
+        let mapped = matrices(&m).iter().filter(|t| t.0).count();
+        assert!(mapped > 10, "{preset}: {mapped} mapped matrices");
+        assert_eq!(m.prepare_for_cpu(), mapped + 1, "{preset}");
+        assert!(
+            matrices(&m).iter().all(|t| !t.0),
+            "{preset}: a matrix still mapped"
+        );
+        assert!(m.lm_head().is_anon(), "{preset}: the head");
+        assert_eq!(m.embedding().is_anon(), tied, "{preset}: the embedding");
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        assert!(bits(run(&m)) == bits(run(&as_stored)), "{preset}: logits");
     }
 }
 

@@ -524,6 +524,23 @@ impl Tensor {
         })
     }
 
+    /// A copy in anonymous memory of its own that asks for huge pages (the same type and bytes).
+    pub fn to_anon(&self) -> Tensor {
+        let raw = self.raw();
+        Tensor {
+            name: self.name.clone(),
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            bytes: anon_bytes(raw.len(), |out| out.copy_from_slice(raw)),
+        }
+    }
+
+    /// Whether the bytes are in anonymous memory of this process's own ([`Tensor::to_anon`], [`Tensor::grouped`],
+    /// a large owned copy).
+    pub fn is_anon(&self) -> bool {
+        matches!(self.bytes, Bytes::Anon(..))
+    }
+
     /// The bytes as a file stores the tensor: a regrouped tensor's blocks back in order (Q8_0 or PQ2_0), the bytes
     /// of any other.
     pub fn file_blocks(&self) -> std::borrow::Cow<'_, [u8]> {
