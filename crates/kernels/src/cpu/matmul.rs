@@ -101,8 +101,9 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
 }
 
 /// `ys[i][T, N_i] = x[T, K] · ws[i][N_i, K]ᵀ` for weights that read one activation (gate and up, q, k and v): each
-/// output the one [`matmul_t`] gives for its weight alone. Packed ternary weights of one format, where the integer
-/// kernels run, share one rounding of x and one parallel loop over all their rows; others run one by one.
+/// output the one [`matmul_t`] gives for its weight alone. Packed ternary weights of one format where the integer
+/// kernels run, and regrouped weights of one form, share one rounding of x and one parallel loop over all their
+/// rows; others run one by one.
 ///
 /// Panics if the buffers do not match the shapes, as [`matmul_t`].
 pub fn matmul_t_many(x: &[f32], t: usize, ws: &[&Tensor], ys: &mut [&mut [f32]]) {
@@ -117,17 +118,30 @@ pub fn matmul_t_many(x: &[f32], t: usize, ws: &[&Tensor], ys: &mut [&mut [f32]])
             _ => None,
         }
     }
-    // Regrouped PQ2_0 weights of one K share one rounding of x too.
-    let grouped: Option<Vec<(&[u8], usize, usize)>> = ws
+    // Regrouped weights of one form and K share one rounding of x too.
+    let dims: Vec<(usize, usize)> = ws.iter().map(|w| weight_dims(w)).collect();
+    let one_k = ws.len() > 1 && dims.iter().all(|d| d.1 == dims[0].1);
+    let pq2: Option<Vec<(&[u8], usize)>> = ws
         .iter()
-        .map(|w| match (w.view(), weight_dims(w)) {
-            (View::PQ2_0G(g), (n, k)) => Some((g, n, k)),
+        .zip(&dims)
+        .map(|(w, &(n, _))| match w.view() {
+            View::PQ2_0G(g) => Some((g, n)),
             _ => None,
         })
         .collect();
-    if let Some(g) = grouped.filter(|g| g.len() > 1 && g.iter().all(|p| p.2 == g[0].2)) {
-        let parts: Vec<(&[u8], usize)> = g.iter().map(|&(w, n, _)| (w, n)).collect();
-        return ternary_grouped::matmul_t_many(x, t, &parts, g[0].2, ys);
+    if let (Some(parts), true) = (pq2, one_k) {
+        return ternary_grouped::matmul_t_many(x, t, &parts, dims[0].1, ys);
+    }
+    let q8: Option<Vec<(Q8Weight<'_>, usize)>> = ws
+        .iter()
+        .zip(&dims)
+        .map(|(w, &(n, _))| match w.view() {
+            View::Q8_0G(g) => Some((Q8Weight::Grouped(g), n)),
+            _ => None,
+        })
+        .collect();
+    if let (Some(parts), true) = (q8, one_k) {
+        return q8_0_vnni::q8_0_matmul_t_many(x, t, &parts, dims[0].1, ys);
     }
     let parts: Option<Vec<_>> = ws.iter().map(|w| packed(w)).collect();
     if let Some(parts) = parts.filter(|p| {

@@ -27,7 +27,7 @@ use onepass_tensor::{group_q8_0_row, Q8_0G_BYTES, Q8_0G_VALUES};
 use super::act_q::{quantize, ActQ, Layout, ACT_BLOCK, LANES, MAX_GROUP};
 use super::grouped;
 use super::q8_0::{Q8_0_BLOCK, Q8_0_BYTES};
-use super::ternary::for_row_tasks;
+use super::ternary::for_row_tasks_many;
 
 /// How many tiles ahead the first token of a chunk prefetches its rows into L2.
 const FAR_TILES: usize = 4;
@@ -76,17 +76,41 @@ pub enum Q8Weight<'a> {
 /// `y[T, N] = x[T, K] · W[N, K]ᵀ`. Panics if the processor lacks the instructions ([`available`]), if K is not a
 /// multiple of 128 (of 512 for regrouped weights) or the buffers do not match the shapes (programming errors).
 pub fn q8_0_matmul_t_vnni(x: &[f32], t: usize, w: Q8Weight<'_>, n: usize, k: usize, y: &mut [f32]) {
-    check(w, n, k);
+    q8_0_matmul_t_many(x, t, &[(w, n)], k, &mut [y]);
+}
+
+/// `ys[i] = x · w_iᵀ` for weights that read one activation: `parts[i]` = (weight i, N_i), written to `ys[i]`
+/// ([t, N_i]); x quantized once, then all the weights' row tasks in one parallel loop, each output the bits its
+/// weight alone gives. Panics as [`q8_0_matmul_t_vnni`].
+pub fn q8_0_matmul_t_many(
+    x: &[f32],
+    t: usize,
+    parts: &[(Q8Weight<'_>, usize)],
+    k: usize,
+    ys: &mut [&mut [f32]],
+) {
+    assert_eq!(
+        parts.len(),
+        ys.len(),
+        "Q8_0 VNNI matmul: one output per weight"
+    );
     assert_eq!(x.len(), t * k, "Q8_0 VNNI matmul: x");
-    assert_eq!(y.len(), t * n, "Q8_0 VNNI matmul: y");
-    if t == 0 || n == 0 {
+    for (&(w, n), y) in parts.iter().zip(ys.iter()) {
+        check(w, n, k);
+        assert_eq!(y.len(), t * n, "Q8_0 VNNI matmul: y");
+    }
+    if t == 0 {
         return;
     }
     let a = quantize(x, t, k, &Q8_0_LAYOUT);
+    let ns: Vec<usize> = parts.iter().map(|&(_, n)| n).collect();
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: shapes checked above; each task writes only columns r0..r1 of y; the instructions are available.
+    // SAFETY: shapes checked above; each task writes only columns r0..r1 of output i; the instructions are
+    // available.
     unsafe {
-        for_row_tasks(n, y, |r0, r1, y| rows(&a, t, w, r0, r1, y, n))
+        for_row_tasks_many(&ns, ys, |i, r0, r1, y| {
+            rows(&a, t, parts[i].0, r0, r1, y, ns[i])
+        })
     };
 }
 
@@ -391,6 +415,41 @@ mod tests {
                 let want: Vec<f32> = picked.iter().map(|&r| one[r as usize]).collect();
                 assert_eq!(bits(&some), bits(&want), "token {i}: rows picked");
             }
+        }
+    }
+
+    #[test]
+    fn weights_that_read_one_activation_answer_as_each_alone() {
+        if !available() {
+            return;
+        }
+        // Row counts off the tiles and the tasks; one rounding of x for all three.
+        let (t, k) = (5, 1024);
+        let raw: Vec<(Vec<u8>, usize)> = [70usize, 9, 1]
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| (grouped(&q8_0(n, k, s + 20), n, k), n))
+            .collect();
+        let x: Vec<f32> = (0..t * k)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let parts: Vec<(Q8Weight<'_>, usize)> = raw
+            .iter()
+            .map(|(g, n)| (Q8Weight::Grouped(g), *n))
+            .collect();
+        let mut out: Vec<Vec<f32>> = parts.iter().map(|p| vec![f32::NAN; t * p.1]).collect();
+        let mut ys: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+        q8_0_matmul_t_many(&x, t, &parts, k, &mut ys);
+        for (&(w, n), got) in parts.iter().zip(&out) {
+            let mut alone = vec![f32::NAN; t * n];
+            q8_0_matmul_t_vnni(&x, t, w, n, k, &mut alone);
+            assert!(
+                alone
+                    .iter()
+                    .zip(got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "N = {n}"
+            );
         }
     }
 }

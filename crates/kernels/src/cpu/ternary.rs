@@ -203,9 +203,9 @@ pub(super) fn check_packed_shapes(
     );
 }
 
-/// A destination pointer shared by tasks that write disjoint elements.
-struct SharedMut(*mut f32);
-// SAFETY: only used for disjoint writes (each task owns a range of output columns).
+/// Output pointers shared by tasks that write disjoint elements.
+struct SharedMut(Vec<*mut f32>);
+// SAFETY: only used for disjoint writes (each task owns a range of one output's columns).
 unsafe impl Sync for SharedMut {}
 
 /// Calls `rows(r0, r1, y)` for the output columns `r0..r1` of `y` [t, n] in tasks of [`ROWS_PER_TASK`], in parallel.
@@ -217,14 +217,32 @@ pub(super) unsafe fn for_row_tasks(
     y: &mut [f32],
     rows: impl Fn(usize, usize, *mut f32) + Sync,
 ) {
-    let dst = SharedMut(y.as_mut_ptr());
+    // SAFETY: the caller's contract, for one output.
+    unsafe { for_row_tasks_many(&[n], &mut [y], |_, r0, r1, y| rows(r0, r1, y)) };
+}
+
+/// Calls `rows(i, r0, r1, y_i)` for the output columns `r0..r1` of each `ys[i]` ([t, ns[i]]) in tasks of
+/// [`ROWS_PER_TASK`], every output's tasks in one parallel loop (weights that read one activation: one hand-off to
+/// the thread pool, not one each).
+///
+/// # Safety
+/// `rows` writes only columns `r0..r1` of each of `ys[i]`'s `t` rows (row stride `ns[i]`) through the pointer it
+/// is given.
+pub(super) unsafe fn for_row_tasks_many(
+    ns: &[usize],
+    ys: &mut [&mut [f32]],
+    rows: impl Fn(usize, usize, usize, *mut f32) + Sync,
+) {
+    let dst = SharedMut(ys.iter_mut().map(|y| y.as_mut_ptr()).collect());
     let dst = &dst;
-    (0..n.div_ceil(ROWS_PER_TASK))
-        .into_par_iter()
-        .for_each(|task| {
-            let r0 = task * ROWS_PER_TASK;
-            rows(r0, (r0 + ROWS_PER_TASK).min(n), dst.0);
-        });
+    let tasks: Vec<(usize, usize)> = ns
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &n)| (0..n).step_by(ROWS_PER_TASK).map(move |r0| (i, r0)))
+        .collect();
+    tasks.into_par_iter().for_each(|(i, r0)| {
+        rows(i, r0, (r0 + ROWS_PER_TASK).min(ns[i]), dst.0[i]);
+    });
 }
 
 /// Rows `r0..r1` of the output for every token.

@@ -22,7 +22,7 @@ use onepass_tensor::{PQ2_0G_BYTES, PQ2_0G_VALUES};
 
 use super::act_q::{quantize, ActQ, Layout, ACT_BLOCK, LANES, MAX_GROUP};
 use super::grouped;
-use super::ternary::for_row_tasks;
+use super::ternary::for_row_tasks_many;
 
 /// Blocks per group.
 const GROUP_BLOCKS: usize = 8;
@@ -84,13 +84,15 @@ pub fn matmul_t_many(
         return;
     }
     let a = quantize(x, t, k, &PQ2_0G_LAYOUT);
-    for (&(w, n), y) in parts.iter().zip(ys.iter_mut()) {
-        // SAFETY: shapes checked above; each task writes only columns r0..r1 of y; the instructions are available.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            for_row_tasks(n, y, |r0, r1, y| rows(&a, t, w, r0, r1, y, n))
-        };
-    }
+    let ns: Vec<usize> = parts.iter().map(|&(_, n)| n).collect();
+    // SAFETY: shapes checked above; each task writes only columns r0..r1 of output i; the instructions are
+    // available.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        for_row_tasks_many(&ns, ys, |i, r0, r1, y| {
+            rows(&a, t, parts[i].0, r0, r1, y, ns[i])
+        })
+    };
 }
 
 /// `out[i] = x · W[rows[i]]` for one activation vector `x[K]`: each the value [`matmul_t_many`] gives for that

@@ -27,8 +27,7 @@
 
 use super::act_q::{ActQ, Layout, ACT_BLOCK, LANES, MAX_GROUP};
 use super::ptq1_0::{ptq1_0_position, PTQ1_0_BYTES};
-use super::ternary::{PQ2_0_BYTES, ROWS_PER_TASK};
-use rayon::prelude::*;
+use super::ternary::{for_row_tasks_many, PQ2_0_BYTES};
 
 /// Where the unpacked PQ2_0 codes put each value: value `4i + c` of block `j` of a pair at byte `i` of half `j` of
 /// register `c`.
@@ -130,7 +129,7 @@ pub unsafe fn matmul_t(
 
 /// `ys[i] = x · w_iᵀ` for weights of `format` that read one activation: `parts[i]` = (the blocks, N_i) of weight
 /// i, written to `ys[i]`; x quantized once in the format's layout, then [`rows`] over all the weights' row tasks
-/// ([`ROWS_PER_TASK`] rows each) in one parallel loop.
+/// (64 rows each) in one parallel loop.
 ///
 /// # Safety
 /// [`available`]; the shapes checked by the caller (`ys[i]` is `[t, N_i]`, each weight `N_i` rows of `k / 128`
@@ -145,36 +144,14 @@ pub unsafe fn matmul_t_many(
     ys: &mut [&mut [f32]],
 ) {
     let a = super::act_q::quantize(x, t, k, format.layout());
-    let outs = Outs(ys.iter_mut().map(|y| y.as_mut_ptr()).collect());
-    let outs = &outs;
-    let tasks: Vec<(usize, usize)> = parts
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &(_, n))| (0..n).step_by(ROWS_PER_TASK).map(move |r0| (i, r0)))
-        .collect();
-    tasks.into_par_iter().for_each(|(i, r0)| {
-        let (w, n) = parts[i];
-        // SAFETY: the task writes only columns r0..r0 + ROWS_PER_TASK of output i, which no other task writes; the
-        // caller's contract.
-        unsafe {
-            rows(
-                format,
-                &a,
-                t,
-                w,
-                r0,
-                (r0 + ROWS_PER_TASK).min(n),
-                outs.0[i],
-                n,
-            )
-        };
-    });
+    let ns: Vec<usize> = parts.iter().map(|&(_, n)| n).collect();
+    // SAFETY: each task writes only columns r0..r1 of output i; the caller's contract.
+    unsafe {
+        for_row_tasks_many(&ns, ys, |i, r0, r1, y| {
+            rows(format, &a, t, parts[i].0, r0, r1, y, ns[i])
+        })
+    };
 }
-
-/// The outputs' pointers, shared by tasks that write disjoint columns.
-struct Outs(Vec<*mut f32>);
-// SAFETY: only used for disjoint writes (each task owns a range of one output's columns).
-unsafe impl Sync for Outs {}
 
 /// Rows `r0..r1` of the output for every token of `a` (quantized in `format`'s layout).
 ///
