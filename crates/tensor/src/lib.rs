@@ -1,9 +1,10 @@
 //! Shapes, dtypes and weight storage for onepass.
 //!
 //! This crate exists so that every other crate agrees on what a weight *is*: a named, shaped
-//! block of numbers in one element format, living either in a memory-mapped checkpoint file or
-//! in an owned buffer. It does no arithmetic; kernels read weights through the typed views here
-//! and dispatch on [`DType`] (a weight format belongs to the tensor, not to the model).
+//! block of numbers in one element format, living in a memory-mapped checkpoint file, in an owned
+//! buffer, or in anonymous memory of the process's own (the CPU's copies and regrouped forms). It
+//! does no arithmetic; kernels read weights through the typed views here and dispatch on [`DType`]
+//! (a weight format belongs to the tensor, not to the model).
 
 use std::fmt;
 use std::sync::Arc;
@@ -27,7 +28,7 @@ pub enum DType {
     /// `d`; value `(trit − 1)·d` (28 bytes; the trit order is GGUF's PTQ1_0, see docs/formats.md).
     PTQ1_0,
     /// Q8_0 blocks regrouped in memory for the CPU's integer kernels (never in a file; see
-    /// [`Tensor::grouped_q8_0`]): groups of 16 blocks (512 values), eight 64-byte registers where byte `4j + b`
+    /// [`Tensor::grouped`]): groups of 16 blocks (512 values), eight 64-byte registers where byte `4j + b`
     /// of register `r` is code `4r + b` of block `j` plus 128 (as an unsigned byte), then the 16 blocks' f16
     /// scales (544 bytes, as many as the 16 blocks take in Q8_0).
     Q8_0G,
@@ -545,6 +546,9 @@ impl Tensor {
     /// of any other.
     pub fn file_blocks(&self) -> std::borrow::Cow<'_, [u8]> {
         let raw = self.raw();
+        if !matches!(self.dtype, DType::Q8_0G | DType::PQ2_0G) {
+            return raw.into();
+        }
         let mut out = vec![0u8; raw.len()];
         match self.dtype {
             DType::Q8_0G => {
@@ -573,7 +577,7 @@ impl Tensor {
                     }
                 }
             }
-            _ => return raw.into(),
+            _ => unreachable!("only the regrouped forms are rewritten"),
         }
         out.into()
     }

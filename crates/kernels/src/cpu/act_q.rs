@@ -482,6 +482,7 @@ mod tests {
     #[test]
     fn every_kernel_layout_matches_the_value_by_value_quantizer() {
         use crate::cpu::q8_0_vnni::Q8_0_LAYOUT;
+        use crate::cpu::ternary_grouped::PQ2_0G_LAYOUT;
         use crate::cpu::ternary_vnni::{PQ2_0_LAYOUT, PTQ1_0_LAYOUT};
         // Seven blocks per token (the last group short), three tokens; a zero block, a block with an infinity and
         // one with a NaN, values at the rounding ties.
@@ -505,6 +506,7 @@ mod tests {
             ("PQ2_0", &PQ2_0_LAYOUT),
             ("PTQ1_0", &PTQ1_0_LAYOUT),
             ("Q8_0", &Q8_0_LAYOUT),
+            ("PQ2_0G", &PQ2_0G_LAYOUT),
         ] {
             let (a, b) = (quantize(&x, t, k, layout), value_by_value(&x, t, k, layout));
             assert_eq!((a.pairs, a.pair_bytes), (b.pairs, b.pair_bytes), "{name}");

@@ -7,14 +7,15 @@
 //! conversion, two scale loads, a multiply and an FMA, about as many instructions as the pair's dot products. A
 //! regrouped row holds 8 blocks (1024 values) per 272-byte group: four code registers in which each 32-bit lane
 //! belongs to one block (lane `L`: block `L mod 8`, its code bytes `16·(L / 8) + 4q + b` in register `q`), then the
-//! 8 scales. The 32 dot products of a group accumulate in the lanes of two registers, one lane per block half, and
-//! one conversion and one FMA with the lanes of `d·s` finish 1024 weights. The activations come in the matching
+//! 8 scales. The 32 dot products of a group accumulate in the lanes of eight registers (four chains of four per
+//! byte half, one lane per block half; a single chain of 16 waited on each dot product's latency), summed at the
+//! group's end, and one conversion and one FMA with the lanes of `d·s` finish 1024 weights. The activations come in the matching
 //! layout, [`PQ2_0G_LAYOUT`]: value `4i + c` of block `j` (code byte `i`) at byte `4L + i mod 4` of register
 //! `4·((i mod 16) / 4) + c`, `L = j + 8·(i / 16)`.
 //!
 //! Tiles of 8 rows × one token: each row's four code registers are unpacked right before their dot products with
-//! the token's sixteen activation registers of the group (read from L1), the row's two sums staying in registers
-//! for the group; the first token of a chunk prefetches the rows ahead into L2 (decode streams them once). Every
+//! the token's sixteen activation registers of the group (read from L1), the row's sums staying in registers for
+//! the group; the first token of a chunk prefetches the rows ahead into L2 (decode streams them once). Every
 //! output's arithmetic depends on its row and token alone (batch invariance), and the lane sums are exact integers
 //! (below 2²⁴), so a row's output is the file's-layout kernel's up to the order the blocks' f32 terms are added.
 
