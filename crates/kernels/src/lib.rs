@@ -13,7 +13,10 @@ pub mod cpu;
 pub mod testdata;
 
 pub use cpu::attention::{causal_attention, causal_attention_reference, AttnShape};
-pub use cpu::deltanet::{gated_delta_chunked, gated_delta_recurrent, DeltaInputs, DeltaShape};
+pub use cpu::deltanet::{
+    gated_delta_chunked, gated_delta_recurrent, gated_delta_recurrent_reference, DeltaInputs,
+    DeltaShape,
+};
 pub use cpu::hadamard::{
     hadamard_rotate, hadamard_rotate_reference, hadamard_unrotate, hadamard_unrotate_reference,
 };

@@ -6,7 +6,8 @@
 //! o_t = Sᵀ q_t
 //! ```
 //!
-//! [`gated_delta_recurrent`] runs it token by token (the slow twin, and the decode step);
+//! [`gated_delta_recurrent`] runs it token by token (the decode step; [`gated_delta_recurrent_reference`], the rule
+//! as written, is its slow twin and the chunked form's);
 //! [`gated_delta_chunked`] processes chunks of `C` tokens with the WY/UT form: inside a chunk with
 //! cumulative log decay `γ`, solve `(I + A) [U | W] = [β v | β e^γ k]` where
 //! `A_ij = β_i (k_i·k_j) e^{γ_i−γ_j}` for `j < i`, then `v' = U − W S`,
@@ -92,8 +93,90 @@ impl DeltaInputs<'_> {
     }
 }
 
-/// Token-by-token gated delta rule. state: [HV, DK, DV] (updated); out: [T, HV, DV].
+/// Token-by-token gated delta rule (the decode step). state: [HV, DK, DV] (updated); out: [T, HV, DV].
+///
+/// Each head's state is read twice per token instead of the rule's four passes: once for `Sᵀ k` over the decayed
+/// rows (`exp(g)·S`, not stored), once to write `exp(g)·S + k ⊗ u` while `Sᵀ q` sums the new rows. Every value is
+/// the same product and the sums run in the same order as [`gated_delta_recurrent_reference`], so the bits are
+/// the same (tested); AVX-512 where the processor has it (the same arithmetic, vectorised).
 pub fn gated_delta_recurrent(inp: &DeltaInputs<'_>, state: &mut [f32], out: &mut [f32]) {
+    inp.check(state, out);
+    let sh = inp.sh;
+    let (dk, dv, hv) = (sh.dk, sh.dv, sh.hv);
+    let per_head: Vec<Vec<f32>> = state
+        .par_chunks_mut(dk * dv)
+        .enumerate()
+        .map(|(h, s)| {
+            let mut o = vec![0.0f32; sh.t * dv];
+            let mut kv = vec![0.0f32; dv];
+            for t in 0..sh.t {
+                let step = Step {
+                    decay: inp.g[t * hv + h].exp(),
+                    beta: inp.beta[t * hv + h],
+                    q: inp.q_row(t, h),
+                    k: inp.k_row(t, h),
+                    v: inp.v_row(t, h),
+                };
+                recurrent_step(&step, s, &mut kv, &mut o[t * dv..(t + 1) * dv]);
+            }
+            o
+        })
+        .collect();
+    scatter_heads(&per_head, sh, out);
+}
+
+/// One token of one head: its decay, β and rows.
+struct Step<'a> {
+    decay: f32,
+    beta: f32,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+}
+
+/// `s` [DK, DV] ← the rule's update for `st`; `o` [DV] = the new `Sᵀ q`; `kv` [DV] scratch.
+fn recurrent_step(st: &Step<'_>, s: &mut [f32], kv: &mut [f32], o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the processor has AVX-512F (checked above).
+        return unsafe { recurrent_step_avx512(st, s, kv, o) };
+    }
+    recurrent_step_body(st, s, kv, o);
+}
+
+/// [`recurrent_step_body`] compiled for AVX-512.
+///
+/// # Safety
+/// The processor has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn recurrent_step_avx512(st: &Step<'_>, s: &mut [f32], kv: &mut [f32], o: &mut [f32]) {
+    recurrent_step_body(st, s, kv, o);
+}
+
+#[inline(always)]
+fn recurrent_step_body(st: &Step<'_>, s: &mut [f32], kv: &mut [f32], o: &mut [f32]) {
+    let dv = kv.len();
+    kv.fill(0.0);
+    for (row, &ki) in s.chunks_exact(dv).zip(st.k) {
+        for (a, &x) in kv.iter_mut().zip(row) {
+            *a += (x * st.decay) * ki;
+        }
+    }
+    for (a, &vj) in kv.iter_mut().zip(st.v) {
+        *a = (vj - *a) * st.beta;
+    }
+    for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(st.k).zip(st.q) {
+        for ((x, &u), oj) in row.iter_mut().zip(kv.iter()).zip(o.iter_mut()) {
+            *x = *x * st.decay + ki * u;
+            *oj += *x * qi;
+        }
+    }
+}
+
+/// The slow twin of [`gated_delta_recurrent`]: the rule as written, four passes over each head's state per token
+/// (decay, `Sᵀ k`, the update, `Sᵀ q`). state: [HV, DK, DV] (updated); out: [T, HV, DV].
+pub fn gated_delta_recurrent_reference(inp: &DeltaInputs<'_>, state: &mut [f32], out: &mut [f32]) {
     inp.check(state, out);
     let sh = inp.sh;
     let (dk, dv, hv) = (sh.dk, sh.dv, sh.hv);
@@ -374,7 +457,7 @@ mod tests {
             let c = case(t, hk, hv, dk, dv);
             let mut s_ref = c.s0.clone();
             let mut o_ref = vec![0.0; t * hv * dv];
-            gated_delta_recurrent(&c.inputs(), &mut s_ref, &mut o_ref);
+            gated_delta_recurrent_reference(&c.inputs(), &mut s_ref, &mut o_ref);
             let mut s = c.s0.clone();
             let mut o = vec![0.0; t * hv * dv];
             gated_delta_chunked(&c.inputs(), &mut s, &mut o, chunk);
@@ -389,6 +472,33 @@ mod tests {
             for (a, b) in s.iter().zip(&s_ref) {
                 assert!((a - b).abs() <= 2e-5 * max_s, "state t={t}: {a} vs {b}");
             }
+        }
+    }
+
+    #[test]
+    fn the_two_pass_step_gives_the_rules_bits_on_odd_shapes() {
+        for &(t, hk, hv, dk, dv) in &[
+            (1, 1, 1, 128, 128),
+            (5, 2, 4, 16, 24),
+            (3, 3, 3, 8, 5),
+            (9, 1, 2, 7, 33),
+        ] {
+            let c = case(t, hk, hv, dk, dv);
+            let (mut s_ref, mut s) = (c.s0.clone(), c.s0.clone());
+            let (mut o_ref, mut o) = (vec![0.0; t * hv * dv], vec![0.0; t * hv * dv]);
+            gated_delta_recurrent_reference(&c.inputs(), &mut s_ref, &mut o_ref);
+            gated_delta_recurrent(&c.inputs(), &mut s, &mut o);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&o),
+                bits(&o_ref),
+                "out t={t} hk={hk} hv={hv} dk={dk} dv={dv}"
+            );
+            assert_eq!(
+                bits(&s),
+                bits(&s_ref),
+                "state t={t} hk={hk} hv={hv} dk={dk} dv={dv}"
+            );
         }
     }
 
