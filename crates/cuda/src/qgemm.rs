@@ -28,7 +28,7 @@ use cudarc::driver::CudaSlice;
 use crate::gemm::{gemm_ld, GEMV_ROWS};
 use crate::launch;
 use crate::ops::W;
-use crate::runtime::{cfg, Gpu};
+use crate::runtime::{cfg, cfg3, Gpu};
 use crate::CudaError;
 
 /// Bytes of the scratch a model keeps for prefill ([`gemm_q`]'s `scratch`): the int8 GEMM's quantized activations
@@ -390,19 +390,43 @@ fn gemm_qmma(
                 yo, ldy as i32, beta)?;
             continue;
         }
-        let (f, grid, threads, smem) = if let Some(Pq2Kernel::Mma(i)) = kern {
+        if let Some(Pq2Kernel::Mma(i)) = kern {
             let c = QMMA_PQ2[i];
             let grid = (tc.div_ceil(c.tokens()) as u32, n.div_ceil(c.rows()) as u32);
-            (&g.k.qmma_pq2[i], grid, c.threads(), c.smem())
-        } else {
-            let grid = (tc.div_ceil(QMMA_BM) as u32, n.div_ceil(QMMA_BN) as u32);
-            (&g.k.qmma_q8, grid, 256, QMMA_Q8_SMEM)
-        };
-        launch!(g, *f, cfg(grid, threads, smem);
+            launch!(g, g.k.qmma_pq2[i], cfg(grid, c.threads(), c.smem());
+                q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32,
+                yo, ldy as i32, beta)?;
+            continue;
+        }
+        // Q8_0: where the tiles are too few for the multiprocessors, K cut into runs whose sums go to the scratch
+        // past the activations and are added up in order by a second launch.
+        let used = (qs + (4 * nb * tp) as u64 - s).next_multiple_of(256);
+        let splits = q8_splits(tc, n, nb, g.sms, bytes.saturating_sub(used as usize));
+        let grid = (
+            tc.div_ceil(QMMA_BM) as u32,
+            n.div_ceil(QMMA_BN) as u32,
+            splits as u32,
+        );
+        let part = s + used;
+        launch!(g, g.k.qmma_q8, cfg3(grid, 256, QMMA_Q8_SMEM);
             q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32,
-            yo, ldy as i32, beta)?;
+            yo, ldy as i32, beta, part)?;
+        if splits > 1 {
+            let outs = tc * n;
+            launch!(g, g.k.qmma_split_sum, cfg((outs.div_ceil(256) as u32, 1), 256, 0);
+                part, splits as i32, tc as i32, n as i32, yo, ldy as i32, beta)?;
+        }
     }
     Ok(())
+}
+
+/// How many runs of K `qmma_q8` cuts a GEMM of `t` x rows by `n` weight rows and `nb` 128-K blocks into: 1 where
+/// its block tiles (one a multiprocessor) fill the `sms` multiprocessors; else enough runs for that, each of at
+/// least two blocks (a pipeline to keep in flight), as many as the partial sums' `spare` bytes of scratch hold.
+pub fn q8_splits(t: usize, n: usize, nb: usize, sms: usize, spare: usize) -> usize {
+    let tiles = t.div_ceil(QMMA_BM) * n.div_ceil(QMMA_BN);
+    let want = sms.div_ceil(tiles.max(1));
+    want.min(nb / 2).min(spare / (4 * t * n).max(1)).max(1)
 }
 
 /// [`gemm_q`]'s tensor-core GEMM of a PQ2_0 weight (bf16 or split `x`, any T) on the kernel `kernel` instead of
@@ -500,6 +524,20 @@ mod tests {
     /// (tools/cuda/gemm-lab.cu, 27B shapes; docs/benchmarks/ternary-gpu.md): the 16-warp tile only where the
     /// 8-warp one leaves most of a last wave idle. And the rule's choice under one wave (not measured): the wider
     /// blocks.
+    #[test]
+    fn q8_0_splits_k_only_where_its_tiles_leave_multiprocessors_idle() {
+        // 32 rows by the 0.8B shape's N = 1,024 and K = 3,584 (28 blocks): 4 tiles on 132 multiprocessors, so
+        // 14 runs of 2 blocks; a 512-row prefill of N = 1,024, K = 1,024: 32 tiles, 4 runs (each of 2 blocks).
+        assert_eq!(q8_splits(32, 1024, 28, 132, 1 << 30), 14);
+        assert_eq!(q8_splits(512, 1024, 8, 132, 1 << 30), 4);
+        // Tiles enough (512 rows by 7,168), one block of K, or no scratch to spare: no split.
+        assert_eq!(q8_splits(512, 7168, 8, 132, 1 << 30), 1);
+        assert_eq!(q8_splits(32, 1024, 1, 132, 1 << 30), 1);
+        assert_eq!(q8_splits(32, 1024, 28, 132, 4 * 32 * 1024 - 1), 1);
+        // As many as the scratch holds.
+        assert_eq!(q8_splits(32, 1024, 28, 132, 3 * 4 * 32 * 1024), 3);
+    }
+
     #[test]
     fn pq2_tile_follows_the_waves() {
         // (tokens, rows, the faster tile measured)

@@ -128,18 +128,20 @@ struct QmmaTile {
     static constexpr int STAGE = A + W + S + D;
 };
 
-// y rows m0.. (x rows, T in all) by columns n0.. (w rows, N in all) of one block tile. q, d: the weight (codes,
-// f16 scales; K values per row); xh, xl, sx, qs: qmma_quant's output for these T rows (row stride Kp, tp).
+// y rows m0.. (x rows, T in all) by columns n0.. (w rows, N in all) of one block tile, over the 128-K blocks
+// b0 .. b1 of the row (all of them: 0 .. Kp / 128). q, d: the weight (codes, f16 scales; K values per row); xh, xl,
+// sx, qs: qmma_quant's output for these T rows (row stride Kp, tp).
 __device__ __forceinline__ void qmma_q8_gemm(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                              const signed char* __restrict__ xh, const unsigned char* __restrict__ xl,
                                              const float* __restrict__ sx, const int* __restrict__ qs, int T, int N,
-                                             int K, int Kp, int tp, float* __restrict__ y, int ldy, float beta) {
+                                             int K, int Kp, int tp, int b0, int b1, float* __restrict__ y, int ldy,
+                                             float beta) {
     using L = QmmaTile;
     extern __shared__ __align__(16) unsigned char qmma_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int wm = warp / QMMA_WARPS_N, wn = warp % QMMA_WARPS_N;
     const int m0 = blockIdx.x * QMMA_BM, n0 = blockIdx.y * QMMA_BN;
-    const int nb = Kp / 128;
+    const int nb = max(0, b1 - b0);
     const idx_t row_bytes = K, row_scales = K / 32;
     const unsigned base = tc_smem_addr(qmma_smem);
 
@@ -186,7 +188,7 @@ __device__ __forceinline__ void qmma_q8_gemm(const unsigned char* __restrict__ q
 
 #pragma unroll
     for (int st = 0; st < QMMA_STAGES - 1; st++) {
-        if (st < nb) load(st, st);
+        if (st < nb) load(st, b0 + st);
         tc_commit();
     }
     // This lane's ldmatrix row and 16-byte half within an m tile, and its weight rows / columns.
@@ -195,7 +197,7 @@ __device__ __forceinline__ void qmma_q8_gemm(const unsigned char* __restrict__ q
     for (int b = 0; b < nb; b++) {
         tc_wait<QMMA_STAGES - 2>();
         __syncthreads();
-        if (b + QMMA_STAGES - 1 < nb) load((b + QMMA_STAGES - 1) % QMMA_STAGES, b + QMMA_STAGES - 1);
+        if (b + QMMA_STAGES - 1 < nb) load((b + QMMA_STAGES - 1) % QMMA_STAGES, b0 + b + QMMA_STAGES - 1);
         tc_commit();
         const int st = b % QMMA_STAGES;
         const unsigned sa = base + st * L::STAGE + (wm * (16 * QMMA_MT) + arow) * QMMA_APITCH + acol;
@@ -262,13 +264,33 @@ __device__ __forceinline__ void qmma_q8_gemm(const unsigned char* __restrict__ q
                 }
         }
 }
-// grid (ceil(T / QMMA_BM), ceil(N / QMMA_BN)), 256 threads, QMMA_STAGES · QmmaTile::STAGE bytes of dynamic shared
-// memory.
+// grid (ceil(T / QMMA_BM), ceil(N / QMMA_BN), S), 256 threads, QMMA_STAGES · QmmaTile::STAGE bytes of dynamic
+// shared memory. With S = 1, y = x · wᵀ + beta y; with S > 1 the row's 128-K blocks are cut into S runs of
+// ceil(nb / S), and run z writes its sums alone to part + z T N ([T, N] each; qmma_split_sum adds them up in z
+// order, so the answers do not depend on which block finishes first).
 KERNEL(qmma_q8) void __launch_bounds__(256, 1)
     qmma_q8(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, const signed char* __restrict__ xh,
             const unsigned char* __restrict__ xl, const float* __restrict__ sx, const int* __restrict__ qs, int T, int N,
-            int K, int Kp, int tp, float* __restrict__ y, int ldy, float beta) {
-    qmma_q8_gemm(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, y, ldy, beta);
+            int K, int Kp, int tp, float* __restrict__ y, int ldy, float beta, float* __restrict__ part) {
+    const int nb = Kp / 128;
+    if (gridDim.z == 1) {
+        qmma_q8_gemm(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, 0, nb, y, ldy, beta);
+        return;
+    }
+    const int per = (nb + gridDim.z - 1) / gridDim.z, b0 = blockIdx.z * per;
+    qmma_q8_gemm(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, b0, min(nb, b0 + per), part + (idx_t)blockIdx.z * T * N, N,
+                 0.0f);
+}
+
+// y[T, N] (row stride ldy) = the sum over z of part[z] ([S, T, N], added in z order) + beta y. One thread an output.
+KERNEL(simt) void qmma_split_sum(const float* __restrict__ part, int S, int T, int N, float* __restrict__ y, int ldy,
+                                 float beta) {
+    idx_t i = (idx_t)blockIdx.x * blockDim.x + threadIdx.x, tn = (idx_t)T * N;
+    if (i >= tn) return;
+    float v = 0.0f;
+    for (int z = 0; z < S; z++) v += part[z * tn + i];
+    float* yo = y + (i / N) * ldy + i % N;
+    *yo = beta != 0.0f ? v + beta * *yo : v;
 }
 
 // PQ2_0's GEMM: the weight is the mma's A operand, straight from its code words in registers (one shift and mask

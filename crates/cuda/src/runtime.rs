@@ -53,6 +53,8 @@ pub struct Kernels {
     pub qwg_pq2: CudaFunction,
     /// `qmma_q8` (qmma.cu): Q8_0's prefill GEMM on the int8 tensor cores.
     pub qmma_q8: CudaFunction,
+    /// `qmma_split_sum` (qmma.cu): `qmma_q8`'s partial sums over runs of K added up in a fixed order.
+    pub qmma_split_sum: CudaFunction,
     pub hadamard_rows: CudaFunction,
     pub gated_norm_rotate: CudaFunction,
     pub attn_prep: CudaFunction,
@@ -394,7 +396,7 @@ impl Gpu {
         let k = by_name! {
             embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16,
             gemv_norm_bf16, attn_prep, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
-            dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate;
+            dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate, qmma_split_sum;
             qmma_pq2: [big_smem_shared(f("qmma_pq2")?, max_smem)?, big("qmma_pq2_16")?],
             qmma_q8: big("qmma_q8")?,
             qwg_pq2: big_smem_shared(f("qwg_pq2")?, max_smem)?,
