@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(128 * WGS, MINB) __cluster_dims__(1, CL > 1 ? 
     lab_wg(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d, const signed char* __restrict__ xh,
            const unsigned char* __restrict__ xl, const float* __restrict__ sx, const int* __restrict__ qs, int T, int N,
            int K, int Kp, int tp, int tt, float* __restrict__ y, int ldy, float beta) {
-    qwg_pq2_gemm<WGS, MW, BT, STAGES, CL>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, tt, y, ldy, beta);
+    qwg_pq2_gemm<WGS, MW, BT, STAGES, CL>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, tt, 0, Kp / 128, y, ldy, beta);
 }
 
 struct Shape {

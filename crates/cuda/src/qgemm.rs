@@ -383,11 +383,35 @@ fn gemm_qmma(
             xp + (2 * r0 * ldx) as u64, ldx as i32, lo as i64, split, k as i32, kp as i32, i32::from(fmt == 0),
             xh, xl, sx, qs, tp as i32, tt as i32)?;
         let yo = y + (4 * r0 * ldy) as u64;
+        // Where the tiles are too few for the multiprocessors, K cut into runs whose sums go to the scratch past
+        // the activations and are added up in order by a second launch (not on a kernel the caller forces: the
+        // GPU tests hold the kernels to each other's bits).
+        let used = (qs + (4 * nb * tp) as u64 - s).next_multiple_of(256);
+        let spare = bytes.saturating_sub(used as usize);
+        let part = s + used;
+        let sum_runs = |splits: usize| -> Result<(), CudaError> {
+            if splits > 1 {
+                launch!(g, g.k.qmma_split_sum, cfg(((tc * n).div_ceil(256) as u32, 1), 256, 0);
+                    part, splits as i32, tc as i32, n as i32, yo, ldy as i32, beta)?;
+            }
+            Ok(())
+        };
         if kern == Some(Pq2Kernel::Wg) {
-            let grid = (tc.div_ceil(QWG_TOKENS) as u32, n.div_ceil(QWG_ROWS) as u32);
-            launch!(g, g.k.qwg_pq2, cfg(grid, QWG_THREADS, QWG_SMEM);
+            let tiles = tc.div_ceil(QWG_TOKENS) * n.div_ceil(QWG_ROWS);
+            let splits = if force.is_some() {
+                1
+            } else {
+                k_runs(tiles, QWG_PER_SM * g.sms, nb, 4 * tc * n, spare)
+            };
+            let grid = (
+                tc.div_ceil(QWG_TOKENS) as u32,
+                n.div_ceil(QWG_ROWS) as u32,
+                splits as u32,
+            );
+            launch!(g, g.k.qwg_pq2, cfg3(grid, QWG_THREADS, QWG_SMEM);
                 q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32, tt as i32,
-                yo, ldy as i32, beta)?;
+                yo, ldy as i32, beta, part)?;
+            sum_runs(splits)?;
             continue;
         }
         if let Some(Pq2Kernel::Mma(i)) = kern {
@@ -398,35 +422,35 @@ fn gemm_qmma(
                 yo, ldy as i32, beta)?;
             continue;
         }
-        // Q8_0: where the tiles are too few for the multiprocessors, K cut into runs whose sums go to the scratch
-        // past the activations and are added up in order by a second launch.
-        let used = (qs + (4 * nb * tp) as u64 - s).next_multiple_of(256);
-        let splits = q8_splits(tc, n, nb, g.sms, bytes.saturating_sub(used as usize));
+        // Q8_0 likewise (one block a multiprocessor).
+        let splits = q8_splits(tc, n, nb, g.sms, spare);
         let grid = (
             tc.div_ceil(QMMA_BM) as u32,
             n.div_ceil(QMMA_BN) as u32,
             splits as u32,
         );
-        let part = s + used;
         launch!(g, g.k.qmma_q8, cfg3(grid, 256, QMMA_Q8_SMEM);
             q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32,
             yo, ldy as i32, beta, part)?;
-        if splits > 1 {
-            let outs = tc * n;
-            launch!(g, g.k.qmma_split_sum, cfg((outs.div_ceil(256) as u32, 1), 256, 0);
-                part, splits as i32, tc as i32, n as i32, yo, ldy as i32, beta)?;
-        }
+        sum_runs(splits)?;
     }
     Ok(())
 }
 
-/// How many runs of K `qmma_q8` cuts a GEMM of `t` x rows by `n` weight rows and `nb` 128-K blocks into: 1 where
-/// its block tiles (one a multiprocessor) fill the `sms` multiprocessors; else enough runs for that, each of at
-/// least two blocks (a pipeline to keep in flight), as many as the partial sums' `spare` bytes of scratch hold.
+/// How many runs of K `qmma_q8` cuts a GEMM of `t` x rows by `n` weight rows and `nb` 128-K blocks into
+/// ([`k_runs`], its tiles one a multiprocessor).
 pub fn q8_splits(t: usize, n: usize, nb: usize, sms: usize, spare: usize) -> usize {
     let tiles = t.div_ceil(QMMA_BM) * n.div_ceil(QMMA_BN);
-    let want = sms.div_ceil(tiles.max(1));
-    want.min(nb / 2).min(spare / (4 * t * n).max(1)).max(1)
+    k_runs(tiles, sms, nb, 4 * t * n, spare)
+}
+
+/// How many runs of K a tensor-core GEMM of `tiles` block tiles, `slots` of which the GPU runs at once, over `nb`
+/// 128-K blocks is cut into: 1 where the tiles fill the slots; else enough runs for that, each of at least two
+/// blocks (a pipeline to keep in flight), as many as the `spare` bytes of scratch hold partial sums of
+/// `run_bytes` each.
+pub fn k_runs(tiles: usize, slots: usize, nb: usize, run_bytes: usize, spare: usize) -> usize {
+    let want = slots.div_ceil(tiles.max(1));
+    want.min(nb / 2).min(spare / run_bytes.max(1)).max(1)
 }
 
 /// [`gemm_q`]'s tensor-core GEMM of a PQ2_0 weight (bf16 or split `x`, any T) on the kernel `kernel` instead of
@@ -536,6 +560,19 @@ mod tests {
         assert_eq!(q8_splits(32, 1024, 28, 132, 4 * 32 * 1024 - 1), 1);
         // As many as the scratch holds.
         assert_eq!(q8_splits(32, 1024, 28, 132, 3 * 4 * 32 * 1024), 3);
+        // The warpgroup PQ2_0 tile (64 x 128, two a multiprocessor): 32 rows by the 27B shape's down (N 5,120, K
+        // 17,408: 136 blocks) are 40 tiles for 264 slots, so 7 runs; 512 rows of gate|up (N 34,816) no split.
+        let wg = |t: usize, n: usize, nb: usize| {
+            k_runs(
+                t.div_ceil(QWG_TOKENS) * n.div_ceil(QWG_ROWS),
+                QWG_PER_SM * 132,
+                nb,
+                4 * t * n,
+                1 << 30,
+            )
+        };
+        assert_eq!(wg(32, 5120, 136), 7);
+        assert_eq!(wg(512, 34816, 40), 1);
     }
 
     #[test]

@@ -145,15 +145,15 @@ template <int WGS, int MW, int BT, int STAGES, int CL>
 __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,
                                              const signed char* __restrict__ xh, const unsigned char* __restrict__ xl,
                                              const float* __restrict__ sx, const int* __restrict__ qs, int T, int N,
-                                             int K, int Kp, int tp, int tt, float* __restrict__ y, int ldy,
-                                             float beta) {
+                                             int K, int Kp, int tp, int tt, int b0, int b1,
+                                             float* __restrict__ y, int ldy, float beta) {
     using L = QwgTile<WGS, MW, BT, STAGES>;
     static_assert(CL == 0 || 2 * L::XP % (16 * CL) == 0, "whole 16-byte pieces");
     extern __shared__ __align__(16) unsigned char qmma_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int wg = warp >> 2, wq = warp & 3;
     const int m0 = blockIdx.x * BT, n0 = blockIdx.y * L::BW;
-    const int nb = Kp / 128;
+    const int nb = max(0, b1 - b0);  // this block's 128-K blocks: b0 .. b1
     const idx_t row_bytes = K / 4, row_scales = K / 128;
     const unsigned base = tc_smem_addr(qmma_smem);
 
@@ -231,7 +231,7 @@ __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q
     }
 #pragma unroll
     for (int st = 0; st < STAGES - 1; st++) {
-        if (st < nb) load(st, st);
+        if (st < nb) load(st, b0 + st);
         tc_commit();
     }
     // The loop's first cluster wait (before the refill of block STAGES - 1) waits for this arrival.
@@ -248,7 +248,7 @@ __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q
         __syncthreads();
         // The stage refilled now was every block's stage of block b - 1: all of them are done with it.
         if (CL > 1) qwg_cluster_wait();
-        if (b + STAGES - 1 < nb) load((b + STAGES - 1) % STAGES, b + STAGES - 1);
+        if (b + STAGES - 1 < nb) load((b + STAGES - 1) % STAGES, b0 + b + STAGES - 1);
         tc_commit();
         const unsigned char* stg = qmma_smem + st * L::STAGE;
         const float* ssx = (const float*)(stg + L::A + L::W);
@@ -260,7 +260,7 @@ __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int n = n0 + wr + 64 * m + 8 * h;
-                dv[m][h] = n < N ? h2f(__ldg(d + (idx_t)n * row_scales + b)) : 0.0f;
+                dv[m][h] = n < N ? h2f(__ldg(d + (idx_t)n * row_scales + b0 + b)) : 0.0f;
             }
         unsigned af[MW][4][4];
 #pragma unroll
@@ -333,14 +333,23 @@ __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q
             *yo = beta != 0.0f ? v + beta * *yo : v;
         }
 }
-// grid (ceil(T / BT), ceil(N / BW) rounded up to CL), 128 WGS threads, STAGES · STAGE (+ 8 STAGES where CL >= 1)
-// bytes of dynamic shared memory (QwgTile); qgemm.rs's QWG_PQ2 repeats the shapes.
+// grid (ceil(T / BT), ceil(N / BW) rounded up to CL, S), 128 WGS threads, STAGES · STAGE (+ 8 STAGES where
+// CL >= 1) bytes of dynamic shared memory (QwgTile); qgemm.rs's QWG_PQ2 repeats the shapes. With S > 1, K's
+// 128-K blocks are cut into S runs of ceil(nb / S) and run z writes its sums alone to part + z T N, which
+// qmma_split_sum adds up in z order (as qmma_q8's).
 #define QWG_PQ2(name, WGS, MW, BT, STAGES, CL, MINB)                                                               \
     KERNEL(name) void __launch_bounds__(128 * WGS, MINB) __cluster_dims__(1, CL > 1 ? CL : 1, 1)                  \
         name(const unsigned char* __restrict__ q, const unsigned short* __restrict__ d,                            \
              const signed char* __restrict__ xh, const unsigned char* __restrict__ xl,                             \
              const float* __restrict__ sx, const int* __restrict__ qs, int T, int N, int K, int Kp, int tp,        \
-             int tt, float* __restrict__ y, int ldy, float beta) {                                                 \
-        qwg_pq2_gemm<WGS, MW, BT, STAGES, CL>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, tt, y, ldy, beta);            \
+             int tt, float* __restrict__ y, int ldy, float beta, float* __restrict__ part) {                       \
+        const int nb = Kp / 128;                                                                                   \
+        if (gridDim.z == 1) {                                                                                      \
+            qwg_pq2_gemm<WGS, MW, BT, STAGES, CL>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, tt, 0, nb, y, ldy, beta); \
+            return;                                                                                                \
+        }                                                                                                          \
+        const int per = (nb + gridDim.z - 1) / gridDim.z, b0 = blockIdx.z * per;                                   \
+        qwg_pq2_gemm<WGS, MW, BT, STAGES, CL>(q, d, xh, xl, sx, qs, T, N, K, Kp, tp, tt, b0, min(nb, b0 + per),    \
+                                              part + (idx_t)blockIdx.z * T * N, N, 0.0f);                          \
     }
 QWG_PQ2(qwg_pq2, 2, 1, 64, 4, 1, 2)
