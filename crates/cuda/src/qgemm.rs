@@ -123,6 +123,10 @@ fn block_parts(w: W) -> Result<(usize, u64, u64, usize), CudaError> {
     }
 }
 
+/// The fewest rows of bf16 or split activations for which a PQ2_0 weight takes the int8 GEMM instead of the
+/// few-row GEMV.
+pub const PQ2_GEMM_ROWS: usize = 4;
+
 /// `y = x · wᵀ + beta · y` for a block-format `w` [N, K]: the GEMV for at most [`GEMV_ROWS`] rows, else the int8
 /// tensor-core GEMM over `scratch` (address, bytes; [`qmma_scratch_bytes`]), or for f32 inputs and float rows the
 /// weight dequantised chunk by chunk into it and multiplied by cuBLAS.
@@ -176,7 +180,11 @@ pub fn gemm_q(
         }
         return Ok(());
     }
-    if t <= GEMV_ROWS && x.vec_ok() {
+    // PQ2_0 from PQ2_GEMM_ROWS rows on takes the int8 GEMM below: its few-row GEMV was slower there (on an
+    // H100, 8 rows of the 27B shape 32.6 ms a decode step against 23.7 for 32 rows on the GEMM).
+    let pq2_gemm =
+        fmt == 0 && t >= PQ2_GEMM_ROWS && matches!(x, Act::Bf16 { .. } | Act::Split { .. });
+    if t <= GEMV_ROWS && x.vec_ok() && !pq2_gemm {
         let (xp, ldx, lo) = x.parts();
         let f = &g.k.gemv_q[fmt][x.mode()][usize::from(t > 1)];
         // Weight rows per row set (4 for one x row, 2 for more: `gemv_q_rows`' R), and warps per set splitting K:

@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use half::f16;
 use onepass_cuda::ops::{self, Out, W};
-use onepass_cuda::qgemm::{gemm_q, gemm_q_dequant, upload_blocks, upload_rows, Act};
+use onepass_cuda::qgemm::{gemm_q, gemm_q_dequant, upload_blocks, upload_rows, Act, PQ2_GEMM_ROWS};
 use onepass_kernels::{hadamard_rotate_reference, hadamard_unrotate_reference, matmul_t_reference};
 use onepass_tensor::{DType, Tensor};
 
@@ -208,11 +208,12 @@ fn block_gemm_matches_cpu_on_odd_shapes() {
                             assert_eq!(got[r * ldy + c], y0[r * ldy + c], "wrote past N");
                         }
                     }
-                    // One row of a PQ2_0 matrix with K a multiple of 1024 and bf16 or split inputs: the wide
-                    // GEMV's integer dot products round each 128-value block of inputs to int16 (about 2^-16 of
-                    // its largest), 1e-4.
-                    let int_dots =
-                        dtype == DType::PQ2_0 && t == 1 && k % 1024 == 0 && case.name != "f32";
+                    // One row of a PQ2_0 matrix with K a multiple of 1024, or PQ2_GEMM_ROWS rows and more, with
+                    // bf16 or split inputs: the wide GEMV's and the int8 GEMM's integer dot products round each
+                    // 128-value block of inputs to int16 (about 2^-16 of its largest), 1e-4.
+                    let int_dots = dtype == DType::PQ2_0
+                        && ((t == 1 && k % 1024 == 0) || t >= PQ2_GEMM_ROWS)
+                        && case.name != "f32";
                     let tol = match (t <= 8, case.name) {
                         _ if int_dots => 1e-4,
                         (true, _) | (false, "f32") => F32_TOL,
