@@ -405,17 +405,13 @@ fn gemm_qmma(
             Ok(())
         };
         if kern == Some(Pq2Kernel::Wg) {
-            let tiles = tc.div_ceil(QWG_TOKENS) * n.div_ceil(QWG_ROWS);
+            let (gx, gy) = (tc.div_ceil(QWG_TOKENS), n.div_ceil(QWG_ROWS));
             let splits = if force.is_some() {
                 1
             } else {
-                k_runs(tiles, QWG_PER_SM * g.sms, nb, 4 * tc * n, spare)
+                k_runs(gx * gy, QWG_PER_SM * g.sms, nb, 4 * tc * n, spare)
             };
-            let grid = (
-                tc.div_ceil(QWG_TOKENS) as u32,
-                n.div_ceil(QWG_ROWS) as u32,
-                splits as u32,
-            );
+            let grid = (gx as u32, gy as u32, splits as u32);
             launch!(g, g.k.qwg_pq2, cfg3(grid, QWG_THREADS, QWG_SMEM);
                 q, d, xh, xl, sx, qs, tc as i32, n as i32, k as i32, kp as i32, tp as i32, tt as i32,
                 yo, ldy as i32, beta, part)?;
@@ -552,10 +548,6 @@ pub fn gemm_q_dequant(
 mod tests {
     use super::*;
 
-    /// The tile choice on an H200's 132 multiprocessors against the faster of the two in the tile lab
-    /// (tools/cuda/gemm-lab.cu, 27B shapes; docs/benchmarks/ternary-gpu.md): the 16-warp tile only where the
-    /// 8-warp one leaves most of a last wave idle. And the rule's choice under one wave (not measured): the wider
-    /// blocks.
     #[test]
     fn q8_0_splits_k_only_where_its_tiles_leave_multiprocessors_idle() {
         // 32 rows by the 0.8B shape's N = 1,024 and K = 3,584 (28 blocks): 4 tiles on 132 multiprocessors, so
@@ -583,6 +575,10 @@ mod tests {
         assert_eq!(wg(512, 34816, 40), 1);
     }
 
+    /// The tile choice on an H200's 132 multiprocessors against the faster of the two in the tile lab
+    /// (tools/cuda/gemm-lab.cu, 27B shapes; docs/benchmarks/ternary-gpu.md): the 16-warp tile only where the
+    /// 8-warp one leaves most of a last wave idle. And the rule's choice under one wave (not measured): the wider
+    /// blocks.
     #[test]
     fn pq2_tile_follows_the_waves() {
         // (tokens, rows, the faster tile measured)

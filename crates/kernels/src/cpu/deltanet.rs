@@ -100,6 +100,11 @@ impl DeltaInputs<'_> {
 /// the same product and the sums run in the same order as [`gated_delta_recurrent_reference`], so the bits are
 /// the same (tested); AVX-512 where the processor has it (the same arithmetic, vectorised).
 pub fn gated_delta_recurrent(inp: &DeltaInputs<'_>, state: &mut [f32], out: &mut [f32]) {
+    token_by_token(inp, state, out, recurrent_step);
+}
+
+/// Runs `step` over every head (in parallel) and token (in order): state: [HV, DK, DV] (updated); out: [T, HV, DV].
+fn token_by_token(inp: &DeltaInputs<'_>, state: &mut [f32], out: &mut [f32], step: StepFn) {
     inp.check(state, out);
     let sh = inp.sh;
     let (dk, dv, hv) = (sh.dk, sh.dv, sh.hv);
@@ -110,20 +115,23 @@ pub fn gated_delta_recurrent(inp: &DeltaInputs<'_>, state: &mut [f32], out: &mut
             let mut o = vec![0.0f32; sh.t * dv];
             let mut kv = vec![0.0f32; dv];
             for t in 0..sh.t {
-                let step = Step {
+                let st = Step {
                     decay: inp.g[t * hv + h].exp(),
                     beta: inp.beta[t * hv + h],
                     q: inp.q_row(t, h),
                     k: inp.k_row(t, h),
                     v: inp.v_row(t, h),
                 };
-                recurrent_step(&step, s, &mut kv, &mut o[t * dv..(t + 1) * dv]);
+                step(&st, s, &mut kv, &mut o[t * dv..(t + 1) * dv]);
             }
             o
         })
         .collect();
     scatter_heads(&per_head, sh, out);
 }
+
+/// One token of one head: `s` [DK, DV] updated, `o` [DV] = the new `Sᵀ q` (zeros on entry), `kv` [DV] scratch.
+type StepFn = fn(&Step<'_>, &mut [f32], &mut [f32], &mut [f32]);
 
 /// One token of one head: its decay, β and rows.
 struct Step<'a> {
@@ -177,48 +185,36 @@ fn recurrent_step_body(st: &Step<'_>, s: &mut [f32], kv: &mut [f32], o: &mut [f3
 /// The slow twin of [`gated_delta_recurrent`]: the rule as written, four passes over each head's state per token
 /// (decay, `Sᵀ k`, the update, `Sᵀ q`). state: [HV, DK, DV] (updated); out: [T, HV, DV].
 pub fn gated_delta_recurrent_reference(inp: &DeltaInputs<'_>, state: &mut [f32], out: &mut [f32]) {
-    inp.check(state, out);
-    let sh = inp.sh;
-    let (dk, dv, hv) = (sh.dk, sh.dv, sh.hv);
-    let per_head: Vec<Vec<f32>> = state
-        .par_chunks_mut(dk * dv)
-        .enumerate()
-        .map(|(h, s)| {
-            let mut o = vec![0.0f32; sh.t * dv];
-            let mut kv = vec![0.0f32; dv];
-            for t in 0..sh.t {
-                let decay = inp.g[t * hv + h].exp();
-                let b = inp.beta[t * hv + h];
-                let (qt, kt, vt) = (inp.q_row(t, h), inp.k_row(t, h), inp.v_row(t, h));
-                s.iter_mut().for_each(|x| *x *= decay);
-                kv.fill(0.0);
-                for i in 0..dk {
-                    let row = &s[i * dv..(i + 1) * dv];
-                    for j in 0..dv {
-                        kv[j] += row[j] * kt[i];
-                    }
-                }
-                for j in 0..dv {
-                    kv[j] = (vt[j] - kv[j]) * b;
-                }
-                for i in 0..dk {
-                    let row = &mut s[i * dv..(i + 1) * dv];
-                    for j in 0..dv {
-                        row[j] += kt[i] * kv[j];
-                    }
-                }
-                let ot = &mut o[t * dv..(t + 1) * dv];
-                for i in 0..dk {
-                    let row = &s[i * dv..(i + 1) * dv];
-                    for j in 0..dv {
-                        ot[j] += row[j] * qt[i];
-                    }
-                }
-            }
-            o
-        })
-        .collect();
-    scatter_heads(&per_head, sh, out);
+    token_by_token(inp, state, out, reference_step);
+}
+
+/// [`gated_delta_recurrent_reference`]'s token: the rule's four passes over `s`.
+fn reference_step(st: &Step<'_>, s: &mut [f32], kv: &mut [f32], o: &mut [f32]) {
+    let dv = kv.len();
+    let dk = s.len() / dv;
+    s.iter_mut().for_each(|x| *x *= st.decay);
+    kv.fill(0.0);
+    for i in 0..dk {
+        let row = &s[i * dv..(i + 1) * dv];
+        for j in 0..dv {
+            kv[j] += row[j] * st.k[i];
+        }
+    }
+    for j in 0..dv {
+        kv[j] = (st.v[j] - kv[j]) * st.beta;
+    }
+    for i in 0..dk {
+        let row = &mut s[i * dv..(i + 1) * dv];
+        for j in 0..dv {
+            row[j] += st.k[i] * kv[j];
+        }
+    }
+    for i in 0..dk {
+        let row = &s[i * dv..(i + 1) * dv];
+        for j in 0..dv {
+            o[j] += row[j] * st.q[i];
+        }
+    }
 }
 
 fn scatter_heads(per_head: &[Vec<f32>], sh: DeltaShape, out: &mut [f32]) {

@@ -121,26 +121,33 @@ pub fn matmul_t_many(x: &[f32], t: usize, ws: &[&Tensor], ys: &mut [&mut [f32]])
     // Regrouped weights of one form and K share one rounding of x too.
     let dims: Vec<(usize, usize)> = ws.iter().map(|w| weight_dims(w)).collect();
     let one_k = ws.len() > 1 && dims.iter().all(|d| d.1 == dims[0].1);
-    let pq2: Option<Vec<(&[u8], usize)>> = ws
-        .iter()
-        .zip(&dims)
-        .map(|(w, &(n, _))| match w.view() {
-            View::PQ2_0G(g) => Some((g, n)),
+    // Every weight in one regrouped form, with its N; else None.
+    let all_as = |form: fn(View<'_>) -> Option<&[u8]>| -> Option<Vec<(&[u8], usize)>> {
+        ws.iter()
+            .zip(&dims)
+            .map(|(w, &(n, _))| form(w.view()).map(|g| (g, n)))
+            .collect()
+    };
+    if let (Some(parts), true) = (
+        all_as(|v| match v {
+            View::PQ2_0G(g) => Some(g),
             _ => None,
-        })
-        .collect();
-    if let (Some(parts), true) = (pq2, one_k) {
+        }),
+        one_k,
+    ) {
         return ternary_grouped::matmul_t_many(x, t, &parts, dims[0].1, ys);
     }
-    let q8: Option<Vec<(Q8Weight<'_>, usize)>> = ws
-        .iter()
-        .zip(&dims)
-        .map(|(w, &(n, _))| match w.view() {
-            View::Q8_0G(g) => Some((Q8Weight::Grouped(g), n)),
+    if let (Some(parts), true) = (
+        all_as(|v| match v {
+            View::Q8_0G(g) => Some(g),
             _ => None,
-        })
-        .collect();
-    if let (Some(parts), true) = (q8, one_k) {
+        }),
+        one_k,
+    ) {
+        let parts: Vec<(Q8Weight<'_>, usize)> = parts
+            .into_iter()
+            .map(|(g, n)| (Q8Weight::Grouped(g), n))
+            .collect();
         return q8_0_vnni::q8_0_matmul_t_many(x, t, &parts, dims[0].1, ys);
     }
     let parts: Option<Vec<_>> = ws.iter().map(|w| packed(w)).collect();
