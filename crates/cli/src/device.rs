@@ -338,9 +338,11 @@ pub struct CudaArgs {
     /// GPU memory for sequence state and forward scratch, in MiB; a request past it fails alone (cuda only).
     #[arg(long, default_value_t = 16384)]
     pub gpu_memory_mb: usize,
-    /// GPU arithmetic: split (bf16 weights, activations carried as two bf16 halves into every product; the
-    /// default, closest to the CPU), bf16 (fastest, plain bf16 activations), or f32 (f32 weights; for checking).
-    #[arg(long, default_value = "split")]
+    /// GPU arithmetic: mixed (the default: bf16 weights, activations carried as two bf16 halves into the products
+    /// that move the answers most and as bf16 into the others; the fastest mode within 0.02 of float32
+    /// probabilities), split (two halves into every product and f32-accurate tensor-core kernels; the closest to
+    /// the CPU), bf16 (fastest, plain bf16 activations), or f32 (f32 weights; for checking).
+    #[arg(long, default_value = "mixed")]
     pub gpu_precision: String,
     /// Make each request's answers on the GPU independent of the other requests batched with it, bit for bit
     /// (the GPU then runs one GEMM algorithm per shape and plans attention per sequence; docs/cuda.md).
@@ -351,9 +353,9 @@ pub struct CudaArgs {
     /// Default: the precision's (docs/cuda.md).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_kernels: Option<String>,
-    /// Split precision only: the projections that multiply both bf16 halves of their input (all, none, or
-    /// comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out); the others round it to bf16.
-    /// Default: all.
+    /// Mixed and split precision only: the projections that multiply both bf16 halves of their input (all, none,
+    /// or comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out); the others round it to bf16.
+    /// Default: gdn_in, gdn_out and mlp_in in mixed, all in split.
     #[arg(long, help_heading = EXPERT)]
     pub gpu_split_gemms: Option<String>,
     /// Kernels of the gated delta rule: tc (tensor cores, the default), tc-no-leaf (tree children take the
@@ -404,10 +406,11 @@ impl CudaArgs {
     pub fn options(&self) -> Result<onepass_cuda::CudaOptions> {
         use onepass_cuda::{AttnKernels, GdnKernels, Precision, SplitGemms, TcArith};
         let precision = match self.gpu_precision.as_str() {
+            "mixed" => Precision::Mixed,
             "split" => Precision::Bf16Split,
             "bf16" => Precision::Bf16,
             "f32" => Precision::F32,
-            other => bail!("--gpu-precision {other:?}: expected split, bf16 or f32"),
+            other => bail!("--gpu-precision {other:?}: expected mixed, split, bf16 or f32"),
         };
         let kernels = parse_flag("--gpu-kernels", &self.gpu_kernels, TcArith::parse)?;
         let split_gemms = parse_flag(
@@ -415,9 +418,9 @@ impl CudaArgs {
             &self.gpu_split_gemms,
             SplitGemms::parse,
         )?;
-        if split_gemms.is_some() && precision != Precision::Bf16Split {
+        if split_gemms.is_some() && !precision.planes() {
             bail!(
-                "--gpu-split-gemms applies to --gpu-precision split, not {}",
+                "--gpu-split-gemms applies to --gpu-precision mixed or split, not {}",
                 self.gpu_precision
             );
         }
@@ -883,6 +886,11 @@ mod tests {
             e.contains("\"fp8\"") && e.contains("expected 3xtf32, tf32"),
             "{e}"
         );
+        let o = args("mixed", None).options().unwrap();
+        assert_eq!(
+            (o.precision, o.kernels, o.split_gemms),
+            (Precision::Mixed, None, None)
+        );
         let e = args("half", None).options().unwrap_err().to_string();
         assert!(e.contains("--gpu-precision \"half\""), "{e}");
     }
@@ -984,9 +992,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("\"lm_head\"") && e.contains("gdn_in"), "{e}");
+        assert_eq!(
+            with("mixed", "all").options().unwrap().split_gemms,
+            Some(SplitGemms::ALL)
+        );
         let e = with("bf16", "all").options().unwrap_err().to_string();
         assert!(
-            e.contains("applies to --gpu-precision split, not bf16"),
+            e.contains("applies to --gpu-precision mixed or split, not bf16"),
             "{e}"
         );
     }

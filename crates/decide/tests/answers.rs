@@ -432,3 +432,43 @@ fn a_grown_context_starts_from_the_kept_one() {
     assert_eq!(again, grown, "the state kept after a partial restore");
     eprintln!("{preset}: a grown context vs computed whole: worst |diff| {d:e}");
 }
+
+/// The random requests the GPU modes are held to (tests/common/random_requests.rs) are requests the engine answers:
+/// on both checkpoints every body plans and scores, each slot a distribution over its options (finite, summing to 1
+/// within 1e-4), and the whole pipeline answers every question it asked.
+#[test]
+fn random_requests_are_answered() {
+    for preset in ["tiny-qwen-vocab", "tiny-qwen-vocab-composite"] {
+        let e = engine(preset, EngineOptions::default());
+        let mut rows = 0;
+        for (i, body) in common::random_requests::bodies(7, 40).iter().enumerate() {
+            let req = parse_request(body.as_bytes())
+                .unwrap_or_else(|err| panic!("{preset} body {i}: {err:?}\n{body}"));
+            let plan = e
+                .plan(&req)
+                .unwrap_or_else(|err| panic!("{preset} body {i}: {err:?}\n{body}"));
+            for slot in e.score(&[&plan]).unwrap().remove(0) {
+                rows += 1;
+                let sum: f32 = slot.iter().sum();
+                assert!(
+                    slot.iter()
+                        .all(|p| p.is_finite() && (0.0..=1.0).contains(p))
+                        && (sum - 1.0).abs() < 1e-4,
+                    "{preset} body {i}: {slot:?}"
+                );
+            }
+            let asked: J = serde_json::from_str(body).unwrap();
+            let answer: J = serde_json::from_str(
+                &dumps_compact(&e.system_one(body.as_bytes()).unwrap()).unwrap(),
+            )
+            .unwrap();
+            for key in asked["questions"].as_object().unwrap().keys() {
+                assert!(
+                    answer["answers"].get(key).is_some(),
+                    "{preset} body {i}: no answer for {key}: {answer}"
+                );
+            }
+        }
+        assert!(rows >= 40, "{preset}: {rows} slots");
+    }
+}

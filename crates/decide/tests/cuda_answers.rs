@@ -157,11 +157,13 @@ fn gpu_answers_match_cpu_engine() {
     // weights a bf16 engine runs, on both sides) hold the default mode to the ship bar.
     let f32_ck = [
         (Precision::F32, 1e-4f32, 1e-5f64),
+        (Precision::Mixed, 0.2, 0.05),
         (Precision::Bf16Split, 0.2, 0.05),
         (Precision::Bf16, 0.2, 0.05),
     ];
     let bf16_ck = [
         (Precision::F32, 1e-4f32, 1e-5f64),
+        (Precision::Mixed, 0.02, 0.002),
         (Precision::Bf16Split, 0.02, 0.002),
         (Precision::Bf16, 0.2, 0.05),
     ];
@@ -352,5 +354,159 @@ fn gpu_kept_context_answers_as_computed() {
         );
         assert!(s.hits > hits, "{preset}: no kept context was used");
         assert!(d.max <= 0.02 && d.argmax_diff == 0, "{preset}: {d:?}");
+    }
+}
+
+/// The GPU arithmetic modes against the CPU f32 engine on the bf16 twins, on the fixtures' requests and on random
+/// ones (tests/common/random_requests.rs): a measurement for choosing the default mode (the fastest that meets the
+/// ship bar, docs/cuda.md "Precision modes"), printed one line per mode and request set. It holds the default
+/// options (`CudaOptions::default()`) to the ship bar on both sets, every argmax equal except near-ties, and every
+/// mode to the loose bound (max |dp| 0.2).
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn gpu_modes_on_fixture_and_random_requests() {
+    use Projection::{GdnIn, GdnOut, MlpIn, MlpOut};
+    let x3_split = TcArith::for_precision(Precision::Bf16Split);
+    let tf32_bf16x3 = TcArith {
+        attn: AttnArith::Bf16x3,
+        ..TF32_ALL
+    };
+    let no_attn = SplitGemms::of(&[GdnIn, GdnOut, MlpIn, MlpOut]);
+    // (name, precision, projections on both planes, kernel arithmetic); `None`: the options' defaults.
+    let modes: Vec<(&str, Option<Mode>)> = vec![
+        ("default", None),
+        (
+            "mixed",
+            Some((
+                Precision::Mixed,
+                SplitGemms::MIXED,
+                TcArith::for_precision(Precision::Mixed),
+            )),
+        ),
+        (
+            "split",
+            Some((Precision::Bf16Split, SplitGemms::ALL, x3_split)),
+        ),
+        (
+            "split tf32",
+            Some((Precision::Bf16Split, SplitGemms::ALL, TF32_ALL)),
+        ),
+        (
+            "split tf32 attn=bf16x3",
+            Some((Precision::Bf16Split, SplitGemms::ALL, tf32_bf16x3)),
+        ),
+        (
+            "split/no-attn",
+            Some((Precision::Bf16Split, no_attn, x3_split)),
+        ),
+        (
+            "split/no-attn tf32",
+            Some((Precision::Bf16Split, no_attn, TF32_ALL)),
+        ),
+        (
+            "split/gdn,mlp_in tf32",
+            Some((
+                Precision::Bf16Split,
+                SplitGemms::of(&[GdnIn, GdnOut, MlpIn]),
+                TF32_ALL,
+            )),
+        ),
+        (
+            "split/gdn_in,mlp_in tf32",
+            Some((
+                Precision::Bf16Split,
+                SplitGemms::of(&[GdnIn, MlpIn]),
+                TF32_ALL,
+            )),
+        ),
+        (
+            "split/gdn_in tf32",
+            Some((Precision::Bf16Split, SplitGemms::of(&[GdnIn]), TF32_ALL)),
+        ),
+        ("bf16", Some((Precision::Bf16, SplitGemms::NONE, TF32_ALL))),
+    ];
+    let mut fails = Vec::new();
+    for preset in PRESETS {
+        let dir = answer_checkpoint_in(preset, Some(onepass_tensor::DType::BF16));
+        let cpu = Engine::load(dir, no_lru()).unwrap();
+        let sets = [
+            ("fixtures", bodies(preset)),
+            (
+                "random",
+                common::random_requests::bodies(11, 120)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, b)| (format!("random {i}"), b))
+                    .collect(),
+            ),
+        ];
+        let sets: Vec<(&str, Vec<Plan>, Answers)> = sets
+            .into_iter()
+            .map(|(name, b)| {
+                let ps = plans(&cpu, &b);
+                let want = alone(&cpu, &ps);
+                (name, ps, want)
+            })
+            .collect();
+        let score_sets = |e: &Engine<CudaBackend>| -> Vec<(&str, Diff)> {
+            sets.iter()
+                .map(|(set, ps, want)| {
+                    let mut d = Diff::default();
+                    d.add(&alone(e, ps), want);
+                    (*set, d)
+                })
+                .collect()
+        };
+        // One engine per precision, its projections and kernels set per mode; the default options their own.
+        let mut engines: Vec<(Precision, Engine<CudaBackend>)> = Vec::new();
+        for (name, mode) in &modes {
+            let row = match mode {
+                None => score_sets(
+                    &load_engine(
+                        dir,
+                        no_lru(),
+                        &CudaOptions {
+                            memory_budget_bytes: 4 << 30,
+                            ..CudaOptions::default()
+                        },
+                    )
+                    .expect("GPU engine"),
+                ),
+                Some((prec, split, tc)) => {
+                    if !engines.iter().any(|(p, _)| p == prec) {
+                        engines.push((*prec, gpu_engine(dir, *prec, 4 << 30)));
+                    }
+                    let (_, e) = engines.iter().find(|(p, _)| p == prec).unwrap();
+                    e.model().model().set_split_gemms(*split);
+                    e.model().model().set_tc_arith(*tc);
+                    score_sets(e)
+                }
+            };
+            report(preset, name, &row, mode.is_none(), &mut fails);
+        }
+    }
+    assert!(fails.is_empty(), "{fails:?}");
+}
+
+/// A mode of the GPU engine: precision, the projections on both planes, the kernels' arithmetic.
+type Mode = (Precision, SplitGemms, TcArith);
+/// `[request][slot][option]`.
+type Answers = Vec<Vec<Vec<f32>>>;
+
+/// One mode's line per request set; the default held to the ship bar, every mode to the loose bound.
+fn report(preset: &str, mode: &str, row: &[(&str, Diff)], ship_bar: bool, fails: &mut Vec<String>) {
+    for (set, d) in row {
+        eprintln!(
+            "modes {preset} (bf16 twin) {set:8} {mode:26}: {} slots, max|dp| {:.3e}, mean|dp| {:.3e}, argmax differs \
+             {} (+{} near-ties)",
+            d.slots,
+            d.max,
+            d.mean(),
+            d.argmax_diff,
+            d.near_ties
+        );
+        if d.max > 0.2 || (ship_bar && (d.max > 0.02 || d.mean() > 0.002 || d.argmax_diff > 0)) {
+            fails.push(format!("{preset} {set} {mode}: {d:?}"));
+        }
     }
 }

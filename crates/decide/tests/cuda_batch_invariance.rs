@@ -1,6 +1,6 @@
 //! Batch invariance on the GPU: with `CudaOptions::batch_invariant`, every answer-fixture request's probabilities
 //! scored alone are bit-identical to the same request's in `score` calls with 1, 7 and 31 other requests of mixed
-//! sizes (tests/common/invariance.rs), in split and bf16 precision, on both synthetic checkpoints of
+//! sizes (tests/common/invariance.rs), in mixed, split and bf16 precision, on both synthetic checkpoints of
 //! tests/fixtures/systemone/answers and their bf16 twins (one forward per call: the requests' prefixes and suffixes
 //! in one tree). Without it (the default), the same comparison is printed, not asserted: how far batching moves an
 //! answer there. GPU tests: `#[ignore]`d, run with `--include-ignored` on a GPU machine.
@@ -56,7 +56,7 @@ fn gpu_alone_equals_batched() {
     for preset in PRESETS {
         for dtype in [None, Some(DType::BF16)] {
             let dir = answer_checkpoint_in(preset, dtype);
-            for precision in [Precision::Bf16Split, Precision::Bf16] {
+            for precision in [Precision::Mixed, Precision::Bf16Split, Precision::Bf16] {
                 for invariant in [true, false] {
                     let e = gpu_engine(dir, precision, invariant);
                     let m = e.model().model();

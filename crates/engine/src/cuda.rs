@@ -60,10 +60,11 @@ impl Backend for CudaBackend {
     fn device(&self) -> String {
         let g = self.model.gpu();
         let prec = match self.model.precision() {
-            Precision::Bf16Split => match self.model.split_gemms() {
-                SplitGemms::ALL => "bf16 weights, split bf16 GEMM inputs".to_string(),
+            p @ (Precision::Bf16Split | Precision::Mixed) => match self.model.split_gemms() {
+                SplitGemms::ALL => format!("{}: bf16 weights, split bf16 GEMM inputs", p.name()),
                 s => format!(
-                    "bf16 weights, split bf16 GEMM inputs ({}; the others bf16)",
+                    "{}: bf16 weights, split bf16 GEMM inputs ({}; the others bf16)",
+                    p.name(),
                     s.describe()
                 ),
             },

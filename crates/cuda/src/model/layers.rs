@@ -21,7 +21,7 @@ impl CudaModel {
         match self.prec {
             Precision::Bf16 => Out::Bf16(p),
             Precision::F32 => Out::F32(p),
-            Precision::Bf16Split => Out::Split(p, rows * k),
+            Precision::Bf16Split | Precision::Mixed => Out::Split(p, rows * k),
         }
     }
 
@@ -30,7 +30,7 @@ impl CudaModel {
     /// projection's twice-stored weight (`[W | W]`) multiplies in one GEMM over 2K; else as [`CudaModel::act`].
     pub(super) fn act_in(&self, p: u64, k: usize) -> (Out, usize) {
         match self.prec {
-            Precision::Bf16Split => (Out::Split(p, k), 2 * k),
+            Precision::Bf16Split | Precision::Mixed => (Out::Split(p, k), 2 * k),
             Precision::Bf16 => (Out::Bf16(p), k),
             Precision::F32 => (Out::F32(p), k),
         }
@@ -60,12 +60,12 @@ impl CudaModel {
         match self.prec {
             Precision::Bf16 => Act::Bf16 { x, ldx: k },
             Precision::F32 => Act::F32 { x, ldx: k },
-            Precision::Bf16Split if both => Act::Split {
+            Precision::Bf16Split | Precision::Mixed if both => Act::Split {
                 x,
                 ldx: 2 * k,
                 lo: k,
             },
-            Precision::Bf16Split => Act::Bf16 { x, ldx: 2 * k },
+            Precision::Bf16Split | Precision::Mixed => Act::Bf16 { x, ldx: 2 * k },
         }
     }
 
@@ -141,7 +141,7 @@ impl CudaModel {
     /// Whether projection `p` multiplies both planes of its input (split mode, and `p` among `split`): its residual
     /// GEMM then leaves two halves for the next [`CudaModel::norm`] to add.
     pub(super) fn both_planes(&self, split: SplitGemms, p: Projection) -> bool {
-        self.prec == Precision::Bf16Split && split.has(p)
+        self.prec.planes() && split.has(p)
     }
 
     /// Whether residual projection `p` (weights `lin`, over `t` rows of K = `k`) leaves its two halves for the next
@@ -236,12 +236,12 @@ impl CudaModel {
                 let a = match self.prec {
                     Precision::Bf16 => Act::Bf16 { x: p.act, ldx: k },
                     Precision::F32 => Act::F32 { x: p.act, ldx: k },
-                    Precision::Bf16Split if both => Act::Split {
+                    Precision::Bf16Split | Precision::Mixed if both => Act::Split {
                         x: p.act,
                         ldx: k,
                         lo: t * k,
                     },
-                    Precision::Bf16Split => Act::Bf16 { x: p.act, ldx: k },
+                    Precision::Bf16Split | Precision::Mixed => Act::Bf16 { x: p.act, ldx: k },
                 };
                 self.gemm_q(a, t, k, w, part.rows, (y, hid), 1.0)?;
             } else if both && self.direct_residual(t, k, lin) {
@@ -428,7 +428,7 @@ impl CudaModel {
         let head = self.head();
         let f32_in = match self.prec {
             Precision::F32 => true,
-            Precision::Bf16Split => head.is_block(),
+            Precision::Bf16Split | Precision::Mixed => head.is_block(),
             Precision::Bf16 => false,
         };
         let x = match (&self.head_rot, f32_in) {
@@ -651,11 +651,7 @@ impl LayerOps for Launches<'_> {
                 _ => (&self.layer(l).w_gu, 2 * m.inter),
             };
             // Both planes in split mode where the projection multiplies both, else the one bf16 plane.
-            let planes = if m.prec == Precision::Bf16Split && both {
-                2
-            } else {
-                1
-            };
+            let planes = if m.prec.planes() && both { 2 } else { 1 };
             let w = &lin.parts[0].w;
             let x = (p.x, gain, m.eps);
             if crate::gemm::gemv_norm(&m.gpu, x, planes, m.hid, (w.w, w.ld), pw, p.proj)? {

@@ -1,6 +1,6 @@
-//! The arithmetic modes: [`Precision`] (split, bf16, f32), which projections multiply both bf16 planes in split mode
-//! ([`SplitGemms`], over the model crate's [`Projection`]s), and each precision's tensor-core arithmetic
-//! ([`TcArith::for_precision`]).
+//! The arithmetic modes: [`Precision`] (mixed, split, bf16, f32), which projections multiply both bf16 planes in the
+//! modes that split ([`SplitGemms`], over the model crate's [`Projection`]s), and each precision's tensor-core
+//! arithmetic ([`TcArith::for_precision`]).
 
 use super::*;
 
@@ -13,9 +13,16 @@ pub enum Precision {
     /// the residual ones one GEMM of 2N rows whose halves the next norm adds ([`SplitGemms`] picks the projections
     /// that take both planes). Attention's products the same way (bf16x3), the gated delta rule's in 3xTF32. The
     /// default: on the bf16 answer fixtures plain bf16 inputs move System One probabilities by up to 1.7e-2 against
-    /// the CPU, split by 5.8e-5 (docs/cuda.md, "Precision modes").
-    #[default]
+    /// the CPU, split by 5.8e-5 (docs/cuda.md, "Precision modes"). The closest to the CPU of the serving modes.
     Bf16Split,
+    /// The default: [`Precision::Bf16Split`]'s layout with only the projections whose rounding moves the answers
+    /// most on both planes (the gated delta input and output projections and the MLP's gate|up:
+    /// [`SplitGemms::MIXED`]; the others multiply the bf16 hi plane) and the tensor-core kernels in 1xTF32. The
+    /// fastest mode within the ship bar of the CPU's float32 answers (max |dp| 0.02, mean 0.002) on every test
+    /// checkpoint's bf16 twin and on random requests: measured 8.7e-3 / 1.2e-3 at worst, 6-14% less time per request
+    /// than split (docs/cuda.md, "Precision modes").
+    #[default]
+    Mixed,
     /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
     /// attention) in 1xTF32 ([`TcArith::for_precision`]); norms, gates and the recurrent state f32. The fastest.
     Bf16,
@@ -28,6 +35,24 @@ pub enum Precision {
 /// hi plane alone (a plain bf16 GEMM: half the work, the input rounded to bf16 as in [`Precision::Bf16`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SplitGemms(u8);
+
+impl Precision {
+    /// Whether activations carry hi and lo bf16 planes (split and mixed): input projections' weights stored twice,
+    /// `[W | W]`, and the projections of [`SplitGemms`] multiplying both planes.
+    pub fn planes(self) -> bool {
+        matches!(self, Precision::Bf16Split | Precision::Mixed)
+    }
+
+    /// The name `--gpu-precision` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Mixed => "mixed",
+            Precision::Bf16Split => "split",
+            Precision::Bf16 => "bf16",
+            Precision::F32 => "f32",
+        }
+    }
+}
 
 /// A `--gpu-split-gemms` spec [`SplitGemms::parse`] does not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,6 +73,19 @@ impl SplitGemms {
     pub const ALL: SplitGemms = SplitGemms(0x3f);
     /// None: every GEMM input rounded to bf16.
     pub const NONE: SplitGemms = SplitGemms(0);
+    /// [`Precision::Mixed`]'s: the gated delta input and output projections and the MLP's gate|up.
+    pub const MIXED: SplitGemms = SplitGemms(
+        1 << Projection::GdnIn as u8 | 1 << Projection::GdnOut as u8 | 1 << Projection::MlpIn as u8,
+    );
+
+    /// The projections on both planes when the options name none: [`SplitGemms::MIXED`] in mixed precision, every
+    /// one in split (and in the modes without planes, where the set is not read).
+    pub fn for_precision(p: Precision) -> Self {
+        match p {
+            Precision::Mixed => SplitGemms::MIXED,
+            _ => SplitGemms::ALL,
+        }
+    }
 
     pub fn of(ps: &[Projection]) -> Self {
         SplitGemms(ps.iter().fold(0, |m, p| m | 1 << *p as u8))
@@ -103,9 +141,11 @@ impl TcArith {
     ///   whose per-tile conversion costs more than the halved mma count saves). Measured (fifth measurement,
     ///   docs/benchmarks/history/cuda-systemone-2026-11-30.md): 1xTF32 kernels take split-mode requests from 4.98 / 10.61 / 37.86 to
     ///   4.64 / 9.14 / 32.39 ms and the bf16 twins' answers from max |dp| 5.9e-5 to 2.6e-3 (mean 1.3e-5 to 6.4e-4).
+    /// - mixed: 1xTF32 everywhere, as bf16 (its errors are inside the ship bar with them; the split projections
+    ///   above carry most of its exactness).
     pub fn for_precision(p: Precision) -> Self {
         match p {
-            Precision::Bf16 => TcArith::all(Arith::Tf32),
+            Precision::Bf16 | Precision::Mixed => TcArith::all(Arith::Tf32),
             Precision::Bf16Split => TcArith {
                 attn: AttnArith::Bf16x3,
                 ..TcArith::all(Arith::X3)

@@ -273,7 +273,7 @@ impl CudaModel {
             actu: 0,
             rot: 0,
         };
-        if self.prec == Precision::Bf16Split {
+        if self.prec.planes() {
             // Residual GEMMs over both planes write 2N rows of H.
             w.fold = 2 * self.hid;
         }

@@ -37,7 +37,7 @@ enum Form {
 /// exactly (an F16 file from f32 weights, say) keeps its own values (the float-rows forms; their GEMV groups take
 /// 16 columns); one that bf16 holds (the usual F16 or F32 file of a bf16 model) takes the bf16 path.
 fn form(t: &Tensor, prec: Precision) -> Form {
-    let split = prec == Precision::Bf16Split && t.shape().last().is_some_and(|k| k % 16 == 0);
+    let split = prec.planes() && t.shape().last().is_some_and(|k| k % 16 == 0);
     let bf16 = |x: f32| x.to_bits() & 0xffff == 0;
     match t.view() {
         View::F16(v) if split && !v.iter().all(|h| bf16(h.to_f32())) => Form::F16Rows,
@@ -221,7 +221,7 @@ pub(super) fn upload_stacked(
         .and_then(|t| t.shape().last().copied())
         .unwrap_or(0);
     Ok(match prec {
-        Precision::Bf16 | Precision::Bf16Split => {
+        Precision::Bf16 | Precision::Bf16Split | Precision::Mixed => {
             let mut host = Vec::with_capacity(total);
             for t in parts {
                 push_bf16(&mut host, t)?;
@@ -314,7 +314,7 @@ impl CudaModel {
         // A projection's weights stacked by format and input; a float input projection (its input a norm's output)
         // stored `[W | W]` in split mode, so that one GEMM multiplies both planes.
         let linear = |l: usize, p: Projection| {
-            let twice = p.is_input() && prec == Precision::Bf16Split;
+            let twice = p.is_input() && prec.planes();
             upload_linear(g, &m.linear(l, p)?, m.rotation(l, p)?, prec, twice)
         };
         let param = |l: usize, p: Param| upload_f32(g, m.param(l, p)?);
@@ -476,7 +476,7 @@ impl CudaModel {
             tree_on: std::sync::atomic::AtomicBool::new(o.trees),
             use_graphs: std::sync::atomic::AtomicBool::new(o.graphs),
             tc: Mutex::new(o.kernels.unwrap_or(TcArith::for_precision(prec))),
-            split: Mutex::new(o.split_gemms.unwrap_or_default()),
+            split: Mutex::new(o.split_gemms.unwrap_or(SplitGemms::for_precision(prec))),
             invariant: std::sync::atomic::AtomicBool::new(false),
         })
         .inspect(|m: &CudaModel| m.set_batch_invariant(o.batch_invariant))

@@ -16,6 +16,8 @@ mod process_dir;
 
 /// Batch invariance: a request alone against the same request batched with others.
 pub mod invariance;
+/// Random request bodies from a seed.
+pub mod random_requests;
 pub use process_dir::process_dir;
 
 /// The repository root: the working directory when it holds the fixtures (a test binary carried to another machine
