@@ -338,10 +338,10 @@ pub struct CudaArgs {
     /// GPU memory for sequence state and forward scratch, in MiB; a request past it fails alone (cuda only).
     #[arg(long, default_value_t = 16384)]
     pub gpu_memory_mb: usize,
-    /// GPU arithmetic: mixed (the default: bf16 weights, activations carried as two bf16 halves into the products
-    /// that move the answers most and as bf16 into the others; the fastest mode within 0.02 of float32
-    /// probabilities), split (two halves into every product and f32-accurate tensor-core kernels; the closest to
-    /// the CPU), bf16 (fastest, plain bf16 activations), or f32 (f32 weights; for checking).
+    /// GPU arithmetic: mixed (the default: bf16 weights, activations carried as two bf16 halves into every product,
+    /// the attention and gated delta kernels in TF32; the fastest mode within 0.02 of float32 probabilities), split
+    /// (the same products, f32-accurate attention and gated delta kernels; the closest to the CPU), bf16 (fastest,
+    /// plain bf16 activations), or f32 (f32 weights; for checking).
     #[arg(long, default_value = "mixed")]
     pub gpu_precision: String,
     /// Make each request's answers on the GPU independent of the other requests batched with it, bit for bit
@@ -355,7 +355,7 @@ pub struct CudaArgs {
     pub gpu_kernels: Option<String>,
     /// Mixed and split precision only: the projections that multiply both bf16 halves of their input (all, none,
     /// or comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out); the others round it to bf16.
-    /// Default: gdn_in, gdn_out and mlp_in in mixed, all in split.
+    /// Default: all.
     #[arg(long, help_heading = EXPERT)]
     pub gpu_split_gemms: Option<String>,
     /// Kernels of the gated delta rule: tc (tensor cores, the default), tc-no-leaf (tree children take the

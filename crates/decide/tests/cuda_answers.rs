@@ -379,7 +379,7 @@ fn gpu_modes_on_fixture_and_random_requests() {
             "mixed",
             Some((
                 Precision::Mixed,
-                SplitGemms::MIXED,
+                SplitGemms::ALL,
                 TcArith::for_precision(Precision::Mixed),
             )),
         ),

@@ -11,16 +11,16 @@ pub enum Precision {
     /// accumulation): activations carried to about 2^-16 instead of bf16's 2^-8, at twice the GEMM work. The input
     /// projections run one GEMM over K = 2K (`[hi | lo]` rows times their weight stored twice per row, `[W | W]`),
     /// the residual ones one GEMM of 2N rows whose halves the next norm adds ([`SplitGemms`] picks the projections
-    /// that take both planes). Attention's products the same way (bf16x3), the gated delta rule's in 3xTF32. The
-    /// default: on the bf16 answer fixtures plain bf16 inputs move System One probabilities by up to 1.7e-2 against
-    /// the CPU, split by 5.8e-5 (docs/cuda.md, "Precision modes"). The closest to the CPU of the serving modes.
+    /// that take both planes). Attention's products the same way (bf16x3), the gated delta rule's in 3xTF32. On the
+    /// bf16 answer fixtures plain bf16 inputs move System One probabilities by up to 1.7e-2 against the CPU, split
+    /// by 5.8e-5 (docs/cuda.md, "Precision modes"). The closest to the CPU of the serving modes.
     Bf16Split,
-    /// The default: [`Precision::Bf16Split`]'s layout with only the projections whose rounding moves the answers
-    /// most on both planes (the gated delta input and output projections and the MLP's gate|up:
-    /// [`SplitGemms::MIXED`]; the others multiply the bf16 hi plane) and the tensor-core kernels in 1xTF32. The
-    /// fastest mode within the ship bar of the CPU's float32 answers (max |dp| 0.02, mean 0.002) on every test
-    /// checkpoint's bf16 twin and on random requests: measured 8.7e-3 / 1.2e-3 at worst, 6-14% less time per request
-    /// than split (docs/cuda.md, "Precision modes").
+    /// The default: [`Precision::Bf16Split`]'s GEMMs (every projection on both bf16 planes) with the tensor-core
+    /// kernels (gated delta rule, attention) in 1xTF32. The fastest mode measured within the ship bar of the CPU's
+    /// float32 answers (max |dp| 0.02, mean 0.002) on the test checkpoints' bf16 twins, on random requests and on the
+    /// 0.8B shape's three bench workloads: at worst 6.7e-3 / 7.0e-4, 3-8% less time per request than split. Leaving
+    /// any projection's input in bf16 (attention's, the MLP's down) failed the bar on the 0.8B shape's longest
+    /// request (docs/cuda.md, "Precision modes").
     #[default]
     Mixed,
     /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
@@ -31,7 +31,7 @@ pub enum Precision {
     F32,
 }
 
-/// Which projections multiply both bf16 planes of their input in [`Precision::Bf16Split`]; the others multiply the
+/// Which projections multiply both bf16 planes of their input in split and mixed precision; the others multiply the
 /// hi plane alone (a plain bf16 GEMM: half the work, the input rounded to bf16 as in [`Precision::Bf16`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SplitGemms(u8);
@@ -73,19 +73,6 @@ impl SplitGemms {
     pub const ALL: SplitGemms = SplitGemms(0x3f);
     /// None: every GEMM input rounded to bf16.
     pub const NONE: SplitGemms = SplitGemms(0);
-    /// [`Precision::Mixed`]'s: the gated delta input and output projections and the MLP's gate|up.
-    pub const MIXED: SplitGemms = SplitGemms(
-        1 << Projection::GdnIn as u8 | 1 << Projection::GdnOut as u8 | 1 << Projection::MlpIn as u8,
-    );
-
-    /// The projections on both planes when the options name none: [`SplitGemms::MIXED`] in mixed precision, every
-    /// one in split (and in the modes without planes, where the set is not read).
-    pub fn for_precision(p: Precision) -> Self {
-        match p {
-            Precision::Mixed => SplitGemms::MIXED,
-            _ => SplitGemms::ALL,
-        }
-    }
 
     pub fn of(ps: &[Projection]) -> Self {
         SplitGemms(ps.iter().fold(0, |m, p| m | 1 << *p as u8))
@@ -141,8 +128,7 @@ impl TcArith {
     ///   whose per-tile conversion costs more than the halved mma count saves). Measured (fifth measurement,
     ///   docs/benchmarks/history/cuda-systemone-2026-11-30.md): 1xTF32 kernels take split-mode requests from 4.98 / 10.61 / 37.86 to
     ///   4.64 / 9.14 / 32.39 ms and the bf16 twins' answers from max |dp| 5.9e-5 to 2.6e-3 (mean 1.3e-5 to 6.4e-4).
-    /// - mixed: 1xTF32 everywhere, as bf16 (its errors are inside the ship bar with them; the split projections
-    ///   above carry most of its exactness).
+    /// - mixed: 1xTF32 everywhere, as bf16 (with every projection split, its answers stay inside the ship bar).
     pub fn for_precision(p: Precision) -> Self {
         match p {
             Precision::Bf16 | Precision::Mixed => TcArith::all(Arith::Tf32),

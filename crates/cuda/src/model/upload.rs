@@ -476,7 +476,7 @@ impl CudaModel {
             tree_on: std::sync::atomic::AtomicBool::new(o.trees),
             use_graphs: std::sync::atomic::AtomicBool::new(o.graphs),
             tc: Mutex::new(o.kernels.unwrap_or(TcArith::for_precision(prec))),
-            split: Mutex::new(o.split_gemms.unwrap_or(SplitGemms::for_precision(prec))),
+            split: Mutex::new(o.split_gemms.unwrap_or_default()),
             invariant: std::sync::atomic::AtomicBool::new(false),
         })
         .inspect(|m: &CudaModel| m.set_batch_invariant(o.batch_invariant))

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU precision modes against the CPU engine's f32 answers on a larger synthetic checkpoint than the answer tests'
+# (default: the 0.8B shape with bf16 weights) and the three `bench-systemone` workloads (about 406, 927 and 3,691
+# unique tokens). Needs crates/cuda/gpu-pack.sh's .devcarry/pack.tar.gz (carry .devcarry). One device run:
+#   bash tools/cuda/modes-vs-cpu.sh
+# MODES: space-separated PRECISION[:KERNELS] (`--gpu-precision`, `--gpu-kernels`; default "mixed split bf16");
+# PRESET (qwen3.5-0.8b). Prints max / mean |dp| over every option probability of each workload, per mode.
+set -uo pipefail
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}" XDG_CACHE_HOME=/tmp/xdg
+P=/tmp/op; [[ -x $P/bin/onepass ]] || { rm -rf $P && mkdir -p $P && tar -C $P -xzf .devcarry/pack.tar.gz --strip-components=1; }
+B=$P/bin/onepass M=/tmp/modes-ck R=/tmp/modes-req A=/tmp/modes-ans
+PRESET=${PRESET:-qwen3.5-0.8b}
+rm -rf $M $R $A && mkdir -p $A
+$B synth --preset $PRESET --dtype bf16 --out $M --tokenizer $P/tokenizer 2>&1 | tail -1
+echo '{"isolated_levels": true, "neutralize_none": false, "version": "bench"}' > $M/decider_config.json
+$B bench-systemone --device cpu --model $M --write-requests $R 2>&1 | tail -1
+MODES=${MODES:-mixed split bf16}
+for w in 1 2 3; do
+  $B systemone --model $M --device cpu $R/workload$w.json > $A/$w-cpu 2>/dev/null || echo "CPU answer to workload $w failed"
+  for v in $MODES; do
+    a=(--device cuda --gpu-precision ${v%%:*}); [[ $v == *:* && -n ${v#*:} ]] && a+=(--gpu-kernels ${v#*:})
+    $B systemone --model $M "${a[@]}" $R/workload$w.json > "$A/$w-$v" 2>"$A/$w-$v.err" || tail -2 "$A/$w-$v.err"
+  done
+done
+MODES="$MODES" A=$A python3 - <<'PY'
+import json, os
+A = os.environ["A"]
+def probs(path):
+    return {k: v.get("probabilities", {}) for k, v in json.load(open(path))["answers"].items()}
+for v in os.environ["MODES"].split():
+    out = []
+    for w in (1, 2, 3):
+        cp, gp = probs(f"{A}/{w}-cpu"), probs(f"{A}/{w}-{v}")
+        ds = [abs(gp[q][o] - cp[q][o]) for q in cp for o in cp[q]]
+        out.append(f"workload {w}: {max(ds):.4f} / {sum(ds) / len(ds):.5f}")
+    print(f"{v:28} max / mean |dp|  " + ", ".join(out))
+PY
