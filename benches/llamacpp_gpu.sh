@@ -18,6 +18,9 @@
 # inside the checkout llama.cpp's build stamps itself with the outer repository's commit.
 # FILES: the small files to bench (default "08b-f16 08b-q8_0 2b-f16 2b-q8_0"); REPS: onepass/llama-bench repetitions.
 set -uo pipefail
+# onepass's GPU arithmetic: bf16 (GEMM inputs rounded to bf16, as llama.cpp's CUDA build rounds its activations;
+# every figure in docs/benchmarks/llamacpp-gpu.md) unless PRECISION names another --gpu-precision.
+PRECISION=${PRECISION:-bf16}
 W=${LCB:-/tmp/lcb}
 LOG=${OUT:-$W/logs}; mkdir -p "$W" "$LOG"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/xdg}
@@ -66,7 +69,7 @@ if [[ $STAGES == *small* ]]; then
     timeout 150 $LC/llama-batched-bench -m "$F" -c 8192 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,8,32 -ngl 99 -fa on \
       >>"$LOG/small.log" 2>&1; echo "== exit $?" >>"$LOG/small.log"
     echo "== $f onepass bench" >>"$LOG/small.log"
-    timeout 180 $ONEPASS bench --device cuda --model "$F" --prompt-lens 512 --decode 128 --reps $REPS --batch 8,32 \
+    timeout 180 $ONEPASS bench --device cuda --gpu-precision $PRECISION --model "$F" --prompt-lens 512 --decode 128 --reps $REPS --batch 8,32 \
       >>"$LOG/small.log" 2>&1; echo "== exit $?" >>"$LOG/small.log"
   done
   grep -E "^== |tok/s|^\| +[0-9]" "$LOG/small.log" | grep -vE "launches" | tail -60
@@ -74,7 +77,7 @@ fi
 
 if [[ $STAGES == *27b* ]]; then
   echo "== 27b onepass bench --batch 8,32" >>"$LOG/27b.log"
-  timeout 240 $ONEPASS bench --device cuda --model "$W/27b.gguf" --prompt-lens 128,512 --decode 64 --reps 2 --batch 8,32 \
+  timeout 240 $ONEPASS bench --device cuda --gpu-precision $PRECISION --model "$W/27b.gguf" --prompt-lens 128,512 --decode 64 --reps 2 --batch 8,32 \
     >>"$LOG/27b.log" 2>&1; echo "== exit $?" >>"$LOG/27b.log"
   grep -E "^== |tok/s" "$LOG/27b.log"
 fi

@@ -8,6 +8,8 @@
 #
 # Knobs: PRESETS ("qwen3.5-0.8b qwen3.5-2b"), DECODE (256), REPS (2), TESTS (1). Logs to $OUT/decode-gpu.log
 # (and $OUT/tests.log).
+# BENCH_FLAGS: more `onepass bench` flags. Builds from 2026-12-06 on bench in mixed precision by default, builds
+# before in bf16 only: BENCH_FLAGS="--gpu-precision bf16" compares new builds with those figures.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [[ ${TESTS:-1} == 1 ]]; then
@@ -23,7 +25,7 @@ peer=()
 for p in ${PRESETS:-qwen3.5-0.8b qwen3.5-2b}; do
   echo; echo "=== [$SECONDS s] $p"
   $B/onepass synth --preset "$p" --out "/tmp/$p" --tokenizer /tmp/op/tokenizer 2>&1 | tail -1
-  timeout 120 $B/onepass bench --device cuda --model "/tmp/$p" --prompt-lens 128 --decode "${DECODE:-256}" \
+  timeout 120 $B/onepass bench --device cuda ${BENCH_FLAGS:-} --model "/tmp/$p" --prompt-lens 128 --decode "${DECODE:-256}" \
     --reps "${REPS:-2}" || echo "FAILED: bench $p (rc $?)"
   timeout 200 python3 benches/generate.py --device cuda --onepass $B/onepass --model "/tmp/$p" --lens 128 \
     --decode "${DECODE:-256}" --reps "${REPS:-2}" "${peer[@]}" || echo "FAILED: generate $p (rc $?)"

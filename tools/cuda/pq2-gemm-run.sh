@@ -4,6 +4,8 @@
 # the same binary with and without --gpu-no-wgmma interleaved (off, on, off, on) so that both see the same machine
 # state. Logs: $OUT/tests.log, $OUT/bench.log. Knobs: PRESETS ("qwen3.5-27b qwen3.5-2b"), PAIRS (2), TESTS (1),
 # LENS (128,512), DECODE (32).
+# BENCH_FLAGS: more `onepass bench` flags. Builds from 2026-12-06 on bench in mixed precision by default, builds
+# before in bf16 only: BENCH_FLAGS="--gpu-precision bf16" compares new builds with those figures.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [[ ${TESTS:-1} == 1 ]]; then
@@ -20,7 +22,7 @@ for p in ${PRESETS:-qwen3.5-27b qwen3.5-2b}; do
   for i in $(seq "${PAIRS:-2}"); do
     for flag in --gpu-no-wgmma ""; do
       echo "--- [$SECONDS s] pair $i ${flag:-warpgroup mma}"
-      timeout 200 $B/onepass bench --device cuda --model "/tmp/$p.gguf" --prompt-lens "${LENS:-128,512}" \
+      timeout 200 $B/onepass bench --device cuda ${BENCH_FLAGS:-} --model "/tmp/$p.gguf" --prompt-lens "${LENS:-128,512}" \
         --decode "${DECODE:-32}" --reps 2 $flag 2>&1 | grep -v "^onepass: compil" || echo "FAILED: bench (rc $?)"
     done
   done

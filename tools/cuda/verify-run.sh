@@ -9,6 +9,8 @@
 #
 # Knobs: TESTS (1), BENCHES ("decode decide systemone ternary"), TEST_TIMEOUT (150). Logs in $OUT: tests.log,
 # verify.log (everything else).
+# BENCH_FLAGS: more `onepass bench` flags. Builds from 2026-12-06 on bench in mixed precision by default, builds
+# before in bf16 only: BENCH_FLAGS="--gpu-precision bf16" compares new builds with those figures.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [[ ${TESTS:-1} == 1 ]]; then
@@ -26,7 +28,7 @@ if [[ $W == *decode* ]]; then
   for p in qwen3.5-0.8b qwen3.5-2b; do
     echo; echo "=== [$SECONDS s] decode $p"
     synth $p /tmp/$p
-    timeout 100 $B/onepass bench --device cuda --model /tmp/$p --prompt-lens 128 --decode 256 --reps 2 2>&1 |
+    timeout 100 $B/onepass bench --device cuda ${BENCH_FLAGS:-} --model /tmp/$p --prompt-lens 128 --decode 256 --reps 2 2>&1 |
       grep -E "^(prefill|decode|systemone)" || echo "FAILED: bench $p"
     timeout 100 python3 benches/generate.py --device cuda --onepass $B/onepass --model /tmp/$p --lens 128 \
       --decode 256 --reps 2 --no-peer 2>&1 | grep -E "^\||^onepass" || echo "FAILED: generate $p"
@@ -49,7 +51,7 @@ if [[ $W == *ternary* ]]; then
   echo; echo "=== [$SECONDS s] 27B-shape PQ2_0 pack"
   rm -rf /tmp/qwen3.5-0.8b /tmp/qwen3.5-2b
   timeout 120 $B/onepass synth --preset qwen3.5-27b --format pq2_0 --out /tmp/27b.gguf 2>&1 | tail -1
-  timeout 150 $B/onepass bench --device cuda --model /tmp/27b.gguf --prompt-lens 512 --decode 64 --reps 2 2>&1 |
+  timeout 150 $B/onepass bench --device cuda ${BENCH_FLAGS:-} --model /tmp/27b.gguf --prompt-lens 512 --decode 64 --reps 2 2>&1 |
     grep -E "^(uploaded|prefill|decode|systemone)" || echo "FAILED: 27B bench"
 fi
 echo "=== [$SECONDS s] done"

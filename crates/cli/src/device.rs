@@ -41,21 +41,46 @@ impl DeviceArg {
     }
 }
 
-fn upload(m: &Model) -> Result<CudaModel> {
+/// Reads `--gpu-precision`.
+pub fn parse_precision(s: &str) -> Result<onepass_cuda::Precision> {
+    use onepass_cuda::Precision;
+    Ok(match s {
+        "mixed" => Precision::Mixed,
+        "split" => Precision::Bf16Split,
+        "bf16" => Precision::Bf16,
+        "f32" => Precision::F32,
+        other => bail!("--gpu-precision {other:?}: expected mixed, split, bf16 or f32"),
+    })
+}
+
+/// Uploads `m` to GPU 0 in `precision` (the other options their defaults, no memory cap).
+fn upload(m: &Model, precision: onepass_cuda::Precision) -> Result<CudaModel> {
     let t0 = Instant::now();
-    let g = CudaModel::from_model(m, 0).context("uploading the model to the GPU")?;
+    let o = onepass_cuda::CudaOptions {
+        precision,
+        memory_budget_bytes: 0,
+        ..onepass_cuda::CudaOptions::default()
+    };
+    let g = CudaModel::load(m, &o).context("uploading the model to the GPU")?;
     eprintln!(
-        "uploaded to {} ({}) in {:.2}s",
+        "uploaded to {} ({}) in {} precision in {:.2}s",
         g.gpu().name,
         g.gpu().arch(),
+        precision.name(),
         t0.elapsed().as_secs_f64()
     );
     Ok(g)
 }
 
 /// `onepass logits --device cuda`: the same JSON as the CPU path.
-pub fn logits_cuda(m: &Model, ids: &[u32], last: bool, chunk: Option<usize>) -> Result<()> {
-    let g = upload(m)?;
+pub fn logits_cuda(
+    m: &Model,
+    ids: &[u32],
+    last: bool,
+    chunk: Option<usize>,
+    precision: onepass_cuda::Precision,
+) -> Result<()> {
+    let g = upload(m, precision)?;
     let chunk = chunk.unwrap_or(ids.len()).max(1);
     let mut st = g.new_state()?;
     let mut rows: Vec<f32> = Vec::new();
@@ -92,8 +117,9 @@ pub fn bench_cuda(
     s1: (usize, usize, usize),
     (pdl, wgmma): (bool, bool),
     batch: &[usize],
+    precision: onepass_cuda::Precision,
 ) -> Result<()> {
-    let g = upload(m)?;
+    let g = upload(m, precision)?;
     let gpu = g.gpu().clone();
     gpu.set_pdl(pdl);
     gpu.set_wgmma(wgmma);
@@ -404,14 +430,8 @@ pub enum AttnArg {
 
 impl CudaArgs {
     pub fn options(&self) -> Result<onepass_cuda::CudaOptions> {
-        use onepass_cuda::{AttnKernels, GdnKernels, Precision, SplitGemms, TcArith};
-        let precision = match self.gpu_precision.as_str() {
-            "mixed" => Precision::Mixed,
-            "split" => Precision::Bf16Split,
-            "bf16" => Precision::Bf16,
-            "f32" => Precision::F32,
-            other => bail!("--gpu-precision {other:?}: expected mixed, split, bf16 or f32"),
-        };
+        use onepass_cuda::{AttnKernels, GdnKernels, SplitGemms, TcArith};
+        let precision = parse_precision(&self.gpu_precision)?;
         let kernels = parse_flag("--gpu-kernels", &self.gpu_kernels, TcArith::parse)?;
         let split_gemms = parse_flag(
             "--gpu-split-gemms",

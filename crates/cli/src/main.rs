@@ -127,6 +127,9 @@ struct LogitsArgs {
     chunk: Option<usize>,
     #[command(flatten)]
     dev: device::DeviceArg,
+    /// GPU arithmetic, as `serve --gpu-precision`: mixed (the default), split, bf16 or f32.
+    #[arg(long, default_value = "mixed")]
+    gpu_precision: String,
 }
 
 #[derive(clap::Args)]
@@ -156,6 +159,9 @@ struct BenchArgs {
     /// tokens greedy); reports the tokens per second of all of them together.
     #[arg(long, value_delimiter = ',')]
     batch: Vec<usize>,
+    /// GPU arithmetic, as `serve --gpu-precision`: mixed (the default), split, bf16 or f32.
+    #[arg(long, default_value = "mixed")]
+    gpu_precision: String,
     #[command(flatten)]
     dev: device::DeviceArg,
 }
@@ -196,7 +202,14 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Logits(a) => match a.dev.resolve()? {
             device::Device::Cpu => logits(&a.model, &a.ids, a.last, a.chunk),
             device::Device::Cuda => {
-                device::logits_cuda(&load_model(&a.model)?, &parse_ids(&a.ids)?, a.last, a.chunk)
+                let precision = device::parse_precision(&a.gpu_precision)?;
+                device::logits_cuda(
+                    &load_model(&a.model)?,
+                    &parse_ids(&a.ids)?,
+                    a.last,
+                    a.chunk,
+                    precision,
+                )
             }
         },
         Cmd::Synth {
@@ -233,15 +246,19 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench(a) => match a.dev.resolve()? {
             device::Device::Cpu => bench(&a.model, &a.prompt_lens, a.decode, a.reps, &a.batch),
             // System One-like request: 7 rows of 175 shared + 33 own tokens (406 unique).
-            device::Device::Cuda => device::bench_cuda(
-                &load_model(&a.model)?,
-                &a.prompt_lens,
-                a.decode,
-                a.reps,
-                (7, 175, 33),
-                (a.gpu_pdl, !a.gpu_no_wgmma),
-                &a.batch,
-            ),
+            device::Device::Cuda => {
+                let precision = device::parse_precision(&a.gpu_precision)?;
+                device::bench_cuda(
+                    &load_model(&a.model)?,
+                    &a.prompt_lens,
+                    a.decode,
+                    a.reps,
+                    (7, 175, 33),
+                    (a.gpu_pdl, !a.gpu_no_wgmma),
+                    &a.batch,
+                    precision,
+                )
+            }
         },
         Cmd::BenchSystemone(a) => device::bench_systemone(a),
         Cmd::Systemone(a) => systemone::systemone(a),
