@@ -3,6 +3,8 @@
 //! Subcommands print machine-readable JSON on stdout (scripts depend on these shapes) and
 //! human-readable progress and errors on stderr; every error exits non-zero with a message.
 
+mod bench_systemone;
+mod cuda_bench;
 mod device;
 mod gguf_cmd;
 mod limits;
@@ -95,7 +97,7 @@ enum Cmd {
     /// Prefill and decode throughput on one model, on the CPU or a GPU; prints one JSON object.
     Bench(BenchArgs),
     /// System One latency and throughput on three fixed request sizes (cpu or cuda): p50/p95, requests/s, decisions/s.
-    BenchSystemone(device::BenchSystemoneArgs),
+    BenchSystemone(bench_systemone::BenchSystemoneArgs),
     /// HTTP server: decider-ai's /v1/systemone, /decide, /v1/models, /health, plus /metrics (docs/server.md).
     Serve(serve::ServeArgs),
     /// Answers one /v1/systemone request body (file or `-`): prints the response JSON the server would send.
@@ -203,7 +205,7 @@ fn run(cli: Cli) -> Result<()> {
             device::Device::Cpu => logits(&a.model, &a.ids, a.last, a.chunk),
             device::Device::Cuda => {
                 let precision = device::parse_precision(&a.gpu_precision)?;
-                device::logits_cuda(
+                cuda_bench::logits_cuda(
                     &load_model(&a.model)?,
                     &parse_ids(&a.ids)?,
                     a.last,
@@ -248,7 +250,7 @@ fn run(cli: Cli) -> Result<()> {
             // System One-like request: 7 rows of 175 shared + 33 own tokens (406 unique).
             device::Device::Cuda => {
                 let precision = device::parse_precision(&a.gpu_precision)?;
-                device::bench_cuda(
+                cuda_bench::bench_cuda(
                     &load_model(&a.model)?,
                     &a.prompt_lens,
                     a.decode,
@@ -260,7 +262,7 @@ fn run(cli: Cli) -> Result<()> {
                 )
             }
         },
-        Cmd::BenchSystemone(a) => device::bench_systemone(a),
+        Cmd::BenchSystemone(a) => bench_systemone::bench_systemone(a),
         Cmd::Systemone(a) => systemone::systemone(a),
         Cmd::Serve(a) => serve::serve(a),
         Cmd::Render(a) => systemone::render(a),
