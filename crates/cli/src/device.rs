@@ -43,14 +43,8 @@ impl DeviceArg {
 
 /// Reads `--gpu-precision`.
 pub fn parse_precision(s: &str) -> Result<onepass_cuda::Precision> {
-    use onepass_cuda::Precision;
-    Ok(match s {
-        "mixed" => Precision::Mixed,
-        "split" => Precision::Bf16Split,
-        "bf16" => Precision::Bf16,
-        "f32" => Precision::F32,
-        other => bail!("--gpu-precision {other:?}: expected mixed, split, bf16 or f32"),
-    })
+    onepass_cuda::Precision::from_name(s)
+        .with_context(|| format!("--gpu-precision {s:?}: expected mixed, split, bf16 or f32"))
 }
 
 /// GPU options of the commands that run System One.

@@ -53,7 +53,8 @@ pub struct Kernels {
     pub qwg_pq2: CudaFunction,
     /// `qmma_q8` (qmma.cu): Q8_0's prefill GEMM on the int8 tensor cores.
     pub qmma_q8: CudaFunction,
-    /// `qmma_split_sum` (qmma.cu): `qmma_q8`'s partial sums over runs of K added up in a fixed order.
+    /// `qmma_split_sum` (qmma.cu): the partial sums of `qmma_q8` and `qwg_pq2` over runs of K, added up in a fixed
+    /// order.
     pub qmma_split_sum: CudaFunction,
     pub hadamard_rows: CudaFunction,
     pub gated_norm_rotate: CudaFunction,

@@ -376,17 +376,10 @@ fn gpu_modes_on_fixture_and_random_requests() {
     let modes: Vec<(&str, Option<Mode>)> = vec![
         ("default", None),
         (
-            "mixed",
-            Some((
-                Precision::Mixed,
-                SplitGemms::ALL,
-                TcArith::for_precision(Precision::Mixed),
-            )),
-        ),
-        (
             "split",
             Some((Precision::Bf16Split, SplitGemms::ALL, x3_split)),
         ),
+        // Mixed precision's arithmetic (the default's): split's GEMMs, 1xTF32 kernels.
         (
             "split tf32",
             Some((Precision::Bf16Split, SplitGemms::ALL, TF32_ALL)),

@@ -43,6 +43,19 @@ impl Precision {
         matches!(self, Precision::Bf16Split | Precision::Mixed)
     }
 
+    /// Every precision, the default first.
+    pub const ALL: [Precision; 4] = [
+        Precision::Mixed,
+        Precision::Bf16Split,
+        Precision::Bf16,
+        Precision::F32,
+    ];
+
+    /// The precision `--gpu-precision` names `s` ([`Precision::name`]).
+    pub fn from_name(s: &str) -> Option<Self> {
+        Precision::ALL.into_iter().find(|p| p.name() == s)
+    }
+
     /// The name `--gpu-precision` takes.
     pub fn name(self) -> &'static str {
         match self {
