@@ -255,6 +255,16 @@ fn q8_0_regrouped_for_the_cpu_matches_its_dequantized_float_model() {
     // packs' integer kernels (seen 2.1e-4 here; the file's forms, whose prefill of 6 and 3 tokens runs the same
     // integer GEMM, differ from the float model by as much at those positions).
     assert!(d <= 1e-3, "{d}");
+    // A prefill of 70 tokens, then 30: on a processor with the AMX tile unit the first runs the tile kernels
+    // (bf16 parts of weights and activations, calls of 64 tokens or more), the second the byte dot products.
+    let ids = pseudo_ids(100, m.vocab_size(), 11);
+    let long = worst(
+        &logits_split(&m, &ids, &[70]),
+        &logits_split(&reference, &ids, &[70]),
+        m.vocab_size(),
+    );
+    eprintln!("Q8_0 regrouped, 70 + 30 tokens, vs its dequantized float model: max rel {long:.2e}");
+    assert!(long <= 1e-3, "{long}");
     // Label rows read straight from the regrouped head: the full head's values, to the bit.
     let mut st = m.new_state();
     let h = m.forward(&mut st, &[3, 1, 4]).expect("forward");

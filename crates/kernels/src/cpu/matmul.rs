@@ -29,7 +29,8 @@ use rayon::prelude::*;
 
 use super::ptq1_0::ptq1_0_matmul_t;
 use super::q8_0::{decode_q8_0, dot_q8_0, rows_q8_0};
-use super::q8_0_vnni::{self, q8_0_dot_rows_vnni, q8_0_matmul_t_vnni, Q8Weight};
+use super::q8_0_amx;
+use super::q8_0_vnni::{self, q8_0_dot_rows_vnni, Q8Weight};
 use super::sgemm::{sgemm_raw, Mat};
 use super::ternary::ternary_matmul_t;
 use super::ternary_grouped;
@@ -85,7 +86,7 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
         View::F32(v) => return rows_tiled(x, t, k, n, Rows::F32(v), y),
         View::BF16(v) => return rows_tiled(x, t, k, n, Rows::Bf16(v), y),
         View::F16(v) => return rows_tiled(x, t, k, n, Rows::F16(v), y),
-        View::Q8_0G(g) => return q8_0_matmul_t_vnni(x, t, Q8Weight::Grouped(g), n, k, y),
+        View::Q8_0G(g) => return q8_0_matmul(x, t, &[(Q8Weight::Grouped(g), n)], k, &mut [y]),
         View::PQ2_0G(g) => return ternary_grouped::matmul_t_many(x, t, &[(g, n)], k, &mut [y]),
         View::Q8_0(_) => {}
     }
@@ -94,7 +95,7 @@ pub fn matmul_t(x: &[f32], t: usize, w: &Tensor, y: &mut [f32]) {
     } else if let (View::Q8_0(raw), true) =
         (w.view(), k.is_multiple_of(128) && q8_0_vnni::available())
     {
-        q8_0_matmul_t_vnni(x, t, Q8Weight::Blocks(raw), n, k, y);
+        q8_0_matmul(x, t, &[(Q8Weight::Blocks(raw), n)], k, &mut [y]);
     } else {
         gemm_blocks(x, t, k, n, w, y);
     }
@@ -148,7 +149,7 @@ pub fn matmul_t_many(x: &[f32], t: usize, ws: &[&Tensor], ys: &mut [&mut [f32]])
             .into_iter()
             .map(|(g, n)| (Q8Weight::Grouped(g), n))
             .collect();
-        return q8_0_vnni::q8_0_matmul_t_many(x, t, &parts, dims[0].1, ys);
+        return q8_0_matmul(x, t, &parts, dims[0].1, ys);
     }
     let parts: Option<Vec<_>> = ws.iter().map(|w| packed(w)).collect();
     if let Some(parts) = parts.filter(|p| {
@@ -180,6 +181,26 @@ pub fn matmul_t_many(x: &[f32], t: usize, ws: &[&Tensor], ys: &mut [&mut [f32]])
     }
     for (w, y) in ws.iter().zip(ys.iter_mut()) {
         matmul_t(x, t, w, y);
+    }
+}
+
+/// Q8_0 weights that read one activation `x[T, K]` (one or more; as stored or regrouped), each into its `ys[i]`:
+/// on the AMX tile unit for calls of at least [`q8_0_amx::MIN_TOKENS`] tokens where the processor has it and K is
+/// whole groups of 512, else on the VNNI byte dot products.
+fn q8_0_matmul(
+    x: &[f32],
+    t: usize,
+    parts: &[(Q8Weight<'_>, usize)],
+    k: usize,
+    ys: &mut [&mut [f32]],
+) {
+    if t >= q8_0_amx::MIN_TOKENS
+        && k.is_multiple_of(onepass_tensor::Q8_0G_VALUES)
+        && q8_0_amx::available()
+    {
+        q8_0_amx::matmul_t_many(x, t, parts, k, ys);
+    } else {
+        q8_0_vnni::q8_0_matmul_t_many(x, t, parts, k, ys);
     }
 }
 

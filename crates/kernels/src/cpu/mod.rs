@@ -9,6 +9,7 @@ pub mod matmul;
 pub mod ops;
 pub mod ptq1_0;
 pub mod q8_0;
+mod q8_0_amx;
 mod q8_0_vnni;
 pub(crate) mod sgemm;
 pub mod ternary;

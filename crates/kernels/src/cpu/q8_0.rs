@@ -2,7 +2,7 @@
 //! `q·d`. Matrix-vector products read the blocks as stored: each block's 32 codes are widened in registers,
 //! multiplied by the activation, summed, and the sum scaled by `d` (one multiply per 32 weights), so decode
 //! streams 8.5 bits per weight. Prefill runs the integer GEMM of `q8_0_vnni.rs` where the processor has AVX-512
-//! VNNI, else decodes a task's block of rows into an f32 scratch (exact: an f16 times a small integer is an f32)
+//! VNNI (the bf16 tiles of `q8_0_amx.rs` for 64 tokens or more where it has the AMX tile unit), else decodes a task's block of rows into an f32 scratch (exact: an f16 times a small integer is an f32)
 //! and runs the packed GEMM on it (`matmul_t`); nothing is kept decoded.
 //! The slow twin is `matmul_t_reference`, which decodes every value through the tensor.
 

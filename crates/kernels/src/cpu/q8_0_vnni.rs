@@ -1,4 +1,5 @@
-//! Q8_0 on VNNI integer dot products, for any number of tokens (decode and prefill run the same arithmetic): the
+//! Q8_0 on VNNI integer dot products, for any number of tokens (decode and prefill run the same arithmetic; where
+//! the processor has the AMX tile unit, `matmul_t` sends calls of 64 tokens or more to [`super::q8_0_amx`]): the
 //! activations rounded once per call to the balanced two-level 16-bit form of [`super::act_q`] (`q = 256·h + l`,
 //! both bytes signed), the weights as unsigned bytes `w + 128` against them:
 //! `Σ w·q = 256·Σ (w + 128)·h + Σ (w + 128)·l − 128·Σ q`, both halves `vpdpbusd` with the weight byte as the
@@ -75,7 +76,9 @@ pub enum Q8Weight<'a> {
 
 /// `y[T, N] = x[T, K] · W[N, K]ᵀ`. Panics if the processor lacks the instructions ([`available`]), if K is not a
 /// multiple of 128 (of 512 for regrouped weights) or the buffers do not match the shapes (programming errors).
-pub fn q8_0_matmul_t_vnni(x: &[f32], t: usize, w: Q8Weight<'_>, n: usize, k: usize, y: &mut [f32]) {
+/// One weight of [`q8_0_matmul_t_many`], for the tests.
+#[cfg(test)]
+fn q8_0_matmul_t_vnni(x: &[f32], t: usize, w: Q8Weight<'_>, n: usize, k: usize, y: &mut [f32]) {
     q8_0_matmul_t_many(x, t, &[(w, n)], k, &mut [y]);
 }
 
