@@ -46,7 +46,7 @@ const TILE: usize = 16;
 const PANEL_ROWS: usize = 2 * TILE;
 
 /// Whether the processor has the tile unit with bf16 products and the operating system lets this process use it
-/// (asked once), besides the AVX-512 the decoding takes.
+/// (asked once), besides the AVX-512 (F, BW, BF16) the decoding takes.
 pub fn available() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(detect)
@@ -56,7 +56,8 @@ pub fn available() -> bool {
 fn detect() -> bool {
     use std::arch::x86_64::{__cpuid, __cpuid_count};
     if !(std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw"))
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512bf16"))
     {
         return false;
     }
@@ -116,7 +117,7 @@ impl Activations {
             .for_each(|(u, out)| {
                 for j in 0..TILE.min(t.saturating_sub(u * TILE)) {
                     let i = u * TILE + j;
-                    // SAFETY: `available` (the caller's) covers AVX-512 F and BW; `out` holds this tile's two parts
+                    // SAFETY: `available` (the caller's) covers AVX-512 F, BW and BF16; `out` holds this tile's two parts
                     // of `steps` tiles and the token has K values.
                     #[cfg(target_arch = "x86_64")]
                     unsafe {
@@ -140,40 +141,22 @@ impl Activations {
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// The index of `_mm512_permutex2var_epi16` that takes the upper halves of the 32 words of two registers (the bf16
-/// of 32 f32 whose low halves [`round_bf16`] cleared), in order.
+/// 32 f32 (`v0` values 0-15, `v1` 16-31) as their two bf16 parts, `hi = bf16(v)` and `lo = bf16(v − hi)` (round
+/// to nearest even; an input below the smallest normal reads as zero), each 32 bf16 in order. A NaN stays NaN; an
+/// infinity has the low part NaN, so the outputs it reaches are NaN as with float arithmetic.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn upper_halves() -> __m512i {
-    let mut idx = [0i16; 32];
-    for (j, v) in idx.iter_mut().enumerate() {
-        *v = 2 * j as i16 + 1;
-    }
-    // SAFETY: 64 bytes read from a 64-byte array.
-    unsafe { _mm512_loadu_si512(idx.as_ptr() as *const __m512i) }
-}
-
-/// 16 f32 (as bits) rounded to bf16 (to nearest, ties to even), the low halves cleared. A NaN may come back as an
-/// infinity; its low part is then NaN, so the outputs it reaches are NaN as with float arithmetic.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn round_bf16(b: __m512i) -> __m512i {
-    let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-    let r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), odd);
-    _mm512_and_si512(r, _mm512_set1_epi32(0xFFFF_0000_u32 as i32))
-}
-
-/// 16 f32 as their two bf16 parts `(hi, lo)`, `hi = bf16(v)` and `lo = bf16(v − hi)`, each as f32 bits with the
-/// low halves zero.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn split16(v: __m512) -> (__m512i, __m512i) {
-    let hi = round_bf16(_mm512_castps_si512(v));
-    let lo = round_bf16(_mm512_castps_si512(_mm512_sub_ps(
-        v,
-        _mm512_castsi512_ps(hi),
-    )));
-    (hi, lo)
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+fn split32(v0: __m512, v1: __m512) -> (__m512i, __m512i) {
+    // SAFETY (both transmutes): 32 bf16 as the same 64 bytes of integers.
+    let hi = unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(v1, v0)) };
+    // The high parts back as f32: each bf16 the upper half of its word.
+    let h0 = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)));
+    let h1 = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(hi)));
+    let lo = _mm512_cvtne2ps_pbh(
+        _mm512_sub_ps(v1, _mm512_castsi512_ps(h1)),
+        _mm512_sub_ps(v0, _mm512_castsi512_ps(h0)),
+    );
+    (hi, unsafe { std::mem::transmute::<__m512bh, __m512i>(lo) })
 }
 
 /// Token `j` of its tile: K values split, each step's 16 pairs per part written to column `j` of the tile. Step
@@ -181,12 +164,11 @@ fn split16(v: __m512) -> (__m512i, __m512i) {
 /// (the order of the regrouped weights, see [`decode_panel`]).
 ///
 /// # Safety
-/// AVX-512 F and BW; `x` holds `32·steps` values, a multiple of 512; `out` holds `2·steps` tiles; `j < 16`.
+/// AVX-512 F, BW and BF16; `x` holds `32·steps` values, a multiple of 512; `out` holds `2·steps` tiles; `j < 16`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn split_token(x: &[f32], steps: usize, j: usize, out: &mut [Line]) {
     debug_assert!(x.len() == steps * Q8_0_BLOCK && out.len() == 2 * steps * TILE && j < TILE);
-    let upper = upper_halves();
     let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     // Word p of a tile's column j: line p, word j.
     let rows = _mm512_mullo_epi32(lane, _mm512_set1_epi32(TILE as i32));
@@ -204,10 +186,7 @@ unsafe fn split_token(x: &[f32], steps: usize, j: usize, out: &mut [Line]) {
             let p = x.as_ptr().add(first);
             let v0 = _mm512_i32gather_ps::<4>(gather, p);
             let v1 = _mm512_i32gather_ps::<4>(gather, p.add(128));
-            let (h0, l0) = split16(v0);
-            let (h1, l1) = split16(v1);
-            let hi = _mm512_permutex2var_epi16(h0, upper, h1);
-            let lo = _mm512_permutex2var_epi16(l0, upper, l1);
+            let (hi, lo) = split32(v0, v1);
             _mm512_i32scatter_epi32::<4>(base.add(s * TILE * TILE + j), rows, hi);
             _mm512_i32scatter_epi32::<4>(base.add((steps + s) * TILE * TILE + j), rows, lo);
         }
@@ -220,14 +199,13 @@ unsafe fn split_token(x: &[f32], steps: usize, j: usize, out: &mut [Line]) {
 /// value times its block's scale; [`split_token`] puts the activations in the same order.
 ///
 /// # Safety
-/// AVX-512 F and BW; `w` holds `n` rows of `k` values, regrouped; `panel` holds `4·(k / 32)` tiles.
+/// AVX-512 F, BW and BF16; `w` holds `n` rows of `k` values, regrouped; `panel` holds `4·(k / 32)` tiles.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn decode_panel(w: &[u8], k: usize, n: usize, p0: usize, panel: &mut [Line]) {
     let steps = k / Q8_0_BLOCK;
     let per_row = k / Q8_0G_VALUES;
     debug_assert!(panel.len() == 4 * steps * TILE && w.len() == n * per_row * Q8_0G_BYTES);
-    let upper = upper_halves();
     let flip = _mm512_set1_epi8(0x80u8 as i8);
     // Scale lanes of quarter q of a code register: blocks 4q..4q + 4, each four times.
     let quarter: [__m512i; 4] = std::array::from_fn(|q| {
@@ -271,19 +249,12 @@ unsafe fn decode_panel(w: &[u8], k: usize, n: usize, p0: usize, panel: &mut [Lin
                         };
                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), scales[q])
                     });
-                    let (h0, l0) = split16(v[0]);
-                    let (h1, l1) = split16(v[1]);
+                    let (hi, lo) = split32(v[0], v[1]);
                     let s = g * 16 + 2 * cr + h;
                     // SAFETY: one line of `panel` each (the contract).
                     unsafe {
-                        _mm512_storeu_si512(
-                            panel.as_mut_ptr().add(line(0, s)) as *mut __m512i,
-                            _mm512_permutex2var_epi16(h0, upper, h1),
-                        );
-                        _mm512_storeu_si512(
-                            panel.as_mut_ptr().add(line(1, s)) as *mut __m512i,
-                            _mm512_permutex2var_epi16(l0, upper, l1),
-                        );
+                        _mm512_storeu_si512(panel.as_mut_ptr().add(line(0, s)) as *mut __m512i, hi);
+                        _mm512_storeu_si512(panel.as_mut_ptr().add(line(1, s)) as *mut __m512i, lo);
                     }
                 }
             }
