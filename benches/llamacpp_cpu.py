@@ -147,8 +147,9 @@ def main():
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, threads {args.threads}; prompt {args.prompt_len} ids, "
         f"decode {args.decode} greedy tokens, best of {args.reps}"
-        f"{f' in each of {args.alternate} alternations, the best alternation kept' if args.alternate > 1 else ''}"
-        "; llama.cpp through node-llama-cpp "
+        + (f" in each of {args.alternate} alternations, each engine's best prefill and best decode kept"
+           if args.alternate > 1 else "")
+        + "; llama.cpp through node-llama-cpp "
         f"{lc['node_llama_cpp'] if rows else '?'} (prebuilt CPU binaries).",
         "",
         *lines,
