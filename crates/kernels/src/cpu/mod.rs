@@ -10,6 +10,8 @@ pub mod ops;
 pub mod ptq1_0;
 pub mod q8_0;
 mod q8_0_amx;
+#[cfg(test)]
+mod q8_0_test_data;
 mod q8_0_vnni;
 pub(crate) mod sgemm;
 pub mod ternary;

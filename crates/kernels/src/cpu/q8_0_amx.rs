@@ -487,8 +487,9 @@ unsafe fn rows(
 
 #[cfg(test)]
 mod tests {
-    use half::f16;
-
+    use super::super::q8_0_test_data::{
+        self, bits, decoded, grouped, weights_sharing_x_answer_as_each_alone,
+    };
     use super::*;
 
     /// The slow twin of the kernels' rounding: `v` to bf16 (to nearest, ties to even), as the f32 it stands for.
@@ -514,35 +515,9 @@ mod tests {
         available()
     }
 
-    /// Random-ish Q8_0 rows [n, k]: every code value, scales 0.001..0.0094 (a few negative).
+    /// Random-ish Q8_0 rows [n, k], a few scales negative.
     fn q8_0(n: usize, k: usize, seed: usize) -> Vec<u8> {
-        let mut raw = Vec::new();
-        for b in 0..n * k / 32 {
-            let d =
-                (0.001 + 0.0007 * ((b + seed) % 13) as f32) * if b % 7 == 3 { -1.0 } else { 1.0 };
-            raw.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-            raw.extend((0..32).map(|i| ((i * 71 + b * 29 + seed) % 256) as u8));
-        }
-        raw
-    }
-
-    fn decoded(raw: &[u8]) -> Vec<f32> {
-        raw.chunks_exact(Q8_0_BYTES)
-            .flat_map(|b| {
-                let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                b[2..].iter().map(move |&c| f32::from(c as i8) * d)
-            })
-            .collect()
-    }
-
-    fn grouped(raw: &[u8], n: usize, k: usize) -> Vec<u8> {
-        let rb = k / 32 * Q8_0_BYTES;
-        let gb = k / Q8_0G_VALUES * Q8_0G_BYTES;
-        let mut out = vec![0u8; n * gb];
-        for (src, dst) in raw.chunks_exact(rb).zip(out.chunks_exact_mut(gb)) {
-            group_q8_0_row(src, dst);
-        }
-        out
+        q8_0_test_data::q8_0(n, k, seed, true)
     }
 
     fn activations(t: usize, k: usize, seed: usize) -> Vec<f32> {
@@ -553,10 +528,6 @@ mod tests {
                 v * [1.0, 0.37, 1e-3, 12.5, 3e-6][(i + seed) % 5]
             })
             .collect()
-    }
-
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|f| f.to_bits()).collect()
     }
 
     fn one(x: &[f32], t: usize, w: Q8Weight<'_>, n: usize, k: usize) -> Vec<f32> {
@@ -657,15 +628,18 @@ mod tests {
         let g = grouped(&raw, n, k);
         let x = activations(t, k, 9);
         let all = one(&x, t, Q8Weight::Grouped(&g), n, k);
+        // The tokens of `order`, stacked.
+        let stacked = |order: &[usize]| -> Vec<f32> {
+            order
+                .iter()
+                .flat_map(|&j| x[j * k..(j + 1) * k].to_vec())
+                .collect()
+        };
         // Token i first among 31 others (the rest of the call in reverse), then last of 37.
         for i in [0, 1, 17, 40, 69] {
             let mut order: Vec<usize> = (0..t).rev().filter(|&j| j != i).take(31).collect();
             order.insert(0, i);
-            let xs: Vec<f32> = order
-                .iter()
-                .flat_map(|&j| x[j * k..(j + 1) * k].to_vec())
-                .collect();
-            let some = one(&xs, 32, Q8Weight::Grouped(&g), n, k);
+            let some = one(&stacked(&order), 32, Q8Weight::Grouped(&g), n, k);
             assert_eq!(
                 bits(&some[..n]),
                 bits(&all[i * n..(i + 1) * n]),
@@ -673,11 +647,7 @@ mod tests {
             );
             let mut order: Vec<usize> = (0..t).filter(|&j| j != i).take(36).collect();
             order.push(i);
-            let xs: Vec<f32> = order
-                .iter()
-                .flat_map(|&j| x[j * k..(j + 1) * k].to_vec())
-                .collect();
-            let some = one(&xs, 37, Q8Weight::Grouped(&g), n, k);
+            let some = one(&stacked(&order), 37, Q8Weight::Grouped(&g), n, k);
             assert_eq!(
                 bits(&some[36 * n..]),
                 bits(&all[i * n..(i + 1) * n]),
@@ -685,19 +655,7 @@ mod tests {
             );
         }
         // Three weights on one split of x, each as alone.
-        let ws: Vec<(Vec<u8>, usize)> = [70usize, 9, 1]
-            .iter()
-            .enumerate()
-            .map(|(s, &n)| (grouped(&q8_0(n, k, s + 20), n, k), n))
-            .collect();
-        let parts: Vec<(Q8Weight<'_>, usize)> =
-            ws.iter().map(|(g, n)| (Q8Weight::Grouped(g), *n)).collect();
-        let mut out: Vec<Vec<f32>> = parts.iter().map(|p| vec![f32::NAN; t * p.1]).collect();
-        let mut ys: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
-        matmul_t_many(&x, t, &parts, k, &mut ys);
-        for (&(w, n), got) in parts.iter().zip(&out) {
-            assert_eq!(bits(got), bits(&one(&x, t, w, n, k)), "N = {n}");
-        }
+        weights_sharing_x_answer_as_each_alone(matmul_t_many, &x, t, k);
     }
 
     #[test]

@@ -272,39 +272,21 @@ unsafe fn tile<const R: usize, const PREFETCH: bool>(
 
 #[cfg(test)]
 mod tests {
-    use half::f16;
-
+    use super::super::q8_0_test_data::{
+        self, bits, grouped, weights_sharing_x_answer_as_each_alone,
+    };
     use super::*;
 
-    /// Random-ish Q8_0 rows [n, k]: every code value, scales 0.001..0.01.
     fn q8_0(n: usize, k: usize, seed: usize) -> Vec<u8> {
-        let mut raw = Vec::new();
-        for b in 0..n * k / 32 {
-            let d = 0.001 + 0.0007 * ((b + seed) % 13) as f32;
-            raw.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-            raw.extend((0..32).map(|i| ((i * 71 + b * 29 + seed) % 256) as u8));
-        }
-        raw
+        q8_0_test_data::q8_0(n, k, seed, false)
     }
 
+    /// The test rows' values, in f64.
     fn decoded(raw: &[u8]) -> Vec<f64> {
-        raw.chunks_exact(Q8_0_BYTES)
-            .flat_map(|b| {
-                let d = f64::from(f16::from_le_bytes([b[0], b[1]]).to_f32());
-                b[2..].iter().map(move |&c| f64::from(c as i8) * d)
-            })
+        q8_0_test_data::decoded(raw)
+            .into_iter()
+            .map(f64::from)
             .collect()
-    }
-
-    /// The rows regrouped (whole groups of 512 values, padded).
-    fn grouped(raw: &[u8], n: usize, k: usize) -> Vec<u8> {
-        let rb = k / 32 * Q8_0_BYTES;
-        let gb = k.div_ceil(Q8_0G_VALUES) * Q8_0G_BYTES;
-        let mut out = vec![0u8; n * gb];
-        for (src, dst) in raw.chunks_exact(rb).zip(out.chunks_exact_mut(gb)) {
-            group_q8_0_row(src, dst);
-        }
-        out
     }
 
     /// x rounded as the quantizer rounds it for the balanced layout, per 128-value block.
@@ -355,7 +337,6 @@ mod tests {
                 let mut yg = vec![f32::NAN; t * n];
                 let g = grouped(&raw, n, k);
                 q8_0_matmul_t_vnni(&x, t, Q8Weight::Grouped(&g), n, k, &mut yg);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&yg), bits(&y), "t={t} k={k} n={n}: regrouped");
             }
             for i in 0..t {
@@ -403,7 +384,6 @@ mod tests {
         let x: Vec<f32> = (0..t * k)
             .map(|i| ((i * 31) % 97) as f32 / 48.0 - 1.0)
             .collect();
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         for w in [Q8Weight::Blocks(&raw), Q8Weight::Grouped(&g)] {
             let mut all = vec![0f32; t * n];
             q8_0_matmul_t_vnni(&x, t, w, n, k, &mut all);
@@ -426,33 +406,11 @@ mod tests {
         if !available() {
             return;
         }
-        // Row counts off the tiles and the tasks; one rounding of x for all three.
+        // One rounding of x for all three.
         let (t, k) = (5, 1024);
-        let raw: Vec<(Vec<u8>, usize)> = [70usize, 9, 1]
-            .iter()
-            .enumerate()
-            .map(|(s, &n)| (grouped(&q8_0(n, k, s + 20), n, k), n))
-            .collect();
         let x: Vec<f32> = (0..t * k)
             .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
             .collect();
-        let parts: Vec<(Q8Weight<'_>, usize)> = raw
-            .iter()
-            .map(|(g, n)| (Q8Weight::Grouped(g), *n))
-            .collect();
-        let mut out: Vec<Vec<f32>> = parts.iter().map(|p| vec![f32::NAN; t * p.1]).collect();
-        let mut ys: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
-        q8_0_matmul_t_many(&x, t, &parts, k, &mut ys);
-        for (&(w, n), got) in parts.iter().zip(&out) {
-            let mut alone = vec![f32::NAN; t * n];
-            q8_0_matmul_t_vnni(&x, t, w, n, k, &mut alone);
-            assert!(
-                alone
-                    .iter()
-                    .zip(got)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "N = {n}"
-            );
-        }
+        weights_sharing_x_answer_as_each_alone(q8_0_matmul_t_many, &x, t, k);
     }
 }
