@@ -5,22 +5,18 @@
 
 use serde_json::{json, Map, Value as J};
 
-/// xorshift64*: the same bodies from the same seed on every machine.
-struct Rng(u64);
+// The kernel tests' generator (xorshift64*): the same bodies from the same seed on every machine.
+#[path = "../../../kernels/tests/common/xorshift.rs"]
+mod xorshift;
+use xorshift::Rng;
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
     /// Uniform in `lo..=hi`.
     fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
+        lo + self.below(hi - lo + 1)
     }
     fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
-        xs[self.range(0, xs.len() - 1)]
+        xs[self.below(xs.len())]
     }
     fn chance(&mut self, percent: usize) -> bool {
         self.range(1, 100) <= percent
