@@ -41,10 +41,24 @@ impl DeviceArg {
     }
 }
 
-/// Reads `--gpu-precision`.
-pub fn parse_precision(s: &str) -> Result<onepass_cuda::Precision> {
-    onepass_cuda::Precision::from_name(s)
-        .with_context(|| format!("--gpu-precision {s:?}: expected mixed, split, bf16 or f32"))
+/// `--gpu-precision`, for every command that can run on the GPU.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PrecisionArg {
+    /// GPU arithmetic: mixed (the default: bf16 weights, activations carried as two bf16 halves into every product,
+    /// the attention and gated delta kernels in TF32; the fastest mode within 0.02 of float32 probabilities), split
+    /// (the same products, f32-accurate attention and gated delta kernels; the closest to the CPU), bf16 (fastest,
+    /// plain bf16 activations), or f32 (f32 weights; for checking).
+    #[arg(long, default_value = "mixed")]
+    pub gpu_precision: String,
+}
+
+impl PrecisionArg {
+    /// The precision named, or an error naming the choices.
+    pub fn parse(&self) -> Result<onepass_cuda::Precision> {
+        let s = &self.gpu_precision;
+        onepass_cuda::Precision::from_name(s)
+            .with_context(|| format!("--gpu-precision {s:?}: expected mixed, split, bf16 or f32"))
+    }
 }
 
 /// GPU options of the commands that run System One.
@@ -53,12 +67,8 @@ pub struct CudaArgs {
     /// GPU memory for sequence state and forward scratch, in MiB; a request past it fails alone (cuda only).
     #[arg(long, default_value_t = 16384)]
     pub gpu_memory_mb: usize,
-    /// GPU arithmetic: mixed (the default: bf16 weights, activations carried as two bf16 halves into every product,
-    /// the attention and gated delta kernels in TF32; the fastest mode within 0.02 of float32 probabilities), split
-    /// (the same products, f32-accurate attention and gated delta kernels; the closest to the CPU), bf16 (fastest,
-    /// plain bf16 activations), or f32 (f32 weights; for checking).
-    #[arg(long, default_value = "mixed")]
-    pub gpu_precision: String,
+    #[command(flatten)]
+    pub precision: PrecisionArg,
     /// Make each request's answers on the GPU independent of the other requests batched with it, bit for bit
     /// (the GPU then runs one GEMM algorithm per shape and plans attention per sequence; docs/cuda.md).
     #[arg(long)]
@@ -120,7 +130,7 @@ pub enum AttnArg {
 impl CudaArgs {
     pub fn options(&self) -> Result<onepass_cuda::CudaOptions> {
         use onepass_cuda::{AttnKernels, GdnKernels, SplitGemms, TcArith};
-        let precision = parse_precision(&self.gpu_precision)?;
+        let precision = self.precision.parse()?;
         let kernels = parse_flag("--gpu-kernels", &self.gpu_kernels, TcArith::parse)?;
         let split_gemms = parse_flag(
             "--gpu-split-gemms",
@@ -130,7 +140,7 @@ impl CudaArgs {
         if split_gemms.is_some() && !precision.planes() {
             bail!(
                 "--gpu-split-gemms applies to --gpu-precision mixed or split, not {}",
-                self.gpu_precision
+                self.precision.gpu_precision
             );
         }
         Ok(onepass_cuda::CudaOptions {
@@ -219,7 +229,9 @@ mod tests {
     fn args(precision: &str, kernels: Option<&str>) -> CudaArgs {
         CudaArgs {
             gpu_memory_mb: 64,
-            gpu_precision: precision.into(),
+            precision: PrecisionArg {
+                gpu_precision: precision.into(),
+            },
             gpu_kernels: kernels.map(str::to_string),
             gpu_split_gemms: None,
             gpu_gdn: GdnArg::Tc,

@@ -129,9 +129,8 @@ struct LogitsArgs {
     chunk: Option<usize>,
     #[command(flatten)]
     dev: device::DeviceArg,
-    /// GPU arithmetic, as `serve --gpu-precision`: mixed (the default), split, bf16 or f32.
-    #[arg(long, default_value = "mixed")]
-    gpu_precision: String,
+    #[command(flatten)]
+    precision: device::PrecisionArg,
 }
 
 #[derive(clap::Args)]
@@ -161,9 +160,8 @@ struct BenchArgs {
     /// tokens greedy); reports the tokens per second of all of them together.
     #[arg(long, value_delimiter = ',')]
     batch: Vec<usize>,
-    /// GPU arithmetic, as `serve --gpu-precision`: mixed (the default), split, bf16 or f32.
-    #[arg(long, default_value = "mixed")]
-    gpu_precision: String,
+    #[command(flatten)]
+    precision: device::PrecisionArg,
     #[command(flatten)]
     dev: device::DeviceArg,
 }
@@ -204,7 +202,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Logits(a) => match a.dev.resolve()? {
             device::Device::Cpu => logits(&a.model, &a.ids, a.last, a.chunk),
             device::Device::Cuda => {
-                let precision = device::parse_precision(&a.gpu_precision)?;
+                let precision = a.precision.parse()?;
                 cuda_bench::logits_cuda(
                     &load_model(&a.model)?,
                     &parse_ids(&a.ids)?,
@@ -249,7 +247,7 @@ fn run(cli: Cli) -> Result<()> {
             device::Device::Cpu => bench(&a.model, &a.prompt_lens, a.decode, a.reps, &a.batch),
             // System One-like request: 7 rows of 175 shared + 33 own tokens (406 unique).
             device::Device::Cuda => {
-                let precision = device::parse_precision(&a.gpu_precision)?;
+                let precision = a.precision.parse()?;
                 cuda_bench::bench_cuda(
                     &load_model(&a.model)?,
                     &a.prompt_lens,
