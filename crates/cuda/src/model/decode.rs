@@ -247,8 +247,8 @@ impl CudaModel {
         let g = &*self.gpu;
         let (tok, hidden) = (g.ptr(&b.tok), g.ptr(&b.hidden));
         self.final_norm(p, s, &b.hidden)?;
-        if let (Precision::Bf16 | Precision::Bf16Split | Precision::Mixed, W::Bf16(w), None) =
-            (self.prec, self.head(), &self.head_rot)
+        if let (GemmInputs::Bf16 | GemmInputs::Split, W::Bf16(w), None) =
+            (self.prec.inputs(), self.head(), &self.head_rot)
         {
             if self.hid.is_multiple_of(8) && w.is_multiple_of(16) {
                 let parts = (g.ptr(&b.part_v), g.ptr(&b.part_i), g.ptr(&b.count));

@@ -16,23 +16,23 @@ impl CudaModel {
     }
 
     /// The activation (GEMM input) buffer at `p` for `rows` rows of `k` values, in this model's precision: in
-    /// [`Precision::Bf16Split`] the producer writes the hi and lo bf16 planes ([2, rows, k]) itself.
+    /// split inputs ([`GemmInputs::Split`]) the producer writes the hi and lo bf16 planes ([2, rows, k]) itself.
     pub(super) fn act(&self, p: u64, rows: usize, k: usize) -> Out {
-        match self.prec {
-            Precision::Bf16 => Out::Bf16(p),
-            Precision::F32 => Out::F32(p),
-            Precision::Bf16Split | Precision::Mixed => Out::Split(p, rows * k),
+        match self.prec.inputs() {
+            GemmInputs::Bf16 => Out::Bf16(p),
+            GemmInputs::F32 => Out::F32(p),
+            GemmInputs::Split => Out::Split(p, rows * k),
         }
     }
 
     /// The input buffer of an input projection at `p` (a norm writes it) and its row stride: in
-    /// [`Precision::Bf16Split`] each row holds its hi and lo planes side by side (`[hi | lo]`, 2K bf16), which the
+    /// split inputs each row holds its hi and lo planes side by side (`[hi | lo]`, 2K bf16), which the
     /// projection's twice-stored weight (`[W | W]`) multiplies in one GEMM over 2K; else as [`CudaModel::act`].
     pub(super) fn act_in(&self, p: u64, k: usize) -> (Out, usize) {
-        match self.prec {
-            Precision::Bf16Split | Precision::Mixed => (Out::Split(p, k), 2 * k),
-            Precision::Bf16 => (Out::Bf16(p), k),
-            Precision::F32 => (Out::F32(p), k),
+        match self.prec.inputs() {
+            GemmInputs::Split => (Out::Split(p, k), 2 * k),
+            GemmInputs::Bf16 => (Out::Bf16(p), k),
+            GemmInputs::F32 => (Out::F32(p), k),
         }
     }
 
@@ -57,15 +57,15 @@ impl CudaModel {
     /// The [`Act`] of an input projection's input at `x` ([`CudaModel::act_in`]'s layout): split mode both planes
     /// (`both`) or the hi plane alone.
     fn act_in_q(&self, x: u64, k: usize, both: bool) -> Act {
-        match self.prec {
-            Precision::Bf16 => Act::Bf16 { x, ldx: k },
-            Precision::F32 => Act::F32 { x, ldx: k },
-            Precision::Bf16Split | Precision::Mixed if both => Act::Split {
+        match self.prec.inputs() {
+            GemmInputs::Bf16 => Act::Bf16 { x, ldx: k },
+            GemmInputs::F32 => Act::F32 { x, ldx: k },
+            GemmInputs::Split if both => Act::Split {
                 x,
                 ldx: 2 * k,
                 lo: k,
             },
-            Precision::Bf16Split | Precision::Mixed => Act::Bf16 { x, ldx: 2 * k },
+            GemmInputs::Split => Act::Bf16 { x, ldx: 2 * k },
         }
     }
 
@@ -233,15 +233,15 @@ impl CudaModel {
         for part in &lin.parts {
             let (w, y) = (part.w.w, p.x + 4 * part.row0 as u64);
             if w.is_block() {
-                let a = match self.prec {
-                    Precision::Bf16 => Act::Bf16 { x: p.act, ldx: k },
-                    Precision::F32 => Act::F32 { x: p.act, ldx: k },
-                    Precision::Bf16Split | Precision::Mixed if both => Act::Split {
+                let a = match self.prec.inputs() {
+                    GemmInputs::Bf16 => Act::Bf16 { x: p.act, ldx: k },
+                    GemmInputs::F32 => Act::F32 { x: p.act, ldx: k },
+                    GemmInputs::Split if both => Act::Split {
                         x: p.act,
                         ldx: k,
                         lo: t * k,
                     },
-                    Precision::Bf16Split | Precision::Mixed => Act::Bf16 { x: p.act, ldx: k },
+                    GemmInputs::Split => Act::Bf16 { x: p.act, ldx: k },
                 };
                 self.gemm_q(a, t, k, w, part.rows, (y, hid), 1.0)?;
             } else if both && self.direct_residual(t, k, lin) {
@@ -426,10 +426,10 @@ impl CudaModel {
     ) -> Result<(), CudaError> {
         let g = &*self.gpu;
         let head = self.head();
-        let f32_in = match self.prec {
-            Precision::F32 => true,
-            Precision::Bf16Split | Precision::Mixed => head.is_block(),
-            Precision::Bf16 => false,
+        let f32_in = match self.prec.inputs() {
+            GemmInputs::F32 => true,
+            GemmInputs::Split => head.is_block(),
+            GemmInputs::Bf16 => false,
         };
         let x = match (&self.head_rot, f32_in) {
             (Some(signs), _) => {

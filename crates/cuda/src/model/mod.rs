@@ -52,7 +52,7 @@ mod state;
 mod upload;
 
 pub use decode::GreedyRun;
-pub use precision::{Precision, SplitGemms, SplitGemmsError};
+pub use precision::{GemmInputs, Precision, SplitGemms, SplitGemmsError};
 use profile::*;
 use scratch::*;
 use upload::*;
@@ -73,7 +73,7 @@ struct Weight {
     _buf: WeightBuf,
     w: W,
     /// Row stride in elements: the column count K, or 2K where every row is stored twice (`[W | W]`, an input
-    /// projection in [`Precision::Bf16Split`]: one GEMM over K = 2K multiplies both planes of its input).
+    /// projection with [`GemmInputs::Split`]: one GEMM over K = 2K multiplies both planes of its input).
     ld: usize,
 }
 
@@ -490,8 +490,8 @@ impl CudaModel {
         *self.tc.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Which projections multiply both planes of their input in [`Precision::Bf16Split`] from the next forward on
-    /// (captured graphs are dropped); no effect in the other precisions.
+    /// Which projections multiply both planes of their input with [`GemmInputs::Split`] (split and mixed precision)
+    /// from the next forward on (captured graphs are dropped); no effect in the other precisions.
     pub fn set_split_gemms(&self, s: SplitGemms) {
         *self.split.lock().unwrap_or_else(|e| e.into_inner()) = s;
         self.drop_graphs();

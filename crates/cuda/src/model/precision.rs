@@ -36,11 +36,32 @@ pub enum Precision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SplitGemms(u8);
 
+/// The form of the GEMMs' inputs and weights a precision runs: what the layers, the upload and the scratch follow
+/// (the precisions that share a form differ only in their tensor-core kernels' arithmetic, [`TcArith`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmInputs {
+    /// f32 weights and activations.
+    F32,
+    /// bf16 weights, activations rounded to bf16.
+    Bf16,
+    /// bf16 weights, activations carried as hi and lo bf16 planes (split and mixed precision).
+    Split,
+}
+
 impl Precision {
-    /// Whether activations carry hi and lo bf16 planes (split and mixed): input projections' weights stored twice,
-    /// `[W | W]`, and the projections of [`SplitGemms`] multiplying both planes.
+    /// The form of this precision's GEMM inputs.
+    pub fn inputs(self) -> GemmInputs {
+        match self {
+            Precision::Bf16Split | Precision::Mixed => GemmInputs::Split,
+            Precision::Bf16 => GemmInputs::Bf16,
+            Precision::F32 => GemmInputs::F32,
+        }
+    }
+
+    /// Whether activations carry hi and lo bf16 planes ([`GemmInputs::Split`]): input projections' weights stored
+    /// twice, `[W | W]`, and the projections of [`SplitGemms`] multiplying both planes.
     pub fn planes(self) -> bool {
-        matches!(self, Precision::Bf16Split | Precision::Mixed)
+        self.inputs() == GemmInputs::Split
     }
 
     /// Every precision, the default first.

@@ -220,8 +220,8 @@ pub(super) fn upload_stacked(
         .first()
         .and_then(|t| t.shape().last().copied())
         .unwrap_or(0);
-    Ok(match prec {
-        Precision::Bf16 | Precision::Bf16Split | Precision::Mixed => {
+    Ok(match prec.inputs() {
+        GemmInputs::Bf16 | GemmInputs::Split => {
             let mut host = Vec::with_capacity(total);
             for t in parts {
                 push_bf16(&mut host, t)?;
@@ -240,7 +240,7 @@ pub(super) fn upload_stacked(
                 ld: if twice { 2 * cols } else { cols },
             }
         }
-        Precision::F32 => {
+        GemmInputs::F32 => {
             let mut host = Vec::with_capacity(total);
             for t in parts {
                 push_f32(&mut host, t)?;
