@@ -159,6 +159,20 @@ fn split32(v0: __m512, v1: __m512) -> (__m512i, __m512i) {
     (hi, unsafe { std::mem::transmute::<__m512bh, __m512i>(lo) })
 }
 
+/// The lane numbers 0..16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn lanes() -> __m512i {
+    _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+}
+
+/// Word offsets of one column of a tile: word `j` of each of its 16 lines is `16·line + j`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn tile_column() -> __m512i {
+    _mm512_mullo_epi32(lanes(), _mm512_set1_epi32(TILE as i32))
+}
+
 /// Token `j` of its tile: K values split, each step's 16 pairs per part written to column `j` of the tile. Step
 /// `16g + 2r + h` holds, in its 32 slots `4jj + b`, value `32·(8h + jj) + 4r + b` of the token's group `g` of 512
 /// (the order of the regrouped weights, see [`decode_panel`]).
@@ -169,9 +183,9 @@ fn split32(v0: __m512, v1: __m512) -> (__m512i, __m512i) {
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn split_token(x: &[f32], steps: usize, j: usize, out: &mut [Line]) {
     debug_assert!(x.len() == steps * Q8_0_BLOCK && out.len() == 2 * steps * TILE && j < TILE);
-    let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let lane = lanes();
     // Word p of a tile's column j: line p, word j.
-    let rows = _mm512_mullo_epi32(lane, _mm512_set1_epi32(TILE as i32));
+    let rows = tile_column();
     // Slots 0..16 of a step: values 32·jj + b for jj < 4, b < 4 (offsets from the step's first value).
     let gather = _mm512_add_epi32(
         _mm512_mullo_epi32(_mm512_srli_epi32::<2>(lane), _mm512_set1_epi32(32)),
@@ -210,9 +224,7 @@ unsafe fn decode_panel(w: &[u8], k: usize, n: usize, p0: usize, panel: &mut [Lin
     // Scale lanes of quarter q of a code register: blocks 4q..4q + 4, each four times.
     let quarter: [__m512i; 4] = std::array::from_fn(|q| {
         _mm512_add_epi32(
-            _mm512_srli_epi32::<2>(_mm512_setr_epi32(
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-            )),
+            _mm512_srli_epi32::<2>(lanes()),
             _mm512_set1_epi32(4 * q as i32),
         )
     });
@@ -396,10 +408,7 @@ unsafe fn write_tiles(
     n: usize,
 ) {
     // Column j of a tile: word j of each of its 16 lines.
-    let column = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(TILE as i32),
-    );
+    let column = tile_column();
     for (q, (rt, ut)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
         let row0 = p0 + rt * TILE;
         let count = TILE.min(r1.saturating_sub(row0));
