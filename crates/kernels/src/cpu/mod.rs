@@ -18,3 +18,4 @@ pub mod ternary;
 mod ternary_grouped;
 mod ternary_vnni;
 mod tiled;
+pub mod vexp;

@@ -6,6 +6,8 @@
 
 use rayon::prelude::*;
 
+use super::vexp::{exp_in_place, silu_in_place};
+
 /// Values per parallel task (about 64 KiB of f32).
 const PAR_CHUNK: usize = 16 * 1024;
 
@@ -43,11 +45,14 @@ pub fn rms_norm_gated(x: &mut [f32], z: &[f32], weight: &[f32], eps: f32) {
     x.par_chunks_mut(n)
         .zip(z.par_chunks(n))
         .for_each(|(rows, zs)| {
+            let mut gate = vec![0.0f32; dim];
             for (row, zr) in rows.chunks_exact_mut(dim).zip(zs.chunks_exact(dim)) {
                 let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
                 let inv = 1.0 / (ms + eps).sqrt();
-                for ((v, w), g) in row.iter_mut().zip(weight).zip(zr) {
-                    *v = *v * inv * w * silu(*g);
+                gate.copy_from_slice(zr);
+                silu_in_place(&mut gate);
+                for ((v, w), g) in row.iter_mut().zip(weight).zip(&gate) {
+                    *v = *v * inv * w * g;
                 }
             }
         });
@@ -63,15 +68,7 @@ pub fn l2_normalize(x: &mut [f32], dim: usize, eps: f32) {
     });
 }
 
-#[inline]
-pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x * sigmoid(x)
-}
+pub use super::vexp::{sigmoid, silu, silu_times, times_sigmoid};
 
 /// softplus with PyTorch's threshold (linear above 20).
 #[inline]
@@ -93,9 +90,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     gate.par_chunks_mut(per)
         .zip(up.par_chunks(per))
         .for_each(|(gs, us)| {
-            for (g, u) in gs.iter_mut().zip(us) {
-                *g = silu(*g) * u;
-            }
+            silu_times(gs, us);
         });
 }
 
@@ -208,7 +203,7 @@ pub fn causal_conv1d_silu_taps(
                 *o += w * v;
             }
         }
-        out.iter_mut().for_each(|o| *o = silu(*o));
+        silu_in_place(out);
     };
     // Outputs read only the padded copy, so tokens and channels are independent.
     if t == 1 {
@@ -249,11 +244,9 @@ pub fn softmax(x: &mut [f32]) {
     if m == f32::NEG_INFINITY {
         return;
     }
-    let mut s = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - m).exp();
-        s += *v;
-    }
+    x.iter_mut().for_each(|v| *v -= m);
+    exp_in_place(x);
+    let s: f32 = x.iter().sum();
     let inv = 1.0 / s;
     x.iter_mut().for_each(|v| *v *= inv);
 }

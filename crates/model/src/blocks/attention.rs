@@ -7,7 +7,7 @@
 //! out = o_proj(o * sigmoid(gate))
 //! ```
 
-use onepass_kernels::{apply_rope, causal_attention, rope_tables, sigmoid, AttnShape};
+use onepass_kernels::{apply_rope, causal_attention, rope_tables, times_sigmoid, AttnShape};
 use onepass_tensor::Tensor;
 
 use super::norm::RmsNorm;
@@ -146,9 +146,7 @@ impl Attention {
                 &mut o[r0 * h * d..r1 * h * d],
             );
         }
-        for (x, g) in o.iter_mut().zip(&s.gate) {
-            *x *= sigmoid(*g);
-        }
+        times_sigmoid(&mut o, &s.gate);
         s.o = o;
     }
 
