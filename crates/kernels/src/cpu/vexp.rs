@@ -136,7 +136,8 @@ fn map(x: &mut [f32], y: &[f32], op: Op) {
             // SAFETY: AVX-512 F is present; `y` is empty or as long as `x` (the callers).
             return unsafe { map16(x, y, op) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
             // SAFETY: AVX2 and FMA are present; as above.
             return unsafe { map8(x, y, op) };
         }
@@ -155,14 +156,10 @@ fn map_scalar(x: &mut [f32], y: &[f32], op: Op) {
 #[target_feature(enable = "avx512f")]
 fn exp16(x: __m512) -> __m512 {
     let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-    let xc = _mm512_min_ps(
-        _mm512_max_ps(x, _mm512_set1_ps(LO)),
-        _mm512_set1_ps(HI),
+    let xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(LO)), _mm512_set1_ps(HI));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)),
     );
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
-        xc,
-        _mm512_set1_ps(LOG2E),
-    ));
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), xc);
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
     let mut p = _mm512_set1_ps(C[7]);
@@ -231,10 +228,7 @@ unsafe fn map16(x: &mut [f32], y: &[f32], op: Op) {
 #[target_feature(enable = "avx2,fma")]
 fn exp8(x: __m256) -> __m256 {
     let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
-    let xc = _mm256_min_ps(
-        _mm256_max_ps(x, _mm256_set1_ps(LO)),
-        _mm256_set1_ps(HI),
-    );
+    let xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(LO)), _mm256_set1_ps(HI));
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
         xc,
         _mm256_set1_ps(LOG2E),
@@ -311,7 +305,9 @@ mod tests {
 
     /// Every value of a dense sweep over [−110, 95] (finer near 0), the extremes and specials, in a scattered order.
     fn sweep() -> Vec<f32> {
-        let mut v: Vec<f32> = (0..400_000).map(|i| -110.0 + 205.0 * i as f32 / 400_000.0).collect();
+        let mut v: Vec<f32> = (0..400_000)
+            .map(|i| -110.0 + 205.0 * i as f32 / 400_000.0)
+            .collect();
         v.extend((0..20_000).map(|i| (i as f32 - 10_000.0) * 1e-4));
         v.extend([
             0.0,
@@ -352,7 +348,10 @@ mod tests {
                 assert!(got.is_nan());
             } else if want < f32::MIN_POSITIVE as f64 {
                 // Subnormal results: within one subnormal step.
-                assert!((got as f64 - want).abs() <= 2f64.powi(-149), "exp({x}) = {got}, want {want}");
+                assert!(
+                    (got as f64 - want).abs() <= 2f64.powi(-149),
+                    "exp({x}) = {got}, want {want}"
+                );
             } else {
                 let u = ulps(got, want);
                 assert!(u <= 2, "exp({x}) = {got}, want {want} ({u} ulps)");
@@ -374,7 +373,10 @@ mod tests {
                 continue;
             }
             // Below about −88.7, e^−x overflows and the sigmoid reads 0 (as with the C library's expf).
-            assert!((sigmoid(x) as f64 - s).abs() <= 3e-7 * s.max(1e-30), "sigmoid({x})");
+            assert!(
+                (sigmoid(x) as f64 - s).abs() <= 3e-7 * s.max(1e-30),
+                "sigmoid({x})"
+            );
             let want = x as f64 * s;
             if x.is_finite() {
                 assert!(
@@ -403,7 +405,9 @@ mod tests {
                 // SAFETY: AVX-512 F is present; the test passes `y` as long as `x` or empty.
                 forms.push(("avx512", |x, y, op| unsafe { map16(x, y, op) }));
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
                 // SAFETY: AVX2 and FMA are present; as above.
                 forms.push(("avx2", |x, y, op| unsafe { map8(x, y, op) }));
             }
@@ -458,7 +462,13 @@ mod tests {
         assert_eq!(bits(run(&exp_in_place)), each(&|i| exp(xs[i])));
         assert_eq!(bits(run(&sigmoid_in_place)), each(&|i| sigmoid(xs[i])));
         assert_eq!(bits(run(&silu_in_place)), each(&|i| silu(xs[i])));
-        assert_eq!(bits(run(&|v| silu_times(v, &ys))), each(&|i| silu(xs[i]) * ys[i]));
-        assert_eq!(bits(run(&|v| times_sigmoid(v, &ys))), each(&|i| xs[i] * sigmoid(ys[i])));
+        assert_eq!(
+            bits(run(&|v| silu_times(v, &ys))),
+            each(&|i| silu(xs[i]) * ys[i])
+        );
+        assert_eq!(
+            bits(run(&|v| times_sigmoid(v, &ys))),
+            each(&|i| xs[i] * sigmoid(ys[i]))
+        );
     }
 }
