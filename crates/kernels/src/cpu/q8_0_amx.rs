@@ -115,13 +115,13 @@ impl Activations {
             .par_chunks_mut(per_tile)
             .enumerate()
             .for_each(|(u, out)| {
-                for j in 0..TILE.min(t.saturating_sub(u * TILE)) {
-                    let i = u * TILE + j;
-                    // SAFETY: `available` (the caller's) covers AVX-512 F, BW and BF16; `out` holds this tile's two parts
-                    // of `steps` tiles and the token has K values.
+                let tokens = TILE.min(t.saturating_sub(u * TILE));
+                if tokens > 0 {
+                    // SAFETY: `available` (the caller's) covers AVX-512 F, BW and BF16; `out` holds this tile's two
+                    // parts of `steps` tiles and the tile's tokens have K values each.
                     #[cfg(target_arch = "x86_64")]
                     unsafe {
-                        split_token(&x[i * k..(i + 1) * k], steps, j, out)
+                        split_tile(&x[u * TILE * k..(u * TILE + tokens) * k], tokens, steps, out)
                     };
                 }
             });
@@ -173,36 +173,86 @@ fn tile_column() -> __m512i {
     _mm512_mullo_epi32(lanes(), _mm512_set1_epi32(TILE as i32))
 }
 
-/// Token `j` of its tile: K values split, each step's 16 pairs per part written to column `j` of the tile. Step
-/// `16g + 2r + h` holds, in its 32 slots `4jj + b`, value `32·(8h + jj) + 4r + b` of the token's group `g` of 512
-/// (the order of the regrouped weights, see [`decode_panel`]).
+/// The 16 × 16 words of `r` transposed: word `j` of output `p` is word `p` of `r[j]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: &[__m512i; TILE]) -> [__m512i; TILE] {
+    // Pairs of rows interleaved by words, then by pairs of words: `q[4g + e]` holds, in 128-bit lane L, word
+    // 4L + e of rows 4g..4g + 4.
+    let t: [__m512i; TILE] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(a, b)
+        } else {
+            _mm512_unpackhi_epi32(a, b)
+        }
+    });
+    let q: [__m512i; TILE] = std::array::from_fn(|i| {
+        let (g, e) = (i / 4, i % 4);
+        let (a, b) = (t[4 * g + e / 2], t[4 * g + 2 + e / 2]);
+        if e % 2 == 0 {
+            _mm512_unpacklo_epi64(a, b)
+        } else {
+            _mm512_unpackhi_epi64(a, b)
+        }
+    });
+    // Then the 4 × 4 transpose of 128-bit lanes among q[e], q[4 + e], q[8 + e], q[12 + e]: output 4L + e takes
+    // lane L of each.
+    let mut out = [_mm512_setzero_si512(); TILE];
+    for e in 0..4 {
+        let (a, b, c, d) = (q[e], q[4 + e], q[8 + e], q[12 + e]);
+        let ab_lo = _mm512_shuffle_i32x4::<0x44>(a, b);
+        let ab_hi = _mm512_shuffle_i32x4::<0xEE>(a, b);
+        let cd_lo = _mm512_shuffle_i32x4::<0x44>(c, d);
+        let cd_hi = _mm512_shuffle_i32x4::<0xEE>(c, d);
+        out[e] = _mm512_shuffle_i32x4::<0x88>(ab_lo, cd_lo);
+        out[4 + e] = _mm512_shuffle_i32x4::<0xDD>(ab_lo, cd_lo);
+        out[8 + e] = _mm512_shuffle_i32x4::<0x88>(ab_hi, cd_hi);
+        out[12 + e] = _mm512_shuffle_i32x4::<0xDD>(ab_hi, cd_hi);
+    }
+    out
+}
+
+/// The `tokens` (≤ 16) tokens of a tile split, each step's 16 pairs per part in the tile's 16 lines, token `j` in
+/// word `j` (the rest zero). Step `16g + 2r + h` holds, in its 32 slots `4jj + b`, value `32·(8h + jj) + 4r + b` of
+/// the token's group `g` of 512 (the order of the regrouped weights, see [`decode_panel`]).
 ///
 /// # Safety
-/// AVX-512 F, BW and BF16; `x` holds `32·steps` values, a multiple of 512; `out` holds `2·steps` tiles; `j < 16`.
+/// AVX-512 F, BW and BF16; `x` holds `tokens` rows of `32·steps` values, a multiple of 512; `out` holds `2·steps`
+/// tiles.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn split_token(x: &[f32], steps: usize, j: usize, out: &mut [Line]) {
-    debug_assert!(x.len() == steps * Q8_0_BLOCK && out.len() == 2 * steps * TILE && j < TILE);
-    let lane = lanes();
-    // Word p of a tile's column j: line p, word j.
-    let rows = tile_column();
-    // Slots 0..16 of a step: values 32·jj + b for jj < 4, b < 4 (offsets from the step's first value).
-    let gather = _mm512_add_epi32(
-        _mm512_mullo_epi32(_mm512_srli_epi32::<2>(lane), _mm512_set1_epi32(32)),
-        _mm512_and_si512(lane, _mm512_set1_epi32(3)),
-    );
-    let base = out.as_mut_ptr() as *mut i32;
+unsafe fn split_tile(x: &[f32], tokens: usize, steps: usize, out: &mut [Line]) {
+    let k = steps * Q8_0_BLOCK;
+    debug_assert!(tokens <= TILE && x.len() == tokens * k && out.len() == 2 * steps * TILE);
+    // Values 32·jj + b (jj, b < 4) from `p`: four runs of four.
+    let sixteen = |p: *const f32| {
+        // SAFETY: the caller's `p` has values up to 100 past it.
+        unsafe {
+            let v = _mm512_castps128_ps512(_mm_loadu_ps(p));
+            let v = _mm512_insertf32x4::<1>(v, _mm_loadu_ps(p.add(32)));
+            let v = _mm512_insertf32x4::<2>(v, _mm_loadu_ps(p.add(64)));
+            _mm512_insertf32x4::<3>(v, _mm_loadu_ps(p.add(96)))
+        }
+    };
+    let base = out.as_mut_ptr() as *mut __m512i;
     for s in 0..steps {
         let (g, r, h) = (s / 16, (s % 16) / 2, s % 2);
         let first = g * Q8_0G_VALUES + 256 * h + 4 * r;
-        // SAFETY: values of group g of x; words of tiles s and steps + s of `out` (the contract).
-        unsafe {
-            let p = x.as_ptr().add(first);
-            let v0 = _mm512_i32gather_ps::<4>(gather, p);
-            let v1 = _mm512_i32gather_ps::<4>(gather, p.add(128));
-            let (hi, lo) = split32(v0, v1);
-            _mm512_i32scatter_epi32::<4>(base.add(s * TILE * TILE + j), rows, hi);
-            _mm512_i32scatter_epi32::<4>(base.add((steps + s) * TILE * TILE + j), rows, lo);
+        let mut hi = [_mm512_setzero_si512(); TILE];
+        let mut lo = [_mm512_setzero_si512(); TILE];
+        for j in 0..tokens {
+            // SAFETY: values first.. first + 228 of token j, inside its group g (the contract).
+            let p = unsafe { x.as_ptr().add(j * k + first) };
+            (hi[j], lo[j]) = split32(sixteen(p), sixteen(unsafe { p.add(128) }));
+        }
+        let (hi, lo) = (transpose16(&hi), transpose16(&lo));
+        for line in 0..TILE {
+            // SAFETY: line `line` of tiles s and steps + s of `out` (the contract).
+            unsafe {
+                _mm512_storeu_si512(base.add(s * TILE + line), hi[line]);
+                _mm512_storeu_si512(base.add((steps + s) * TILE + line), lo[line]);
+            }
         }
     }
 }
@@ -210,7 +260,7 @@ unsafe fn split_token(x: &[f32], steps: usize, j: usize, out: &mut [Line]) {
 /// Rows `p0..p0 + 32` of the regrouped `w` (those below `n`; the others zero) as the A operand: `[part (hi,
 /// lo)][K / 32][row tile][16 rows][32 bf16]`, one tile per part, step and row tile. A group's code register `r`
 /// (lane `j`: values `4r..4r + 4` of block `j`) gives two steps, `2r` (lanes 0-7) and `2r + 1` (lanes 8-15), each
-/// value times its block's scale; [`split_token`] puts the activations in the same order.
+/// value times its block's scale; [`split_tile`] puts the activations in the same order.
 ///
 /// # Safety
 /// AVX-512 F, BW and BF16; `w` holds `n` rows of `k` values, regrouped; `panel` holds `4·(k / 32)` tiles.
@@ -541,6 +591,29 @@ mod tests {
         let mut y = vec![f32::NAN; t * n];
         matmul_t_many(x, t, &[(w, n)], k, &mut [&mut y]);
         y
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn transpose16_moves_word_p_of_row_j_to_word_j_of_row_p() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("skipped: no AVX-512 F on this processor");
+            return;
+        }
+        let words: Vec<i32> = (0..256).map(|i| i * 7 + 3).collect();
+        // SAFETY: AVX-512 F (checked); 16 rows of 16 words.
+        let out = unsafe {
+            let rows: [__m512i; TILE] =
+                std::array::from_fn(|j| _mm512_loadu_si512(words[16 * j..].as_ptr() as *const __m512i));
+            transpose16(&rows)
+        };
+        for (p, row) in out.iter().enumerate() {
+            let mut got = [0i32; 16];
+            // SAFETY: 16 words.
+            unsafe { _mm512_storeu_si512(got.as_mut_ptr() as *mut __m512i, *row) };
+            let want: Vec<i32> = (0..16).map(|j| words[16 * j + p]).collect();
+            assert_eq!(got.to_vec(), want, "row {p}");
+        }
     }
 
     #[test]
