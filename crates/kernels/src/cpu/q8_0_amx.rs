@@ -341,7 +341,7 @@ const CONFIG: TileConfig = TileConfig {
 };
 
 /// The four 16 × 16 sums of a panel's two row tiles × token tiles `u` and `u + 1`, written to `c` as
-/// `[row tile][token tile][16 rows][16 tokens]` f32: over the parts (hi, hi), (hi, lo), (lo, hi), each over K.
+/// `[row tile][token tile][16 rows][16 tokens]` f32: over K step by step, each step's parts (hi, hi), (lo, hi), (hi, lo).
 ///
 /// # Safety
 /// The tile configuration is loaded; `panel` holds `4·steps` tiles, `a` token tiles `u` and `u + 1`.
@@ -359,29 +359,48 @@ unsafe fn sums(panel: &[Line], a: &Activations, u: usize, c: &mut [Line; 4 * TIL
             options(nostack, nomem, preserves_flags)
         )
     };
-    for (wp, xp) in [(0, 0), (0, 1), (1, 0)] {
-        for s in 0..steps {
-            let w0 = panel[(wp * steps + s) * 2 * TILE..].as_ptr();
-            // SAFETY: whole tiles of `panel` and `a` (the contract; 16 rows 64 bytes apart).
-            unsafe {
-                std::arch::asm!(
-                    "tileloadd tmm4, [{w0} + {stride}]",
-                    "tileloadd tmm5, [{w1} + {stride}]",
-                    "tileloadd tmm6, [{x0} + {stride}]",
-                    "tileloadd tmm7, [{x1} + {stride}]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    w0 = in(reg) w0,
-                    w1 = in(reg) w0.add(TILE),
-                    x0 = in(reg) a.tile(u, xp, s),
-                    x1 = in(reg) a.tile(u + 1, xp, s),
-                    stride = in(reg) 64usize,
-                    options(nostack, readonly, preserves_flags)
-                )
-            };
-        }
+    // Step by step, the three products in the order (hi, hi), (lo, hi), (hi, lo): ten tile loads per twelve
+    // products, the (hi) weight tiles read a second time from L1 instead of sweeping the panel three times.
+    let part = |wp: usize, s: usize| panel[(wp * steps + s) * 2 * TILE..].as_ptr();
+    for s in 0..steps {
+        let (wh, wl) = (part(0, s), part(1, s));
+        // SAFETY: whole tiles of `panel` and `a` (the contract; 16 rows 64 bytes apart).
+        unsafe {
+            std::arch::asm!(
+                "tileloadd tmm4, [{wh0} + {stride}]",
+                "tileloadd tmm5, [{wh1} + {stride}]",
+                "tileloadd tmm6, [{xh0} + {stride}]",
+                "tileloadd tmm7, [{xh1} + {stride}]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "tileloadd tmm4, [{wl0} + {stride}]",
+                "tileloadd tmm5, [{wl1} + {stride}]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "tileloadd tmm4, [{wh0} + {stride}]",
+                "tileloadd tmm5, [{wh1} + {stride}]",
+                "tileloadd tmm6, [{xl0} + {stride}]",
+                "tileloadd tmm7, [{xl1} + {stride}]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                wh0 = in(reg) wh,
+                wh1 = in(reg) wh.add(TILE),
+                wl0 = in(reg) wl,
+                wl1 = in(reg) wl.add(TILE),
+                xh0 = in(reg) a.tile(u, 0, s),
+                xh1 = in(reg) a.tile(u + 1, 0, s),
+                xl0 = in(reg) a.tile(u, 1, s),
+                xl1 = in(reg) a.tile(u + 1, 1, s),
+                stride = in(reg) 64usize,
+                options(nostack, readonly, preserves_flags)
+            )
+        };
     }
     let p = c.as_mut_ptr();
     // SAFETY: four tiles of `c`.
