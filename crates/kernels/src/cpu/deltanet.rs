@@ -262,7 +262,12 @@ fn chunked_head(inp: &DeltaInputs<'_>, h: usize, s: &mut [f32], chunk: usize) ->
 /// The processor has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn chunked_head_avx512(inp: &DeltaInputs<'_>, h: usize, s: &mut [f32], chunk: usize) -> Vec<f32> {
+unsafe fn chunked_head_avx512(
+    inp: &DeltaInputs<'_>,
+    h: usize,
+    s: &mut [f32],
+    chunk: usize,
+) -> Vec<f32> {
     chunked_head_body(inp, h, s, chunk)
 }
 

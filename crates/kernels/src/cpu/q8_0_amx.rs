@@ -121,7 +121,12 @@ impl Activations {
                     // parts of `steps` tiles and the tile's tokens have K values each.
                     #[cfg(target_arch = "x86_64")]
                     unsafe {
-                        split_tile(&x[u * TILE * k..(u * TILE + tokens) * k], tokens, steps, out)
+                        split_tile(
+                            &x[u * TILE * k..(u * TILE + tokens) * k],
+                            tokens,
+                            steps,
+                            out,
+                        )
                     };
                 }
             });
@@ -622,8 +627,9 @@ mod tests {
         let words: Vec<i32> = (0..256).map(|i| i * 7 + 3).collect();
         // SAFETY: AVX-512 F (checked); 16 rows of 16 words.
         let out = unsafe {
-            let rows: [__m512i; TILE] =
-                std::array::from_fn(|j| _mm512_loadu_si512(words[16 * j..].as_ptr() as *const __m512i));
+            let rows: [__m512i; TILE] = std::array::from_fn(|j| {
+                _mm512_loadu_si512(words[16 * j..].as_ptr() as *const __m512i)
+            });
             transpose16(&rows)
         };
         for (p, row) in out.iter().enumerate() {
