@@ -1,10 +1,17 @@
 //! µs per `matmul_t` call on the Qwen3.5-0.8B MLP shape (N 3,584, K 1,024), bf16, f16 and f32 weights, 1 to 512 tokens:
 //! how the batch-invariant float kernel compares with the kernels it replaced (run this example from two checkouts,
-//! alternating; docs/benchmarks/cpu-matmul.md). `cargo run --release -p onepass-kernels --example matmul_bench`
+//! alternating; docs/benchmarks/cpu-matmul.md). `cargo run --release -p onepass-kernels --example matmul_bench [-- N K]`
+//! (another shape: N rows of K inputs).
 use onepass_tensor::Tensor;
 
 fn main() {
-    let (n, k) = (3584usize, 1024usize);
+    let arg = |i: usize, d: usize| {
+        std::env::args()
+            .nth(i)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let (n, k) = (arg(1, 3584), arg(2, 1024));
     let wv: Vec<f32> = (0..n * k).map(|i| ((i as f32) * 0.37).sin()).collect();
     for (name, w) in [
         ("bf16", Tensor::from_f32_as_bf16("w", vec![n, k], &wv)),
