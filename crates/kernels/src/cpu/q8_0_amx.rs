@@ -345,6 +345,19 @@ const CONFIG: TileConfig = TileConfig {
     rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
 };
 
+/// The 2 × 2 products of one step: weight tiles tmm4, tmm5 by activation tiles tmm6, tmm7 into sums tmm0-tmm3.
+#[cfg(target_arch = "x86_64")]
+macro_rules! four_products {
+    () => {
+        concat!(
+            "tdpbf16ps tmm0, tmm4, tmm6\n",
+            "tdpbf16ps tmm1, tmm4, tmm7\n",
+            "tdpbf16ps tmm2, tmm5, tmm6\n",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+        )
+    };
+}
+
 /// The four 16 × 16 sums of a panel's two row tiles × token tiles `u` and `u + 1`, written to `c` as
 /// `[row tile][token tile][16 rows][16 tokens]` f32: over K step by step, each step's parts (hi, hi), (lo, hi), (hi, lo).
 ///
@@ -376,24 +389,15 @@ unsafe fn sums(panel: &[Line], a: &Activations, u: usize, c: &mut [Line; 4 * TIL
                 "tileloadd tmm5, [{wh1} + {stride}]",
                 "tileloadd tmm6, [{xh0} + {stride}]",
                 "tileloadd tmm7, [{xh1} + {stride}]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
+                four_products!(),
                 "tileloadd tmm4, [{wl0} + {stride}]",
                 "tileloadd tmm5, [{wl1} + {stride}]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
+                four_products!(),
                 "tileloadd tmm4, [{wh0} + {stride}]",
                 "tileloadd tmm5, [{wh1} + {stride}]",
                 "tileloadd tmm6, [{xl0} + {stride}]",
                 "tileloadd tmm7, [{xl1} + {stride}]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
+                four_products!(),
                 wh0 = in(reg) wh,
                 wh1 = in(reg) wh.add(TILE),
                 wl0 = in(reg) wl,
@@ -619,13 +623,13 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
+    #[cfg_attr(not(onepass_amx_host), ignore = "this processor has no AMX tile unit")]
     fn transpose16_moves_word_p_of_row_j_to_word_j_of_row_p() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
-            eprintln!("skipped: no AVX-512 F on this processor");
+        if !here() {
             return;
         }
         let words: Vec<i32> = (0..256).map(|i| i * 7 + 3).collect();
-        // SAFETY: AVX-512 F (checked); 16 rows of 16 words.
+        // SAFETY: AVX-512 F (the tile unit's processors have it); 16 rows of 16 words.
         let out = unsafe {
             let rows: [__m512i; TILE] = std::array::from_fn(|j| {
                 _mm512_loadu_si512(words[16 * j..].as_ptr() as *const __m512i)

@@ -172,10 +172,10 @@ mod avx512 {
     /// f32, 1 bf16, 2 f16). One or two tokens run tiles of t × [`STREAM_NR`] (each weight row read once); more
     /// run 4 × 4 tiles over token tiles of about equal size (their activations within half of L2). Where four
     /// tokens' activations fit [`L1_ACTIVATIONS`] (K ≤ 1,024), each group of four tokens meets every four-row group
-    /// of the block, the block's weights from L2 (half the bytes of the activations for bf16 and f16: 20–30% faster
-    /// on the 0.8B MLP shape); for a longer K each four weight rows, in L1, meet every token of the tile from L2
-    /// (the other order lost 20–30% at K = 6,144). Every output is summed alike in every tile ([`tile`]), so the
-    /// order never changes a bit.
+    /// of the block, the block's weights from L2 (half the bytes of the activations for bf16 and f16: 31–40% more
+    /// GFLOP/s on the 0.8B MLP shape, medians of eight rounds); for a longer K each four weight rows, in L1, meet
+    /// every token of the tile from L2 (the other order lost about a quarter at K = 6,144). Every output is summed
+    /// alike in every tile ([`tile`]), so the order never changes a bit.
     ///
     /// # Safety
     /// AVX-512F; x is [t, k], w [≥ r1, k] of the format `W`; `y + i * n + j` valid for writes for every `i < t`,
