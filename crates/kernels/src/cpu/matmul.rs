@@ -9,10 +9,11 @@
 //! that depends on K alone: 16 lanes (8 without AVX-512) over the first K rounded down to the lanes, lane `l`
 //! summing the products at `l mod lanes` in order, the lanes reduced in a fixed tree, then the remaining products
 //! added in order. The output features are split into blocks, one rayon task each (256 rows for one or two tokens,
-//! where the weights are streamed once; else 64 to 512); with AVX-512 a task runs one register tile generic over
-//! the weight's widening (bf16 and f16 widened in registers): 1 or 2 tokens × 8 weight rows, the next 8 rows
-//! prefetched, for decode; 4 × 4 with token tiles sized for L2 for more tokens; elsewhere 2 × 4. Blocks and tiles
-//! change which products run together, never an output's order.
+//! where the weights are streamed once; else four blocks per thread); with AVX-512 a task runs one register tile
+//! generic over the weight's widening (bf16 and f16 widened in registers): 1 or 2 tokens × 8 weight rows, the next
+//! 8 rows prefetched, for decode; 8 tokens × 3 rows for more tokens, over groups of rows sized for L2 and K in
+//! spans sized for L1, the sums carried between spans; elsewhere 2 × 4. Blocks, tiles and spans change which
+//! products run together, never an output's order.
 //!
 //! Q8_0 weights regrouped for the CPU ([`DType::Q8_0G`](onepass_tensor::DType::Q8_0G), what a model prepared for
 //! the CPU holds where the processor has AVX-512 VNNI) run the integer kernels of [`super::q8_0_vnni`] for any number
@@ -675,7 +676,7 @@ mod tests {
     #[test]
     fn float_outputs_do_not_depend_on_the_tokens_stacked() {
         use onepass_tensor::DType;
-        for (k, n) in [(64, 37), (100, 300), (17, 9), (1031, 5)] {
+        for (k, n) in [(64, 37), (100, 300), (17, 9), (1031, 5), (2100, 130)] {
             let wv = pseudo(n * k, 2);
             for dtype in [DType::F32, DType::BF16, DType::F16] {
                 let w = weight_as(dtype, n, k, &wv);

@@ -1,7 +1,7 @@
 //! The float weights' kernel of [`super::matmul::matmul_t`]: `y[i, j] = x[i] · w[j]` for f32, bf16 and f16 weights,
 //! with every output summed in one order that depends on K alone, never on the number of tokens (module docs of
 //! matmul.rs): with AVX-512 one generic register tile over the weight's widening (1 or 2 tokens × 8 weight rows
-//! streamed at memory speed for decode, 4 × 4 for prefill; 16 lanes), else portable tiles of 2 × 4 with 8 lanes.
+//! streamed at memory speed for decode, 8 tokens × 3 rows for prefill; 16 lanes), else portable tiles of 2 × 4 with 8 lanes.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -18,19 +18,17 @@ pub(super) enum Rows<'a> {
 
 /// Output features per task for one or two tokens (each weight row streamed once)...
 const STREAM_ROWS: usize = 256;
-/// ...and for more tokens: at least this many, at most that many (several blocks per thread to balance).
-const BLOCK_N_MIN: usize = 64;
-const BLOCK_N_MAX: usize = 512;
+/// ...and for more tokens: four blocks per thread (to balance), each a multiple of 12 rows (whole prefill and
+/// portable tiles, so only a matrix's last block has a partial tile) and at least this many.
+const BLOCK_N_MIN: usize = 24;
 
 /// `y[T, N] = x[T, K] · w[N, K]ᵀ`; the shapes were checked by `matmul_t`.
 pub(super) fn rows_tiled(x: &[f32], t: usize, k: usize, n: usize, w: Rows<'_>, y: &mut [f32]) {
     let block_n = if t <= 2 {
         STREAM_ROWS
     } else {
-        let per_thread = 4 * rayon::current_num_threads().max(1);
-        n.div_ceil(per_thread)
-            .next_multiple_of(16)
-            .clamp(BLOCK_N_MIN, BLOCK_N_MAX)
+        let blocks = 4 * rayon::current_num_threads().max(1);
+        n.div_ceil(blocks).next_multiple_of(12).max(BLOCK_N_MIN)
     };
     #[cfg(target_arch = "x86_64")]
     let avx512 = std::arch::is_x86_feature_detected!("avx512f");
@@ -160,22 +158,29 @@ unsafe fn tiles_portable(
 mod avx512 {
     use std::arch::x86_64::*;
 
-    /// Bytes of activations per token tile (half of a 1 MiB L2).
-    const TOKEN_TILE_BYTES: usize = 512 * 1024;
     /// Weight rows per pass for one or two tokens: 8 rows (16 accumulators for two tokens) stream together, so
     /// several independent sums hide the multiply-add latency while the weights stream at memory speed.
     const STREAM_NR: usize = 8;
-    /// Bytes of four tokens' activations that a prefill tile keeps in L1 (a third of a 48 KiB L1 data cache).
-    const L1_ACTIVATIONS: usize = 16 * 1024;
+    /// A prefill tile: tokens × weight rows (24 accumulators, 3 widened weights and 1 activation of 32 registers).
+    const PREFILL_MR: usize = 8;
+    const PREFILL_NR: usize = 3;
+    /// Bytes of weights that a prefill pass keeps in L2 (a quarter of a 2 MiB L2) while every token meets them.
+    const L2_WEIGHTS: usize = 512 * 1024;
+    /// K runs in spans of this many values (eight tokens' activations, 32 KiB, stay in L1 for a span), the sums
+    /// carried from span to span.
+    const L1_SPAN: usize = 1024;
 
     /// `y[i, j] = x[i] · w[j]` for all tokens `i < t` and weight rows `r0 <= j < r1` (`W` the weight's format: 0
-    /// f32, 1 bf16, 2 f16). One or two tokens run tiles of t × [`STREAM_NR`] (each weight row read once); more
-    /// run 4 × 4 tiles over token tiles of about equal size (their activations within half of L2). Where four
-    /// tokens' activations fit [`L1_ACTIVATIONS`] (K ≤ 1,024), each group of four tokens meets every four-row group
-    /// of the block, the block's weights from L2 (half the bytes of the activations for bf16 and f16: 31–40% more
-    /// GFLOP/s on the 0.8B MLP shape, medians of eight rounds); for a longer K each four weight rows, in L1, meet
-    /// every token of the tile from L2 (the other order lost about a quarter at K = 6,144). Every output is summed
-    /// alike in every tile ([`tile`]), so the order never changes a bit.
+    /// f32, 1 bf16, 2 f16). One or two tokens run tiles of t × [`STREAM_NR`] (each weight row read once). More run
+    /// tiles of [`PREFILL_MR`] tokens × [`PREFILL_NR`] rows (the last tokens in tiles of four, then of what is
+    /// left): the rows in groups whose weights fit [`L2_WEIGHTS`]; within a group each eight tokens meet every
+    /// three rows, K in spans of [`L1_SPAN`], so the activations come from L1 and only the weights from L2.
+    /// Widening bf16 or f16 takes two operations on the multiply-add ports, so eight tokens per widened weight
+    /// leave more of those ports to the products than four did (about 70% of the multiply-adds' peak against 57%,
+    /// one thread, everything in cache). Against the 4 × 4 tiles each over a token tile from L2 that this
+    /// replaced: 9–35% more GFLOP/s at 12, 128 and 512 tokens on the 0.8B and 2B shapes, bf16, f16 and f32 (medians
+    /// of rounds run in turn in one process, docs/benchmarks/data/2026-12-06-prefill-8x3.log). Every output is
+    /// summed alike in every tile and span ([`tile`]), so neither the shape, the order nor the spans change a bit.
     ///
     /// # Safety
     /// AVX-512F; x is [t, k], w [≥ r1, k] of the format `W`; `y + i * n + j` valid for writes for every `i < t`,
@@ -195,54 +200,77 @@ mod avx512 {
         let x = x.as_ptr();
         // SAFETY (every call): the tiles stay inside rows 0..t of x, r0..r1 of w and this task's outputs.
         unsafe {
+            let k16 = k / 16 * 16;
             if t <= 2 {
+                let (whole, none) = ((0, k16), std::ptr::null_mut());
                 let mut j = r0;
                 while j < r1 {
                     let nr = (r1 - j).min(STREAM_NR);
                     match (t, nr) {
-                        (1, STREAM_NR) => {
-                            tile::<W, 1, STREAM_NR, true, true>(x, 0, 1, k, w, j, nr, y, n)
-                        }
-                        (1, _) => tile::<W, 1, STREAM_NR, true, false>(x, 0, 1, k, w, j, nr, y, n),
-                        (_, STREAM_NR) => {
-                            tile::<W, 2, STREAM_NR, true, true>(x, 0, 2, k, w, j, nr, y, n)
-                        }
-                        _ => tile::<W, 2, STREAM_NR, true, false>(x, 0, t, k, w, j, nr, y, n),
+                        (1, STREAM_NR) => tile::<W, 1, STREAM_NR, true, true>(
+                            x, 0, 1, k, w, j, nr, y, n, whole, none,
+                        ),
+                        (1, _) => tile::<W, 1, STREAM_NR, true, false>(
+                            x, 0, 1, k, w, j, nr, y, n, whole, none,
+                        ),
+                        (_, STREAM_NR) => tile::<W, 2, STREAM_NR, true, true>(
+                            x, 0, 2, k, w, j, nr, y, n, whole, none,
+                        ),
+                        _ => tile::<W, 2, STREAM_NR, true, false>(
+                            x, 0, t, k, w, j, nr, y, n, whole, none,
+                        ),
                     }
                     j += nr;
                 }
                 return;
             }
-            let most = (TOKEN_TILE_BYTES / (4 * k.max(1))).clamp(4, 256);
-            let tile_t = t.div_ceil(t.div_ceil(most)).next_multiple_of(4);
-            // Four tokens' activations in L1 against the weights from L2 where they fit beside them; else four
-            // weight rows in L1 against the token tile's activations from L2.
-            let tokens_outer = 4 * 4 * k <= L1_ACTIVATIONS;
-            // Within the outer block's safety: the tile lies inside rows i..i + mr of x and j..j + nr of w.
-            let one = |i: usize, j: usize, mr: usize, nr: usize| {
-                if mr == 4 && nr == 4 {
-                    tile::<W, 4, 4, false, true>(x, i, mr, k, w, j, nr, y, n);
-                } else {
-                    tile::<W, 4, 4, false, false>(x, i, mr, k, w, j, nr, y, n);
-                }
+            const MR: usize = PREFILL_MR;
+            const NR: usize = PREFILL_NR;
+            let weight_bytes = if W == 0 { 4 } else { 2 };
+            let group = (L2_WEIGHTS / (k.max(1) * weight_bytes) / NR * NR).max(NR);
+            let span = L1_SPAN;
+            let spans = k16.div_ceil(span).max(1);
+            let mut carried = if spans > 1 {
+                vec![_mm512_setzero_ps(); group.min(r1 - r0).div_ceil(NR) * MR * NR]
+            } else {
+                Vec::new()
             };
-            let mut i0 = 0;
-            while i0 < t {
-                let i1 = (i0 + tile_t).min(t);
-                if tokens_outer {
-                    for i in (i0..i1).step_by(4) {
-                        for j in (r0..r1).step_by(4) {
-                            one(i, j, (i1 - i).min(4), (r1 - j).min(4));
+            let mut g0 = r0;
+            while g0 < r1 {
+                let g1 = (g0 + group).min(r1);
+                let mut i = 0;
+                while i < t {
+                    // Eight tokens at a time, then four, then what is left (one to three).
+                    let mr = match t - i {
+                        left if left >= MR => MR,
+                        left if left >= 4 => 4,
+                        left => left,
+                    };
+                    for s in 0..spans {
+                        let ks = (s * span, ((s + 1) * span).min(k16));
+                        for (q, j) in (g0..g1).step_by(NR).enumerate() {
+                            let nr = (g1 - j).min(NR);
+                            let c = if spans > 1 {
+                                carried.as_mut_ptr().add(q * MR * NR)
+                            } else {
+                                std::ptr::null_mut()
+                            };
+                            match (mr, nr == NR) {
+                                (MR, true) => tile::<W, MR, NR, false, true>(
+                                    x, i, mr, k, w, j, nr, y, n, ks, c,
+                                ),
+                                (4, true) => tile::<W, 4, NR, false, true>(
+                                    x, i, mr, k, w, j, nr, y, n, ks, c,
+                                ),
+                                _ => tile::<W, MR, NR, false, false>(
+                                    x, i, mr, k, w, j, nr, y, n, ks, c,
+                                ),
+                            }
                         }
                     }
-                } else {
-                    for j in (r0..r1).step_by(4) {
-                        for i in (i0..i1).step_by(4) {
-                            one(i, j, (i1 - i).min(4), (r1 - j).min(4));
-                        }
-                    }
+                    i += mr;
                 }
-                i0 = i1;
+                g0 = g1;
             }
         }
     }
@@ -254,8 +282,14 @@ mod avx512 {
     /// in order), reduced by `_mm512_reduce_add_ps`, then the remaining products added in order: the same order
     /// in every tile shape, so a token's outputs never depend on the tokens beside it.
     ///
+    /// This call runs the products at `ks.0 <= kk < ks.1` (multiples of 16, `ks.1 <= k16`, where `k16` is K
+    /// rounded down to 16). With `carried` not null the sums start from its `MR × NR` registers unless `ks.0` is 0,
+    /// and go back to them unless `ks.1 == k16`; the call whose span ends at `k16` writes y. Spans run in order
+    /// give the bits of one call over `(0, k16)`.
+    ///
     /// # Safety
-    /// AVX-512F; rows i0..i0+mr of x and j0..j0+nr of w exist; the outputs are the caller's to write.
+    /// AVX-512F; rows i0..i0+mr of x and j0..j0+nr of w exist; the outputs are the caller's to write; `carried` is
+    /// null or valid for `MR × NR` registers that no other thread touches.
     #[target_feature(enable = "avx512f")]
     #[inline]
     #[allow(clippy::needless_range_loop)] // fixed-bound loops over register arrays unroll
@@ -275,12 +309,22 @@ mod avx512 {
         nr: usize,
         y: *mut f32,
         n: usize,
+        ks: (usize, usize),
+        carried: *mut __m512,
     ) {
         let (mr, nr) = if FULL { (MR, NR) } else { (mr, nr) };
         let k16 = k / 16 * 16;
         let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-        let mut kk = 0;
-        while kk < k16 {
+        if !carried.is_null() && ks.0 > 0 {
+            for r in 0..MR {
+                for c in 0..NR {
+                    // SAFETY: carried holds MR × NR registers (the caller's contract).
+                    acc[r][c] = unsafe { *carried.add(r * NR + c) };
+                }
+            }
+        }
+        let mut kk = ks.0;
+        while kk < ks.1 {
             // SAFETY: rows i0..i0+mr of x and j0..j0+nr of w exist and kk + 16 <= k.
             unsafe {
                 let mut wv = [_mm512_setzero_ps(); NR];
@@ -330,6 +374,15 @@ mod avx512 {
                 }
             }
             kk += 16;
+        }
+        if !carried.is_null() && ks.1 < k16 {
+            for r in 0..MR {
+                for c in 0..NR {
+                    // SAFETY: as above.
+                    unsafe { *carried.add(r * NR + c) = acc[r][c] };
+                }
+            }
+            return;
         }
         for r in 0..mr {
             for c in 0..nr {
