@@ -1,7 +1,8 @@
 //! The float weights' kernel of [`super::matmul::matmul_t`]: `y[i, j] = x[i] · w[j]` for f32, bf16 and f16 weights,
 //! with every output summed in one order that depends on K alone, never on the number of tokens (module docs of
 //! matmul.rs): with AVX-512 one generic register tile over the weight's widening (1 or 2 tokens × 8 weight rows
-//! streamed at memory speed for decode, 8 tokens × 3 rows for prefill; 16 lanes), else portable tiles of 2 × 4 with 8 lanes.
+//! streamed at memory speed for decode, 8 tokens × 3 rows for prefill; 16 lanes), else portable tiles of 2 × 4
+//! with 8 lanes.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
