@@ -179,8 +179,8 @@ mod avx512 {
     /// Widening bf16 or f16 takes two operations on the multiply-add ports, so eight tokens per widened weight
     /// leave more of those ports to the products than four did (about 70% of the multiply-adds' peak against 57%,
     /// one thread, everything in cache). Against the 4 × 4 tiles each over a token tile from L2 that this
-    /// replaced: 9–35% more GFLOP/s at 12, 128 and 512 tokens on the 0.8B and 2B shapes, bf16, f16 and f32 (medians
-    /// of rounds run in turn in one process, docs/benchmarks/data/2026-12-06-prefill-8x3.log). Every output is
+    /// replaced: 6–58% more GFLOP/s at 12, 128 and 512 tokens on the 0.8B and 2B shapes, bf16, f16 and f32, and
+    /// within the noise at 5 (medians of rounds run in turn in one process, docs/benchmarks/cpu-matmul.md). Every output is
     /// summed alike in every tile and span ([`tile`]), so neither the shape, the order nor the spans change a bit.
     ///
     /// # Safety
