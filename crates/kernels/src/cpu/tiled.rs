@@ -178,10 +178,10 @@ mod avx512 {
     /// three rows, K in spans of [`L1_SPAN`], so the activations come from L1 and only the weights from L2.
     /// Widening bf16 or f16 takes two operations on the multiply-add ports, so eight tokens per widened weight
     /// leave more of those ports to the products than four did (about 70% of the multiply-adds' peak against 57%,
-    /// one thread, everything in cache). Against the 4 × 4 tiles each over a token tile from L2 that this
-    /// replaced: 6–58% more GFLOP/s at 12, 128 and 512 tokens on the 0.8B and 2B shapes, bf16, f16 and f32, and
-    /// within the noise at 5 (medians of rounds run in turn in one process, docs/benchmarks/cpu-matmul.md). Every output is
-    /// summed alike in every tile and span ([`tile`]), so neither the shape, the order nor the spans change a bit.
+    /// one thread, everything in cache). Against the 4 × 4 tiles this replaced: 6–58% more GFLOP/s at 12, 128 and
+    /// 512 tokens on the 0.8B and 2B shapes, bf16, f16 and f32, and within the noise at 5 (medians of rounds run in
+    /// turn in one process, docs/benchmarks/cpu-matmul.md). Every output is summed alike in every tile and span
+    /// ([`tile`]), so neither the shape, the order nor the spans change a bit.
     ///
     /// # Safety
     /// AVX-512F; x is [t, k], w [≥ r1, k] of the format `W`; `y + i * n + j` valid for writes for every `i < t`,
@@ -229,8 +229,7 @@ mod avx512 {
             const NR: usize = PREFILL_NR;
             let weight_bytes = if W == 0 { 4 } else { 2 };
             let group = (L2_WEIGHTS / (k.max(1) * weight_bytes) / NR * NR).max(NR);
-            let span = L1_SPAN;
-            let spans = k16.div_ceil(span).max(1);
+            let spans = k16.div_ceil(L1_SPAN).max(1);
             let mut carried = if spans > 1 {
                 vec![_mm512_setzero_ps(); group.min(r1 - r0).div_ceil(NR) * MR * NR]
             } else {
@@ -248,7 +247,7 @@ mod avx512 {
                         left => left,
                     };
                     for s in 0..spans {
-                        let ks = (s * span, ((s + 1) * span).min(k16));
+                        let ks = (s * L1_SPAN, ((s + 1) * L1_SPAN).min(k16));
                         for (q, j) in (g0..g1).step_by(NR).enumerate() {
                             let nr = (g1 - j).min(NR);
                             let c = if spans > 1 {
