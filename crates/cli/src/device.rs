@@ -46,7 +46,8 @@ impl DeviceArg {
 pub struct PrecisionArg {
     /// GPU arithmetic: mixed (the default: bf16 weights, activations carried as two bf16 halves into every product,
     /// the attention and gated delta kernels in TF32; the fastest mode within 0.02 of float32 probabilities), split
-    /// (the same products, f32-accurate attention and gated delta kernels; the closest to the CPU), bf16 (fastest,
+    /// (the same products, f32-accurate attention and gated delta kernels; the closest to the CPU), half (mixed with
+    /// the products that read a norm's output in f16: faster; models it does not fit run mixed), bf16 (fastest,
     /// plain bf16 activations), or f32 (f32 weights; for checking).
     #[arg(long, default_value = "mixed")]
     pub gpu_precision: String,
@@ -56,8 +57,9 @@ impl PrecisionArg {
     /// The precision named, or an error naming the choices.
     pub fn parse(&self) -> Result<onepass_cuda::Precision> {
         let s = &self.gpu_precision;
-        onepass_cuda::Precision::from_name(s)
-            .with_context(|| format!("--gpu-precision {s:?}: expected mixed, split, bf16 or f32"))
+        onepass_cuda::Precision::from_name(s).with_context(|| {
+            format!("--gpu-precision {s:?}: expected mixed, split, half, bf16 or f32")
+        })
     }
 }
 
@@ -281,8 +283,15 @@ mod tests {
             (o.precision, o.kernels, o.split_gemms),
             (Precision::Mixed, None, None)
         );
-        let e = args("half", None).options().unwrap_err().to_string();
-        assert!(e.contains("--gpu-precision \"half\""), "{e}");
+        assert_eq!(
+            args("half", None).options().unwrap().precision,
+            Precision::Half
+        );
+        let e = args("fp16", None).options().unwrap_err().to_string();
+        assert!(
+            e.contains("--gpu-precision \"fp16\"") && e.contains("split, half, bf16"),
+            "{e}"
+        );
     }
 
     /// The GPU flags' help speaks to users: no internal variables, issues or experiments; the expert kernel flags

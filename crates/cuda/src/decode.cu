@@ -64,9 +64,9 @@ KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float
     }
 }
 
-// Small-batch projection (decode): y[r, n] (row stride ldy) = sum_{e < group} x[r*group + e, :K] · w[n, :K]
-// + beta · y[r, n] for the rows / group output rows (rows <= GEMV_ROWS, group 1 or 2), x and w bf16, f32 products
-// and sums. Each weight row is read once, 16 bytes per lane: `wpr` warps per row n (see gemv_rows), lanes over K, then a
+// Small-batch projection (decode): y[r, n] (row stride ldy) = alpha · sum_{e < group} x[r*group + e, :K] · w[n, :K]
+// + beta · y[r, n] for the rows / group output rows (rows <= GEMV_ROWS, group 1 or 2), x and w bf16 (or both f16:
+// the half precision's input projections, alpha undoing their weights' power-of-two scale), f32 products and sums. Each weight row is read once, 16 bytes per lane: `wpr` warps per row n (see gemv_rows), lanes over K, then a
 // warp sum. K, ldx and ldw multiples of 8 and x, w 16-byte aligned (the caller checks). beta 0 (y not read) or 1.
 #define GEMV_ROWS 8
 __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
@@ -80,13 +80,26 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     }
     return s;
 }
+// dot8 of f16 values.
+__device__ __forceinline__ float dot8h(uint4 a, uint4 b) {
+    const unsigned* pa = (const unsigned*)&a;
+    const unsigned* pb = (const unsigned*)&b;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s += h2f((unsigned short)pa[i]) * h2f((unsigned short)pb[i]);
+        s += h2f((unsigned short)(pa[i] >> 16)) * h2f((unsigned short)(pb[i] >> 16));
+    }
+    return s;
+}
 // ROWS: the most x rows of the instantiation (its accumulators and loads live in registers); UNROLL: 16-byte weight
 // loads in flight per lane. `wpr` warps (1, 2, 4 or 8) share a weight row, each over every wpr-th 256-value slice of
 // K (more loads in flight where N is small), their sums added in warp order through shared memory.
-template <int ROWS, int UNROLL>
+// HALF: x and w hold f16 values instead of bf16.
+template <int ROWS, int UNROLL, bool HALF = false>
 __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx, int rows, int group, int K,
                                           const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y,
-                                          int ldy, float beta, int wpr) {
+                                          int ldy, float beta, int wpr, float alpha = 1.0f) {
     __shared__ float part[8][ROWS];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n = blockIdx.x * (8 / wpr) + warp / wpr, slice = warp % wpr;
@@ -101,7 +114,10 @@ __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx,
             uint4 wv = __ldg((const uint4*)(wr + c));
 #pragma unroll
             for (int r = 0; r < ROWS; r++)
-                if (r < rows) acc[r] += dot8(wv, *(const uint4*)(x + (idx_t)r * ldx + c));
+                if (r < rows) {
+                    uint4 xv = *(const uint4*)(x + (idx_t)r * ldx + c);
+                    acc[r] += HALF ? dot8h(wv, xv) : dot8(wv, xv);
+                }
         }
     }
 #pragma unroll
@@ -136,6 +152,7 @@ __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx,
             v = acc[r] + acc[r + 1];
             o = r / 2;
         }
+        if (HALF) v *= alpha;
         float* yo = y + (idx_t)o * ldy + n;
         *yo = beta != 0.0f ? v + beta * *yo : v;
     }
@@ -156,16 +173,30 @@ KERNEL(simt) void gemv_bf16_8(const bf16_t* __restrict__ x, int ldx, int rows, i
     pdl_launch();
     gemv_rows<GEMV_ROWS, 4>(x, ldx, rows, group, K, w, ldw, N, y, ldy, beta, wpr);
 }
+// The same over f16 x and w (group 1), the sums times alpha.
+KERNEL(simt) void gemv_half_2(const bf16_t* __restrict__ x, int ldx, int rows, int K, const bf16_t* __restrict__ w,
+                             int ldw, int N, float* __restrict__ y, int ldy, float beta, int wpr, float alpha) {
+    pdl_wait();
+    pdl_launch();
+    gemv_rows<2, 8, true>(x, ldx, rows, 1, K, w, ldw, N, y, ldy, beta, wpr, alpha);
+}
+KERNEL(simt) void gemv_half_8(const bf16_t* __restrict__ x, int ldx, int rows, int K, const bf16_t* __restrict__ w,
+                             int ldw, int N, float* __restrict__ y, int ldy, float beta, int wpr, float alpha) {
+    pdl_wait();
+    pdl_launch();
+    gemv_rows<GEMV_ROWS, 4, true>(x, ldx, rows, 1, K, w, ldw, N, y, ldy, beta, wpr, alpha);
+}
 
 // Decode's norm and input projection in one launch, for one token row x [K] f32: y[n] = sum over the planes of
 // plane(rms_norm(x) * gain) · w[n], the normed row rounded to bf16 (PLANES 1) or split into bf16 hi and lo planes
 // (PLANES 2, split precision), in dynamic shared memory (2 * PLANES * K bytes); then as gemv_bf16 over those rows.
 // Every block forms the norm itself (x is read by every block, from L2), so no launch writes it. grid and wpr as
 // gemv_bf16, 256 threads; K a multiple of 8.
-template <int PLANES>
+// HALF (PLANES 1): the normed row rounded to f16 and w f16, the sums times alpha.
+template <int PLANES, bool HALF = false>
 __device__ __forceinline__ void gemv_norm(const float* __restrict__ x, const float* __restrict__ gain, float eps,
                                           int K, const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y,
-                                          int wpr) {
+                                          int wpr, float alpha = 1.0f) {
     extern __shared__ float sm[];
     bf16_t* xs = (bf16_t*)sm;
     float s = 0.0f;
@@ -174,12 +205,16 @@ __device__ __forceinline__ void gemv_norm(const float* __restrict__ x, const flo
     float inv = 1.0f / sqrtf(s / K + eps);
     for (int c = threadIdx.x; c < K; c += blockDim.x) {
         float v = x[c] * inv * gain[c];
+        if (HALF) {
+            xs[c] = f2h(v);
+            continue;
+        }
         bf16_t h = f2bf(v);
         xs[c] = h;
         if (PLANES == 2) xs[K + c] = f2bf(v - bf2f(h));
     }
     __syncthreads();
-    gemv_rows<2, 8>(xs, K, PLANES, PLANES, K, w, ldw, N, y, N, 0.0f, wpr);
+    gemv_rows<2, 8, HALF>(xs, K, PLANES, PLANES, K, w, ldw, N, y, N, 0.0f, wpr, alpha);
 }
 KERNEL(simt) void gemv_norm_bf16(const float* __restrict__ x, const float* __restrict__ gain, float eps, int K,
                                  int planes, const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y,
@@ -188,6 +223,12 @@ KERNEL(simt) void gemv_norm_bf16(const float* __restrict__ x, const float* __res
         gemv_norm<2>(x, gain, eps, K, w, ldw, N, y, wpr);
     else
         gemv_norm<1>(x, gain, eps, K, w, ldw, N, y, wpr);
+}
+// gemv_norm_bf16 with one f16 plane and f16 weights (the half precision), the sums times alpha.
+KERNEL(simt) void gemv_norm_half(const float* __restrict__ x, const float* __restrict__ gain, float eps, int K,
+                                const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y, int wpr,
+                                float alpha) {
+    gemv_norm<1, true>(x, gain, eps, K, w, ldw, N, y, wpr, alpha);
 }
 
 // Greedy decoding's next token: out[r] = the index of the highest of x[r, :n] (the lowest index among equal ones;

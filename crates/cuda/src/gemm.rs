@@ -3,6 +3,9 @@
 //! `CUBLAS_GEMM_DEFAULT`: bf16 weights on tensor cores, and the f32 weights of `Precision::F32` with
 //! `CUBLAS_COMPUTE_32F_PEDANTIC` (never TF32).
 //!
+//! The half precision's input projections ([`W::Half`]): f16 weights scaled by a power of two and f16 inputs,
+//! `CUBLAS_COMPUTE_32F` on tensor cores (f32 accumulation), alpha undoing the scale.
+//!
 //! A per-shape cuBLASLt autotuner was measured against this and removed (H200, 2026-11-30): at the System One token
 //! counts no candidate beat GemmEx by more than 2% on any 0.8B projection, and tuning cost 5–50 ms per new shape on a
 //! server's first requests (docs/benchmarks/history/cuda-notes-2026-11-30.md).
@@ -55,6 +58,51 @@ fn gemv(
         wpr as i32)
 }
 
+/// The few-row GEMV over f16 x and an f16 weight scaled by 2^`shift` ([`W::Half`]): y[r, n] = 2^-shift ·
+/// x[r] · w[n]ᵀ + beta · y[r, n].
+fn gemv_half(
+    g: &Gpu,
+    (x, ldx, rows): (u64, usize, usize),
+    k: usize,
+    (w, ldw, n, shift): (u64, usize, usize, i32),
+    (y, ldy): (u64, usize),
+    beta: f32,
+) -> Result<(), CudaError> {
+    let wpr = gemv_wpr(n, k);
+    let f = &g.k.gemv_half[usize::from(rows > 2)];
+    crate::launch_pdl!(g, *f, cfg((n.div_ceil(8 / wpr) as u32, 1), 256, 0);
+        x, ldx as i32, rows as i32, k as i32, w, ldw as i32, n as i32, y, ldy as i32, beta, wpr as i32,
+        half_alpha(shift))
+}
+
+/// A weight matrix's values as [`W::Half`] stores them: f16 bits of each value times 2^`shift` (round to nearest
+/// even), `shift` putting the largest |value| in [2^14, 2^15) (0 for an all-zero or non-finite matrix). f16 then
+/// holds every bf16 value within 2^31 of the largest exactly (bf16's 8 significant bits fit f16's 11, down into its
+/// subnormals), and rounds the smaller ones by at most 2^-25 after scaling, 2^-39 of the largest. → (bits, shift)
+pub fn half_scaled(v: &[f32]) -> (Vec<u16>, i32) {
+    let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let shift = if !(max.is_finite() && max > 0.0) {
+        0
+    } else if max >= f32::MIN_POSITIVE {
+        // The exponent of a normal f32, exactly.
+        14 - (((max.to_bits() >> 23) & 0xff) as i32 - 127)
+    } else {
+        // A matrix of subnormals: kept finite (2^120 · 2^-149 is about 2^-29) and its alpha normal.
+        120
+    };
+    let s = 2f32.powi(shift);
+    let bits = v
+        .iter()
+        .map(|x| half::f16::from_f32(x * s).to_bits())
+        .collect();
+    (bits, shift)
+}
+
+/// 2^-`shift`: what a product with a [`W::Half`] weight is multiplied by (exact).
+pub fn half_alpha(shift: i32) -> f32 {
+    2f32.powi(-shift)
+}
+
 /// Warps per weight row of the few-row GEMV: enough warps in all (about 4096) to keep every load slot busy where N is
 /// small, each with at least one 256-value slice of K.
 fn gemv_wpr(n: usize, k: usize) -> usize {
@@ -64,7 +112,8 @@ fn gemv_wpr(n: usize, k: usize) -> usize {
 
 /// Decode's norm and input projection in one launch, for one token row: `y[n] = Σ plane(rms_norm(x) · gain) · w[n]ᵀ`
 /// over `planes` bf16 planes of the normed row (1: it rounded to bf16; 2: its hi and lo planes, split precision).
-/// `x` [K] f32, `w` [N, K] bf16 (row stride `ldw`), `y` [N]. → false, with nothing launched, where the GEMV does not
+/// `x` [K] f32, `w` [N, K] bf16 (row stride `ldw`), `y` [N]; or `w` a [`W::Half`] weight and the normed row
+/// rounded to f16 (one plane). → false, with nothing launched, where the GEMV does not
 /// take `w` (the caller then runs the norm and the projection apart).
 pub fn gemv_norm(
     g: &Gpu,
@@ -75,6 +124,16 @@ pub fn gemv_norm(
     n: usize,
     y: u64,
 ) -> Result<bool, CudaError> {
+    if let W::Half { w: wp, shift } = w {
+        let smem = 2 * k;
+        if planes != 1 || !gemv_fits(0, k, k, wp, ldw) || smem > 48 * 1024 || n == 0 {
+            return Ok(false);
+        }
+        let wpr = gemv_wpr(n, k);
+        launch!(g, g.k.gemv_norm_half, cfg((n.div_ceil(8 / wpr) as u32, 1), 256, smem as u32);
+            x, gain, eps, k as i32, wp, ldw as i32, n as i32, y, wpr as i32, half_alpha(shift))?;
+        return Ok(true);
+    }
     let W::Bf16(wp) = w else {
         return Ok(false);
     };
@@ -139,6 +198,11 @@ pub fn gemm_split_as(
     (y, ldy): (u64, usize),
     beta: f32,
 ) -> Result<(), CudaError> {
+    if let W::Half { .. } = w {
+        return Err(CudaError::Unsupported(
+            "an f16 weight on split inputs (the half precision multiplies one f16 plane)".into(),
+        ));
+    }
     if let W::Bf16(wp) = w {
         if !invariant
             && t > 0
@@ -217,8 +281,16 @@ pub fn gemm_ld_as(
         if t <= GEMV_ROWS && gemv_fits(x, ldx, k, wp, ldw) {
             return gemv(g, (x, ldx, t, 1), k, (wp, ldw, n), (y, ldy), beta);
         }
+    } else if let W::Half { w: wp, shift } = w {
+        if t <= GEMV_ROWS && gemv_fits(x, ldx, k, wp, ldw) {
+            return gemv_half(g, (x, ldx, t), k, (wp, ldw, n, shift), (y, ldy), beta);
+        }
     }
     use blas_sys::cublasComputeType_t as C;
+    let alpha = match w {
+        W::Half { shift, .. } => half_alpha(shift),
+        _ => 1.0f32,
+    };
     let (w, dt, compute) = match w {
         W::Bf16(p) => (
             p,
@@ -231,13 +303,13 @@ pub fn gemm_ld_as(
             blas_sys::cudaDataType::CUDA_R_32F,
             C::CUBLAS_COMPUTE_32F_PEDANTIC,
         ),
+        W::Half { w, .. } => (w, blas_sys::cudaDataType::CUDA_R_16F, C::CUBLAS_COMPUTE_32F),
         W::Pq2 { .. } | W::Q8 { .. } | W::F16(_) | W::F32Rows(_) => {
             return Err(CudaError::Unsupported(
                 "a block-format weight in a float GEMM (crate::qgemm multiplies those)".into(),
             ))
         }
     };
-    let alpha = 1.0f32;
     // SAFETY: pointers are live device buffers of the stated shapes.
     unsafe {
         blas_result::gemm_ex(
@@ -263,4 +335,50 @@ pub fn gemm_ld_as(
         )
     }
     .map_err(|err| CudaError::Blas { op: "gemm", err })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every bf16 value within 2^31 of the largest comes back exactly from its f16 form and the shift; the largest
+    /// lands in [2^14, 2^15); smaller ones within 2^-39 of the largest.
+    #[test]
+    fn half_scaled_holds_bf16_weights() {
+        for (max_exp, span) in [(0i32, 20i32), (-7, 30), (8, 31), (-30, 10), (20, 40)] {
+            let mut v = Vec::new();
+            let mut seed = 0x9e37_79b9u32.wrapping_mul(max_exp as u32 + 77);
+            for i in 0..4096 {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                // A bf16 mantissa (8 significant bits) at an exponent up to `span` below the top.
+                let m = 128 + (seed & 127);
+                let e = max_exp - (seed >> 8) as i32 % (span + 1);
+                let x = m as f32 / 128.0 * 2f32.powi(e);
+                v.push(if i % 2 == 0 { x } else { -x });
+            }
+            v.push(0.0);
+            let max = v.iter().fold(0f32, |a, x| a.max(x.abs()));
+            let (bits, shift) = half_scaled(&v);
+            let at = v.iter().position(|x| x.abs() == max).expect("the largest");
+            let top = half::f16::from_bits(bits[at]).to_f32().abs();
+            assert!(
+                (16384.0..32768.0).contains(&top),
+                "max_exp {max_exp}: largest stored as {top}"
+            );
+            for (x, b) in v.iter().zip(&bits) {
+                let back = half::f16::from_bits(*b).to_f32() * half_alpha(shift);
+                if x.abs() >= max * 2f32.powi(-31) {
+                    assert_eq!(back, *x, "max_exp {max_exp}, shift {shift}");
+                } else {
+                    assert!(
+                        (back - x).abs() <= max * 2f32.powi(-39),
+                        "max_exp {max_exp}: {x} -> {back}"
+                    );
+                }
+            }
+        }
+        assert_eq!(half_scaled(&[0.0, 0.0]), (vec![0, 0], 0));
+    }
 }

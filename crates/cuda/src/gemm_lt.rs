@@ -6,8 +6,9 @@
 //! once. Where cuBLASLt is missing, or rejects the key's algorithm for some T, that GEMM runs `cublasGemmEx` (one
 //! line on stderr the first time: it is then not batch-invariant) and [`fallbacks`] counts it.
 //!
-//! bf16 inputs multiply on tensor cores with f32 accumulation (`CUBLAS_COMPUTE_32F`); f32 inputs with
-//! `CUBLAS_COMPUTE_32F_PEDANTIC` (plain f32 FMAs, never TF32), as [`crate::gemm`]'s GemmEx path.
+//! bf16 and f16 inputs multiply on tensor cores with f32 accumulation (`CUBLAS_COMPUTE_32F`; f16 ones with alpha
+//! undoing their weight's power-of-two scale, [`W::Half`]); f32 inputs with `CUBLAS_COMPUTE_32F_PEDANTIC` (plain
+//! f32 FMAs, never TF32), as [`crate::gemm`]'s GemmEx path.
 //!
 //! History: a per-shape cuBLASLt autotuner (timing the heuristic's candidates per T bucket) was measured against
 //! GemmEx and removed on 2026-11-30 (no candidate beat GemmEx by more than 2% at System One token counts; reusing a
@@ -124,7 +125,7 @@ pub fn pinned(g: &Gpu) -> Vec<String> {
                 k.ldw,
                 k.ldy,
                 k.accumulate,
-                if k.f32 { "f32" } else { "bf16" },
+                k.dtype.name(),
                 a.as_ref().map_or("none: GemmEx".into(), Algo::describe)
             )
         })
@@ -147,9 +148,28 @@ struct Key {
     ldw: usize,
     ldy: usize,
     accumulate: bool,
-    f32: bool,
+    dtype: Dtype,
     /// Alignment (bytes, ≤ 256) of w, x, y.
     align: [u32; 3],
+}
+
+/// The inputs' type of a [`Key`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Dtype {
+    Bf16,
+    F32,
+    /// The half precision's input projections ([`W::Half`]).
+    F16,
+}
+
+impl Dtype {
+    fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+        }
+    }
 }
 
 /// A cuBLASLt algorithm.
@@ -307,13 +327,16 @@ impl Problem {
             c: std::ptr::null_mut(),
         };
         let f32t = lt::cudaDataType::CUDA_R_32F;
-        let (dt, compute) = if key.f32 {
-            (f32t, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC)
-        } else {
-            (
+        let (dt, compute) = match key.dtype {
+            Dtype::F32 => (f32t, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC),
+            Dtype::Bf16 => (
                 lt::cudaDataType::CUDA_R_16BF,
                 lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            )
+            ),
+            Dtype::F16 => (
+                lt::cudaDataType::CUDA_R_16F,
+                lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
         };
         // SAFETY: out-parameters, and attribute buffers of the documented types (int32 for TRANSA).
         unsafe {
@@ -476,9 +499,8 @@ impl Problem {
         x: u64,
         w: u64,
         y: u64,
-        beta: f32,
+        (alpha, beta): (f32, f32),
     ) -> Result<(), CudaError> {
-        let alpha = 1.0f32;
         let ws = g.ptr(&ctx.workspace);
         // SAFETY: pointers are live device buffers of the shapes in the layouts; the workspace holds
         // WORKSPACE_BYTES, at least what the check found the algorithm needs.
@@ -528,9 +550,10 @@ pub fn gemm_pinned(
     (y, ldy): (u64, usize),
     beta: f32,
 ) -> Result<bool, CudaError> {
-    let (wp, f32) = match w {
-        W::Bf16(p) => (p, false),
-        W::F32(p) => (p, true),
+    let (wp, dtype, alpha) = match w {
+        W::Bf16(p) => (p, Dtype::Bf16, 1.0),
+        W::F32(p) => (p, Dtype::F32, 1.0),
+        W::Half { w, shift } => (w, Dtype::F16, crate::gemm::half_alpha(shift)),
         // Block formats run crate::qgemm; the caller's GemmEx path refuses them.
         W::Pq2 { .. } | W::Q8 { .. } | W::F16(_) | W::F32Rows(_) => return Ok(false),
     };
@@ -541,7 +564,7 @@ pub fn gemm_pinned(
         ldw,
         ldy,
         accumulate: beta != 0.0,
-        f32,
+        dtype,
         align: [align_of(wp), align_of(x), align_of(y)],
     };
     let Ok(ctx) = ctx(g) else {
@@ -580,7 +603,7 @@ pub fn gemm_pinned(
         let why = "cuBLASLt rejects the key's algorithm at this T";
         return Ok(fall_back(g, &key, t, why));
     };
-    p.run(g, ctx, &algo, x, wp, y, beta)?;
+    p.run(g, ctx, &algo, x, wp, y, (alpha, beta))?;
     Ok(true)
 }
 

@@ -24,12 +24,22 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);                              // round to nearest even
     return (bf16_t)(u >> 16);
 }
-// A GEMM input value, its form chosen per launch by `mode`: 0 bf16, 1 f32 (the exact mode), negative: split
-// into two bf16 planes -mode values apart, hi = bf16(v) at i and lo = bf16(v - hi) at i - mode (hi + lo carries v
-// to about 2^-16 relative; the GEMM multiplies both planes).
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+// A GEMM input value, its form chosen per launch by `mode`: 0 bf16, 1 f32 (the exact mode), 2 f16 (the half
+// precision's input projections: 2^-11 relative, the producer's values bounded well inside f16's range), negative:
+// split into two bf16 planes -mode values apart, hi = bf16(v) at i and lo = bf16(v - hi) at i - mode (hi + lo
+// carries v to about 2^-16 relative; the GEMM multiplies both planes).
 __device__ __forceinline__ void store_act(void* out, idx_t i, float v, int mode) {
     if (mode == 1) {
         ((float*)out)[i] = v;
+        return;
+    }
+    if (mode == 2) {
+        ((unsigned short*)out)[i] = f2h(v);
         return;
     }
     bf16_t h = f2bf(v);
@@ -131,7 +141,7 @@ __device__ __forceinline__ void st_vec(float* p, const float* v) {
     }
 }
 // store_act of W consecutive values at i; for W = 4, i % 4 == 0 and out (and the lo plane, -mode values on)
-// 16-byte (f32) or 8-byte (bf16) aligned.
+// 16-byte (f32) or 8-byte (bf16, f16) aligned: vec_act_ok.
 template <int W>
 __device__ __forceinline__ void store_act_vec(void* out, idx_t i, const float* v, int mode) {
     if constexpr (W == 4) {
@@ -140,7 +150,7 @@ __device__ __forceinline__ void store_act_vec(void* out, idx_t i, const float* v
             return;
         }
         bf16_t h[4];
-        for (int j = 0; j < 4; ++j) h[j] = f2bf(v[j]);
+        for (int j = 0; j < 4; ++j) h[j] = mode == 2 ? f2h(v[j]) : f2bf(v[j]);
         *(uint2*)((bf16_t*)out + i) = make_uint2(h[0] | ((unsigned)h[1] << 16), h[2] | ((unsigned)h[3] << 16));
         if (mode < 0) {
             bf16_t l[4];
@@ -228,6 +238,11 @@ __device__ __forceinline__ void norm_row(float* row, const float* __restrict__ f
 
 __device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15) == 0; }
 __device__ __forceinline__ bool aligned8(const void* p) { return ((u64)p & 7) == 0; }
+// Whether store_act_vec<4> takes `out` in `mode`: 16-byte aligned for f32, 8-byte for bf16 and f16, and a split
+// mode's lo plane a multiple of 4 values on.
+__device__ __forceinline__ bool vec_act_ok(const void* out, int mode) {
+    return mode == 1 ? aligned16(out) : aligned8(out) && (mode >= 0 || (mode & 3) == 0);
+}
 
 // RMSNorm of row r = blockIdx.x * (warps per block) + warp; under ADD2 x[r] += f[r] + (f[r] `lo` values on) first
 // (f: [2R, dim], rows of dim). Warps past `rows` idle. 16-byte accesses when every row of x, f, out (and out's lo
@@ -242,7 +257,7 @@ __device__ __forceinline__ void norm_rows(float* x, int ldx, const float* __rest
     const float* fr = ADD2 ? f + (idx_t)r * dim : nullptr;
     idx_t o = (idx_t)r * ldo;
     bool vec = (dim & 3) == 0 && (ldx & 3) == 0 && (ldo & 3) == 0 && aligned16(x) && aligned16(gain) &&
-               (mode == 1 ? aligned16(out) : aligned8(out) && (mode & 3) == 0);  // mode & 3: the plane offset
+               vec_act_ok(out, mode);
     if constexpr (ADD2) vec = vec && aligned16(f) && (lo & 3) == 0;
     if (vec)
         norm_row<ADD2, 4>(row, fr, lo, gain, eps, dim, out, o, mode, lane);
@@ -276,7 +291,7 @@ KERNEL(simt) void rms_norm_gated(const float* x, const float* z, int ldz, const 
     const idx_t o = (idx_t)r * dv;
     const bool vec = (dv & 3) == 0 && dv <= 256 && (ldz & 3) == 0 && (h * dv & 3) == 0 && aligned16(x) &&
                      aligned16(z) && aligned16(w) &&
-                     (mode == 1 ? aligned16(out) : aligned8(out) && (mode & 3) == 0);  // mode & 3: plane offset
+                     vec_act_ok(out, mode);
     float v[8], zv[8], wv[8], s = 0.0f;
     if (vec) {
 #pragma unroll

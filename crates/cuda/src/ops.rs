@@ -36,6 +36,13 @@ pub enum W {
     /// f32 values [N, K] multiplied like the block formats: split mode's form of f32 weights that bf16 does not
     /// hold exactly.
     F32Rows(u64),
+    /// f16 values [N, K], each the weight times 2^`shift` (so that the matrix's largest lands in [2^14, 2^15)): the
+    /// half precision's input projections, multiplied by cuBLAS on f16 inputs and by the f16 GEMV, which scale
+    /// their sums back by 2^-`shift` (exact: a power of two).
+    Half {
+        w: u64,
+        shift: i32,
+    },
 }
 
 impl W {
@@ -48,6 +55,8 @@ impl W {
             W::Q8 { q, d } => (q, d, 3),
             W::F16(p) => (p, 0, 4),
             W::F32Rows(p) => (p, 0, 1),
+            // Scaled values: never an embedding or a head (only input projections are uploaded so).
+            W::Half { w, .. } => (w, 0, 4),
         }
     }
 
@@ -79,6 +88,8 @@ pub fn embed_gather(
 pub enum Out {
     Bf16(u64),
     F32(u64),
+    /// IEEE half (the half precision's input projections; the producer's values must stay inside f16's range).
+    F16(u64),
     Split(u64, usize),
 }
 
@@ -88,6 +99,7 @@ impl Out {
         match self {
             Out::Bf16(p) => (p, 0),
             Out::F32(p) => (p, 1),
+            Out::F16(p) => (p, 2),
             Out::Split(p, plane) => {
                 debug_assert!(plane > 0 && plane < i32::MAX as usize);
                 (p, -(plane as i32))

@@ -117,7 +117,7 @@ fn block_parts(w: W) -> Result<(usize, u64, u64, usize), CudaError> {
         W::Q8 { q, d } => Ok((1, q, d, 32)),
         W::F16(p) => Ok((2, p, 0, 16)),
         W::F32Rows(p) => Ok((3, p, 0, 16)),
-        W::Bf16(_) | W::F32(_) => Err(CudaError::Unsupported(
+        W::Bf16(_) | W::F32(_) | W::Half { .. } => Err(CudaError::Unsupported(
             "a float weight in the block-format GEMM".into(),
         )),
     }

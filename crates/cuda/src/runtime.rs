@@ -35,6 +35,10 @@ pub struct Kernels {
     pub argmax_rows: CudaFunction,
     pub head_argmax_bf16: CudaFunction,
     pub gemv_norm_bf16: CudaFunction,
+    /// `gemv_half_2`, `gemv_half_8`: the few-row GEMV over f16 x and weights (the half precision's input
+    /// projections).
+    pub gemv_half: [CudaFunction; 2],
+    pub gemv_norm_half: CudaFunction,
     /// `gemv_{pq2,q8,f16,f32r}_{bf16,f32,split}_{1,8}` (quant.cu): [format][activation layout][more than one row].
     pub gemv_q: [[[CudaFunction; 2]; 3]; 4],
     /// `gemv_{pq2,q8}_wide_{bf16,f32,split}` (quant.cu): the one-row GEMV with x in registers, [format][activation
@@ -396,7 +400,7 @@ impl Gpu {
         }
         let k = by_name! {
             embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16,
-            gemv_norm_bf16, attn_prep, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
+            gemv_norm_bf16, gemv_norm_half, attn_prep, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
             dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate, qmma_split_sum;
             qmma_pq2: [big_smem_shared(f("qmma_pq2")?, max_smem)?, big("qmma_pq2_16")?],
             qmma_q8: big("qmma_q8")?,
@@ -422,6 +426,7 @@ impl Gpu {
             attention_tc_combine: f("attention_tc_combine")?,
             sample: crate::sample::SampleKernels::load(&f)?,
             gemv_bf16: [f("gemv_bf16_2")?, f("gemv_bf16_8")?],
+            gemv_half: [f("gemv_half_2")?, f("gemv_half_8")?],
             gemv_q: {
                 let fmt = |q: &str| -> Result<[[CudaFunction; 2]; 3], CudaError> {
                     let rows = |x: &str| -> Result<[CudaFunction; 2], CudaError> {

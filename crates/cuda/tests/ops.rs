@@ -860,6 +860,123 @@ fn split_halves_fold_into_norm() {
     }
 }
 
+/// The half precision's input projections: a norm writes f16 rows (`Out::F16`, 2^-11 relative), which a GEMM
+/// multiplies by an f16 weight scaled by a power of two (`W::Half`, alpha undoing the scale): cuBLAS for many rows,
+/// the few-row kernel for at most 8, the batch-invariant algorithm; and for one row the norm formed inside the GEMV
+/// (`gemv_norm`). Against the CPU: the downloaded f16 rows times W (exact products, f32 sums), and the f32 norm's
+/// output times W for the fused one. Weights at scales far from 1 (0.003 and 300) exercise the shift both ways.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn half_rows_multiply_scaled_f16_weights() {
+    let g = gpu();
+    // (t, k, n, weight scale): the GEMM, then the few-row kernel's row counts.
+    let shapes = [
+        (63, 100, 130, 0.003f32),
+        (200, 1024, 3584, 1.0),
+        (5, 2048, 33, 300.0),
+        (1, 1024, 700, 0.003),
+        (3, 264, 130, 1.0),
+        (8, 1000, 4099, 300.0),
+        (9, 1024, 333, 1.0),
+    ];
+    for &(t, k, n, scale) in &shapes {
+        let x = rnd(t * k, 50);
+        let gain: Vec<f32> = rnd(k, 51).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let mut normed = x.clone();
+        cpu::rms_norm(&mut normed, &gain, 1e-6);
+        let w: Vec<f32> = bf16_round(&rnd(n * k, 52).iter().map(|v| v * scale).collect::<Vec<_>>());
+        let wt = Tensor::from_f32("w", vec![n, k], &w);
+        let (bits, shift) = gemm::half_scaled(&w);
+        let (xd, gd, wd) = (
+            g.upload(&x).unwrap(),
+            g.upload(&gain).unwrap(),
+            g.upload(&bits).unwrap(),
+        );
+        let act = g.alloc::<u16>(t * k).unwrap();
+        ops::rms_norm(
+            &g,
+            g.ptr(&xd),
+            k,
+            g.ptr(&gd),
+            1e-6,
+            t,
+            k,
+            Out::F16(g.ptr(&act)),
+            k,
+        )
+        .unwrap();
+        let rows: Vec<f32> = g
+            .download(&act, t * k)
+            .unwrap()
+            .iter()
+            .map(|h| half::f16::from_bits(*h).to_f32())
+            .collect();
+        check(&format!("f16 rows {t} x {k}"), &rows, &normed, 5e-4);
+        let mut want = vec![0.0; t * n];
+        cpu::matmul_t_reference(&rows, t, &wt, &mut want);
+        let scale_out = want.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
+        let hw = W::Half {
+            w: g.ptr(&wd),
+            shift,
+        };
+        for invariant in [false, true] {
+            let y = g.alloc::<f32>(t * n).unwrap();
+            gemm::gemm_ld_as(
+                &g,
+                invariant,
+                g.ptr(&act),
+                k,
+                t,
+                k,
+                hw,
+                k,
+                n,
+                g.ptr(&y),
+                n,
+                0.0,
+            )
+            .unwrap();
+            let got: Vec<f32> = g.download(&y, t * n).unwrap();
+            // The GEMM's bound (f32 sums of exact products), relative to the outputs' own scale: the weights are
+            // 0.003 to 300 times the inputs'.
+            let rel = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+                / scale_out;
+            let tag = format!(
+                "half gemm t={t} k={k} n={n} scale {scale} (shift {shift}) invariant {invariant}"
+            );
+            eprintln!("{tag}: {rel:.3e}");
+            assert!(rel <= 1e-5, "{tag}: {rel:.3e}");
+        }
+        if t == 1 {
+            let y = g.alloc::<f32>(n).unwrap();
+            let x3 = (g.ptr(&xd), g.ptr(&gd), 1e-6);
+            assert!(
+                gemm::gemv_norm(&g, x3, 1, k, (hw, k), n, g.ptr(&y)).unwrap(),
+                "gemv_norm took no f16 weight"
+            );
+            let mut want = vec![0.0; n];
+            cpu::matmul_t_reference(&normed, 1, &wt, &mut want);
+            let got = g.download(&y, n).unwrap();
+            let scale_out = want.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
+            let rel = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+                / scale_out;
+            eprintln!(
+                "norm + half gemv k={k} n={n} scale {scale}: {rel:.3e} (inputs rounded to f16)"
+            );
+            assert!(
+                rel <= 2e-3,
+                "norm + half gemv k={k} n={n} scale {scale}: {rel:.3e}"
+            );
+        }
+    }
+}
+
 /// Split mode's input projections: a norm writes each row's hi and lo planes side by side (`Out::Split(p, K)`,
 /// row stride 2K), and one GEMM over K = 2K against the weight stored twice per row (`[W | W]`, row stride 2K)
 /// multiplies both planes; the same buffers with K alone multiply the hi plane; `gemm_split` multiplies both planes

@@ -158,6 +158,34 @@ fn block_format_forward_bf16_matches_cpu() {
     assert!(fails.is_empty(), "over tolerance: {fails:?}");
 }
 
+/// The half precision on the same files: its f16 input projections take float weights only, so a block-format or
+/// rotated file is uploaded in mixed instead (and says so), and an F16 file (f16 holds its values) in half; either
+/// way the forward stays within the bf16 precision's bound of the CPU.
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn block_format_files_fall_back_from_half() {
+    let g = gpu();
+    let mut fails = Vec::new();
+    for (name, spec, ty) in cases() {
+        let (_dir, m) = pack(&name, &spec, ty);
+        let gm = CudaModel::with_precision(&m, g.clone(), Precision::Half).expect("upload");
+        let want = if ty == OutType::F16 {
+            Precision::Half
+        } else {
+            Precision::Mixed
+        };
+        assert_eq!(gm.precision(), want, "{name}");
+        check_forward(
+            &mut fails,
+            &format!("{name} {want:?}"),
+            &m,
+            &gm,
+            2.0 * BF16_TOL,
+        );
+    }
+    assert!(fails.is_empty(), "over tolerance: {fails:?}");
+}
+
 /// The device keeps the file's bytes: a ternary pack's weights take about 2.125 bits per weight on the GPU (PTQ1_0
 /// as its PQ2_0 transcode), a Q8_0 file's 8.5, not a float copy.
 #[test]

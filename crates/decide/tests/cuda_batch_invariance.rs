@@ -56,7 +56,12 @@ fn gpu_alone_equals_batched() {
     for preset in PRESETS {
         for dtype in [None, Some(DType::BF16)] {
             let dir = answer_checkpoint_in(preset, dtype);
-            for precision in [Precision::Mixed, Precision::Bf16Split, Precision::Bf16] {
+            for precision in [
+                Precision::Mixed,
+                Precision::Bf16Split,
+                Precision::Half,
+                Precision::Bf16,
+            ] {
                 for invariant in [true, false] {
                     let e = gpu_engine(dir, precision, invariant);
                     let m = e.model().model();

@@ -68,6 +68,13 @@ impl Backend for CudaBackend {
                     s.describe()
                 ),
             },
+            Precision::Half => match self.model.split_gemms() {
+                SplitGemms::ALL => "half: f16 input projections, split bf16 residual ones".into(),
+                s => format!(
+                    "half: f16 input projections, split bf16 residual ones ({}; the others bf16)",
+                    s.describe()
+                ),
+            },
             Precision::Bf16 => "bf16".into(),
             Precision::F32 => "f32".into(),
         };

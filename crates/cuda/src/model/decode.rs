@@ -247,7 +247,7 @@ impl CudaModel {
         let g = &*self.gpu;
         let (tok, hidden) = (g.ptr(&b.tok), g.ptr(&b.hidden));
         self.final_norm(p, s, &b.hidden)?;
-        if let (GemmInputs::Bf16 | GemmInputs::Split, W::Bf16(w), None) =
+        if let (GemmInputs::Bf16 | GemmInputs::Split | GemmInputs::Half, W::Bf16(w), None) =
             (self.prec.inputs(), self.head(), &self.head_rot)
         {
             if self.hid.is_multiple_of(8) && w.is_multiple_of(16) {

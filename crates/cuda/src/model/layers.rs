@@ -15,22 +15,25 @@ impl CudaModel {
         self.lm_head.as_ref().unwrap_or(&self.embed).w
     }
 
-    /// The activation (GEMM input) buffer at `p` for `rows` rows of `k` values, in this model's precision: in
-    /// split inputs ([`GemmInputs::Split`]) the producer writes the hi and lo bf16 planes ([2, rows, k]) itself.
+    /// The activation (GEMM input) buffer at `p` for `rows` rows of `k` values of a residual projection, in this
+    /// model's precision: in split inputs ([`GemmInputs::Split`], and the half precision's residual projections)
+    /// the producer writes the hi and lo bf16 planes ([2, rows, k]) itself.
     pub(super) fn act(&self, p: u64, rows: usize, k: usize) -> Out {
         match self.prec.inputs() {
             GemmInputs::Bf16 => Out::Bf16(p),
             GemmInputs::F32 => Out::F32(p),
-            GemmInputs::Split => Out::Split(p, rows * k),
+            GemmInputs::Split | GemmInputs::Half => Out::Split(p, rows * k),
         }
     }
 
     /// The input buffer of an input projection at `p` (a norm writes it) and its row stride: in
     /// split inputs each row holds its hi and lo planes side by side (`[hi | lo]`, 2K bf16), which the
-    /// projection's twice-stored weight (`[W | W]`) multiplies in one GEMM over 2K; else as [`CudaModel::act`].
+    /// projection's twice-stored weight (`[W | W]`) multiplies in one GEMM over 2K; in the half precision f16 rows;
+    /// else as [`CudaModel::act`].
     pub(super) fn act_in(&self, p: u64, k: usize) -> (Out, usize) {
         match self.prec.inputs() {
             GemmInputs::Split => (Out::Split(p, k), 2 * k),
+            GemmInputs::Half => (Out::F16(p), k),
             GemmInputs::Bf16 => (Out::Bf16(p), k),
             GemmInputs::F32 => (Out::F32(p), k),
         }
@@ -55,9 +58,10 @@ impl CudaModel {
     }
 
     /// The [`Act`] of an input projection's input at `x` ([`CudaModel::act_in`]'s layout): split mode both planes
-    /// (`both`) or the hi plane alone.
-    fn act_in_q(&self, x: u64, k: usize, both: bool) -> Act {
-        match self.prec.inputs() {
+    /// (`both`) or the hi plane alone. The half precision's f16 rows have none (its models have no block-format
+    /// input projections: the upload falls back to mixed for those).
+    fn act_in_q(&self, x: u64, k: usize, both: bool) -> Result<Act, CudaError> {
+        Ok(match self.prec.inputs() {
             GemmInputs::Bf16 => Act::Bf16 { x, ldx: k },
             GemmInputs::F32 => Act::F32 { x, ldx: k },
             GemmInputs::Split if both => Act::Split {
@@ -66,7 +70,12 @@ impl CudaModel {
                 lo: k,
             },
             GemmInputs::Split => Act::Bf16 { x, ldx: 2 * k },
-        }
+            GemmInputs::Half => {
+                return Err(CudaError::Unsupported(
+                    "a block-format input projection in the half precision".into(),
+                ))
+            }
+        })
     }
 
     /// `y = x · wᵀ` for an input projection, part by part (each into its rows of y): `x` [T, K] as
@@ -94,9 +103,9 @@ impl CudaModel {
             let (_, ldx) = self.act_in(x, k);
             let (w, yp) = (&part.w, y + 4 * part.row0 as u64);
             if w.w.is_block() {
-                let a = self.act_in_q(x, k, both);
+                let a = self.act_in_q(x, k, both)?;
                 self.gemm_q(a, t, k, w.w, part.rows, (yp, ldy), 0.0)?;
-            } else if both {
+            } else if both && !matches!(w.w, W::Half { .. }) {
                 crate::gemm::gemm_split_as(
                     &self.gpu,
                     inv,
@@ -173,12 +182,14 @@ impl CudaModel {
     }
 
     /// Whether one token row's norm can be formed inside the input projection that reads it
-    /// ([`crate::gemm::gemv_norm`]): a bf16 precision and one bf16 part reading the input as it is.
+    /// ([`crate::gemm::gemv_norm`]): a bf16 precision and one bf16 part reading the input as it is, or the half
+    /// precision's one f16 part.
     pub(super) fn fuses_norm(&self, lin: &Linear) -> bool {
+        let aligned = |a: u64| a.is_multiple_of(16);
         self.prec != Precision::F32
             && self.hid.is_multiple_of(8)
             && lin.rot.is_none()
-            && matches!(&lin.parts[..], [pt] if matches!(pt.w.w, W::Bf16(a) if a.is_multiple_of(16)) && pt.w.ld.is_multiple_of(8))
+            && matches!(&lin.parts[..], [pt] if matches!(pt.w.w, W::Bf16(a) | W::Half { w: a, .. } if aligned(a)) && pt.w.ld.is_multiple_of(8))
     }
 
     /// RMSNorm of the residual x into `out` (row stride `ldo`); `pending` (split mode only: see
@@ -236,12 +247,12 @@ impl CudaModel {
                 let a = match self.prec.inputs() {
                     GemmInputs::Bf16 => Act::Bf16 { x: p.act, ldx: k },
                     GemmInputs::F32 => Act::F32 { x: p.act, ldx: k },
-                    GemmInputs::Split if both => Act::Split {
+                    GemmInputs::Split | GemmInputs::Half if both => Act::Split {
                         x: p.act,
                         ldx: k,
                         lo: t * k,
                     },
-                    GemmInputs::Split => Act::Bf16 { x: p.act, ldx: k },
+                    GemmInputs::Split | GemmInputs::Half => Act::Bf16 { x: p.act, ldx: k },
                 };
                 self.gemm_q(a, t, k, w, part.rows, (y, hid), 1.0)?;
             } else if both && self.direct_residual(t, k, lin) {
@@ -428,7 +439,7 @@ impl CudaModel {
         let head = self.head();
         let f32_in = match self.prec.inputs() {
             GemmInputs::F32 => true,
-            GemmInputs::Split => head.is_block(),
+            GemmInputs::Split | GemmInputs::Half => head.is_block(),
             GemmInputs::Bf16 => false,
         };
         let x = match (&self.head_rot, f32_in) {
@@ -650,8 +661,8 @@ impl LayerOps for Launches<'_> {
                 Projection::AttnIn => (&self.attn(l).w_in, self.attn(l).proj_width()),
                 _ => (&self.layer(l).w_gu, 2 * m.inter),
             };
-            // Both planes in split mode where the projection multiplies both, else the one bf16 plane.
-            let planes = if m.prec.planes() && both { 2 } else { 1 };
+            // Both planes in split mode where the projection multiplies both, else the one bf16 (or f16) plane.
+            let planes = if m.prec.split_inputs() && both { 2 } else { 1 };
             let w = &lin.parts[0].w;
             let x = (p.x, gain, m.eps);
             if crate::gemm::gemv_norm(&m.gpu, x, planes, m.hid, (w.w, w.ld), pw, p.proj)? {

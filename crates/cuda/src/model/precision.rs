@@ -1,4 +1,4 @@
-//! The arithmetic modes: [`Precision`] (mixed, split, bf16, f32), which projections multiply both bf16 planes in the
+//! The arithmetic modes: [`Precision`] (mixed, split, half, bf16, f32), which projections multiply both bf16 planes in the
 //! modes that split ([`SplitGemms`], over the model crate's [`Projection`]s), and each precision's tensor-core
 //! arithmetic ([`TcArith::for_precision`]).
 
@@ -23,6 +23,15 @@ pub enum Precision {
     /// request (docs/cuda.md, "Precision modes").
     #[default]
     Mixed,
+    /// [`Precision::Mixed`] with the input projections (the ones a norm feeds: the mixers' in_proj, the MLP's
+    /// gate|up) on f16 inputs and f16 weights, one GEMM each instead of one over both bf16 planes: f16 carries 11
+    /// significant bits (the inputs to 2^-12 relative, 8x closer than bf16), and every bf16 weight within 2^31 of its
+    /// matrix's largest exactly (each matrix scaled by a power of two into f16's range, undone by the GEMM's alpha).
+    /// A norm's output is at most sqrt(K) times its largest gain, which the upload checks against f16's range. The
+    /// residual projections (whose inputs have no such bound) stay on both bf16 planes. A model this does not fit
+    /// (block-format or rotated input projections, f32 weights bf16 does not hold, a norm gain past the bound) is
+    /// uploaded in [`Precision::Mixed`] instead, with a line on stderr.
+    Half,
     /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
     /// attention) in 1xTF32 ([`TcArith::for_precision`]); norms, gates and the recurrent state f32. The fastest.
     Bf16,
@@ -46,6 +55,9 @@ pub enum GemmInputs {
     Bf16,
     /// bf16 weights, activations carried as hi and lo bf16 planes (split and mixed precision).
     Split,
+    /// The input projections' weights and inputs f16 (the weights scaled, [`crate::ops::W::Half`]); the residual
+    /// projections' as [`GemmInputs::Split`] (half precision).
+    Half,
 }
 
 impl Precision {
@@ -53,21 +65,34 @@ impl Precision {
     pub fn inputs(self) -> GemmInputs {
         match self {
             Precision::Bf16Split | Precision::Mixed => GemmInputs::Split,
+            Precision::Half => GemmInputs::Half,
             Precision::Bf16 => GemmInputs::Bf16,
             Precision::F32 => GemmInputs::F32,
         }
     }
 
-    /// Whether activations carry hi and lo bf16 planes ([`GemmInputs::Split`]): input projections' weights stored
-    /// twice, `[W | W]`, and the projections of [`SplitGemms`] multiplying both planes.
+    /// Whether the residual projections' inputs carry hi and lo bf16 planes ([`GemmInputs::Split`] and
+    /// [`GemmInputs::Half`]): the projections of [`SplitGemms`] multiplying both planes.
     pub fn planes(self) -> bool {
+        matches!(self.inputs(), GemmInputs::Split | GemmInputs::Half)
+    }
+
+    /// Whether the input projections multiply both bf16 planes of a norm's output in one GEMM over 2K, their
+    /// weights stored twice, `[W | W]` ([`GemmInputs::Split`]).
+    pub fn split_inputs(self) -> bool {
         self.inputs() == GemmInputs::Split
     }
 
+    /// Whether the input projections run on f16 inputs and weights ([`GemmInputs::Half`]).
+    pub fn half_inputs(self) -> bool {
+        self.inputs() == GemmInputs::Half
+    }
+
     /// Every precision, the default first.
-    pub const ALL: [Precision; 4] = [
+    pub const ALL: [Precision; 5] = [
         Precision::Mixed,
         Precision::Bf16Split,
+        Precision::Half,
         Precision::Bf16,
         Precision::F32,
     ];
@@ -82,6 +107,7 @@ impl Precision {
         match self {
             Precision::Mixed => "mixed",
             Precision::Bf16Split => "split",
+            Precision::Half => "half",
             Precision::Bf16 => "bf16",
             Precision::F32 => "f32",
         }
@@ -163,9 +189,10 @@ impl TcArith {
     ///   docs/benchmarks/history/cuda-systemone-2026-11-30.md): 1xTF32 kernels take split-mode requests from 4.98 / 10.61 / 37.86 to
     ///   4.64 / 9.14 / 32.39 ms and the bf16 twins' answers from max |dp| 5.9e-5 to 2.6e-3 (mean 1.3e-5 to 6.4e-4).
     /// - mixed: 1xTF32 everywhere, as bf16 (with every projection split, its answers stay inside the ship bar).
+    /// - half: 1xTF32 everywhere, as mixed.
     pub fn for_precision(p: Precision) -> Self {
         match p {
-            Precision::Bf16 | Precision::Mixed => TcArith::all(Arith::Tf32),
+            Precision::Bf16 | Precision::Mixed | Precision::Half => TcArith::all(Arith::Tf32),
             Precision::Bf16Split => TcArith {
                 attn: AttnArith::Bf16x3,
                 ..TcArith::all(Arith::X3)

@@ -134,18 +134,36 @@ fn upload_one(g: &Gpu, t: &Tensor, prec: Precision) -> Result<Weight, CudaError>
     }
 }
 
+/// How an input projection's float parts are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum InLayout {
+    /// As the precision stores any float weight (residual projections; bf16 and f32 precision).
+    Plain,
+    /// Every row twice, `[W | W]` (split and mixed precision).
+    Twice,
+    /// f16, scaled by a power of two (half precision, [`W::Half`]).
+    Half,
+}
+
 /// A projection's weights (`Model::linear`'s order) as a [`Linear`]: runs of weights of one [`Form`] and one input
 /// stacked into one [`Part`] each. `rot`: the site's signs and how many leading weights read the rotated input.
-/// `twice`: float parts stored `[W | W]` (split-mode input projections).
+/// `layout`: how float parts are stored.
 fn upload_linear(
     g: &Gpu,
     ts: &[&Tensor],
     rot: Option<(&[f32], usize)>,
     prec: Precision,
-    twice: bool,
+    layout: InLayout,
 ) -> Result<Linear, CudaError> {
     let folded = rot.map_or(0, |r| r.1);
-    let forms: Vec<Form> = ts.iter().map(|t| form(t, prec)).collect();
+    let forms: Vec<Form> = ts
+        .iter()
+        .map(|t| match layout {
+            // f16 holds an F16 file's values as they are, and bf16's ([`half_fits`] refuses the rest).
+            InLayout::Half => form(t, Precision::Bf16),
+            _ => form(t, prec),
+        })
+        .collect();
     let mut parts = Vec::new();
     let (mut i, mut row0) = (0, 0);
     while i < ts.len() {
@@ -156,8 +174,9 @@ fn upload_linear(
         }
         let group = &ts[i..j];
         let rows: usize = group.iter().map(|t| t.shape()[0]).sum();
-        let w = match f {
-            Form::Float => upload_stacked(g, group, prec, twice)?,
+        let w = match (f, layout) {
+            (Form::Float, InLayout::Half) => upload_half(g, group)?,
+            (Form::Float, _) => upload_stacked(g, group, prec, layout == InLayout::Twice)?,
             _ => upload_block(g, group, f)?,
         };
         parts.push(Part {
@@ -221,7 +240,7 @@ pub(super) fn upload_stacked(
         .and_then(|t| t.shape().last().copied())
         .unwrap_or(0);
     Ok(match prec.inputs() {
-        GemmInputs::Bf16 | GemmInputs::Split => {
+        GemmInputs::Bf16 | GemmInputs::Split | GemmInputs::Half => {
             let mut host = Vec::with_capacity(total);
             for t in parts {
                 push_bf16(&mut host, t)?;
@@ -254,6 +273,80 @@ pub(super) fn upload_stacked(
             }
         }
     })
+}
+
+/// Uploads float weights stacked by rows as one f16 matrix scaled by a power of two ([`W::Half`]; the half
+/// precision's input projections).
+fn upload_half(g: &Gpu, parts: &[&Tensor]) -> Result<Weight, CudaError> {
+    let cols = parts
+        .first()
+        .and_then(|t| t.shape().last().copied())
+        .unwrap_or(0);
+    let mut v = Vec::with_capacity(parts.iter().map(|t| t.numel()).sum());
+    for t in parts {
+        push_f32(&mut v, t)?;
+    }
+    let (host, shift) = crate::gemm::half_scaled(&v);
+    let buf = g.upload(&host)?;
+    let w = W::Half {
+        w: g.ptr(&buf),
+        shift,
+    };
+    Ok(Weight {
+        _buf: WeightBuf::Bf16(buf),
+        w,
+        ld: cols,
+    })
+}
+
+/// The largest value a norm's output takes in the half precision is sqrt(K) times its largest gain; f16's largest
+/// finite value is 65,504. The bound kept: half of that, 2^15.
+const HALF_NORM_BOUND: f64 = 32768.0;
+
+/// Why the half precision does not fit `m` (its input projections then stay on both bf16 planes, as in mixed), or
+/// `None`: every input projection float, unrotated and held by f16 (bf16 values, or an F16 file's), and every norm
+/// that feeds one bounded inside f16's range.
+pub(super) fn half_misfit(m: &Model) -> Result<Option<String>, CudaError> {
+    let c = m.text_config();
+    if m.embedding_signs().is_some() || m.head_signs().is_some() {
+        return Ok(Some("a rotated pack".into()));
+    }
+    let root_k = (c.hidden_size as f64).sqrt();
+    for (l, kind) in c.layer_types.iter().enumerate() {
+        let mixer_in = match kind {
+            LayerKind::GatedDeltaNet => Projection::GdnIn,
+            LayerKind::Attention => Projection::AttnIn,
+        };
+        for p in [mixer_in, Projection::MlpIn] {
+            if m.rotation(l, p)?.is_some() {
+                return Ok(Some(format!(
+                    "layer {l}'s {} reads a rotated input",
+                    p.name()
+                )));
+            }
+            for t in m.linear(l, p)? {
+                if form(t, Precision::Bf16) != Form::Float
+                    || form(t, Precision::Mixed) == Form::F32Rows
+                {
+                    return Ok(Some(format!(
+                        "{} is stored as {}, which f16 does not hold",
+                        t.name(),
+                        t.dtype().name()
+                    )));
+                }
+            }
+        }
+        for site in [NormSite::Input, NormSite::Post] {
+            let g = m.param(l, Param::NormGain(site))?;
+            let big = g.iter().fold(0f64, |a, x| a.max(f64::from(x.abs())));
+            if big * root_k >= HALF_NORM_BOUND || !big.is_finite() {
+                return Ok(Some(format!(
+                    "layer {l}'s norm gain reaches {big:.1}: its output could leave f16's range"
+                )));
+            }
+        }
+    }
+    Ok(None)
 }
 
 impl GdnLayer {
@@ -305,17 +398,29 @@ impl CudaModel {
 
     /// Uploads onto an opened GPU as `o` says (`o.device` and `o.keep_freed_memory` are the opener's).
     pub fn with_options(m: &Model, gpu: Arc<Gpu>, o: &CudaOptions) -> Result<Self, CudaError> {
-        let prec = o.precision;
+        let mut prec = o.precision;
+        if prec == Precision::Half {
+            if let Some(why) = half_misfit(m)? {
+                eprintln!(
+                    "onepass: the half GPU precision does not fit this model ({why}); using mixed"
+                );
+                prec = Precision::Mixed;
+            }
+        }
         let g = &*gpu;
         g.set_pdl(o.pdl);
         g.set_wgmma(o.wgmma);
         let c = m.text_config();
         let up = |t: &Tensor| upload_one(g, t, prec);
         // A projection's weights stacked by format and input; a float input projection (its input a norm's output)
-        // stored `[W | W]` in split mode, so that one GEMM multiplies both planes.
+        // stored `[W | W]` in split mode, so that one GEMM multiplies both planes, and in f16 in the half precision.
         let linear = |l: usize, p: Projection| {
-            let twice = p.is_input() && prec.planes();
-            upload_linear(g, &m.linear(l, p)?, m.rotation(l, p)?, prec, twice)
+            let layout = match (p.is_input(), prec.inputs()) {
+                (true, GemmInputs::Split) => InLayout::Twice,
+                (true, GemmInputs::Half) => InLayout::Half,
+                _ => InLayout::Plain,
+            };
+            upload_linear(g, &m.linear(l, p)?, m.rotation(l, p)?, prec, layout)
         };
         let param = |l: usize, p: Param| upload_f32(g, m.param(l, p)?);
         let embed = up(m.embedding())?;
