@@ -159,7 +159,7 @@ fn upload_linear(
     let forms: Vec<Form> = ts
         .iter()
         .map(|t| match layout {
-            // f16 holds an F16 file's values as they are, and bf16's ([`half_fits`] refuses the rest).
+            // f16 holds an F16 file's values as they are, and bf16's ([`half_misfit`] refuses the rest).
             InLayout::Half => form(t, Precision::Bf16),
             _ => form(t, prec),
         })
