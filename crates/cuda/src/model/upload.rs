@@ -325,13 +325,17 @@ pub(super) fn half_misfit(m: &Model) -> Result<Option<String>, CudaError> {
                 )));
             }
             for t in m.linear(l, p)? {
-                if form(t, Precision::Bf16) != Form::Float
-                    || form(t, Precision::Mixed) == Form::F32Rows
-                {
+                if form(t, Precision::Bf16) != Form::Float {
                     return Ok(Some(format!(
-                        "{} is stored as {}, which f16 does not hold",
+                        "{} is stored as {}",
                         t.name(),
                         t.dtype().name()
+                    )));
+                }
+                if form(t, Precision::Mixed) == Form::F32Rows {
+                    return Ok(Some(format!(
+                        "{} holds f32 values that f16 does not hold exactly",
+                        t.name()
                     )));
                 }
             }
