@@ -25,7 +25,7 @@ pub enum Precision {
     Mixed,
     /// [`Precision::Mixed`] with the input projections (the ones a norm feeds: the mixers' in_proj, the MLP's
     /// gate|up) on f16 inputs and f16 weights, one GEMM each instead of one over both bf16 planes: f16 carries 11
-    /// significant bits (the inputs to 2^-12 relative, 8x closer than bf16), and every bf16 weight within 2^31 of its
+    /// significant bits (the inputs to 2^-11 relative, 8x closer than bf16), and every bf16 weight within 2^31 of its
     /// matrix's largest exactly (each matrix scaled by a power of two into f16's range, undone by the GEMM's alpha).
     /// A norm's output is at most sqrt(K) times its largest gain, which the upload checks against f16's range. The
     /// residual projections (whose inputs have no such bound) stay on both bf16 planes. A model this does not fit
