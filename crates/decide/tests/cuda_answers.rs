@@ -362,8 +362,9 @@ fn gpu_kept_context_answers_as_computed() {
 /// The GPU arithmetic modes against the CPU f32 engine on the bf16 twins, on the fixtures' requests and on random
 /// ones (tests/common/random_requests.rs): a measurement for choosing the default mode (the fastest that meets the
 /// ship bar, docs/cuda.md "Precision modes"), printed one line per mode and request set. It holds the default
-/// options (`CudaOptions::default()`) to the ship bar on both sets, every argmax equal except near-ties, and every
-/// mode to the loose bound (max |dp| 0.2).
+/// options (`CudaOptions::default()`) and the half precision (the candidate for the default) to the ship bar on both
+/// sets, every argmax equal except near-ties, and every mode to the loose bound (max |dp| 0.2). `ONEPASS_MODES`
+/// (comma-separated mode names) runs only those.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gpu_modes_on_fixture_and_random_requests() {
@@ -422,6 +423,17 @@ fn gpu_modes_on_fixture_and_random_requests() {
         ("half", Some((Precision::Half, SplitGemms::ALL, TF32_ALL))),
         ("bf16", Some((Precision::Bf16, SplitGemms::NONE, TF32_ALL))),
     ];
+    // ONEPASS_MODES=default,half (names as above, comma-separated): only those modes, for a device run short of
+    // time; unset, every mode.
+    let only = std::env::var("ONEPASS_MODES").ok();
+    let modes: Vec<_> = modes
+        .into_iter()
+        .filter(|(name, _)| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|m| m.trim() == *name))
+        })
+        .collect();
+    assert!(!modes.is_empty(), "ONEPASS_MODES={only:?} names no mode");
     let mut fails = Vec::new();
     for preset in PRESETS {
         let dir = answer_checkpoint_in(preset, Some(onepass_tensor::DType::BF16));
