@@ -70,26 +70,25 @@ KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float
 // Each weight row is read once, 16 bytes per lane: `wpr` warps per row n (see gemv_rows), lanes over K, then a
 // warp sum. K, ldx and ldw multiples of 8 and x, w 16-byte aligned (the caller checks). beta 0 (y not read) or 1.
 #define GEMV_ROWS 8
+// The low and high 16-bit values of a word as f32: bf16, or f16 (HALF).
+template <bool HALF>
+__device__ __forceinline__ float lo16(unsigned u) {
+    return HALF ? h2f((unsigned short)u) : __uint_as_float(u << 16);
+}
+template <bool HALF>
+__device__ __forceinline__ float hi16(unsigned u) {
+    return HALF ? h2f((unsigned short)(u >> 16)) : __uint_as_float(u & 0xffff0000u);
+}
+// The dot product of 8 bf16 (or f16: HALF) values packed in a and b.
+template <bool HALF = false>
 __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     const unsigned* pa = (const unsigned*)&a;
     const unsigned* pb = (const unsigned*)&b;
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        s += __uint_as_float(pa[i] << 16) * __uint_as_float(pb[i] << 16);
-        s += __uint_as_float(pa[i] & 0xffff0000u) * __uint_as_float(pb[i] & 0xffff0000u);
-    }
-    return s;
-}
-// dot8 of f16 values.
-__device__ __forceinline__ float dot8h(uint4 a, uint4 b) {
-    const unsigned* pa = (const unsigned*)&a;
-    const unsigned* pb = (const unsigned*)&b;
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        s += h2f((unsigned short)pa[i]) * h2f((unsigned short)pb[i]);
-        s += h2f((unsigned short)(pa[i] >> 16)) * h2f((unsigned short)(pb[i] >> 16));
+        s += lo16<HALF>(pa[i]) * lo16<HALF>(pb[i]);
+        s += hi16<HALF>(pa[i]) * hi16<HALF>(pb[i]);
     }
     return s;
 }
@@ -117,7 +116,7 @@ __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx,
             for (int r = 0; r < ROWS; r++)
                 if (r < rows) {
                     uint4 xv = *(const uint4*)(x + (idx_t)r * ldx + c);
-                    acc[r] += HALF ? dot8h(wv, xv) : dot8(wv, xv);
+                    acc[r] += dot8<HALF>(wv, xv);
                 }
         }
     }

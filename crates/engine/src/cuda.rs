@@ -59,22 +59,15 @@ impl Backend for CudaBackend {
 
     fn device(&self) -> String {
         let g = self.model.gpu();
+        let split = |p: Precision, what: &str| match self.model.split_gemms() {
+            SplitGemms::ALL => format!("{}: {what}", p.name()),
+            s => format!("{}: {what} ({}; the others bf16)", p.name(), s.describe()),
+        };
         let prec = match self.model.precision() {
-            p @ (Precision::Bf16Split | Precision::Mixed) => match self.model.split_gemms() {
-                SplitGemms::ALL => format!("{}: bf16 weights, split bf16 GEMM inputs", p.name()),
-                s => format!(
-                    "{}: bf16 weights, split bf16 GEMM inputs ({}; the others bf16)",
-                    p.name(),
-                    s.describe()
-                ),
-            },
-            Precision::Half => match self.model.split_gemms() {
-                SplitGemms::ALL => "half: f16 input projections, split bf16 residual ones".into(),
-                s => format!(
-                    "half: f16 input projections, split bf16 residual ones ({}; the others bf16)",
-                    s.describe()
-                ),
-            },
+            p @ (Precision::Bf16Split | Precision::Mixed) => {
+                split(p, "bf16 weights, split bf16 GEMM inputs")
+            }
+            p @ Precision::Half => split(p, "f16 input projections, split bf16 residual ones"),
             Precision::Bf16 => "bf16".into(),
             Precision::F32 => "f32".into(),
         };

@@ -105,7 +105,7 @@ impl CudaModel {
             if w.w.is_block() {
                 let a = self.act_in_q(x, k, both)?;
                 self.gemm_q(a, t, k, w.w, part.rows, (yp, ldy), 0.0)?;
-            } else if both && !matches!(w.w, W::Half { .. }) {
+            } else if both {
                 crate::gemm::gemm_split_as(
                     &self.gpu,
                     inv,
@@ -147,10 +147,15 @@ impl CudaModel {
         self.norm(p, s.n, self.final_norm.ptr, pending, (o, self.hid))
     }
 
-    /// Whether projection `p` multiplies both planes of its input (split mode, and `p` among `split`): its residual
+    /// Whether projection `p` multiplies both planes of its input (split mode, and `p` among `split`; in the half
+    /// precision only a residual projection among `split`: the input projections read one f16 plane): a residual
     /// GEMM then leaves two halves for the next [`CudaModel::norm`] to add.
     pub(super) fn both_planes(&self, split: SplitGemms, p: Projection) -> bool {
-        self.prec.planes() && split.has(p)
+        match self.prec.inputs() {
+            GemmInputs::Split => split.has(p),
+            GemmInputs::Half => !p.is_input() && split.has(p),
+            GemmInputs::Bf16 | GemmInputs::F32 => false,
+        }
     }
 
     /// Whether residual projection `p` (weights `lin`, over `t` rows of K = `k`) leaves its two halves for the next
@@ -662,7 +667,7 @@ impl LayerOps for Launches<'_> {
                 _ => (&self.layer(l).w_gu, 2 * m.inter),
             };
             // Both planes in split mode where the projection multiplies both, else the one bf16 (or f16) plane.
-            let planes = if m.prec.split_inputs() && both { 2 } else { 1 };
+            let planes = if both { 2 } else { 1 };
             let w = &lin.parts[0].w;
             let x = (p.x, gain, m.eps);
             if crate::gemm::gemv_norm(&m.gpu, x, planes, m.hid, (w.w, w.ld), pw, p.proj)? {

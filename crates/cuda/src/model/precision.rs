@@ -78,17 +78,6 @@ impl Precision {
         matches!(self.inputs(), GemmInputs::Split | GemmInputs::Half)
     }
 
-    /// Whether the input projections multiply both bf16 planes of a norm's output in one GEMM over 2K, their
-    /// weights stored twice, `[W | W]` ([`GemmInputs::Split`]).
-    pub fn split_inputs(self) -> bool {
-        self.inputs() == GemmInputs::Split
-    }
-
-    /// Whether the input projections run on f16 inputs and weights ([`GemmInputs::Half`]).
-    pub fn half_inputs(self) -> bool {
-        self.inputs() == GemmInputs::Half
-    }
-
     /// Every precision, the default first.
     pub const ALL: [Precision; 5] = [
         Precision::Mixed,

@@ -325,14 +325,23 @@ pub(super) fn half_misfit(m: &Model) -> Result<Option<String>, CudaError> {
                 )));
             }
             for t in m.linear(l, p)? {
-                if form(t, Precision::Bf16) != Form::Float {
-                    return Ok(Some(format!(
-                        "{} is stored as {}",
-                        t.name(),
-                        t.dtype().name()
-                    )));
-                }
-                if form(t, Precision::Mixed) == Form::F32Rows {
+                let f32_values = match t.view() {
+                    View::F32(_) => true,
+                    View::BF16(_) | View::F16(_) => false,
+                    View::Q8_0(_)
+                    | View::PQ2_0(_)
+                    | View::PTQ1_0(_)
+                    | View::Q8_0G(_)
+                    | View::PQ2_0G(_) => {
+                        return Ok(Some(format!(
+                            "{} is stored as {}",
+                            t.name(),
+                            t.dtype().name()
+                        )))
+                    }
+                };
+                // Only f32 values need a look (bf16's and f16's all fit); `form` reads them once.
+                if f32_values && form(t, Precision::Mixed) == Form::F32Rows {
                     return Ok(Some(format!(
                         "{} holds f32 values that f16 does not hold exactly",
                         t.name()
