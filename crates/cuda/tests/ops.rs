@@ -865,6 +865,19 @@ fn split_halves_fold_into_norm() {
 /// the few-row kernel for at most 8, the batch-invariant algorithm; and for one row the norm formed inside the GEMV
 /// (`gemv_norm`). Against the CPU: the downloaded f16 rows times W (exact products, f32 sums), and the f32 norm's
 /// output times W for the fused one. Weights at scales far from 1 (0.003 and 300) exercise the shift both ways.
+/// max |got - want| / max |want|: relative to the outputs' own scale, not to 1 as [`rel_err`], since the weights
+/// here are 0.003 to 300 times the inputs'.
+fn err_of_scale(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len(), "length");
+    // f32::max passes over NaN: a non-finite output must fail here, not vanish from the maximum.
+    assert!(got.iter().all(|v| v.is_finite()), "non-finite GPU value");
+    let scale = want.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
+    got.iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn half_rows_multiply_scaled_f16_weights() {
@@ -914,7 +927,6 @@ fn half_rows_multiply_scaled_f16_weights() {
         check(&format!("f16 rows {t} x {k}"), &rows, &normed, 5e-4);
         let mut want = vec![0.0; t * n];
         cpu::matmul_t_reference(&rows, t, &wt, &mut want);
-        let scale_out = want.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
         let hw = W::Half {
             w: g.ptr(&wd),
             shift,
@@ -936,14 +948,8 @@ fn half_rows_multiply_scaled_f16_weights() {
                 0.0,
             )
             .unwrap();
-            let got: Vec<f32> = g.download(&y, t * n).unwrap();
-            // The GEMM's bound (f32 sums of exact products), relative to the outputs' own scale: the weights are
-            // 0.003 to 300 times the inputs'.
-            let rel = got
-                .iter()
-                .zip(&want)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-                / scale_out;
+            // The GEMM's bound (f32 sums of exact products).
+            let rel = err_of_scale(&g.download(&y, t * n).unwrap(), &want);
             let tag = format!(
                 "half gemm t={t} k={k} n={n} scale {scale} (shift {shift}) invariant {invariant}"
             );
@@ -959,13 +965,7 @@ fn half_rows_multiply_scaled_f16_weights() {
             );
             let mut want = vec![0.0; n];
             cpu::matmul_t_reference(&normed, 1, &wt, &mut want);
-            let got = g.download(&y, n).unwrap();
-            let scale_out = want.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
-            let rel = got
-                .iter()
-                .zip(&want)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-                / scale_out;
+            let rel = err_of_scale(&g.download(&y, n).unwrap(), &want);
             eprintln!(
                 "norm + half gemv k={k} n={n} scale {scale}: {rel:.3e} (inputs rounded to f16)"
             );
