@@ -8,7 +8,8 @@ use onepass_cuda::CudaModel;
 use onepass_model::Model;
 use serde_json::json;
 
-/// Uploads `m` to GPU 0 in `precision` (the other options their defaults, no memory cap).
+/// Uploads `m` to GPU 0 in `precision` (the other options their defaults, no memory cap); its line on stderr names
+/// the precision the model runs in (mixed where half does not fit it).
 fn upload(m: &Model, precision: onepass_cuda::Precision) -> Result<CudaModel> {
     let t0 = Instant::now();
     let o = onepass_cuda::CudaOptions {
@@ -21,7 +22,7 @@ fn upload(m: &Model, precision: onepass_cuda::Precision) -> Result<CudaModel> {
         "uploaded to {} ({}) in {} precision in {:.2}s",
         g.gpu().name,
         g.gpu().arch(),
-        precision.name(),
+        g.precision().name(),
         t0.elapsed().as_secs_f64()
     );
     Ok(g)

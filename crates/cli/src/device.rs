@@ -48,18 +48,28 @@ pub struct PrecisionArg {
     /// the attention and gated delta kernels in TF32; within 0.02 of float32 probabilities in every check), split
     /// (the same products, f32-accurate attention and gated delta kernels; the closest to the CPU), half (mixed with
     /// the products that read a norm's output in f16: 7-15% faster, within the same 0.02 where checked; models it
-    /// does not fit run mixed), bf16 (fastest, plain bf16 activations), or f32 (f32 weights; for checking).
-    #[arg(long, default_value = "mixed")]
-    pub gpu_precision: String,
+    /// does not fit, such as quantized GGUF files, run mixed), bf16 (fastest, plain bf16 activations), or f32 (f32
+    /// weights; for checking).
+    #[arg(long, value_name = "PRECISION")]
+    pub gpu_precision: Option<String>,
 }
 
 impl PrecisionArg {
-    /// The precision named, or an error naming the choices.
+    /// The precision named (unset: the default), or an error naming the choices.
     pub fn parse(&self) -> Result<onepass_cuda::Precision> {
-        let s = &self.gpu_precision;
+        let Some(s) = &self.gpu_precision else {
+            return Ok(onepass_cuda::Precision::default());
+        };
         onepass_cuda::Precision::from_name(s).with_context(|| {
-            format!("--gpu-precision {s:?}: expected mixed, split, half, bf16 or f32")
+            format!("--gpu-precision {s:?}: expected half, mixed, split, bf16 or f32")
         })
+    }
+
+    /// What a model loaded in the precision asked for says on stderr: why it runs in another one, when the user
+    /// named it (the default falls back to mixed silently; the load line names the precision either way).
+    pub fn fallback_note(&self, m: &onepass_cuda::CudaModel) -> Option<String> {
+        self.gpu_precision.as_ref()?;
+        m.precision_fallback().map(|why| format!("note: {why}"))
     }
 }
 
@@ -80,9 +90,9 @@ pub struct CudaArgs {
     /// Default: the precision's (docs/cuda.md).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_kernels: Option<String>,
-    /// Mixed and split precision only: the projections that multiply both bf16 halves of their input (all, none,
-    /// or comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out); the others round it to bf16.
-    /// Default: all.
+    /// Half, mixed and split precision only: the projections that multiply both bf16 halves of their input (all,
+    /// none, or comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out); the others round it to bf16.
+    /// In half the input projections (gdn_in, attn_in, mlp_in) read f16 whatever this names. Default: all.
     #[arg(long, help_heading = EXPERT)]
     pub gpu_split_gemms: Option<String>,
     /// Kernels of the gated delta rule: tc (tensor cores, the default), tc-no-leaf (tree children take the
@@ -141,8 +151,8 @@ impl CudaArgs {
         )?;
         if split_gemms.is_some() && !precision.planes() {
             bail!(
-                "--gpu-split-gemms applies to --gpu-precision mixed or split, not {}",
-                self.precision.gpu_precision
+                "--gpu-split-gemms applies to --gpu-precision half, mixed or split, not {}",
+                precision.name()
             );
         }
         Ok(onepass_cuda::CudaOptions {
@@ -200,8 +210,17 @@ pub fn load_engine(
     let model_type = m.config().model_type.clone();
     let backend = match dev {
         Device::Cpu => onepass_engine::AnyBackend::cpu(m),
-        Device::Cuda => onepass_engine::AnyBackend::cuda(&m, &cuda.options()?)
-            .with_context(|| format!("loading {} onto the GPU", dir.display()))?,
+        Device::Cuda => {
+            let b = onepass_engine::AnyBackend::cuda(&m, &cuda.options()?)
+                .with_context(|| format!("loading {} onto the GPU", dir.display()))?;
+            if let Some(note) = b
+                .as_cuda()
+                .and_then(|c| cuda.precision.fallback_note(c.model()))
+            {
+                eprintln!("{note}");
+            }
+            b
+        }
     };
     let e = onepass_decide::Engine::from_dir_with(dir, &model_type, backend, opts)
         .with_context(|| format!("loading {}", dir.display()))?;
@@ -232,7 +251,7 @@ mod tests {
         CudaArgs {
             gpu_memory_mb: 64,
             precision: PrecisionArg {
-                gpu_precision: precision.into(),
+                gpu_precision: Some(precision.into()),
             },
             gpu_kernels: kernels.map(str::to_string),
             gpu_split_gemms: None,
@@ -283,13 +302,24 @@ mod tests {
             (o.precision, o.kernels, o.split_gemms),
             (Precision::Mixed, None, None)
         );
+        let unset = CudaArgs {
+            precision: PrecisionArg {
+                gpu_precision: None,
+            },
+            ..args("mixed", None)
+        };
+        assert_eq!(
+            unset.options().unwrap().precision,
+            Precision::Mixed,
+            "unset: the default, mixed"
+        );
         assert_eq!(
             args("half", None).options().unwrap().precision,
             Precision::Half
         );
         let e = args("fp16", None).options().unwrap_err().to_string();
         assert!(
-            e.contains("--gpu-precision \"fp16\"") && e.contains("split, half, bf16"),
+            e.contains("--gpu-precision \"fp16\"") && e.contains("half, mixed, split, bf16"),
             "{e}"
         );
     }
@@ -397,7 +427,7 @@ mod tests {
         );
         let e = with("bf16", "all").options().unwrap_err().to_string();
         assert!(
-            e.contains("applies to --gpu-precision mixed or split, not bf16"),
+            e.contains("applies to --gpu-precision half, mixed or split, not bf16"),
             "{e}"
         );
     }

@@ -175,6 +175,15 @@ fn block_format_files_fall_back_from_half() {
             Precision::Mixed
         };
         assert_eq!(gm.precision(), want, "{name}");
+        // The reason, for the user who asked for half: the format that keeps it from fitting.
+        let why = gm.precision_fallback();
+        match want {
+            Precision::Half => assert_eq!(why, None, "{name}"),
+            _ => assert!(
+                why.is_some_and(|w| w.contains("half") && w.contains("mixed")),
+                "{name}: {why:?}"
+            ),
+        }
         check_forward(
             &mut fails,
             &format!("{name} {want:?}"),

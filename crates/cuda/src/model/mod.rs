@@ -333,6 +333,8 @@ struct PhaseNs {
 pub struct CudaModel {
     gpu: Arc<Gpu>,
     prec: Precision,
+    /// Why `prec` is not the precision asked for ([`CudaModel::precision_fallback`]).
+    fallback: Option<String>,
     /// embed: [V, H]
     embed: Weight,
     /// lm_head: [V, H]; None when tied to the embedding.
@@ -413,6 +415,13 @@ impl CudaModel {
 
     pub fn precision(&self) -> Precision {
         self.prec
+    }
+
+    /// Why the model runs in [`CudaModel::precision`] instead of the precision its options asked for (the half
+    /// precision falls back to mixed on a model it does not fit), as a sentence for users; `None` when it runs as
+    /// asked. The caller says it where the precision was the user's choice (the default's fallback is silent).
+    pub fn precision_fallback(&self) -> Option<&str> {
+        self.fallback.as_deref()
     }
 
     pub fn hidden_size(&self) -> usize {

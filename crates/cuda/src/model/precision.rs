@@ -31,7 +31,7 @@ pub enum Precision {
     /// A norm's output is at most sqrt(K) times its largest gain, which the upload checks against f16's range. The
     /// residual projections (whose inputs have no such bound) stay on both bf16 planes. A model this does not fit
     /// (block-format or rotated input projections, f32 weights bf16 does not hold, a norm gain past the bound) is
-    /// uploaded in [`Precision::Mixed`] instead, with a line on stderr.
+    /// uploaded in [`Precision::Mixed`] instead ([`crate::CudaModel::precision_fallback`] says why).
     Half,
     /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
     /// attention) in 1xTF32 ([`TcArith::for_precision`]); norms, gates and the recurrent state f32. The fastest.

@@ -412,11 +412,12 @@ impl CudaModel {
     /// Uploads onto an opened GPU as `o` says (`o.device` and `o.keep_freed_memory` are the opener's).
     pub fn with_options(m: &Model, gpu: Arc<Gpu>, o: &CudaOptions) -> Result<Self, CudaError> {
         let mut prec = o.precision;
+        let mut fallback = None;
         if prec == Precision::Half {
             if let Some(why) = half_misfit(m)? {
-                eprintln!(
-                    "onepass: the half GPU precision does not fit this model ({why}); using mixed"
-                );
+                fallback = Some(format!(
+                    "the half GPU precision does not fit this model ({why}); it runs in mixed"
+                ));
                 prec = Precision::Mixed;
             }
         }
@@ -555,6 +556,7 @@ impl CudaModel {
         Ok(CudaModel {
             gpu: gpu.clone(),
             prec,
+            fallback,
             embed,
             lm_head,
             embed_rot,
