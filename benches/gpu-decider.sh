@@ -26,7 +26,7 @@
 # Files in $OUT: decider.log (everything printed), decider-server.json, decider-library.json, onepass-bench.jsonl.
 # Knobs: REPS (30), GRID (workload: capture the graph buckets the workloads use, every batch size of them; full:
 # decider.serve's whole start-up grid), BATCH ("8,32" requests in flight), LIBRARY (1), ONEPASS_ANSWERS (1),
-# ONEPASS_PRECS (the --gpu-precision values onepass is timed in: "mixed split bf16"), ONEPASS_BENCH (1; 0 when the onepass bench runs elsewhere in the same run), ONEPASS_FLAGS (more bench-systemone
+# ONEPASS_PRECS (the --gpu-precision values onepass is timed in: "half mixed split bf16"), ONEPASS_BENCH (1; 0 when the onepass bench runs elsewhere in the same run), ONEPASS_FLAGS (more bench-systemone
 # flags, e.g. "--prefix-cache-mb 0" for cold contexts), BUDGET (seconds for the whole script,
 # 570), PRESET (qwen3.5-0.8b).
 set -uo pipefail
@@ -201,9 +201,9 @@ if [[ $rc != 0 && $FLA == fast ]]; then
 fi
 
 if [[ $ONEPASS_BENCH == 1 ]] && (( $(left) > 150 )); then
-  step "onepass bench-systemone on the same checkpoint (${ONEPASS_PRECS:-mixed split bf16}); $(left)s left"
+  step "onepass bench-systemone on the same checkpoint (${ONEPASS_PRECS:-half mixed split bf16}); $(left)s left"
   rm -f "$OUT/onepass-bench.jsonl"
-  for P in ${ONEPASS_PRECS:-mixed split bf16}; do
+  for P in ${ONEPASS_PRECS:-half mixed split bf16}; do
     timeout 150 $OP bench-systemone --device cuda --gpu-precision $P --model $M --reps $REPS --batch-reps 2 ${ONEPASS_FLAGS:-} \
       >> "$OUT/onepass-bench.jsonl" || echo "onepass bench-systemone ($P) failed"
   done

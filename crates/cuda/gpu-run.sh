@@ -43,9 +43,9 @@ bench() {  # label, then bench-systemone arguments
 }
 if [[ $WHAT == *bench* ]]; then
   synth qwen3.5-0.8b /tmp/q08
-  # PRECS: mixed (the default), split, bf16, f32, or <precision>[/<split GEMMs>][-<kernels>] (split-tf32: split GEMMs, 1xTF32
+  # PRECS: half (the default), mixed, split, bf16, f32, or <precision>[/<split GEMMs>][-<kernels>] (split-tf32: split GEMMs, 1xTF32
   # tensor-core kernels; split/mlp_out,gdn_out: those two projections on both planes, the others bf16).
-  for P_ in ${PRECS:-mixed split bf16}; do
+  for P_ in ${PRECS:-half mixed split bf16}; do
     K_=(); [[ $P_ == *-* ]] && K_=(--gpu-kernels ${P_#*-})
     B_=${P_%%-*}; [[ $B_ == */* ]] && K_+=(--gpu-split-gemms ${B_#*/})
     bench "0.8B $P_" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 --reps 30 --batch-reps 2

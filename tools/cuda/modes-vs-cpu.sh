@@ -3,7 +3,7 @@
 # (default: the 0.8B shape with bf16 weights) and the three `bench-systemone` workloads (about 406, 927 and 3,691
 # unique tokens). Needs crates/cuda/gpu-pack.sh's .devcarry/pack.tar.gz (carry .devcarry). One device run:
 #   bash tools/cuda/modes-vs-cpu.sh
-# MODES: space-separated PRECISION[:KERNELS] (`--gpu-precision`, `--gpu-kernels`; default "mixed split bf16");
+# MODES: space-separated PRECISION[:KERNELS] (`--gpu-precision`, `--gpu-kernels`; default "half mixed split bf16");
 # PRESET (qwen3.5-0.8b). Prints max / mean |dp| over every option probability of each workload, per mode.
 set -uo pipefail
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}" XDG_CACHE_HOME=/tmp/xdg
@@ -14,7 +14,7 @@ rm -rf $M $R $A && mkdir -p $A
 $B synth --preset $PRESET --dtype bf16 --out $M --tokenizer $P/tokenizer 2>&1 | tail -1
 echo '{"isolated_levels": true, "neutralize_none": false, "version": "bench"}' > $M/decider_config.json
 $B bench-systemone --device cpu --model $M --write-requests $R 2>&1 | tail -1
-MODES=${MODES:-mixed split bf16}
+MODES=${MODES:-half mixed split bf16}
 for w in 1 2 3; do
   $B systemone --model $M --device cpu $R/workload$w.json > $A/$w-cpu 2>/dev/null || echo "CPU answer to workload $w failed"
   for v in $MODES; do

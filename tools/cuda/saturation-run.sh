@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Saturation of `onepass serve` on the GPU (benches/saturation.py): a synthetic Qwen3.5-0.8B checkpoint, POST
 # /v1/systemone from 1, 8, 32 and 64 concurrent clients with requests of mixed sizes, SECONDS per level, for each
-# configuration of CONFIGS (default "mixed mixed-invariant split split-invariant bf16 bf16-invariant": --gpu-precision, and with
+# configuration of CONFIGS (default "half half-invariant mixed mixed-invariant split split-invariant bf16 bf16-invariant": --gpu-precision, and with
 # -invariant --gpu-batch-invariant; CONFIGS="" runs none). Needs crates/cuda/gpu-pack.sh's .devcarry/pack.tar.gz
 # (carry .devcarry) and python3 (standard library). Optional, before: TESTS="cuda_batch_invariance gemm" runs those
 # GPU test executables of the pack (--include-ignored; TIMINGS=1 keeps their timing tables, e.g. gemm_timings: GemmEx
@@ -40,7 +40,7 @@ if [[ ${BENCH:-0} == 1 ]]; then
   done
   grep -vE "^\s+[a-z].* ms .*launches" "$OUT/bench.log" | tail -60
 fi
-for c in ${CONFIGS-mixed mixed-invariant split split-invariant bf16 bf16-invariant}; do
+for c in ${CONFIGS-half half-invariant mixed mixed-invariant split split-invariant bf16 bf16-invariant}; do
   args=(--device cuda --gpu-precision ${c%%-*})
   [[ $c == *-invariant ]] && args+=(--gpu-batch-invariant)
   echo "== $c: onepass serve ${args[*]} ${SERVE_ARGS:-}" | tee -a "$OUT/saturation.log"

@@ -15,15 +15,14 @@ pub enum Precision {
     /// bf16 answer fixtures plain bf16 inputs move System One probabilities by up to 1.7e-2 against the CPU, split
     /// by 5.8e-5 (docs/cuda.md, "Precision modes"). The closest to the CPU of the serving modes.
     Bf16Split,
-    /// The default: [`Precision::Bf16Split`]'s GEMMs (every projection on both bf16 planes) with the tensor-core
-    /// kernels (gated delta rule, attention) in 1xTF32. The fastest mode that met the ship bar of the CPU's float32
-    /// answers (max |dp| 0.02, mean 0.002) in every check (the test checkpoints' bf16 twins, random requests, the
-    /// 0.8B shape's three bench workloads): at worst 6.7e-3 / 7.0e-4, 3-8% less time per request than split.
-    /// [`Precision::Half`] is faster and met it where run, but has not run the random-request sweep yet. Leaving
-    /// any projection's input in bf16 (attention's, the MLP's down) failed the bar on the 0.8B shape's longest
-    /// request (docs/cuda.md, "Precision modes").
-    #[default]
+    /// [`Precision::Bf16Split`]'s GEMMs (every projection on both bf16 planes) with the tensor-core kernels (gated
+    /// delta rule, attention) in 1xTF32: within the ship bar of the CPU's float32 answers (max |dp| 0.02, mean
+    /// 0.002) in every check, 3-8% less time per request than split. What [`Precision::Half`] falls back to on a
+    /// model it does not fit. Leaving any projection's input in bf16 (attention's, the MLP's down) failed the bar on
+    /// the 0.8B shape's longest request (docs/cuda.md, "Precision modes").
     Mixed,
+    /// The default: the fastest mode that met the ship bar in every check (the test checkpoints' bf16 twins on their
+    /// fixtures and on random requests, the 0.8B shape's three bench workloads; docs/cuda.md, "Precision modes").
     /// [`Precision::Mixed`] with the input projections (the ones a norm feeds: the mixers' in_proj, the MLP's
     /// gate|up) on f16 inputs and f16 weights, one GEMM each instead of one over both bf16 planes: f16 carries 11
     /// significant bits (the inputs to 2^-11 relative, 8x closer than bf16), and every bf16 weight within 2^31 of its
@@ -32,6 +31,7 @@ pub enum Precision {
     /// residual projections (whose inputs have no such bound) stay on both bf16 planes. A model this does not fit
     /// (block-format or rotated input projections, f32 weights bf16 does not hold, a norm gain past the bound) is
     /// uploaded in [`Precision::Mixed`] instead ([`crate::CudaModel::precision_fallback`] says why).
+    #[default]
     Half,
     /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
     /// attention) in 1xTF32 ([`TcArith::for_precision`]); norms, gates and the recurrent state f32. The fastest.
