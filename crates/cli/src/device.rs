@@ -47,7 +47,7 @@ pub struct PrecisionArg {
     /// GPU arithmetic: half (the default: bf16 weights; the products that read a norm's output in f16, the others
     /// on activations carried as two bf16 halves; the attention and gated delta kernels in TF32; within 0.02 of
     /// float32 probabilities in every check; models it does not fit, such as quantized GGUF files, run mixed),
-    /// mixed (every product on the two bf16 halves: 8-15% slower than half), split (mixed's products with
+    /// mixed (every product on the two bf16 halves: 10-18% slower than half), split (mixed's products with
     /// f32-accurate attention and gated delta kernels: the closest to the CPU), bf16 (fastest, plain bf16
     /// activations), or f32 (f32 weights; for checking).
     #[arg(long, value_name = "PRECISION")]
