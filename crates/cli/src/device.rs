@@ -61,7 +61,12 @@ impl PrecisionArg {
             return Ok(onepass_cuda::Precision::default());
         };
         onepass_cuda::Precision::from_name(s).with_context(|| {
-            format!("--gpu-precision {s:?}: expected half, mixed, split, bf16 or f32")
+            let names: Vec<_> = onepass_cuda::Precision::ALL.map(|p| p.name()).into();
+            let (last, rest) = names.split_last().expect("precisions");
+            format!(
+                "--gpu-precision {s:?}: expected {} or {last}",
+                rest.join(", ")
+            )
         })
     }
 

@@ -347,7 +347,7 @@ mod tests {
     fn half_scaled_holds_bf16_weights() {
         for (max_exp, span) in [(0i32, 20i32), (-7, 30), (8, 31), (-30, 10), (20, 40)] {
             let mut v = Vec::new();
-            let mut seed = 0x9e37_79b9u32.wrapping_mul(max_exp as u32 + 77);
+            let mut seed = 0x9e37_79b9u32.wrapping_mul((max_exp + 77) as u32);
             for i in 0..4096 {
                 seed ^= seed << 13;
                 seed ^= seed >> 17;

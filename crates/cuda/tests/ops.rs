@@ -860,11 +860,6 @@ fn split_halves_fold_into_norm() {
     }
 }
 
-/// The half precision's input projections: a norm writes f16 rows (`Out::F16`, 2^-11 relative), which a GEMM
-/// multiplies by an f16 weight scaled by a power of two (`W::Half`, alpha undoing the scale): cuBLAS for many rows,
-/// the few-row kernel for at most 8, the batch-invariant algorithm; and for one row the norm formed inside the GEMV
-/// (`gemv_norm`). Against the CPU: the downloaded f16 rows times W (exact products, f32 sums), and the f32 norm's
-/// output times W for the fused one. Weights at scales far from 1 (0.003 and 300) exercise the shift both ways.
 /// max |got - want| / max |want|: relative to the outputs' own scale, not to 1 as [`rel_err`], since the weights
 /// here are 0.003 to 300 times the inputs'.
 fn err_of_scale(got: &[f32], want: &[f32]) -> f32 {
@@ -878,6 +873,11 @@ fn err_of_scale(got: &[f32], want: &[f32]) -> f32 {
         / scale
 }
 
+/// The half precision's input projections: a norm writes f16 rows (`Out::F16`, 2^-11 relative), which a GEMM
+/// multiplies by an f16 weight scaled by a power of two (`W::Half`, alpha undoing the scale): cuBLAS for many rows,
+/// the few-row kernel for at most 8, the batch-invariant algorithm; and for one row the norm formed inside the GEMV
+/// (`gemv_norm`). Against the CPU: the downloaded f16 rows times W (exact products, f32 sums), and the f32 norm's
+/// output times W for the fused one. Weights at scales far from 1 (0.003 and 300) exercise the shift both ways.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn half_rows_multiply_scaled_f16_weights() {

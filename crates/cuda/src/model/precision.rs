@@ -80,9 +80,9 @@ impl Precision {
 
     /// Every precision, the default first.
     pub const ALL: [Precision; 5] = [
+        Precision::Half,
         Precision::Mixed,
         Precision::Bf16Split,
-        Precision::Half,
         Precision::Bf16,
         Precision::F32,
     ];

@@ -325,23 +325,17 @@ pub(super) fn half_misfit(m: &Model) -> Result<Option<String>, CudaError> {
                 )));
             }
             for t in m.linear(l, p)? {
-                let f32_values = match t.view() {
-                    View::F32(_) => true,
-                    View::BF16(_) | View::F16(_) => false,
-                    View::Q8_0(_)
-                    | View::PQ2_0(_)
-                    | View::PTQ1_0(_)
-                    | View::Q8_0G(_)
-                    | View::PQ2_0G(_) => {
-                        return Ok(Some(format!(
-                            "{} is stored as {}",
-                            t.name(),
-                            t.dtype().name()
-                        )))
-                    }
-                };
+                if !t.dtype().is_float() {
+                    return Ok(Some(format!(
+                        "{} is stored as {}",
+                        t.name(),
+                        t.dtype().name()
+                    )));
+                }
                 // Only f32 values need a look (bf16's and f16's all fit); `form` reads them once.
-                if f32_values && form(t, Precision::Mixed) == Form::F32Rows {
+                if t.dtype() == onepass_tensor::DType::F32
+                    && form(t, Precision::Mixed) == Form::F32Rows
+                {
                     return Ok(Some(format!(
                         "{} holds f32 values that f16 does not hold exactly",
                         t.name()
