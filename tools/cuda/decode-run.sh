@@ -8,8 +8,9 @@
 #
 # Knobs: PRESETS ("qwen3.5-0.8b qwen3.5-2b"), DECODE (256), REPS (2), TESTS (1). Logs to $OUT/decode-gpu.log
 # (and $OUT/tests.log).
-# BENCH_FLAGS: more `onepass bench` flags. Builds bench in half precision by default since the evening of
-# 2026-12-06 (mixed where it does not fit, as on block-format files), in mixed earlier that day, in bf16 only before: BENCH_FLAGS="--gpu-precision bf16" compares new builds with those figures.
+# BENCH_FLAGS: more `onepass bench` flags. Builds bench in half precision by default since the night of 2026-12-06
+# (mixed where it does not fit, as on block-format files), in mixed earlier that day, in bf16 only before:
+# BENCH_FLAGS="--gpu-precision bf16" compares new builds with those figures.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [[ ${TESTS:-1} == 1 ]]; then

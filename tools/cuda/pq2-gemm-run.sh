@@ -4,8 +4,9 @@
 # the same binary with and without --gpu-no-wgmma interleaved (off, on, off, on) so that both see the same machine
 # state. Logs: $OUT/tests.log, $OUT/bench.log. Knobs: PRESETS ("qwen3.5-27b qwen3.5-2b"), PAIRS (2), TESTS (1),
 # LENS (128,512), DECODE (32).
-# BENCH_FLAGS: more `onepass bench` flags. Builds bench in half precision by default since the evening of
-# 2026-12-06 (mixed where it does not fit, as on block-format files), in mixed earlier that day, in bf16 only before: BENCH_FLAGS="--gpu-precision bf16" compares new builds with those figures.
+# BENCH_FLAGS: more `onepass bench` flags. Builds bench in half precision by default since the night of 2026-12-06
+# (mixed where it does not fit, as on block-format files), in mixed earlier that day, in bf16 only before:
+# BENCH_FLAGS="--gpu-precision bf16" compares new builds with those figures.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [[ ${TESTS:-1} == 1 ]]; then

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Saturation of `onepass serve` on the GPU (benches/saturation.py): a synthetic Qwen3.5-0.8B checkpoint, POST
 # /v1/systemone from 1, 8, 32 and 64 concurrent clients with requests of mixed sizes, SECONDS per level, for each
-# configuration of CONFIGS (default "half half-invariant mixed mixed-invariant split split-invariant bf16 bf16-invariant": --gpu-precision, and with
-# -invariant --gpu-batch-invariant; CONFIGS="" runs none). Needs crates/cuda/gpu-pack.sh's .devcarry/pack.tar.gz
-# (carry .devcarry) and python3 (standard library). Optional, before: TESTS="cuda_batch_invariance gemm" runs those
+# configuration of CONFIGS (default "half half-invariant mixed mixed-invariant split split-invariant bf16
+# bf16-invariant": --gpu-precision, and with -invariant --gpu-batch-invariant; CONFIGS="" runs none). Needs
+# crates/cuda/gpu-pack.sh's .devcarry/pack.tar.gz (carry .devcarry) and python3 (standard library). Optional,
+# before: TESTS="cuda_batch_invariance gemm" runs those
 # GPU test executables of the pack (--include-ignored; TIMINGS=1 keeps their timing tables, e.g. gemm_timings: GemmEx
 # against the pinned batch-invariant GEMM); BENCH=1 runs bench-systemone in split precision without and with
 # --gpu-batch-invariant, alternating, ROUNDS times (default 2): one request at a time, the latency side of the

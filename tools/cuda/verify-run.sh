@@ -9,8 +9,9 @@
 #
 # Knobs: TESTS (1), BENCHES ("decode decide systemone ternary"), TEST_TIMEOUT (150). Logs in $OUT: tests.log,
 # verify.log (everything else).
-# BENCH_FLAGS: more `onepass bench` flags. Builds bench in half precision by default since the evening of
-# 2026-12-06 (mixed where it does not fit, as on block-format files), in mixed earlier that day, in bf16 only before: BENCH_FLAGS="--gpu-precision bf16" compares new builds with those figures.
+# BENCH_FLAGS: more `onepass bench` flags. Builds bench in half precision by default since the night of 2026-12-06
+# (mixed where it does not fit, as on block-format files), in mixed earlier that day, in bf16 only before:
+# BENCH_FLAGS="--gpu-precision bf16" compares new builds with those figures.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [[ ${TESTS:-1} == 1 ]]; then
