@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run over .devcarry/pack.tar.gz (made by crates/cuda/gpu-pack.sh): phases named in $1 (default
-# "tests bench"): tests (every GPU test executable with --include-ignored: the GPU tests are #[ignore]d so that
+# "tests bench"): tests (every test executable of the pack, or those TESTS names, with --include-ignored: the GPU tests are #[ignore]d so that
 # machines without one count them as ignored; ONEPASS_CUDA_BENCH=0 skips the kernel timing tables), bench (System One on the 0.8B shape: split, bf16; with "twopass" also split with prefixes and
 # suffixes as two forwards, --gpu-no-trees; with "nograph" split without CUDA graphs, --gpu-no-graphs), b2b (the 2B shape),
 # decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
@@ -22,7 +22,7 @@ B=$P/bin TOK=$P/tokenizer
 mkdir -p testdata && ln -sfn $TOK testdata/qwen3_5-tokenizer
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
 if [[ $WHAT == *tests* ]]; then
-  for t in $(ls $B | grep -v '^onepass$'); do
+  for t in ${TESTS:-$(ls $B | grep -v '^onepass$')}; do
     echo "== $t" | tee -a "$OUT/tests.log"
     skip=(); [[ ${ONEPASS_CUDA_BENCH:-1} == 0 ]] && skip=(--skip timings)
     timeout ${TEST_TIMEOUT:-240} $B/$t --include-ignored "${skip[@]}" --test-threads=1 --nocapture \
