@@ -96,8 +96,9 @@ pub struct CudaArgs {
     #[arg(long, help_heading = EXPERT)]
     pub gpu_kernels: Option<String>,
     /// Half, mixed and split precision only: the projections that multiply both bf16 halves of their input (all,
-    /// none, or comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out); the others round it to bf16.
-    /// In half the input projections (gdn_in, attn_in, mlp_in) read f16 whatever this names. Default: all.
+    /// none, or comma-separated gdn_in, gdn_out, attn_in, attn_out, mlp_in, mlp_out). In mixed and split the others
+    /// round it to bf16 (default: all). In half the output projections named (gdn_out, attn_out, mlp_out) take both
+    /// bf16 halves instead of f16, and the input ones read f16 whatever this names (default: none).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_split_gemms: Option<String>,
     /// Kernels of the gated delta rule: tc (tensor cores, the default), tc-no-leaf (tree children take the

@@ -29,17 +29,19 @@ __device__ __forceinline__ unsigned short f2h(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
-// A GEMM input value, its form chosen per launch by `mode`: 0 bf16, 1 f32 (the exact mode), 2 f16 (the half
-// precision's input projections: 2^-11 relative, the producer's values bounded well inside f16's range), negative:
-// split into two bf16 planes -mode values apart, hi = bf16(v) at i and lo = bf16(v - hi) at i - mode (hi + lo
-// carries v to about 2^-16 relative; the GEMM multiplies both planes).
+// A GEMM input value, its form chosen per launch by `mode`: 0 bf16, 1 f32 (the exact mode), 2 to 255 f16 of v
+// times 2^(mode - 128) (the half precision: 2^-11 relative, the scaled values bounded well inside f16's range; the
+// factor's f32 bits are (mode - 1) << 23), negative: split into two bf16 planes -mode values apart, hi = bf16(v)
+// at i and lo = bf16(v - hi) at i - mode (hi + lo carries v to about 2^-16 relative; the GEMM multiplies both
+// planes).
+__device__ __forceinline__ float act_scale(int mode) { return __int_as_float((mode - 1) << 23); }
 __device__ __forceinline__ void store_act(void* out, idx_t i, float v, int mode) {
     if (mode == 1) {
         ((float*)out)[i] = v;
         return;
     }
-    if (mode == 2) {
-        ((unsigned short*)out)[i] = f2h(v);
+    if (mode >= 2) {
+        ((unsigned short*)out)[i] = f2h(v * act_scale(mode));
         return;
     }
     bf16_t h = f2bf(v);
@@ -150,7 +152,7 @@ __device__ __forceinline__ void store_act_vec(void* out, idx_t i, const float* v
             return;
         }
         bf16_t h[4];
-        for (int j = 0; j < 4; ++j) h[j] = mode == 2 ? f2h(v[j]) : f2bf(v[j]);
+        for (int j = 0; j < 4; ++j) h[j] = mode >= 2 ? f2h(v[j] * act_scale(mode)) : f2bf(v[j]);
         *(uint2*)((bf16_t*)out + i) = make_uint2(h[0] | ((unsigned)h[1] << 16), h[2] | ((unsigned)h[3] << 16));
         if (mode < 0) {
             bf16_t l[4];

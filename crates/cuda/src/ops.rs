@@ -88,8 +88,9 @@ pub fn embed_gather(
 pub enum Out {
     Bf16(u64),
     F32(u64),
-    /// IEEE half (the half precision's input projections; the producer's values must stay inside f16's range).
-    F16(u64),
+    /// IEEE half of each value times 2^e, e in [-126, 127] (the half precision's GEMM inputs: 0 for a norm's output,
+    /// a residual projection's power of two for its input; the scaled values must stay inside f16's range).
+    F16(u64, i32),
     Split(u64, usize),
 }
 
@@ -99,7 +100,10 @@ impl Out {
         match self {
             Out::Bf16(p) => (p, 0),
             Out::F32(p) => (p, 1),
-            Out::F16(p) => (p, 2),
+            Out::F16(p, e) => {
+                debug_assert!((-126..=127).contains(&e));
+                (p, 128 + e.clamp(-126, 127))
+            }
             Out::Split(p, plane) => {
                 debug_assert!(plane > 0 && plane < i32::MAX as usize);
                 (p, -(plane as i32))

@@ -37,8 +37,8 @@ pub struct CudaOptions {
     pub memory_budget_bytes: usize,
     /// How the tensor-core kernels multiply (`None`: the precision's default, [`TcArith::for_precision`]).
     pub kernels: Option<TcArith>,
-    /// Split precision: the projections that multiply both bf16 planes of their input (`None`:
-    /// [`SplitGemms::default`]).
+    /// Split and mixed precision: the projections that multiply both bf16 planes of their input (`None`: all). Half
+    /// precision: the residual projections stored to multiply both bf16 planes instead of f16 (`None`: none).
     pub split_gemms: Option<SplitGemms>,
     pub gdn: GdnKernels,
     pub attention: AttnKernels,

@@ -52,11 +52,12 @@ fn forward_matches_cpu_on_presets() {
     assert!(fails.is_empty(), "over tolerance: {fails:?}");
 }
 
-/// The half precision (f16 input projections, split residual ones, 1xTF32 kernels) against the CPU on the bf16
-/// presets, beside the mixed and bf16 precisions on the same models (the same kernels; mixed carries every GEMM input
-/// on two bf16 planes, bf16 rounds every one to 8 significant bits): the upload takes it (no fallback to mixed), it
-/// stays within the bf16 bound, and its worst error over prefill, forks, label rows and decode steps is below the bf16
-/// precision's (its rounded inputs carry 3 more bits, its residual ones 8 more). Prints all three.
+/// The half precision (every projection on f16 inputs, the residual ones' scaled by a power of two from the
+/// upload's bound, 1xTF32 kernels) against the CPU on the bf16 presets, beside the mixed and bf16 precisions on the
+/// same models (the same kernels; mixed carries every GEMM input on two bf16 planes, bf16 rounds every one to 8
+/// significant bits): the upload takes it (no fallback to mixed), it stays within the bf16 bound, and its worst error
+/// over prefill, forks, label rows and decode steps is below the bf16 precision's (its rounded inputs carry 3 more
+/// bits). Prints all three.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn half_precision_lands_between_mixed_and_bf16() {

@@ -873,26 +873,28 @@ fn err_of_scale(got: &[f32], want: &[f32]) -> f32 {
         / scale
 }
 
-/// The half precision's input projections: a norm writes f16 rows (`Out::F16`, 2^-11 relative), which a GEMM
-/// multiplies by an f16 weight scaled by a power of two (`W::Half`, alpha undoing the scale): cuBLAS for many rows,
-/// the few-row kernel for at most 8, the batch-invariant algorithm; and for one row the norm formed inside the GEMV
-/// (`gemv_norm`). Against the CPU: the downloaded f16 rows times W (exact products, f32 sums), and the f32 norm's
-/// output times W for the fused one. Weights at scales far from 1 (0.003 and 300) exercise the shift both ways.
+/// The half precision's projections: a producer (here a norm) writes f16 rows times a power of two 2^e
+/// (`Out::F16(p, e)`, 2^-11 relative), which a GEMM multiplies by an f16 weight scaled by a power of two
+/// (`W::Half`, its shift raised by e, alpha undoing both): cuBLAS for many rows, the few-row kernel for at most 8,
+/// the batch-invariant algorithm; and for one row the norm formed inside the GEMV (`gemv_norm`, e = 0). Against the
+/// CPU: the downloaded f16 rows over 2^e against the f32 norm, those rows times W (exact products, f32 sums), and the
+/// f32 norm's output times W for the fused one. Weights at scales far from 1 (0.003 and 300) and e from -8 to 10
+/// exercise both shifts both ways.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn half_rows_multiply_scaled_f16_weights() {
     let g = gpu();
-    // (t, k, n, weight scale): the GEMM, then the few-row kernel's row counts.
+    // (t, k, n, weight scale, e): the GEMM, then the few-row kernel's row counts.
     let shapes = [
-        (63, 100, 130, 0.003f32),
-        (200, 1024, 3584, 1.0),
-        (5, 2048, 33, 300.0),
-        (1, 1024, 700, 0.003),
-        (3, 264, 130, 1.0),
-        (8, 1000, 4099, 300.0),
-        (9, 1024, 333, 1.0),
+        (63, 100, 130, 0.003f32, -4),
+        (200, 1024, 3584, 1.0, 6),
+        (5, 2048, 33, 300.0, -8),
+        (1, 1024, 700, 0.003, 0),
+        (3, 264, 130, 1.0, 10),
+        (8, 1000, 4099, 300.0, 2),
+        (9, 1024, 333, 1.0, 0),
     ];
-    for &(t, k, n, scale) in &shapes {
+    for &(t, k, n, scale, e) in &shapes {
         let x = rnd(t * k, 50);
         let gain: Vec<f32> = rnd(k, 51).iter().map(|v| 1.0 + 0.5 * v).collect();
         let mut normed = x.clone();
@@ -914,7 +916,7 @@ fn half_rows_multiply_scaled_f16_weights() {
             1e-6,
             t,
             k,
-            Out::F16(g.ptr(&act)),
+            Out::F16(g.ptr(&act), e),
             k,
         )
         .unwrap();
@@ -922,14 +924,19 @@ fn half_rows_multiply_scaled_f16_weights() {
             .download(&act, t * k)
             .unwrap()
             .iter()
-            .map(|h| half::f16::from_bits(*h).to_f32())
+            .map(|h| half::f16::from_bits(*h).to_f32() * 2f32.powi(-e))
             .collect();
-        check(&format!("f16 rows {t} x {k}"), &rows, &normed, 5e-4);
+        check(
+            &format!("f16 rows {t} x {k} times 2^{e}"),
+            &rows,
+            &normed,
+            5e-4,
+        );
         let mut want = vec![0.0; t * n];
         cpu::matmul_t_reference(&rows, t, &wt, &mut want);
         let hw = W::Half {
             w: g.ptr(&wd),
-            shift,
+            shift: shift + e,
         };
         for invariant in [false, true] {
             let y = g.alloc::<f32>(t * n).unwrap();
@@ -951,7 +958,7 @@ fn half_rows_multiply_scaled_f16_weights() {
             // The GEMM's bound (f32 sums of exact products).
             let rel = err_of_scale(&g.download(&y, t * n).unwrap(), &want);
             let tag = format!(
-                "half gemm t={t} k={k} n={n} scale {scale} (shift {shift}) invariant {invariant}"
+                "half gemm t={t} k={k} n={n} scale {scale} (shift {shift}, e {e}) invariant {invariant}"
             );
             eprintln!("{tag}: {rel:.3e}");
             assert!(rel <= 1e-5, "{tag}: {rel:.3e}");
@@ -959,6 +966,10 @@ fn half_rows_multiply_scaled_f16_weights() {
         if t == 1 {
             let y = g.alloc::<f32>(n).unwrap();
             let x3 = (g.ptr(&xd), g.ptr(&gd), 1e-6);
+            let hw = W::Half {
+                w: g.ptr(&wd),
+                shift,
+            };
             assert!(
                 gemm::gemv_norm(&g, x3, 1, k, (hw, k), n, g.ptr(&y)).unwrap(),
                 "gemv_norm took no f16 weight"

@@ -15,10 +15,14 @@ impl CudaModel {
         self.lm_head.as_ref().unwrap_or(&self.embed).w
     }
 
-    /// The activation (GEMM input) buffer at `p` for `rows` rows of `k` values of a residual projection, in this
-    /// model's precision: in split inputs ([`GemmInputs::Split`], and the half precision's residual projections)
-    /// the producer writes the hi and lo bf16 planes ([2, rows, k]) itself.
-    pub(super) fn act(&self, p: u64, rows: usize, k: usize) -> Out {
+    /// The activation (GEMM input) buffer at `p` for `rows` rows of `k` values of residual projection `lin`, in
+    /// this model's precision: f16 times the power of two `lin` reads it at ([`Linear::f16_exp`], the half
+    /// precision), else in split inputs ([`GemmInputs::Split`], and a half-precision residual projection on both
+    /// planes) the producer writes the hi and lo bf16 planes ([2, rows, k]) itself.
+    pub(super) fn act(&self, p: u64, rows: usize, k: usize, lin: &Linear) -> Out {
+        if let Some(e) = lin.f16_exp {
+            return Out::F16(p, e);
+        }
         match self.prec.inputs() {
             GemmInputs::Bf16 => Out::Bf16(p),
             GemmInputs::F32 => Out::F32(p),
@@ -33,7 +37,7 @@ impl CudaModel {
     pub(super) fn act_in(&self, p: u64, k: usize) -> (Out, usize) {
         match self.prec.inputs() {
             GemmInputs::Split => (Out::Split(p, k), 2 * k),
-            GemmInputs::Half => (Out::F16(p), k),
+            GemmInputs::Half => (Out::F16(p, 0), k),
             GemmInputs::Bf16 => (Out::Bf16(p), k),
             GemmInputs::F32 => (Out::F32(p), k),
         }
@@ -147,13 +151,13 @@ impl CudaModel {
         self.norm(p, s.n, self.final_norm.ptr, pending, (o, self.hid))
     }
 
-    /// Whether projection `p` multiplies both planes of its input (split mode, and `p` among `split`; in the half
-    /// precision only a residual projection among `split`: the input projections read one f16 plane): a residual
-    /// GEMM then leaves two halves for the next [`CudaModel::norm`] to add.
-    pub(super) fn both_planes(&self, split: SplitGemms, p: Projection) -> bool {
+    /// Whether projection `p` (weights `lin`) multiplies both planes of its input (split mode, and `p` among
+    /// `split`; in the half precision a projection whose input is not f16, [`Linear::f16_exp`], fixed at upload): a
+    /// residual GEMM then leaves two halves for the next [`CudaModel::norm`] to add.
+    pub(super) fn both_planes(&self, split: SplitGemms, p: Projection, lin: &Linear) -> bool {
         match self.prec.inputs() {
             GemmInputs::Split => split.has(p),
-            GemmInputs::Half => !p.is_input() && split.has(p),
+            GemmInputs::Half => lin.f16_exp.is_none(),
             GemmInputs::Bf16 | GemmInputs::F32 => false,
         }
     }
@@ -170,7 +174,7 @@ impl CudaModel {
         t: usize,
         k: usize,
     ) -> bool {
-        self.both_planes(split, p)
+        self.both_planes(split, p, lin)
             && !lin.has_blocks()
             && !self.rotated
             && !self.direct_residual(t, k, lin)
@@ -243,7 +247,7 @@ impl CudaModel {
         split: SplitGemms,
         invariant: bool,
     ) -> Result<bool, CudaError> {
-        let (hid, both) = (self.hid, self.both_planes(split, proj));
+        let (hid, both) = (self.hid, self.both_planes(split, proj, lin));
         let (g, inv) = (&*self.gpu, self.invariant_gemms(invariant, t));
         let lo = p.act + 2 * (t * k) as u64;
         for part in &lin.parts {
@@ -521,10 +525,6 @@ impl<'a> Launches<'a> {
         }
     }
 
-    fn both(&self, proj: Projection) -> bool {
-        self.m.both_planes(self.s.split, proj)
-    }
-
     /// A Gated DeltaNet layer's pointers: (conv states, recurrent states, initial states) in the table, the core
     /// output in `mid` (after the conv output [N, cd]), β in `gates` (after g [N, HV]).
     fn gdn_ptrs(&self, m: &GdnLayer) -> (u64, u64, u64, u64, u64) {
@@ -557,7 +557,7 @@ impl<'a> Launches<'a> {
     fn site_out(&self, lin: &Linear, k: usize) -> Out {
         match lin.rot {
             Some(_) => Out::F32(self.p.rot),
-            None => self.m.act(self.p.act, self.s.n, k),
+            None => self.m.act(self.p.act, self.s.n, k, lin),
         }
     }
 
@@ -575,7 +575,7 @@ impl<'a> Launches<'a> {
             signs.ptr,
             false,
             None,
-            (m.act(p.act, n, k), k),
+            (m.act(p.act, n, k, lin), k),
         )?;
         m.mark("rotation")
     }
@@ -659,13 +659,18 @@ impl LayerOps for Launches<'_> {
 
     fn project_in(&mut self, l: usize, proj: Projection) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
-        let both = self.both(proj);
+        let (lin, pw, name) = match proj {
+            Projection::GdnIn => (&self.gdn(l).w_in, self.gdn(l).proj_width(), "gemm gdn in"),
+            Projection::AttnIn => (
+                &self.attn(l).w_in,
+                self.attn(l).proj_width(),
+                "gemm attn in",
+            ),
+            Projection::MlpIn => (&self.layer(l).w_gu, 2 * m.inter, "gemm mlp gate|up"),
+            _ => unreachable!("{proj:?} is an output projection"),
+        };
+        let both = m.both_planes(self.s.split, proj, lin);
         if let Some(gain) = self.deferred.take() {
-            let (lin, pw) = match proj {
-                Projection::GdnIn => (&self.gdn(l).w_in, self.gdn(l).proj_width()),
-                Projection::AttnIn => (&self.attn(l).w_in, self.attn(l).proj_width()),
-                _ => (&self.layer(l).w_gu, 2 * m.inter),
-            };
             // Both planes in split mode where the projection multiplies both, else the one bf16 (or f16) plane.
             let planes = if both { 2 } else { 1 };
             let w = &lin.parts[0].w;
@@ -676,37 +681,9 @@ impl LayerOps for Launches<'_> {
             }
             m.norm(p, n, gain, false, m.act_in(p.act, m.hid))?;
         }
-        match proj {
-            Projection::GdnIn => {
-                let g = self.gdn(l);
-                let pw = g.proj_width();
-                self.next_entries(proj);
-                m.gemm_in(p, n, m.hid, &g.w_in, p.proj, pw, both, self.s.invariant)?;
-                m.mark("gemm gdn in")
-            }
-            Projection::AttnIn => {
-                let a = self.attn(l);
-                let pw = a.proj_width();
-                self.next_entries(proj);
-                m.gemm_in(p, n, m.hid, &a.w_in, p.proj, pw, both, self.s.invariant)?;
-                m.mark("gemm attn in")
-            }
-            Projection::MlpIn => {
-                let gu = 2 * m.inter;
-                m.gemm_in(
-                    p,
-                    n,
-                    m.hid,
-                    &self.layer(l).w_gu,
-                    p.proj,
-                    gu,
-                    both,
-                    self.s.invariant,
-                )?;
-                m.mark("gemm mlp gate|up")
-            }
-            _ => unreachable!("{proj:?} is an output projection"),
-        }
+        self.next_entries(proj);
+        m.gemm_in(p, n, m.hid, lin, p.proj, pw, both, self.s.invariant)?;
+        m.mark(name)
     }
 
     fn gdn_prep(&mut self, l: usize) -> Result<(), CudaError> {
@@ -809,7 +786,7 @@ impl LayerOps for Launches<'_> {
                 n,
                 (d.hv, d.dv),
                 signs.ptr,
-                (m.act(p.act, n, k), k),
+                (m.act(p.act, n, k, &g.w_out), k),
             )?;
             return m.mark("gated norm + rotation");
         }
@@ -888,11 +865,11 @@ impl LayerOps for Launches<'_> {
         let down = &self.layer(l).w_down;
         if let Some(signs) = &down.rot {
             // The down projection's site: the SwiGLU and its rotation in one launch.
-            let out = (m.act(p.act, n, m.inter), m.inter);
+            let out = (m.act(p.act, n, m.inter, down), m.inter);
             ops::swiglu_rotate(&m.gpu, p.proj, m.inter, n, signs.ptr, out)?;
             return m.mark("swiglu + rotation");
         }
-        ops::swiglu(&m.gpu, p.proj, m.inter, n, m.act(p.act, n, m.inter))?;
+        ops::swiglu(&m.gpu, p.proj, m.inter, n, m.act(p.act, n, m.inter, down))?;
         m.mark("swiglu")
     }
 

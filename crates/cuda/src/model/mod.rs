@@ -94,6 +94,11 @@ struct Linear {
     parts: Vec<Part>,
     /// The Hadamard signs of the input of the rotated parts ([K]; a rotated pack), uploaded once per site.
     rot: Option<Dev<f32>>,
+    /// The half precision's f16 input: its producer stores each value times 2^e (0 for a norm's output; a residual
+    /// projection's e puts its input's bound from the weights inside f16's range), and every part is a
+    /// [`crate::ops::W::Half`] whose shift includes e, so the GEMM's alpha undoes both. `None`: the input is the
+    /// precision's other form (a residual projection of the half precision on both bf16 planes).
+    f16_exp: Option<i32>,
 }
 
 struct GdnLayer {
@@ -500,7 +505,8 @@ impl CudaModel {
     }
 
     /// Which projections multiply both planes of their input with [`GemmInputs::Split`] (split and mixed precision)
-    /// from the next forward on (captured graphs are dropped); no effect in the other precisions.
+    /// from the next forward on (captured graphs are dropped); no effect in the other precisions (the half
+    /// precision's are fixed at upload, [`crate::CudaOptions::split_gemms`]).
     pub fn set_split_gemms(&self, s: SplitGemms) {
         *self.split.lock().unwrap_or_else(|e| e.into_inner()) = s;
         self.drop_graphs();

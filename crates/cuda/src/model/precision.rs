@@ -23,14 +23,17 @@ pub enum Precision {
     Mixed,
     /// The default: the fastest mode that met the ship bar in every check (the test checkpoints' bf16 twins on their
     /// fixtures and on random requests, the 0.8B shape's three bench workloads; docs/cuda.md, "Precision modes").
-    /// [`Precision::Mixed`] with the input projections (the ones a norm feeds: the mixers' in_proj, the MLP's
-    /// gate|up) on f16 inputs and f16 weights, one GEMM each instead of one over both bf16 planes: f16 carries 11
-    /// significant bits (the inputs to 2^-11 relative, 8x closer than bf16), and every bf16 weight within 2^31 of its
-    /// matrix's largest exactly (each matrix scaled by a power of two into f16's range, undone by the GEMM's alpha).
-    /// A norm's output is at most sqrt(K) times its largest gain, which the upload checks against f16's range. The
-    /// residual projections (whose inputs have no such bound) stay on both bf16 planes. A model this does not fit
-    /// (block-format or rotated input projections, f32 weights bf16 does not hold, a norm gain past the bound) is
-    /// uploaded in [`Precision::Mixed`] instead ([`crate::CudaModel::precision_fallback`] says why).
+    /// Every projection on f16 inputs and f16 weights, one GEMM each where [`Precision::Mixed`] multiplies both bf16
+    /// planes: f16 carries 11 significant bits (the inputs to 2^-11 relative, 8x closer than bf16), and every bf16
+    /// weight within 2^31 of its matrix's largest exactly (each matrix scaled by a power of two into f16's range,
+    /// undone by the GEMM's alpha). f16's range is the catch: a norm's output (the input projections' input) is at
+    /// most sqrt(K) times its largest gain, which the upload checks against it; each residual projection's input
+    /// (SwiGLU, the gated norm, attention) has a bound the upload derives from the weights, and its producer stores
+    /// it times the power of two that puts that bound inside f16's range (the weight's shift raised to undo it).
+    /// Residual projections named by `--gpu-split-gemms` at upload, or stored in a block format, stay on both bf16
+    /// planes as in mixed. A model this does not fit (block-format or rotated input projections, f32 weights bf16
+    /// does not hold, a gain past the bound, a bound out of reach) is uploaded in [`Precision::Mixed`] instead
+    /// ([`crate::CudaModel::precision_fallback`] says why).
     #[default]
     Half,
     /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,
@@ -42,7 +45,9 @@ pub enum Precision {
 }
 
 /// Which projections multiply both bf16 planes of their input in split and mixed precision; the others multiply the
-/// hi plane alone (a plain bf16 GEMM: half the work, the input rounded to bf16 as in [`Precision::Bf16`]).
+/// hi plane alone (a plain bf16 GEMM: half the work, the input rounded to bf16 as in [`Precision::Bf16`]). In the
+/// half precision, the residual projections that stay on both planes instead of f16, fixed at upload
+/// ([`crate::CudaOptions::split_gemms`]; by default none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SplitGemms(u8);
 
@@ -56,8 +61,9 @@ pub enum GemmInputs {
     Bf16,
     /// bf16 weights, activations carried as hi and lo bf16 planes (split and mixed precision).
     Split,
-    /// The input projections' weights and inputs f16 (the weights scaled, [`crate::ops::W::Half`]); the residual
-    /// projections' as [`GemmInputs::Split`] (half precision).
+    /// Every projection's weights and inputs f16 (the weights scaled, [`crate::ops::W::Half`], the residual
+    /// projections' inputs too), except residual projections the upload kept on both bf16 planes as
+    /// [`GemmInputs::Split`] (half precision).
     Half,
 }
 
@@ -72,7 +78,7 @@ impl Precision {
         }
     }
 
-    /// Whether the residual projections' inputs carry hi and lo bf16 planes ([`GemmInputs::Split`] and
+    /// Whether the residual projections' inputs can carry hi and lo bf16 planes ([`GemmInputs::Split`] and
     /// [`GemmInputs::Half`]): the projections of [`SplitGemms`] multiplying both planes.
     pub fn planes(self) -> bool {
         matches!(self.inputs(), GemmInputs::Split | GemmInputs::Half)

@@ -141,8 +141,8 @@ pub(super) enum InLayout {
     Plain,
     /// Every row twice, `[W | W]` (split and mixed precision).
     Twice,
-    /// f16, scaled by a power of two (half precision, [`W::Half`]).
-    Half,
+    /// f16, scaled by a power of two, its input stored times 2^e (half precision, [`W::Half`], [`Linear::f16_exp`]).
+    Half(i32),
 }
 
 /// A projection's weights (`Model::linear`'s order) as a [`Linear`]: runs of weights of one [`Form`] and one input
@@ -160,7 +160,7 @@ fn upload_linear(
         .iter()
         .map(|t| match layout {
             // f16 holds an F16 file's values as they are, and bf16's ([`half_misfit`] refuses the rest).
-            InLayout::Half => form(t, Precision::Bf16),
+            InLayout::Half(_) => form(t, Precision::Bf16),
             _ => form(t, prec),
         })
         .collect();
@@ -175,7 +175,7 @@ fn upload_linear(
         let group = &ts[i..j];
         let rows: usize = group.iter().map(|t| t.shape()[0]).sum();
         let w = match (f, layout) {
-            (Form::Float, InLayout::Half) => upload_half(g, group)?,
+            (Form::Float, InLayout::Half(e)) => upload_half(g, group, e)?,
             (Form::Float, _) => upload_stacked(g, group, prec, layout == InLayout::Twice)?,
             _ => upload_block(g, group, f)?,
         };
@@ -192,7 +192,15 @@ fn upload_linear(
         Some((s, _)) => Some(upload_f32(g, s)?),
         None => None,
     };
-    Ok(Linear { parts, rot })
+    let f16_exp = match layout {
+        InLayout::Half(e) => Some(e),
+        InLayout::Plain | InLayout::Twice => None,
+    };
+    Ok(Linear {
+        parts,
+        rot,
+        f16_exp,
+    })
 }
 
 /// The device memory a [`Weight`]'s `w` points into.
@@ -276,8 +284,9 @@ pub(super) fn upload_stacked(
 }
 
 /// Uploads float weights stacked by rows as one f16 matrix scaled by a power of two ([`W::Half`]; the half
-/// precision's input projections).
-fn upload_half(g: &Gpu, parts: &[&Tensor]) -> Result<Weight, CudaError> {
+/// precision's projections), its shift raised by `e`: the GEMM's input is stored times 2^e
+/// ([`Linear::f16_exp`]).
+fn upload_half(g: &Gpu, parts: &[&Tensor], e: i32) -> Result<Weight, CudaError> {
     let cols = parts
         .first()
         .and_then(|t| t.shape().last().copied())
@@ -290,7 +299,7 @@ fn upload_half(g: &Gpu, parts: &[&Tensor]) -> Result<Weight, CudaError> {
     let buf = g.upload(&host)?;
     let w = W::Half {
         w: g.ptr(&buf),
-        shift,
+        shift: shift + e,
     };
     Ok(Weight {
         _buf: WeightBuf::Bf16(buf),
@@ -300,8 +309,93 @@ fn upload_half(g: &Gpu, parts: &[&Tensor]) -> Result<Weight, CudaError> {
 }
 
 /// The largest value a norm's output takes in the half precision is sqrt(K) times its largest gain; f16's largest
-/// finite value is 65,504. The bound kept: half of that, 2^15.
+/// finite value is 65,504. The bound kept for every f16 GEMM input (a norm's output as it is, a residual
+/// projection's input scaled by a power of two): half of that, 2^15.
 const HALF_NORM_BOUND: f64 = 32768.0;
+
+/// The largest |silu(z)| over z ≤ 0 (at z ≈ -1.278, 0.27846...), rounded up.
+const SILU_NEG_MAX: f64 = 0.2785;
+
+/// The largest 2-norm of a float weight's rows (infinite where a row holds a non-finite value), rounded up: every
+/// output of a product with it is at most this times its input row's 2-norm (Cauchy-Schwarz).
+fn max_row_norm(t: &Tensor) -> Result<f64, CudaError> {
+    if !t.dtype().is_float() {
+        return Err(not_float(t));
+    }
+    let k = t.shape().last().copied().unwrap_or(0);
+    if k == 0 {
+        return Ok(0.0);
+    }
+    let mut row = vec![0f32; k];
+    let mut big = 0f64;
+    for r in 0..t.numel() / k {
+        t.read_f32(r * k, &mut row);
+        let ss: f64 = row
+            .chunks(64)
+            .map(|c| f64::from(c.iter().map(|x| x * x).sum::<f32>()))
+            .sum();
+        if !ss.is_finite() {
+            return Ok(f64::INFINITY);
+        }
+        big = big.max(ss);
+    }
+    // The f32 partial sums round by well under 1e-3 of the total.
+    Ok(big.sqrt() * 1.001)
+}
+
+/// The power of two e that puts `bound` times 2^e at most [`HALF_NORM_BOUND`] and as close to it as a power of two
+/// goes, within [-60, 60] (an all-zero input takes the largest). `None` where no such e holds it.
+fn half_exp(bound: f64) -> Option<i32> {
+    if !bound.is_finite() {
+        return None;
+    }
+    let e = if bound > 0.0 {
+        ((HALF_NORM_BOUND / bound).log2().floor() as i32).clamp(-60, 60)
+    } else {
+        60
+    };
+    // log2's rounding: step down until the product fits.
+    (e - 1..=e)
+        .rev()
+        .find(|e| bound * 2f64.powi(*e) <= HALF_NORM_BOUND)
+}
+
+/// Per layer, the powers of two the half precision stores its residual projections' inputs times (the mixer's
+/// output projection's, the MLP's down projection's), each from a bound on that input known from the weights
+/// alone. Each input projection's output is at most sqrt(K) times its norm's largest gain times its weight row's
+/// 2-norm (the normed row's 2-norm is at most sqrt(K) times the gain). So: the gated norm's output (Gated
+/// DeltaNet) is at most sqrt(DV) (a head's normed value) times the norm's largest weight times the bound of
+/// silu(z); attention's output is a convex mix of V rows times a sigmoid gate, at most V's bound; SwiGLU's
+/// output is at most the bound of silu(gate) times up's. (|silu(z)| ≤ max(|z|, 0.2785).) Loose by up to about
+/// sqrt(K) per factor, which f16's 2^40 of range absorbs: the values the model takes stay normal, 11 significant
+/// bits. `Err`: why a bound is out of reach (a non-finite weight or gain).
+pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, String>, CudaError> {
+    let c = m.text_config();
+    let root_k = (c.hidden_size as f64).sqrt();
+    let big = |v: &[f32]| v.iter().fold(0f64, |a, x| a.max(f64::from(x.abs())));
+    let mut exps = Vec::with_capacity(c.layer_types.len());
+    for (l, kind) in c.layer_types.iter().enumerate() {
+        let h_in = root_k * big(m.param(l, Param::NormGain(NormSite::Input))?);
+        let h_post = root_k * big(m.param(l, Param::NormGain(NormSite::Post))?);
+        let mixer = match kind {
+            LayerKind::GatedDeltaNet => {
+                let z = h_in * max_row_norm(m.linear(l, Projection::GdnIn)?[1])?;
+                let dv = c.linear_value_head_dim as f64;
+                dv.sqrt() * big(m.param(l, Param::GatedNormWeight)?) * z.max(SILU_NEG_MAX)
+            }
+            LayerKind::Attention => h_in * max_row_norm(m.linear(l, Projection::AttnIn)?[2])?,
+        };
+        let gu = m.linear(l, Projection::MlpIn)?;
+        let mlp = (h_post * max_row_norm(gu[0])?).max(SILU_NEG_MAX) * h_post * max_row_norm(gu[1])?;
+        let (Some(a), Some(b)) = (half_exp(mixer), half_exp(mlp)) else {
+            return Ok(Err(format!(
+                "layer {l}'s residual projections' inputs have no bound inside f16's range"
+            )));
+        };
+        exps.push([a, b]);
+    }
+    Ok(Ok(exps))
+}
 
 /// Why the half precision does not fit `m` (its input projections then stay on both bf16 planes, as in mixed), or
 /// `None`: every input projection float, unrotated and held by f16 (bf16 values, or an F16 file's), and every norm
@@ -407,28 +501,48 @@ impl CudaModel {
     pub fn with_options(m: &Model, gpu: Arc<Gpu>, o: &CudaOptions) -> Result<Self, CudaError> {
         let mut prec = o.precision;
         let mut fallback = None;
+        let mut half_exps = Vec::new();
         if prec == Precision::Half {
-            if let Some(why) = half_misfit(m)? {
+            let why = match half_misfit(m)? {
+                Some(why) => Some(why),
+                None => half_residual_exps(m)?.map(|e| half_exps = e).err(),
+            };
+            if let Some(why) = why {
                 fallback = Some(format!(
                     "the half GPU precision does not fit this model ({why}); it runs in mixed"
                 ));
                 prec = Precision::Mixed;
             }
         }
+        // The half precision's residual projections named here stay on both bf16 planes (fixed at upload: their
+        // weights are stored for it); by default none, every projection f16. The other precisions split all.
+        let split = o.split_gemms.unwrap_or(if prec == Precision::Half {
+            SplitGemms::NONE
+        } else {
+            SplitGemms::ALL
+        });
         let g = &*gpu;
         g.set_pdl(o.pdl);
         g.set_wgmma(o.wgmma);
         let c = m.text_config();
         let up = |t: &Tensor| upload_one(g, t, prec);
         // A projection's weights stacked by format and input; a float input projection (its input a norm's output)
-        // stored `[W | W]` in split mode, so that one GEMM multiplies both planes, and in f16 in the half precision.
+        // stored `[W | W]` in split mode, so that one GEMM multiplies both planes. In the half precision every
+        // projection in f16, its input scaled by the layer's power of two for it (a norm's output: none), except a
+        // residual one that `split` names or that has block-format weights (both bf16 planes, as in mixed).
         let linear = |l: usize, p: Projection| {
+            let ts = m.linear(l, p)?;
             let layout = match (p.is_input(), prec.inputs()) {
                 (true, GemmInputs::Split) => InLayout::Twice,
-                (true, GemmInputs::Half) => InLayout::Half,
+                (true, GemmInputs::Half) => InLayout::Half(0),
+                (false, GemmInputs::Half)
+                    if !split.has(p) && ts.iter().all(|t| t.dtype().is_float()) =>
+                {
+                    InLayout::Half(half_exps[l][usize::from(p == Projection::MlpOut)])
+                }
                 _ => InLayout::Plain,
             };
-            upload_linear(g, &m.linear(l, p)?, m.rotation(l, p)?, prec, layout)
+            upload_linear(g, &ts, m.rotation(l, p)?, prec, layout)
         };
         let param = |l: usize, p: Param| upload_f32(g, m.param(l, p)?);
         let embed = up(m.embedding())?;
@@ -590,9 +704,143 @@ impl CudaModel {
             tree_on: std::sync::atomic::AtomicBool::new(o.trees),
             use_graphs: std::sync::atomic::AtomicBool::new(o.graphs),
             tc: Mutex::new(o.kernels.unwrap_or(TcArith::for_precision(prec))),
-            split: Mutex::new(o.split_gemms.unwrap_or_default()),
+            split: Mutex::new(split),
             invariant: std::sync::atomic::AtomicBool::new(false),
         })
         .inspect(|m: &CudaModel| m.set_batch_invariant(o.batch_invariant))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use onepass_model::synth;
+
+    fn silu(z: f64) -> f64 {
+        z / (1.0 + (-z).exp())
+    }
+
+    /// `W · h` in f64 for a float weight [N, K].
+    fn product(t: &Tensor, h: &[f64]) -> Vec<f64> {
+        let w = t.to_f32_vec();
+        w.chunks(h.len())
+            .map(|r| r.iter().zip(h).map(|(a, b)| f64::from(*a) * b).sum())
+            .collect()
+    }
+
+    /// rms_norm(x) · gain in f64, as the model's norm computes it.
+    fn normed(x: &[f64], gain: &[f32], eps: f64) -> Vec<f64> {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+        let inv = 1.0 / (ms + eps).sqrt();
+        x.iter()
+            .zip(gain)
+            .map(|(v, g)| v * inv * f64::from(*g))
+            .collect()
+    }
+
+    /// Rows of `t` (f64), the inputs that make an output reach its Cauchy-Schwarz bound.
+    fn rows(t: &Tensor) -> Vec<Vec<f64>> {
+        let k = t.shape()[1];
+        t.to_f32_vec()
+            .chunks(k)
+            .map(|r| r.iter().map(|v| f64::from(*v)).collect())
+            .collect()
+    }
+
+    /// The residual projections' inputs the half precision scales, computed directly (f64) over random hidden rows
+    /// and over the rows that make one factor of a bound tight (each weight row itself as the hidden row): scaled by
+    /// the upload's power of two, every one stays within 2^15, half of f16's range (the bound the exponents promise),
+    /// and the largest comes within 2^16 of it (a bound loose past that would push small values into subnormals).
+    #[test]
+    fn half_residual_bounds_hold_the_values_the_model_takes() {
+        for preset in ["tiny-gva", "tiny-attn-first", "tiny-bf16"] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let spec = synth::preset(preset).expect("preset");
+            synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).expect("synth");
+            let m = Model::load(dir.path()).expect("load");
+            let exps = half_residual_exps(&m).expect("weights").expect("bounds");
+            let c = m.text_config();
+            let (k, eps) = (c.hidden_size, f64::from(c.rms_norm_eps));
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            let mut rnd = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+            };
+            for (l, kind) in c.layer_types.iter().enumerate() {
+                let scale = |e: i32| 2f64.powi(e);
+                let in_gain = m.param(l, Param::NormGain(NormSite::Input)).unwrap();
+                let post_gain = m.param(l, Param::NormGain(NormSite::Post)).unwrap();
+                let gdn = m.linear(l, Projection::GdnIn);
+                let (mixer_w, gu) = (
+                    match kind {
+                        LayerKind::GatedDeltaNet => gdn.as_ref().unwrap()[1],
+                        LayerKind::Attention => m.linear(l, Projection::AttnIn).unwrap()[2],
+                    },
+                    m.linear(l, Projection::MlpIn).unwrap(),
+                );
+                let mut hidden: Vec<Vec<f64>> = (0..16)
+                    .map(|_| (0..k).map(|_| 4.0 * rnd()).collect())
+                    .collect();
+                hidden.extend(rows(mixer_w));
+                hidden.extend(rows(gu[0]));
+                hidden.extend(rows(gu[1]));
+                let (mut mixer, mut mlp) = (0f64, 0f64);
+                for x in &hidden {
+                    let h = normed(x, in_gain, eps);
+                    let v = product(mixer_w, &h);
+                    mixer = mixer.max(match kind {
+                        // A head's normed value reaches 1 / sqrt(1/DV + eps) where the core is one-hot.
+                        LayerKind::GatedDeltaNet => {
+                            let dv = c.linear_value_head_dim;
+                            let w = m.param(l, Param::GatedNormWeight).unwrap();
+                            let peak = 1.0 / (1.0 / dv as f64 + eps).sqrt();
+                            v.iter()
+                                .enumerate()
+                                .map(|(i, z)| peak * f64::from(w[i % dv]).abs() * silu(*z).abs())
+                                .fold(0.0, f64::max)
+                        }
+                        // A convex mix of V rows, times a gate below 1: at most the largest |V|.
+                        LayerKind::Attention => v.iter().fold(0.0, |a, x| a.max(x.abs())),
+                    });
+                    let h = normed(x, post_gain, eps);
+                    let (g, u) = (product(gu[0], &h), product(gu[1], &h));
+                    mlp = g
+                        .iter()
+                        .zip(&u)
+                        .fold(mlp, |a, (g, u)| a.max((silu(*g) * u).abs()));
+                }
+                for (what, top, e) in [
+                    ("mixer output", mixer, exps[l][0]),
+                    ("SwiGLU", mlp, exps[l][1]),
+                ] {
+                    let scaled = top * scale(e);
+                    assert!(
+                        (HALF_NORM_BOUND / 65536.0..=HALF_NORM_BOUND).contains(&scaled),
+                        "{preset} layer {l} {what}: largest |value| {top:.4e} times 2^{e} = {scaled:.4e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The exponent is the largest power of two that keeps the bound within 2^15, and none where nothing does.
+    #[test]
+    fn half_exp_puts_the_bound_just_inside_the_range() {
+        for bound in [1e-30, 3.7e-4, 0.5, 1.0, 3.0, 32768.0, 32769.0, 1e9, 1e20] {
+            let e = half_exp(bound).expect("a power of two");
+            let scaled = bound * 2f64.powi(e);
+            assert!(scaled <= HALF_NORM_BOUND, "{bound}: 2^{e}");
+            assert!(
+                e == 60 || scaled * 2.0 > HALF_NORM_BOUND,
+                "{bound}: 2^{e} is not the largest"
+            );
+        }
+        assert_eq!(half_exp(0.0), Some(60));
+        assert_eq!(half_exp(1e40), None);
+        assert_eq!(half_exp(f64::INFINITY), None);
+        assert_eq!(half_exp(f64::NAN), None);
     }
 }
