@@ -3,7 +3,8 @@
 # (default: the 0.8B shape with bf16 weights) and the three `bench-systemone` workloads (about 406, 927 and 3,691
 # unique tokens). Needs crates/cuda/gpu-pack.sh's .devcarry/pack.tar.gz (carry .devcarry). One device run:
 #   bash tools/cuda/modes-vs-cpu.sh
-# MODES: space-separated PRECISION[:KERNELS] (`--gpu-precision`, `--gpu-kernels`; default "half mixed split bf16");
+# MODES: space-separated PRECISION[/SPLIT][:KERNELS] (`--gpu-precision`, `--gpu-split-gemms`, `--gpu-kernels`;
+# default "half mixed split bf16");
 # PRESET (qwen3.5-0.8b). Prints max / mean |dp| over every option probability of each workload, per mode.
 set -uo pipefail
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}" XDG_CACHE_HOME=/tmp/xdg
@@ -18,7 +19,8 @@ MODES=${MODES:-half mixed split bf16}
 for w in 1 2 3; do
   $B systemone --model $M --device cpu $R/workload$w.json > $A/$w-cpu 2>/dev/null || echo "CPU answer to workload $w failed"
   for v in $MODES; do
-    a=(--device cuda --gpu-precision ${v%%:*}); [[ $v == *:* && -n ${v#*:} ]] && a+=(--gpu-kernels ${v#*:})
+    p=${v%%:*}; a=(--device cuda --gpu-precision ${p%%/*}); [[ $p == */* ]] && a+=(--gpu-split-gemms ${p#*/})
+    [[ $v == *:* && -n ${v#*:} ]] && a+=(--gpu-kernels ${v#*:})
     $B systemone --model $M "${a[@]}" $R/workload$w.json > "$A/$w-$v" 2>"$A/$w-$v.err" || tail -2 "$A/$w-$v.err"
   done
 done
