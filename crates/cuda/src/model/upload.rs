@@ -326,19 +326,40 @@ fn max_row_norm(t: &Tensor) -> Result<f64, CudaError> {
     if k == 0 {
         return Ok(0.0);
     }
-    let mut row = vec![0f32; k];
-    let mut big = 0f64;
-    for r in 0..t.numel() / k {
-        t.read_f32(r * k, &mut row);
-        let ss: f64 = row
-            .chunks(64)
-            .map(|c| f64::from(c.iter().map(|x| x * x).sum::<f32>()))
-            .sum();
-        if !ss.is_finite() {
-            return Ok(f64::INFINITY);
-        }
-        big = big.max(ss);
-    }
+    let rows = t.numel() / k;
+    // The rows split over the host's threads (every float weight is read once more at upload for this).
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, rows.div_ceil(64).max(1));
+    let per = rows.div_ceil(threads);
+    let big = std::thread::scope(|s| {
+        let parts: Vec<_> = (0..threads)
+            .map(|i| {
+                s.spawn(move || {
+                    let mut row = vec![0f32; k];
+                    let mut big = 0f64;
+                    for r in i * per..((i + 1) * per).min(rows) {
+                        t.read_f32(r * k, &mut row);
+                        let ss: f64 = row
+                            .chunks(64)
+                            .map(|c| f64::from(c.iter().map(|x| x * x).sum::<f32>()))
+                            .sum();
+                        // NaN and infinity both make the bound infinite.
+                        big = if ss.is_finite() {
+                            big.max(ss)
+                        } else {
+                            f64::INFINITY
+                        };
+                    }
+                    big
+                })
+            })
+            .collect();
+        parts
+            .into_iter()
+            .map(|h| h.join().unwrap_or(f64::INFINITY))
+            .fold(0f64, f64::max)
+    });
     // The f32 partial sums round by well under 1e-3 of the total.
     Ok(big.sqrt() * 1.001)
 }
@@ -822,6 +843,37 @@ mod tests {
                         "{preset} layer {l} {what}: largest |value| {top:.4e} times 2^{e} = {scaled:.4e}"
                     );
                 }
+            }
+        }
+    }
+
+    /// The largest row 2-norm, over rows split between threads: at least the exact one (f64 over every row) and within
+    /// 2e-3 of it; infinite where a row holds a NaN or an infinity (no bound: the model falls back to mixed).
+    #[test]
+    fn max_row_norm_bounds_every_row() {
+        for (rows, k) in [(1, 7), (3, 64), (1000, 96), (4099, 33)] {
+            let v: Vec<f32> = (0..rows * k)
+                .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 1e-3 * (1 + i / k % 5) as f32)
+                .collect();
+            let exact = v
+                .chunks(k)
+                .map(|r| r.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt())
+                .fold(0.0, f64::max);
+            let t = Tensor::from_f32("w", vec![rows, k], &v);
+            let got = max_row_norm(&t).unwrap();
+            assert!(
+                got >= exact && got <= exact * 1.002,
+                "{rows} x {k}: {got} against {exact}"
+            );
+            for bad in [f32::NAN, f32::INFINITY] {
+                let mut w = v.clone();
+                w[(rows - 1) * k + k / 2] = bad;
+                let t = Tensor::from_f32("w", vec![rows, k], &w);
+                assert_eq!(
+                    max_row_norm(&t).unwrap(),
+                    f64::INFINITY,
+                    "{rows} x {k} with {bad}"
+                );
             }
         }
     }
