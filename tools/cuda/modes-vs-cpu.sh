@@ -21,7 +21,8 @@ for w in 1 2 3; do
   for v in $MODES; do
     p=${v%%:*}; a=(--device cuda --gpu-precision ${p%%/*}); [[ $p == */* ]] && a+=(--gpu-split-gemms ${p#*/})
     [[ $v == *:* && -n ${v#*:} ]] && a+=(--gpu-kernels ${v#*:})
-    $B systemone --model $M "${a[@]}" $R/workload$w.json > "$A/$w-$v" 2>"$A/$w-$v.err" || tail -2 "$A/$w-$v.err"
+    f="$A/$w-${v//[\/:]/_}"  # a mode's '/' and ':' are no file names
+    $B systemone --model $M "${a[@]}" $R/workload$w.json > "$f" 2>"$f.err" || tail -2 "$f.err"
   done
 done
 MODES="$MODES" A=$A python3 - <<'PY'
@@ -32,7 +33,7 @@ def probs(path):
 for v in os.environ["MODES"].split():
     out = []
     for w in (1, 2, 3):
-        cp, gp = probs(f"{A}/{w}-cpu"), probs(f"{A}/{w}-{v}")
+        cp, gp = probs(f"{A}/{w}-cpu"), probs(f"{A}/{w}-" + v.replace("/", "_").replace(":", "_"))
         ds = [abs(gp[q][o] - cp[q][o]) for q in cp for o in cp[q]]
         out.append(f"workload {w}: {max(ds):.4f} / {sum(ds) / len(ds):.5f}")
     print(f"{v:28} max / mean |dp|  " + ", ".join(out))
