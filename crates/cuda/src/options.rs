@@ -38,7 +38,8 @@ pub struct CudaOptions {
     /// How the tensor-core kernels multiply (`None`: the precision's default, [`TcArith::for_precision`]).
     pub kernels: Option<TcArith>,
     /// Split and mixed precision: the projections that multiply both bf16 planes of their input (`None`: all). Half
-    /// precision: the residual projections stored to multiply both bf16 planes instead of f16 (`None`: none).
+    /// precision: the residual projections stored to multiply both bf16 planes instead of f16 (`None`: none;
+    /// ignored where half falls back to mixed, which then splits all).
     pub split_gemms: Option<SplitGemms>,
     pub gdn: GdnKernels,
     pub attention: AttnKernels,

@@ -536,12 +536,16 @@ impl CudaModel {
             }
         }
         // The half precision's residual projections named here stay on both bf16 planes (fixed at upload: their
-        // weights are stored for it); by default none, every projection f16. The other precisions split all.
-        let split = o.split_gemms.unwrap_or(if prec == Precision::Half {
-            SplitGemms::NONE
-        } else {
-            SplitGemms::ALL
-        });
+        // weights are stored for it); by default none, every projection f16. The other precisions split all. A
+        // set named for half means something else in mixed, so half's fallback splits all whatever it names.
+        let split = match (o.split_gemms, prec) {
+            (Some(s), _) if fallback.is_none() => s,
+            (_, Precision::Half) => SplitGemms::NONE,
+            _ => SplitGemms::ALL,
+        };
+        if let (Some(f), Some(_)) = (fallback.as_mut(), o.split_gemms) {
+            f.push_str(", every projection on both bf16 planes (the projections named for half do not apply)");
+        }
         let g = &*gpu;
         g.set_pdl(o.pdl);
         g.set_wgmma(o.wgmma);
