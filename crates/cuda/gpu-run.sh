@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device run over .devcarry/pack.tar.gz (made by crates/cuda/gpu-pack.sh): phases named in $1 (default
-# "tests bench"): tests (every test executable of the pack, or those TESTS names, with --include-ignored: the GPU tests are #[ignore]d so that
-# machines without one count them as ignored; ONEPASS_CUDA_BENCH=0 skips the kernel timing tables), bench (System One on the 0.8B shape: split, bf16; with "twopass" also split with prefixes and
-# suffixes as two forwards, --gpu-no-trees; with "nograph" split without CUDA graphs, --gpu-no-graphs), b2b (the 2B shape),
+# "tests bench"): tests (every test executable of the pack, or those TESTS names, with --include-ignored: the GPU
+# tests are #[ignore]d so that machines without one count them as ignored; ONEPASS_CUDA_BENCH=0 skips the kernel
+# timing tables), bench (System One on the 0.8B shape in each of PRECS, below; with "twopass" also split with
+# prefixes and suffixes as two forwards, --gpu-no-trees; with "nograph" split without CUDA graphs, --gpu-no-graphs),
+# b2b (the 2B shape),
 # decider (benches/gpu-decider.sh, the decider-ai side-by-side), http (benches/http_load.py: a saturating concurrent
 # load through `onepass serve --device cuda`), profile (one request under nsys and ncu where the machine has them: run
 # s12's H200 machine had ncu only; PROFILE_WORKLOAD=1|2|3,

@@ -21,7 +21,7 @@ for w in 1 2 3; do
   for v in $MODES; do
     p=${v%%:*}; a=(--device cuda --gpu-precision ${p%%/*}); [[ $p == */* ]] && a+=(--gpu-split-gemms ${p#*/})
     [[ $v == *:* && -n ${v#*:} ]] && a+=(--gpu-kernels ${v#*:})
-    f="$A/$w-${v//[\/:]/_}"  # a mode's '/' and ':' are no file names
+    f="$A/$w-${v//[\/:]/_}"  # '/' and ':' in a mode's name become '_' in its file's
     $B systemone --model $M "${a[@]}" $R/workload$w.json > "$f" 2>"$f.err" || tail -2 "$f.err"
   done
 done

@@ -66,7 +66,7 @@ KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float
 
 // Small-batch projection (decode): y[r, n] (row stride ldy) = alpha · sum_{e < group} x[r*group + e, :K] · w[n, :K]
 // + beta · y[r, n] for the rows / group output rows (rows <= GEMV_ROWS, group 1 or 2), x and w bf16 (or both f16:
-// the half precision's input projections, alpha undoing their weights' power-of-two scale), f32 products and sums.
+// the half precision's projections, alpha undoing their weights' and inputs' powers of two), f32 products and sums.
 // Each weight row is read once, 16 bytes per lane: `wpr` warps per row n (see gemv_rows), lanes over K, then a
 // warp sum. K, ldx and ldw multiples of 8 and x, w 16-byte aligned (the caller checks). beta 0 (y not read) or 1.
 #define GEMV_ROWS 8

@@ -3,8 +3,8 @@
 //! `CUBLAS_GEMM_DEFAULT`: bf16 weights on tensor cores, and the f32 weights of `Precision::F32` with
 //! `CUBLAS_COMPUTE_32F_PEDANTIC` (never TF32).
 //!
-//! The half precision's input projections ([`W::Half`]): f16 weights scaled by a power of two and f16 inputs,
-//! `CUBLAS_COMPUTE_32F` on tensor cores (f32 accumulation), alpha undoing the scale.
+//! The half precision's projections ([`W::Half`]): f16 weights scaled by a power of two and f16 inputs (a residual
+//! projection's scaled by another), `CUBLAS_COMPUTE_32F` on tensor cores (f32 accumulation), alpha undoing both.
 //!
 //! A per-shape cuBLASLt autotuner was measured against this and removed (H200, 2026-11-30): at the System One token
 //! counts no candidate beat GemmEx by more than 2% on any 0.8B projection, and tuning cost 5–50 ms per new shape on a

@@ -158,7 +158,7 @@ struct Key {
 enum Dtype {
     Bf16,
     F32,
-    /// The half precision's input projections ([`W::Half`]).
+    /// The half precision's projections ([`W::Half`]).
     F16,
 }
 

@@ -36,9 +36,11 @@ pub enum W {
     /// f32 values [N, K] multiplied like the block formats: split mode's form of f32 weights that bf16 does not
     /// hold exactly.
     F32Rows(u64),
-    /// f16 values [N, K], each the weight times 2^`shift` (so that the matrix's largest lands in [2^14, 2^15)): the
-    /// half precision's input projections, multiplied by cuBLAS on f16 inputs and by the f16 GEMV, which scale
-    /// their sums back by 2^-`shift` (exact: a power of two).
+    /// f16 values [N, K], each the weight times 2^s (s putting the matrix's largest in [2^14, 2^15)): the half
+    /// precision's projections, multiplied by cuBLAS on f16 inputs and by the f16 GEMV, which scale their sums by
+    /// 2^-`shift` (exact: a power of two). `shift` is s plus the power of two e the projection's input is stored
+    /// times (0 for a norm's output; a residual projection's from its bound, `Out::F16`), so the sums come back to
+    /// the unscaled product.
     Half {
         w: u64,
         shift: i32,
@@ -55,7 +57,7 @@ impl W {
             W::Q8 { q, d } => (q, d, 3),
             W::F16(p) => (p, 0, 4),
             W::F32Rows(p) => (p, 0, 1),
-            // Scaled values: never an embedding or a head (only input projections are uploaded so).
+            // Scaled values: never an embedding or a head (only projections are uploaded so).
             W::Half { w, .. } => (w, 0, 4),
         }
     }
@@ -82,8 +84,9 @@ pub fn embed_gather(
     launch!(g, g.k.embed_gather, cfg((n as u32, 1), ROW_THREADS, 0); e, d, mode, ids, x, hid as i32)
 }
 
-/// Output of a row op: bf16 (GEMM input), f32, or f32 split into two bf16 planes (hi at the address, lo
-/// `plane` values after it; hi + lo carries the value to about 2^-16 relative).
+/// Output of a row op: bf16 (GEMM input), f32, f16 times a power of two (the half precision's GEMM input), or f32
+/// split into two bf16 planes (hi at the address, lo `plane` values after it; hi + lo carries the value to about
+/// 2^-16 relative).
 #[derive(Clone, Copy, Debug)]
 pub enum Out {
     Bf16(u64),

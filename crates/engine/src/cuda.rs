@@ -12,9 +12,7 @@
 use std::sync::Mutex;
 
 pub use onepass_cuda::CudaOptions;
-use onepass_cuda::{
-    CudaError, CudaHidden, CudaModel, CudaState, Precision, Projection, SplitGemms,
-};
+use onepass_cuda::{CudaError, CudaHidden, CudaModel, CudaState, Precision, SplitGemms};
 use onepass_model::Model;
 
 use crate::{Backend, Rng, Sampling};
@@ -69,22 +67,14 @@ impl Backend for CudaBackend {
             p @ (Precision::Bf16Split | Precision::Mixed) => {
                 split(p, "bf16 weights, split bf16 GEMM inputs")
             }
-            p @ Precision::Half => {
-                // Only the residual projections named stay on split inputs in half.
-                let s = self.model.split_gemms();
-                let kept: Vec<Projection> = Projection::ALL
-                    .into_iter()
-                    .filter(|q| !q.is_input() && s.has(*q))
-                    .collect();
-                match SplitGemms::of(&kept) {
-                    SplitGemms::NONE => format!("{}: f16 GEMM inputs and weights", p.name()),
-                    k => format!(
-                        "{}: f16 GEMM inputs and weights ({} on split bf16 inputs)",
-                        p.name(),
-                        k.describe()
-                    ),
-                }
-            }
+            p @ Precision::Half => match self.model.half_planes() {
+                SplitGemms::NONE => format!("{}: f16 GEMM inputs and weights", p.name()),
+                k => format!(
+                    "{}: f16 GEMM inputs and weights ({} on split bf16 inputs)",
+                    p.name(),
+                    k.describe()
+                ),
+            },
             Precision::Bf16 => "bf16".into(),
             Precision::F32 => "f32".into(),
         };

@@ -512,9 +512,31 @@ impl CudaModel {
         self.drop_graphs();
     }
 
-    /// The projections that multiply both planes in split mode.
+    /// The projections that multiply both planes in mixed and split precision ([`CudaModel::set_split_gemms`]).
     pub fn split_gemms(&self) -> SplitGemms {
         *self.split.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// In the half precision, the residual projections that multiply both bf16 planes instead of f16 in some layer
+    /// (named by [`crate::CudaOptions::split_gemms`] at upload, or stored in a block format); none in the other
+    /// precisions.
+    pub fn half_planes(&self) -> SplitGemms {
+        if self.prec != Precision::Half {
+            return SplitGemms::NONE;
+        }
+        let mut kept = Vec::new();
+        for l in &self.layers {
+            let (p, out) = match &l.mixer {
+                Mixer::Gdn(m) => (Projection::GdnOut, &m.w_out),
+                Mixer::Attn(m) => (Projection::AttnOut, &m.w_o),
+            };
+            for (p, lin) in [(p, out), (Projection::MlpOut, &l.w_down)] {
+                if lin.f16_exp.is_none() && !kept.contains(&p) {
+                    kept.push(p);
+                }
+            }
+        }
+        SplitGemms::of(&kept)
     }
 
     /// Turns CUDA graphs for repeated forward shapes on or off (at first: [`CudaOptions::graphs`]).

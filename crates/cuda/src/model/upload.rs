@@ -134,10 +134,10 @@ fn upload_one(g: &Gpu, t: &Tensor, prec: Precision) -> Result<Weight, CudaError>
     }
 }
 
-/// How an input projection's float parts are stored.
+/// How a projection's float parts are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum InLayout {
-    /// As the precision stores any float weight (residual projections; bf16 and f32 precision).
+    /// As the precision stores any float weight (residual projections in mixed and split; bf16 and f32 precision).
     Plain,
     /// Every row twice, `[W | W]` (split and mixed precision).
     Twice,
@@ -364,6 +364,17 @@ fn max_row_norm(t: &Tensor) -> Result<f64, CudaError> {
     Ok(big.sqrt() * 1.001)
 }
 
+/// The largest |value| of a gain or weight vector; infinite where one is NaN or infinite (no bound then).
+fn largest_abs(v: &[f32]) -> f64 {
+    v.iter().fold(0f64, |a, x| {
+        if x.is_finite() {
+            a.max(f64::from(x.abs()))
+        } else {
+            f64::INFINITY
+        }
+    })
+}
+
 /// The power of two e that puts `bound` times 2^e at most [`HALF_NORM_BOUND`] and as close to it as a power of two
 /// goes, within [-60, 60] (an all-zero input takes the largest). `None` where no such e holds it.
 fn half_exp(bound: f64) -> Option<i32> {
@@ -378,7 +389,7 @@ fn half_exp(bound: f64) -> Option<i32> {
     // log2's rounding: step down until the product fits.
     (e - 1..=e)
         .rev()
-        .find(|e| bound * 2f64.powi(*e) <= HALF_NORM_BOUND)
+        .find(|e| *e >= -60 && bound * 2f64.powi(*e) <= HALF_NORM_BOUND)
 }
 
 /// Per layer, the powers of two the half precision stores its residual projections' inputs times (the mixer's
@@ -388,12 +399,12 @@ fn half_exp(bound: f64) -> Option<i32> {
 /// DeltaNet) is at most sqrt(DV) (a head's normed value) times the norm's largest weight times the bound of
 /// silu(z); attention's output is a convex mix of V rows times a sigmoid gate, at most V's bound; SwiGLU's
 /// output is at most the bound of silu(gate) times up's. (|silu(z)| ≤ max(|z|, 0.2785).) Loose by up to about
-/// sqrt(K) per factor, which f16's 2^40 of range absorbs: the values the model takes stay normal, 11 significant
-/// bits. `Err`: why a bound is out of reach (a non-finite weight or gain).
+/// sqrt(K) per factor, which f16's range absorbs: with the bound scaled into (2^14, 2^15], every value down to
+/// 2^-28 of it stays normal, 11 significant bits. `Err`: why a bound is out of reach (a non-finite weight or gain).
 pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, String>, CudaError> {
     let c = m.text_config();
     let root_k = (c.hidden_size as f64).sqrt();
-    let big = |v: &[f32]| v.iter().fold(0f64, |a, x| a.max(f64::from(x.abs())));
+    let big = largest_abs;
     let mut exps = Vec::with_capacity(c.layer_types.len());
     for (l, kind) in c.layer_types.iter().enumerate() {
         let h_in = root_k * big(m.param(l, Param::NormGain(NormSite::Input))?);
@@ -418,9 +429,9 @@ pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, Stri
     Ok(Ok(exps))
 }
 
-/// Why the half precision does not fit `m` (its input projections then stay on both bf16 planes, as in mixed), or
-/// `None`: every input projection float, unrotated and held by f16 (bf16 values, or an F16 file's), and every norm
-/// that feeds one bounded inside f16's range.
+/// Why the half precision does not fit `m` (it then runs in mixed), or `None`: no rotated site, every input
+/// projection float, every float projection held by f16 (bf16 values, or an F16 file's), and every norm that feeds
+/// one bounded inside f16's range. (The residual projections' inputs need their bounds too: `half_residual_exps`.)
 pub(super) fn half_misfit(m: &Model) -> Result<Option<String>, CudaError> {
     let c = m.text_config();
     if m.embedding_signs().is_some() || m.head_signs().is_some() {
@@ -428,11 +439,12 @@ pub(super) fn half_misfit(m: &Model) -> Result<Option<String>, CudaError> {
     }
     let root_k = (c.hidden_size as f64).sqrt();
     for (l, kind) in c.layer_types.iter().enumerate() {
-        let mixer_in = match kind {
-            LayerKind::GatedDeltaNet => Projection::GdnIn,
-            LayerKind::Attention => Projection::AttnIn,
+        let (mixer_in, mixer_out) = match kind {
+            LayerKind::GatedDeltaNet => (Projection::GdnIn, Projection::GdnOut),
+            LayerKind::Attention => (Projection::AttnIn, Projection::AttnOut),
         };
-        for p in [mixer_in, Projection::MlpIn] {
+        for p in [mixer_in, mixer_out, Projection::MlpIn, Projection::MlpOut] {
+            // A rotated input is not the one the residual bounds hold (H·x reaches sqrt(K) times max |x|).
             if m.rotation(l, p)?.is_some() {
                 return Ok(Some(format!(
                     "layer {l}'s {} reads a rotated input",
@@ -440,12 +452,17 @@ pub(super) fn half_misfit(m: &Model) -> Result<Option<String>, CudaError> {
                 )));
             }
             for t in m.linear(l, p)? {
+                // A block-format residual projection stays on both bf16 planes; an input projection has no such
+                // form in half.
                 if !t.dtype().is_float() {
-                    return Ok(Some(format!(
-                        "{} is stored as {}",
-                        t.name(),
-                        t.dtype().name()
-                    )));
+                    if p.is_input() {
+                        return Ok(Some(format!(
+                            "{} is stored as {}",
+                            t.name(),
+                            t.dtype().name()
+                        )));
+                    }
+                    continue;
                 }
                 // Only f32 values need a look (bf16's and f16's all fit); `form` reads them once.
                 if t.dtype() == onepass_tensor::DType::F32
@@ -459,8 +476,7 @@ pub(super) fn half_misfit(m: &Model) -> Result<Option<String>, CudaError> {
             }
         }
         for site in [NormSite::Input, NormSite::Post] {
-            let g = m.param(l, Param::NormGain(site))?;
-            let big = g.iter().fold(0f64, |a, x| a.max(f64::from(x.abs())));
+            let big = largest_abs(m.param(l, Param::NormGain(site))?);
             if big * root_k >= HALF_NORM_BOUND || !big.is_finite() {
                 return Ok(Some(format!(
                     "layer {l}'s norm gain reaches {big:.1}: its output could leave f16's range"
@@ -526,7 +542,13 @@ impl CudaModel {
         if prec == Precision::Half {
             let why = match half_misfit(m)? {
                 Some(why) => Some(why),
-                None => half_residual_exps(m)?.map(|e| half_exps = e).err(),
+                None => match half_residual_exps(m)? {
+                    Ok(e) => {
+                        half_exps = e;
+                        None
+                    }
+                    Err(why) => Some(why),
+                },
             };
             if let Some(why) = why {
                 fallback = Some(format!(
@@ -842,6 +864,11 @@ mod tests {
                     ("SwiGLU", mlp, exps[l][1]),
                 ] {
                     let scaled = top * scale(e);
+                    // The bound times 2^e lies in (2^14, 2^15]: it is between half this and this times the value.
+                    eprintln!(
+                        "{preset} layer {l} {what}: largest {top:.3e}, bound within {:.2}x of it (at most)",
+                        HALF_NORM_BOUND / scaled
+                    );
                     assert!(
                         (HALF_NORM_BOUND / 65536.0..=HALF_NORM_BOUND).contains(&scaled),
                         "{preset} layer {l} {what}: largest |value| {top:.4e} times 2^{e} = {scaled:.4e}"
@@ -895,6 +922,10 @@ mod tests {
             );
         }
         assert_eq!(half_exp(0.0), Some(60));
+        assert_eq!(half_exp(2f64.powi(75)), Some(-60));
+        assert_eq!(half_exp(2f64.powi(75) * 1.5), None);
+        assert_eq!(largest_abs(&[0.5, -3.0, 2.0]), 3.0);
+        assert_eq!(largest_abs(&[0.5, f32::NAN, 2.0]), f64::INFINITY);
         assert_eq!(half_exp(1e40), None);
         assert_eq!(half_exp(f64::INFINITY), None);
         assert_eq!(half_exp(f64::NAN), None);
