@@ -31,8 +31,9 @@ pub enum Precision {
     /// (SwiGLU, the gated norm, attention) has a bound the upload derives from the weights, and its producer stores
     /// it times the power of two that puts that bound inside f16's range (the weight's shift raised to undo it).
     /// Residual projections named by `--gpu-split-gemms` at upload, or stored in a block format, stay on both bf16
-    /// planes as in mixed. A model this does not fit (block-format or rotated input projections, f32 weights bf16
-    /// does not hold, a gain past the bound, a bound out of reach) is uploaded in [`Precision::Mixed`] instead
+    /// planes as in mixed. A model this does not fit (block-format input projections, any rotated projection, f32
+    /// weights bf16 does not hold, a gain past the bound, a bound out of reach) is uploaded in [`Precision::Mixed`]
+    /// instead
     /// ([`crate::CudaModel::precision_fallback`] says why).
     #[default]
     Half,
