@@ -18,9 +18,9 @@
 # Steps: install the wheels into /tmp/pydeps (first on PYTHONPATH); print versions; synthesize the 0.8B checkpoint and
 # write the three request bodies; smoke-test flash-linear-attention on the GPU (chunked gated delta rule against a
 # plain recurrence, prefix + continued suffix, CUDA graph replay); onepass's answers to the three bodies (for the
-# answer comparison); decider-ai's server path (benches/systemone_gpu_decider.py --engine server); onepass
-# bench-systemone on the same checkpoint, same run; decider-ai's library path (Decider(...).system_one) with the time
-# left; a side-by-side table. If fla fails, decider-ai still runs on transformers' PyTorch Gated DeltaNet, labelled so
+# answer comparison); onepass bench-systemone on the same checkpoint, same run; decider-ai's server path
+# (benches/systemone_gpu_decider.py --engine server); decider-ai's library path (Decider(...).system_one) with the
+# time left; a side-by-side table. If fla fails, decider-ai still runs on transformers' PyTorch Gated DeltaNet, labelled so
 # in the JSON and the table.
 #
 # Files in $OUT: decider.log (everything printed), decider-server.json, decider-library.json, onepass-bench.jsonl.
@@ -191,15 +191,8 @@ decider() {  # name, then extra arguments
   timeout "$(( $(left) > 30 ? $(left) : 30 ))" $PY benches/systemone_gpu_decider.py --model $M --requests $R --reps $REPS \
     --grid $GRID --batch "$BATCH" --compare-with $OPA --out "$OUT/$name.json" "$@" >/dev/null
 }
-step "decider-ai, server path (decider.serve start-up + /v1/systemone route, no HTTP); $(left)s left"
-decider decider-server --engine server "${NOFLA[@]}"
-rc=$?
-if [[ $rc != 0 && $FLA == fast ]]; then
-  echo "!!! decider-ai server path with flash-linear-attention exited $rc: again without fla (labelled), 10 reps"
-  FLA=failed-at-run
-  decider decider-server --engine server --no-fla --reps 10 --batch 8
-fi
-
+# onepass first: it takes about 45 s per precision, so a short BUDGET still leaves both sides (decider-ai's server
+# path takes about 200 s on the bench workloads; it stops where the budget ends).
 if [[ $ONEPASS_BENCH == 1 ]] && (( $(left) > 150 )); then
   step "onepass bench-systemone on the same checkpoint (${ONEPASS_PRECS:-half mixed split bf16}); $(left)s left"
   rm -f "$OUT/onepass-bench.jsonl"
@@ -207,6 +200,15 @@ if [[ $ONEPASS_BENCH == 1 ]] && (( $(left) > 150 )); then
     timeout 150 $OP bench-systemone --device cuda --gpu-precision $P --model $M --reps $REPS --batch-reps 2 ${ONEPASS_FLAGS:-} \
       >> "$OUT/onepass-bench.jsonl" || echo "onepass bench-systemone ($P) failed"
   done
+fi
+
+step "decider-ai, server path (decider.serve start-up + /v1/systemone route, no HTTP); $(left)s left"
+decider decider-server --engine server "${NOFLA[@]}"
+rc=$?
+if [[ $rc != 0 && $FLA == fast ]]; then
+  echo "!!! decider-ai server path with flash-linear-attention exited $rc: again without fla (labelled), 10 reps"
+  FLA=failed-at-run
+  decider decider-server --engine server --no-fla --reps 10 --batch 8
 fi
 
 if [[ $LIBRARY == 1 ]] && (( $(left) > 90 )); then
