@@ -44,12 +44,12 @@ impl DeviceArg {
 /// `--gpu-precision`, for every command that can run on the GPU.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PrecisionArg {
-    /// GPU arithmetic: half (the default: bf16 weights; the products that read a norm's output in f16, the others
-    /// on activations carried as two bf16 halves; the attention and gated delta kernels in TF32; within 0.02 of
-    /// float32 probabilities in every check; models it does not fit, such as quantized GGUF files, run mixed),
-    /// mixed (every product on the two bf16 halves: 10-18% slower than half), split (mixed's products with
-    /// f32-accurate attention and gated delta kernels: the closest to the CPU), bf16 (fastest, plain bf16
-    /// activations), or f32 (f32 weights; for checking).
+    /// GPU arithmetic: half (the default: every product on f16 weights and activations, each scaled into f16's
+    /// range; the attention and gated delta kernels in TF32; within 0.02 of float32 probabilities in every check;
+    /// models it does not fit, such as quantized GGUF files, run mixed), mixed (bf16 weights, every product on
+    /// activations carried as two bf16 halves: slower than half), split (mixed's products with f32-accurate
+    /// attention and gated delta kernels: the closest to the CPU), bf16 (fastest, plain bf16 activations), or f32
+    /// (f32 weights; for checking).
     #[arg(long, value_name = "PRECISION")]
     pub gpu_precision: Option<String>,
 }
