@@ -524,19 +524,23 @@ impl CudaModel {
         if self.prec != Precision::Half {
             return SplitGemms::NONE;
         }
-        let mut kept = Vec::new();
-        for l in &self.layers {
-            let (p, out) = match &l.mixer {
+        let kept: Vec<Projection> = self
+            .residual_linears()
+            .filter(|(_, lin)| lin.f16_exp.is_none())
+            .map(|(p, _)| p)
+            .collect();
+        SplitGemms::of(&kept)
+    }
+
+    /// Every layer's residual projections (the mixer's output projection, the MLP's down) with their weights.
+    fn residual_linears(&self) -> impl Iterator<Item = (Projection, &Linear)> {
+        self.layers.iter().flat_map(|l| {
+            let out = match &l.mixer {
                 Mixer::Gdn(m) => (Projection::GdnOut, &m.w_out),
                 Mixer::Attn(m) => (Projection::AttnOut, &m.w_o),
             };
-            for (p, lin) in [(p, out), (Projection::MlpOut, &l.w_down)] {
-                if lin.f16_exp.is_none() && !kept.contains(&p) {
-                    kept.push(p);
-                }
-            }
-        }
-        SplitGemms::of(&kept)
+            [out, (Projection::MlpOut, &l.w_down)]
+        })
     }
 
     /// Turns CUDA graphs for repeated forward shapes on or off (at first: [`CudaOptions::graphs`]).

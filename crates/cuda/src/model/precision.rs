@@ -33,8 +33,7 @@ pub enum Precision {
     /// Residual projections named by `--gpu-split-gemms` at upload, or stored in a block format, stay on both bf16
     /// planes as in mixed. A model this does not fit (block-format input projections, any rotated projection, f32
     /// weights bf16 does not hold, a gain past the bound, a bound out of reach) is uploaded in [`Precision::Mixed`]
-    /// instead
-    /// ([`crate::CudaModel::precision_fallback`] says why).
+    /// instead ([`crate::CudaModel::precision_fallback`] says why).
     #[default]
     Half,
     /// bf16 weights and GEMM inputs, f32 accumulation, and the tensor-core kernels (gated delta rule,

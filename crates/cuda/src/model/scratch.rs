@@ -273,14 +273,11 @@ impl CudaModel {
             actu: 0,
             rot: 0,
         };
-        let residual_planes = self.layers.iter().any(|l| {
-            let out = match &l.mixer {
-                Mixer::Gdn(m) => &m.w_out,
-                Mixer::Attn(m) => &m.w_o,
-            };
-            [out, &l.w_down].iter().any(|lin| lin.f16_exp.is_none())
-        });
-        if self.prec.planes() && residual_planes {
+        if self.prec.planes()
+            && self
+                .residual_linears()
+                .any(|(_, lin)| lin.f16_exp.is_none())
+        {
             // Residual GEMMs over both planes write 2N rows of H.
             w.fold = 2 * self.hid;
         }

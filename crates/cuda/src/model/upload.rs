@@ -404,16 +404,15 @@ fn half_exp(bound: f64) -> Option<i32> {
 pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, String>, CudaError> {
     let c = m.text_config();
     let root_k = (c.hidden_size as f64).sqrt();
-    let big = largest_abs;
     let mut exps = Vec::with_capacity(c.layer_types.len());
     for (l, kind) in c.layer_types.iter().enumerate() {
-        let h_in = root_k * big(m.param(l, Param::NormGain(NormSite::Input))?);
-        let h_post = root_k * big(m.param(l, Param::NormGain(NormSite::Post))?);
+        let h_in = root_k * largest_abs(m.param(l, Param::NormGain(NormSite::Input))?);
+        let h_post = root_k * largest_abs(m.param(l, Param::NormGain(NormSite::Post))?);
         let mixer = match kind {
             LayerKind::GatedDeltaNet => {
                 let z = h_in * max_row_norm(m.linear(l, Projection::GdnIn)?[1])?;
                 let dv = c.linear_value_head_dim as f64;
-                dv.sqrt() * big(m.param(l, Param::GatedNormWeight)?) * z.max(SILU_NEG_MAX)
+                dv.sqrt() * largest_abs(m.param(l, Param::GatedNormWeight)?) * z.max(SILU_NEG_MAX)
             }
             LayerKind::Attention => h_in * max_row_norm(m.linear(l, Projection::AttnIn)?[2])?,
         };
