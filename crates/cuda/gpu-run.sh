@@ -11,7 +11,7 @@
 # PROFILE_NCU=0 for nsys only; NCU_KERNELS: a kernel-name regex, NCU_COUNT: launches, NCU_ARGS: more ncu arguments;
 # PROFILE_SASS: a kernel-name regex whose first launch's SASS source page is summarised by tools/cuda/sass-summary.py).
 # Logs: $OUT/tests.log, $OUT/bench.log, $OUT/bench.jsonl, $OUT/http.*, $OUT/kern_*.csv, $OUT/ncu.csv, $OUT/sass.txt.
-# BENCH_ARGS: more bench-systemone arguments (e.g. "--profile-workload 3").
+# BENCH_ARGS: more bench-systemone arguments (e.g. "--profile-workload 3"). BASELINE: see the bench phase.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 WHAT=${1:-"tests bench"}
@@ -47,10 +47,18 @@ if [[ $WHAT == *bench* ]]; then
   synth qwen3.5-0.8b /tmp/q08
   # PRECS: half (the default), mixed, split, bf16, f32, or <precision>[/<split GEMMs>][-<kernels>] (split-tf32: split GEMMs, 1xTF32
   # tensor-core kernels; split/mlp_out,gdn_out: those two projections on both planes, the others bf16).
+  # BASELINE: another onepass binary (e.g. the parent commit's, carried in .devcarry): each of PRECS runs on it
+  # right after this pack's, labelled "baseline", for an old-vs-new comparison in one run.
   for P_ in ${PRECS:-half mixed split bf16}; do
     K_=(); [[ $P_ == *-* ]] && K_=(--gpu-kernels ${P_#*-})
     B_=${P_%%-*}; [[ $B_ == */* ]] && K_+=(--gpu-split-gemms ${B_#*/})
     bench "0.8B $P_" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 --reps 30 --batch-reps 2
+    if [[ -n ${BASELINE:-} ]]; then
+      SAVE_B=$B; B=$(mktemp -d); cp "$BASELINE" $B/onepass && chmod +x $B/onepass
+      bench "0.8B $P_ baseline" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 --reps 30 \
+        --batch-reps 2
+      B=$SAVE_B
+    fi
   done
   if [[ $WHAT == *twopass* ]]; then
     bench "0.8B split, prefix and suffixes as two forwards" --device cuda --gpu-precision split --gpu-no-trees --model /tmp/q08 --reps 30 --batch 8 --batch-reps 2
