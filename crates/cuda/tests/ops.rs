@@ -975,9 +975,10 @@ fn err_of_scale(got: &[f32], want: &[f32]) -> f32 {
 /// The half precision's projections: a producer (here a norm) writes f16 rows times a power of two 2^e
 /// (`Out::F16(p, e)`, 2^-11 relative), which a GEMM multiplies by an f16 weight scaled by a power of two
 /// (`W::Half`, its shift raised by e, alpha undoing both): cuBLAS for many rows, the few-row kernel for at most 8,
-/// the batch-invariant algorithm; and for one row the norm formed inside the GEMV (`gemv_norm`, e = 0). Against the
-/// CPU: the downloaded f16 rows over 2^e against the f32 norm, those rows times W (exact products, f32 sums), and the
-/// f32 norm's output times W for the fused one. Weights at scales far from 1 (0.003 and 300) and e from -8 to 10
+/// the batch-invariant algorithm; over many rows also an f16 output times 2^o (`gemm_half_out`, the input
+/// projections whose readers take f16); and for one row the norm formed inside the GEMV (`gemv_norm`, e = 0).
+/// Against the CPU: the downloaded f16 rows over 2^e against the f32 norm, those rows times W (exact products, f32
+/// sums; the f16 output within one f16 rounding of that), and the f32 norm's output times W for the fused one. Weights at scales far from 1 (0.003 and 300) and e from -8 to 10
 /// exercise both shifts both ways.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
