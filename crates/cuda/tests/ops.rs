@@ -978,8 +978,8 @@ fn err_of_scale(got: &[f32], want: &[f32]) -> f32 {
 /// the batch-invariant algorithm; over many rows also an f16 output times 2^o (`gemm_half_out`, the input
 /// projections whose readers take f16); and for one row the norm formed inside the GEMV (`gemv_norm`, e = 0).
 /// Against the CPU: the downloaded f16 rows over 2^e against the f32 norm, those rows times W (exact products, f32
-/// sums; the f16 output within one f16 rounding of that), and the f32 norm's output times W for the fused one. Weights at scales far from 1 (0.003 and 300) and e from -8 to 10
-/// exercise both shifts both ways.
+/// sums; the f16 output within one f16 rounding of that), and the f32 norm's output times W for the fused one.
+/// Weights at scales far from 1 (0.003 and 300) and e from -8 to 10 exercise both shifts both ways.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn half_rows_multiply_scaled_f16_weights() {
