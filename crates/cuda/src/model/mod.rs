@@ -537,6 +537,16 @@ impl CudaModel {
         SplitGemms::of(&kept)
     }
 
+    /// Whether some input projection stores f16 outputs where many rows are multiplied ([`Linear::out_exp`]: the
+    /// half precision's gate|up and Gated DeltaNet in_proj, unless [`crate::CudaOptions::f16_outputs`] was off or no
+    /// bound held).
+    pub fn f16_outputs(&self) -> bool {
+        self.layers.iter().any(|l| {
+            l.w_gu.out_exp.is_some()
+                || matches!(&l.mixer, Mixer::Gdn(g) if g.w_in.out_exp.is_some())
+        })
+    }
+
     /// Every layer's residual projections (the mixer's output projection, the MLP's down) with their weights.
     fn residual_linears(&self) -> impl Iterator<Item = (Projection, &Linear)> {
         self.layers.iter().flat_map(|l| {

@@ -627,7 +627,8 @@ impl CudaModel {
             // The half precision's gate|up and Gated DeltaNet in_proj may store f16 outputs (their row ops read
             // either form), where every part is f16 and nothing rotates.
             let f16_parts = lin.parts.iter().all(|pt| matches!(pt.w.w, W::Half { .. }));
-            if prec.inputs() == GemmInputs::Half && lin.rot.is_none() && f16_parts {
+            if o.f16_outputs && prec.inputs() == GemmInputs::Half && lin.rot.is_none() && f16_parts
+            {
                 lin.out_exp = match p {
                     Projection::MlpIn => half_exps[l].gate_up,
                     Projection::GdnIn => half_exps[l].gdn_in,
