@@ -49,12 +49,9 @@ if [[ $WHAT == *bench* ]]; then
   # tensor-core kernels; split/mlp_out,gdn_out: those two projections on both planes, the others bf16).
   # BASELINE: another onepass binary (e.g. the parent commit's, carried in .devcarry): each of PRECS runs on it
   # right after this pack's, labelled "baseline", for an old-vs-new comparison in one run.
-  # A "+f32out" suffix: with --gpu-f32-outputs (half's input projections writing f32 outputs).
   for P_ in ${PRECS:-half mixed split bf16}; do
-    K_=(); [[ $P_ == *+f32out ]] && K_=(--gpu-f32-outputs)
-    Q_=${P_%+f32out}
-    [[ $Q_ == *-* ]] && K_+=(--gpu-kernels ${Q_#*-})
-    B_=${Q_%%-*}; [[ $B_ == */* ]] && K_+=(--gpu-split-gemms ${B_#*/})
+    K_=(); [[ $P_ == *-* ]] && K_=(--gpu-kernels ${P_#*-})
+    B_=${P_%%-*}; [[ $B_ == */* ]] && K_+=(--gpu-split-gemms ${B_#*/})
     bench "0.8B $P_" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 --reps 30 --batch-reps 2
     if [[ -n ${BASELINE:-} ]]; then
       SAVE_B=$B; B=$(mktemp -d); cp "$BASELINE" $B/onepass && chmod +x $B/onepass

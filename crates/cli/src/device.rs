@@ -101,10 +101,6 @@ pub struct CudaArgs {
     /// bf16 halves instead of f16, and the input ones read f16 whatever this names (default: none).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_split_gemms: Option<String>,
-    /// Half precision only: the MLP's gate|up and the Gated DeltaNet's input projection write f32 outputs instead
-    /// of f16 (for comparing the two; by default f16 wherever many rows are multiplied).
-    #[arg(long, help_heading = EXPERT)]
-    pub gpu_f32_outputs: bool,
     /// Kernels of the gated delta rule: tc (tensor cores, the default), tc-no-leaf (tree children take the
     /// full state pass), simt (f32 SIMT kernels, no one-forward trees).
     #[arg(long, value_enum, default_value_t = GdnArg::Tc, help_heading = EXPERT)]
@@ -165,19 +161,12 @@ impl CudaArgs {
                 precision.name()
             );
         }
-        if self.gpu_f32_outputs && precision != onepass_cuda::Precision::Half {
-            bail!(
-                "--gpu-f32-outputs applies to --gpu-precision half, not {}",
-                precision.name()
-            );
-        }
         Ok(onepass_cuda::CudaOptions {
             device: 0,
             precision,
             memory_budget_bytes: self.gpu_memory_mb << 20,
             kernels,
             split_gemms,
-            f16_outputs: !self.gpu_f32_outputs,
             gdn: match self.gpu_gdn {
                 GdnArg::Tc => GdnKernels::TensorCore,
                 GdnArg::TcNoLeaf => GdnKernels::TensorCoreNoLeaf,
@@ -272,7 +261,6 @@ mod tests {
             },
             gpu_kernels: kernels.map(str::to_string),
             gpu_split_gemms: None,
-            gpu_f32_outputs: false,
             gpu_gdn: GdnArg::Tc,
             gpu_attention: AttnArg::Tc,
             gpu_no_trees: false,
@@ -446,24 +434,6 @@ mod tests {
         let e = with("bf16", "all").options().unwrap_err().to_string();
         assert!(
             e.contains("applies to --gpu-precision half, mixed or split, not bf16"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn gpu_f32_outputs_need_half_precision() {
-        assert!(
-            args("half", None).options().unwrap().f16_outputs,
-            "default: f16"
-        );
-        let with = |precision: &str| CudaArgs {
-            gpu_f32_outputs: true,
-            ..args(precision, None)
-        };
-        assert!(!with("half").options().unwrap().f16_outputs);
-        let e = with("mixed").options().unwrap_err().to_string();
-        assert!(
-            e.contains("--gpu-f32-outputs applies to --gpu-precision half, not mixed"),
             "{e}"
         );
     }

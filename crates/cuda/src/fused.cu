@@ -22,14 +22,14 @@ KERNEL(simt) void add2_rms_norm(float* x, int ldx, const float* __restrict__ f, 
 }
 
 // The gates of row n: g = neg_a * softplus(a + dt_bias), beta = sigmoid(b), one head per lane.
-__device__ __forceinline__ void gdn_gates_row(const void* __restrict__ x, int ld, int xmode, int n, int off_a,
-                                              int off_b, const float* neg_a, const float* dt_bias, int hv, float* g,
+__device__ __forceinline__ void gdn_gates_row(const float* __restrict__ x, int ld, int n, int off_a, int off_b,
+                                              const float* neg_a, const float* dt_bias, int hv, float* g,
                                               float* beta, int lane) {
     for (int h = lane; h < hv; h += 32) {
-        float a = load_act(x, (idx_t)n * ld + off_a + h, xmode) + dt_bias[h];
+        float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
         float sp = a > 20.0f ? a : log1pf(expf(a));
         g[(idx_t)n * hv + h] = neg_a[h] * sp;
-        beta[(idx_t)n * hv + h] = sigmoid_f(load_act(x, (idx_t)n * ld + off_b + h, xmode));
+        beta[(idx_t)n * hv + h] = sigmoid_f(x[(idx_t)n * ld + off_b + h]);
     }
 }
 
@@ -70,9 +70,8 @@ __device__ __forceinline__ void conv_store(const float (&v)[8], int grp, int hk,
 
 // One token's conv outputs for channel group grp (c0, size from conv_group): depthwise causal conv1d + SiLU as
 // gdn_conv_prep (the K-1 inputs before a segment from its conv state or parent rows, taps summed in the same order),
-// stored through conv_store. The row each tap reads is found once per token, not per channel. x read as load_act with
-// xmode; the conv state f32.
-__device__ __forceinline__ void conv_token(const void* __restrict__ x, int ld, int xmode, float* __restrict__ out,
+// stored through conv_store. The row each tap reads is found once per token, not per channel.
+__device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, float* __restrict__ out,
                                            const float* __restrict__ w, int K, int cd, const int* seg,
                                            const int* tok, const u64* states, const int* par, int hk, float scale,
                                            int n, int grp, int c0, int size, int lane) {
@@ -80,18 +79,14 @@ __device__ __forceinline__ void conv_token(const void* __restrict__ x, int ld, i
     int start = seg[3 * s], t = n - start, pend = conv_parent_end(seg, par, s);
     const float* st = (const float*)states[s];
     // The row each tap reads: this token's own rows, the parent's or the conv state's (found once per token: the
-    // one-token-per-warp kernel was bound by issuing that index arithmetic per channel, ncu: 62% SM throughput), as
-    // a base and a load_act mode (the state's rows f32 whatever x is).
-    const void* tap[8];
-    int tmode[8];
+    // one-token-per-warp kernel was bound by issuing that index arithmetic per channel, ncu: 62% SM throughput).
+    const float* tap[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         int tau = t - (K - 1) + j;
-        const bool own = tau >= 0 || pend >= 0;
-        const idx_t row = (idx_t)(tau >= 0 ? start + tau : pend + tau) * ld;
-        tap[j] = own ? (const void*)((const char*)x + row * (xmode == 1 ? 4 : 2))
-                     : (const void*)(st + (idx_t)(K - 1 + tau) * cd);
-        tmode[j] = own ? xmode : 1;
+        tap[j] = tau >= 0    ? x + (idx_t)(start + tau) * ld
+                 : pend >= 0 ? x + (idx_t)(pend + tau) * ld
+                             : st + (idx_t)(K - 1 + tau) * cd;
     }
     const bool w4 = K == 4 && ((u64)w & 15) == 0;  // the usual kernel: one 16-byte load of a channel's taps
     float v[8];
@@ -104,14 +99,14 @@ __device__ __forceinline__ void conv_token(const void* __restrict__ x, int ld, i
             float acc = 0.0f;
             if (w4) {
                 float4 wc = *(const float4*)(w + 4 * c);
-                acc += wc.x * load_act(tap[0], c, tmode[0]);
-                acc += wc.y * load_act(tap[1], c, tmode[1]);
-                acc += wc.z * load_act(tap[2], c, tmode[2]);
-                acc += wc.w * load_act(tap[3], c, tmode[3]);
+                acc += wc.x * tap[0][c];
+                acc += wc.y * tap[1][c];
+                acc += wc.z * tap[2][c];
+                acc += wc.w * tap[3][c];
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    if (j < K) acc += w[c * K + j] * load_act(tap[j], c, tmode[j]);
+                    if (j < K) acc += w[c * K + j] * tap[j][c];
             }
             v[i] = silu_f(acc);
         }
@@ -127,11 +122,10 @@ __device__ __forceinline__ void conv_token(const void* __restrict__ x, int ld, i
 // 4), the warp loads the run's CONV_RUN + 3 input rows once and computes every output from them: 7 row loads for 4
 // outputs instead of 16 (workload 3's conv op 2.32 -> 2.13 ms, run s11e, against one token per warp; a sliding
 // window of 8 rows per warp, each output waiting for its row's load, had gone 2.30 -> 2.61); other runs go token by
-// token (conv_token). x read as load_act with xmode (f32, or the half precision's scaled f16 GEMM output). grid
-// (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows. gdn_conv_state then advances the
-// states.
+// token (conv_token). grid (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows.
+// gdn_conv_state then advances the states.
 #define CONV_RUN 4
-KERNEL(simt) void gdn_conv_prep_run(const void* __restrict__ x, int ld, int xmode, float* __restrict__ out,
+KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* __restrict__ out,
                                     const float* __restrict__ w, int K, int cd, const int* seg,
                                     const int* tok, const u64* states, const int* par, int hk, int dk,
                                     float scale,
@@ -142,8 +136,7 @@ KERNEL(simt) void gdn_conv_prep_run(const void* __restrict__ x, int ld, int xmod
     const int n0 = CONV_RUN * blockIdx.x, nt = min(CONV_RUN, n - n0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (blockIdx.y == 0 && warp == 0)
-        for (int j = 0; j < nt; j++)
-            gdn_gates_row(x, ld, xmode, n0 + j, off_a, off_b, neg_a, dt_bias, hv, g, beta, lane);
+        for (int j = 0; j < nt; j++) gdn_gates_row(x, ld, n0 + j, off_a, off_b, neg_a, dt_bias, hv, g, beta, lane);
     const int grp = blockIdx.y * 4 + warp;
     int c0, size;
     if (!conv_group(grp, hk, dk, cd, c0, size)) return;
@@ -152,10 +145,10 @@ KERNEL(simt) void gdn_conv_prep_run(const void* __restrict__ x, int ld, int xmod
                      n0 - seg[3 * s] >= K - 1;
     if (!run) {
         for (int j = 0; j < nt; j++)
-            conv_token(x, ld, xmode, out, w, K, cd, seg, tok, states, par, hk, scale, n0 + j, grp, c0, size, lane);
+            conv_token(x, ld, out, w, K, cd, seg, tok, states, par, hk, scale, n0 + j, grp, c0, size, lane);
         return;
     }
-    const idx_t r = (idx_t)(n0 - 3) * ld;  // rows n0 - 3 .. n0 + CONV_RUN - 1
+    const float* r = x + (idx_t)(n0 - 3) * ld;  // rows n0 - 3 .. n0 + CONV_RUN - 1
     float v[CONV_RUN][8];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -166,15 +159,8 @@ KERNEL(simt) void gdn_conv_prep_run(const void* __restrict__ x, int ld, int xmod
             const int c = c0 + cc;
             const float4 wc = *(const float4*)(w + 4 * c);
             float xr[CONV_RUN + 3];
-            if (xmode == 1) {
 #pragma unroll
-                for (int j = 0; j < CONV_RUN + 3; j++) xr[j] = ((const float*)x)[r + (idx_t)j * ld + c];
-            } else {
-                const unsigned short* xh = (const unsigned short*)x;
-                const float sc = act_scale(256 - xmode);
-#pragma unroll
-                for (int j = 0; j < CONV_RUN + 3; j++) xr[j] = h2f(xh[r + (idx_t)j * ld + c]) * sc;
-            }
+            for (int j = 0; j < CONV_RUN + 3; j++) xr[j] = r[(idx_t)j * ld + c];
 #pragma unroll
             for (int j = 0; j < CONV_RUN; j++) {
                 float acc = 0.0f;

@@ -53,30 +53,6 @@ __device__ __forceinline__ float h2f(unsigned short h) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
-// A projection's output read back as f32, its form chosen per launch by `mode` (store_act's 1 and 2..255): 1 f32,
-// 2 to 255 f16 of v times 2^(mode - 128) (the half precision's GEMM outputs), read as f16 times 2^(128 - mode), which
-// is exact (a power of two; |mode - 128| <= 60).
-__device__ __forceinline__ float load_act(const void* p, idx_t i, int mode) {
-    return mode == 1 ? ((const float*)p)[i] : h2f(((const unsigned short*)p)[i]) * act_scale(256 - mode);
-}
-// load_act of 4 consecutive values at i: i % 4 == 0, p 16-byte (f32) or 8-byte (f16) aligned.
-__device__ __forceinline__ void load_act4(const void* p, idx_t i, int mode, float* v) {
-    if (mode == 1) {
-        float4 t = *(const float4*)((const float*)p + i);
-        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
-        return;
-    }
-    const uint2 u = *(const uint2*)((const unsigned short*)p + i);
-    const float s = act_scale(256 - mode);
-    v[0] = h2f((unsigned short)(u.x & 0xffffu)) * s;
-    v[1] = h2f((unsigned short)(u.x >> 16)) * s;
-    v[2] = h2f((unsigned short)(u.y & 0xffffu)) * s;
-    v[3] = h2f((unsigned short)(u.y >> 16)) * s;
-}
-// Whether load_act4 takes p in `mode`: 16-byte aligned for f32, 8-byte for f16.
-__device__ __forceinline__ bool act4_ok(const void* p, int mode) {
-    return ((u64)p & (mode == 1 ? 15 : 7)) == 0;
-}
 
 // One value of a weight row stored as `mode` says: 0 bf16, 1 f32, 2 PQ2_0, 3 Q8_0, 4 f16 (d: the scales of 2 and 3;
 // the block formats' device layout is in quant.cu).
@@ -302,22 +278,21 @@ KERNEL(simt) void rms_norm(const float* x, int ldx, const float* gain, float eps
 }
 
 // Gated RMSNorm of Gated DeltaNet per value head: norm(x) * w * silu(z), stored as `store_act` with `mode`.
-// x: [N, HV, DV] f32; z: row n at value n*ldz of z, [HV, DV], read as load_act with zmode (the input projection's
-// output: f32, or the half precision's scaled f16); out: [N, HV*DV]. One warp per (row, head), rows = N*HV, a
+// x: [N, HV, DV] f32; z: row n at z + n*ldz, [HV, DV]; out: [N, HV*DV]. One warp per (row, head), rows = N*HV, a
 // shuffle reduction and no barrier (a block per (row, head) with block_sum took 11.6 us per call on 402 rows of the
 // 0.8B model, ncu). Every load (x, z, w) is issued before the reduction. When dv % 4 == 0, dv <= 256 and every
 // pointer allows it, each lane takes 4 adjacent columns (16-byte loads, store_act_vec); else lane + 32k, the first
 // 256 values in registers (8 per lane). grid ceil(rows / warps per block).
-KERNEL(simt) void rms_norm_gated(const float* x, const void* z, int ldz, int zmode, const float* w, float eps,
+KERNEL(simt) void rms_norm_gated(const float* x, const float* z, int ldz, const float* w, float eps,
                                  int hv, int dv, void* out, int mode, int rows) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;  // the whole warp: warp_sum sees full warps only
     int n = r / hv, h = r % hv;
     const float* row = x + (idx_t)r * dv;
-    const idx_t zi = (idx_t)n * ldz + h * dv;  // z's row, as load_act indexes it
+    const float* zr = z + (idx_t)n * ldz + h * dv;
     const idx_t o = (idx_t)r * dv;
     const bool vec = (dv & 3) == 0 && dv <= 256 && (ldz & 3) == 0 && (h * dv & 3) == 0 && aligned16(x) &&
-                     act4_ok(z, zmode) && aligned16(w) &&
+                     aligned16(z) && aligned16(w) &&
                      vec_act_ok(out, mode);
     float v[8], zv[8], wv[8], s = 0.0f;
     if (vec) {
@@ -327,7 +302,7 @@ KERNEL(simt) void rms_norm_gated(const float* x, const void* z, int ldz, int zmo
             for (int j = 0; j < 4; j++) v[4 * k + j] = zv[4 * k + j] = wv[4 * k + j] = 0.0f;
             if (c < dv) {
                 ld_vec<4>(row + c, v + 4 * k);
-                load_act4(z, zi + c, zmode, zv + 4 * k);
+                ld_vec<4>(zr + c, zv + 4 * k);
                 ld_vec<4>(w + c, wv + 4 * k);
             }
         }
@@ -351,7 +326,7 @@ KERNEL(simt) void rms_norm_gated(const float* x, const void* z, int ldz, int zmo
         const int c = lane + 32 * k;
         const bool in = c < dv;
         v[k] = in ? row[c] : 0.0f;
-        zv[k] = in ? load_act(z, zi + c, zmode) : 0.0f;
+        zv[k] = in ? zr[c] : 0.0f;
         wv[k] = in ? w[c] : 0.0f;
     }
 #pragma unroll
@@ -364,8 +339,7 @@ KERNEL(simt) void rms_norm_gated(const float* x, const void* z, int ldz, int zmo
         const int c = lane + 32 * k;
         if (c < dv) store_act(out, o + c, v[k] * inv * wv[k] * silu_f(zv[k]), mode);
     }
-    for (int c = lane + 256; c < dv; c += 32)
-        store_act(out, o + c, row[c] * inv * w[c] * silu_f(load_act(z, zi + c, zmode)), mode);
+    for (int c = lane + 256; c < dv; c += 32) store_act(out, o + c, row[c] * inv * w[c] * silu_f(zr[c]), mode);
 }
 
 // Chunked gated delta rule in the WY form, in two launches: a parallel pre-pass over every chunk of every
@@ -682,11 +656,10 @@ __device__ __forceinline__ int conv_parent_end(const int* seg, const int* par, i
 // The Gated DeltaNet mixer inputs of one token per block, parallel over tokens: depthwise causal conv1d + SiLU
 // (the K-1 inputs before the segment come from its conv state, which this kernel only reads), then the L2 norm
 // of each q and k head (q also times `scale`; one warp per head), then the gates g = neg_a * softplus(a +
-// dt_bias), beta = sigmoid(b). x: [N, ld] (channels 0..cd; a, b at off_a, off_b), read as load_act with xmode (the
-// input projection's output: f32, or the half precision's scaled f16); out: [N, cd]; w: [cd, K]; g, beta: [N, HV];
-// tok: [N, 2]; states[s]: [K-1, cd] f32; par: [S] or null (conv_parent_end). grid N, block 256. gdn_conv_state then
-// advances the states.
-KERNEL(simt) void gdn_conv_prep(const void* __restrict__ x, int ld, int xmode, float* __restrict__ out,
+// dt_bias), beta = sigmoid(b). x: [N, ld] (channels 0..cd; a, b at off_a, off_b); out: [N, cd]; w: [cd, K];
+// g, beta: [N, HV]; tok: [N, 2]; states[s]: [K-1, cd]; par: [S] or null (conv_parent_end). grid N, block 256.
+// gdn_conv_state then advances the states.
+KERNEL(simt) void gdn_conv_prep(const float* __restrict__ x, int ld, float* __restrict__ out,
                                 const float* __restrict__ w, int K, int cd,
                                 const int* seg, const int* tok, const u64* states, const int* par, int hk,
                                 int dk,
@@ -703,8 +676,8 @@ KERNEL(simt) void gdn_conv_prep(const void* __restrict__ x, int ld, int xmode, f
         for (int j = 0; j < 8; j++) {
             if (j < K) {
                 int tau = t - (K - 1) + j;
-                float xv = tau >= 0    ? load_act(x, (idx_t)(start + tau) * ld + c, xmode)
-                           : pend >= 0 ? load_act(x, (idx_t)(pend + tau) * ld + c, xmode)
+                float xv = tau >= 0    ? x[(idx_t)(start + tau) * ld + c]
+                           : pend >= 0 ? x[(idx_t)(pend + tau) * ld + c]
                                        : st[(idx_t)(K - 1 + tau) * cd + c];
                 acc += w[c * K + j] * xv;
             }
@@ -723,18 +696,18 @@ KERNEL(simt) void gdn_conv_prep(const void* __restrict__ x, int ld, int xmode, f
         for (int c = lane; c < dk; c += 32) row[c] *= inv;
     }
     for (int h = tid; h < hv; h += blockDim.x) {
-        float a = load_act(x, (idx_t)n * ld + off_a + h, xmode) + dt_bias[h];
+        float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
         float sp = a > 20.0f ? a : log1pf(expf(a));
         g[(idx_t)n * hv + h] = neg_a[h] * sp;
-        beta[(idx_t)n * hv + h] = sigmoid_f(load_act(x, (idx_t)n * ld + off_b + h, xmode));
+        beta[(idx_t)n * hv + h] = sigmoid_f(x[(idx_t)n * ld + off_b + h]);
     }
 }
 
 // Advances each segment's conv state past its rows: state row j (oldest first) becomes the input at segment time
 // len - (K-1) + j, from x or, for short segments, from the older state rows (a child segment: from its parent's
-// rows, conv_parent_end). x read as load_act with xmode; the states f32. grid (ceil(cd/256), nseg), block 256.
-KERNEL(simt) void gdn_conv_state(const void* x, int ld, int xmode, int K, int cd, const int* seg,
-                                 const u64* states, const int* par) {
+// rows, conv_parent_end). grid (ceil(cd/256), nseg), block 256.
+KERNEL(simt) void gdn_conv_state(const float* x, int ld, int K, int cd, const int* seg, const u64* states,
+                                 const int* par) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
     if (c >= cd) return;
     int start = seg[3 * s], len = seg[3 * s + 1], pend = conv_parent_end(seg, par, s);
@@ -742,8 +715,8 @@ KERNEL(simt) void gdn_conv_state(const void* x, int ld, int xmode, int K, int cd
     for (int j = 0; j < K - 1; j++) {
         int tau = len - (K - 1) + j;
         // reads row len + j > j: not yet overwritten (rows advance in increasing j)
-        st[(idx_t)j * cd + c] = tau >= 0    ? load_act(x, (idx_t)(start + tau) * ld + c, xmode)
-                                : pend >= 0 ? load_act(x, (idx_t)(pend + tau) * ld + c, xmode)
+        st[(idx_t)j * cd + c] = tau >= 0    ? x[(idx_t)(start + tau) * ld + c]
+                                : pend >= 0 ? x[(idx_t)(pend + tau) * ld + c]
                                             : st[(idx_t)(len + j) * cd + c];
     }
 }
@@ -964,27 +937,23 @@ KERNEL(attention_tiled) void __launch_bounds__(256) attention_tiled(const float*
     else attention_tiled_t<8>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, sm);
 }
 
-// SwiGLU: out[n][c] = silu(gate) * up with gate = gu[n][c] and up = gu[n][inter + c]. gu: [rows, 2 inter], read as
-// load_act with gmode (f32, or the half precision's scaled f16); out: [rows, inter] as `store_act` with `mode`. grid
-// (ceil(inter / (VW * blockDim.x)), up to 65535 rows, walked by stride), VW = 4 (vec: inter % 4 == 0, gu and out
-// aligned for load_act4 and store_act_vec) or 1: no division per value (the one-thread-per-value kernel spent its
-// time on 64-bit divisions).
-KERNEL(simt) void swiglu(const void* __restrict__ gu, int gmode, int inter, int rows, void* out, int mode, int vec) {
+// SwiGLU: out[n][c] = silu(gate) * up with gate = gu[n][c] and up = gu[n][inter + c]. gu: [rows, 2 inter] f32;
+// out: [rows, inter] as `store_act` with `mode`. grid (ceil(inter / (VW * blockDim.x)), up to 65535 rows, walked by
+// stride), VW = 4 (vec: inter % 4 == 0, gu and out aligned for 16-byte loads and store_act_vec) or 1: no division
+// per value (the one-thread-per-value kernel spent its time on 64-bit divisions).
+KERNEL(simt) void swiglu(const float* __restrict__ gu, int inter, int rows, void* out, int mode, int vec) {
     const int vw = vec ? 4 : 1;
     const int c = vw * (blockIdx.x * blockDim.x + threadIdx.x);
     if (c >= inter) return;
     for (int n = blockIdx.y; n < rows; n += gridDim.y) {
-        const idx_t r = (idx_t)n * 2 * inter + c;
+        const float* r = gu + (idx_t)n * 2 * inter + c;
         const idx_t o = (idx_t)n * inter + c;
         if (vec) {
-            float gt[4], up[4];
-            load_act4(gu, r, gmode, gt);
-            load_act4(gu, r + inter, gmode, up);
-            const float v[4] = {silu_f(gt[0]) * up[0], silu_f(gt[1]) * up[1], silu_f(gt[2]) * up[2],
-                                silu_f(gt[3]) * up[3]};
+            float4 gt = *(const float4*)r, up = *(const float4*)(r + inter);
+            const float v[4] = {silu_f(gt.x) * up.x, silu_f(gt.y) * up.y, silu_f(gt.z) * up.z, silu_f(gt.w) * up.w};
             store_act_vec<4>(out, o, v, mode);
         } else {
-            store_act(out, o, silu_f(load_act(gu, r, gmode)) * load_act(gu, r + inter, gmode), mode);
+            store_act(out, o, silu_f(r[0]) * r[inter], mode);
         }
     }
 }

@@ -115,48 +115,6 @@ impl Out {
     }
 }
 
-/// A projection's output as a row op reads it (`load_act` in kernels.cu): f32, or f16 of each value times 2^e (the
-/// half precision's input projections over many rows, [`crate::gemm::gemm_half_out`]), e in [-60, 60].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum In {
-    F32(u64),
-    F16(u64, i32),
-}
-
-impl In {
-    /// f16 times 2^e at `p` where `exp` is `Some(e)`, else f32.
-    pub fn at(p: u64, exp: Option<i32>) -> In {
-        match exp {
-            Some(e) => In::F16(p, e),
-            None => In::F32(p),
-        }
-    }
-
-    /// The same form `values` values further on.
-    pub fn offset(self, values: usize) -> In {
-        match self {
-            In::F32(p) => In::F32(p + 4 * values as u64),
-            In::F16(p, e) => In::F16(p + 2 * values as u64, e),
-        }
-    }
-
-    /// (address, mode) for the kernels' `x, mode` parameters: 1 f32, 128 + e f16 (store_act's modes).
-    pub fn parts(self) -> (u64, i32) {
-        match self {
-            In::F32(p) => (p, 1),
-            In::F16(p, e) => {
-                debug_assert!((-60..=60).contains(&e));
-                (p, 128 + e.clamp(-60, 60))
-            }
-        }
-    }
-
-    /// Whether the values are f16.
-    pub fn is_f16(self) -> bool {
-        matches!(self, In::F16(..))
-    }
-}
-
 /// Rows per block of the row norms ([`rms_norm`], [`add2_rms_norm`]): one warp per row. Four rather than eight
 /// spreads a forward's few hundred rows over more SMs (these kernels are latency-bound).
 const NORM_ROWS: usize = 4;
@@ -178,12 +136,11 @@ pub fn rms_norm(
     crate::launch_pdl!(g, g.k.rms_norm, c; x, ldx as i32, gain, eps, dim as i32, o, mode, ldo as i32, rows as i32)
 }
 
-/// norm(x) * w * silu(z) per value head. x: [N, HV, DV] f32; z row n `n*ldz` values after z's address (f32, or the
-/// half precision's scaled f16); out: [N, HV*DV].
+/// norm(x) * w * silu(z) per value head. x: [N, HV, DV] f32; z row n at z + n*ldz; out: [N, HV*DV].
 pub fn rms_norm_gated(
     g: &Gpu,
     x: u64,
-    z: In,
+    z: u64,
     ldz: usize,
     w: u64,
     eps: f32,
@@ -193,10 +150,9 @@ pub fn rms_norm_gated(
     out: Out,
 ) -> Result<(), CudaError> {
     let (o, mode) = out.parts();
-    let (z, zmode) = z.parts();
     let rows = n * hv;
     launch!(g, g.k.rms_norm_gated, cfg((blocks(rows, 4), 1), 128, 0);
-        x, z, ldz as i32, zmode, w, eps, hv as i32, dv as i32, o, mode, rows as i32)
+        x, z, ldz as i32, w, eps, hv as i32, dv as i32, o, mode, rows as i32)
 }
 
 /// The conv kernels keep the K-1 previous inputs in registers: K in 2..=8.
@@ -352,8 +308,7 @@ pub fn gdn_wy_state(
 const CONV_RUN: usize = 4;
 
 /// The Gated DeltaNet mixer inputs, parallel over tokens (tests hold it to the CPU's causal conv1d,
-/// L2 norm and gates): conv1d + SiLU of channels 0..cd of x [N, ld] (f32, or the half precision's scaled f16) into
-/// out [N, cd] f32 (the K-1 inputs before a
+/// L2 norm and gates): conv1d + SiLU of channels 0..cd of x [N, ld] into out [N, cd] (the K-1 inputs before a
 /// segment from its conv state), q/k heads L2-normalised (q times `scale`), gates from columns off_a, off_b
 /// into gout, beta [N, HV]; then each segment's conv state advanced. tok: [N, 2]; segs: [S, 3];
 /// states: [S] addresses of [K-1, cd] f32; par: 0, or [S] i32: a segment with `par[s] >= 0` continues segment
@@ -361,7 +316,7 @@ const CONV_RUN: usize = 4;
 /// at least K-1 (`CudaModel::forward_tree`).
 pub fn gdn_conv_prep(
     g: &Gpu,
-    x: In,
+    x: u64,
     ld: usize,
     out: u64,
     w: u64,
@@ -381,21 +336,20 @@ pub fn gdn_conv_prep(
 ) -> Result<(), CudaError> {
     check_conv_kernel(kernel)?;
     let (off_a, off_b, neg_a, dt_bias) = gates;
-    let (x, xmode) = x.parts();
     // One warp per channel group and run of CONV_RUN token rows (fused.cu gdn_conv_prep_run): the same arithmetic,
     // far more parallel; the block-per-token kernel for heads its warps do not hold (dk > 256). Same arguments.
     if d.dk <= 256 && cd >= 2 * d.hk * d.dk {
         let groups = blocks(2 * d.hk + (cd - 2 * d.hk * d.dk).div_ceil(128), 4);
         crate::launch_pdl!(g, g.k.gdn_conv_prep_run, cfg((blocks(n, CONV_RUN), groups), 128, 0);
-            x, ld as i32, xmode, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32,
-            d.dk as i32, scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta, n as i32)?;
+            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
+            scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta, n as i32)?;
     } else {
         launch!(g, g.k.gdn_conv_prep, cfg((n as u32, 1), 256, 0);
-            x, ld as i32, xmode, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32,
-            d.dk as i32, scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
+            x, ld as i32, out, w, kernel as i32, cd as i32, segs, tok, states, par, d.hk as i32, d.dk as i32,
+            scale, off_a as i32, off_b as i32, neg_a, dt_bias, d.hv as i32, gout, beta)?;
     }
     launch!(g, g.k.gdn_conv_state, cfg((blocks(cd, 256), nseg as u32), 256, 0);
-        x, ld as i32, xmode, kernel as i32, cd as i32, segs, states, par)
+        x, ld as i32, kernel as i32, cd as i32, segs, states, par)
 }
 
 /// `out[r]` (i32) = the index of the highest of x[r, :n] (f32): the lowest index among equal values, NaN never
@@ -539,21 +493,19 @@ pub fn attention_tiled(
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, mode)
 }
 
-/// out [N, I] = silu(gu[:, :I]) * gu[:, I:]; gu f32, or the half precision's scaled f16.
-pub fn swiglu(g: &Gpu, gu: In, inter: usize, n: usize, out: Out) -> Result<(), CudaError> {
+/// out [N, I] = silu(gu[:, :I]) * gu[:, I:].
+pub fn swiglu(g: &Gpu, gu: u64, inter: usize, n: usize, out: Out) -> Result<(), CudaError> {
     let (o, mode) = out.parts();
     let (lc, vec) = swiglu_cfg(gu, inter, n, o, mode);
-    let (gu, gmode) = gu.parts();
-    launch!(g, g.k.swiglu, lc; gu, gmode, inter as i32, n as i32, o, mode, vec as i32)
+    launch!(g, g.k.swiglu, lc; gu, inter as i32, n as i32, o, mode, vec as i32)
 }
 
-/// Grid of `swiglu`, and whether its 4-wide path applies: inter a multiple of 4, gu 16-byte aligned (8-byte for f16),
-/// out (and its lo plane, `-mode` values on) aligned for `store_act_vec`.
-fn swiglu_cfg(gu: In, inter: usize, n: usize, o: u64, mode: i32) -> (LaunchConfig, bool) {
+/// Grid of `swiglu`, and whether its 4-wide path applies: inter a multiple of 4, gu 16-byte aligned, out (and its lo
+/// plane, `-mode` values on) aligned for `store_act_vec`.
+fn swiglu_cfg(gu: u64, inter: usize, n: usize, o: u64, mode: i32) -> (LaunchConfig, bool) {
     let out_align = if mode == 1 { 16 } else { 8 };
-    let in_align = if gu.is_f16() { 8 } else { 16 };
     let vec = inter.is_multiple_of(4)
-        && gu.parts().0.is_multiple_of(in_align)
+        && gu.is_multiple_of(16)
         && o.is_multiple_of(out_align)
         && (mode >= 0 || (mode % 4) == 0);
     let per = if vec { inter / 4 } else { inter };

@@ -7,7 +7,7 @@
 use onepass_model::layer_ops::{self, LayerOps};
 
 use super::*;
-use crate::ops::{In, RotSrc};
+use crate::ops::RotSrc;
 use crate::qgemm::Act;
 
 impl CudaModel {
@@ -86,7 +86,6 @@ impl CudaModel {
     /// [`CudaModel::act_in`] laid it out, at `p.act` (a rotated part, or any part of an unrotated site) or `p.actu`
     /// (the normed input as it is, beside its rotation); in split mode both planes (`both`: a float part's one GEMM
     /// over 2K) or the hi plane alone. `invariant`: a float part batch-invariant ([`CudaModel::invariant_gemms`]).
-    /// `out_exp`: y is f16 times 2^e ([`CudaModel::f16_out`]), else f32.
     pub(super) fn gemm_in(
         &self,
         p: &FwdPtrs,
@@ -97,7 +96,6 @@ impl CudaModel {
         ldy: usize,
         both: bool,
         invariant: bool,
-        out_exp: Option<i32>,
     ) -> Result<(), CudaError> {
         let inv = self.invariant_gemms(invariant, t);
         for part in &lin.parts {
@@ -107,23 +105,7 @@ impl CudaModel {
                 p.actu
             };
             let (_, ldx) = self.act_in(x, k);
-            let w = &part.w;
-            if let Some(e) = out_exp {
-                let yp = y + 2 * part.row0 as u64;
-                let g = &*self.gpu;
-                crate::gemm::gemm_half_out(
-                    g,
-                    (x, ldx),
-                    t,
-                    k,
-                    (w.w, w.ld),
-                    part.rows,
-                    (yp, ldy),
-                    e,
-                )?;
-                continue;
-            }
-            let yp = y + 4 * part.row0 as u64;
+            let (w, yp) = (&part.w, y + 4 * part.row0 as u64);
             if w.w.is_block() {
                 let a = self.act_in_q(x, k, both)?;
                 self.gemm_q(a, t, k, w.w, part.rows, (yp, ldy), 0.0)?;
@@ -145,15 +127,6 @@ impl CudaModel {
             }
         }
         Ok(())
-    }
-
-    /// The power of two of input projection `lin`'s f16 output over `t` rows ([`Linear::out_exp`]), or `None`: f32.
-    /// f16 only where cuBLAS's GEMM runs it: more rows than the few-row GEMV takes (a decode step keeps f32, written
-    /// by the GEMV or the norm fused into it), and not batch-invariant (that path keeps f32 for every row count, so
-    /// a row's result does not depend on which path its batch took).
-    pub(super) fn f16_out(&self, lin: &Linear, t: usize, invariant: bool) -> Option<i32> {
-        lin.out_exp
-            .filter(|_| t > crate::gemm::GEMV_ROWS && !self.invariant_gemms(invariant, t))
     }
 
     /// Whether a forward's float product over `t` rows runs batch-invariant: the forward does (`invariant`, its
@@ -333,7 +306,6 @@ impl CudaModel {
             deferred: None,
             table: 0,
             next_table: 0,
-            proj_exp: None,
         };
         layer_ops::run_layers(&kinds, &mut ops)
     }
@@ -529,8 +501,6 @@ struct Launches<'a> {
     /// next layer's.
     table: usize,
     next_table: usize,
-    /// The form of the last input projection's output in `proj` ([`CudaModel::f16_out`]): f16 times 2^e, or f32.
-    proj_exp: Option<i32>,
 }
 
 impl<'a> Launches<'a> {
@@ -707,28 +677,12 @@ impl LayerOps for Launches<'_> {
             let x = (p.x, gain, m.eps);
             if crate::gemm::gemv_norm(&m.gpu, x, planes, m.hid, (w.w, w.ld), pw, p.proj)? {
                 self.next_entries(proj);
-                self.proj_exp = None;
                 return m.mark("norm + input projection");
             }
             m.norm(p, n, gain, false, m.act_in(p.act, m.hid))?;
         }
         self.next_entries(proj);
-        // The row ops after gate|up and a Gated DeltaNet's in_proj read f16 or f32 (attention's prep reads f32).
-        self.proj_exp = match proj {
-            Projection::GdnIn | Projection::MlpIn if !both => m.f16_out(lin, n, self.s.invariant),
-            _ => None,
-        };
-        m.gemm_in(
-            p,
-            n,
-            m.hid,
-            lin,
-            p.proj,
-            pw,
-            both,
-            self.s.invariant,
-            self.proj_exp,
-        )?;
+        m.gemm_in(p, n, m.hid, lin, p.proj, pw, both, self.s.invariant)?;
         m.mark(name)
     }
 
@@ -740,7 +694,7 @@ impl LayerOps for Launches<'_> {
         let a_off = g.cd + d.hv * d.dv;
         ops::gdn_conv_prep(
             &m.gpu,
-            In::at(p.proj, self.proj_exp),
+            p.proj,
             pw,
             p.mid,
             g.conv.ptr,
@@ -816,18 +770,12 @@ impl LayerOps for Launches<'_> {
         let d = g.d;
         let (_, _, _, core_p, _) = self.gdn_ptrs(g);
         let z_off = g.cd;
-        let z = In::at(p.proj, self.proj_exp).offset(z_off);
         if let Some(signs) = g
             .w_out
             .rot
             .as_ref()
             .filter(|_| ops::gated_norm_rotate_takes(d.hv, d.dv))
         {
-            if z.is_f16() {
-                return Err(CudaError::Unsupported(
-                    "a rotated gated norm reading f16 gates".into(),
-                ));
-            }
             // The out_proj site: the gated norm and its rotation in one launch.
             let k = d.hv * d.dv;
             ops::gated_norm_rotate(
@@ -845,7 +793,7 @@ impl LayerOps for Launches<'_> {
         ops::rms_norm_gated(
             &m.gpu,
             core_p,
-            z,
+            p.proj + 4 * z_off as u64,
             g.proj_width(),
             g.norm.ptr,
             g.eps,
@@ -915,19 +863,13 @@ impl LayerOps for Launches<'_> {
     fn swiglu(&mut self, l: usize) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
         let down = &self.layer(l).w_down;
-        let gu = In::at(p.proj, self.proj_exp);
         if let Some(signs) = &down.rot {
-            if gu.is_f16() {
-                return Err(CudaError::Unsupported(
-                    "a rotated SwiGLU reading f16 inputs".into(),
-                ));
-            }
             // The down projection's site: the SwiGLU and its rotation in one launch.
             let out = (m.act(p.act, n, m.inter, down), m.inter);
             ops::swiglu_rotate(&m.gpu, p.proj, m.inter, n, signs.ptr, out)?;
             return m.mark("swiglu + rotation");
         }
-        ops::swiglu(&m.gpu, gu, m.inter, n, m.act(p.act, n, m.inter, down))?;
+        ops::swiglu(&m.gpu, p.proj, m.inter, n, m.act(p.act, n, m.inter, down))?;
         m.mark("swiglu")
     }
 

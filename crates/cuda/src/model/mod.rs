@@ -99,11 +99,6 @@ struct Linear {
     /// [`crate::ops::W::Half`] whose shift includes e, so the GEMM's alpha undoes both. `None`: the input is the
     /// precision's other form (a residual projection of the half precision on both bf16 planes).
     f16_exp: Option<i32>,
-    /// The half precision's f16 output of an input projection whose row ops read f16 (gate|up, a Gated DeltaNet's
-    /// in_proj): over many rows the GEMM stores each value times 2^e ([`crate::gemm::gemm_half_out`]; e puts the
-    /// output's bound from the weights inside f16's range), so its consumers read half the bytes; f32 where
-    /// [`CudaModel::f16_out`] says not. `None`: always f32.
-    out_exp: Option<i32>,
 }
 
 struct GdnLayer {
@@ -535,16 +530,6 @@ impl CudaModel {
             .map(|(p, _)| p)
             .collect();
         SplitGemms::of(&kept)
-    }
-
-    /// Whether some input projection stores f16 outputs where many rows are multiplied ([`Linear::out_exp`]: the
-    /// half precision's gate|up and Gated DeltaNet in_proj, unless [`crate::CudaOptions::f16_outputs`] was off or no
-    /// bound held).
-    pub fn f16_outputs(&self) -> bool {
-        self.layers.iter().any(|l| {
-            l.w_gu.out_exp.is_some()
-                || matches!(&l.mixer, Mixer::Gdn(g) if g.w_in.out_exp.is_some())
-        })
     }
 
     /// Every layer's residual projections (the mixer's output projection, the MLP's down) with their weights.

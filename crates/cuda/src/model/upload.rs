@@ -200,7 +200,6 @@ fn upload_linear(
         parts,
         rot,
         f16_exp,
-        out_exp: None,
     })
 }
 
@@ -393,79 +392,45 @@ fn half_exp(bound: f64) -> Option<i32> {
         .find(|e| *e >= -60 && bound * 2f64.powi(*e) <= HALF_NORM_BOUND)
 }
 
-/// One layer's powers of two in the half precision ([`half_exps`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct HalfExps {
-    /// The residual projections' inputs are stored times 2^e: the mixer's output projection's, the MLP's down's.
-    pub(super) residual: [i32; 2],
-    /// The input projections whose f16 outputs the row ops read ([`Linear::out_exp`]): a Gated DeltaNet's in_proj
-    /// (qkv, z, a, b; `None` in an attention layer) and the MLP's gate|up. `None` where no power of two holds the
-    /// bound (the output stays f32).
-    pub(super) gdn_in: Option<i32>,
-    pub(super) gate_up: Option<i32>,
-}
-
-/// Per layer, the powers of two the half precision scales its f16 activations by, each from a bound on the values
-/// known from the weights alone. Each input projection's output is at most sqrt(K) times its norm's largest gain
-/// times its weight row's 2-norm (the normed row's 2-norm is at most sqrt(K) times the gain): that bounds the input
-/// projections' outputs (gate|up, and the Gated DeltaNet's in_proj), stored f16 where many rows are multiplied. The
-/// residual projections' inputs (the mixer's output projection's, the MLP's down projection's): the gated norm's
-/// output (Gated DeltaNet) is at most sqrt(DV) (a head's normed value) times the norm's largest weight times the
-/// bound of silu(z); attention's output is a convex mix of V rows times a sigmoid gate, at most V's bound; SwiGLU's
+/// Per layer, the powers of two the half precision stores its residual projections' inputs times (the mixer's
+/// output projection's, the MLP's down projection's), each from a bound on that input known from the weights
+/// alone. Each input projection's output is at most sqrt(K) times its norm's largest gain times its weight row's
+/// 2-norm (the normed row's 2-norm is at most sqrt(K) times the gain). So: the gated norm's output (Gated
+/// DeltaNet) is at most sqrt(DV) (a head's normed value) times the norm's largest weight times the bound of
+/// silu(z); attention's output is a convex mix of V rows times a sigmoid gate, at most V's bound; SwiGLU's
 /// output is at most the bound of silu(gate) times up's. (|silu(z)| ≤ max(|z|, 0.2785).) Loose (Cauchy-Schwarz is
 /// tight only for a hidden row aligned with a weight row), which f16's range absorbs: with the bound scaled into
-/// (2^14, 2^15], every value down to 2^-28 of it stays normal, 11 significant bits. `Err`: why a residual bound is
-/// out of reach (a non-finite weight or gain).
-pub(super) fn half_exps(m: &Model) -> Result<Result<Vec<HalfExps>, String>, CudaError> {
+/// (2^14, 2^15], every value down to 2^-28 of it stays normal, 11 significant bits. `Err`: why a bound is out of reach (a non-finite weight or gain).
+pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, String>, CudaError> {
     let c = m.text_config();
     let root_k = (c.hidden_size as f64).sqrt();
     let mut exps = Vec::with_capacity(c.layer_types.len());
     for (l, kind) in c.layer_types.iter().enumerate() {
         let h_in = root_k * largest_abs(m.param(l, Param::NormGain(NormSite::Input))?);
         let h_post = root_k * largest_abs(m.param(l, Param::NormGain(NormSite::Post))?);
-        let (mixer, gdn_in) = match kind {
+        let mixer = match kind {
             LayerKind::GatedDeltaNet => {
-                let parts = m.linear(l, Projection::GdnIn)?;
-                let norms = parts
-                    .iter()
-                    .map(|t| max_row_norm(t))
-                    .collect::<Result<Vec<f64>, _>>()?;
-                let z = h_in * norms[1];
+                let z = h_in * max_row_norm(m.linear(l, Projection::GdnIn)?[1])?;
                 let dv = c.linear_value_head_dim as f64;
-                let out = dv.sqrt()
-                    * largest_abs(m.param(l, Param::GatedNormWeight)?)
-                    * z.max(SILU_NEG_MAX);
-                // A NaN row norm is infinite (max_row_norm), so the fold keeps it.
-                (
-                    out,
-                    half_exp(h_in * norms.iter().fold(0f64, |a, b| a.max(*b))),
-                )
+                dv.sqrt() * largest_abs(m.param(l, Param::GatedNormWeight)?) * z.max(SILU_NEG_MAX)
             }
-            LayerKind::Attention => (
-                h_in * max_row_norm(m.linear(l, Projection::AttnIn)?[2])?,
-                None,
-            ),
+            LayerKind::Attention => h_in * max_row_norm(m.linear(l, Projection::AttnIn)?[2])?,
         };
         let gu = m.linear(l, Projection::MlpIn)?;
-        let (gate, up) = (h_post * max_row_norm(gu[0])?, h_post * max_row_norm(gu[1])?);
-        let mlp = gate.max(SILU_NEG_MAX) * up;
+        let mlp = (h_post * max_row_norm(gu[0])?).max(SILU_NEG_MAX) * h_post * max_row_norm(gu[1])?;
         let (Some(a), Some(b)) = (half_exp(mixer), half_exp(mlp)) else {
             return Ok(Err(format!(
                 "layer {l}'s residual projections' inputs have no bound inside f16's range"
             )));
         };
-        exps.push(HalfExps {
-            residual: [a, b],
-            gdn_in,
-            gate_up: half_exp(gate.max(up)),
-        });
+        exps.push([a, b]);
     }
     Ok(Ok(exps))
 }
 
 /// Why the half precision does not fit `m` (it then runs in mixed), or `None`: no rotated site, every input
 /// projection float, every float projection held by f16 (bf16 values, or an F16 file's), and every norm that feeds
-/// one bounded inside f16's range. (The residual projections' inputs need their bounds too: `half_exps`.)
+/// one bounded inside f16's range. (The residual projections' inputs need their bounds too: `half_residual_exps`.)
 pub(super) fn half_misfit(m: &Model) -> Result<Option<String>, CudaError> {
     let c = m.text_config();
     if m.embedding_signs().is_some() || m.head_signs().is_some() {
@@ -576,7 +541,7 @@ impl CudaModel {
         if prec == Precision::Half {
             let why = match half_misfit(m)? {
                 Some(why) => Some(why),
-                None => match self::half_exps(m)? {
+                None => match half_residual_exps(m)? {
                     Ok(e) => {
                         half_exps = e;
                         None
@@ -619,23 +584,11 @@ impl CudaModel {
                 (false, GemmInputs::Half)
                     if !split.has(p) && ts.iter().all(|t| t.dtype().is_float()) =>
                 {
-                    InLayout::Half(half_exps[l].residual[usize::from(p == Projection::MlpOut)])
+                    InLayout::Half(half_exps[l][usize::from(p == Projection::MlpOut)])
                 }
                 _ => InLayout::Plain,
             };
-            let mut lin = upload_linear(g, &ts, m.rotation(l, p)?, prec, layout)?;
-            // The half precision's gate|up and Gated DeltaNet in_proj may store f16 outputs (their row ops read
-            // either form), where every part is f16 and nothing rotates.
-            let f16_parts = lin.parts.iter().all(|pt| matches!(pt.w.w, W::Half { .. }));
-            if o.f16_outputs && prec.inputs() == GemmInputs::Half && lin.rot.is_none() && f16_parts
-            {
-                lin.out_exp = match p {
-                    Projection::MlpIn => half_exps[l].gate_up,
-                    Projection::GdnIn => half_exps[l].gdn_in,
-                    _ => None,
-                };
-            }
-            Ok::<_, CudaError>(lin)
+            upload_linear(g, &ts, m.rotation(l, p)?, prec, layout)
         };
         let param = |l: usize, p: Param| upload_f32(g, m.param(l, p)?);
         let embed = up(m.embedding())?;
@@ -841,10 +794,9 @@ mod tests {
             .collect()
     }
 
-    /// The values the half precision stores in f16 times a power of two, computed directly (f64) over random hidden
-    /// rows and over the rows that make one factor of a bound tight (each weight row itself as the hidden row): the
-    /// residual projections' inputs, and the outputs of gate|up and a Gated DeltaNet's in_proj. Scaled by the
-    /// upload's power of two, every one stays within 2^15, half of f16's range (the bound the exponents promise),
+    /// The residual projections' inputs the half precision scales, computed directly (f64) over random hidden rows
+    /// and over the rows that make one factor of a bound tight (each weight row itself as the hidden row): scaled by
+    /// the upload's power of two, every one stays within 2^15, half of f16's range (the bound the exponents promise),
     /// and the largest comes within 2^16 of it (a bound loose past that would push small values into subnormals).
     #[test]
     fn half_residual_bounds_hold_the_values_the_model_takes() {
@@ -853,7 +805,7 @@ mod tests {
             let spec = synth::preset(preset).expect("preset");
             synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).expect("synth");
             let m = Model::load(dir.path()).expect("load");
-            let exps = half_exps(&m).expect("weights").expect("bounds");
+            let exps = half_residual_exps(&m).expect("weights").expect("bounds");
             let c = m.text_config();
             let (k, eps) = (c.hidden_size, f64::from(c.rms_norm_eps));
             let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -881,18 +833,9 @@ mod tests {
                 hidden.extend(rows(mixer_w));
                 hidden.extend(rows(gu[0]));
                 hidden.extend(rows(gu[1]));
-                if let (LayerKind::GatedDeltaNet, Ok(parts)) = (kind, &gdn) {
-                    hidden.extend(rows(parts[0]));
-                }
-                let top = |v: &[f64]| v.iter().fold(0f64, |a, x| a.max(x.abs()));
-                let (mut mixer, mut mlp, mut gdn_in, mut gate_up) = (0f64, 0f64, 0f64, 0f64);
+                let (mut mixer, mut mlp) = (0f64, 0f64);
                 for x in &hidden {
                     let h = normed(x, in_gain, eps);
-                    if let (LayerKind::GatedDeltaNet, Ok(parts)) = (kind, &gdn) {
-                        gdn_in = parts
-                            .iter()
-                            .fold(gdn_in, |a, t| a.max(top(&product(t, &h))));
-                    }
                     let v = product(mixer_w, &h);
                     mixer = mixer.max(match kind {
                         // A head's normed value reaches 1 / sqrt(1/DV + eps) where the core is one-hot.
@@ -910,33 +853,15 @@ mod tests {
                     });
                     let h = normed(x, post_gain, eps);
                     let (g, u) = (product(gu[0], &h), product(gu[1], &h));
-                    gate_up = gate_up.max(top(&g)).max(top(&u));
                     mlp = g
                         .iter()
                         .zip(&u)
                         .fold(mlp, |a, (g, u)| a.max((silu(*g) * u).abs()));
                 }
-                let gdn_exp = match kind {
-                    LayerKind::GatedDeltaNet => Some(exps[l].gdn_in.expect("a bound for in_proj")),
-                    LayerKind::Attention => {
-                        assert_eq!(
-                            exps[l].gdn_in, None,
-                            "{preset} layer {l}: an attention layer's in_proj"
-                        );
-                        None
-                    }
-                };
-                let outputs = [
-                    ("mixer output", mixer, Some(exps[l].residual[0])),
-                    ("SwiGLU", mlp, Some(exps[l].residual[1])),
-                    (
-                        "gate|up",
-                        gate_up,
-                        Some(exps[l].gate_up.expect("a bound for gate|up")),
-                    ),
-                    ("in_proj", gdn_in, gdn_exp),
-                ];
-                for (what, top, e) in outputs.into_iter().filter_map(|(w, t, e)| Some((w, t, e?))) {
+                for (what, top, e) in [
+                    ("mixer output", mixer, exps[l][0]),
+                    ("SwiGLU", mlp, exps[l][1]),
+                ] {
                     let scaled = top * scale(e);
                     // The bound times 2^e lies in (2^14, 2^15]: it is between half this and this times the value.
                     eprintln!(
