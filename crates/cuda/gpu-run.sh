@@ -37,27 +37,26 @@ synth() {  # $1 preset, $2 folder
   $B/onepass synth --preset "$1" --out "$2" --tokenizer $TOK 2>&1 | tail -1
   echo '{"isolated_levels": true, "neutralize_none": false, "version": "bench"}' > "$2/decider_config.json"
 }
-bench() {  # label, then bench-systemone arguments
+bench() {  # label, then bench-systemone arguments; BIN: the onepass binary (default the pack's)
   local label=$1; shift
   echo "== $label: onepass bench-systemone $*" | tee -a "$OUT/bench.log"
-  timeout ${BENCH_TIMEOUT:-240} $B/onepass bench-systemone "$@" ${BENCH_ARGS:-} 2>>"$OUT/bench.log" >>"$OUT/bench.jsonl"
+  timeout ${BENCH_TIMEOUT:-240} ${BIN:-$B/onepass} bench-systemone "$@" ${BENCH_ARGS:-} 2>>"$OUT/bench.log" \
+    >>"$OUT/bench.jsonl"
   echo "== $label exit $?" >>"$OUT/bench.log"
 }
 if [[ $WHAT == *bench* ]]; then
   synth qwen3.5-0.8b /tmp/q08
   # PRECS: half (the default), mixed, split, bf16, f32, or <precision>[/<split GEMMs>][-<kernels>] (split-tf32: split GEMMs, 1xTF32
   # tensor-core kernels; split/mlp_out,gdn_out: those two projections on both planes, the others bf16).
-  # BASELINE: another onepass binary (e.g. the parent commit's, carried in .devcarry): each of PRECS runs on it
-  # right after this pack's, labelled "baseline", for an old-vs-new comparison in one run.
+  # BASELINE: another onepass binary, executable (e.g. the parent commit's, carried in .devcarry): each of PRECS
+  # runs on it right after this pack's, labelled "baseline", for an old-vs-new comparison in one run.
   for P_ in ${PRECS:-half mixed split bf16}; do
     K_=(); [[ $P_ == *-* ]] && K_=(--gpu-kernels ${P_#*-})
     B_=${P_%%-*}; [[ $B_ == */* ]] && K_+=(--gpu-split-gemms ${B_#*/})
     bench "0.8B $P_" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 --reps 30 --batch-reps 2
     if [[ -n ${BASELINE:-} ]]; then
-      SAVE_B=$B; B=$(mktemp -d); cp "$BASELINE" $B/onepass && chmod +x $B/onepass
-      bench "0.8B $P_ baseline" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 --reps 30 \
-        --batch-reps 2
-      B=$SAVE_B
+      BIN=$BASELINE bench "0.8B $P_ baseline" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 \
+        --reps 30 --batch-reps 2
     fi
   done
   if [[ $WHAT == *twopass* ]]; then

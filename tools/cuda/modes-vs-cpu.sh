@@ -28,14 +28,15 @@ for w in 1 2 3; do
   done
 done
 MODES="$MODES" A=$A python3 - <<'PY'
-import json, os
+import json, os, re
 A = os.environ["A"]
 def probs(path):
     return {k: v.get("probabilities", {}) for k, v in json.load(open(path))["answers"].items()}
 for v in os.environ["MODES"].split():
     out = []
     for w in (1, 2, 3):
-        cp, gp = probs(f"{A}/{w}-cpu"), probs(f"{A}/{w}-" + v.replace("/", "_").replace(":", "_").replace("@", "_"))
+        # The answer file's name as the loop above writes it ('/', ':', '@' to '_').
+        cp, gp = probs(f"{A}/{w}-cpu"), probs(f"{A}/{w}-" + re.sub("[/:@]", "_", v))
         ds = [abs(gp[q][o] - cp[q][o]) for q in cp for o in cp[q]]
         out.append(f"workload {w}: {max(ds):.4f} / {sum(ds) / len(ds):.5f}")
     print(f"{v:28} max / mean |dp|  " + ", ".join(out))

@@ -400,7 +400,8 @@ fn half_exp(bound: f64) -> Option<i32> {
 /// silu(z); attention's output is a convex mix of V rows times a sigmoid gate, at most V's bound; SwiGLU's
 /// output is at most the bound of silu(gate) times up's. (|silu(z)| ≤ max(|z|, 0.2785).) Loose (Cauchy-Schwarz is
 /// tight only for a hidden row aligned with a weight row), which f16's range absorbs: with the bound scaled into
-/// (2^14, 2^15], every value down to 2^-28 of it stays normal, 11 significant bits. `Err`: why a bound is out of reach (a non-finite weight or gain).
+/// (2^14, 2^15], every value down to 2^-28 of it stays normal, 11 significant bits. `Err`: why a bound is out of
+/// reach (a non-finite weight or gain).
 pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, String>, CudaError> {
     let c = m.text_config();
     let root_k = (c.hidden_size as f64).sqrt();
