@@ -131,18 +131,19 @@ __device__ __forceinline__ void atc_load_keys(float* dst, const AtcSrc& src, con
 }
 
 // A row's running max and sum, and the causal mask, scale and online softmax of one key tile's scores:
-// sc[j][e] is (row e < 2 ? r0 : r1, key k0 + 8j + 2tg + (e & 1)) and becomes its unnormalised probability. Scores
+// sc[j][e] (NJ tiles of 8 keys) is (row e < 2 ? r0 : r1, key k0 + 8j + 2tg + (e & 1)) and becomes its unnormalised
+// probability. Scores
 // are kept in base-2 units (scale2 = scale · log2 e, so exp2 replaces exp; m too, as the partials store it). The
 // output accumulators are rescaled to the new max only when some row of the warp has a new max (a factor of exactly
 // 1 elsewhere: skipping it changes nothing).
-template <int NT>
-__device__ __forceinline__ void atc_softmax(float (&sc)[ATC_NK / 8][4], float (&o)[NT][4], int k0, int kend, int p0,
+template <int NT, int NJ = ATC_NK / 8>
+__device__ __forceinline__ void atc_softmax(float (&sc)[NJ][4], float (&o)[NT][4], int k0, int kend, int p0,
                                             int p1, float scale2, int tg, float& m0, float& m1, float& l0,
                                             float& l1) {
     const float NEG = __int_as_float(0xff800000);  // -inf
     float mx0 = NEG, mx1 = NEG;
 #pragma unroll
-    for (int j = 0; j < ATC_NK / 8; j++)
+    for (int j = 0; j < NJ; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int key = k0 + j * 8 + 2 * tg + (e & 1);
@@ -163,7 +164,7 @@ __device__ __forceinline__ void atc_softmax(float (&sc)[ATC_NK / 8][4], float (&
     float cr0 = exp2f(m0 - mu0), cr1 = exp2f(m1 - mu1);
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-    for (int j = 0; j < ATC_NK / 8; j++) {
+    for (int j = 0; j < NJ; j++) {
         sc[j][0] = exp2f(sc[j][0] - mu0);
         sc[j][1] = exp2f(sc[j][1] - mu0);
         sc[j][2] = exp2f(sc[j][2] - mu1);
@@ -532,6 +533,184 @@ ATTENTION_TC(attention_tc_tf32, 1)
 ATTENTION_TC(attention_bf, 2)
 ATTENTION_TC(attention_bf1, 3)
 #undef ATTENTION_TC
+
+// ---- f16 K/V cache: attention_h ----------------------------------------------------------------------------------
+// The KV cache in f16 (attn_prep_h writes it; the model keeps it so where the bounds of q, k and v fit f16's range:
+// CudaModel's KV form), one f16 product per step (mma m16n8k16, f32 accumulation: operands rounded to 2^-11, as
+// 1xTF32 rounds them). The block's work item, rows, online softmax, partials and store are attention_tc_t's; what
+// differs is how the operands get to the tensor cores:
+// - K and V tiles are copied from the cache by cp.async as they are (no conversion: half the bytes of an f32 cache
+//   and none of the per-fragment TF32 rounding), ATH_NK = 32 keys a tile, double-buffered, so each tile costs one
+//   barrier (its copy waited for, then the next tile's copy issued into the buffer the last tile used).
+// - The Q tile is converted to f16 once per block, under the first tile's copy.
+// - Every fragment is read by ldmatrix (Q, K) or ldmatrix.trans (V) from rows padded to a pitch of 4 mod 32 words,
+//   conflict-free; the score fragments become P·V's A operand in registers.
+#define ATH_NK 32
+
+// Keys k0..k0+ATH_NK-1 of one f16 cache (K or V) into dst [ATH_NK][LDH] (byte address): this thread's 16-byte
+// column c8 of rows r0, r0 + 128 / NT, ...; keys >= kend and columns >= D are zeros. bas / own: the addresses of the
+// thread's column in the base cache and (offset back by the base length) its own; rs: bytes per key.
+template <int NT, int LDH>
+__device__ __forceinline__ void ath_load_keys(unsigned dst, u64 bas, u64 own, unsigned rs, const AtcWork& w, int k0,
+                                              int r0, bool col) {
+    constexpr int STEP = 128 / NT;  // NT 16-byte chunks per padded row
+#pragma unroll
+    for (int j = 0; j < ATH_NK / STEP; j++) {
+        const int kp = k0 + r0 + j * STEP;
+        const bool ok = col && kp < w.kend;
+        const u64 at = (kp < w.base ? bas : own) + (u64)(unsigned)kp * rs;
+        tc_cp16(dst + (unsigned)(j * STEP * LDH) * 2u, (const void*)(ok ? at : bas), ok ? 16 : 0);
+    }
+}
+
+// The Q tile (f32, [N, H, D]) into Qh [ATC_M][LDH] as f16: the same thread columns as ath_load_keys, rows past the
+// tile and columns >= D zeros. Four rows' loads in flight at a time.
+template <int NT, int LDH>
+__device__ __forceinline__ void ath_load_q(unsigned short* Qh, const float* q, const AtcWork& w, int H, int G, int D,
+                                           int r0, int c8) {
+    constexpr int STEP = 128 / NT;
+#pragma unroll 1
+    for (int j0 = 0; j0 < ATC_M / STEP; j0 += 4) {
+        float4 v[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int r = r0 + (j0 + j) * STEP, t = r / G, hg = r - t * G;
+            v[j][0] = v[j][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (t < w.nq && c8 < D) {
+                const float* src = q + ((idx_t)(w.start + w.t0 + t) * H + w.kh * G + hg) * D + c8;
+                v[j][0] = *(const float4*)src;
+                v[j][1] = *(const float4*)(src + 4);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int r = r0 + (j0 + j) * STEP;
+            *(uint4*)(Qh + r * LDH + c8) = make_uint4(tc_f16x2(v[j][0].x, v[j][0].y), tc_f16x2(v[j][0].z, v[j][0].w),
+                                                      tc_f16x2(v[j][1].x, v[j][1].y), tc_f16x2(v[j][1].z, v[j][1].w));
+        }
+    }
+}
+
+// S[16 x 32] = Q[16 x Dp] · K[32 x Dp]ᵀ of this warp's rows: qa, ka this lane's ldmatrix addresses (bytes) at head-dim
+// column 0 (Q: row 16 warp + (l & 7) + 8 ((l >> 3) & 1), column 8 (l >> 4); K: key (l & 7) + 8 (l >> 4), column
+// 8 ((l >> 3) & 1), so registers 0, 1 are the B operand of keys 0-7 and 2, 3 of keys 8-15). Even and odd k steps in
+// separate accumulators (eight independent mma chains). sc[j][e] is (row e < 2 ? g : g + 8, key 8j + 2tg + (e & 1)).
+template <int NT, int LDH>
+__device__ __forceinline__ void ath_qk(float (&sc)[ATH_NK / 8][4], unsigned qa, unsigned ka) {
+    float s[2][ATH_NK / 8][4];
+#pragma unroll
+    for (int u = 0; u < 2; u++)
+#pragma unroll
+        for (int j = 0; j < ATH_NK / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[u][j][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < NT / 2; ks++) {
+        unsigned a[4], b[ATH_NK / 16][4];
+        tc_ldsm4<false>(qa + ks * 32u, a);
+#pragma unroll
+        for (int h = 0; h < ATH_NK / 16; h++) tc_ldsm4<false>(ka + (unsigned)(h * 16 * LDH) * 2u + ks * 32u, b[h]);
+#pragma unroll
+        for (int h = 0; h < ATH_NK / 16; h++) {
+            tc_mma_f16(s[ks & 1][2 * h], a, b[h][0], b[h][1]);
+            tc_mma_f16(s[ks & 1][2 * h + 1], a, b[h][2], b[h][3]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ATH_NK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[j][e] = s[0][j][e] + s[1][j][e];
+}
+
+// O[16 x Dp] += P[16 x 32] · V[32 x Dp]: P's A fragments straight from the score fragments (keys 16kk + 2tg, +1 in
+// tile 2kk, + 8 in tile 2kk + 1), rounded to f16; V by ldmatrix.trans, va this lane's address at key 0, column 0
+// (key (l & 7) + 8 ((l >> 3) & 1), column 8 (l >> 4): registers 0, 1 the B operand of columns 0-7, 2, 3 of 8-15).
+template <int NT, int LDH>
+__device__ __forceinline__ void ath_pv(float (&o)[NT][4], const float (&sc)[ATH_NK / 8][4], unsigned va) {
+#pragma unroll
+    for (int kk = 0; kk < ATH_NK / 16; kk++) {
+        const unsigned a[4] = {tc_f16x2(sc[2 * kk][0], sc[2 * kk][1]), tc_f16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                               tc_f16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               tc_f16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+        const unsigned vk = va + (unsigned)(kk * 16 * LDH) * 2u;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            unsigned b[4];
+            tc_ldsm4<true>(vk + nt * 16u, b);
+            tc_mma_f16(o[nt], a, b[0], b[1]);
+            tc_mma_f16(o[nt + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// NT: 8-column tiles of the padded head dim Dp = 8 NT (columns D..Dp-1 zeros; D % 8 == 0).
+template <int NT>
+__device__ __forceinline__ void attention_h_t(const float* __restrict__ q, const float* __restrict__ proj, int ld,
+                                              const int* seg, const u64* kv, int H, int HKV, int D, float scale,
+                                              void* out, int mode, int ns, int target, int nrows, int nseg,
+                                              float* __restrict__ scratch, unsigned short* sm) {
+    constexpr int LDH = NT * 8 + 8;         // row pitch in halves: 4 mod 32 words
+    constexpr unsigned TILE = ATH_NK * LDH * 2;  // bytes of one K or V buffer
+    const int G = H / HKV;
+    unsigned short* Qh = sm;  // [ATC_M][LDH], then K [2][ATH_NK][LDH], V [2][ATH_NK][LDH]
+    const unsigned qs = tc_smem_addr(Qh), ks = qs + ATC_M * LDH * 2, vs = ks + 2 * TILE;
+    AtcWork w;
+    if (!atc_work(w, seg, kv, HKV, ATC_M / G, ns, target, nseg)) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
+    const float scale2 = scale * 1.4426950408889634f;  // log2 e
+    // This thread's share of every copy: 16-byte column c8 of rows r0, r0 + 128 / NT, ...
+    const int r0 = tid / NT, c8 = (tid % NT) * 8;
+    const bool col = c8 < D;
+    const unsigned rs = (unsigned)(HKV * D) * 2u;
+    const u64 cb = ((u64)w.kh * D + c8) * 2u, ob = (u64)w.base * rs;
+    const u64 kbas = (u64)w.kb + cb, kown = (u64)w.ko + cb - ob, vbas = (u64)w.vb + cb, vown = (u64)w.vo + cb - ob;
+    const unsigned cdst = (unsigned)(r0 * LDH + c8) * 2u;
+    ath_load_keys<NT, LDH>(ks + cdst, kbas, kown, rs, w, w.kbeg, r0, col);
+    ath_load_keys<NT, LDH>(vs + cdst, vbas, vown, rs, w, w.kbeg, r0, col);
+    tc_commit();
+    ath_load_q<NT, LDH>(Qh, q, w, H, G, D, r0, c8);
+
+    const AtcRows rw = atc_rows(w, G, warp, g);
+    const unsigned qa = qs + (unsigned)((warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDH + (lane >> 4) * 8) * 2u;
+    const unsigned ka = ks + (unsigned)(((lane & 7) + (lane >> 4) * 8) * LDH + ((lane >> 3) & 1) * 8) * 2u;
+    const unsigned va = vs + (unsigned)(((lane & 7) + ((lane >> 3) & 1) * 8) * LDH + (lane >> 4) * 8) * 2u;
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m0 = __int_as_float(0xff800000), m1 = m0, l0 = 0.0f, l1 = 0.0f;
+    unsigned buf = 0;
+    for (int k0 = w.kbeg; k0 < w.kend; k0 += ATH_NK, buf ^= TILE) {
+        tc_wait<0>();     // this tile's K and V
+        __syncthreads();  // ... visible to every warp, and every warp done with the other buffer (and Q stored)
+        if (k0 + ATH_NK < w.kend) {
+            ath_load_keys<NT, LDH>(ks + (buf ^ TILE) + cdst, kbas, kown, rs, w, k0 + ATH_NK, r0, col);
+            ath_load_keys<NT, LDH>(vs + (buf ^ TILE) + cdst, vbas, vown, rs, w, k0 + ATH_NK, r0, col);
+        }
+        tc_commit();
+        if (rw.wrows && k0 <= rw.pw) {  // warp-uniform
+            float sc[ATH_NK / 8][4];
+            ath_qk<NT, LDH>(sc, qa, ka + buf);
+            atc_softmax<NT, ATH_NK / 8>(sc, o, k0, w.kend, rw.p0, rw.p1, scale2, tg, m0, m1, l0, l1);
+            ath_pv<NT, LDH>(o, sc, va + buf);
+        }
+    }
+    atc_store<NT>(o, w, rw.r0, rw.p0, rw.p1, m0, m1, l0, l1, proj, ld, H, G, D, out, mode, ns, nrows, scratch, tg);
+}
+
+// As attention_tc (arguments, grid, block, partials), over f16 K/V caches; D % 8 == 0, D <= 256; dynamic shared memory
+// (ATC_M + 4 ATH_NK) * (Dp + 8) halves, Dp = 64, 128 or 256 (the least >= D; smem_h in attn_tc.rs).
+KERNEL(attention_h) void __launch_bounds__(128, 2)
+    attention_h(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,
+                int H, int HKV, int D, float scale, void* out, int mode, int ns, int target, int nrows, int nseg,
+                float* __restrict__ scratch) {
+    extern __shared__ __align__(16) unsigned short ath_sm[];
+    if (D <= 64)
+        attention_h_t<8>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, target, nrows, nseg, scratch, ath_sm);
+    else if (D <= 128)
+        attention_h_t<16>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, target, nrows, nseg, scratch, ath_sm);
+    else
+        attention_h_t<32>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, ns, target, nrows, nseg, scratch, ath_sm);
+}
 
 // Merges the key splits of `attention_tc`: per (token, head) o = Σ_j e^(m_j - M) o_j / Σ_j e^(m_j - M) l_j, times
 // sigmoid(gate). Tokens whose tile had one split were written by attention_tc and are skipped. scratch as

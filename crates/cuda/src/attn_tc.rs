@@ -1,7 +1,8 @@
 //! Causal attention on tensor cores (`attn_tc.cu`): twins of [`crate::ops::attention_tiled`] with Q·Kᵀ and P·V
 //! on mma.sync, in the arithmetic [`AttnArith`] names: 3xTF32 (each f32 operand split into two TF32 parts, three
 //! products: f32 rounding of the CPU reference), 1xTF32 (one product, 2^-11 operands), bf16x3 (two bf16 parts,
-//! three m16n8k16 products: about 2^-17, split mode's default) or one bf16 product.
+//! three m16n8k16 products: about 2^-17, split mode's default) or one bf16 product; or, over KV caches held in f16
+//! (`attention_h`), one f16 product with 2^-11 operands as 1xTF32's (the half precision's default).
 //!
 //! One block per (tile of query rows of a segment, KV head, split of the tile's keys): the block's 64 rows are
 //! (token, query head of the KV group) pairs, so one K/V tile in shared memory serves all the query heads that
@@ -27,6 +28,8 @@ use crate::CudaError;
 const ROWS: usize = 64;
 /// Keys per shared-memory tile (`ATC_NK`).
 const KEYS: usize = 16;
+/// Keys per tile of `attention_h` (`ATH_NK`).
+const F16_KEYS: usize = 32;
 /// Most key splits per tile (`ATC_MAX_SPLITS`).
 pub const MAX_SPLITS: usize = 16;
 /// Blocks the split choice aims for per multiprocessor (two resident: `__launch_bounds__(128, 2)`).
@@ -85,10 +88,14 @@ fn padded_dim(d: usize) -> usize {
 }
 
 /// Dynamic shared memory of `attention_tc` (bytes): the Q tile [64, Dp + 8], one K tile [16, Dp + 8] and one V tile
-/// [16, Dp + 4], Dp the padded head dim (Q and K are read as float2 pairs, V down its columns: attn_tc.cu).
-fn smem(a: AttnDims) -> usize {
+/// [16, Dp + 4], Dp the padded head dim (Q and K are read as float2 pairs, V down its columns: attn_tc.cu). With
+/// [`AttnArith::F16`] (`attention_h`) f16 tiles: Q [64, Dp + 8] and two buffers each of K and V [32, Dp + 8].
+fn smem(a: AttnDims, arith: AttnArith) -> usize {
     let dp = padded_dim(a.head_dim);
-    4 * ((ROWS + KEYS) * (dp + 8) + KEYS * (dp + 4))
+    match arith {
+        AttnArith::F16 => 2 * (ROWS + 4 * F16_KEYS) * (dp + 8),
+        _ => 4 * ((ROWS + KEYS) * (dp + 8) + KEYS * (dp + 4)),
+    }
 }
 
 /// Whether [`attention_tc`] takes these dims: query heads a multiple of the KV heads (at most 64 per KV head), head
@@ -102,13 +109,22 @@ pub fn attention_tc_supported(g: &Gpu, a: AttnDims) -> bool {
         && d > 0
         && d <= 256
         && d.is_multiple_of(4)
-        && smem(a) <= g.max_smem
+        && smem(a, AttnArith::X3) <= g.max_smem
+}
+
+/// Whether [`attention_tc`] takes these dims with [`AttnArith::F16`] (f16 KV caches): as
+/// [`attention_tc_supported`], the head dim a multiple of 8 (a cache row's 16-byte copies), its tiles within the
+/// device's shared memory.
+pub fn attention_f16_supported(g: &Gpu, a: AttnDims) -> bool {
+    attention_tc_supported(g, a)
+        && a.head_dim.is_multiple_of(8)
+        && smem(a, AttnArith::F16) <= g.max_smem
 }
 
 /// Causal attention over each segment's KV cache, times sigmoid(gate), on tensor cores: same inputs and result
 /// as [`crate::ops::attention_tiled`]. q: [N, H, D] (from [`crate::ops::attn_prep`]); proj: [N, ld] (gate of head h at
 /// h*2D + D); segs: [S, 3] i32 (start row, rows, position of the first row); kv: [S, KV_ENTRIES]
-/// ([`crate::ops::KV_ENTRIES`]); `max_len`: the longest segment; `rows`: N; out: [N, H*D]. At most `splits` key
+/// ([`crate::ops::KV_ENTRIES`]; f16 caches with [`AttnArith::F16`], f32 with the others); `max_len`: the longest segment; `rows`: N; out: [N, H*D]. At most `splits` key
 /// splits per tile (1..=[`MAX_SPLITS`], [`attention_tc_plan`]; 1: no scratch, no merge kernel); scratch:
 /// [`attention_tc_scratch_len`]`(splits, rows, a)` f32 values. `per_segment`: each segment's splits from its own
 /// length (at most its share of the grid's blocks over its tiles and KV heads, the kernel's `atc_seg_splits`, as
@@ -140,6 +156,11 @@ pub fn attention_tc(
             a.heads, a.kv_heads, d
         )));
     }
+    if arith == AttnArith::F16 && !attention_f16_supported(g, a) {
+        return Err(CudaError::Unsupported(format!(
+            "attention on f16 KV caches: head_dim {d} (a multiple of 8)"
+        )));
+    }
     if !(1..=MAX_SPLITS).contains(&splits) {
         return Err(CudaError::Unsupported(format!(
             "attention_tc: {splits} key splits (1..={MAX_SPLITS})"
@@ -161,7 +182,11 @@ pub fn attention_tc(
             b.min(i32::MAX as usize) as i32,
         ),
     };
-    let lc = cfg(((per_seg * kvh) as u32, nseg as u32), 128, smem(a) as u32);
+    let lc = cfg(
+        ((per_seg * kvh) as u32, nseg as u32),
+        128,
+        smem(a, arith) as u32,
+    );
     launch!(g, g.k.attention_tc[arith as usize], lc;
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, d as i32, scale, o, mode,
         splits as i32, target, rows as i32, nseg as i32, scratch)?;

@@ -722,18 +722,20 @@ KERNEL(simt) void gdn_conv_state(const float* x, int ld, int K, int cd, const in
 }
 
 // Attention inputs: per-head RMSNorm of q and k, partial rotary (rotate-half, first 2*half dims) at
-// each row's position; q to q_out, k and v appended to the segment's KV cache at that position.
+// each row's position; q to q_out, k and v appended to the segment's KV cache at that position (attn_prep_h: as f16,
+// rounded to nearest).
 // proj: [N, ld] with per head h: q at h*2D, gate at h*2D + D; k at H*2D + kh*D; v at H*2D + HKV*D + kh*D.
 // q_out: [N, H, D]. KV table per segment (KV_ENTRIES addresses): own k, own v caches [cap, HKV, D], base k,
 // base v (a forked-from cache, read-only), base length. Position p < base lives at base row p, else at own
 // row p - base. grid (N, H + HKV); D <= 1024.
 #define KV_ENTRIES 5
-KERNEL(simt) void attn_prep(const float* proj, int ld, const float* qn, const float* kn, float eps,
-                            const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
-                            const u64* kv, float* q_out) {
+// H16: the caches hold f16 (attn_prep_h, for attention_h), else f32 (attn_prep).
+template <bool H16>
+__device__ __forceinline__ void attn_prep_t(const float* proj, int ld, const float* qn, const float* kn, float eps,
+                                            const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
+                                            const u64* kv, float* q_out, float* xs) {
     pdl_wait();
     pdl_launch();
-    __shared__ float xs[1024];
     int n = blockIdx.x, j = blockIdx.y;
     int s = tok[2 * n], pos = tok[2 * n + 1];
     bool isq = j < H;
@@ -748,7 +750,7 @@ KERNEL(simt) void attn_prep(const float* proj, int ld, const float* qn, const fl
     __syncthreads();
     const u64* kvs = kv + KV_ENTRIES * s;
     int own = pos - (int)kvs[4];
-    float* dst = isq ? q_out + ((idx_t)n * H + j) * D : (float*)kvs[0] + ((idx_t)own * HKV + kh) * D;
+    idx_t at = isq ? ((idx_t)n * H + j) * D : ((idx_t)own * HKV + kh) * D;
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
         float v = xs[c];
         if (c < 2 * half) {
@@ -757,13 +759,29 @@ KERNEL(simt) void attn_prep(const float* proj, int ld, const float* qn, const fl
             float cs = cosf(ang), sn = sinf(ang);
             v = c < half ? xs[c] * cs - xs[c + half] * sn : xs[c] * cs + xs[c - half] * sn;
         }
-        dst[c] = v;
+        if (isq) q_out[at + c] = v;
+        else if (H16) ((unsigned short*)kvs[0])[at + c] = f2h(v);
+        else ((float*)kvs[0])[at + c] = v;
     }
     if (!isq) {
         const float* vs = proj + (idx_t)n * ld + H * 2 * D + HKV * D + kh * D;
-        float* vd = (float*)kvs[1] + ((idx_t)own * HKV + kh) * D;
-        for (int c = threadIdx.x; c < D; c += blockDim.x) vd[c] = vs[c];
+        for (int c = threadIdx.x; c < D; c += blockDim.x) {
+            if (H16) ((unsigned short*)kvs[1])[at + c] = f2h(vs[c]);
+            else ((float*)kvs[1])[at + c] = vs[c];
+        }
     }
+}
+KERNEL(simt) void attn_prep(const float* proj, int ld, const float* qn, const float* kn, float eps,
+                            const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
+                            const u64* kv, float* q_out) {
+    __shared__ float xs[1024];
+    attn_prep_t<false>(proj, ld, qn, kn, eps, inv_freq, half, H, HKV, D, tok, kv, q_out, xs);
+}
+KERNEL(simt) void attn_prep_h(const float* proj, int ld, const float* qn, const float* kn, float eps,
+                              const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
+                              const u64* kv, float* q_out) {
+    __shared__ float xs[1024];
+    attn_prep_t<true>(proj, ld, qn, kn, eps, inv_freq, half, H, HKV, D, tok, kv, q_out, xs);
 }
 
 // Tiled causal attention (the SIMT twin of attention_tc, for head dims it does not take; online softmax, grouped KV

@@ -91,6 +91,7 @@ pub const PROGRAMS: &[&[&str]] = &[
     &["attention_tc"],
     &["attention_tc_tf32"],
     &["attention_bf1"],
+    &["attention_h"],
     &["simt"],
     &["gdn_tc_prep", "gdn_tc_prep_tf32"],
     &["qmma_pq2", "qmma_pq2_16", "qmma_q8"],

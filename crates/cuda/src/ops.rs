@@ -424,12 +424,13 @@ pub struct AttnDims {
 }
 
 /// Addresses per segment in the KV table of [`attn_prep`] and the attention kernels: own k, own v (caches
-/// [cap, HKV, D] f32), base k, base v (the read-only cache of the state this one was forked from), base
+/// [cap, HKV, D], f32 or f16 as the model keeps them), base k, base v (the read-only cache of the state this one was forked from), base
 /// length (positions below it are read from the base, the rest from own rows `pos - base`).
 pub const KV_ENTRIES: usize = 5;
 
 /// q/k RMSNorm + partial RoPE; q to q_out [N, H, D]; k, v appended to each row's segment cache at
-/// its position. proj: [N, ld]; tok: [N, 2] i32 (segment, position); kv: [S, KV_ENTRIES].
+/// its position (`kv_f16`: the caches hold f16, rounded to nearest; else f32). proj: [N, ld]; tok: [N, 2] i32
+/// (segment, position); kv: [S, KV_ENTRIES].
 pub fn attn_prep(
     g: &Gpu,
     proj: u64,
@@ -443,6 +444,7 @@ pub fn attn_prep(
     tok: u64,
     kv: u64,
     q_out: u64,
+    kv_f16: bool,
 ) -> Result<(), CudaError> {
     if a.head_dim > 1024 {
         return Err(CudaError::Unsupported(format!(
@@ -450,7 +452,12 @@ pub fn attn_prep(
             a.head_dim
         )));
     }
-    crate::launch_pdl!(g, g.k.attn_prep, cfg((n as u32, (a.heads + a.kv_heads) as u32), 128, 0);
+    let k = if kv_f16 {
+        &g.k.attn_prep_h
+    } else {
+        &g.k.attn_prep
+    };
+    crate::launch_pdl!(g, *k, cfg((n as u32, (a.heads + a.kv_heads) as u32), 128, 0);
         proj, ld as i32, qn, kn, eps, inv_freq, a.half as i32, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, tok, kv, q_out)
 }
 

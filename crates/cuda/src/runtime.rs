@@ -63,6 +63,8 @@ pub struct Kernels {
     pub hadamard_rows: CudaFunction,
     pub gated_norm_rotate: CudaFunction,
     pub attn_prep: CudaFunction,
+    /// attn_prep writing f16 KV caches (for `attention_h`).
+    pub attn_prep_h: CudaFunction,
     pub swiglu: CudaFunction,
     pub to_bf16: CudaFunction,
     pub rows_dot: CudaFunction,
@@ -76,8 +78,9 @@ pub struct Kernels {
     pub gdn_tc_state: [[CudaFunction; 4]; 2],
     /// `gdn_tc_leaf_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_LEAF_SLICES`], in that order.
     pub gdn_tc_leaf: [[CudaFunction; 3]; 2],
-    /// `attention_tc`, `attention_tc_tf32`, `attention_bf`, `attention_bf1`: indexed by `AttnArith as usize`.
-    pub attention_tc: [CudaFunction; 4],
+    /// `attention_tc`, `attention_tc_tf32`, `attention_bf`, `attention_bf1`, `attention_h` (f16 KV caches):
+    /// indexed by `AttnArith as usize`.
+    pub attention_tc: [CudaFunction; 5],
     pub attention_tc_combine: CudaFunction,
     /// sample.cu: sampled decoding's draw on the device.
     pub sample: crate::sample::SampleKernels,
@@ -105,9 +108,10 @@ pub enum Arith {
     Tf32 = 1,
 }
 
-/// How the tensor-core attention multiplies (`attention_tc*`, `attention_bf*` in attn_tc.cu; [`Kernels`], indexed
-/// by `AttnArith as usize`): the two TF32 forms of [`Arith`], or bf16 operands on the m16n8k16 bf16 mma, which
-/// does twice the work of a TF32 one per instruction, with each tile converted once per block.
+/// How the tensor-core attention multiplies (`attention_tc*`, `attention_bf*`, `attention_h` in attn_tc.cu;
+/// [`Kernels`], indexed by `AttnArith as usize`): the two TF32 forms of [`Arith`], or bf16 operands on the m16n8k16
+/// bf16 mma, which does twice the work of a TF32 one per instruction, with each tile converted once per block; or
+/// the KV cache itself in f16 and one f16 product ([`AttnArith::F16`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttnArith {
     /// 3xTF32 ([`Arith::X3`]): f32 accuracy.
@@ -120,6 +124,12 @@ pub enum AttnArith {
     Bf16x3 = 2,
     /// One bf16 product: operands rounded to 8 significant bits, f32 accumulation.
     Bf16 = 3,
+    /// K and V cached in f16 (half the bytes of the f32 cache), one f16 product: operands rounded to 11 significant
+    /// bits as 1xTF32 rounds them, f32 accumulation. A property of the model's KV caches, so fixed at upload: a model
+    /// whose caches are f16 runs attention this way whatever else is asked, one whose caches are f32 never
+    /// ([`crate::CudaModel::set_tc_arith`]); the caches are f16 where this is the initial choice and the bounds of
+    /// q, k and v known from the weights fit f16's range.
+    F16 = 4,
 }
 
 impl AttnArith {
@@ -138,6 +148,7 @@ impl AttnArith {
             AttnArith::Tf32 => Arith::Tf32.name(),
             AttnArith::Bf16x3 => "bf16x3",
             AttnArith::Bf16 => "1xbf16",
+            AttnArith::F16 => "1xf16 (f16 KV cache)",
         }
     }
 }
@@ -155,7 +166,7 @@ pub struct TcArith {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "{0:?}: expected 3xtf32, tf32, the kernels that run 1xTF32 (prep, state, attn, comma-separated), or \
-     attn=3xtf32|tf32|bf16x3|bf16"
+     attn=3xtf32|tf32|bf16x3|bf16|f16"
 )]
 pub struct TcArithError(pub String);
 
@@ -172,7 +183,7 @@ impl TcArith {
     /// Reads `--gpu-kernels`, comma-separated items applied in order from every kernel in 3xTF32:
     /// `3xtf32` (or `none`) for every kernel in 3xTF32, `tf32` (or `all`) for every kernel in 1xTF32, a kernel that
     /// runs 1xTF32 (`prep`, `state`, `attn`), or attention's arithmetic by name (`attn=3xtf32`, `attn=tf32`,
-    /// `attn=bf16x3`, `attn=bf16`).
+    /// `attn=bf16x3`, `attn=bf16`, `attn=f16`).
     pub fn parse(spec: &str) -> Result<Self, TcArithError> {
         let mut t = TcArith::default();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -185,6 +196,7 @@ impl TcArith {
                 "attn=3xtf32" => t.attn = AttnArith::X3,
                 "attn=bf16x3" => t.attn = AttnArith::Bf16x3,
                 "attn=bf16" => t.attn = AttnArith::Bf16,
+                "attn=f16" => t.attn = AttnArith::F16,
                 other => return Err(TcArithError(other.to_string())),
             }
         }
@@ -400,7 +412,7 @@ impl Gpu {
         }
         let k = by_name! {
             embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16,
-            gemv_norm_bf16, gemv_norm_half, attn_prep, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
+            gemv_norm_bf16, gemv_norm_half, attn_prep, attn_prep_h, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
             dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate, qmma_split_sum;
             qmma_pq2: [big_smem_shared(f("qmma_pq2")?, max_smem)?, big("qmma_pq2_16")?],
             qmma_q8: big("qmma_q8")?,
@@ -422,6 +434,7 @@ impl Gpu {
                 big(&format!("attention_tc{tf}"))?,
                 big("attention_bf")?,
                 big("attention_bf1")?,
+                big_smem_shared(f("attention_h")?, max_smem)?,
             ],
             attention_tc_combine: f("attention_tc_combine")?,
             sample: crate::sample::SampleKernels::load(&f)?,
@@ -716,6 +729,7 @@ mod tests {
         );
         assert_eq!(TcArith::parse("attn, 3xtf32").unwrap(), x3);
         assert_eq!(TcArith::parse("attn=bf16").unwrap().attn, AttnArith::Bf16);
+        assert_eq!(TcArith::parse("attn=f16").unwrap().attn, AttnArith::F16);
         assert_eq!(TcArith::parse("attn=3xtf32").unwrap(), x3);
         assert_eq!(
             TcArith::parse("attn=bf8").unwrap_err().0,

@@ -1,7 +1,8 @@
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor-core helpers of gdn_tc.cu, attn_tc.cu and gdn_prep_tc.cu (runtime.rs concatenates the sources, this file
-// before those three): TF32 rounding and the 3xTF32 split, the m16n8k8 TF32 and m16n8k16 bf16 mma, cp.async.
+// before those three): TF32 rounding and the 3xTF32 split, the m16n8k8 TF32 and m16n8k16 bf16 / f16 mma,
+// ldmatrix, cp.async.
 // ---------------------------------------------------------------------------------------------------------------
 
 // The TF32 bits of an f32's bits: round to nearest, ties away, as cvt.rna.tf32.f32 does for finite values, with
@@ -36,6 +37,33 @@ __device__ __forceinline__ void tc_mma_bf16(float* c, const unsigned* a, unsigne
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// c[16x8] += a[16x16] · b[16x8], f16 in (fragments as tc_mma_bf16), f32 accumulation.
+__device__ __forceinline__ void tc_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two f32 values as an f16 pair rounded to nearest even, x in the low half (the lower k index of a fragment).
+__device__ __forceinline__ unsigned tc_f16x2(float x, float y) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+    return r;
+}
+// ldmatrix .x4: four 8x8 matrices of 16-bit values from shared memory, lane l giving the address of row l & 7 of
+// matrix l >> 3 (16 contiguous bytes); register i gets matrix i, lane (g, t) holding its row g, columns 2t and 2t + 1
+// (TRANS: rows 2t and 2t + 1 of column g).
+template <bool TRANS>
+__device__ __forceinline__ void tc_ldsm4(unsigned addr, unsigned (&r)[4]) {
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
 }
 // c += a · b with both operands split: X3 (3xTF32) the small products first, the big one last; !X3 (1xTF32) the
 // big one only (the small halves are then dead code wherever the caller computed them).

@@ -1,17 +1,18 @@
-//! `attention_tc` (tensor-core attention in each of its arithmetics: 3xTF32, 1xTF32, bf16x3, bf16) against the CPU
-//! reference and against its SIMT twin `ops::attention_tiled`, on the segments of the attention op test (a forked
-//! base cache included), f32 and bf16 outputs, with the launcher's key splits, none, and the most. GPU tests:
+//! `attention_tc` (tensor-core attention in each of its arithmetics: 3xTF32, 1xTF32, bf16x3, bf16, and one f16
+//! product over f16 KV caches) against the CPU reference and against its SIMT twin `ops::attention_tiled`, on the
+//! segments of the attention op test (a forked base cache included), f32 and bf16 outputs, with the launcher's key
+//! splits, none, and the most; and the f16 rows `attn_prep` writes for it. GPU tests:
 //! `#[ignore]`d, run with `--include-ignored` on a GPU machine; `attention_tc_timings` times them on the Qwen3.5-0.8B
 //! attention shape.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use common::attn::{attn_prepped, ATTN_08B, ATTN_ODD, SEGS};
+use common::attn::{attn_prepped, ATTN_08B, ATTN_ODD, BASES, SEGS};
 use common::*;
 use onepass_cuda::attn_tc;
 use onepass_cuda::ops::{self, AttnDims, Out};
-use onepass_cuda::AttnArith::{self, Bf16, Bf16x3, Tf32 as TF, X3};
+use onepass_cuda::AttnArith::{self, Bf16, Bf16x3, Tf32 as TF, F16, X3};
 
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
@@ -55,18 +56,33 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
         want_o,
         F32_TOL,
     );
+    // attn_prep's f16 rows: the CPU's k (norm, rotary) rounded once to f16, v as projected.
+    let row = a.kv_heads * dd;
+    for (s, (c16, &(t, past))) in r.caches16.iter().zip(&SEGS).enumerate() {
+        let own = (past + t - BASES[s]) * row;
+        let got = from_f16_bits(&g.download(&c16[0], own).unwrap());
+        check(
+            &format!("attn_prep f16 k cache, segment {s}, D={dd}"),
+            &got,
+            &r.want_k[s][BASES[s] * row..],
+            F16_TOL,
+        );
+    }
     let auto = attn_tc::attention_tc_plan(SEGS.map(|(len, _)| len), a, g.sms);
-    let runs = [X3, TF, Bf16x3, Bf16]
+    let runs = [X3, TF, Bf16x3, Bf16, F16]
         .into_iter()
         .flat_map(|ar| [auto, 1, attn_tc::MAX_SPLITS].map(|s| (ar, s)));
     for (arith, splits) in runs {
-        // 3xTF32: f32 rounding; the others their own bounds (tests/common).
+        // 3xTF32: f32 rounding; the others their own bounds (tests/common). One f16 product rounds its operands
+        // (q, k, v, p) as 1xTF32 does.
         let tol = match arith {
             X3 => F32_TOL,
-            TF => TF32_ATTN_TOL,
+            TF | F16 => TF32_ATTN_TOL,
             Bf16x3 => BF16X3_ATTN_TOL,
             Bf16 => BF16_ATTN_TOL,
         };
+        // f16 caches for their kernel, f32 for the rest.
+        let kvd = if arith == F16 { &r.kv16 } else { kvd };
         let scratch = g
             .zeros::<f32>(attn_tc::attention_tc_scratch_len(splits, n, a))
             .unwrap();
@@ -121,8 +137,8 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
 /// attention_tc on the Qwen3.5-0.8B attention shape (8 heads, 2 KV heads, D 256) for the System One segment
 /// shapes: a 175-token prefix, 7 suffixes of 33 over a 175-token base, a 3,400-token prefix, 10 suffixes of 30
 /// over a 3,400-token base, and the one-forward trees of workloads 1 and 3 (a 199-token prefix with 7 suffixes of
-/// 29 over it; 3,400 with 10 of 30): attention_tc with its plan's splits (3xTF32, 1xTF32, bf16x3, bf16) and with
-/// none (3xTF32).
+/// 29 over it; 3,400 with 10 of 30): attention_tc with its plan's splits (3xTF32, 1xTF32, bf16x3, bf16, one f16
+/// product on f16 caches) and with none (3xTF32).
 #[test]
 #[ignore = "a timing table on a CUDA GPU, not a check (run with --include-ignored on a GPU machine)"]
 fn attention_tc_timings() {
@@ -191,6 +207,32 @@ fn attention_tc_timings() {
             })
             .collect();
         let (kvd, sgd) = (g.upload(&ptrs).unwrap(), g.upload(&segs).unwrap());
+        // The same caches in f16 for attention_h.
+        let f16s = |v: Vec<f32>| -> Vec<u16> {
+            v.iter()
+                .map(|&x| half::f16::from_f32(x).to_bits())
+                .collect()
+        };
+        let kb16 = g.upload(&f16s(rnd(base_max.max(1) * row, 3))).unwrap();
+        let vb16 = g.upload(&f16s(rnd(base_max.max(1) * row, 4))).unwrap();
+        let own16: Vec<_> = segs_h
+            .iter()
+            .enumerate()
+            .map(|(s, &(t, _))| {
+                (
+                    g.upload(&f16s(rnd(t * row, 10 + s as u64))).unwrap(),
+                    g.upload(&f16s(rnd(t * row, 50 + s as u64))).unwrap(),
+                )
+            })
+            .collect();
+        let ptrs16: Vec<u64> = own16
+            .iter()
+            .zip(&segs_h)
+            .flat_map(|((k, v), &(_, base))| {
+                [g.ptr(k), g.ptr(v), g.ptr(&kb16), g.ptr(&vb16), base as u64]
+            })
+            .collect();
+        let kvd16 = g.upload(&ptrs16).unwrap();
         let od = g.alloc::<u16>(n * h * dd).unwrap();
         let splits = attn_tc::attention_tc_plan(segs_h.iter().map(|&(len, _)| len), a, g.sms);
         // Room for the split sweep below.
@@ -211,7 +253,9 @@ fn attention_tc_timings() {
             ops::attention_tiled(&g, q, p, ld, sg, kv, nseg, max_len, a, scale, Out::Bf16(o))
                 .unwrap()
         });
+        let kv16 = g.ptr(&kvd16);
         let tc = |arith: AttnArith, splits| {
+            let kv = if arith == F16 { kv16 } else { kv };
             time(&|| {
                 attn_tc::attention_tc(
                     &g,
@@ -235,7 +279,7 @@ fn attention_tc_timings() {
             })
         };
         let (x3, tf, one) = (tc(X3, splits), tc(TF, splits), tc(X3, 1));
-        let (bx3, b1) = (tc(Bf16x3, splits), tc(Bf16, splits));
+        let (bx3, b1, h1) = (tc(Bf16x3, splits), tc(Bf16, splits), tc(F16, splits));
         // Split mode's kernel (bf16x3) at every key split count up to 8: what the plan's choice costs.
         let sweep: Vec<String> = (1..=8)
             .map(|s| format!("{s}: {:.1}", tc(Bf16x3, s)))
@@ -265,7 +309,7 @@ fn attention_tc_timings() {
         println!(
             "attention 0.8B heads, {shape}: attention_tiled {tiled:.1} µs, attention_tc {x3:.1} µs \
              ({splits} key splits; {one:.1} µs with none), 1xTF32 {tf:.1} µs, bf16x3 {bx3:.1} µs, \
-             bf16 {b1:.1} µs; bf16x3 by key splits {}",
+             bf16 {b1:.1} µs, f16 KV {h1:.1} µs; bf16x3 by key splits {}",
             sweep.join(", ")
         );
     }

@@ -211,6 +211,8 @@ fn gpu_answers_match_cpu_engine() {
             let gpu = gpu_engine(dir, prec, 4 << 30);
             let m = gpu.model().model();
             m.set_tc_arith(tc);
+            // What runs: attention's arithmetic follows the model's KV caches (f16 in half where its bounds allow).
+            let tc = m.tc_arith();
             let trees = m.tree_forwards();
             let got = alone(&gpu, &ps);
             let tag = format!("{preset} {prec:?} {}", tc.describe());

@@ -7,7 +7,7 @@ use super::*;
 impl CudaModel {
     pub(super) fn check_input(&self, st: &CudaState, ids: &[u32]) -> Result<(), CudaError> {
         self.check_ids(st.pos, ids)?;
-        let fits = |b: &KvBuf| b.cap == 0 || b.buf.len() == b.cap * self.kv.per_pos;
+        let fits = |b: &KvBuf| b.cap == 0 || b.buf.len() == self.kv.words(b.cap * self.kv.per_pos);
         if !fits(&st.kv)
             || !st.base.as_ref().is_none_or(|b| fits(&b.0))
             || st.rec.len() != self.rec_len.max(1)
@@ -251,8 +251,11 @@ impl CudaModel {
         // The table, written once the scratch (which holds the dropped children's KV rows) is in place.
         let upload = |sc: &mut Scratch| {
             timed(&ph.table, || -> Result<FwdPtrs, CudaError> {
-                sc.kv
-                    .reserve(self, kv_rows * self.kv.per_pos, "tree children's KV rows")?;
+                sc.kv.reserve(
+                    self,
+                    self.kv.words(kv_rows * self.kv.per_pos),
+                    "tree children's KV rows",
+                )?;
                 let table = self.table(items, dropped, par, (g.ptr(&sc.kv.buf), kv_rows));
                 debug_assert_eq!(table.len(), table_len, "the table and its layout disagree");
                 g.upload_into(&table, &sc.table.buf)?;

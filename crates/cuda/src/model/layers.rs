@@ -822,6 +822,7 @@ impl LayerOps for Launches<'_> {
             p.tok,
             self.kv_ptr(),
             p.mid,
+            m.kv_f16(),
         )?;
         m.mark("attn prep")
     }

@@ -162,15 +162,18 @@ struct Charge {
 }
 
 /// Where every attention layer's K and V rows sit in one buffer of `cap` positions ([`KvBuf`], and the forward
-/// scratch's rows for a tree's dropped children): layer a's K rows, [cap, HKV, D] f32, at `cap · pre[a]` floats,
-/// its V rows right after them.
+/// scratch's rows for a tree's dropped children): layer a's K rows, [cap, HKV, D] values (f32, or f16 with
+/// [`AttnArith::F16`]), at `cap · pre[a]` values, its V rows right after them.
 struct KvLayout {
-    /// Floats per position of each attention layer's K (or V) rows, in layer order.
+    /// Values per position of each attention layer's K (or V) rows, in layer order.
     rows: Vec<usize>,
-    /// Floats per position of the layers before each (K and V).
+    /// Values per position of the layers before each (K and V).
     pre: Vec<usize>,
-    /// Floats per position of every layer, K and V.
+    /// Values per position of every layer, K and V.
     per_pos: usize,
+    /// Bytes per value: 2 (f16 caches) or 4 (f32). With 2, every offset and count in values is even (the head dim
+    /// is a multiple of 8), so each is a whole number of the buffer's f32 words.
+    bytes: usize,
 }
 
 /// Every attention layer's own K and V rows of one state, one allocation ([`KvLayout`]).
@@ -461,7 +464,12 @@ impl CudaModel {
 
     /// Bytes of KV cache per token (all attention layers, k and v).
     pub fn kv_bytes_per_token(&self) -> usize {
-        4 * self.kv.per_pos
+        self.kv.bytes * self.kv.per_pos
+    }
+
+    /// Whether the KV caches hold f16 values ([`AttnArith::F16`]), else f32.
+    pub fn kv_f16(&self) -> bool {
+        self.kv.bytes == 2
     }
 
     /// Bytes of one fresh state (the recurrent state of every GDN layer).
@@ -494,7 +502,14 @@ impl CudaModel {
     }
 
     /// How the tensor-core kernels multiply from the next forward on (captured graphs are dropped).
-    pub fn set_tc_arith(&self, t: TcArith) {
+    /// Attention's arithmetic follows the KV caches, fixed at upload: [`AttnArith::F16`] on f16 caches whatever `t`
+    /// names, and 1xTF32 in its place on f32 caches.
+    pub fn set_tc_arith(&self, mut t: TcArith) {
+        if self.kv_f16() {
+            t.attn = AttnArith::F16;
+        } else if t.attn == AttnArith::F16 {
+            t.attn = AttnArith::Tf32;
+        }
         *self.tc.lock().unwrap_or_else(|e| e.into_inner()) = t;
         self.drop_graphs();
     }

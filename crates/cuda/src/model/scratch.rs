@@ -202,7 +202,11 @@ impl CudaModel {
                     let row = self.kv.rows[ai];
                     let kv_at = |p: u64, cap: usize, at: usize| {
                         let (k, v) = self.kv.offsets(cap, ai);
-                        (p + 4 * (k + at * row) as u64, p + 4 * (v + at * row) as u64)
+                        let b = self.kv.bytes;
+                        (
+                            p + (b * (k + at * row)) as u64,
+                            p + (b * (v + at * row)) as u64,
+                        )
                     };
                     for s in &segs {
                         let (ok, ov) = kv_at(s.own.0, s.own.1, s.own.2);

@@ -31,7 +31,8 @@ impl Drop for Charge {
 }
 
 impl KvLayout {
-    pub(super) fn new(rows: Vec<usize>) -> Self {
+    /// `f16`: the caches hold f16 values, else f32.
+    pub(super) fn new(rows: Vec<usize>, f16: bool) -> Self {
         let pre = rows
             .iter()
             .scan(0, |acc, r| {
@@ -41,13 +42,23 @@ impl KvLayout {
             })
             .collect();
         let per_pos = 2 * rows.iter().sum::<usize>();
-        KvLayout { rows, pre, per_pos }
+        KvLayout {
+            rows,
+            pre,
+            per_pos,
+            bytes: if f16 { 2 } else { 4 },
+        }
     }
 
-    /// Float offsets of layer `a`'s K and V rows in a buffer of `cap` positions.
+    /// Value offsets of layer `a`'s K and V rows in a buffer of `cap` positions.
     pub(super) fn offsets(&self, cap: usize, a: usize) -> (usize, usize) {
         let k = cap * self.pre[a];
         (k, k + cap * self.rows[a])
+    }
+
+    /// f32 words that `values` values take (an offset or a count; whole with f16, see [`KvLayout::bytes`]).
+    pub(super) fn words(&self, values: usize) -> usize {
+        (values * self.bytes).div_ceil(4)
     }
 }
 
@@ -75,7 +86,7 @@ impl CudaState {
 impl CudaModel {
     /// A KV buffer of `cap` positions: every attention layer's K and V rows ([`KvLayout`]), one allocation.
     pub(super) fn kv_buf(&self, cap: usize) -> Result<KvBuf, CudaError> {
-        let floats = cap * self.kv.per_pos;
+        let floats = self.kv.words(cap * self.kv.per_pos);
         let charge = self.ledger.charge(4 * floats, "KV cache")?;
         Ok(KvBuf {
             buf: self.gpu.alloc(floats)?,
@@ -95,9 +106,10 @@ impl CudaModel {
         for (a, &row) in self.kv.rows.iter().enumerate() {
             let (sk, sv) = self.kv.offsets(src.cap, a);
             let (dk, dv) = self.kv.offsets(dst.cap, a);
+            let w = |v: usize| self.kv.words(v);
             for (s, d) in [(sk, dk), (sv, dv)] {
                 self.gpu
-                    .copy(&src.buf, s, &mut dst.buf, d + at * row, rows * row)?;
+                    .copy(&src.buf, w(s), &mut dst.buf, w(d + at * row), w(rows * row))?;
             }
         }
         Ok(())

@@ -429,6 +429,37 @@ pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, Stri
     Ok(Ok(exps))
 }
 
+/// Whether attention's KV caches can hold f16 ([`AttnArith::F16`]): every attention layer on the tensor-core kernels
+/// with dims `attention_h` takes, and q, k and v bounded inside [`HALF_NORM_BOUND`] by the weights alone. q and k are
+/// RMS-normed per head, each value at most sqrt(D) times the norm's largest gain (the rotary turns pairs of values,
+/// which keeps each pair's 2-norm); v is a projection of the normed hidden row, at most sqrt(hidden) times the input
+/// norm's largest gain times W_v's largest row 2-norm (Cauchy-Schwarz; a rotated pack's rotation keeps 2-norms).
+/// Block-format or non-finite weights: no bound, no f16.
+fn kv_f16_fits(m: &Model, g: &Gpu, layers: &[Layer]) -> Result<bool, CudaError> {
+    let root_k = (m.text_config().hidden_size as f64).sqrt();
+    for (l, layer) in layers.iter().enumerate() {
+        let Mixer::Attn(at) = &layer.mixer else {
+            continue;
+        };
+        if !at.tc || !crate::attn_tc::attention_f16_supported(g, at.a) {
+            return Ok(false);
+        }
+        let gain = |p: Param| -> Result<f64, CudaError> { Ok(largest_abs(m.param(l, p)?)) };
+        let qk =
+            (at.a.head_dim as f64).sqrt() * gain(Param::QNormGain)?.max(gain(Param::KNormGain)?);
+        let w_v = m.linear(l, Projection::AttnIn)?[2];
+        if !w_v.dtype().is_float() {
+            return Ok(false);
+        }
+        let v = root_k * gain(Param::NormGain(NormSite::Input))? * max_row_norm(w_v)?;
+        // NaN compares false: no bound.
+        if !(qk <= HALF_NORM_BOUND && v <= HALF_NORM_BOUND) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Why the half precision does not fit `m` (it then runs in mixed), or `None`: no rotated site, every input
 /// projection float, every float projection held by f16 (bf16 values, or an F16 file's), and every norm that feeds
 /// one bounded inside f16's range. (The residual projections' inputs need their bounds too: `half_residual_exps`.)
@@ -707,6 +738,13 @@ impl CudaModel {
                 tree_min_root = tree_min_root.filter(|_| tc).map(|k| k.max(m.kernel - 1));
             }
         }
+        // Attention's keys and values in f16 where that is the arithmetic asked for and the model's bounds allow it
+        // (else 1xTF32 on f32 caches, silently as other defaults: the description names the arithmetic).
+        let mut tc = o.kernels.unwrap_or(TcArith::for_precision(prec));
+        let kv_f16 = tc.attn == AttnArith::F16 && kv_f16_fits(m, g, &layers)?;
+        if tc.attn == AttnArith::F16 && !kv_f16 {
+            tc.attn = AttnArith::Tf32;
+        }
         g.sync()?;
         Ok(CudaModel {
             gpu: gpu.clone(),
@@ -726,7 +764,7 @@ impl CudaModel {
             vocab: c.vocab_size,
             max_pos: c.max_position_embeddings,
             rec_len,
-            kv: KvLayout::new(kv_rows),
+            kv: KvLayout::new(kv_rows, kv_f16),
             ledger: Arc::new(Ledger {
                 live: AtomicUsize::new(0),
                 budget: AtomicUsize::new(o.memory_budget_bytes),
@@ -750,7 +788,7 @@ impl CudaModel {
             tree_min_root,
             tree_on: std::sync::atomic::AtomicBool::new(o.trees),
             use_graphs: std::sync::atomic::AtomicBool::new(o.graphs),
-            tc: Mutex::new(o.kernels.unwrap_or(TcArith::for_precision(prec))),
+            tc: Mutex::new(tc),
             split: Mutex::new(split),
             invariant: std::sync::atomic::AtomicBool::new(false),
         })

@@ -44,12 +44,16 @@ pub struct AttnPrepped {
     pub want_o: Vec<f32>,
     /// Per segment: own k, own v (from its base position on), base k, base v.
     pub caches: Vec<[CudaSlice<f32>; 4]>,
+    /// The same caches in f16 (the earlier rows rounded to nearest on the host, attn_prep_h's rows written there).
+    pub caches16: Vec<[CudaSlice<u16>; 4]>,
     /// proj: [N, ld]
     pub proj: CudaSlice<f32>,
     /// The token table [N, 2] = (segment, position).
     pub tok: CudaSlice<i32>,
     /// The KV table [S, 5] (the four cache addresses, the base length).
     pub kv: CudaSlice<u64>,
+    /// The same over the f16 caches.
+    pub kv16: CudaSlice<u64>,
     /// The segment table [S, 3] = (start row, rows, past).
     pub segs: CudaSlice<i32>,
     /// q as attn_prep wrote it: [N, H, D]
@@ -72,6 +76,12 @@ pub fn attn_prepped(g: &Gpu, a: AttnDims) -> AttnPrepped {
     let eps = 1e-6;
     let mut tok = Vec::new();
     let mut caches = Vec::new();
+    let mut caches16 = Vec::new();
+    let f16s = |v: &[f32]| -> Vec<u16> {
+        v.iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect()
+    };
     let mut want_q = vec![0.0; n * h * dd];
     let mut want_o = vec![0.0; n * h * dd];
     let mut want_k = Vec::new();
@@ -87,6 +97,12 @@ pub fn attn_prepped(g: &Gpu, a: AttnDims) -> AttnPrepped {
             g.upload(&vc[b..]).unwrap(),
             g.upload(&kc[..b.max(1)]).unwrap(),
             g.upload(&vc[..b.max(1)]).unwrap(),
+        ]);
+        caches16.push([
+            g.upload(&f16s(&kc[b..])).unwrap(),
+            g.upload(&f16s(&vc[b..])).unwrap(),
+            g.upload(&f16s(&kc[..b.max(1)])).unwrap(),
+            g.upload(&f16s(&vc[..b.max(1)])).unwrap(),
         ]);
         for i in 0..t {
             tok.extend([s as i32, (past + i) as i32]);
@@ -148,10 +164,16 @@ pub fn attn_prepped(g: &Gpu, a: AttnDims) -> AttnPrepped {
         .zip(BASES)
         .flat_map(|([k, v, kb, vb], b)| [g.ptr(k), g.ptr(v), g.ptr(kb), g.ptr(vb), b as u64])
         .collect();
-    let (pd, td, kvd) = (
+    let ptrs16: Vec<u64> = caches16
+        .iter()
+        .zip(BASES)
+        .flat_map(|([k, v, kb, vb], b)| [g.ptr(k), g.ptr(v), g.ptr(kb), g.ptr(vb), b as u64])
+        .collect();
+    let (pd, td, kvd, kv16) = (
         g.upload(&proj).unwrap(),
         g.upload(&tok).unwrap(),
         g.upload(&ptrs).unwrap(),
+        g.upload(&ptrs16).unwrap(),
     );
     let (qnd, knd, fd) = (
         g.upload(&qn).unwrap(),
@@ -159,21 +181,25 @@ pub fn attn_prepped(g: &Gpu, a: AttnDims) -> AttnPrepped {
         g.upload(&inv_freq).unwrap(),
     );
     let qd = g.alloc::<f32>(n * h * dd).unwrap();
-    ops::attn_prep(
-        g,
-        g.ptr(&pd),
-        ld,
-        g.ptr(&qnd),
-        g.ptr(&knd),
-        eps,
-        g.ptr(&fd),
-        a,
-        n,
-        g.ptr(&td),
-        g.ptr(&kvd),
-        g.ptr(&qd),
-    )
-    .unwrap();
+    // Into the f16 caches first, then the f32 ones (q is the same either way; the f32 run's stays).
+    for (table, f16) in [(&kv16, true), (&kvd, false)] {
+        ops::attn_prep(
+            g,
+            g.ptr(&pd),
+            ld,
+            g.ptr(&qnd),
+            g.ptr(&knd),
+            eps,
+            g.ptr(&fd),
+            a,
+            n,
+            g.ptr(&td),
+            g.ptr(table),
+            g.ptr(&qd),
+            f16,
+        )
+        .unwrap();
+    }
     let mut segs = Vec::new();
     let mut st = 0;
     for &(t, past) in &SEGS {
@@ -187,9 +213,11 @@ pub fn attn_prepped(g: &Gpu, a: AttnDims) -> AttnPrepped {
         want_k,
         want_o,
         caches,
+        caches16,
         proj: pd,
         tok: td,
         kv: kvd,
+        kv16,
         segs: g.upload(&segs).unwrap(),
         q: qd,
         norms: [qnd, knd, fd],

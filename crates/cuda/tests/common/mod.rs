@@ -35,6 +35,8 @@ pub fn per_call_us(g: &Gpu, what: &dyn Fn()) -> f64 {
 pub const F32_TOL: f32 = 2e-5;
 /// Outputs rounded to bf16 (8 bits of mantissa).
 pub const BF16_TOL: f32 = 8e-3;
+/// Values rounded once to f16 (11 significant bits: 2^-11 relative at most), with room for the f32 sums before it.
+pub const F16_TOL: f32 = 1e-3;
 /// The 1xTF32 gated delta kernels (state pass, pre-pass) against the CPU and their SIMT twins (operands rounded to
 /// 11 significant bits, f32 accumulation): about 10x the worst error measured on an H200, 3.8e-4 and 4.2e-4 of max
 /// |reference| (docs/benchmarks/history/cuda-notes-2026-11-30.md).
@@ -72,6 +74,12 @@ pub fn to_bf16_bits(v: &[f32]) -> Vec<u16> {
 pub fn from_bf16_bits(v: &[u16]) -> Vec<f32> {
     v.iter()
         .map(|x| half::bf16::from_bits(*x).to_f32())
+        .collect()
+}
+
+pub fn from_f16_bits(v: &[u16]) -> Vec<f32> {
+    v.iter()
+        .map(|x| half::f16::from_bits(*x).to_f32())
         .collect()
 }
 
