@@ -500,6 +500,189 @@ mod tests {
         }
     }
 
+    /// ldmatrix .x4 as the PTX ISA defines it, on a shared-memory tile of 16-bit values `sm` (row pitch `ld`
+    /// values): lane l gives (row, column) of row l & 7 of matrix l >> 3; register i of lane (g, t) gets matrix i's
+    /// row g, columns 2t and 2t + 1 (low half first), or with `trans` its rows 2t and 2t + 1 of column g.
+    fn ldsm4(
+        sm: &[u16],
+        ld: usize,
+        at: impl Fn(usize) -> (usize, usize),
+        trans: bool,
+    ) -> [[u32; 4]; 32] {
+        let mut r = [[0u32; 4]; 32];
+        for (lane, regs) in r.iter_mut().enumerate() {
+            let (g, t) = (lane >> 2, lane & 3);
+            for (i, reg) in regs.iter_mut().enumerate() {
+                let v = |row: usize, col: usize| {
+                    let (r0, c0) = at(8 * i + row);
+                    sm[r0 * ld + c0 + col] as u32
+                };
+                *reg = if trans {
+                    v(2 * t, g) | v(2 * t + 1, g) << 16
+                } else {
+                    v(g, 2 * t) | v(g, 2 * t + 1) << 16
+                };
+            }
+        }
+        r
+    }
+
+    fn f16v(bits: u32) -> f64 {
+        half::f16::from_bits(bits as u16).to_f32() as f64
+    }
+
+    /// m16n8k16 f16 product of one warp (fragments as `mma16`'s), f64 sums.
+    fn mma16h(c: &mut [[f64; 4]; 32], a: &[[u32; 4]; 32], b0: &[u32; 32], b1: &[u32; 32]) {
+        let mut am = [[0f64; 16]; 16];
+        let mut bm = [[0f64; 8]; 16];
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for (i, (r, k)) in [
+                (g, 2 * t),
+                (g + 8, 2 * t),
+                (g, 2 * t + 8),
+                (g + 8, 2 * t + 8),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                am[r][k] = f16v(a[lane][i]);
+                am[r][k + 1] = f16v(a[lane][i] >> 16);
+            }
+            for (b, k) in [(b0[lane], 2 * t), (b1[lane], 2 * t + 8)] {
+                bm[k][g] = f16v(b);
+                bm[k + 1][g] = f16v(b >> 16);
+            }
+        }
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for e in 0..4 {
+                let (r, n) = (g + 8 * (e >> 1), 2 * t + (e & 1));
+                c[lane][e] += (0..16).map(|k| am[r][k] * bm[k][n]).sum::<f64>();
+            }
+        }
+    }
+
+    /// attention_h's operand paths on the CPU: Q, K and V tiles as f16 rows of pitch Dp + 8, each fragment read by
+    /// ldmatrix at the lane addresses the kernel computes (qa, ka, va in attn_tc.cu, warp 1 of the block, D = 32: two
+    /// 16-column k steps, 32 keys, 16 value columns), the score fragments packed to f16 as P·V's A operand (ath_pv).
+    /// Scores and outputs match f64 products of the same f16 values (a misplaced fragment is off by O(1)).
+    #[test]
+    fn f16_ldmatrix_fragments_give_scores_and_outputs() {
+        use half::f16;
+        const D: usize = 32;
+        const LD: usize = D + 8;
+        let val = |i: usize, m: usize, s: f32| f16::from_f32(((i * m % 29) as f32) * s - 1.3);
+        // Q rows 16..31 (warp 1's), K [32 keys, D], V [32 keys, 16 columns].
+        let mut q = vec![0u16; 32 * LD];
+        let mut k = vec![0u16; 32 * LD];
+        let mut v = vec![0u16; 32 * LD];
+        for r in 0..32 {
+            for c in 0..D {
+                q[r * LD + c] = val(r * D + c, 7, 0.09).to_bits();
+                k[r * LD + c] = val(r * D + c, 11, 0.083).to_bits();
+            }
+            for c in 0..16 {
+                v[r * LD + c] = val(r * 16 + c, 5, 0.101).to_bits();
+            }
+        }
+        let h = |bits: u16| f16::from_bits(bits).to_f32() as f64;
+        let warp = 1;
+        // S: per k step one ldmatrix of Q and one of K per 16 keys (registers 0, 1 keys 0-7; 2, 3 keys 8-15).
+        let mut s = [[[0f64; 4]; 32]; 4];
+        for ks in 0..D / 16 {
+            let a = ldsm4(
+                &q,
+                LD,
+                |l| {
+                    (
+                        warp * 16 + (l & 7) + ((l >> 3) & 1) * 8,
+                        (l >> 4) * 8 + ks * 16,
+                    )
+                },
+                false,
+            );
+            for hh in 0..2 {
+                let b = ldsm4(
+                    &k,
+                    LD,
+                    |l| {
+                        (
+                            hh * 16 + (l & 7) + (l >> 4) * 8,
+                            ((l >> 3) & 1) * 8 + ks * 16,
+                        )
+                    },
+                    false,
+                );
+                let pick = |i: usize| -> [u32; 32] { std::array::from_fn(|lane| b[lane][i]) };
+                mma16h(&mut s[2 * hh], &a, &pick(0), &pick(1));
+                mma16h(&mut s[2 * hh + 1], &a, &pick(2), &pick(3));
+            }
+        }
+        let mut p = [[[0f32; 4]; 4]; 32];
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for j in 0..4 {
+                for e in 0..4 {
+                    let (r, key) = (g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1));
+                    let want: f64 = (0..D)
+                        .map(|c| h(q[(16 * warp + r) * LD + c]) * h(k[key * LD + c]))
+                        .sum();
+                    let got = s[j][lane][e];
+                    assert!(
+                        (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+                        "S ({r}, {key}): {got} vs {want}"
+                    );
+                    p[lane][j][e] = (got / 16.0) as f32;
+                }
+            }
+        }
+        // O = P·V: A from the score fragments, V by ldmatrix.trans (registers 0, 1 columns 0-7; 2, 3 columns 8-15).
+        let pack = |x: f32, y: f32| {
+            f16::from_f32(x).to_bits() as u32 | (f16::from_f32(y).to_bits() as u32) << 16
+        };
+        let mut o = [[[0f64; 4]; 32]; 2];
+        for kk in 0..2 {
+            let a: [[u32; 4]; 32] = std::array::from_fn(|lane| {
+                let c = &p[lane];
+                [
+                    pack(c[2 * kk][0], c[2 * kk][1]),
+                    pack(c[2 * kk][2], c[2 * kk][3]),
+                    pack(c[2 * kk + 1][0], c[2 * kk + 1][1]),
+                    pack(c[2 * kk + 1][2], c[2 * kk + 1][3]),
+                ]
+            });
+            let b = ldsm4(
+                &v,
+                LD,
+                |l| (kk * 16 + (l & 7) + ((l >> 3) & 1) * 8, (l >> 4) * 8),
+                true,
+            );
+            let pick = |i: usize| -> [u32; 32] { std::array::from_fn(|lane| b[lane][i]) };
+            mma16h(&mut o[0], &a, &pick(0), &pick(1));
+            mma16h(&mut o[1], &a, &pick(2), &pick(3));
+        }
+        for lane in 0..32 {
+            let (g, t) = (lane >> 2, lane & 3);
+            for (nt, on) in o.iter().enumerate() {
+                for e in 0..4 {
+                    let (r, n) = (g + 8 * (e >> 1), 8 * nt + 2 * t + (e & 1));
+                    // The row's probabilities as the kernel rounds them, times V.
+                    let prow = |key: usize| {
+                        let (j, tt, e2) = (key / 8, (key % 8) / 2, 2 * (r / 8) + key % 2);
+                        h(f16::from_f32(p[4 * (r % 8) + tt][j][e2]).to_bits())
+                    };
+                    let want: f64 = (0..32).map(|key| prow(key) * h(v[key * LD + n])).sum();
+                    let got = on[lane][e];
+                    assert!(
+                        (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+                        "O ({r}, {n}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The split plan on the 0.8B attention shape (8 heads over 2 KV heads, 16 tokens per tile) and an H200's 132
     /// multiprocessors (264 resident blocks), worked by hand: a tree of a 199-token prefix and 7 suffixes of 29
     /// ((13 + 7 x 2) tiles x 2 KV heads = 54 blocks: 264 / 54, 4 splits); the bench's first and second trees (166

@@ -430,34 +430,42 @@ pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, Stri
 }
 
 /// Whether attention's KV caches can hold f16 ([`AttnArith::F16`]): every attention layer on the tensor-core kernels
-/// with dims `attention_h` takes, and q, k and v bounded inside [`HALF_NORM_BOUND`] by the weights alone. q and k are
-/// RMS-normed per head, each value at most sqrt(D) times the norm's largest gain (the rotary turns pairs of values,
-/// which keeps each pair's 2-norm); v is a projection of the normed hidden row, at most sqrt(hidden) times the input
-/// norm's largest gain times W_v's largest row 2-norm (Cauchy-Schwarz; a rotated pack's rotation keeps 2-norms).
-/// Block-format or non-finite weights: no bound, no f16.
+/// with dims `attention_h` takes, and [`kv_bound`] inside [`HALF_NORM_BOUND`] (half of f16's range).
 fn kv_f16_fits(m: &Model, g: &Gpu, layers: &[Layer]) -> Result<bool, CudaError> {
-    let root_k = (m.text_config().hidden_size as f64).sqrt();
-    for (l, layer) in layers.iter().enumerate() {
-        let Mixer::Attn(at) = &layer.mixer else {
+    let kernels = layers.iter().all(|l| match &l.mixer {
+        Mixer::Attn(at) => at.tc && crate::attn_tc::attention_f16_supported(g, at.a),
+        Mixer::Gdn(_) => true,
+    });
+    // NaN compares false: no bound.
+    Ok(kernels && kv_bound(m)?.is_some_and(|b| b <= HALF_NORM_BOUND))
+}
+
+/// The largest |value| attention's q, k and v can take, from the weights alone (`None`: no bound, a block-format
+/// or non-finite weight). q and k are RMS-normed per head, each value at most sqrt(D) times the norm's largest gain
+/// (the rotary turns pairs of values, which keeps each pair's 2-norm); v is a projection of the normed hidden row,
+/// at most sqrt(hidden) times the input norm's largest gain times W_v's largest row 2-norm (Cauchy-Schwarz; a rotated
+/// pack's rotation keeps 2-norms).
+fn kv_bound(m: &Model) -> Result<Option<f64>, CudaError> {
+    let c = m.text_config();
+    let (root_k, root_d) = ((c.hidden_size as f64).sqrt(), (c.head_dim as f64).sqrt());
+    let mut big = 0f64;
+    for (l, kind) in c.layer_types.iter().enumerate() {
+        if *kind != LayerKind::Attention {
             continue;
-        };
-        if !at.tc || !crate::attn_tc::attention_f16_supported(g, at.a) {
-            return Ok(false);
         }
         let gain = |p: Param| -> Result<f64, CudaError> { Ok(largest_abs(m.param(l, p)?)) };
-        let qk =
-            (at.a.head_dim as f64).sqrt() * gain(Param::QNormGain)?.max(gain(Param::KNormGain)?);
         let w_v = m.linear(l, Projection::AttnIn)?[2];
         if !w_v.dtype().is_float() {
-            return Ok(false);
+            return Ok(None);
         }
+        let qk = root_d * gain(Param::QNormGain)?.max(gain(Param::KNormGain)?);
         let v = root_k * gain(Param::NormGain(NormSite::Input))? * max_row_norm(w_v)?;
-        // NaN compares false: no bound.
-        if !(qk <= HALF_NORM_BOUND && v <= HALF_NORM_BOUND) {
-            return Ok(false);
+        if !(qk.is_finite() && v.is_finite()) {
+            return Ok(None);
         }
+        big = big.max(qk).max(v);
     }
-    Ok(true)
+    Ok(Some(big))
 }
 
 /// Why the half precision does not fit `m` (it then runs in mixed), or `None`: no rotated site, every input
@@ -913,6 +921,56 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The f16 KV caches' bound: on every preset with attention it is finite and inside half of f16's range, and it
+    /// holds the q and k values per head (RMS-normed, rotated: a rotation keeps the pair norms, so the normed values
+    /// are checked) and v values of random hidden rows and of the hidden rows that make v's bound tight (W_v's rows).
+    #[test]
+    fn kv_bound_holds_q_k_and_v() {
+        for preset in ["tiny-gva", "tiny-attn-first", "tiny-bf16"] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let spec = synth::preset(preset).expect("preset");
+            synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).expect("synth");
+            let m = Model::load(dir.path()).expect("load");
+            let bound = kv_bound(&m).expect("weights").expect("a bound");
+            assert!(bound > 0.0 && bound <= HALF_NORM_BOUND, "{preset}: {bound}");
+            let c = m.text_config();
+            let (eps, d) = (f64::from(c.rms_norm_eps), c.head_dim);
+            let mut seed = 0x2545_f491_4f6c_dd1du64;
+            let mut rnd = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+            };
+            let mut top = 0f64;
+            for (l, kind) in c.layer_types.iter().enumerate() {
+                if *kind != LayerKind::Attention {
+                    continue;
+                }
+                let w = m.linear(l, Projection::AttnIn).unwrap();
+                let in_gain = m.param(l, Param::NormGain(NormSite::Input)).unwrap();
+                let mut hidden: Vec<Vec<f64>> = (0..16)
+                    .map(|_| (0..c.hidden_size).map(|_| 4.0 * rnd()).collect())
+                    .collect();
+                hidden.extend(rows(w[2]));
+                for x in &hidden {
+                    let h = normed(x, in_gain, eps);
+                    for (t, gain) in [(w[1], Param::KNormGain), (w[2], Param::QNormGain)] {
+                        // k heads (w[1]); for q the same norm on any D values (the bound does not use W).
+                        let raw = product(t, &h);
+                        for head in raw.chunks(d).filter(|c| c.len() == d) {
+                            let y = normed(head, m.param(l, gain).unwrap(), eps);
+                            top = top.max(y.iter().fold(0.0, |a, v| a.max(v.abs())));
+                        }
+                    }
+                    top = top.max(product(w[2], &h).iter().fold(0.0, |a, v| a.max(v.abs())));
+                }
+            }
+            eprintln!("{preset}: largest q, k, v {top:.3e}, bound {bound:.3e}");
+            assert!(top <= bound, "{preset}: {top} > {bound}");
         }
     }
 
