@@ -2,7 +2,7 @@
 //! on mma.sync, in the arithmetic [`AttnArith`] names: 3xTF32 (each f32 operand split into two TF32 parts, three
 //! products: f32 rounding of the CPU reference), 1xTF32 (one product, 2^-11 operands), bf16x3 (two bf16 parts,
 //! three m16n8k16 products: about 2^-17, split mode's default) or one bf16 product; or, over KV caches held in f16
-//! (`attention_h`), one f16 product with 2^-11 operands as 1xTF32's (the half precision's default).
+//! (`attention_h`), one f16 product with 2^-11 operands as 1xTF32's (opt-in: `attn=f16`).
 //!
 //! One block per (tile of query rows of a segment, KV head, split of the tile's keys): the block's 64 rows are
 //! (token, query head of the KV group) pairs, so one K/V tile in shared memory serves all the query heads that
