@@ -211,7 +211,7 @@ fn gpu_answers_match_cpu_engine() {
             let gpu = gpu_engine(dir, prec, 4 << 30);
             let m = gpu.model().model();
             m.set_tc_arith(tc);
-            // What runs: attention's arithmetic follows the model's KV caches, fixed at upload (f32 unless asked for f16).
+            // What runs: attention follows the KV caches, fixed at upload (f32 unless asked for f16).
             let tc = m.tc_arith();
             let trees = m.tree_forwards();
             let got = alone(&gpu, &ps);
