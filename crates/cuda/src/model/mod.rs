@@ -42,6 +42,7 @@ use crate::options::{AttnKernels, CudaOptions, GdnKernels};
 use crate::runtime::{Arith, AttnArith, Gpu, TcArith};
 use crate::CudaError;
 
+mod bounds;
 mod decode;
 mod forward;
 mod layers;
