@@ -332,16 +332,20 @@ mod tests {
         (pack(hx, hy), pack(lx, ly))
     }
 
-    /// The low / high bf16 of a register as f32.
-    fn lo16(r: u32) -> f64 {
-        half::bf16::from_bits(r as u16).to_f32() as f64
-    }
-    fn hi16(r: u32) -> f64 {
-        half::bf16::from_bits((r >> 16) as u16).to_f32() as f64
-    }
-
     /// m16n8k16 bf16 product of one warp from per-lane registers, as the PTX ISA lays the fragments out.
     fn mma16(c: &mut [[f64; 4]; 32], a: &[[u32; 4]; 32], b: &[[u32; 2]; 32]) {
+        mma16_of(c, a, b, |h| half::bf16::from_bits(h).to_f32() as f64);
+    }
+
+    /// m16n8k16 product of one warp from per-lane registers, each 16-bit value read by `val` (bf16 or f16).
+    fn mma16_of(
+        c: &mut [[f64; 4]; 32],
+        a: &[[u32; 4]; 32],
+        b: &[[u32; 2]; 32],
+        val: impl Fn(u16) -> f64,
+    ) {
+        let lo16 = |r: u32| val(r as u16);
+        let hi16 = |r: u32| val((r >> 16) as u16);
         let mut am = [[0f64; 16]; 16];
         let mut bm = [[0f64; 8]; 16];
         for lane in 0..32 {
@@ -527,40 +531,10 @@ mod tests {
         r
     }
 
-    fn f16v(bits: u32) -> f64 {
-        half::f16::from_bits(bits as u16).to_f32() as f64
-    }
-
-    /// m16n8k16 f16 product of one warp (fragments as `mma16`'s), f64 sums.
+    /// m16n8k16 f16 product of one warp: `mma16_of` with the B registers as `ldsm4` returned them (two of four).
     fn mma16h(c: &mut [[f64; 4]; 32], a: &[[u32; 4]; 32], b0: &[u32; 32], b1: &[u32; 32]) {
-        let mut am = [[0f64; 16]; 16];
-        let mut bm = [[0f64; 8]; 16];
-        for lane in 0..32 {
-            let (g, t) = (lane >> 2, lane & 3);
-            for (i, (r, k)) in [
-                (g, 2 * t),
-                (g + 8, 2 * t),
-                (g, 2 * t + 8),
-                (g + 8, 2 * t + 8),
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                am[r][k] = f16v(a[lane][i]);
-                am[r][k + 1] = f16v(a[lane][i] >> 16);
-            }
-            for (b, k) in [(b0[lane], 2 * t), (b1[lane], 2 * t + 8)] {
-                bm[k][g] = f16v(b);
-                bm[k + 1][g] = f16v(b >> 16);
-            }
-        }
-        for lane in 0..32 {
-            let (g, t) = (lane >> 2, lane & 3);
-            for e in 0..4 {
-                let (r, n) = (g + 8 * (e >> 1), 2 * t + (e & 1));
-                c[lane][e] += (0..16).map(|k| am[r][k] * bm[k][n]).sum::<f64>();
-            }
-        }
+        let b: [[u32; 2]; 32] = std::array::from_fn(|lane| [b0[lane], b1[lane]]);
+        mma16_of(c, a, &b, |h| half::f16::from_bits(h).to_f32() as f64);
     }
 
     /// attention_h's operand paths on the CPU: Q, K and V tiles as f16 rows of pitch Dp + 8, each fragment read by
