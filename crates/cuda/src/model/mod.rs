@@ -162,6 +162,17 @@ struct Charge {
     bytes: usize,
 }
 
+/// `t` with attention's arithmetic fitted to the KV caches: [`AttnArith::F16`] on f16 caches (`kv_f16`) whatever `t`
+/// names, and 1xTF32 in its place on f32 caches.
+fn fit_attn(mut t: TcArith, kv_f16: bool) -> TcArith {
+    if kv_f16 {
+        t.attn = AttnArith::F16;
+    } else if t.attn == AttnArith::F16 {
+        t.attn = AttnArith::Tf32;
+    }
+    t
+}
+
 /// Where every attention layer's K and V rows sit in one buffer of `cap` positions ([`KvBuf`], and the forward
 /// scratch's rows for a tree's dropped children): layer a's K rows, [cap, HKV, D] values (f32, or f16 with
 /// [`AttnArith::F16`]), at `cap · pre[a]` values, its V rows right after them.
@@ -503,15 +514,9 @@ impl CudaModel {
     }
 
     /// How the tensor-core kernels multiply from the next forward on (captured graphs are dropped).
-    /// Attention's arithmetic follows the KV caches, fixed at upload: [`AttnArith::F16`] on f16 caches whatever `t`
-    /// names, and 1xTF32 in its place on f32 caches.
-    pub fn set_tc_arith(&self, mut t: TcArith) {
-        if self.kv_f16() {
-            t.attn = AttnArith::F16;
-        } else if t.attn == AttnArith::F16 {
-            t.attn = AttnArith::Tf32;
-        }
-        *self.tc.lock().unwrap_or_else(|e| e.into_inner()) = t;
+    /// Attention's arithmetic follows the KV caches, fixed at upload ([`fit_attn`]).
+    pub fn set_tc_arith(&self, t: TcArith) {
+        *self.tc.lock().unwrap_or_else(|e| e.into_inner()) = fit_attn(t, self.kv_f16());
         self.drop_graphs();
     }
 
@@ -637,5 +642,30 @@ impl CudaHidden {
     /// Copies the rows to the host. → [N, H]
     pub fn to_host(&self, g: &Gpu) -> Result<Vec<f32>, CudaError> {
         g.download(&self.buf, self.rows * self.hid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attention's arithmetic follows the caches: f16 caches run F16 whatever was asked, f32 caches never do (1xTF32
+    /// in its place), every other choice and the gated delta kernels' stay.
+    #[test]
+    fn attention_arithmetic_follows_the_kv_caches() {
+        let f16_asked = TcArith {
+            attn: AttnArith::F16,
+            ..TcArith::all(Arith::X3)
+        };
+        assert_eq!(fit_attn(f16_asked, true), f16_asked);
+        assert_eq!(fit_attn(f16_asked, false).attn, AttnArith::Tf32);
+        assert_eq!(fit_attn(f16_asked, false).state, Arith::X3);
+        let bf = TcArith {
+            attn: AttnArith::Bf16x3,
+            ..TcArith::all(Arith::Tf32)
+        };
+        assert_eq!(fit_attn(bf, false), bf);
+        assert_eq!(fit_attn(bf, true).attn, AttnArith::F16);
+        assert_eq!(fit_attn(bf, true).prep, Arith::Tf32);
     }
 }

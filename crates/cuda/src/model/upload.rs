@@ -542,11 +542,9 @@ impl CudaModel {
         }
         // Attention's keys and values in f16 where that is the arithmetic asked for and the model's bounds allow it
         // (else 1xTF32 on f32 caches, silently as other defaults: the description names the arithmetic).
-        let mut tc = o.kernels.unwrap_or(TcArith::for_precision(prec));
+        let tc = o.kernels.unwrap_or(TcArith::for_precision(prec));
         let kv_f16 = tc.attn == AttnArith::F16 && kv_f16_fits(m, g, &layers)?;
-        if tc.attn == AttnArith::F16 && !kv_f16 {
-            tc.attn = AttnArith::Tf32;
-        }
+        let tc = fit_attn(tc, kv_f16);
         g.sync()?;
         Ok(CudaModel {
             gpu: gpu.clone(),
