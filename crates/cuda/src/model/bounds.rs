@@ -217,6 +217,28 @@ mod tests {
     use super::*;
     use onepass_model::synth;
 
+    /// The tiny presets the bound tests run on.
+    const TINY: [&str; 3] = ["tiny-gva", "tiny-attn-first", "tiny-bf16"];
+
+    /// A preset's synthetic checkpoint, loaded (the folder kept alive beside it).
+    fn tiny_model(preset: &str) -> (tempfile::TempDir, Model) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spec = synth::preset(preset).expect("preset");
+        synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).expect("synth");
+        let m = Model::load(dir.path()).expect("load");
+        (dir, m)
+    }
+
+    /// Deterministic uniform values in [-1, 1) (xorshift64).
+    fn xorshift(mut seed: u64) -> impl FnMut() -> f64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        }
+    }
+
     fn silu(z: f64) -> f64 {
         z / (1.0 + (-z).exp())
     }
@@ -254,21 +276,12 @@ mod tests {
     /// and the largest comes within 2^16 of it (a bound loose past that would push small values into subnormals).
     #[test]
     fn half_residual_bounds_hold_the_values_the_model_takes() {
-        for preset in ["tiny-gva", "tiny-attn-first", "tiny-bf16"] {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let spec = synth::preset(preset).expect("preset");
-            synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).expect("synth");
-            let m = Model::load(dir.path()).expect("load");
+        for preset in TINY {
+            let (_dir, m) = tiny_model(preset);
             let exps = half_residual_exps(&m).expect("weights").expect("bounds");
             let c = m.text_config();
             let (k, eps) = (c.hidden_size, f64::from(c.rms_norm_eps));
-            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-            let mut rnd = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-            };
+            let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15);
             for (l, kind) in c.layer_types.iter().enumerate() {
                 let scale = |e: i32| 2f64.powi(e);
                 let in_gain = m.param(l, Param::NormGain(NormSite::Input)).unwrap();
@@ -332,26 +345,17 @@ mod tests {
     }
 
     /// The f16 KV caches' bound: on every preset with attention it is finite and inside half of f16's range, and it
-    /// holds the q and k values per head (RMS-normed, rotated: a rotation keeps the pair norms, so the normed values
-    /// are checked) and v values of random hidden rows and of the hidden rows that make v's bound tight (W_v's rows).
+    /// holds the q and k values per head (RMS-normed; the rotary keeps each pair's norm, so the normed values are
+    /// checked) and the v values of random hidden rows and of the hidden rows that make v's bound tight (W_v's rows).
     #[test]
     fn kv_bound_holds_q_k_and_v() {
-        for preset in ["tiny-gva", "tiny-attn-first", "tiny-bf16"] {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let spec = synth::preset(preset).expect("preset");
-            synth::write_checkpoint(&spec, dir.path(), &mut |_, _| {}).expect("synth");
-            let m = Model::load(dir.path()).expect("load");
+        for preset in TINY {
+            let (_dir, m) = tiny_model(preset);
             let bound = kv_bound(&m).expect("weights").expect("a bound");
             assert!(bound > 0.0 && bound <= HALF_NORM_BOUND, "{preset}: {bound}");
             let c = m.text_config();
             let (eps, d) = (f64::from(c.rms_norm_eps), c.head_dim);
-            let mut seed = 0x2545_f491_4f6c_dd1du64;
-            let mut rnd = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-            };
+            let mut rnd = xorshift(0x2545_f491_4f6c_dd1d);
             let mut top = 0f64;
             for (l, kind) in c.layer_types.iter().enumerate() {
                 if *kind != LayerKind::Attention {
@@ -365,13 +369,12 @@ mod tests {
                 hidden.extend(rows(w[2]));
                 for x in &hidden {
                     let h = normed(x, in_gain, eps);
-                    for (t, gain) in [(w[1], Param::KNormGain), (w[2], Param::QNormGain)] {
-                        // k heads (w[1]); for q the same norm on any D values (the bound does not use W).
-                        let raw = product(t, &h);
-                        for head in raw.chunks(d).filter(|c| c.len() == d) {
-                            let y = normed(head, m.param(l, gain).unwrap(), eps);
-                            top = top.max(y.iter().fold(0.0, |a, v| a.max(v.abs())));
-                        }
+                    // q: the first D of each head's 2D outputs of w[0] (the gate after it); k: w[1]'s heads.
+                    let (q, k) = (product(w[0], &h), product(w[1], &h));
+                    let heads = q.chunks(2 * d).map(|c| (&c[..d], Param::QNormGain));
+                    for (head, gain) in heads.chain(k.chunks(d).map(|c| (c, Param::KNormGain))) {
+                        let y = normed(head, m.param(l, gain).unwrap(), eps);
+                        top = top.max(y.iter().fold(0.0, |a, v| a.max(v.abs())));
                     }
                     top = top.max(product(w[2], &h).iter().fold(0.0, |a, v| a.max(v.abs())));
                 }
