@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::attn::{attn_prepped, ATTN_08B, ATTN_ODD, BASES, SEGS};
+use common::attn::{attn_prepped, kv_table, ATTN_08B, ATTN_ODD, BASES, SEGS};
 use common::*;
 use onepass_cuda::attn_tc;
 use onepass_cuda::ops::{self, AttnDims, Out};
@@ -177,26 +177,37 @@ fn attention_tc_timings() {
         let base_max = segs_h.iter().map(|s| s.1).max().unwrap();
         let qd = g.upload(&rnd(n * h * dd, 1)).unwrap();
         let pd = g.upload(&rnd(n * ld, 2)).unwrap();
-        // The base cache (shared by every segment that has one) and each segment's own rows.
-        let kb = g.upload(&rnd(base_max.max(1) * row, 3)).unwrap();
-        let vb = g.upload(&rnd(base_max.max(1) * row, 4)).unwrap();
-        let own: Vec<_> = segs_h
+        // The base cache (shared by every segment that has one) and each segment's own rows, f32 and (for
+        // attention_h) f16, and each form's KV table.
+        let base_h = [3, 4].map(|seed| rnd(base_max.max(1) * row, seed));
+        let own_h: Vec<[Vec<f32>; 2]> = segs_h
             .iter()
             .enumerate()
-            .map(|(s, &(t, _))| {
-                (
-                    g.upload(&rnd(t * row, 10 + s as u64)).unwrap(),
-                    g.upload(&rnd(t * row, 50 + s as u64)).unwrap(),
-                )
-            })
+            .map(|(s, &(t, _))| [10, 50].map(|seed| rnd(t * row, seed + s as u64)))
             .collect();
-        let ptrs: Vec<u64> = own
+        let bases = || segs_h.iter().map(|s| s.1);
+        let base32 = base_h.each_ref().map(|v| g.upload(v).unwrap());
+        let own32: Vec<_> = own_h
             .iter()
-            .zip(&segs_h)
-            .flat_map(|((k, v), &(_, base))| {
-                [g.ptr(k), g.ptr(v), g.ptr(&kb), g.ptr(&vb), base as u64]
-            })
+            .map(|o| o.each_ref().map(|v| g.upload(v).unwrap()))
             .collect();
+        let base16 = base_h
+            .each_ref()
+            .map(|v| g.upload(&to_f16_bits(v)).unwrap());
+        let own16: Vec<_> = own_h
+            .iter()
+            .map(|o| o.each_ref().map(|v| g.upload(&to_f16_bits(v)).unwrap()))
+            .collect();
+        let ptrs = kv_table(
+            &g,
+            own32.iter().map(|[k, v]| [k, v, &base32[0], &base32[1]]),
+            bases(),
+        );
+        let ptrs16 = kv_table(
+            &g,
+            own16.iter().map(|[k, v]| [k, v, &base16[0], &base16[1]]),
+            bases(),
+        );
         let mut start = 0;
         let segs: Vec<i32> = segs_h
             .iter()
@@ -207,31 +218,6 @@ fn attention_tc_timings() {
             })
             .collect();
         let (kvd, sgd) = (g.upload(&ptrs).unwrap(), g.upload(&segs).unwrap());
-        // The same caches in f16 for attention_h.
-        let f16s = |v: Vec<f32>| -> Vec<u16> {
-            v.iter()
-                .map(|&x| half::f16::from_f32(x).to_bits())
-                .collect()
-        };
-        let kb16 = g.upload(&f16s(rnd(base_max.max(1) * row, 3))).unwrap();
-        let vb16 = g.upload(&f16s(rnd(base_max.max(1) * row, 4))).unwrap();
-        let own16: Vec<_> = segs_h
-            .iter()
-            .enumerate()
-            .map(|(s, &(t, _))| {
-                (
-                    g.upload(&f16s(rnd(t * row, 10 + s as u64))).unwrap(),
-                    g.upload(&f16s(rnd(t * row, 50 + s as u64))).unwrap(),
-                )
-            })
-            .collect();
-        let ptrs16: Vec<u64> = own16
-            .iter()
-            .zip(&segs_h)
-            .flat_map(|((k, v), &(_, base))| {
-                [g.ptr(k), g.ptr(v), g.ptr(&kb16), g.ptr(&vb16), base as u64]
-            })
-            .collect();
         let kvd16 = g.upload(&ptrs16).unwrap();
         let od = g.alloc::<u16>(n * h * dd).unwrap();
         let splits = attn_tc::attention_tc_plan(segs_h.iter().map(|&(len, _)| len), a, g.sms);

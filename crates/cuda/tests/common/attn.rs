@@ -63,6 +63,20 @@ pub struct AttnPrepped {
     pub max_len: usize,
 }
 
+/// The KV table (`ops::KV_ENTRIES` per segment): each segment's own k, own v, base k and base v caches' addresses
+/// and its base length.
+pub fn kv_table<'a, T: 'a>(
+    g: &Gpu,
+    caches: impl IntoIterator<Item = [&'a CudaSlice<T>; 4]>,
+    bases: impl IntoIterator<Item = usize>,
+) -> Vec<u64> {
+    caches
+        .into_iter()
+        .zip(bases)
+        .flat_map(|([k, v, kb, vb], b)| [g.ptr(k), g.ptr(v), g.ptr(kb), g.ptr(vb), b as u64])
+        .collect()
+}
+
 pub fn attn_prepped(g: &Gpu, a: AttnDims) -> AttnPrepped {
     let (h, kvh, dd) = (a.heads, a.kv_heads, a.head_dim);
     let ld = h * 2 * dd + 2 * kvh * dd;
@@ -77,11 +91,7 @@ pub fn attn_prepped(g: &Gpu, a: AttnDims) -> AttnPrepped {
     let mut tok = Vec::new();
     let mut caches = Vec::new();
     let mut caches16 = Vec::new();
-    let f16s = |v: &[f32]| -> Vec<u16> {
-        v.iter()
-            .map(|&x| half::f16::from_f32(x).to_bits())
-            .collect()
-    };
+    let f16s = super::to_f16_bits;
     let mut want_q = vec![0.0; n * h * dd];
     let mut want_o = vec![0.0; n * h * dd];
     let mut want_k = Vec::new();
@@ -159,16 +169,8 @@ pub fn attn_prepped(g: &Gpu, a: AttnDims) -> AttnPrepped {
         want_q[start * h * dd..(start + t) * h * dd].copy_from_slice(&q);
         start += t;
     }
-    let ptrs: Vec<u64> = caches
-        .iter()
-        .zip(BASES)
-        .flat_map(|([k, v, kb, vb], b)| [g.ptr(k), g.ptr(v), g.ptr(kb), g.ptr(vb), b as u64])
-        .collect();
-    let ptrs16: Vec<u64> = caches16
-        .iter()
-        .zip(BASES)
-        .flat_map(|([k, v, kb, vb], b)| [g.ptr(k), g.ptr(v), g.ptr(kb), g.ptr(vb), b as u64])
-        .collect();
+    let ptrs = kv_table(g, caches.iter().map(|c| c.each_ref()), BASES);
+    let ptrs16 = kv_table(g, caches16.iter().map(|c| c.each_ref()), BASES);
     let (pd, td, kvd, kv16) = (
         g.upload(&proj).unwrap(),
         g.upload(&tok).unwrap(),

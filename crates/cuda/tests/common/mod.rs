@@ -77,6 +77,13 @@ pub fn from_bf16_bits(v: &[u16]) -> Vec<f32> {
         .collect()
 }
 
+/// Values rounded to nearest f16, as bits (an f16 KV cache's contents).
+pub fn to_f16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter()
+        .map(|&x| half::f16::from_f32(x).to_bits())
+        .collect()
+}
+
 pub fn from_f16_bits(v: &[u16]) -> Vec<f32> {
     v.iter()
         .map(|x| half::f16::from_bits(*x).to_f32())
