@@ -92,8 +92,8 @@ pub struct CudaArgs {
     pub gpu_batch_invariant: bool,
     /// Arithmetic of the tensor-core kernels, comma-separated items applied in order: 3xtf32 (f32 accuracy),
     /// tf32 (faster, less exact), a kernel that runs tf32 (prep, state, attn), or attn=3xtf32|tf32|bf16x3|bf16|f16
-    /// (f16: keys and values cached in f16, where the model's weights bound them inside its range; experimental).
-    /// Default: the precision's (docs/cuda.md).
+    /// (f16: keys and values cached in f16, where the model's weights bound them inside its range; half's default,
+    /// which `tf32` turns off). Default: the precision's (docs/cuda.md).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_kernels: Option<String>,
     /// Half, mixed and split precision only: the projections that multiply both bf16 halves of their input (all,

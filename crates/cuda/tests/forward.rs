@@ -20,7 +20,7 @@ mod common;
 
 use common::forward_check::*;
 use common::*;
-use onepass_cuda::{CudaModel, Precision};
+use onepass_cuda::{Arith, CudaModel, CudaOptions, Precision, TcArith};
 use onepass_model::{synth, Model};
 use onepass_tensor::DType;
 
@@ -53,43 +53,62 @@ fn forward_matches_cpu_on_presets() {
 }
 
 /// The half precision (every projection on f16 inputs, the residual ones' scaled by a power of two from the
-/// upload's bound, 1xTF32 kernels) against the CPU on the bf16 presets, beside the mixed and bf16 precisions on the
-/// same models (the same kernels; mixed carries every GEMM input on two bf16 planes, bf16 rounds every one to 8
-/// significant bits): the upload takes it (no fallback to mixed), it stays within the bf16 bound, and its worst error
-/// over prefill, forks, label rows and decode steps is below the bf16 precision's (its rounded inputs carry 3 more
-/// bits). Prints all three.
+/// upload's bound, 1xTF32 gated delta kernels, attention on f16 KV caches) against the CPU on the bf16 presets, beside
+/// half on f32 KV caches (1xTF32 attention) and the mixed and bf16 precisions on the same models (1xTF32 kernels;
+/// mixed carries every GEMM input on two bf16 planes, bf16 rounds every one to 8 significant bits): the upload takes
+/// it (no fallback to mixed, f16 caches), it stays within the bf16 bound, and its worst error over prefill, forks,
+/// label rows and decode steps is below the bf16 precision's (its rounded inputs carry 3 more bits), f16 caches or
+/// f32. Prints all four.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn half_precision_lands_between_mixed_and_bf16() {
     let g = gpu();
     let mut fails = Vec::new();
+    let f32_kv = Some(TcArith::all(Arith::Tf32));
+    let runs = [
+        ("mixed", Precision::Mixed, None),
+        ("half", Precision::Half, None),
+        ("half f32 KV", Precision::Half, f32_kv),
+        ("bf16", Precision::Bf16, None),
+    ];
     for preset in ["tiny-gva", "tiny-attn-first", "tiny-bf16"] {
         let (_dir, m) = load(preset, DType::BF16);
         let mut worst = Vec::new();
-        for prec in [Precision::Mixed, Precision::Half, Precision::Bf16] {
-            let gm = CudaModel::with_precision(&m, g.clone(), prec).expect("upload");
+        for (name, prec, kernels) in runs {
+            let o = CudaOptions {
+                precision: prec,
+                kernels,
+                memory_budget_bytes: 0,
+                ..CudaOptions::default()
+            };
+            let gm = CudaModel::with_options(&m, g.clone(), &o).expect("upload");
             assert_eq!(
                 gm.precision(),
                 prec,
                 "{preset}: the upload fell back from {prec:?}"
             );
+            if gm.kv_f16() != (name == "half") {
+                fails.push(format!("{preset} {name}: f16 KV caches {}", gm.kv_f16()));
+            }
             worst.push(check_forward(
                 &mut fails,
-                &format!("{preset} {prec:?}"),
+                &format!("{preset} {name}"),
                 &m,
                 &gm,
                 LOGIT_TOL,
             ));
         }
         eprintln!(
-            "{preset}: worst logit error mixed {:.3e}, half {:.3e}, bf16 {:.3e}",
-            worst[0], worst[1], worst[2]
+            "{preset}: worst logit error mixed {:.3e}, half {:.3e}, half on f32 KV caches {:.3e}, bf16 {:.3e}",
+            worst[0], worst[1], worst[2], worst[3]
         );
-        if worst[1] >= worst[2] {
-            fails.push(format!(
-                "{preset}: half {:.3e} not below bf16 {:.3e}",
-                worst[1], worst[2]
-            ));
+        for h in [1, 2] {
+            if worst[h] >= worst[3] {
+                fails.push(format!(
+                    "{preset}: {} {:.3e} not below bf16 {:.3e}",
+                    runs[h].0, worst[h], worst[3]
+                ));
+            }
         }
     }
     assert!(fails.is_empty(), "{fails:?}");

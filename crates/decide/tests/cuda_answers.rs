@@ -208,10 +208,26 @@ fn gpu_answers_match_cpu_engine() {
                 tcs.into_iter().map(move |tc| (prec, tc, max_tol, mean_tol))
             });
         for (prec, tc, max_tol, mean_tol) in runs {
-            let gpu = gpu_engine(dir, prec, 4 << 30);
+            // Uploaded with the kernels asked for: the KV caches' form (f16 for attention in f16, else f32) is
+            // fixed at upload, so half runs on both.
+            let gpu = load_engine(
+                dir,
+                no_lru(),
+                &CudaOptions {
+                    precision: prec,
+                    memory_budget_bytes: 4 << 30,
+                    kernels: Some(tc),
+                    ..CudaOptions::default()
+                },
+            )
+            .expect("GPU engine");
             let m = gpu.model().model();
-            m.set_tc_arith(tc);
-            // What runs: attention follows the KV caches, fixed at upload (f32 unless asked for f16).
+            // These checkpoints' bound keeps q, k and v far inside f16's range: attention in f16 takes f16 caches.
+            if tc.attn == AttnArith::F16 && !m.kv_f16() {
+                fails.push(format!(
+                    "{preset} {prec:?}: attention in f16 did not get f16 KV caches"
+                ));
+            }
             let tc = m.tc_arith();
             let trees = m.tree_forwards();
             let got = alone(&gpu, &ps);
