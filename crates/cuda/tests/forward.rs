@@ -53,22 +53,22 @@ fn forward_matches_cpu_on_presets() {
 }
 
 /// The half precision (every projection on f16 inputs, the residual ones' scaled by a power of two from the
-/// upload's bound, the gated delta kernels on f16 tiles, attention on f16 KV caches) against the CPU on the bf16
-/// presets, beside half with every kernel in 1xTF32 on f32 (f32 KV caches) and the mixed and bf16 precisions on the
-/// same models (1xTF32 kernels; mixed carries every GEMM input on two bf16 planes, bf16 rounds every one to 8
-/// significant bits): the upload takes it (no fallback to mixed, f16 caches), it stays within the bf16 bound, and
-/// its worst error over prefill, forks, label rows and decode steps is below the bf16 precision's (its rounded
-/// inputs carry 3 more bits), with its kernels or in 1xTF32. Prints all four.
+/// upload's bound, 1xTF32 gated delta kernels, attention on f16 KV caches) against the CPU on the bf16 presets, beside
+/// half on f32 KV caches (1xTF32 attention) and the mixed and bf16 precisions on the same models (1xTF32 kernels;
+/// mixed carries every GEMM input on two bf16 planes, bf16 rounds every one to 8 significant bits): the upload takes
+/// it (no fallback to mixed, f16 caches), it stays within the bf16 bound, and its worst error over prefill, forks,
+/// label rows and decode steps is below the bf16 precision's (its rounded inputs carry 3 more bits), f16 caches or
+/// f32. Prints all four.
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn half_precision_lands_between_mixed_and_bf16() {
     let g = gpu();
     let mut fails = Vec::new();
-    let tf32 = Some(TcArith::all(Arith::Tf32));
+    let f32_kv = Some(TcArith::all(Arith::Tf32));
     let runs = [
         ("mixed", Precision::Mixed, None),
         ("half", Precision::Half, None),
-        ("half 1xTF32", Precision::Half, tf32),
+        ("half f32 KV", Precision::Half, f32_kv),
         ("bf16", Precision::Bf16, None),
     ];
     for preset in ["tiny-gva", "tiny-attn-first", "tiny-bf16"] {
@@ -99,7 +99,7 @@ fn half_precision_lands_between_mixed_and_bf16() {
             ));
         }
         eprintln!(
-            "{preset}: worst logit error mixed {:.3e}, half {:.3e}, half in 1xTF32 (f32 KV caches and tiles) {:.3e}, bf16 {:.3e}",
+            "{preset}: worst logit error mixed {:.3e}, half {:.3e}, half on f32 KV caches {:.3e}, bf16 {:.3e}",
             worst[0], worst[1], worst[2], worst[3]
         );
         for h in [1, 2] {
