@@ -125,10 +125,10 @@ pub enum AttnArith {
     /// One bf16 product: operands rounded to 8 significant bits, f32 accumulation.
     Bf16 = 3,
     /// K and V cached in f16 (half the bytes of the f32 cache), one f16 product: operands rounded to 11 significant
-    /// bits as 1xTF32 rounds them, f32 accumulation. Opt-in (`attn=f16`): not yet run on a GPU. A property of the model's KV caches, so fixed at upload: a model
-    /// whose caches are f16 runs attention this way whatever else is asked, one whose caches are f32 never
-    /// ([`crate::CudaModel::set_tc_arith`]); the caches are f16 where this is the initial choice and the bounds of
-    /// q, k and v known from the weights fit f16's range.
+    /// bits as 1xTF32 rounds them, f32 accumulation; the half precision's default (`attn=f16`). A property of the
+    /// model's KV caches, so fixed at upload: a model whose caches are f16 runs attention this way whatever else is
+    /// asked, one whose caches are f32 never ([`crate::CudaModel::set_tc_arith`]); the caches are f16 where this is
+    /// the initial choice and the bounds of q, k and v known from the weights fit f16's range.
     F16 = 4,
 }
 
