@@ -84,17 +84,12 @@ __device__ __forceinline__ void gtp_load(float* dst, int ldd, const float* __res
 
 // grid (max chunks per segment, nseg, hv * nslice), block 256. Slice sl of value head h solves the 16-column tiles
 // sl*per .. sl*per + per - 1 of [U | W] (tiles 0..ceil(dv/16)-1 are U's, the rest W's; per = ceil(tiles /
-// nslice)); slice 0 also writes M and E. X3: 3xTF32 products (gdn_tc_prep), else 1xTF32 (gdn_tc_prep_tf32). H
-// (gdn_tc_prep_h, 1xTF32): M written as f16 (the _h state and leaf passes' tile), and slice 0 of the first value
-// head of each key head also writes the chunk's q and k rows as f16 to qk ([rows][2 hk dk]: q heads, then k heads,
-// qkv's layout), which those passes read instead of qkv. Every f16 value is bounded by 1 in magnitude: q and k are
-// L2-normalised rows (q also scaled by dk^-1/2), M's entries are q.k times decays of at most 1. W stays f32.
-template <bool X3, bool H>
+// nslice)); slice 0 also writes M and E. X3: 3xTF32 products (gdn_tc_prep), else 1xTF32 (gdn_tc_prep_tf32).
+template <bool X3>
 __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int ld, const float* __restrict__ g,
                                               const float* __restrict__ beta, const int* seg, int hk, int hv, int dk,
                                               int dv, int nslice, float* __restrict__ U, float* __restrict__ W,
-                                              void* __restrict__ M, float* __restrict__ E,
-                                              unsigned short* __restrict__ qk, float* sm) {
+                                              float* __restrict__ M, float* __restrict__ E, float* sm) {
     const int dkp = (dk + 15) & ~15, dvp = (dv + 15) & ~15;
     const int lk = dkp + 4, lv = dvp + 4;
     float* Ks = sm;                           // [64, lk]
@@ -156,17 +151,6 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
         idx_t r = (idx_t)(r0 + tid) * hv + h;
         E[2 * r + 1] = expf(gam[n - 1] - gam[tid]);
     }
-    if (H && doq && h % (hv / hk) == 0) {
-        // The chunk's q and k rows of key head kh in f16 (Qs is overwritten by the solve matrix only after the
-        // barrier that follows K·Kᵀ).
-        const idx_t lq = 2 * (idx_t)hk * dk;
-        unsigned short* qrow = qk + (idx_t)r0 * lq + kh * dk;
-        for (int i = tid; i < n * dk; i += blockDim.x) {
-            const int t = i / dk, c = i - t * dk;
-            qrow[t * lq + c] = f2h(Qs[t * lk + c]);
-            qrow[t * lq + hk * dk + c] = f2h(Ks[t * lk + c]);
-        }
-    }
 
     // K·Kᵀ (and Q·Kᵀ): warp (rb, half) owns rows 16rb..16rb+15, columns 32half..32half+31 as four n8 tiles; only
     // the tiles on or below the diagonal block and left of token n are multiplied.
@@ -208,12 +192,7 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
             const int a = 16 * rb + gq + 8 * (e >> 1), b = 8 * (4 * half + j) + 2 * tq + (e & 1);
             const bool low = a < n && b <= a;
             const float dcy = low ? expf(gam[a] - gam[b]) : 0.0f;
-            if (doq && a < n) {
-                const idx_t mi = ((idx_t)(r0 + a) * hv + h) * GDN_C + b;
-                const float mv = low ? aq[j][e] * dcy : 0.0f;
-                if (H) ((unsigned short*)M)[mi] = f2h(mv);
-                else ((float*)M)[mi] = mv;
-            }
+            if (doq && a < n) M[((idx_t)(r0 + a) * hv + h) * GDN_C + b] = low ? aq[j][e] * dcy : 0.0f;
             ak[j][e] = (low && b < a) ? -(bet[a] * ak[j][e] * dcy) : 0.0f;
         }
     __syncthreads();
@@ -325,17 +304,15 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
     }
 }
 
-// qk: gdn_tc_prep_h's f16 q, k rows (null in the others, which do not write them).
-#define GDN_TC_PREP(NAME, X3, H)                                                                                     \
+#define GDN_TC_PREP(NAME, X3)                                                                                        \
     KERNEL(NAME) void __launch_bounds__(256, 2)                                                                      \
         NAME(const float* __restrict__ qkv, int ld, const float* __restrict__ g, const float* __restrict__ beta,     \
              const int* seg, int hk, int hv, int dk, int dv, int nslice, float* __restrict__ U,                      \
-             float* __restrict__ W, void* __restrict__ M, float* __restrict__ E, unsigned short* __restrict__ qk) {  \
+             float* __restrict__ W, float* __restrict__ M, float* __restrict__ E) {                                  \
         extern __shared__ float sm[];                                                                                \
-        gdn_tc_prep_t<X3, H>(qkv, ld, g, beta, seg, hk, hv, dk, dv, nslice, U, W, M, E, qk, sm);                     \
+        gdn_tc_prep_t<X3>(qkv, ld, g, beta, seg, hk, hv, dk, dv, nslice, U, W, M, E, sm);                            \
     }
-GDN_TC_PREP(gdn_tc_prep, true, false)
-GDN_TC_PREP(gdn_tc_prep_tf32, false, false)
-GDN_TC_PREP(gdn_tc_prep_h, false, true)
+GDN_TC_PREP(gdn_tc_prep, true)
+GDN_TC_PREP(gdn_tc_prep_tf32, false)
 #undef GDN_TC_PREP
 #undef GTP_LS

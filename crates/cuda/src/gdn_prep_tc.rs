@@ -53,9 +53,7 @@ pub fn gdn_tc_prep_slices(d: GdnDims, blocks: usize, sms: usize) -> usize {
 /// The WY pre-pass on tensor cores, a drop-in for [`crate::ops::gdn_wy_prep`]: qkv [N, ld] (q | k | v, q and k
 /// L2-normalised), gg, beta [N, HV], segs [S, 3]; fills U, W, M, E of every token row of every segment in
 /// `scratch` (room for `rows * ops::gdn_wy_scratch(d)` f32). `max_len`: the longest segment. The column slices
-/// per chunk come from [`gdn_tc_prep_slices`]. [`Arith::F16`] writes M as f16 and the f16 copy of q and k at
-/// [`ops::gdn_wy_qk`], for the state pass on f16 tiles (dk a multiple of 8 and the scratch 16-byte aligned:
-/// [`crate::gdn_tc::gdn_tc_f16_takes`]).
+/// per chunk come from [`gdn_tc_prep_slices`].
 pub fn gdn_tc_prep(
     g: &Gpu,
     arith: Arith,
@@ -117,12 +115,6 @@ pub fn gdn_tc_prep_sliced(
         return Ok(());
     }
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
-    // The f16 copy of q and k: written by the f16-tile kernel only.
-    let qk = if arith == Arith::F16 {
-        ops::gdn_wy_qk(d, rows, scratch)
-    } else {
-        0
-    };
     let lc = cfg3(
         (
             ops::blocks(max_len, GDN_CHUNK),
@@ -134,7 +126,7 @@ pub fn gdn_tc_prep_sliced(
     );
     launch!(g, g.k.gdn_tc_prep[arith as usize], lc;
         qkv, ld as i32, gg, beta, segs, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, nslice as i32,
-        u, w, m, e, qk)
+        u, w, m, e)
 }
 
 #[cfg(test)]

@@ -30,11 +30,6 @@
 //   still fill the multiprocessors; one block per multiprocessor (141 KB of shared memory at dk = 128, BV = 16; 189 KB
 //   at BV = 64).
 // Needs dk <= 128 (the launcher returns Unsupported otherwise). dk, dv, chunk lengths: anything (padding).
-// - _h kernels (f16 tiles): M (written so by gdn_tc_prep_h) and q, k (gdn_tc_prep_h's f16 copy, passed as qkv
-//   with its own row stride) are read as f16, W as f32, so a chunk's tiles are 5/8 of the bytes (the 8 slice blocks
-//   of a head each copy the same tiles from L2 every chunk). Each f16 value converts exactly to the TF32 operand
-//   (f16 and TF32 both carry 11 significant bits); the products are the 1xTF32 kernels'. W stays f32: its rows carry
-//   the chunk's decays e^gam, which strong decays take below f16's normal range. Needs dk a multiple of 8.
 
 static_assert(GDN_C == 64, "gdn_tc_state assumes chunks of 64 tokens");
 
@@ -49,20 +44,12 @@ __device__ __forceinline__ void gtc_mma3(float (&hi)[4], float (&lo)[4], const u
         tc_mma(lo, as, bb[0], bb[1]);
     }
 }
-// A tile value as TF32 operand halves: an f32 split (tc_split), or an f16 value (the _h kernels' tiles), which
-// TF32 holds exactly (no small half).
-__device__ __forceinline__ void gtc_split(float x, unsigned& big, unsigned& small) { tc_split(x, big, small); }
-__device__ __forceinline__ void gtc_split(unsigned short x, unsigned& big, unsigned& small) {
-    big = __float_as_uint(h2f(x));
-    small = 0u;
-}
 // An A fragment from a row-major tile: p points at element (g, t) of the 16x8 block, ld its row stride.
-template <typename T>
-__device__ __forceinline__ void gtc_frag_a_row(const T* p, int ld, unsigned (&ab)[4], unsigned (&as)[4]) {
-    gtc_split(p[0], ab[0], as[0]);
-    gtc_split(p[8 * ld], ab[1], as[1]);
-    gtc_split(p[4], ab[2], as[2]);
-    gtc_split(p[8 * ld + 4], ab[3], as[3]);
+__device__ __forceinline__ void gtc_frag_a_row(const float* p, int ld, unsigned (&ab)[4], unsigned (&as)[4]) {
+    tc_split(p[0], ab[0], as[0]);
+    tc_split(p[8 * ld], ab[1], as[1]);
+    tc_split(p[4], ab[2], as[2]);
+    tc_split(p[8 * ld + 4], ab[3], as[3]);
 }
 // A B fragment from a row-major [k][n] tile: p points at element (k t, n g), ld its row stride.
 __device__ __forceinline__ void gtc_frag_b(const float* p, int ld, unsigned (&bb)[2], unsigned (&bs)[2]) {
@@ -72,8 +59,8 @@ __device__ __forceinline__ void gtc_frag_b(const float* p, int ld, unsigned (&bb
 // (hi, lo) += A B over the k steps 0, 8, .. below kend: A's rows (g, g + 8) of a row-major tile, a at its element
 // (g, t), row stride lda; B a row-major [k][n] tile, b at its element (k t, n g), row stride LDB, NT n tiles of 8
 // columns. The k loop unrolled U times.
-template <int NT, int U, int LDB, bool X3, typename T>
-__device__ __forceinline__ void gtc_rows_mma(float (&hi)[NT][4], float (&lo)[NT][4], const T* a, int lda,
+template <int NT, int U, int LDB, bool X3>
+__device__ __forceinline__ void gtc_rows_mma(float (&hi)[NT][4], float (&lo)[NT][4], const float* a, int lda,
                                              const float* b, int kend) {
 #pragma unroll U
     for (int kk = 0; kk < kend; kk += 8) {
@@ -89,45 +76,23 @@ __device__ __forceinline__ void gtc_rows_mma(float (&hi)[NT][4], float (&lo)[NT]
 }
 
 // dst[t * ldd + c] = src[t * lds + c] for t < n, c < ws; zero for the rest of t < GDN_C, c < wd (cp.async, the
-// caller commits and waits). vec: 16-byte copies (src, lds and ws multiples of 16 bytes, wd too); else 4-byte (f32
-// tiles only: f16 tiles are always copied 16 bytes at a time). A thread copies one 16-byte (4-byte) column of every
-// (256 / columns)-th row: one division per tile.
-template <typename T>
-__device__ __forceinline__ void gtc_tile(T* dst, int ldd, const T* src, idx_t lds, int n, int ws, int wd,
+// caller commits and waits). vec: 16-byte copies (src, lds and ws multiples of 4 floats, wd too); else 4-byte.
+// A thread copies one 16-byte (4-byte) column of every (256 / columns)-th row: one division per tile.
+__device__ __forceinline__ void gtc_tile(float* dst, int ldd, const float* src, idx_t lds, int n, int ws, int wd,
                                          bool vec) {
-    const bool v16 = sizeof(T) == 2 || vec;
-    const int e = v16 ? 16 / (int)sizeof(T) : 1, q = wd / e, step = blockDim.x / q;
+    const int e = vec ? 4 : 1, q = wd / e, step = blockDim.x / q;
     const int t0 = threadIdx.x / q, c = (threadIdx.x - t0 * q) * e;
     if (t0 >= step) return;
     const bool cok = c < ws;
-    T* d = dst + t0 * ldd + c;
-    const T* p = src + (idx_t)t0 * lds + c;
+    float* d = dst + t0 * ldd + c;
+    const float* p = src + (idx_t)t0 * lds + c;
     const idx_t sstep = (idx_t)step * lds;
     for (int t = t0; t < GDN_C; t += step, d += step * ldd, p += sstep) {
         bool ok = cok && t < n;
-        if (v16) tc_cp16(tc_smem_addr(d), ok ? p : src, ok ? 16 : 0);
-        else tc_cp4((float*)d, ok ? p : src, ok ? 4 : 0);
+        if (vec) tc_cp16(d, ok ? p : src, ok ? 16 : 0);
+        else tc_cp4(d, ok ? p : src, ok ? 4 : 0);
     }
 }
-
-// The tiles' element and row strides (elements) of the state and leaf passes: f32, or f16 (H). f32: W, Q [64][kp8
-// + 4] (4 mod 8 floats: row-major A fragment loads conflict-free), K [64][dkp + 8] (8 mod 32: read down columns), M
-// [64][68]. f16: every tile row 8 mod 64 halves (4 mod 32 words: a row-major A load's 8 rows take two words each,
-// 4 apart; K's four k rows read down columns take 4 words each, 4 apart), at least kp8 (dkp for K) wide.
-template <bool H>
-struct GtcTiles {
-    typedef float T;
-    static __device__ __forceinline__ int ldx(int kp8, int) { return kp8 + 4; }
-    static __device__ __forceinline__ int ldk(int, int dkp) { return dkp + 8; }
-    static constexpr int ldm = GDN_C + 4;
-};
-template <>
-struct GtcTiles<true> {
-    typedef unsigned short T;
-    static __device__ __forceinline__ int ldx(int, int dkp) { return ((dkp + 63) & ~63) + 8; }
-    static __device__ __forceinline__ int ldk(int, int dkp) { return ((dkp + 63) & ~63) + 8; }
-    static constexpr int ldm = GDN_C + 8;
-};
 
 // Row stride (floats) of a [*, BV] tile read down its columns by fragments: 8 * odd, so the four k rows of a
 // fragment load fall in four distinct groups of 8 banks.
@@ -156,33 +121,28 @@ __device__ __forceinline__ void gtc_state_slice(float* Ss, const float* Si, int 
     }
 }
 
-// Shared memory, in this order: W [64][kp8 + 4] f32; Q [64][ldx]; K [64][ldk]; M [64][LDM] (GtcTiles: f32, or f16
-// with H); then f32 v', e v' [64][LDV]; S [dkp][LDV] (kp8, dkp: dk rounded up to 8, 16). Must match gdn_tc_smem in
-// gdn_tc.rs.
-template <int BV, bool X3, bool H>
-__device__ __forceinline__ void gdn_tc_state_t(const void* __restrict__ qkv_, int ld, const float* __restrict__ U,
-                                               const void* __restrict__ W_, const void* __restrict__ M_,
+// Shared memory (floats), in this order: W, Q [64][kp8 + 4]; K [64][dkp + 8]; M [64][68]; v', e v' [64][LDV];
+// S [dkp][LDV] (kp8, dkp: dk rounded up to 8, 16). Must match gdn_tc_smem in gdn_tc.rs.
+template <int BV, bool X3>
+__device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
+                                               const float* __restrict__ W, const float* __restrict__ M,
                                                const float* __restrict__ E, float* __restrict__ out, const int* seg,
                                                const u64* states, const u64* init, int keep, int hk, int hv, int dk,
                                                int dv, int vec, float* sm) {
-    typedef typename GtcTiles<H>::T T;
-    const T* qkv = (const T*)qkv_;
-    const float* W = (const float*)W_;
-    const T* M = (const T*)M_;
     constexpr int NT = BV / 8;  // n tiles of 8 value columns
     constexpr int LDV = GtcLd<BV>::v;
-    constexpr int LDM = GtcTiles<H>::ldm;
+    constexpr int LDM = GDN_C + 4;
     // k steps unrolled in the three products at BV <= 16 so that the next steps' fragment loads and splits issue
     // under this step's mma (H200, 0.8B heads: 3,400 tokens at BV 16 326.5 -> 307.5 µs, 175 tokens 22.7 -> 21.1;
     // at BV 32 and 64, whose wider accumulators already give each step independent mma, it gained nothing).
     constexpr int UNROLL = BV <= 16 ? 4 : 1;
     const int kp8 = (dk + 7) & ~7, dkp = (dk + 15) & ~15;
-    const int ldw = kp8 + 4, ldx = GtcTiles<H>::ldx(kp8, dkp), ldk = GtcTiles<H>::ldk(kp8, dkp);
-    float* Wt = sm;                  // [C, ldw]   W of the chunk
-    T* Qt = (T*)(Wt + GDN_C * ldw);  // [C, ldx]   Q
-    T* Kt = Qt + GDN_C * ldx;        // [C, ldk]   K
-    T* Mt = Kt + GDN_C * ldk;        // [C, LDM]   M
-    float* Vs = (float*)(Mt + GDN_C * LDM);  // [C, LDV]   v'
+    const int ldx = kp8 + 4, ldk = dkp + 8;
+    float* Wt = sm;                  // [C, ldx]   W of the chunk
+    float* Qt = Wt + GDN_C * ldx;    // [C, ldx]   Q
+    float* Kt = Qt + GDN_C * ldx;    // [C, ldk]   K
+    float* Mt = Kt + GDN_C * ldk;    // [C, LDM]   M
+    float* Vs = Mt + GDN_C * LDM;    // [C, LDV]   v'
     float* Ve = Vs + GDN_C * LDV;    // [C, LDV]   e^(gam_last - gam) v'
     float* Ss = Ve + GDN_C * LDV;    // [dkp, LDV] S (rows past dk and columns past w stay zero)
 
@@ -199,9 +159,9 @@ __device__ __forceinline__ void gdn_tc_state_t(const void* __restrict__ qkv_, in
     const bool vecb = vec != 0;
     float* Sg = (float*)states[s] + (idx_t)h * dk * dv;
     const float* Si = (const float*)init[s] + (idx_t)h * dk * dv;  // states[s], or a parent's (forward_tree)
-    const T* Qg = qkv + kh * dk;
-    const T* Kg = qkv + hk * dk + kh * dk;
-    const idx_t ldwg = (idx_t)hv * dk, ldmg = (idx_t)hv * GDN_C;
+    const float* Qg = qkv + kh * dk;
+    const float* Kg = qkv + hk * dk + kh * dk;
+    const idx_t ldw = (idx_t)hv * dk, ldmg = (idx_t)hv * GDN_C;
 
     // The state slice, asynchronously with the first W and Q tiles (a plain copy loop waited out one global load
     // per iteration: several µs per block, most of a one-chunk segment's time). 16-byte copies when the rows
@@ -209,7 +169,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const void* __restrict__ qkv_, in
     gtc_state_slice<BV, LDV>(Ss, Si, dk, dkp, dv, j0, w);
     if (len > 0) {
         int n = min(GDN_C, len);
-        gtc_tile(Wt, ldw, W + ((idx_t)start * hv + h) * dk, ldwg, n, dk, kp8, vecb);
+        gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n, dk, kp8, vecb);
         gtc_tile(Qt, ldx, Qg + (idx_t)start * ld, ld, n, dk, kp8, vecb);
     }
     tc_commit();  // S (and W, Q)
@@ -238,6 +198,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const void* __restrict__ qkv_, in
     // Rows of W S (warps 0-3, v') or Q S (warps 4-7, o) of this warp: m0 + g and m0 + g + 8.
     const bool vwarp = wp < 4;
     const int m0 = 16 * (wp & 3), ra = m0 + g, rb = m0 + g + 8;
+    const float* X = vwarp ? Wt : Qt;
     for (int c0 = 0; c0 < len; c0 += GDN_C) {
         const int n = min(GDN_C, len - c0), r0 = start + c0;
         const bool more = c0 + GDN_C < len;
@@ -262,10 +223,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const void* __restrict__ qkv_, in
 #pragma unroll
             for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
         // W S (warps 0-3) and Q S (warps 4-7), k over dk.
-        if (m0 < n) {
-            if (vwarp) gtc_rows_mma<NT, UNROLL, LDV, X3>(hi, lo, Wt + ra * ldw + tg, ldw, Ss + tg * LDV + g, kp8);
-            else gtc_rows_mma<NT, UNROLL, LDV, X3>(hi, lo, Qt + ra * ldx + tg, ldx, Ss + tg * LDV + g, kp8);
-        }
+        if (m0 < n) gtc_rows_mma<NT, UNROLL, LDV, X3>(hi, lo, X + ra * ldx + tg, ldx, Ss + tg * LDV + g, kp8);
         if (vwarp) {
             // v' = U - W S (rows past n: exactly zero, as W and U are zero there), and e^(gam_last - gam) v'.
 #pragma unroll
@@ -289,7 +247,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const void* __restrict__ qkv_, in
         __syncthreads();  // v' visible; W and Q tiles free
         if (more) {
             int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
-            gtc_tile(Wt, ldw, W + ((idx_t)rn * hv + h) * dk, ldwg, nn, dk, kp8, vecb);
+            gtc_tile(Wt, ldx, W + ((idx_t)rn * hv + h) * dk, ldw, nn, dk, kp8, vecb);
             gtc_tile(Qt, ldx, Qg + (idx_t)rn * ld, ld, nn, dk, kp8, vecb);
         }
         tc_commit();
@@ -320,16 +278,16 @@ __device__ __forceinline__ void gdn_tc_state_t(const void* __restrict__ qkv_, in
 #pragma unroll
                 for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
             const int kend = (n + 7) & ~7;
-            const T* ka = Kt + tg * ldk + sm0 + g;
+            const float* ka = Kt + tg * ldk + sm0 + g;
             const float* vb = Ve + tg * LDV + g;
 #pragma unroll UNROLL
             for (int kk = 0; kk < kend; kk += 8) {
-                const T* p = ka + kk * ldk;
+                const float* p = ka + kk * ldk;
                 unsigned ab[4], as[4];
-                gtc_split(p[0], ab[0], as[0]);
-                gtc_split(p[8], ab[1], as[1]);
-                gtc_split(p[4 * ldk], ab[2], as[2]);
-                gtc_split(p[4 * ldk + 8], ab[3], as[3]);
+                tc_split(p[0], ab[0], as[0]);
+                tc_split(p[8], ab[1], as[1]);
+                tc_split(p[4 * ldk], ab[2], as[2]);
+                tc_split(p[4 * ldk + 8], ab[3], as[3]);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     unsigned bb[2], bs[2];
@@ -374,28 +332,23 @@ __device__ __forceinline__ void gdn_tc_state_t(const void* __restrict__ qkv_, in
 // (0: the states after the segments are not needed: neither the last chunk's update nor the write-back runs; 2: as
 // 0, and segments of at most one chunk are skipped, left to gdn_tc_leaf) and
 // vec (1: 16-byte tile copies are aligned). gdn_tc_state_<BV>: 3xTF32 products; gdn_tc_state_<BV>_tf32: 1xTF32
-// (each operand rounded to TF32 once, a third of the mma and none of the small halves' splits); _h: 1xTF32 on f16
-// tiles (W, M and the q, k copy from gdn_tc_prep_h: qkv is that copy, ld its row stride).
-#define GDN_TC_STATE(BV, NAME, X3, H)                                                                                \
+// (each operand rounded to TF32 once, a third of the mma and none of the small halves' splits).
+#define GDN_TC_STATE(BV, NAME, X3)                                                                                   \
     KERNEL(NAME) void __launch_bounds__(256, 1) NAME(                                                                \
-        const void* __restrict__ qkv, int ld, const float* __restrict__ U, const void* __restrict__ W,               \
-        const void* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,            \
+        const float* __restrict__ qkv, int ld, const float* __restrict__ U, const float* __restrict__ W,             \
+        const float* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,           \
         const u64* states, const u64* init, int keep, int hk, int hv, int dk, int dv, int vec) {                     \
         extern __shared__ float sm[];                                                                                \
-        gdn_tc_state_t<BV, X3, H>(qkv, ld, U, W, M, E, out, seg, states, init, keep, hk, hv, dk, dv, vec, sm);       \
+        gdn_tc_state_t<BV, X3>(qkv, ld, U, W, M, E, out, seg, states, init, keep, hk, hv, dk, dv, vec, sm);          \
     }
-GDN_TC_STATE(8, gdn_tc_state_8, true, false)
-GDN_TC_STATE(16, gdn_tc_state_16, true, false)
-GDN_TC_STATE(32, gdn_tc_state_32, true, false)
-GDN_TC_STATE(64, gdn_tc_state_64, true, false)
-GDN_TC_STATE(8, gdn_tc_state_8_tf32, false, false)
-GDN_TC_STATE(16, gdn_tc_state_16_tf32, false, false)
-GDN_TC_STATE(32, gdn_tc_state_32_tf32, false, false)
-GDN_TC_STATE(64, gdn_tc_state_64_tf32, false, false)
-GDN_TC_STATE(8, gdn_tc_state_8_h, false, true)
-GDN_TC_STATE(16, gdn_tc_state_16_h, false, true)
-GDN_TC_STATE(32, gdn_tc_state_32_h, false, true)
-GDN_TC_STATE(64, gdn_tc_state_64_h, false, true)
+GDN_TC_STATE(8, gdn_tc_state_8, true)
+GDN_TC_STATE(16, gdn_tc_state_16, true)
+GDN_TC_STATE(32, gdn_tc_state_32, true)
+GDN_TC_STATE(64, gdn_tc_state_64, true)
+GDN_TC_STATE(8, gdn_tc_state_8_tf32, false)
+GDN_TC_STATE(16, gdn_tc_state_16_tf32, false)
+GDN_TC_STATE(32, gdn_tc_state_32_tf32, false)
+GDN_TC_STATE(64, gdn_tc_state_64_tf32, false)
 #undef GDN_TC_STATE
 
 // gdn_tc_leaf_{32,64,128}: the state pass of segments of one chunk (at most GDN_C tokens) whose states nobody keeps (a
@@ -408,26 +361,21 @@ GDN_TC_STATE(64, gdn_tc_state_64_h, false, true)
 // the same work and no barrier waits on a longer half; and the slice is wide (up to all 128 value columns), so the
 // chunk's W, Q and M tiles are read by fewer blocks (7 x 33: 20.0 / 18.9 / 15.7 µs at BV 32 / 64 / 128; 16 columns,
 // two blocks per multiprocessor, 25.9). Shared memory (floats): W, Q [64][kp8 + 4]; M [64][68]; S0 [dkp][LDV]; v'
-// [64][LDV] (185 KB at dk = 128, BV = 128; _h: Q and M in f16, as the state pass's). Grid (hv, nseg, ceil(dv /
-// BV)), block 256. Needs dk <= 128.
-template <int BV, bool X3, bool H>
-__device__ __forceinline__ void gdn_tc_leaf_t(const void* __restrict__ qkv_, int ld, const float* __restrict__ U,
-                                              const void* __restrict__ W_, const void* __restrict__ M_,
+// [64][LDV] (185 KB at dk = 128, BV = 128). Grid (hv, nseg, ceil(dv / BV)), block 256. Needs dk <= 128.
+template <int BV, bool X3>
+__device__ __forceinline__ void gdn_tc_leaf_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
+                                              const float* __restrict__ W, const float* __restrict__ M,
                                               const float* __restrict__ E, float* __restrict__ out, const int* seg,
                                               const u64* init, int hk, int hv, int dk, int dv, int vec, float* sm) {
-    typedef typename GtcTiles<H>::T T;
-    const T* qkv = (const T*)qkv_;
-    const float* W = (const float*)W_;
-    const T* M = (const T*)M_;
     constexpr int NH = BV / 16;  // n tiles of 8 value columns per warp
     constexpr int LDV = GtcLd<BV>::v;
-    constexpr int LDM = GtcTiles<H>::ldm;
+    constexpr int LDM = GDN_C + 4;
     const int kp8 = (dk + 7) & ~7, dkp = (dk + 15) & ~15;
-    const int ldw = kp8 + 4, ldx = GtcTiles<H>::ldx(kp8, dkp);
-    float* Wt = sm;                          // [C, ldw]   W of the chunk (f32)
-    T* Qt = (T*)(Wt + GDN_C * ldw);          // [C, ldx]   Q
-    T* Mt = Qt + GDN_C * ldx;                // [C, LDM]   M
-    float* Ss = (float*)(Mt + GDN_C * LDM);  // [dkp, LDV] S0 (rows past dk and columns past w zero)
+    const int ldx = kp8 + 4;
+    float* Wt = sm;                // [C, ldx]   W of the chunk
+    float* Qt = Wt + GDN_C * ldx;  // [C, ldx]   Q
+    float* Mt = Qt + GDN_C * ldx;  // [C, LDM]   M
+    float* Ss = Mt + GDN_C * LDM;  // [dkp, LDV] S0 (rows past dk and columns past w zero)
     float* Vs = Ss + dkp * LDV;    // [C, LDV]   v'
 
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
@@ -439,7 +387,7 @@ __device__ __forceinline__ void gdn_tc_leaf_t(const void* __restrict__ qkv_, int
     const bool vecb = vec != 0;
     const float* Si = (const float*)init[s] + (idx_t)h * dk * dv;
     gtc_state_slice<BV, LDV>(Ss, Si, dk, dkp, dv, j0, w);
-    gtc_tile(Wt, ldw, W + ((idx_t)start * hv + h) * dk, (idx_t)hv * dk, n, dk, kp8, vecb);
+    gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, (idx_t)hv * dk, n, dk, kp8, vecb);
     gtc_tile(Qt, ldx, qkv + kh * dk + (idx_t)start * ld, ld, n, dk, kp8, vecb);
     gtc_tile(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, (idx_t)hv * GDN_C, n, GDN_C, GDN_C, vecb);
     tc_commit();
@@ -467,13 +415,13 @@ __device__ __forceinline__ void gdn_tc_leaf_t(const void* __restrict__ qkv_, int
 #pragma unroll
         for (int i = 0; i < 4; i++) hw[nt][i] = lw[nt][i] = hq[nt][i] = lq[nt][i] = 0.0f;
     if (m0 < n) {
-        const float* wa = Wt + ra * ldw + tg;
-        const T* qa = Qt + ra * ldx + tg;
+        const float* wa = Wt + ra * ldx + tg;
+        const float* qa = Qt + ra * ldx + tg;
         const float* sb = Ss + tg * LDV + g + cw;
 #pragma unroll 4
         for (int kk = 0; kk < kp8; kk += 8) {
             unsigned wb[4], ws[4], qb[4], qs[4];
-            gtc_frag_a_row(wa + kk, ldw, wb, ws);
+            gtc_frag_a_row(wa + kk, ldx, wb, ws);
             gtc_frag_a_row(qa + kk, ldx, qb, qs);
 #pragma unroll
             for (int nt = 0; nt < NH; nt++) {
@@ -513,23 +461,19 @@ __device__ __forceinline__ void gdn_tc_leaf_t(const void* __restrict__ qkv_, int
 }
 
 // grid (hv, nseg, ceil(dv / BV)), block 256, dynamic shared memory from gdn_tc_leaf_smem (gdn_tc.rs). Arguments as
-// gdn_tc_state's without states and keep (nothing is written but out). _tf32: 1xTF32 products; _h: 1xTF32 on f16
-// tiles, as the state pass's.
-#define GDN_TC_LEAF(BV, NAME, X3, H)                                                                                 \
+// gdn_tc_state's without states and keep (nothing is written but out). _tf32: 1xTF32 products.
+#define GDN_TC_LEAF(BV, NAME, X3)                                                                                    \
     KERNEL(NAME) void __launch_bounds__(256, BV <= 32 ? 2 : 1) NAME(                                                 \
-        const void* __restrict__ qkv, int ld, const float* __restrict__ U, const void* __restrict__ W,               \
-        const void* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,            \
+        const float* __restrict__ qkv, int ld, const float* __restrict__ U, const float* __restrict__ W,             \
+        const float* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,           \
         const u64* init, int hk, int hv, int dk, int dv, int vec) {                                                  \
         extern __shared__ float sm[];                                                                                \
-        gdn_tc_leaf_t<BV, X3, H>(qkv, ld, U, W, M, E, out, seg, init, hk, hv, dk, dv, vec, sm);                      \
+        gdn_tc_leaf_t<BV, X3>(qkv, ld, U, W, M, E, out, seg, init, hk, hv, dk, dv, vec, sm);                         \
     }
-GDN_TC_LEAF(32, gdn_tc_leaf_32, true, false)
-GDN_TC_LEAF(64, gdn_tc_leaf_64, true, false)
-GDN_TC_LEAF(128, gdn_tc_leaf_128, true, false)
-GDN_TC_LEAF(32, gdn_tc_leaf_32_tf32, false, false)
-GDN_TC_LEAF(64, gdn_tc_leaf_64_tf32, false, false)
-GDN_TC_LEAF(128, gdn_tc_leaf_128_tf32, false, false)
-GDN_TC_LEAF(32, gdn_tc_leaf_32_h, false, true)
-GDN_TC_LEAF(64, gdn_tc_leaf_64_h, false, true)
-GDN_TC_LEAF(128, gdn_tc_leaf_128_h, false, true)
+GDN_TC_LEAF(32, gdn_tc_leaf_32, true)
+GDN_TC_LEAF(64, gdn_tc_leaf_64, true)
+GDN_TC_LEAF(128, gdn_tc_leaf_128, true)
+GDN_TC_LEAF(32, gdn_tc_leaf_32_tf32, false)
+GDN_TC_LEAF(64, gdn_tc_leaf_64_tf32, false)
+GDN_TC_LEAF(128, gdn_tc_leaf_128_tf32, false)
 #undef GDN_TC_LEAF

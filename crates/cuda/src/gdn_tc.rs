@@ -86,28 +86,6 @@ pub fn gdn_tc_smem(d: GdnDims, bv: usize) -> usize {
     4 * (2 * c * (kp8 + 4) + c * (dkp + 8) + c * (c + 4) + 2 * c * ldv + dkp * ldv)
 }
 
-/// Row stride (halves) of the f16 tiles of the `_h` kernels (`GtcTiles<true>` in gdn_tc.cu): dkp rounded up to 64,
-/// plus 8; M's rows 72.
-fn tile_ld_h(d: GdnDims) -> usize {
-    (d.dk.div_ceil(16) * 16).next_multiple_of(64) + 8
-}
-
-/// [`gdn_tc_smem`] of the kernels on f16 tiles ([`Arith::F16`]): W [64, kp8 + 4] in f32, Q, K [64, tile_ld_h] and
-/// M [64, 72] in f16, then v', e v' and S in f32 as there.
-pub fn gdn_tc_smem_h(d: GdnDims, bv: usize) -> usize {
-    let (c, kp8, dkp, ldv) = tile_dims(d, bv);
-    4 * c * (kp8 + 4) + 2 * (2 * c * tile_ld_h(d) + c * (c + 8)) + 4 * (2 * c * ldv + dkp * ldv)
-}
-
-/// Shared memory of the state pass in `arith`.
-fn state_smem(d: GdnDims, bv: usize, arith: Arith) -> usize {
-    if arith == Arith::F16 {
-        gdn_tc_smem_h(d, bv)
-    } else {
-        gdn_tc_smem(d, bv)
-    }
-}
-
 /// Whether [`gdn_tc_state`] runs these dims with `bv` value columns per block (else it returns
 /// [`CudaError::Unsupported`]).
 pub fn gdn_tc_supported(g: &Gpu, d: GdnDims, bv: usize) -> bool {
@@ -118,18 +96,6 @@ pub fn gdn_tc_supported(g: &Gpu, d: GdnDims, bv: usize) -> bool {
         && d.hk > 0
         && d.hv.is_multiple_of(d.hk)
         && gdn_tc_smem(d, bv) <= g.max_smem
-}
-
-/// Whether the gated delta kernels run on f16 tiles ([`Arith::F16`]) for these dims and this scratch: a key head
-/// dim that is a multiple of 8 (tile rows copied 16 bytes at a time), W, M and the q, k copy 16-byte aligned, and
-/// the state pass (every slice) and the leaf pass taking the dims in f32 (the f16 tiles need less shared memory).
-pub fn gdn_tc_f16_takes(g: &Gpu, d: GdnDims, rows: usize, scratch: u64) -> bool {
-    let (_, w, m, _) = ops::gdn_wy_parts(d, rows, scratch);
-    d.dk.is_multiple_of(8)
-        && [w, m, ops::gdn_wy_qk(d, rows, scratch)]
-            .iter()
-            .all(|a| a.is_multiple_of(16))
-        && gdn_tc_takes(g, d)
 }
 
 /// The widest slice [`gdn_tc_slice`] picks.
@@ -223,12 +189,12 @@ fn state_pass(
         .position(|&s| s == dvs)
         .unwrap_or(GDN_TC_SLICES.len() - 1);
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
-    let (qkv, ld, vec) = tiles_from(g, arith, d, qkv, ld, rows, scratch)?;
+    let vec = vec_tiles(d, ld, [qkv, w, m]);
     // Segment-major grid (gdn_tc.cu).
     let lc = cfg3(
         (d.hv as u32, ops::blocks(d.dv, dvs), nseg as u32),
         256,
-        state_smem(d, dvs, arith) as u32,
+        gdn_tc_smem(d, dvs) as u32,
     );
     launch!(g, g.k.gdn_tc_state[arith as usize][slice], lc;
         qkv, ld as i32, u, w, m, e, out, segs, states, init, keep, d.hk as i32, d.hv as i32, d.dk as i32,
@@ -243,37 +209,6 @@ pub const GDN_TC_LEAF_SLICES: [usize; 3] = [32, 64, 128];
 pub fn gdn_tc_leaf_smem(d: GdnDims, bv: usize) -> usize {
     let (c, kp8, dkp, ldv) = tile_dims(d, bv);
     4 * (2 * c * (kp8 + 4) + c * (c + 4) + dkp * ldv + c * ldv)
-}
-
-/// [`gdn_tc_leaf_smem`] on f16 tiles ([`Arith::F16`]): W [64, kp8 + 4] in f32, Q [64, tile_ld_h] and M [64, 72] in
-/// f16, then S0 and v' in f32.
-pub fn gdn_tc_leaf_smem_h(d: GdnDims, bv: usize) -> usize {
-    let (c, kp8, dkp, ldv) = tile_dims(d, bv);
-    4 * c * (kp8 + 4) + 2 * (c * tile_ld_h(d) + c * (c + 8)) + 4 * (dkp * ldv + c * ldv)
-}
-
-/// Where the state and leaf passes read q and k, and whether their f32 tiles are copied 16 bytes at a time: qkv's
-/// rows, or for [`Arith::F16`] the pre-pass's f16 copy in the scratch ([`ops::gdn_wy_qk`], rows of 2 HK DK halves;
-/// [`CudaError::Unsupported`] where [`gdn_tc_f16_takes`] does not hold).
-fn tiles_from(
-    g: &Gpu,
-    arith: Arith,
-    d: GdnDims,
-    qkv: u64,
-    ld: usize,
-    rows: usize,
-    scratch: u64,
-) -> Result<(u64, usize, bool), CudaError> {
-    if arith != Arith::F16 {
-        let (_, w, m, _) = ops::gdn_wy_parts(d, rows, scratch);
-        return Ok((qkv, ld, vec_tiles(d, ld, [qkv, w, m])));
-    }
-    if !gdn_tc_f16_takes(g, d, rows, scratch) {
-        return Err(CudaError::Unsupported(format!(
-            "gated delta kernels on f16 tiles: dims {d:?} (dk a multiple of 8) or a scratch not 16-byte aligned"
-        )));
-    }
-    Ok((ops::gdn_wy_qk(d, rows, scratch), 2 * d.hk * d.dk, true))
 }
 
 /// Value columns per block of [`gdn_tc_leaf`] for `nseg` segments: the widest slice (128: every block reads the
@@ -331,16 +266,11 @@ pub fn gdn_tc_leaf(
         .position(|&s| s == dvs)
         .unwrap_or(0);
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
-    let (qkv, ld, vec) = tiles_from(g, arith, d, qkv, ld, rows, scratch)?;
-    let smem = if arith == Arith::F16 {
-        gdn_tc_leaf_smem_h(d, dvs)
-    } else {
-        gdn_tc_leaf_smem(d, dvs)
-    };
+    let vec = vec_tiles(d, ld, [qkv, w, m]);
     let lc = cfg3(
         (d.hv as u32, nseg as u32, ops::blocks(d.dv, dvs)),
         256,
-        smem as u32,
+        gdn_tc_leaf_smem(d, dvs) as u32,
     );
     launch!(g, g.k.gdn_tc_leaf[arith as usize][slice], lc;
         qkv, ld as i32, u, w, m, e, out, segs, init, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, vec as i32)
@@ -387,28 +317,17 @@ pub fn gdn_tc_chunked(
             g, qkv, ld, gg, beta, out, segs, states, nseg, d, rows, max_len, scratch,
         );
     }
-    // f16 tiles: the pre-pass and the state (and leaf) passes together, where the dims and the scratch take them;
-    // else 1xTF32 on f32 tiles in their place.
-    let f16 = tc.gdn_f16() && gdn_tc_f16_takes(g, d, rows, scratch);
-    let f32_tiles = |a: Arith| if a == Arith::F16 { Arith::Tf32 } else { a };
-    let (prep, mut state) = if f16 {
-        (Arith::F16, Arith::F16)
-    } else {
-        (f32_tiles(tc.prep), f32_tiles(tc.state))
-    };
     match crate::gdn_prep_tc::gdn_tc_prep(
-        g, prep, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch,
+        g, tc.prep, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch,
     ) {
         Err(CudaError::Unsupported(_)) => {
-            // The f32 SIMT pre-pass writes f32 tiles.
-            state = f32_tiles(state);
             ops::gdn_wy_prep(g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch)?
         }
         r => r?,
     }
     gdn_tc_state(
         g,
-        state,
+        tc.state,
         qkv,
         ld,
         out,
@@ -427,7 +346,7 @@ pub fn gdn_tc_chunked(
         if leaf_ok {
             gdn_tc_leaf(
                 g,
-                state,
+                tc.state,
                 qkv,
                 ld,
                 out,
@@ -446,7 +365,7 @@ pub fn gdn_tc_chunked(
         let keep = if leaf_ok { 2 } else { st.keep_children as i32 };
         state_pass(
             g,
-            state,
+            tc.state,
             qkv,
             ld,
             out,

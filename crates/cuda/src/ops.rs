@@ -179,10 +179,9 @@ pub struct GdnDims {
 pub const GDN_CHUNK: usize = 64;
 
 /// f32 values per stacked row of the scratch of [`gdn_chunked_wy`]: per value head U [DV], W [DK], M [chunk]
-/// and the two decays; then room for the f16 copy of q and k that the tensor-core kernels on f16 tiles use
-/// ([`gdn_wy_qk`]: 2 HK DK halves) and 16 bytes for its alignment.
+/// and the two decays.
 pub fn gdn_wy_scratch(d: GdnDims) -> usize {
-    d.hv * (d.dv + d.dk + GDN_CHUNK + 2) + d.hk * d.dk + 4
+    d.hv * (d.dv + d.dk + GDN_CHUNK + 2)
 }
 
 /// Shared memory of the two WY kernels (pre-pass, state pass with `dvs` value columns per block).
@@ -237,13 +236,6 @@ pub fn gdn_wy_parts(d: GdnDims, rows: usize, scratch: u64) -> (u64, u64, u64, u6
     let m = w + 4 * n * hv * d.dk as u64;
     let e = m + 4 * n * hv * GDN_CHUNK as u64;
     (u, w, m, e)
-}
-
-/// Address of the f16 copy of q and k (`[rows][2 HK DK]` halves, q heads then k heads; 16-byte aligned when the
-/// scratch is 4-byte aligned) in the WY scratch of `rows` stacked rows, after [`gdn_wy_parts`]'s E.
-pub fn gdn_wy_qk(d: GdnDims, rows: usize, scratch: u64) -> u64 {
-    let (_, _, _, e) = gdn_wy_parts(d, rows, scratch);
-    (e + 8 * rows as u64 * d.hv as u64).next_multiple_of(16)
 }
 
 fn gdn_wy_fits(g: &Gpu, d: GdnDims, dvs: usize) -> Result<(usize, usize), CudaError> {

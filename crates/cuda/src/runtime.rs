@@ -73,11 +73,11 @@ pub struct Kernels {
     pub gdn_conv_prep_run: CudaFunction,
     pub spin_wait: CudaFunction,
     // The tensor-core files: one kernel per [`Arith`], indexed by `Arith as usize`.
-    pub gdn_tc_prep: [CudaFunction; 3],
-    /// `gdn_tc_state_<BV>[_tf32|_h]`, one per slice width of [`crate::gdn_tc::GDN_TC_SLICES`], in that order.
-    pub gdn_tc_state: [[CudaFunction; 4]; 3],
-    /// `gdn_tc_leaf_<BV>[_tf32|_h]`, one per slice width of [`crate::gdn_tc::GDN_TC_LEAF_SLICES`], in that order.
-    pub gdn_tc_leaf: [[CudaFunction; 3]; 3],
+    pub gdn_tc_prep: [CudaFunction; 2],
+    /// `gdn_tc_state_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_SLICES`], in that order.
+    pub gdn_tc_state: [[CudaFunction; 4]; 2],
+    /// `gdn_tc_leaf_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_LEAF_SLICES`], in that order.
+    pub gdn_tc_leaf: [[CudaFunction; 3]; 2],
     /// `attention_tc`, `attention_tc_tf32`, `attention_bf`, `attention_bf1`, `attention_h` (f16 KV caches):
     /// indexed by `AttnArith as usize`.
     pub attention_tc: [CudaFunction; 5],
@@ -106,12 +106,6 @@ pub enum Arith {
     /// One TF32 product per step: operands rounded to 11 significant bits, f32 accumulation, a third of the
     /// products and none of the small halves' splits.
     Tf32 = 1,
-    /// 1xTF32 products on f16 tiles: the pre-pass writes M (and a copy of q and k) in f16, which the state pass
-    /// copies into shared memory at half the bytes (W stays f32: 5/8 of the tile bytes in all); each f16 value is
-    /// exactly a TF32 operand (11 significant bits), so the products round as 1xTF32's do. The pre-pass and the state pass take it together (the scratch's
-    /// form): asked of either, both run it ([`TcArith::gdn_f16`]). Needs a key head dim that is a multiple of 8 (else
-    /// 1xTF32).
-    F16 = 2,
 }
 
 /// How the tensor-core attention multiplies (`attention_tc*`, `attention_bf*`, `attention_h` in attn_tc.cu;
@@ -123,7 +117,7 @@ pub enum AttnArith {
     /// 3xTF32 ([`Arith::X3`]): f32 accuracy.
     #[default]
     X3 = 0,
-    /// 1xTF32 ([`Arith::Tf32`]; what attention runs for [`Arith::F16`]).
+    /// 1xTF32 ([`Arith::Tf32`]).
     Tf32 = 1,
     /// bf16x3: each operand split into two bf16 halves (hi + lo carries it to about 2^-17, as the split GEMMs
     /// carry their inputs), three products summed.
@@ -143,7 +137,7 @@ impl AttnArith {
     const fn of(a: Arith) -> Self {
         match a {
             Arith::X3 => AttnArith::X3,
-            Arith::Tf32 | Arith::F16 => AttnArith::Tf32,
+            Arith::Tf32 => AttnArith::Tf32,
         }
     }
 
@@ -171,7 +165,7 @@ pub struct TcArith {
 /// A kernel arithmetic spec [`TcArith::parse`] does not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{0:?}: expected 3xtf32, tf32, the kernels that run 1xTF32 (prep, state, attn, comma-separated), gdn=f16, or \
+    "{0:?}: expected 3xtf32, tf32, the kernels that run 1xTF32 (prep, state, attn, comma-separated), or \
      attn=3xtf32|tf32|bf16x3|bf16|f16"
 )]
 pub struct TcArithError(pub String);
@@ -188,8 +182,8 @@ impl TcArith {
 
     /// Reads `--gpu-kernels`, comma-separated items applied in order from every kernel in 3xTF32:
     /// `3xtf32` (or `none`) for every kernel in 3xTF32, `tf32` (or `all`) for every kernel in 1xTF32, a kernel that
-    /// runs 1xTF32 (`prep`, `state`, `attn`), the gated delta kernels on f16 tiles (`gdn=f16`, [`Arith::F16`]), or
-    /// attention's arithmetic by name (`attn=3xtf32`, `attn=tf32`, `attn=bf16x3`, `attn=bf16`, `attn=f16`).
+    /// runs 1xTF32 (`prep`, `state`, `attn`), or attention's arithmetic by name (`attn=3xtf32`, `attn=tf32`,
+    /// `attn=bf16x3`, `attn=bf16`, `attn=f16`).
     pub fn parse(spec: &str) -> Result<Self, TcArithError> {
         let mut t = TcArith::default();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -198,7 +192,6 @@ impl TcArith {
                 "3xtf32" | "none" => t = TcArith::all(Arith::X3),
                 "prep" => t.prep = Arith::Tf32,
                 "state" => t.state = Arith::Tf32,
-                "gdn=f16" => (t.prep, t.state) = (Arith::F16, Arith::F16),
                 "attn" | "attn=tf32" => t.attn = AttnArith::Tf32,
                 "attn=3xtf32" => t.attn = AttnArith::X3,
                 "attn=bf16x3" => t.attn = AttnArith::Bf16x3,
@@ -208,11 +201,6 @@ impl TcArith {
             }
         }
         Ok(t)
-    }
-
-    /// Whether the gated delta kernels run on f16 tiles ([`Arith::F16`], asked of the pre-pass or the state pass).
-    pub fn gdn_f16(self) -> bool {
-        self.prep == Arith::F16 || self.state == Arith::F16
     }
 
     /// For a device description: "tensor-core kernels 3xTF32", "... 1xTF32", or each kernel's.
@@ -236,7 +224,6 @@ impl Arith {
         match self {
             Arith::X3 => "3xTF32",
             Arith::Tf32 => "1xTF32",
-            Arith::F16 => "1xTF32 on f16 tiles",
         }
     }
 
@@ -245,7 +232,6 @@ impl Arith {
         match self {
             Arith::X3 => "",
             Arith::Tf32 => "_tf32",
-            Arith::F16 => "_h",
         }
     }
 }
@@ -413,11 +399,7 @@ impl Gpu {
             .max(1) as usize;
         let f = |name: &str| kernel(&modules, name);
         let big = |name: &str| big_smem(f(name)?, max_smem);
-        let (x3, tf, h) = (
-            Arith::X3.suffix(),
-            Arith::Tf32.suffix(),
-            Arith::F16.suffix(),
-        );
+        let (x3, tf) = (Arith::X3.suffix(), Arith::Tf32.suffix());
         let (states, leaves) = (
             crate::gdn_tc::GDN_TC_SLICES,
             crate::gdn_tc::GDN_TC_LEAF_SLICES,
@@ -438,17 +420,14 @@ impl Gpu {
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,
-                big(&format!("gdn_tc_prep{h}"))?,
             ],
             gdn_tc_state: [
                 per_slice(states, "gdn_tc_state", x3, &big)?,
                 per_slice(states, "gdn_tc_state", tf, &big)?,
-                per_slice(states, "gdn_tc_state", h, &big)?,
             ],
             gdn_tc_leaf: [
                 per_slice(leaves, "gdn_tc_leaf", x3, &big)?,
                 per_slice(leaves, "gdn_tc_leaf", tf, &big)?,
-                per_slice(leaves, "gdn_tc_leaf", h, &big)?,
             ],
             attention_tc: [
                 big(&format!("attention_tc{x3}"))?,
@@ -711,11 +690,7 @@ mod tests {
             ("gdn_tc_leaf", &crate::gdn_tc::GDN_TC_LEAF_SLICES),
         ];
         for (name, slices) in sets {
-            for suffix in [
-                Arith::X3.suffix(),
-                Arith::Tf32.suffix(),
-                Arith::F16.suffix(),
-            ] {
+            for suffix in [Arith::X3.suffix(), Arith::Tf32.suffix()] {
                 for bv in slices {
                     let k = format!("{name}_{bv}{suffix}");
                     assert!(
@@ -755,18 +730,6 @@ mod tests {
         assert_eq!(TcArith::parse("attn, 3xtf32").unwrap(), x3);
         assert_eq!(TcArith::parse("attn=bf16").unwrap().attn, AttnArith::Bf16);
         assert_eq!(TcArith::parse("attn=f16").unwrap().attn, AttnArith::F16);
-        // The gated delta kernels on f16 tiles: the pre-pass and the state pass together.
-        let h = TcArith::parse("tf32, gdn=f16, attn=f16").unwrap();
-        assert_eq!(
-            (h.prep, h.state, h.attn, h.gdn_f16()),
-            (Arith::F16, Arith::F16, AttnArith::F16, true)
-        );
-        assert!(!tf.gdn_f16() && !x3.gdn_f16());
-        assert_eq!(
-            h.describe(),
-            "tensor-core kernels: pre-pass 1xTF32 on f16 tiles, state pass 1xTF32 on f16 tiles, attention 1xf16 (f16 \
-             KV cache)"
-        );
         assert_eq!(TcArith::parse("attn=3xtf32").unwrap(), x3);
         assert_eq!(
             TcArith::parse("attn=bf8").unwrap_err().0,

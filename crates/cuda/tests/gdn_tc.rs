@@ -11,8 +11,8 @@ use common::delta::{
     HEADS_08B,
 };
 use common::*;
+use onepass_cuda::gdn_tc;
 use onepass_cuda::ops;
-use onepass_cuda::{gdn_prep_tc, gdn_tc};
 use onepass_cuda::{Arith, CudaError, Gpu, TcArith};
 
 /// Which state pass [`delta_gpu`] runs after `ops::gdn_wy_prep`.
@@ -31,12 +31,12 @@ enum Pass {
 
 impl Pass {
     /// Max |diff| / max(1, max |reference|) allowed against the CPU and the SIMT twin: f32 rounding for 3xTF32;
-    /// [`TF32_DELTA_TOL`] for 1xTF32, on f32 or f16 tiles.
+    /// [`TF32_DELTA_TOL`] for 1xTF32.
     fn tol(self) -> f32 {
         match self {
-            Pass::Tc(_, Arith::Tf32 | Arith::F16)
-            | Pass::TcChunked(Arith::Tf32 | Arith::F16)
-            | Pass::Leaf(_, Arith::Tf32 | Arith::F16) => TF32_DELTA_TOL,
+            Pass::Tc(_, Arith::Tf32)
+            | Pass::TcChunked(Arith::Tf32)
+            | Pass::Leaf(_, Arith::Tf32) => TF32_DELTA_TOL,
             _ => 1e-4,
         }
     }
@@ -83,25 +83,7 @@ fn run(g: &Gpu, c: &DeltaCase, dev: &TcDev, pass: Pass) -> Result<(), CudaError>
             wy,
         ),
         Pass::Wy | Pass::Tc(..) | Pass::Leaf(..) => {
-            // f16 tiles come from the tensor-core pre-pass that writes them; the others read the SIMT one's.
-            if let Pass::Tc(_, Arith::F16) | Pass::Leaf(_, Arith::F16) = pass {
-                gdn_prep_tc::gdn_tc_prep(
-                    g,
-                    Arith::F16,
-                    p.x,
-                    cd,
-                    p.g,
-                    p.beta,
-                    p.segs,
-                    ns,
-                    d,
-                    n,
-                    ml,
-                    wy,
-                )?;
-            } else {
-                ops::gdn_wy_prep(g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy)?;
-            }
+            ops::gdn_wy_prep(g, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy)?;
             match pass {
                 Pass::Tc(dvs, a) => tc_state(g, c, dev, dvs, a, true),
                 Pass::Leaf(dvs, a) => leaf(g, c, dev, dvs, a),
@@ -221,24 +203,13 @@ fn gdn_tc_state_matches_cpu_and_wy() {
             "{d:?} {short:?}{} g x{gscale}",
             if lens.len() > 8 { "..." } else { "" }
         );
-        let passes = [Arith::X3, Arith::Tf32, Arith::F16]
-            .into_iter()
-            .flat_map(|a| {
-                gdn_tc::GDN_TC_SLICES
-                    .iter()
-                    .map(move |&b| Pass::Tc(b, a))
-                    .chain([Pass::TcChunked(a)])
-            });
+        let passes = [Arith::X3, Arith::Tf32].into_iter().flat_map(|a| {
+            gdn_tc::GDN_TC_SLICES
+                .iter()
+                .map(move |&b| Pass::Tc(b, a))
+                .chain([Pass::TcChunked(a)])
+        });
         for pass in passes {
-            // f16 tiles need dk a multiple of 8: the pass says so; gdn_tc_chunked runs 1xTF32 in its place.
-            if let (Pass::Tc(_, Arith::F16), false) = (pass, d.dk.is_multiple_of(8)) {
-                let err = run(&g, &c, &upload(&g, &c), pass).unwrap_err();
-                assert!(
-                    matches!(err, CudaError::Unsupported(_)),
-                    "{pass:?} {tag}: {err}"
-                );
-                continue;
-            }
             let (o, s) = delta_gpu(&g, &c, pass);
             let tol = pass.tol();
             check(&format!("tc out vs cpu {pass:?} {tag}"), &o, &want_o, tol);
@@ -279,10 +250,7 @@ fn gdn_tc_leaf_matches_cpu() {
         let c = delta_case(d, &lens, 71).decays_x(gscale);
         let (want_o, _) = delta_cpu(&c);
         let short: Vec<usize> = lens.iter().copied().take(8).collect();
-        for a in [Arith::X3, Arith::Tf32, Arith::F16] {
-            if a == Arith::F16 && !d.dk.is_multiple_of(8) {
-                continue; // f16 tiles need dk a multiple of 8 (the state pass test checks the refusal)
-            }
+        for a in [Arith::X3, Arith::Tf32] {
             for &bv in &gdn_tc::GDN_TC_LEAF_SLICES {
                 let pass = Pass::Leaf(bv, a);
                 let (o, s) = delta_gpu(&g, &c, pass);
@@ -332,17 +300,16 @@ fn gdn_tc_state_rejects_unsupported_dims() {
 /// Not a check (ignored like the GPU tests): the state pass on the Qwen3.5-0.8B head shape
 /// (hk 16, hv 16, dk 128, dv 128) for the System One segment shapes: µs per call (warm-up, then 20 launches,
 /// synchronize, host timer) of `ops::gdn_wy_state` (its slice and 8/16/32) against `gdn_tc_state` (8/16/32/64
-/// and the launcher's pick), and the pre-pass they share; then the tensor-core pre-pass in 1xTF32 and on f16 tiles,
-/// and the state and leaf passes on f16 tiles.
+/// and the launcher's pick), and the pre-pass they share.
 #[test]
 #[ignore = "a timing table on a CUDA GPU, not a check (run with --include-ignored on a GPU machine)"]
 fn gdn_tc_timings() {
     let g = gpu();
     let d = HEADS_08B;
     println!(
-        "| segments | prep | wy_state (its slice) | wy 8 / 16 / 32 | tc 8 / 16 / 32 / 64 | tc (its slice) | speed-up | tc 1xTF32 (its slice) | leaf 32 / 64 / 128 (1xTF32 its slice) | tc prep 1xTF32 / f16 tiles | f16 tiles 8 / 16 / 32 / 64 (its slice) | leaf f16 tiles (its slice) |"
+        "| segments | prep | wy_state (its slice) | wy 8 / 16 / 32 | tc 8 / 16 / 32 / 64 | tc (its slice) | speed-up | tc 1xTF32 (its slice) | leaf 32 / 64 / 128 (1xTF32 its slice) |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for lens in bench_lens() {
         let c = delta_case(d, &lens, 80);
         let dev = upload(&g, &c);
@@ -384,37 +351,12 @@ fn gdn_tc_timings() {
         } else {
             "-".into()
         };
-        // On f16 tiles (last: their pre-pass leaves the scratch in f16): the tensor-core pre-pass 1xTF32 and its f16
-        // twin, the state pass at every slice and its own, the leaf pass at its own slice.
-        let tc_prep = |a: Arith| {
-            time(&|| {
-                gdn_prep_tc::gdn_tc_prep(&g, a, p.x, cd, p.g, p.beta, p.segs, ns, d, n, ml, wy)
-                    .unwrap()
-            })
-        };
-        let (prep_tf, prep_h) = (tc_prep(Arith::Tf32), tc_prep(Arith::F16));
-        let h_at = |dvs: usize| time(&|| tc_state(&g, &c, &dev, dvs, Arith::F16, true).unwrap());
-        let h_all: Vec<String> = gdn_tc::GDN_TC_SLICES
-            .iter()
-            .map(|&b| format!("{:.1}", h_at(b)))
-            .collect();
-        let h_leaf = if ml <= ops::GDN_CHUNK {
-            let pick = gdn_tc::gdn_tc_leaf_slice(d, ns);
-            format!(
-                "{:.1}",
-                time(&|| leaf(&g, &c, &dev, pick, Arith::F16).unwrap())
-            )
-        } else {
-            "-".into()
-        };
         println!(
-            "| {} | {prep:.1} | {wy_best:.1} ({wy_pick}) | {} | {} | {tc_best:.1} ({tc_pick}) | {:.1}x | {tf_best:.1} | {leaf_cols} | {prep_tf:.1} / {prep_h:.1} | {} ({:.1}) | {h_leaf} |",
+            "| {} | {prep:.1} | {wy_best:.1} ({wy_pick}) | {} | {} | {tc_best:.1} ({tc_pick}) | {:.1}x | {tf_best:.1} | {leaf_cols} |",
             lens_label(&lens),
             wys.join(" / "),
             tcs.join(" / "),
-            wy_best / tc_best,
-            h_all.join(" / "),
-            h_at(tc_pick)
+            wy_best / tc_best
         );
     }
     println!("(µs per call, 0.8B heads: hk 16, hv 16, dk 128, dv 128)");
