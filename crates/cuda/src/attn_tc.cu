@@ -132,10 +132,9 @@ __device__ __forceinline__ void atc_load_keys(float* dst, const AtcSrc& src, con
 
 // A row's running max and sum, and the causal mask, scale and online softmax of one key tile's scores:
 // sc[j][e] (NJ tiles of 8 keys) is (row e < 2 ? r0 : r1, key k0 + 8j + 2tg + (e & 1)) and becomes its unnormalised
-// probability. Scores
-// are kept in base-2 units (scale2 = scale · log2 e, so exp2 replaces exp; m too, as the partials store it). The
-// output accumulators are rescaled to the new max only when some row of the warp has a new max (a factor of exactly
-// 1 elsewhere: skipping it changes nothing).
+// probability. Scores are kept in base-2 units (scale2 = scale · log2 e, so exp2 replaces exp; m too, as the partials
+// store it). The output accumulators are rescaled to the new max only when some row of the warp has a new max (a
+// factor of exactly 1 elsewhere: skipping it changes nothing).
 template <int NT, int NJ = ATC_NK / 8>
 __device__ __forceinline__ void atc_softmax(float (&sc)[NJ][4], float (&o)[NT][4], int k0, int kend, int p0,
                                             int p1, float scale2, int tg, float& m0, float& m1, float& l0,
@@ -698,7 +697,8 @@ __device__ __forceinline__ void attention_h_t(const float* __restrict__ q, const
 }
 
 // As attention_tc (arguments, grid, block, partials), over f16 K/V caches; D % 8 == 0, D <= 256; dynamic shared memory
-// (ATC_M + 4 ATH_NK) * (Dp + 8) halves, Dp = 64, 128 or 256 (the least >= D; smem_h in attn_tc.rs).
+// (ATC_M + 4 ATH_NK) * (Dp + 8) halves, Dp = 64, 128 or 256 (the least >= D; `smem` with AttnArith::F16 in
+// attn_tc.rs).
 KERNEL(attention_h) void __launch_bounds__(128, 2)
     attention_h(const float* __restrict__ q, const float* __restrict__ proj, int ld, const int* seg, const u64* kv,
                 int H, int HKV, int D, float scale, void* out, int mode, int ns, int target, int nrows, int nseg,

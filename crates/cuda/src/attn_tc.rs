@@ -2,7 +2,7 @@
 //! on mma.sync, in the arithmetic [`AttnArith`] names: 3xTF32 (each f32 operand split into two TF32 parts, three
 //! products: f32 rounding of the CPU reference), 1xTF32 (one product, 2^-11 operands), bf16x3 (two bf16 parts,
 //! three m16n8k16 products: about 2^-17, split mode's default) or one bf16 product; or, over KV caches held in f16
-//! (`attention_h`), one f16 product with 2^-11 operands as 1xTF32's (opt-in: `attn=f16`).
+//! (`attention_h`), one f16 product with 2^-11 operands as 1xTF32's (the half precision's default).
 //!
 //! One block per (tile of query rows of a segment, KV head, split of the tile's keys): the block's 64 rows are
 //! (token, query head of the KV group) pairs, so one K/V tile in shared memory serves all the query heads that
@@ -124,8 +124,8 @@ pub fn attention_f16_supported(g: &Gpu, a: AttnDims) -> bool {
 /// Causal attention over each segment's KV cache, times sigmoid(gate), on tensor cores: same inputs and result
 /// as [`crate::ops::attention_tiled`]. q: [N, H, D] (from [`crate::ops::attn_prep`]); proj: [N, ld] (gate of head h at
 /// h*2D + D); segs: [S, 3] i32 (start row, rows, position of the first row); kv: [S, KV_ENTRIES]
-/// ([`crate::ops::KV_ENTRIES`]; f16 caches with [`AttnArith::F16`], f32 with the others); `max_len`: the longest segment; `rows`: N; out: [N, H*D]. At most `splits` key
-/// splits per tile (1..=[`MAX_SPLITS`], [`attention_tc_plan`]; 1: no scratch, no merge kernel); scratch:
+/// ([`crate::ops::KV_ENTRIES`]; f16 caches with [`AttnArith::F16`], f32 with the others); `max_len`: the longest
+/// segment; `rows`: N; out: [N, H*D]. At most `splits` key splits per tile (1..=[`MAX_SPLITS`], [`attention_tc_plan`]; 1: no scratch, no merge kernel); scratch:
 /// [`attention_tc_scratch_len`]`(splits, rows, a)` f32 values. `per_segment`: each segment's splits from its own
 /// length (at most its share of the grid's blocks over its tiles and KV heads, the kernel's `atc_seg_splits`, as
 /// [`attention_tc_plan`] counts them; `splits` caps them), so a tile's sums do not depend on the other segments of the

@@ -424,8 +424,8 @@ pub struct AttnDims {
 }
 
 /// Addresses per segment in the KV table of [`attn_prep`] and the attention kernels: own k, own v (caches
-/// [cap, HKV, D], f32 or f16 as the model keeps them), base k, base v (the read-only cache of the state this one was forked from), base
-/// length (positions below it are read from the base, the rest from own rows `pos - base`).
+/// [cap, HKV, D], f32 or f16 as the model keeps them), base k, base v (the read-only cache of the state this one was
+/// forked from), base length (positions below it are read from the base, the rest from own rows `pos - base`).
 pub const KV_ENTRIES: usize = 5;
 
 /// q/k RMSNorm + partial RoPE; q to q_out [N, H, D]; k, v appended to each row's segment cache at

@@ -411,9 +411,10 @@ impl Gpu {
             };
         }
         let k = by_name! {
-            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows, head_argmax_bf16,
-            gemv_norm_bf16, gemv_norm_half, attn_prep, attn_prep_h, swiglu, to_bf16, rows_dot, add2_rms_norm, gdn_conv_prep_run, spin_wait,
-            dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate, qmma_split_sum;
+            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows,
+            head_argmax_bf16, gemv_norm_bf16, gemv_norm_half, attn_prep, attn_prep_h, swiglu, to_bf16, rows_dot,
+            add2_rms_norm, gdn_conv_prep_run, spin_wait, dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate,
+            qmma_split_sum;
             qmma_pq2: [big_smem_shared(f("qmma_pq2")?, max_smem)?, big("qmma_pq2_16")?],
             qmma_q8: big("qmma_q8")?,
             qwg_pq2: big_smem_shared(f("qwg_pq2")?, max_smem)?,
