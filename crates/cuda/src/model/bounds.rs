@@ -111,7 +111,7 @@ pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, Stri
                 let dv = c.linear_value_head_dim as f64;
                 dv.sqrt() * largest_abs(m.param(l, Param::GatedNormWeight)?) * z.max(SILU_NEG_MAX)
             }
-            LayerKind::Attention => h_in * max_row_norm(m.linear(l, Projection::AttnIn)?[2])?,
+            LayerKind::Attention => attn_v_bound(m, l)?,
         };
         let gu = m.linear(l, Projection::MlpIn)?;
         let mlp = (h_post * max_row_norm(gu[0])?).max(SILU_NEG_MAX) * h_post * max_row_norm(gu[1])?;
@@ -125,26 +125,32 @@ pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, Stri
     Ok(Ok(exps))
 }
 
+/// The largest |value| of attention layer `l`'s v rows, so of its output too (a convex mix of them times a sigmoid
+/// gate): sqrt(hidden) times the input norm's largest gain times W_v's largest row 2-norm (Cauchy-Schwarz; a rotated
+/// pack's rotation keeps 2-norms). W_v must be float.
+fn attn_v_bound(m: &Model, l: usize) -> Result<f64, CudaError> {
+    let root_k = (m.text_config().hidden_size as f64).sqrt();
+    let gain = largest_abs(m.param(l, Param::NormGain(NormSite::Input))?);
+    Ok(root_k * gain * max_row_norm(m.linear(l, Projection::AttnIn)?[2])?)
+}
+
 /// The largest |value| attention's q, k and v can take, from the weights alone (`None`: no bound, a block-format
 /// or non-finite weight). q and k are RMS-normed per head, each value at most sqrt(D) times the norm's largest gain
-/// (the rotary turns pairs of values, which keeps each pair's 2-norm); v is a projection of the normed hidden row,
-/// at most sqrt(hidden) times the input norm's largest gain times W_v's largest row 2-norm (Cauchy-Schwarz; a rotated
-/// pack's rotation keeps 2-norms).
+/// (the rotary turns pairs of values, which keeps each pair's 2-norm); v at most [`attn_v_bound`].
 pub(super) fn kv_bound(m: &Model) -> Result<Option<f64>, CudaError> {
     let c = m.text_config();
-    let (root_k, root_d) = ((c.hidden_size as f64).sqrt(), (c.head_dim as f64).sqrt());
+    let root_d = (c.head_dim as f64).sqrt();
     let mut big = 0f64;
     for (l, kind) in c.layer_types.iter().enumerate() {
         if *kind != LayerKind::Attention {
             continue;
         }
         let gain = |p: Param| -> Result<f64, CudaError> { Ok(largest_abs(m.param(l, p)?)) };
-        let w_v = m.linear(l, Projection::AttnIn)?[2];
-        if !w_v.dtype().is_float() {
+        if !m.linear(l, Projection::AttnIn)?[2].dtype().is_float() {
             return Ok(None);
         }
         let qk = root_d * gain(Param::QNormGain)?.max(gain(Param::KNormGain)?);
-        let v = root_k * gain(Param::NormGain(NormSite::Input))? * max_row_norm(w_v)?;
+        let v = attn_v_bound(m, l)?;
         if !(qk.is_finite() && v.is_finite()) {
             return Ok(None);
         }
