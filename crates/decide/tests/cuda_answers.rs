@@ -136,12 +136,23 @@ fn load_engine(
 }
 
 fn gpu_engine(dir: &Path, precision: Precision, budget: usize) -> Engine<CudaBackend> {
+    gpu_engine_with(dir, precision, budget, None)
+}
+
+/// [`gpu_engine`] with the tensor-core kernels' arithmetic `kernels` (`None`: the precision's).
+fn gpu_engine_with(
+    dir: &Path,
+    precision: Precision,
+    budget: usize,
+    kernels: Option<TcArith>,
+) -> Engine<CudaBackend> {
     load_engine(
         dir,
         no_lru(),
         &CudaOptions {
             precision,
             memory_budget_bytes: budget,
+            kernels,
             ..CudaOptions::default()
         },
     )
@@ -210,17 +221,7 @@ fn gpu_answers_match_cpu_engine() {
         for (prec, tc, max_tol, mean_tol) in runs {
             // Uploaded with the kernels asked for: the KV caches' form (f16 for attention in f16, else f32) is
             // fixed at upload, so half runs on both.
-            let gpu = load_engine(
-                dir,
-                no_lru(),
-                &CudaOptions {
-                    precision: prec,
-                    memory_budget_bytes: 4 << 30,
-                    kernels: Some(tc),
-                    ..CudaOptions::default()
-                },
-            )
-            .expect("GPU engine");
+            let gpu = gpu_engine_with(dir, prec, 4 << 30, Some(tc));
             let m = gpu.model().model();
             // These checkpoints' bound keeps q, k and v far inside f16's range: attention in f16 takes f16 caches.
             if tc.attn == AttnArith::F16 && !m.kv_f16() {
