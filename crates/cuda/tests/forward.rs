@@ -65,16 +65,17 @@ fn half_precision_lands_between_mixed_and_bf16() {
     let g = gpu();
     let mut fails = Vec::new();
     let f32_kv = Some(TcArith::all(Arith::Tf32));
+    // (name, precision, kernels, f16 KV caches expected)
     let runs = [
-        ("mixed", Precision::Mixed, None),
-        ("half", Precision::Half, None),
-        ("half f32 KV", Precision::Half, f32_kv),
-        ("bf16", Precision::Bf16, None),
+        ("mixed", Precision::Mixed, None, false),
+        ("half", Precision::Half, None, true),
+        ("half f32 KV", Precision::Half, f32_kv, false),
+        ("bf16", Precision::Bf16, None, false),
     ];
     for preset in ["tiny-gva", "tiny-attn-first", "tiny-bf16"] {
         let (_dir, m) = load(preset, DType::BF16);
         let mut worst = Vec::new();
-        for (name, prec, kernels) in runs {
+        for (name, prec, kernels, f16_kv) in runs {
             let o = CudaOptions {
                 precision: prec,
                 kernels,
@@ -87,7 +88,7 @@ fn half_precision_lands_between_mixed_and_bf16() {
                 prec,
                 "{preset}: the upload fell back from {prec:?}"
             );
-            if gm.kv_f16() != (name == "half") {
+            if gm.kv_f16() != f16_kv {
                 fails.push(format!("{preset} {name}: f16 KV caches {}", gm.kv_f16()));
             }
             worst.push(check_forward(
