@@ -56,7 +56,8 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
         want_o,
         F32_TOL,
     );
-    // attn_prep's f16 rows: the CPU's k (norm, rotary) rounded once to f16, v as projected.
+    // attn_prep's f16 rows: the CPU's k (norm, rotary) rounded once to f16; v as attn_prep writes it into the f32
+    // caches (the projection's values), rounded once.
     let row = a.kv_heads * dd;
     for (s, (c16, &(t, past))) in r.caches16.iter().zip(&SEGS).enumerate() {
         let own = (past + t - BASES[s]) * row;
@@ -65,6 +66,13 @@ fn attention_tc_case(g: &onepass_cuda::Gpu, a: AttnDims) {
             &format!("attn_prep f16 k cache, segment {s}, D={dd}"),
             &got,
             &r.want_k[s][BASES[s] * row..],
+            F16_TOL,
+        );
+        let got_v = from_f16_bits(&g.download(&c16[1], own).unwrap());
+        check(
+            &format!("attn_prep f16 v cache, segment {s}, D={dd}"),
+            &got_v,
+            &g.download(&r.caches[s][1], own).unwrap(),
             F16_TOL,
         );
     }
