@@ -21,11 +21,15 @@ KERNEL(simt) void add2_rms_norm(float* x, int ldx, const float* __restrict__ f, 
     norm_rows<true>(x, ldx, f, lo, gain, eps, dim, out, mode, ldo, rows);
 }
 
-// The gates of row n: g = neg_a * softplus(a + dt_bias), beta = sigmoid(b), one head per lane.
-__device__ __forceinline__ void gdn_gates_row(const float* __restrict__ x, int ld, int n, int off_a, int off_b,
-                                              const float* neg_a, const float* dt_bias, int hv, float* g,
-                                              float* beta, int lane) {
-    for (int h = lane; h < hv; h += 32) {
+// The gates of rows n0 .. n0 + nt - 1: g = neg_a * softplus(a + dt_bias), beta = sigmoid(b), one (row, head) per
+// lane and step (the rows' loads in flight together, not one row's after another's).
+__device__ __forceinline__ void gdn_gates_rows(const float* __restrict__ x, int ld, int n0, int nt, int off_a,
+                                               int off_b, const float* __restrict__ neg_a,
+                                               const float* __restrict__ dt_bias, int hv, float* __restrict__ g,
+                                               float* __restrict__ beta, int lane) {
+#pragma unroll 4
+    for (int i = lane; i < nt * hv; i += 32) {
+        const int n = n0 + i / hv, h = i % hv;
         float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
         float sp = a > 20.0f ? a : log1pf(expf(a));
         g[(idx_t)n * hv + h] = neg_a[h] * sp;
@@ -48,24 +52,39 @@ __device__ __forceinline__ bool conv_group(int grp, int hk, int dk, int cd, int&
     return vg * 128 < vch;
 }
 
-// One row's conv outputs v (channel lane + 32 i of the group) to o: a q or k head (grp < 2 hk) L2-normalised
-// (shuffle reduction, whole warp), q also times scale.
-__device__ __forceinline__ void conv_store(const float (&v)[8], int grp, int hk, int size, float scale, float* o,
+// One row's conv outputs v to o, v[4 i + e] being channel 128 i + 4 lane + e of the group (NC chunks of 128): a q
+// or k head (grp < 2 hk) L2-normalised (shuffle reduction, whole warp), q also times scale. Every caller holds the
+// channels the same way and sums the squares in the same order (chunk, then channel), so a row's result does not
+// depend on which path computed it. V4: one 16-byte store per chunk (o 16-byte aligned, size a multiple of 4).
+template <int NC, bool V4>
+__device__ __forceinline__ void conv_store(const float (&v)[4 * NC], int grp, int hk, int size, float scale, float* o,
                                            int lane) {
     const bool norm = grp < 2 * hk;
     float mul = 1.0f;
     if (norm) {
         float ss = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (lane + 32 * i < size) ss += v[i] * v[i];
+        for (int i = 0; i < 4 * NC; i++)
+            if (128 * (i / 4) + 4 * lane + i % 4 < size) ss += v[i] * v[i];
         ss = warp_sum(ss);
         mul = 1.0f / sqrtf(ss + 1e-6f);
         if (grp < hk) mul *= scale;
     }
+    float r[4 * NC];
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (lane + 32 * i < size) o[lane + 32 * i] = norm ? v[i] * mul : v[i];
+    for (int i = 0; i < 4 * NC; i++) r[i] = norm ? v[i] * mul : v[i];
+#pragma unroll
+    for (int i = 0; i < NC; i++) {
+        const int c = 128 * i + 4 * lane;
+        if constexpr (V4) {
+            // (a plain float4 store came out of NVRTC as four 4-byte stores here)
+            if (c < size) __stwb((float4*)(o + c), make_float4(r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]));
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (c + e < size) o[c + e] = r[4 * i + e];
+        }
+    }
 }
 
 // One token's conv outputs for channel group grp (c0, size from conv_group): depthwise causal conv1d + SiLU as
@@ -92,7 +111,7 @@ __device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, 
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        int cc = lane + 32 * i;
+        int cc = 128 * (i / 4) + 4 * lane + i % 4;
         v[i] = 0.0f;
         if (cc < size) {
             int c = c0 + cc;
@@ -111,20 +130,69 @@ __device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, 
             v[i] = silu_f(acc);
         }
     }
-    conv_store(v, grp, hk, size, scale, out + (idx_t)n * cd + c0, lane);
+    conv_store<2, false>(v, grp, hk, size, scale, out + (idx_t)n * cd + c0, lane);
+}
+
+#define CONV_RUN 8
+// Rows n0 .. n0 + m - 1 (m <= CONV_RUN, all of one segment: `start`, parent end `pend`, conv state `st`) of channel
+// group grp (size <= 128, a multiple of 4), K = 4: lane owns channels 4 lane .. 4 lane + 3 (one 16-byte load of each
+// of the m + 3 window rows, four of the taps, one 16-byte store per output row). The window's rows before the
+// segment come from its parent's rows or its conv state, as conv_token's taps; the same sums in the same order.
+__device__ __forceinline__ void conv_rows4(const float* __restrict__ x, int ld, float* __restrict__ out,
+                                           const float* __restrict__ w, int cd, int start, int pend,
+                                           const float* st, int hk, float scale, int n0, int m, int grp, int c0,
+                                           int size, int lane) {
+    const int c = c0 + 4 * lane;
+    const bool own = 4 * lane < size;
+    float4 xr[CONV_RUN + 3];  // window row jr: segment time t0 - 3 + jr
+#pragma unroll
+    for (int jr = 0; jr < CONV_RUN + 3; jr++) {
+        const int tau = n0 - start - 3 + jr;
+        const float* row = tau >= 0    ? x + (idx_t)(start + tau) * ld
+                           : pend >= 0 ? x + (idx_t)(pend + tau) * ld
+                                       : st + (idx_t)(3 + tau) * cd;
+        xr[jr] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (own && jr < m + 3) xr[jr] = __ldg((const float4*)(row + c));
+    }
+    float4 wc[4];  // the taps of channels c .. c + 3
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        wc[e] = own ? __ldg((const float4*)(w + 4 * (c + e))) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < CONV_RUN; j++) {
+        if (j >= m) break;
+        const float4 x0 = xr[j], x1 = xr[j + 1], x2 = xr[j + 2], x3 = xr[j + 3];
+        const float a0[4] = {x0.x, x0.y, x0.z, x0.w}, a1[4] = {x1.x, x1.y, x1.z, x1.w};
+        const float a2[4] = {x2.x, x2.y, x2.z, x2.w}, a3[4] = {x3.x, x3.y, x3.z, x3.w};
+        float v[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float acc = 0.0f;
+            acc += wc[e].x * a0[e];
+            acc += wc[e].y * a1[e];
+            acc += wc[e].z * a2[e];
+            acc += wc[e].w * a3[e];
+            v[e] = own ? silu_f(acc) : 0.0f;
+        }
+        conv_store<1, true>(v, grp, hk, size, scale, out + (idx_t)(n0 + j) * cd + c0, lane);
+    }
 }
 
 // The Gated DeltaNet mixer inputs, one warp per channel group and run of CONV_RUN consecutive token rows: the q and
 // k heads (dk channels each, L2-normalised; q also times `scale`) and the v channels in groups of 128; depthwise
-// causal conv1d + SiLU as gdn_conv_prep, the norms with the same per-lane order and shuffle reduction (so the result
-// equals gdn_conv_prep's bit for bit), and the gates (block y 0, warp 0). Many small blocks instead of one block per
-// token: every load of a warp in flight at once. When a run's rows are one segment's, past its first K - 1 (and K =
-// 4), the warp loads the run's CONV_RUN + 3 input rows once and computes every output from them: 7 row loads for 4
-// outputs instead of 16 (workload 3's conv op 2.32 -> 2.13 ms, run s11e, against one token per warp; a sliding
-// window of 8 rows per warp, each output waiting for its row's load, had gone 2.30 -> 2.61); other runs go token by
-// token (conv_token). grid (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows.
-// gdn_conv_state then advances the states.
-#define CONV_RUN 4
+// causal conv1d + SiLU as gdn_conv_prep, and the gates (block y 0, warp 0). Many small blocks instead of one block
+// per token: every load of a warp in flight at once. History: with CONV_RUN 4, lane owning channels lane + 32 i
+// (4-byte loads), a warp loading a run's 7 input rows once for its 4 outputs (16 loads token by token) when the run
+// was one segment's, past its first K - 1, other runs token by token: workload 3's conv op 2.32 -> 2.13 ms, run
+// s11e, against one token per warp (a sliding window of 8 rows per warp, each output waiting for its row's load, had
+// gone 2.30 -> 2.61); 122 us a layer on a 3,691-token request, about 2x off the H100's bandwidth. Now (not yet
+// measured on a GPU): lane owns 4 consecutive channels (16-byte loads and stores, conv_rows4), runs of 8 (11 row
+// loads for 8 outputs), each segment's part of a run in that path, its rows before the segment from the parent or
+// the conv state. It needs K = 4, groups of at most 128 channels (dk <= 128) and 16-byte aligned rows (x, ld, out,
+// cd, w, dk; a segment's state when the window reads it); otherwise token by token (conv_token). Both hold the
+// channels the same way, so the result does not depend on the path (batch invariance); it equals gdn_conv_prep's up
+// to the order of the norm's sum. grid (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the
+// rows. gdn_conv_state then advances the states.
 KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* __restrict__ out,
                                     const float* __restrict__ w, int K, int cd, const int* seg,
                                     const int* tok, const u64* states, const int* par, int hk, int dk,
@@ -135,43 +203,21 @@ KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* 
     pdl_launch();
     const int n0 = CONV_RUN * blockIdx.x, nt = min(CONV_RUN, n - n0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (blockIdx.y == 0 && warp == 0)
-        for (int j = 0; j < nt; j++) gdn_gates_row(x, ld, n0 + j, off_a, off_b, neg_a, dt_bias, hv, g, beta, lane);
+    if (blockIdx.y == 0 && warp == 0) gdn_gates_rows(x, ld, n0, nt, off_a, off_b, neg_a, dt_bias, hv, g, beta, lane);
     const int grp = blockIdx.y * 4 + warp;
     int c0, size;
     if (!conv_group(grp, hk, dk, cd, c0, size)) return;
-    const int s = tok[2 * n0];
-    const bool run = K == 4 && ((u64)w & 15) == 0 && nt == CONV_RUN && tok[2 * (n0 + nt - 1)] == s &&
-                     n0 - seg[3 * s] >= K - 1;
-    if (!run) {
-        for (int j = 0; j < nt; j++)
-            conv_token(x, ld, out, w, K, cd, seg, tok, states, par, hk, scale, n0 + j, grp, c0, size, lane);
-        return;
+    const bool vec = K == 4 && dk <= 128 && dk % 4 == 0 && cd % 4 == 0 && ld % 4 == 0 &&
+                     (((u64)x | (u64)out | (u64)w) & 15) == 0;
+    for (int j0 = 0; j0 < nt;) {
+        const int s = tok[2 * (n0 + j0)], start = seg[3 * s], pend = conv_parent_end(seg, par, s);
+        const int j1 = min(nt, start + seg[3 * s + 1] - n0);  // the run's rows j0 .. j1 - 1 are segment s's
+        const float* st = (const float*)states[s];
+        if (vec && (n0 + j0 - start >= 3 || pend >= 0 || ((u64)st & 15) == 0))
+            conv_rows4(x, ld, out, w, cd, start, pend, st, hk, scale, n0 + j0, j1 - j0, grp, c0, size, lane);
+        else
+            for (int j = j0; j < j1; j++)
+                conv_token(x, ld, out, w, K, cd, seg, tok, states, par, hk, scale, n0 + j, grp, c0, size, lane);
+        j0 = j1;
     }
-    const float* r = x + (idx_t)(n0 - 3) * ld;  // rows n0 - 3 .. n0 + CONV_RUN - 1
-    float v[CONV_RUN][8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int cc = lane + 32 * i;
-#pragma unroll
-        for (int j = 0; j < CONV_RUN; j++) v[j][i] = 0.0f;
-        if (cc < size) {
-            const int c = c0 + cc;
-            const float4 wc = *(const float4*)(w + 4 * c);
-            float xr[CONV_RUN + 3];
-#pragma unroll
-            for (int j = 0; j < CONV_RUN + 3; j++) xr[j] = r[(idx_t)j * ld + c];
-#pragma unroll
-            for (int j = 0; j < CONV_RUN; j++) {
-                float acc = 0.0f;
-                acc += wc.x * xr[j];
-                acc += wc.y * xr[j + 1];
-                acc += wc.z * xr[j + 2];
-                acc += wc.w * xr[j + 3];
-                v[j][i] = silu_f(acc);
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < CONV_RUN; j++) conv_store(v[j], grp, hk, size, scale, out + (idx_t)(n0 + j) * cd + c0, lane);
 }

@@ -305,7 +305,7 @@ pub fn gdn_wy_state(
 }
 
 /// Token rows per warp of `gdn_conv_prep_run` (`CONV_RUN` in fused.cu).
-const CONV_RUN: usize = 4;
+const CONV_RUN: usize = 8;
 
 /// The Gated DeltaNet mixer inputs, parallel over tokens (tests hold it to the CPU's causal conv1d,
 /// L2 norm and gates): conv1d + SiLU of channels 0..cd of x [N, ld] into out [N, cd] (the K-1 inputs before a
