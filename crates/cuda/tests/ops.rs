@@ -599,38 +599,66 @@ fn conv_prep_cpu(
 }
 
 /// The token-parallel conv + L2 norm + gates kernel against the CPU's causal conv1d + SiLU, L2 norm and gates:
-/// outputs, gates and the advanced conv states, on
-/// segments of 1, 2, 63, 130 and 3 tokens (shorter and longer than the conv window) and K = 4 and 2.
+/// outputs, gates and the advanced conv states, on segments of 1, 2, 63, 130 and 3 tokens (shorter and longer than
+/// the conv window; runs of rows that span segments, start them or end them), K = 4 and 2, rows of x 16-byte aligned
+/// (ld % 4 == 0: K = 4 takes the 16-byte path) or not (token by token), and with two child segments (their inputs
+/// before them from their parent's last rows, one of them after its parent in the batch, one before), and conv
+/// states 16-byte aligned or not (`skew`: the windows that read them token by token).
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gdn_conv_prep_matches_cpu() {
     let g = gpu();
-    for k in [4usize, 2] {
-        let d = GdnDims {
-            hk: 2,
-            hv: 6,
-            dk: 40,
-            dv: 20,
-        };
-        let cd = 2 * d.hk * d.dk + d.hv * d.dv;
-        let (off_a, off_b, ld) = (cd + 7, cd + 7 + d.hv, cd + 7 + 2 * d.hv + 3);
-        let lens = [1usize, 2, 63, 130, 3];
-        let n: usize = lens.iter().sum();
+    let d = GdnDims {
+        hk: 2,
+        hv: 6,
+        dk: 40,
+        dv: 20,
+    };
+    let cd = 2 * d.hk * d.dk + d.hv * d.dv;
+    let lens = [1usize, 2, 63, 130, 3];
+    let n: usize = lens.iter().sum();
+    let starts: Vec<usize> = lens
+        .iter()
+        .scan(0, |a, &l| Some(std::mem::replace(a, *a + l)))
+        .collect();
+    for (k, pad, parents, skew) in [
+        (4usize, 5, false, false),
+        (4, 5, true, false),
+        (4, 5, false, true),
+        (4, 3, false, false),
+        (4, 3, true, false),
+        (2, 5, true, false),
+        (2, 3, false, false),
+    ] {
+        // pad 5: ld % 4 == 0; pad 3: not
+        let (off_a, off_b, ld) = (cd + 7, cd + 7 + d.hv, cd + 7 + 2 * d.hv + pad);
         let x = rnd(n * ld, 90 + k as u64);
         let w = rnd(cd * k, 91);
         let neg_a: Vec<f32> = rnd(d.hv, 92).iter().map(|v| -(v + 1.5)).collect();
         let dt = rnd(d.hv, 93);
+        let par: Vec<i32> = if parents {
+            vec![-1, 3, -1, -1, 2]
+        } else {
+            vec![-1; lens.len()]
+        };
         let (mut segs, mut tok) = (Vec::new(), Vec::new());
-        let mut start = 0;
         for (s, &len) in lens.iter().enumerate() {
-            segs.extend([start as i32, len as i32, 5]);
+            segs.extend([starts[s] as i32, len as i32, 5]);
             for i in 0..len {
                 tok.extend([s as i32, (5 + i) as i32]);
             }
-            start += len;
         }
         let st0: Vec<Vec<f32>> = (0..lens.len())
             .map(|s| rnd((k - 1) * cd, 100 + s as u64))
+            .collect();
+        // The CPU's view: a child's conv state is its parent's last K-1 input rows (the GPU's own is ignored).
+        let st0_cpu: Vec<Vec<f32>> = (0..lens.len())
+            .map(|s| match usize::try_from(par[s]) {
+                Ok(p) => (starts[p] + lens[p] + 1 - k..starts[p] + lens[p])
+                    .flat_map(|r| x[r * ld..r * ld + cd].to_vec())
+                    .collect(),
+                Err(_) => st0[s].clone(),
+            })
             .collect();
         let (xd, wd, sd, td) = (
             g.upload(&x).unwrap(),
@@ -638,55 +666,69 @@ fn gdn_conv_prep_matches_cpu() {
             g.upload(&segs).unwrap(),
             g.upload(&tok).unwrap(),
         );
-        let (nad, dtd) = (g.upload(&neg_a).unwrap(), g.upload(&dt).unwrap());
+        let (nad, dtd, pard) = (
+            g.upload(&neg_a).unwrap(),
+            g.upload(&dt).unwrap(),
+            g.upload(&par).unwrap(),
+        );
         let scale = 1.0 / (d.dk as f32).sqrt();
-        let run = || {
-            let states: Vec<_> = st0.iter().map(|s| g.upload(s).unwrap()).collect();
-            let ptrs: Vec<u64> = states.iter().map(|s| g.ptr(s)).collect();
-            let pd = g.upload(&ptrs).unwrap();
-            let od = g.alloc::<f32>(n * cd).unwrap();
-            let gd = g.alloc::<f32>(n * d.hv).unwrap();
-            let bd = g.alloc::<f32>(n * d.hv).unwrap();
-            ops::gdn_conv_prep(
-                &g,
-                g.ptr(&xd),
-                ld,
-                g.ptr(&od),
-                g.ptr(&wd),
-                k,
-                cd,
-                g.ptr(&sd),
-                g.ptr(&td),
-                g.ptr(&pd),
-                0,
-                lens.len(),
-                n,
-                d,
-                scale,
-                (off_a, off_b, g.ptr(&nad), g.ptr(&dtd)),
-                g.ptr(&gd),
-                g.ptr(&bd),
-            )
-            .unwrap();
-            let st: Vec<Vec<f32>> = states
-                .iter()
-                .map(|s| g.download(s, (k - 1) * cd).unwrap())
-                .collect();
-            (
-                g.download(&od, n * cd).unwrap(),
-                g.download(&gd, n * d.hv).unwrap(),
-                g.download(&bd, n * d.hv).unwrap(),
-                st,
-            )
-        };
-        let (o1, g1, b1, s1) = run();
-        let (o0, g0, b0, s0) =
-            conv_prep_cpu(&x, ld, &w, k, d, &lens, &st0, (off_a, off_b, &neg_a, &dt));
-        check(&format!("gdn_conv_prep out K={k}"), &o1, &o0, F32_TOL);
-        check(&format!("gdn_conv_prep g K={k}"), &g1, &g0, F32_TOL);
-        check(&format!("gdn_conv_prep beta K={k}"), &b1, &b0, F32_TOL);
+        // skew: each state one float past its allocation's start
+        let lead = usize::from(skew);
+        let states: Vec<_> = st0
+            .iter()
+            .map(|s| g.upload(&[&vec![0.0; lead][..], s].concat()).unwrap())
+            .collect();
+        let ptrs: Vec<u64> = states.iter().map(|s| g.ptr(s) + 4 * lead as u64).collect();
+        let pd = g.upload(&ptrs).unwrap();
+        let od = g.alloc::<f32>(n * cd).unwrap();
+        let gd = g.alloc::<f32>(n * d.hv).unwrap();
+        let bd = g.alloc::<f32>(n * d.hv).unwrap();
+        ops::gdn_conv_prep(
+            &g,
+            g.ptr(&xd),
+            ld,
+            g.ptr(&od),
+            g.ptr(&wd),
+            k,
+            cd,
+            g.ptr(&sd),
+            g.ptr(&td),
+            g.ptr(&pd),
+            if parents { g.ptr(&pard) } else { 0 },
+            lens.len(),
+            n,
+            d,
+            scale,
+            (off_a, off_b, g.ptr(&nad), g.ptr(&dtd)),
+            g.ptr(&gd),
+            g.ptr(&bd),
+        )
+        .unwrap();
+        let s1: Vec<Vec<f32>> = states
+            .iter()
+            .map(|s| g.download(s, lead + (k - 1) * cd).unwrap()[lead..].to_vec())
+            .collect();
+        let (o1, g1, b1) = (
+            g.download(&od, n * cd).unwrap(),
+            g.download(&gd, n * d.hv).unwrap(),
+            g.download(&bd, n * d.hv).unwrap(),
+        );
+        let (o0, g0, b0, s0) = conv_prep_cpu(
+            &x,
+            ld,
+            &w,
+            k,
+            d,
+            &lens,
+            &st0_cpu,
+            (off_a, off_b, &neg_a, &dt),
+        );
+        let tag = format!("K={k} ld={ld} parents={parents} skew={skew}");
+        check(&format!("gdn_conv_prep out {tag}"), &o1, &o0, F32_TOL);
+        check(&format!("gdn_conv_prep g {tag}"), &g1, &g0, F32_TOL);
+        check(&format!("gdn_conv_prep beta {tag}"), &b1, &b0, F32_TOL);
         for (i, (a, b)) in s1.iter().zip(&s0).enumerate() {
-            check(&format!("gdn_conv_prep state {i} K={k}"), a, b, 0.0);
+            check(&format!("gdn_conv_prep state {i} {tag}"), a, b, 0.0);
         }
     }
 }
