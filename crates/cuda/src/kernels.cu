@@ -120,9 +120,13 @@ KERNEL(simt) void embed_gather(const void* embed, const unsigned short* d, int m
 
 // The row norms (rms_norm, add2_rms_norm) are latency-bound: a row of 1024 f32 is 4 KB, so a block per row with a
 // block-wide reduction spent its time in barriers and the second pass's loads. One warp per row instead (shuffle
-// reduction only, no barrier), its values kept in registers between the sum and the store (NORM_KEEP per lane: rows
-// of dim <= 32 * NORM_KEEP are read once; longer ones read their tail again), 16-byte accesses where aligned.
-#define NORM_KEEP 32  // floats per lane: 8 float4 groups, or 32 single values
+// reduction only, no barrier), its values kept in registers between the sum and the store (KEEP per lane: rows of
+// dim <= 32 * KEEP are read once; longer ones read their tail again), 16-byte accesses where aligned. KEEP 32 (8
+// float4 groups, or 32 single values: a 0.8B row in registers) takes 136 registers (ptxas, sm_90), three blocks of
+// 4 warps a multiprocessor; KEEP 16 takes 64 (eight blocks) and reads the second half of a 1024-value row twice
+// (the second time from L1), the same sums in the same order, so both give the same bits.
+#define NORM_KEEP 32
+#define NORM_KEEP_LEAN 16
 
 // W consecutive floats at p (W = 4: p 16-byte aligned).
 template <int W>
@@ -166,15 +170,15 @@ __device__ __forceinline__ void store_act_vec(void* out, idx_t i, const float* v
 }
 
 // One row of `norm_rows`, in groups of W values: group g = lane + 32k holds row[W*g .. W*g + W). The first
-// NORM_KEEP / W groups of each lane stay in registers; the rest are read again (the row written back under ADD2).
+// KEEP / W groups of each lane stay in registers; the rest are read again (the row written back under ADD2).
 // The kernel is latency-bound, so each pass issues all of its loads before it uses any (groups past dim are 0,
 // and add nothing). Both kernels run this one body: add2_rms_norm's output is rms_norm's of the summed x, bit for
 // bit (when both take the same W).
-template <bool ADD2, int W>
+template <bool ADD2, int W, int KEEP>
 __device__ __forceinline__ void norm_row(float* row, const float* __restrict__ fr, long long lo,
                                          const float* gain, float eps, int dim, void* out, idx_t o, int mode,
                                          int lane) {
-    constexpr int K = NORM_KEEP / W;
+    constexpr int K = KEEP / W;
     const int ng = dim / W;  // W divides dim (norm_rows)
     float v[K][W], a[K][W], b[K][W], w[K][W];  // a, b: ADD2's f halves; w: gain
 #pragma unroll
@@ -207,7 +211,7 @@ __device__ __forceinline__ void norm_row(float* row, const float* __restrict__ f
 #pragma unroll
     for (int k = 0; k < K; ++k)
         for (int j = 0; j < W; ++j) s += v[k][j] * v[k][j];
-    for (int g = lane + 32 * K; g < ng; g += 32) {  // dim > 32 * NORM_KEEP: the tail, one group at a time
+    for (int g = lane + 32 * K; g < ng; g += 32) {  // dim > 32 * KEEP: the tail, one group at a time
         float t[W];
         ld_vec<W>(row + g * W, t);
         if constexpr (ADD2) {
@@ -249,7 +253,7 @@ __device__ __forceinline__ bool vec_act_ok(const void* out, int mode) {
 // RMSNorm of row r = blockIdx.x * (warps per block) + warp; under ADD2 x[r] += f[r] + (f[r] `lo` values on) first
 // (f: [2R, dim], rows of dim). Warps past `rows` idle. 16-byte accesses when every row of x, f, out (and out's lo
 // plane) and gain is 16-byte aligned (8-byte for bf16 out), else one value per lane.
-template <bool ADD2>
+template <bool ADD2, int KEEP = NORM_KEEP>
 __device__ __forceinline__ void norm_rows(float* x, int ldx, const float* __restrict__ f, long long lo,
                                           const float* gain, float eps, int dim, void* out, int mode, int ldo,
                                           int rows) {
@@ -262,9 +266,9 @@ __device__ __forceinline__ void norm_rows(float* x, int ldx, const float* __rest
                vec_act_ok(out, mode);
     if constexpr (ADD2) vec = vec && aligned16(f) && (lo & 3) == 0;
     if (vec)
-        norm_row<ADD2, 4>(row, fr, lo, gain, eps, dim, out, o, mode, lane);
+        norm_row<ADD2, 4, KEEP>(row, fr, lo, gain, eps, dim, out, o, mode, lane);
     else
-        norm_row<ADD2, 1>(row, fr, lo, gain, eps, dim, out, o, mode, lane);
+        norm_row<ADD2, 1, KEEP>(row, fr, lo, gain, eps, dim, out, o, mode, lane);
 }
 
 // RMSNorm of each row: x * rsqrt(mean(x^2) + eps) * gain, stored as `store_act` with `mode`.
@@ -275,6 +279,14 @@ KERNEL(simt) void rms_norm(const float* x, int ldx, const float* gain, float eps
     pdl_launch();
     // x is only read: the cast is for norm_rows' add2 variant, which writes its row back.
     norm_rows<false>((float*)x, ldx, nullptr, 0, gain, eps, dim, out, mode, ldo, rows);
+}
+// rms_norm keeping NORM_KEEP_LEAN values a lane: more blocks a multiprocessor, for row counts that would take the
+// full kernel more than one wave (ops.rs). The same bits as rms_norm.
+KERNEL(simt) void rms_norm_lean(const float* x, int ldx, const float* gain, float eps, int dim,
+                                void* out, int mode, int ldo, int rows) {
+    pdl_wait();
+    pdl_launch();
+    norm_rows<false, NORM_KEEP_LEAN>((float*)x, ldx, nullptr, 0, gain, eps, dim, out, mode, ldo, rows);
 }
 
 // Gated RMSNorm of Gated DeltaNet per value head: norm(x) * w * silu(z), stored as `store_act` with `mode`.

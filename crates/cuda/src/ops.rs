@@ -117,9 +117,11 @@ impl Out {
 
 /// Rows per block of the row norms ([`rms_norm`], [`add2_rms_norm`]): one warp per row. Four rather than eight
 /// spreads a forward's few hundred rows over more SMs (these kernels are latency-bound).
-const NORM_ROWS: usize = 4;
+pub(crate) const NORM_ROWS: usize = 4;
 
-/// RMSNorm of `rows` rows of `dim`: x [R, dim] (stride ldx) → out [R, dim] (stride ldo).
+/// RMSNorm of `rows` rows of `dim`: x [R, dim] (stride ldx) → out [R, dim] (stride ldo). Rows past one wave of the
+/// `rms_norm` kernel ([`Gpu::norm_wave_rows`]: 136 registers, three blocks a multiprocessor) take `rms_norm_lean`
+/// (64 registers, eight blocks), which gives the same bits; fewer rows keep the kernel that reads each value once.
 pub fn rms_norm(
     g: &Gpu,
     x: u64,
@@ -133,7 +135,12 @@ pub fn rms_norm(
 ) -> Result<(), CudaError> {
     let (o, mode) = out.parts();
     let c = cfg((blocks(rows, NORM_ROWS), 1), 32 * NORM_ROWS as u32, 0);
-    crate::launch_pdl!(g, g.k.rms_norm, c; x, ldx as i32, gain, eps, dim as i32, o, mode, ldo as i32, rows as i32)
+    let f = if rows > g.norm_wave_rows {
+        &g.k.rms_norm_lean
+    } else {
+        &g.k.rms_norm
+    };
+    crate::launch_pdl!(g, *f, c; x, ldx as i32, gain, eps, dim as i32, o, mode, ldo as i32, rows as i32)
 }
 
 /// norm(x) * w * silu(z) per value head. x: [N, HV, DV] f32; z row n at z + n*ldz; out: [N, HV*DV].

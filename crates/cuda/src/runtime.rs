@@ -26,6 +26,8 @@ use crate::{CudaError, DrvCtx};
 pub struct Kernels {
     pub embed_gather: CudaFunction,
     pub rms_norm: CudaFunction,
+    /// `rms_norm` with fewer values a lane in registers (more blocks a multiprocessor; the same bits).
+    pub rms_norm_lean: CudaFunction,
     pub rms_norm_gated: CudaFunction,
     pub gdn_conv_prep: CudaFunction,
     pub gdn_conv_state: CudaFunction,
@@ -247,6 +249,9 @@ pub struct Gpu {
     pub max_smem: usize,
     /// Multiprocessors (grid sizing of the launchers).
     pub sms: usize,
+    /// Rows one wave of the `rms_norm` kernel takes on the whole device ([`crate::ops::rms_norm`] runs
+    /// `rms_norm_lean` past it).
+    pub norm_wave_rows: usize,
     /// Compute capability (major, minor).
     pub cc: (i32, i32),
     /// [`Gpu::fallbacks`], once loaded.
@@ -411,7 +416,7 @@ impl Gpu {
             };
         }
         let k = by_name! {
-            embed_gather, rms_norm, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows,
+            embed_gather, rms_norm, rms_norm_lean, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows,
             head_argmax_bf16, gemv_norm_bf16, gemv_norm_half, attn_prep, attn_prep_h, swiglu, to_bf16, rows_dot,
             add2_rms_norm, gdn_conv_prep_run, spin_wait, dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate,
             qmma_split_sum;
@@ -463,6 +468,15 @@ impl Gpu {
             rotate_row_norm: f("rotate_row_norm")?,
         };
         let name = ctx.name().op("device name")?;
+        let norm_blocks = k
+            .rms_norm
+            .occupancy_max_active_blocks_per_multiprocessor(
+                crate::ops::NORM_ROWS as u32 * 32,
+                0,
+                None,
+            )
+            .op("rms_norm occupancy")?;
+        let norm_wave_rows = norm_blocks.max(1) as usize * sms * crate::ops::NORM_ROWS;
         Ok(Arc::new(Gpu {
             ctx,
             stream,
@@ -471,6 +485,7 @@ impl Gpu {
             name,
             max_smem,
             sms,
+            norm_wave_rows,
             cc: (maj, min),
             fallbacks: std::sync::OnceLock::new(),
             pinned: Default::default(),

@@ -15,6 +15,47 @@ use onepass_cuda::ops::{self, AttnDims, GdnDims, Out, W};
 use onepass_kernels as cpu;
 use onepass_tensor::Tensor;
 
+/// Past one wave of the row norm (`Gpu::norm_wave_rows`) `ops::rms_norm` runs the lean kernel (fewer values a lane
+/// in registers, the second half of a 1,024-value row read again): its rows equal the full kernel's bit for bit (the
+/// first rows, run alone, take the full kernel) and the CPU's within f32 rounding, on 16-byte rows (dim 1,024, the
+/// 0.8B's hidden size, and 2,048) and single values (dim 1,030 at an odd offset).
+#[test]
+#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
+fn lean_rms_norm_matches_the_full_one() {
+    let g = gpu();
+    let rows = g.norm_wave_rows + 9;
+    for (dim, off) in [(1024, 0), (2048, 0), (1030, 3)] {
+        let x = rnd(rows * dim + off, 13);
+        let gain: Vec<f32> = rnd(dim, 14).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let mut want = x[off..].to_vec();
+        cpu::rms_norm(&mut want, &gain, 1e-6);
+        let (xd, gd) = (g.upload(&x).unwrap(), g.upload(&gain).unwrap());
+        let xp = g.ptr(&xd) + 4 * off as u64;
+        let norm = |n: usize| {
+            let of = g.alloc::<f32>(n * dim).unwrap();
+            ops::rms_norm(
+                &g,
+                xp,
+                dim,
+                g.ptr(&gd),
+                1e-6,
+                n,
+                dim,
+                Out::F32(g.ptr(&of)),
+                dim,
+            )
+            .unwrap();
+            g.download(&of, n * dim).unwrap()
+        };
+        let (lean, full) = (norm(rows), norm(g.norm_wave_rows));
+        check(&format!("lean rms_norm dim {dim}"), &lean, &want, F32_TOL);
+        assert!(
+            lean[..full.len()] == full[..],
+            "dim {dim}: the lean kernel's rows differ from the full kernel's"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn rms_norms_match_cpu() {
