@@ -50,9 +50,11 @@ if [[ $WHAT == *bench* ]]; then
   # tensor-core kernels; split/mlp_out,gdn_out: those two projections on both planes, the others bf16).
   # BASELINE: another onepass binary, executable (e.g. the parent commit's, carried in .devcarry): each of PRECS
   # runs on it right after this pack's, labelled "baseline", for an old-vs-new comparison in one run.
+  # Each "+NAME" at the end passes --gpu-NAME (half+no-graphs).
   for P_ in ${PRECS:-half mixed split bf16}; do
-    K_=(); [[ $P_ == *-* ]] && K_=(--gpu-kernels ${P_#*-})
-    B_=${P_%%-*}; [[ $B_ == */* ]] && K_+=(--gpu-split-gemms ${B_#*/})
+    K_=(); Q_=$P_; while [[ $Q_ == *+* ]]; do K_+=(--gpu-${Q_##*+}); Q_=${Q_%+*}; done
+    [[ $Q_ == *-* ]] && K_+=(--gpu-kernels ${Q_#*-})
+    B_=${Q_%%-*}; [[ $B_ == */* ]] && K_+=(--gpu-split-gemms ${B_#*/})
     bench "0.8B $P_" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 --reps 30 --batch-reps 2
     if [[ -n ${BASELINE:-} ]]; then
       BIN=$BASELINE bench "0.8B $P_ baseline" --device cuda --gpu-precision ${B_%%/*} "${K_[@]}" --model /tmp/q08 \
