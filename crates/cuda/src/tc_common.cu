@@ -100,3 +100,62 @@ template <int N>
 __device__ __forceinline__ void tc_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+
+// mbarriers, bulk copies and clusters (compute capability 9.0; qwgmma.cu's cluster form and gdn_tc.cu's cluster
+// state pass). Addresses are shared-window addresses (tc_smem_addr); a multicast copy lands at the same offset in
+// every block of `mask` and completes bytes on the barrier at the same offset in each.
+__device__ __forceinline__ void tc_bar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival on this block's barrier, which then also waits for `bytes` more of copies.
+__device__ __forceinline__ void tc_bar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tc_bar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred P;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n@!P bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// One arrival (release, cluster scope) on the barrier at this block's offset `bar` in block `rank` of the cluster.
+__device__ __forceinline__ void tc_bar_arrive_at(unsigned bar, unsigned rank) {
+    asm volatile(
+        "{\n.reg .b32 R;\nmapa.shared::cluster.u32 R, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [R];\n}\n" ::"r"(bar),
+        "r"(rank)
+        : "memory");
+}
+__device__ __forceinline__ void tc_bulk(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TC_MULTICAST 1
+__device__ __forceinline__ void tc_bulk_mc(unsigned dst, const void* src, unsigned bytes, unsigned bar,
+                                           unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
+        "%4;\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+        : "memory");
+}
+#else
+#define TC_MULTICAST 0
+// Not sm_90a: never launched (the launchers take the cluster kernels on compute capability 9.0 only).
+__device__ __forceinline__ void tc_bulk_mc(unsigned, const void*, unsigned, unsigned, unsigned short) { __trap(); }
+#endif
+__device__ __forceinline__ void tc_cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void tc_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ unsigned tc_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned tc_cluster_size() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+    return r;
+}
