@@ -123,10 +123,6 @@ pub struct CudaArgs {
     /// (the same results, slower; for comparing the two).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_no_wgmma: bool,
-    /// Let every thread of the linear-attention state pass copy its share of the tiles instead of the GPU's bulk
-    /// copies (the same results; for comparing the two).
-    #[arg(long, help_heading = EXPERT)]
-    pub gpu_no_bulk_copies: bool,
     /// Hand freed GPU memory back to the driver at every synchronisation instead of keeping it for the next request.
     #[arg(long, help_heading = EXPERT)]
     pub gpu_release_memory: bool,
@@ -186,7 +182,6 @@ impl CudaArgs {
             graphs: !self.gpu_no_graphs,
             pdl: self.gpu_pdl,
             wgmma: !self.gpu_no_wgmma,
-            bulk_copies: !self.gpu_no_bulk_copies,
             keep_freed_memory: !self.gpu_release_memory,
             batch_invariant: self.gpu_batch_invariant,
         })
@@ -273,7 +268,6 @@ mod tests {
             gpu_no_graphs: false,
             gpu_pdl: false,
             gpu_no_wgmma: false,
-            gpu_no_bulk_copies: false,
             gpu_release_memory: false,
             gpu_batch_invariant: false,
         }
@@ -284,7 +278,7 @@ mod tests {
         let o = args("bf16", None).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16);
         assert_eq!(o.kernels, None, "unset: the precision's default");
-        assert!(o.trees && o.graphs && !o.pdl && o.wgmma && o.bulk_copies && o.keep_freed_memory);
+        assert!(o.trees && o.graphs && !o.pdl && o.wgmma && o.keep_freed_memory);
         assert_eq!(o.memory_budget_bytes, 64 << 20);
         let o = args("split", Some("tf32")).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16Split);
@@ -365,7 +359,6 @@ mod tests {
             "--gpu-no-graphs",
             "--gpu-pdl",
             "--gpu-no-wgmma",
-            "--gpu-no-bulk-copies",
             "--gpu-release-memory",
         ] {
             assert!(
@@ -394,14 +387,11 @@ mod tests {
             "--gpu-no-graphs",
             "--gpu-pdl",
             "--gpu-no-wgmma",
-            "--gpu-no-bulk-copies",
             "--gpu-release-memory",
         ]);
         assert_eq!(o.gdn, onepass_cuda::GdnKernels::Simt);
         assert_eq!(o.attention, onepass_cuda::AttnKernels::Tiled);
-        assert!(
-            !o.trees && !o.graphs && o.pdl && !o.wgmma && !o.bulk_copies && !o.keep_freed_memory
-        );
+        assert!(!o.trees && !o.graphs && o.pdl && !o.wgmma && !o.keep_freed_memory);
         assert!(!o.batch_invariant);
         assert!(options(&["t", "--gpu-batch-invariant"]).batch_invariant);
         let o = options(&["t", "--gpu-gdn", "tc-no-leaf"]);

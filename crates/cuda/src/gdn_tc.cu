@@ -121,37 +121,9 @@ __device__ __forceinline__ void gtc_state_slice(float* Ss, const float* Si, int 
     }
 }
 
-// The bulk form's tile copies (MC): rows rank, rank + cl, .. below n of a [n, cols] global tile (row stride lds
-// floats), each one bulk copy (row stride ldd in shared memory), issued by the lanes of one warp: into this block
-// alone (cl 1), or multicast to the same offset of every block of the cluster; each completes its bytes on the
-// barrier `bar` of every block it reaches.
-__device__ __forceinline__ void gtc_rows_mc(float* dst, int ldd, const float* src, idx_t lds, int n, int cols,
-                                            unsigned bar, unsigned rank, unsigned cl, int lane) {
-    const unsigned short mask = (unsigned short)((1u << cl) - 1);
-    for (int t = rank + cl * lane; t < n; t += 32 * cl) {
-        if (cl == 1) tc_bulk(tc_smem_addr(dst + t * ldd), src + (idx_t)t * lds, 4 * cols, bar);
-        else tc_bulk_mc(tc_smem_addr(dst + t * ldd), src + (idx_t)t * lds, 4 * cols, bar, mask);
-    }
-}
-// Rows r0..r1-1, columns c0..c1-1 of a tile (row stride ldd) set to zero by every thread of the block: what the
-// cluster form's copies never write (a last chunk's rows past n; the columns between dk and its padded width).
-__device__ __forceinline__ void gtc_zero(float* dst, int ldd, int r0, int r1, int c0, int c1) {
-    const int w = c1 - c0;
-    if (w <= 0) return;
-    for (int i = threadIdx.x; i < (r1 - r0) * w; i += blockDim.x) dst[(r0 + i / w) * ldd + c0 + i % w] = 0.0f;
-}
-
 // Shared memory (floats), in this order: W, Q [64][kp8 + 4]; K [64][dkp + 8]; M [64][68]; v', e v' [64][LDV];
-// S [dkp][LDV] (kp8, dkp: dk rounded up to 8, 16); with MC, four mbarriers after S. Must match gdn_tc_smem in
-// gdn_tc.rs.
-//
-// MC, the cluster form: the blocks of a cluster are slices of one head and segment, which read the same W, Q, K and M
-// tiles; each block bulk-copies every cl-th row of each tile (its rank's) and multicasts it to all of them, so the
-// cluster reads a tile from L2 once instead of once per block. Per tile pair (W and Q; M and K) every block has a
-// "full" mbarrier (its copies' bytes: the tile pair is in) and an "empty" one (one arrival from each block of the
-// cluster after its barrier that frees the tiles: a block refills them only then). Same products, same results as the
-// plain form. Needs 16-byte copies (vec) and a grid whose slices the cluster size divides (the launcher).
-template <int BV, bool X3, bool MC>
+// S [dkp][LDV] (kp8, dkp: dk rounded up to 8, 16). Must match gdn_tc_smem in gdn_tc.rs.
+template <int BV, bool X3>
 __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
                                                const float* __restrict__ W, const float* __restrict__ M,
                                                const float* __restrict__ E, float* __restrict__ out, const int* seg,
@@ -173,9 +145,6 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     float* Vs = Mt + GDN_C * LDM;    // [C, LDV]   v'
     float* Ve = Vs + GDN_C * LDV;    // [C, LDV]   e^(gam_last - gam) v'
     float* Ss = Ve + GDN_C * LDV;    // [dkp, LDV] S (rows past dk and columns past w stay zero)
-    // MC: the full and empty barriers of W and Q (0) and of M and K (1), after S (8-byte aligned: every tile above
-    // is an even number of floats).
-    const unsigned full0 = tc_smem_addr(Ss + dkp * LDV), full1 = full0 + 8, empty0 = full0 + 16, empty1 = full0 + 24;
 
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     // Segment-major blocks (a segment's slices launched together): a tree's longer child, two chunks among
@@ -198,64 +167,19 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     // per iteration: several µs per block, most of a one-chunk segment's time). 16-byte copies when the rows
     // allow, zero-filled past dk rows and w columns.
     gtc_state_slice<BV, LDV>(Ss, Si, dk, dkp, dv, j0, w);
-    const unsigned rank = MC ? tc_cluster_rank() : 0, cl = MC ? tc_cluster_size() : 1;
-    // MC: the copies of W and Q (M and K) of the chunk at row r, n rows, from this block's rank to every block; the
-    // rows past n zeroed here.
-    auto copy_wq = [&](int r, int n) {
-        if (wp == 0) {
-            if (lane == 0) tc_bar_expect(full0, 8u * n * dk);
-            gtc_rows_mc(Wt, ldx, W + ((idx_t)r * hv + h) * dk, ldw, n, dk, full0, rank, cl, lane);
-            gtc_rows_mc(Qt, ldx, Qg + (idx_t)r * ld, ld, n, dk, full0, rank, cl, lane);
-        }
-        gtc_zero(Wt, ldx, n, GDN_C, 0, kp8);
-        gtc_zero(Qt, ldx, n, GDN_C, 0, kp8);
-    };
-    auto copy_mk = [&](int r, int n) {
-        if (wp == 1) {
-            if (lane == 0) tc_bar_expect(full1, 4u * n * (GDN_C + dk));
-            gtc_rows_mc(Mt, LDM, M + ((idx_t)r * hv + h) * GDN_C, ldmg, n, GDN_C, full1, rank, cl, lane);
-            gtc_rows_mc(Kt, ldk, Kg + (idx_t)r * ld, ld, n, dk, full1, rank, cl, lane);
-        }
-        gtc_zero(Mt, LDM, n, GDN_C, 0, GDN_C);
-        gtc_zero(Kt, ldk, n, GDN_C, 0, dkp);
-    };
-    if (MC) {
-        if (threadIdx.x == 0) {
-            tc_bar_init(full0, 1);
-            tc_bar_init(full1, 1);
-            tc_bar_init(empty0, cl);
-            tc_bar_init(empty1, cl);
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        }
-        // The columns between dk and the tiles' padded widths, which no copy writes.
-        gtc_zero(Wt, ldx, 0, GDN_C, dk, kp8);
-        gtc_zero(Qt, ldx, 0, GDN_C, dk, kp8);
-        gtc_zero(Kt, ldk, 0, GDN_C, dk, dkp);
-        // Every block's barriers initialised before any block's copies reach them.
-        if (cl > 1) {
-            tc_cluster_arrive();
-            tc_cluster_wait();
-        } else {
-            __syncthreads();
-        }
-        if (len > 0) {
-            copy_wq(start, min(GDN_C, len));
-            copy_mk(start, min(GDN_C, len));
-        }
-        tc_commit();
-        tc_wait<0>();  // S
-        if (len > 0) tc_bar_wait(full0, 0);
-    } else if (len > 0) {
+    if (len > 0) {
         int n = min(GDN_C, len);
         gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n, dk, kp8, vecb);
         gtc_tile(Qt, ldx, Qg + (idx_t)start * ld, ld, n, dk, kp8, vecb);
-        tc_commit();  // S, W, Q
+    }
+    tc_commit();  // S (and W, Q)
+    if (len > 0) {
+        int n = min(GDN_C, len);
         gtc_tile(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, ldmg, n, GDN_C, GDN_C, vecb);
         gtc_tile(Kt, ldk, Kg + (idx_t)start * ld, ld, n, dk, dkp, vecb);
         tc_commit();
         tc_wait<1>();  // S, W, Q
     } else {
-        tc_commit();
         tc_wait<0>();  // S
     }
     __syncthreads();
@@ -277,7 +201,6 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     const float* X = vwarp ? Wt : Qt;
     for (int c0 = 0; c0 < len; c0 += GDN_C) {
         const int n = min(GDN_C, len - c0), r0 = start + c0;
-        const unsigned par = (c0 / GDN_C) & 1;  // MC: the parity of this chunk's barrier phases
         const bool more = c0 + GDN_C < len;
         // From global memory, before the products: e^(gam_last - gam) (v' warps) or e^gam (o warps) of rows ra, rb,
         // e^gam_last, and U (v' warps). Zero past n rows and w columns.
@@ -320,24 +243,14 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 #pragma unroll
                 for (int i = 0; i < 4; i++) u[nt][i] = (i < 2 ? ea : eb) * (hi[nt][i] + lo[nt][i]);
         }
-        if (MC) tc_bar_wait(full1, par);
-        else tc_wait<0>();  // this chunk's M and K
-        __syncthreads();    // v' visible; W and Q tiles free
+        tc_wait<0>();     // this chunk's M and K
+        __syncthreads();  // v' visible; W and Q tiles free
         if (more) {
             int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
-            if (MC) {
-                // Free here; refilled once every block of the cluster says so.
-                if (cl > 1) {
-                    if (threadIdx.x < cl) tc_bar_arrive_at(empty0, threadIdx.x);
-                    if (wp == 0) tc_bar_wait(empty0, par);
-                }
-                copy_wq(rn, nn);
-            } else {
-                gtc_tile(Wt, ldx, W + ((idx_t)rn * hv + h) * dk, ldw, nn, dk, kp8, vecb);
-                gtc_tile(Qt, ldx, Qg + (idx_t)rn * ld, ld, nn, dk, kp8, vecb);
-            }
+            gtc_tile(Wt, ldx, W + ((idx_t)rn * hv + h) * dk, ldw, nn, dk, kp8, vecb);
+            gtc_tile(Qt, ldx, Qg + (idx_t)rn * ld, ld, nn, dk, kp8, vecb);
         }
-        if (!MC) tc_commit();
+        tc_commit();
         // o = e^gam Q S + M v' (warps 4-7): M[t][b] is zero for b > t, so k stops at the tile's last row.
         if (!vwarp && m0 < n) {
 #pragma unroll
@@ -392,23 +305,14 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 }
             }
         }
-        if (!MC) tc_wait<0>();              // the next chunk's W and Q
-        else if (more) tc_bar_wait(full0, par ^ 1);
+        tc_wait<0>();     // the next chunk's W and Q
         __syncthreads();  // ... and the new S visible; M and K tiles free
         if (more) {
             int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
-            if (MC) {
-                if (cl > 1) {
-                    if (threadIdx.x < cl) tc_bar_arrive_at(empty1, threadIdx.x);
-                    if (wp == 1) tc_bar_wait(empty1, par);
-                }
-                copy_mk(rn, nn);
-            } else {
-                gtc_tile(Mt, LDM, M + ((idx_t)rn * hv + h) * GDN_C, ldmg, nn, GDN_C, GDN_C, vecb);
-                gtc_tile(Kt, ldk, Kg + (idx_t)rn * ld, ld, nn, dk, dkp, vecb);
-            }
+            gtc_tile(Mt, LDM, M + ((idx_t)rn * hv + h) * GDN_C, ldmg, nn, GDN_C, GDN_C, vecb);
+            gtc_tile(Kt, ldk, Kg + (idx_t)rn * ld, ld, nn, dk, dkp, vecb);
         }
-        if (!MC) tc_commit();
+        tc_commit();
     }
     if (sown && keep) {
 #pragma unroll
@@ -420,11 +324,6 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
             }
         }
     }
-    // MC: no block leaves while another may still arrive on its barriers or copy into it.
-    if (MC && cl > 1) {
-        tc_cluster_arrive();
-        tc_cluster_wait();
-    }
 }
 
 // State pass on tensor cores, BV value columns per block. grid (hv, ceil(dv / BV), nseg), block 256, dynamic shared
@@ -434,30 +333,22 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 // 0, and segments of at most one chunk are skipped, left to gdn_tc_leaf) and
 // vec (1: 16-byte tile copies are aligned). gdn_tc_state_<BV>: 3xTF32 products; gdn_tc_state_<BV>_tf32: 1xTF32
 // (each operand rounded to TF32 once, a third of the mma and none of the small halves' splits).
-#define GDN_TC_STATE(BV, NAME, X3, MC)                                                                               \
+#define GDN_TC_STATE(BV, NAME, X3)                                                                                   \
     KERNEL(NAME) void __launch_bounds__(256, 1) NAME(                                                                \
         const float* __restrict__ qkv, int ld, const float* __restrict__ U, const float* __restrict__ W,             \
         const float* __restrict__ M, const float* __restrict__ E, float* __restrict__ out, const int* seg,           \
         const u64* states, const u64* init, int keep, int hk, int hv, int dk, int dv, int vec) {                     \
         extern __shared__ float sm[];                                                                                \
-        gdn_tc_state_t<BV, X3, MC>(qkv, ld, U, W, M, E, out, seg, states, init, keep, hk, hv, dk, dv, vec, sm);      \
+        gdn_tc_state_t<BV, X3>(qkv, ld, U, W, M, E, out, seg, states, init, keep, hk, hv, dk, dv, vec, sm);          \
     }
-GDN_TC_STATE(8, gdn_tc_state_8, true, false)
-GDN_TC_STATE(16, gdn_tc_state_16, true, false)
-GDN_TC_STATE(32, gdn_tc_state_32, true, false)
-GDN_TC_STATE(64, gdn_tc_state_64, true, false)
-GDN_TC_STATE(8, gdn_tc_state_8_tf32, false, false)
-GDN_TC_STATE(16, gdn_tc_state_16_tf32, false, false)
-GDN_TC_STATE(32, gdn_tc_state_32_tf32, false, false)
-GDN_TC_STATE(64, gdn_tc_state_64_tf32, false, false)
-GDN_TC_STATE(8, gdn_tc_mc_8, true, true)
-GDN_TC_STATE(16, gdn_tc_mc_16, true, true)
-GDN_TC_STATE(32, gdn_tc_mc_32, true, true)
-GDN_TC_STATE(64, gdn_tc_mc_64, true, true)
-GDN_TC_STATE(8, gdn_tc_mc_8_tf32, false, true)
-GDN_TC_STATE(16, gdn_tc_mc_16_tf32, false, true)
-GDN_TC_STATE(32, gdn_tc_mc_32_tf32, false, true)
-GDN_TC_STATE(64, gdn_tc_mc_64_tf32, false, true)
+GDN_TC_STATE(8, gdn_tc_state_8, true)
+GDN_TC_STATE(16, gdn_tc_state_16, true)
+GDN_TC_STATE(32, gdn_tc_state_32, true)
+GDN_TC_STATE(64, gdn_tc_state_64, true)
+GDN_TC_STATE(8, gdn_tc_state_8_tf32, false)
+GDN_TC_STATE(16, gdn_tc_state_16_tf32, false)
+GDN_TC_STATE(32, gdn_tc_state_32_tf32, false)
+GDN_TC_STATE(64, gdn_tc_state_64_tf32, false)
 #undef GDN_TC_STATE
 
 // gdn_tc_leaf_{32,64,128}: the state pass of segments of one chunk (at most GDN_C tokens) whose states nobody keeps (a

@@ -86,20 +86,6 @@ pub fn gdn_tc_smem(d: GdnDims, bv: usize) -> usize {
     4 * (2 * c * (kp8 + 4) + c * (dkp + 8) + c * (c + 4) + 2 * c * ldv + dkp * ldv)
 }
 
-/// The most blocks in a cluster of the state pass's cluster form (`gdn_tc_mc_*`): the portable cluster size.
-pub const GDN_TC_CLUSTER_MAX: usize = 8;
-
-/// Blocks per cluster of the state pass for `slices` value slices per head (the grid's y, which the cluster size must
-/// divide), at most `max`: the largest power of two that divides `slices`, 1 for none (the plain form).
-pub fn gdn_tc_cluster(slices: usize, max: usize) -> usize {
-    let max = max.clamp(1, GDN_TC_CLUSTER_MAX);
-    let mut c = max.next_power_of_two();
-    while c > max || (c > 1 && !slices.is_multiple_of(c)) {
-        c /= 2;
-    }
-    c
-}
-
 /// Whether [`gdn_tc_state`] runs these dims with `bv` value columns per block (else it returns
 /// [`CudaError::Unsupported`]).
 pub fn gdn_tc_supported(g: &Gpu, d: GdnDims, bv: usize) -> bool {
@@ -109,11 +95,8 @@ pub fn gdn_tc_supported(g: &Gpu, d: GdnDims, bv: usize) -> bool {
         && d.dv > 0
         && d.hk > 0
         && d.hv.is_multiple_of(d.hk)
-        && gdn_tc_smem(d, bv) + GDN_TC_MC_BARS <= g.max_smem
+        && gdn_tc_smem(d, bv) <= g.max_smem
 }
-
-/// Bytes after the state pass's tiles in its cluster form: four mbarriers.
-const GDN_TC_MC_BARS: usize = 32;
 
 /// The widest slice [`gdn_tc_slice`] picks.
 const GDN_TC_SLICE_MAX: usize = 64;
@@ -207,30 +190,12 @@ fn state_pass(
         .unwrap_or(GDN_TC_SLICES.len() - 1);
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
     let vec = vec_tiles(d, ld, [qkv, w, m]);
-    // Segment-major grid (gdn_tc.cu); the cluster form where the tiles can be bulk-copied (16-byte rows) and the
-    // slices of a head fill clusters of more than one block.
-    let slices = ops::blocks(d.dv, dvs);
-    let bulk = vec && g.gdn_cluster() > 0;
-    let cl = if bulk {
-        gdn_tc_cluster(slices as usize, g.gdn_cluster())
-    } else {
-        1
-    };
+    // Segment-major grid (gdn_tc.cu).
     let lc = cfg3(
-        (d.hv as u32, slices, nseg as u32),
+        (d.hv as u32, ops::blocks(d.dv, dvs), nseg as u32),
         256,
-        (gdn_tc_smem(d, dvs) + if bulk { GDN_TC_MC_BARS } else { 0 }) as u32,
+        gdn_tc_smem(d, dvs) as u32,
     );
-    if cl > 1 {
-        return crate::launch_cluster!(g, g.k.gdn_tc_mc[arith as usize][slice], lc, (1, cl as u32, 1);
-            qkv, ld as i32, u, w, m, e, out, segs, states, init, keep, d.hk as i32, d.hv as i32, d.dk as i32,
-            d.dv as i32, vec as i32);
-    }
-    if bulk {
-        return launch!(g, g.k.gdn_tc_mc[arith as usize][slice], lc;
-            qkv, ld as i32, u, w, m, e, out, segs, states, init, keep, d.hk as i32, d.hv as i32, d.dk as i32,
-            d.dv as i32, vec as i32);
-    }
     launch!(g, g.k.gdn_tc_state[arith as usize][slice], lc;
         qkv, ld as i32, u, w, m, e, out, segs, states, init, keep, d.hk as i32, d.hv as i32, d.dk as i32,
         d.dv as i32, vec as i32)
@@ -414,37 +379,4 @@ pub fn gdn_tc_chunked(
         )?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{gdn_tc_cluster, GDN_TC_CLUSTER_MAX};
-
-    /// The cluster size divides the slices, is a power of two, at most the limit asked for and the portable 8, and
-    /// is the largest such: 8 for the 0.8B heads' 8 slices of 16 columns, 1 (the plain form) for 3 or 9 slices.
-    #[test]
-    fn cluster_size_divides_the_slices() {
-        for (slices, max, want) in [
-            (8, 8, 8),
-            (16, 8, 8),
-            (4, 8, 4),
-            (2, 8, 2),
-            (1, 8, 1),
-            (3, 8, 1),
-            (9, 8, 1),
-            (6, 8, 2),
-            (12, 8, 4),
-            (8, 4, 4),
-            (8, 6, 4),
-            (8, 1, 1),
-            (8, 0, 1),
-            (8, 64, GDN_TC_CLUSTER_MAX),
-        ] {
-            assert_eq!(
-                gdn_tc_cluster(slices, max),
-                want,
-                "{slices} slices, at most {max}"
-            );
-        }
-    }
 }

@@ -55,10 +55,6 @@ pub struct CudaOptions {
     /// PQ2_0's prefill GEMM on Hopper's warpgroup mma where the device has it (compute capability 9.0; the same
     /// bits as the mma.sync kernels, faster); off keeps to those. A setting of the opened [`crate::Gpu`], as `pdl`.
     pub wgmma: bool,
-    /// The gated delta state pass copies each chunk's tiles by bulk copies (Hopper's copy engine, compute capability
-    /// 9.0: a few copies a block instead of every thread's share; the same results); off: each thread copies its
-    /// share. A setting of the opened [`crate::Gpu`], as `pdl`.
-    pub bulk_copies: bool,
     /// The device memory pool keeps freed memory for the next request ([`crate::Gpu::open`]).
     pub keep_freed_memory: bool,
     /// A sequence's results do not depend on the other sequences of its forward (batch invariance,
@@ -80,7 +76,6 @@ impl Default for CudaOptions {
             graphs: true,
             pdl: false,
             wgmma: true,
-            bulk_copies: true,
             keep_freed_memory: true,
             batch_invariant: false,
         }

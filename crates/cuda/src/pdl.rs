@@ -27,52 +27,12 @@ pub unsafe fn launch_ex(
     args: &mut [*mut c_void],
     op: &'static str,
 ) -> Result<(), CudaError> {
+    let err = |err| CudaError::Driver { op, err };
+    g.ctx.bind_to_thread().map_err(err)?;
     // SAFETY: a zeroed attribute is a valid value of the C struct; id and value are set below.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
-    // SAFETY: the caller's contract.
-    unsafe { launch_with(g, f, c, attr, args, op) }
-}
-
-/// Launches `f` on the GPU's stream as clusters of `dims` blocks (compute capability 9.0 and later; each grid
-/// dimension a multiple of the cluster's).
-///
-/// # Safety
-/// `args` holds one pointer per kernel parameter, each to a live value of the parameter's type.
-pub unsafe fn launch_cluster(
-    g: &Gpu,
-    f: &CudaFunction,
-    c: LaunchConfig,
-    dims: (u32, u32, u32),
-    args: &mut [*mut c_void],
-    op: &'static str,
-) -> Result<(), CudaError> {
-    // SAFETY: a zeroed attribute is a valid value of the C struct; id and value are set below.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = dims.0;
-    attr.value.clusterDim.y = dims.1;
-    attr.value.clusterDim.z = dims.2;
-    // SAFETY: the caller's contract.
-    unsafe { launch_with(g, f, c, attr, args, op) }
-}
-
-/// `cuLaunchKernelEx` of `f` on the GPU's stream with one launch attribute.
-///
-/// # Safety
-/// `args` holds one pointer per kernel parameter, each to a live value of the parameter's type, and the attribute's
-/// conditions hold (see the callers).
-unsafe fn launch_with(
-    g: &Gpu,
-    f: &CudaFunction,
-    c: LaunchConfig,
-    mut attr: sys::CUlaunchAttribute,
-    args: &mut [*mut c_void],
-    op: &'static str,
-) -> Result<(), CudaError> {
-    let err = |err| CudaError::Driver { op, err };
-    g.ctx.bind_to_thread().map_err(err)?;
     let lc = sys::CUlaunchConfig {
         gridDimX: c.grid_dim.0,
         gridDimY: c.grid_dim.1,
@@ -115,21 +75,5 @@ macro_rules! launch_pdl {
         } else {
             $crate::launch!(gpu, $func, $cfg; $($arg),*)
         }
-    }};
-}
-
-/// Launches a kernel as clusters of `$dims` blocks ([`crate::pdl::launch_cluster`]); the other arguments as
-/// [`crate::launch!`]'s.
-#[macro_export]
-macro_rules! launch_cluster {
-    ($gpu:expr, $func:expr, $cfg:expr, $dims:expr; $($arg:expr),* $(,)?) => {{
-        let gpu: &$crate::runtime::Gpu = $gpu;
-        let mut args: Vec<*mut std::ffi::c_void> = Vec::new();
-        // Each value stays alive (shadowed, not dropped) until the launch below.
-        $( let v = $arg; args.push((&v as *const _) as *mut std::ffi::c_void); )*
-        let lc: $crate::runtime::LaunchConfig = $cfg;
-        let (f, dims): (&cudarc::driver::CudaFunction, (u32, u32, u32)) = (&$func, $dims);
-        // SAFETY: the arguments match the kernel's parameter list in its .cu source.
-        unsafe { $crate::pdl::launch_cluster(gpu, f, lc, dims, &mut args, stringify!($func)) }
     }};
 }

@@ -95,6 +95,47 @@ __device__ __forceinline__ void qwg_mma(int* c, const unsigned* a, unsigned long
 #undef QWG_D64
 
 
+// The stage barriers and bulk copies of the cluster form (CL >= 1): an mbarrier per stage, the activation tile of
+// a stage one bulk copy (or CL pieces, each CTA's multicast to the whole cluster).
+__device__ __forceinline__ void qwg_bar_init(unsigned bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void qwg_bar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void qwg_bar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred P;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n@!P bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void qwg_bulk(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+#if QWG_ISA
+__device__ __forceinline__ void qwg_bulk_mc(unsigned dst, const void* src, unsigned bytes, unsigned bar,
+                                            unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
+        "%4;\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+        : "memory");
+}
+#else
+__device__ __forceinline__ void qwg_bulk_mc(unsigned, const void*, unsigned, unsigned, unsigned short) { __trap(); }
+#endif
+__device__ __forceinline__ void qwg_cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void qwg_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ unsigned qwg_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
 // CL 0: every copy cp.async (the planes in qmma_quant's row layout); CL >= 1: the planes tiled (qmma_quant's `tt`
 // = tt here), a stage's two plane tiles bulk-copied and, in a cluster of CL blocks along the weight (the same
 // tokens), multicast: each block copies a CL-th of the tiles into every block's shared memory, so that the
@@ -137,7 +178,7 @@ __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q
         wsrc[u] = c < 2 * L::BW && n0 + r < N ? q + (idx_t)(n0 + r) * row_bytes + half * 16 : nullptr;
     }
     const unsigned bars = base + STAGES * L::STAGE;  // the stages' mbarriers (CL >= 1)
-    const unsigned rank = CL > 1 ? tc_cluster_rank() : 0;
+    const unsigned rank = CL > 1 ? qwg_cluster_rank() : 0;
     auto load = [&](int st, int b) {
         unsigned s0 = base + st * L::STAGE;
         if (CL == 0) {
@@ -146,16 +187,16 @@ __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q
                 tc_cp16(s0 + xdst[i], xsrc[i] ? xsrc[i] + b * 128 : (const unsigned char*)xh, xsrc[i] ? 16 : 0);
         } else if (tid == 0) {
             unsigned bar = bars + 8 * st;
-            tc_bar_expect(bar, 2 * L::XP);
+            qwg_bar_expect(bar, 2 * L::XP);
             idx_t at = (idx_t)b * 128 * tt + (idx_t)m0 * 128;
             if (CL == 1) {
-                tc_bulk(s0, xh + at, L::XP, bar);
-                tc_bulk(s0 + L::XP, xl + at, L::XP, bar);
+                qwg_bulk(s0, xh + at, L::XP, bar);
+                qwg_bulk(s0 + L::XP, xl + at, L::XP, bar);
             } else {
                 constexpr unsigned P = 2 * L::XP / (CL > 1 ? CL : 1);
                 unsigned off = rank * P, plane = off >= (unsigned)L::XP, in = off - plane * L::XP;
                 const unsigned char* src = (plane ? (const unsigned char*)xl : (const unsigned char*)xh) + at + in;
-                tc_bulk_mc(s0 + off, src, P, bar, (unsigned short)((1u << CL) - 1));
+                qwg_bulk_mc(s0 + off, src, P, bar, (unsigned short)((1u << CL) - 1));
             }
         }
 #pragma unroll
@@ -178,14 +219,14 @@ __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q
         for (int e = 0; e < NC; e++) acc[m][e] = 0.0f;
     if (CL >= 1) {
         if (tid == 0) {
-            for (int st = 0; st < STAGES; st++) tc_bar_init(bars + 8 * st, 1);
+            for (int st = 0; st < STAGES; st++) qwg_bar_init(bars + 8 * st);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
         __syncthreads();
         // Every block's barriers initialized before any block's multicast reaches them.
         if (CL > 1) {
-            tc_cluster_arrive();
-            tc_cluster_wait();
+            qwg_cluster_arrive();
+            qwg_cluster_wait();
         }
     }
 #pragma unroll
@@ -194,19 +235,19 @@ __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q
         tc_commit();
     }
     // The loop's first cluster wait (before the refill of block STAGES - 1) waits for this arrival.
-    if (CL > 1) tc_cluster_arrive();
+    if (CL > 1) qwg_cluster_arrive();
     // This thread's first weight row within the block (rows r and r + 8 of each 64-row tile m at r + 64 m).
     const int wr = wg * 64 * MW + 16 * wq + g;
 #pragma unroll 1
     for (int b = 0; b < nb; b++) {
         const int st = b % STAGES;
         tc_wait<STAGES - 2>();
-        if (CL >= 1) tc_bar_wait(bars + 8 * st, (b / STAGES) & 1);
+        if (CL >= 1) qwg_bar_wait(bars + 8 * st, (b / STAGES) & 1);
         // The copies are generic-proxy writes; the tensor cores read the stage through the async proxy.
         if (CL == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
         // The stage refilled now was every block's stage of block b - 1: all of them are done with it.
-        if (CL > 1) tc_cluster_wait();
+        if (CL > 1) qwg_cluster_wait();
         if (b + STAGES - 1 < nb) load((b + STAGES - 1) % STAGES, b0 + b + STAGES - 1);
         tc_commit();
         const unsigned char* stg = qmma_smem + st * L::STAGE;
@@ -275,11 +316,11 @@ __device__ __forceinline__ void qwg_pq2_gemm(const unsigned char* __restrict__ q
                 acc[m][4 * j + 3] = fmaf((float)c[m][4 * j + 3], sv.y * dv[m][1], acc[m][4 * j + 3]);
             }
         }
-        if (CL > 1) tc_cluster_arrive();
+        if (CL > 1) qwg_cluster_arrive();
     }
     tc_wait<0>();
     // No block leaves while a peer may still multicast into it or wait on the barrier above.
-    if (CL > 1) tc_cluster_wait();
+    if (CL > 1) qwg_cluster_wait();
     // The tile out: y = acc (+ beta y), tokens below T and rows below N only.
 #pragma unroll
     for (int m = 0; m < MW; m++)

@@ -78,9 +78,6 @@ pub struct Kernels {
     pub gdn_tc_prep: [CudaFunction; 2],
     /// `gdn_tc_state_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_SLICES`], in that order.
     pub gdn_tc_state: [[CudaFunction; 4]; 2],
-    /// `gdn_tc_mc_<BV>[_tf32]`: the state pass's cluster form (launched as clusters of the slices of a head), as
-    /// `gdn_tc_state`.
-    pub gdn_tc_mc: [[CudaFunction; 4]; 2],
     /// `gdn_tc_leaf_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_LEAF_SLICES`], in that order.
     pub gdn_tc_leaf: [[CudaFunction; 3]; 2],
     /// `attention_tc`, `attention_tc_tf32`, `attention_bf`, `attention_bf1`, `attention_h` (f16 KV caches):
@@ -266,8 +263,6 @@ pub struct Gpu {
     pdl: std::sync::atomic::AtomicBool,
     /// Off: PQ2_0's prefill GEMM keeps to the mma.sync kernels where the warpgroup one would run ([`Gpu::wgmma`]).
     wgmma_off: std::sync::atomic::AtomicBool,
-    /// The most blocks a cluster of the gated delta state pass may hold ([`Gpu::gdn_cluster`]).
-    gdn_cluster: std::sync::atomic::AtomicUsize,
 }
 
 /// Loads `programs` (indices into [`PROGRAMS`]) into `ctx`: → one slot per program, the loaded ones filled.
@@ -436,10 +431,6 @@ impl Gpu {
                 per_slice(states, "gdn_tc_state", x3, &big)?,
                 per_slice(states, "gdn_tc_state", tf, &big)?,
             ],
-            gdn_tc_mc: [
-                per_slice(states, "gdn_tc_mc", x3, &big)?,
-                per_slice(states, "gdn_tc_mc", tf, &big)?,
-            ],
             gdn_tc_leaf: [
                 per_slice(leaves, "gdn_tc_leaf", x3, &big)?,
                 per_slice(leaves, "gdn_tc_leaf", tf, &big)?,
@@ -500,7 +491,6 @@ impl Gpu {
             pinned: Default::default(),
             pdl: false.into(),
             wgmma_off: false.into(),
-            gdn_cluster: 1.into(),
         }))
     }
 
@@ -519,26 +509,6 @@ impl Gpu {
     /// (compute capability 9.0) and [`Gpu::set_wgmma`] not turned off.
     pub fn wgmma(&self) -> bool {
         arch_suffix(self.cc) == "a" && !self.wgmma_off.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// How the gated delta state pass copies its tiles: 0, each thread its share by cp.async (the plain form); 1,
-    /// bulk copies into each block alone (`gdn_tc_mc`); more, the most blocks of a cluster that share each tile by
-    /// multicast bulk copies. 0 unless the kernels are compiled for sm_90a (compute capability 9.0), else what
-    /// [`Gpu::set_gdn_cluster`] set (1 by default).
-    pub fn gdn_cluster(&self) -> usize {
-        if arch_suffix(self.cc) == "a" {
-            self.gdn_cluster.load(std::sync::atomic::Ordering::Relaxed)
-        } else {
-            0
-        }
-    }
-
-    /// Sets how the gated delta state pass copies its tiles for every later launch ([`Gpu::gdn_cluster`]; the same
-    /// results every way), held to [`crate::gdn_tc::GDN_TC_CLUSTER_MAX`].
-    pub fn set_gdn_cluster(&self, n: usize) {
-        let n = n.min(crate::gdn_tc::GDN_TC_CLUSTER_MAX);
-        self.gdn_cluster
-            .store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Lets PQ2_0's prefill GEMM take the warpgroup-mma kernel where the device has it (the default), or keeps it
@@ -731,9 +701,8 @@ mod tests {
     /// program, which does not compile it).
     #[test]
     fn slice_kernel_names_are_program_groups() {
-        let sets: [(&str, &[usize]); 3] = [
+        let sets: [(&str, &[usize]); 2] = [
             ("gdn_tc_state", &crate::gdn_tc::GDN_TC_SLICES),
-            ("gdn_tc_mc", &crate::gdn_tc::GDN_TC_SLICES),
             ("gdn_tc_leaf", &crate::gdn_tc::GDN_TC_LEAF_SLICES),
         ];
         for (name, slices) in sets {

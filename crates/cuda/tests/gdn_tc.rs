@@ -266,66 +266,6 @@ fn gdn_tc_leaf_matches_cpu() {
     }
 }
 
-/// The state pass's bulk form (each block's tiles by bulk copies) and cluster form (the slices of a head in clusters of
-/// 2, 4 or 8 blocks, each bulk-copying its share of the tiles to all of them) give the plain form's (every thread's
-/// share by cp.async) outputs and states bit for bit, at every slice width, both
-/// arithmetics, the states kept and dropped: dk a multiple of 16 and not (60: padded tile columns no copy writes),
-/// last chunks of every length, segments shorter than a chunk, 40 segments; and the launcher leaves a grid whose
-/// slices no cluster size divides (dv 24 at 8 columns: 3 slices) to the plain form.
-#[test]
-#[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
-fn gdn_tc_bulk_and_cluster_forms_match_plain_form() {
-    let g = gpu();
-    assert!(
-        g.gdn_cluster() > 0,
-        "this GPU runs no bulk form (the kernels need sm_90a)"
-    );
-    let many: Vec<usize> = (0..40)
-        .map(|i| [1, 33, 64, 65, 7, 130, 2, 128, 29, 90][i % 10])
-        .collect();
-    let cases = [
-        (HEADS_08B, vec![200, 3, 29]),
-        (dims(2, 4, 60, 64), vec![1, 63, 64, 65, 130, 17]),
-        (dims(2, 2, 128, 128), many),
-        (dims(2, 4, 64, 24), vec![70, 5]),
-    ];
-    for (d, lens) in cases {
-        let c = delta_case(d, &lens, 72).decays_x(2.0);
-        for a in [Arith::X3, Arith::Tf32] {
-            for &bv in &gdn_tc::GDN_TC_SLICES {
-                for keep in [true, false] {
-                    let at = |cl: usize| {
-                        g.set_gdn_cluster(cl);
-                        let dev = upload(&g, &c);
-                        let p = dev.inp.ptrs(&g);
-                        let (ns, n, ml, wy) =
-                            (lens.len(), c.rows(), c.max_len(), g.ptr(&dev.scratch));
-                        ops::gdn_wy_prep(&g, p.x, cols(d), p.g, p.beta, p.segs, ns, d, n, ml, wy)
-                            .unwrap();
-                        tc_state(&g, &c, &dev, bv, a, keep).unwrap();
-                        let out = g.download(&dev.out, c.rows() * d.hv * d.dv).unwrap();
-                        (out, dev.inp.download_states(&g, d))
-                    };
-                    let plain = at(0);
-                    for cl in [1, 2, 4, 8] {
-                        let got = at(cl);
-                        let slices = d.dv.div_ceil(bv);
-                        assert!(
-                            got == plain,
-                            "{d:?} {a:?} {bv} columns ({slices} slices), keep {keep}, clusters of up to {cl}: \
-                             the bulk or cluster form differs from the plain form"
-                        );
-                    }
-                }
-            }
-        }
-        eprintln!(
-            "bulk and cluster forms = plain form: {d:?} {:?}",
-            &lens[..lens.len().min(8)]
-        );
-    }
-}
-
 /// Shapes the tensor-core pass does not take fail with `Unsupported` (nothing launched), and `gdn_tc_chunked`
 /// falls back to the SIMT pass for them.
 #[test]
@@ -420,47 +360,4 @@ fn gdn_tc_timings() {
         );
     }
     println!("(µs per call, 0.8B heads: hk 16, hv 16, dk 128, dv 128)");
-    println!();
-    println!("The state pass in 1xTF32, plain form / bulk copies / clusters of up to 8 slices of a head:");
-    println!("| segments | 8 columns | 16 | 32 | 64 | its slice |");
-    println!("| --- | --- | --- | --- | --- | --- |");
-    for lens in bench_lens() {
-        let c = delta_case(d, &lens, 80);
-        let dev = upload(&g, &c);
-        let (ns, n, cd, ml) = (lens.len(), c.rows(), cols(d), c.max_len());
-        let p = dev.inp.ptrs(&g);
-        ops::gdn_wy_prep(
-            &g,
-            p.x,
-            cd,
-            p.g,
-            p.beta,
-            p.segs,
-            ns,
-            d,
-            n,
-            ml,
-            g.ptr(&dev.scratch),
-        )
-        .unwrap();
-        let pair = |dvs: usize| {
-            let mut t = [0.0; 3];
-            for (i, cl) in [0, 1, gdn_tc::GDN_TC_CLUSTER_MAX].into_iter().enumerate() {
-                g.set_gdn_cluster(cl);
-                t[i] = per_call_us(&g, &|| {
-                    tc_state(&g, &c, &dev, dvs, Arith::Tf32, true).unwrap()
-                });
-            }
-            format!("{:.1} / {:.1} / {:.1}", t[0], t[1], t[2])
-        };
-        let cols: Vec<String> = gdn_tc::GDN_TC_SLICES.iter().map(|&b| pair(b)).collect();
-        let pick = gdn_tc::gdn_tc_slice(d, ns);
-        println!(
-            "| {} | {} | {} ({pick}) |",
-            lens_label(&lens),
-            cols.join(" | "),
-            pair(pick)
-        );
-    }
-    g.set_gdn_cluster(1);
 }

@@ -404,7 +404,6 @@ impl CudaModel {
         let g = &*gpu;
         g.set_pdl(o.pdl);
         g.set_wgmma(o.wgmma);
-        g.set_gdn_cluster(usize::from(o.bulk_copies));
         let c = m.text_config();
         let up = |t: &Tensor| upload_one(g, t, prec);
         // A projection's weights stacked by format and input; a float input projection (its input a norm's output)
