@@ -188,11 +188,12 @@ __device__ __forceinline__ void conv_rows4(const float* __restrict__ x, int ld, 
 // gone 2.30 -> 2.61); 122 us a layer on a 3,691-token request, about 2x off the H100's bandwidth. Now: lane owns 4
 // consecutive channels (16-byte loads and stores, conv_rows4), runs of 8 (11 row loads for 8 outputs), each
 // segment's part of a run in that path, its rows before the segment from the parent or the conv state (H100, the
-// same request: 87 us a layer, 57% of DRAM bandwidth at 118 registers; the conv op 2.21 -> 1.73 ms). It needs K = 4, groups of at most 128 channels (dk <= 128) and 16-byte aligned rows (x, ld, out,
-// cd, w, dk; a segment's state when the window reads it); otherwise token by token (conv_token). Both hold the
-// channels the same way, so the result does not depend on the path (batch invariance); it equals gdn_conv_prep's up
-// to the order of the norm's sum. grid (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the
-// rows. gdn_conv_state then advances the states.
+// same request: 87 us a layer, 57% of DRAM bandwidth at 118 registers; the conv op 2.21 -> 1.73 ms). It needs K =
+// 4, groups of at most 128 channels (dk <= 128) and 16-byte aligned rows (x, ld, out, cd, w, dk; a segment's state
+// when the window reads it); otherwise token by token (conv_token). Both hold the channels the same way, so the
+// result does not depend on the path (batch invariance); it equals gdn_conv_prep's up to the order of the norm's
+// sum. grid (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows. gdn_conv_state then
+// advances the states.
 KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* __restrict__ out,
                                     const float* __restrict__ w, int K, int cd, const int* seg,
                                     const int* tok, const u64* states, const int* par, int hk, int dk,
