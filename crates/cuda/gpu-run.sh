@@ -102,14 +102,16 @@ if [[ $WHAT == *profile* ]]; then
   else echo "no nsys" | tee -a "$OUT/profile.log"; fi
   if [[ -n $NCU && ${PROFILE_NCU:-1} == 1 ]]; then
     # --clock-control none: the device README's advice (leave the clocks alone; ncu's default locks them).
-    timeout 300 $NCU --clock-control none \
-      -k "regex:${NCU_KERNELS:-gdn_tc_state|gdn_tc_leaf|gdn_tc_prep|gdn_conv_prep_run|gdn_conv_state|rms_norm|attention_h|swiglu}" \
+    K_RE=gdn_tc_state\|gdn_tc_leaf\|gdn_tc_prep\|gdn_conv_prep_run\|gdn_conv_state\|rms_norm\|attention_h\|swiglu
+    K_RE=${NCU_KERNELS:-$K_RE}
+    timeout 300 $NCU --clock-control none -k "regex:$K_RE" \
       --launch-count ${NCU_COUNT:-14} --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section MemoryWorkloadAnalysis ${NCU_ARGS:-} --csv --page details "${one[@]}" \
       >"$OUT/ncu.csv" 2>>"$OUT/profile.log"
   else echo "no ncu" | tee -a "$OUT/profile.log"; fi
   if [[ -n $NCU && -n ${PROFILE_SASS:-} ]]; then
-    timeout 300 $NCU --clock-control none -k "regex:$PROFILE_SASS" --launch-count 1 --section SourceCounters --page source \
+    timeout 300 $NCU --clock-control none -k "regex:$PROFILE_SASS" --launch-count 1 --section SourceCounters \
+      --page source \
       --print-source sass --csv "${one[@]}" >/tmp/sass.csv 2>>"$OUT/profile.log"
     python3 tools/cuda/sass-summary.py /tmp/sass.csv >"$OUT/sass.txt" 2>>"$OUT/profile.log"
   fi
