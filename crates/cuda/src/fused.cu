@@ -13,7 +13,7 @@ KERNEL(simt) void spin_wait(long long cycles) {
 // its output are summed where they are read, so the weights are read once instead of twice.
 
 // x += f[:N] + f[N:] (f: [2N, dim], the lo half `lo` values after the hi half), then RMSNorm as rms_norm (the
-// same body, `norm_rows` in kernels.cu). x: [R, dim] stride ldx; out: [R, dim] stride ldo, stored as `store_act`
+// same body, `norm_rows` in norms.cu). x: [R, dim] stride ldx; out: [R, dim] stride ldo, stored as `store_act`
 // with `mode`. One warp per row; grid ceil(R / warps per block).
 KERNEL(simt) void add2_rms_norm(float* x, int ldx, const float* __restrict__ f, long long lo,
                                 const float* gain, float eps, int dim, void* out, int mode, int ldo,

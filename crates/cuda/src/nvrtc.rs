@@ -23,6 +23,7 @@ pub fn arch_suffix(cc: (i32, i32)) -> &'static str {
 /// The kernel source (CUDA C, no headers).
 pub const KERNELS_CU: &str = concat!(
     include_str!("kernels.cu"),
+    include_str!("norms.cu"),
     include_str!("decode.cu"),
     include_str!("sample.cu"),
     include_str!("tc_common.cu"),
