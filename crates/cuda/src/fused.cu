@@ -103,9 +103,7 @@ __device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, 
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         int tau = t - (K - 1) + j;
-        tap[j] = tau >= 0    ? x + (idx_t)(start + tau) * ld
-                 : pend >= 0 ? x + (idx_t)(pend + tau) * ld
-                             : st + (idx_t)(K - 1 + tau) * cd;
+        tap[j] = conv_input_row(x, ld, st, cd, K, start, pend, tau);
     }
     const bool w4 = K == 4 && ((u64)w & 15) == 0;  // the usual kernel: one 16-byte load of a channel's taps
     float v[8];
@@ -148,9 +146,7 @@ __device__ __forceinline__ void conv_rows4(const float* __restrict__ x, int ld, 
 #pragma unroll
     for (int jr = 0; jr < CONV_RUN + 3; jr++) {
         const int tau = n0 - start - 3 + jr;
-        const float* row = tau >= 0    ? x + (idx_t)(start + tau) * ld
-                           : pend >= 0 ? x + (idx_t)(pend + tau) * ld
-                                       : st + (idx_t)(3 + tau) * cd;
+        const float* row = conv_input_row(x, ld, st, cd, 4, start, pend, tau);
         xr[jr] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (own && jr < m + 3) xr[jr] = __ldg((const float4*)(row + c));
     }

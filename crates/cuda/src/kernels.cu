@@ -477,6 +477,14 @@ __device__ __forceinline__ int conv_parent_end(const int* seg, const int* par, i
     int p = par ? par[s] : -1;
     return p >= 0 ? seg[3 * p] + seg[3 * p + 1] : -1;
 }
+// The input row segment time tau of a segment (first row `start`, conv_parent_end `pend`, conv state `st` of K - 1
+// rows of cd) reads: its own row of x (tau >= 0), its parent's, or its conv state's.
+__device__ __forceinline__ const float* conv_input_row(const float* x, int ld, const float* st, int cd, int K,
+                                                       int start, int pend, int tau) {
+    return tau >= 0    ? x + (idx_t)(start + tau) * ld
+           : pend >= 0 ? x + (idx_t)(pend + tau) * ld
+                       : st + (idx_t)(K - 1 + tau) * cd;
+}
 
 // The Gated DeltaNet mixer inputs of one token per block, parallel over tokens: depthwise causal conv1d + SiLU
 // (the K-1 inputs before the segment come from its conv state, which this kernel only reads), then the L2 norm
