@@ -17,17 +17,25 @@
 // - Block = 8 warps. Warps 0-3 own the 16-row tiles of v' (rows 16w..16w+15 of W S), warps 4-7 those of o (Q S,
 //   then + M v' on the same rows): both halves share the B operand S and run at once. In the update, warp w owns S
 //   rows 16w..16w+15 (dk <= 128) as mma C fragments in registers across the whole segment; after each update it
-//   mirrors them into shared memory (Ss), the B operand of the next chunk's W S and Q S.
+//   mirrors them into shared memory, transposed (Sᵀ), the B operand of the next chunk's W S and Q S.
 // - Shared memory: the chunk's W, Q, K, M tiles (cp.async, 16 bytes when aligned, zero-filled past n rows and dk
-//   columns so padded products add exact zeros), v' and e^(gam_last - gam) v' (the B operands of M v' and of the
-//   update; scaling v' instead of K leaves K as loaded), and Ss. Row strides are padded so every fragment load is
-//   conflict-free: A tiles read row-major (W, Q, M: stride = 4 mod 8), K^T and the B operands read down columns
-//   (K, v', Ss: stride = 8 * odd). U and the decays go straight from global memory into registers.
+//   columns so padded products add exact zeros; rows of 128 floats by unrolled copies whose only guard is the
+//   chunk's length), v' and e^(gam_last - gam) v' (the B operands of M v' and of the update; scaling v' instead of
+//   K leaves K as loaded), and S. Fragments come by ldmatrix.x4 (32-bit values as pairs of 16-bit ones): A from the
+//   row-major W, Q, M tiles (one instruction for a0..a3), B from the transposes v'ᵀ, (e v')ᵀ and Sᵀ, which the
+//   warps store transposed instead of row-major (one instruction for b0, b1 of two n tiles); only the update's A,
+//   Kᵀ read down K's columns, takes four plain loads. Row pitches are 4 mod 32 words (K's 8 mod 32), so every
+//   ldmatrix row, plain fragment load and transposed store falls on distinct banks. The 1xTF32 kernels store v',
+//   e v' and S rounded to TF32 (they are read only as B operands; S itself stays f32 in the update's registers),
+//   so their fragments need no rounding. U and the decays go from global memory into registers, pairs of columns
+//   per 8-byte load where aligned.
 // - Two barriers per chunk, loads overlapped: the next chunk's W and Q stream in during M v' and the update, its M
 //   and K during the next W S / Q S. The update accumulates K^T v' from zero and adds e^gam_last S in f32 (no long
 //   accumulation chains inside the tensor cores' adder).
+// - The same products in the same order, on the same TF32 values, as the form with plain fragment loads and
+//   row-major tiles it replaced (so the same bits). Not yet measured on a GPU.
 // - Grid (hv, ceil(dv / BV), nseg), BV in {8, 16, 32, 64} chosen by the launcher (gdn_tc.rs) so small batches
-//   still fill the multiprocessors; one block per multiprocessor (141 KB of shared memory at dk = 128, BV = 16; 189 KB
+//   still fill the multiprocessors; one block per multiprocessor (134 KB of shared memory at dk = 128, BV = 16; 184 KB
 //   at BV = 64).
 // Needs dk <= 128 (the launcher returns Unsupported otherwise). dk, dv, chunk lengths: anything (padding).
 
@@ -121,8 +129,90 @@ __device__ __forceinline__ void gtc_state_slice(float* Ss, const float* Si, int 
     }
 }
 
-// Shared memory (floats), in this order: W, Q [64][kp8 + 4]; K [64][dkp + 8]; M [64][68]; v', e v' [64][LDV];
-// S [dkp][LDV] (kp8, dkp: dk rounded up to 8, 16). Must match gdn_tc_smem in gdn_tc.rs.
+// The 16-byte columns of a tile whose rows are WD floats wide in memory and in shared memory (ws == wd == WD of
+// gtc_tile, 16-byte copies, 256 threads): every copy's row and column known at compile time but for the t < n
+// guard (gtc_tile's general loop spent about ten instructions a copy on its guards and addresses).
+template <int WD>
+__device__ __forceinline__ void gtc_tile_full(float* dst, int ldd, const float* src, idx_t lds, int n) {
+    constexpr int Q = WD / 4, STEP = 256 / Q;
+    static_assert(256 % Q == 0 && GDN_C % STEP == 0, "gtc_tile_full: rows must split evenly over 256 threads");
+    const int t0 = threadIdx.x / Q, c = (threadIdx.x % Q) * 4;
+    const unsigned d = tc_smem_addr(dst + t0 * ldd + c);
+    const float* p = src + (idx_t)t0 * lds + c;
+    const idx_t sstep = (idx_t)STEP * lds;
+#pragma unroll
+    for (int i = 0; i < GDN_C / STEP; i++) {
+        const bool ok = t0 + i * STEP < n;
+        tc_cp16(d + (unsigned)(i * STEP * ldd * 4), ok ? p + i * sstep : src, ok ? 16 : 0);
+    }
+}
+
+// The TF32 operand(s) of a raw f32 (its bits): X3, big and small (tc_split); else big rounded to TF32, or taken as
+// it is where the value was stored already rounded (ROUNDED).
+template <bool X3, bool ROUNDED>
+__device__ __forceinline__ void gtc_op(unsigned raw, unsigned& big, unsigned& small) {
+    if (X3) tc_split(__uint_as_float(raw), big, small);
+    else big = ROUNDED ? raw : tc_tf32_bits(raw);
+}
+// What the state pass stores of a value that is read again only as a product's B operand: X3 keeps it (split at
+// the load), 1xTF32 rounds it to TF32 once here instead of at each of the fragment loads that read it.
+template <bool X3>
+__device__ __forceinline__ float gtc_store_op(float x) {
+    return X3 ? x : __uint_as_float(tc_tf32(x));
+}
+
+// Two n tiles' products of one k step: B's (b0, b1) of the first in bb[0..1], of the second in bb[2..3] (the
+// register order of one ldmatrix.x4 over the transpose, below).
+template <bool X3>
+__device__ __forceinline__ void gtc_mma_pair(float (&h0)[4], float (&l0)[4], float (&h1)[4], float (&l1)[4],
+                                             const unsigned (&ab)[4], const unsigned (&as)[4],
+                                             const unsigned (&bb)[4], const unsigned (&bs)[4]) {
+    const unsigned b0[2] = {bb[0], bb[1]}, s0[2] = {bs[0], bs[1]}, b1[2] = {bb[2], bb[3]}, s1[2] = {bs[2], bs[3]};
+    gtc_mma3<X3>(h0, l0, ab, as, b0, s0);
+    gtc_mma3<X3>(h1, l1, ab, as, b1, s1);
+}
+
+// (hi, lo) += A B over the k steps 0, 8, .. below kend, both operands by ldmatrix: A the 16 rows of a row-major
+// tile at this lane's address aa (bytes: row (lane & 7) + 8 ((lane >> 3) & 1), column 4 (lane >> 4) of the
+// rows' first 8 columns; one ldmatrix.x4 gives a0..a3), B from the TRANSPOSE of B ([n][k], row pitch ldt floats)
+// at this lane's address bt (row (lane & 7) + 8 (lane >> 4), column 4 ((lane >> 3) & 1): one ldmatrix.x4 gives b0
+// and b1 of two n tiles; an odd last tile is read by plain loads from tb, the transpose at this lane's (n g, k t)).
+// B's values are stored as gtc_store_op left them. The k loop unrolled U times; the same products in the same
+// order as gtc_rows_mma on the untransposed tiles.
+template <int NT, int U, bool X3>
+__device__ __forceinline__ void gtc_rows_mma_ld(float (&hi)[NT][4], float (&lo)[NT][4], unsigned aa, unsigned bt,
+                                                const float* tb, int ldt, int kend) {
+#pragma unroll U
+    for (int kk = 0; kk < kend; kk += 8) {
+        unsigned ar[4], ab[4], as[4];
+        tc_ldsm4<false>(aa + kk * 4u, ar);
+#pragma unroll
+        for (int i = 0; i < 4; i++) gtc_op<X3, false>(ar[i], ab[i], as[i]);
+#pragma unroll
+        for (int p = 0; p < NT / 2; p++) {
+            unsigned br[4], bb[4], bs[4];
+            tc_ldsm4<false>(bt + (unsigned)(p * 16 * ldt + kk) * 4u, br);
+#pragma unroll
+            for (int i = 0; i < 4; i++) gtc_op<X3, true>(br[i], bb[i], bs[i]);
+            gtc_mma_pair<X3>(hi[2 * p], lo[2 * p], hi[2 * p + 1], lo[2 * p + 1], ab, as, bb, bs);
+        }
+        if (NT % 2) {
+            const float* q = tb + (NT - 1) * 8 * ldt + kk;
+            unsigned bb[2], bs[2];
+            gtc_op<X3, true>(__float_as_uint(q[0]), bb[0], bs[0]);
+            gtc_op<X3, true>(__float_as_uint(q[4]), bb[1], bs[1]);
+            gtc_mma3<X3>(hi[NT - 1], lo[NT - 1], ab, as, bb, bs);
+        }
+    }
+}
+
+// Pitch (floats) of the transposed [BV][64] tiles of v' and e v': 4 mod 32, so the rows of an ldmatrix and a
+// warp's column stores fall on distinct banks.
+#define GTC_LDT (GDN_C + 4)
+
+// Shared memory (floats), in this order: W, Q [64][kp8 + 4]; K [64][dkp + 8]; M [64][68]; v'ᵀ, (e v')ᵀ [BV][68];
+// Sᵀ [BV][dkp + 4] (kp8, dkp: dk rounded up to 8, 16); the state slice arrives row-major [dkp][BV] over v'ᵀ
+// onwards. Must match gdn_tc_smem in gdn_tc.rs.
 template <int BV, bool X3>
 __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
                                                const float* __restrict__ W, const float* __restrict__ M,
@@ -130,21 +220,21 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                                                const u64* states, const u64* init, int keep, int hk, int hv, int dk,
                                                int dv, int vec, float* sm) {
     constexpr int NT = BV / 8;  // n tiles of 8 value columns
-    constexpr int LDV = GtcLd<BV>::v;
     constexpr int LDM = GDN_C + 4;
     // k steps unrolled in the three products at BV <= 16 so that the next steps' fragment loads and splits issue
     // under this step's mma (H200, 0.8B heads: 3,400 tokens at BV 16 326.5 -> 307.5 µs, 175 tokens 22.7 -> 21.1;
     // at BV 32 and 64, whose wider accumulators already give each step independent mma, it gained nothing).
     constexpr int UNROLL = BV <= 16 ? 4 : 1;
     const int kp8 = (dk + 7) & ~7, dkp = (dk + 15) & ~15;
-    const int ldx = kp8 + 4, ldk = dkp + 8;
+    const int ldx = kp8 + 4, ldk = dkp + 8, lds = dkp + 4;
     float* Wt = sm;                  // [C, ldx]   W of the chunk
     float* Qt = Wt + GDN_C * ldx;    // [C, ldx]   Q
     float* Kt = Qt + GDN_C * ldx;    // [C, ldk]   K
     float* Mt = Kt + GDN_C * ldk;    // [C, LDM]   M
-    float* Vs = Mt + GDN_C * LDM;    // [C, LDV]   v'
-    float* Ve = Vs + GDN_C * LDV;    // [C, LDV]   e^(gam_last - gam) v'
-    float* Ss = Ve + GDN_C * LDV;    // [dkp, LDV] S (rows past dk and columns past w stay zero)
+    float* Vt = Mt + GDN_C * LDM;    // [BV, LDT]  v'ᵀ
+    float* Et = Vt + BV * GTC_LDT;   // [BV, LDT]  (e^(gam_last - gam) v')ᵀ
+    float* St = Et + BV * GTC_LDT;   // [BV, lds]  Sᵀ (k columns past dk and rows past w stay zero)
+    float* Ss = Vt;                  // [dkp, BV]  the state slice as it arrives, before the loop
 
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     // Segment-major blocks (a segment's slices launched together): a tree's longer child, two chunks among
@@ -157,6 +247,10 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     keep = keep == 1;
     const int kh = h / (hv / hk);
     const bool vecb = vec != 0;
+    // Rows of 128 floats (the Qwen3.5 heads): W, Q and K tiles by the unrolled copies; M's rows are always 64.
+    const bool full = vecb && dk == 128;
+    // Pairs of value columns in one 8-byte load or store: U and out rows of even length, 8-byte aligned.
+    const bool pairs = (dv & 1) == 0 && (((size_t)U | (size_t)out) & 7) == 0;
     float* Sg = (float*)states[s] + (idx_t)h * dk * dv;
     const float* Si = (const float*)init[s] + (idx_t)h * dk * dv;  // states[s], or a parent's (forward_tree)
     const float* Qg = qkv + kh * dk;
@@ -166,17 +260,24 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     // The state slice, asynchronously with the first W and Q tiles (a plain copy loop waited out one global load
     // per iteration: several µs per block, most of a one-chunk segment's time). 16-byte copies when the rows
     // allow, zero-filled past dk rows and w columns.
-    gtc_state_slice<BV, LDV>(Ss, Si, dk, dkp, dv, j0, w);
+    gtc_state_slice<BV, BV>(Ss, Si, dk, dkp, dv, j0, w);
     if (len > 0) {
         int n = min(GDN_C, len);
-        gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n, dk, kp8, vecb);
-        gtc_tile(Qt, ldx, Qg + (idx_t)start * ld, ld, n, dk, kp8, vecb);
+        if (full) {
+            gtc_tile_full<128>(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n);
+            gtc_tile_full<128>(Qt, ldx, Qg + (idx_t)start * ld, ld, n);
+        } else {
+            gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n, dk, kp8, vecb);
+            gtc_tile(Qt, ldx, Qg + (idx_t)start * ld, ld, n, dk, kp8, vecb);
+        }
     }
     tc_commit();  // S (and W, Q)
     if (len > 0) {
         int n = min(GDN_C, len);
-        gtc_tile(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, ldmg, n, GDN_C, GDN_C, vecb);
-        gtc_tile(Kt, ldk, Kg + (idx_t)start * ld, ld, n, dk, dkp, vecb);
+        if (vecb) gtc_tile_full<GDN_C>(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, ldmg, n);
+        else gtc_tile(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, ldmg, n, GDN_C, GDN_C, vecb);
+        if (full) gtc_tile_full<128>(Kt, ldk, Kg + (idx_t)start * ld, ld, n);
+        else gtc_tile(Kt, ldk, Kg + (idx_t)start * ld, ld, n, dk, dkp, vecb);
         tc_commit();
         tc_wait<1>();  // S, W, Q
     } else {
@@ -184,7 +285,8 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     }
     __syncthreads();
 
-    // This warp's rows of S in the update (C fragments, kept across chunks): rows sm0 + g, sm0 + g + 8.
+    // This warp's rows of S in the update (C fragments, kept across chunks): rows sm0 + g, sm0 + g + 8; into Sᵀ
+    // (as gtc_store_op stores it) once every warp has read the slice, which Sᵀ overlaps.
     const int sm0 = 16 * wp;
     const bool sown = sm0 < dkp;
     float sacc[NT][4];
@@ -192,13 +294,29 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     for (int nt = 0; nt < NT; nt++) {
         int col = nt * 8 + 2 * tg;
 #pragma unroll
-        for (int i = 0; i < 4; i++) sacc[nt][i] = sown ? Ss[(sm0 + g + (i >> 1) * 8) * LDV + col + (i & 1)] : 0.0f;
+        for (int i = 0; i < 4; i++) sacc[nt][i] = sown ? Ss[(sm0 + g + (i >> 1) * 8) * BV + col + (i & 1)] : 0.0f;
     }
+    __syncthreads();
+    if (sown) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                St[(nt * 8 + 2 * tg + (i & 1)) * lds + sm0 + g + (i >> 1) * 8] = gtc_store_op<X3>(sacc[nt][i]);
+    }
+    __syncthreads();
 
     // Rows of W S (warps 0-3, v') or Q S (warps 4-7, o) of this warp: m0 + g and m0 + g + 8.
     const bool vwarp = wp < 4;
     const int m0 = 16 * (wp & 3), ra = m0 + g, rb = m0 + g + 8;
-    const float* X = vwarp ? Wt : Qt;
+    // This lane's ldmatrix addresses (bytes): A rows of W or Q and of M, B rows of Sᵀ, v'ᵀ, (e v')ᵀ.
+    const int arow = m0 + (lane & 7) + ((lane >> 3) & 1) * 8, acol = (lane >> 4) * 4;
+    const int brow = (lane & 7) + (lane >> 4) * 8, bcol = ((lane >> 3) & 1) * 4;
+    const unsigned xa = tc_smem_addr((vwarp ? Wt : Qt) + arow * ldx + acol);
+    const unsigned ma = tc_smem_addr(Mt + arow * LDM + acol);
+    const unsigned sbt = tc_smem_addr(St + brow * lds + bcol);
+    const unsigned vbt = tc_smem_addr(Vt + brow * GTC_LDT + bcol);
+    const unsigned ebt = tc_smem_addr(Et + brow * GTC_LDT + bcol);
     for (int c0 = 0; c0 < len; c0 += GDN_C) {
         const int n = min(GDN_C, len - c0), r0 = start + c0;
         const bool more = c0 + GDN_C < len;
@@ -208,13 +326,24 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
         const float ea = ra < n ? E[2 * ((idx_t)(r0 + ra) * hv + h) + esel] : 0.0f;
         const float eb = rb < n ? E[2 * ((idx_t)(r0 + rb) * hv + h) + esel] : 0.0f;
         const float el = E[2 * ((idx_t)(r0 + n - 1) * hv + h)];
+        // This lane's U and out elements: rows ra (rb = ra + 8), columns nt * 8 + 2 tg (+ 1).
+        const idx_t rowa = ((idx_t)(r0 + ra) * hv + h) * dv + j0 + 2 * tg, row8 = (idx_t)8 * hv * dv;
         float u[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
+            const int col = nt * 8 + 2 * tg;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = i < 2 ? ra : rb, col = nt * 8 + 2 * tg + (i & 1);
-                u[nt][i] = (vwarp && r < n && col < w) ? U[((idx_t)(r0 + r) * hv + h) * dv + j0 + col] : 0.0f;
+            for (int hf = 0; hf < 2; hf++) {
+                const bool rok = vwarp && (hf ? rb : ra) < n;
+                const float* p = U + rowa + hf * row8 + nt * 8;
+                if (pairs) {
+                    const float2 x = rok && col < w ? *(const float2*)p : make_float2(0.0f, 0.0f);
+                    u[nt][2 * hf] = x.x;
+                    u[nt][2 * hf + 1] = x.y;
+                } else {
+                    u[nt][2 * hf] = rok && col < w ? p[0] : 0.0f;
+                    u[nt][2 * hf + 1] = rok && col + 1 < w ? p[1] : 0.0f;
+                }
             }
         }
         float hi[NT][4], lo[NT][4];
@@ -223,17 +352,18 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 #pragma unroll
             for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
         // W S (warps 0-3) and Q S (warps 4-7), k over dk.
-        if (m0 < n) gtc_rows_mma<NT, UNROLL, LDV, X3>(hi, lo, X + ra * ldx + tg, ldx, Ss + tg * LDV + g, kp8);
+        if (m0 < n) gtc_rows_mma_ld<NT, UNROLL, X3>(hi, lo, xa, sbt, St + g * lds + tg, lds, kp8);
         if (vwarp) {
-            // v' = U - W S (rows past n: exactly zero, as W and U are zero there), and e^(gam_last - gam) v'.
+            // v' = U - W S (rows past n: exactly zero, as W and U are zero there), and e^(gam_last - gam) v', both
+            // transposed.
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     int r = i < 2 ? ra : rb, col = nt * 8 + 2 * tg + (i & 1);
                     float v = u[nt][i] - (hi[nt][i] + lo[nt][i]);
-                    Vs[r * LDV + col] = v;
-                    Ve[r * LDV + col] = (i < 2 ? ea : eb) * v;
+                    Vt[col * GTC_LDT + r] = gtc_store_op<X3>(v);
+                    Et[col * GTC_LDT + r] = gtc_store_op<X3>((i < 2 ? ea : eb) * v);
                 }
             }
         } else {
@@ -247,8 +377,13 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
         __syncthreads();  // v' visible; W and Q tiles free
         if (more) {
             int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
-            gtc_tile(Wt, ldx, W + ((idx_t)rn * hv + h) * dk, ldw, nn, dk, kp8, vecb);
-            gtc_tile(Qt, ldx, Qg + (idx_t)rn * ld, ld, nn, dk, kp8, vecb);
+            if (full) {
+                gtc_tile_full<128>(Wt, ldx, W + ((idx_t)rn * hv + h) * dk, ldw, nn);
+                gtc_tile_full<128>(Qt, ldx, Qg + (idx_t)rn * ld, ld, nn);
+            } else {
+                gtc_tile(Wt, ldx, W + ((idx_t)rn * hv + h) * dk, ldw, nn, dk, kp8, vecb);
+                gtc_tile(Qt, ldx, Qg + (idx_t)rn * ld, ld, nn, dk, kp8, vecb);
+            }
         }
         tc_commit();
         // o = e^gam Q S + M v' (warps 4-7): M[t][b] is zero for b > t, so k stops at the tile's last row.
@@ -258,20 +393,29 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 #pragma unroll
                 for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
             const int kend = min(m0 + 16, (n + 7) & ~7);
-            gtc_rows_mma<NT, UNROLL, LDV, X3>(hi, lo, Mt + ra * LDM + tg, LDM, Vs + tg * LDV + g, kend);
+            gtc_rows_mma_ld<NT, UNROLL, X3>(hi, lo, ma, vbt, Vt + g * GTC_LDT + tg, GTC_LDT, kend);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
+                const int col = nt * 8 + 2 * tg;
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int r = i < 2 ? ra : rb, col = nt * 8 + 2 * tg + (i & 1);
-                    if (r < n && col < w)
-                        out[((idx_t)(r0 + r) * hv + h) * dv + j0 + col] = u[nt][i] + (hi[nt][i] + lo[nt][i]);
+                for (int hf = 0; hf < 2; hf++) {
+                    float* p = out + rowa + hf * row8 + nt * 8;
+                    const float x = u[nt][2 * hf] + (hi[nt][2 * hf] + lo[nt][2 * hf]);
+                    const float y = u[nt][2 * hf + 1] + (hi[nt][2 * hf + 1] + lo[nt][2 * hf + 1]);
+                    if ((hf ? rb : ra) < n) {
+                        if (pairs) {
+                            if (col < w) *(float2*)p = make_float2(x, y);
+                        } else {
+                            if (col < w) p[0] = x;
+                            if (col + 1 < w) p[1] = y;
+                        }
+                    }
                 }
             }
         }
         // S <- e^gam_last S + K^T (e v'): this warp's 16 rows of S, k over the chunk's tokens. A = K^T, read down
-        // K's columns: a0 = K[k t][row g], a1 = K[k t][row g+8], a2 = K[k t+4][row g], a3 = K[k t+4][row g+8].
-        // Not after the last chunk of a state nobody keeps (keep = 0).
+        // K's columns: a0 = K[k t][row g], a1 = K[k t][row g+8], a2 = K[k t+4][row g], a3 = K[k t+4][row g+8]; B
+        // from (e v')ᵀ by ldmatrix. Not after the last chunk of a state nobody keeps (keep = 0).
         if (sown && (more || keep)) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
@@ -279,7 +423,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
             const int kend = (n + 7) & ~7;
             const float* ka = Kt + tg * ldk + sm0 + g;
-            const float* vb = Ve + tg * LDV + g;
+            const float* et = Et + g * GTC_LDT + tg;
 #pragma unroll UNROLL
             for (int kk = 0; kk < kend; kk += 8) {
                 const float* p = ka + kk * ldk;
@@ -289,10 +433,19 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 tc_split(p[4 * ldk], ab[2], as[2]);
                 tc_split(p[4 * ldk + 8], ab[3], as[3]);
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
+                for (int pp = 0; pp < NT / 2; pp++) {
+                    unsigned br[4], bb[4], bs[4];
+                    tc_ldsm4<false>(ebt + (unsigned)(pp * 16 * GTC_LDT + kk) * 4u, br);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) gtc_op<X3, true>(br[i], bb[i], bs[i]);
+                    gtc_mma_pair<X3>(hi[2 * pp], lo[2 * pp], hi[2 * pp + 1], lo[2 * pp + 1], ab, as, bb, bs);
+                }
+                if (NT % 2) {
+                    const float* q = et + (NT - 1) * 8 * GTC_LDT + kk;
                     unsigned bb[2], bs[2];
-                    gtc_frag_b(vb + kk * LDV + nt * 8, LDV, bb, bs);
-                    gtc_mma3<X3>(hi[nt], lo[nt], ab, as, bb, bs);
+                    gtc_op<X3, true>(__float_as_uint(q[0]), bb[0], bs[0]);
+                    gtc_op<X3, true>(__float_as_uint(q[4]), bb[1], bs[1]);
+                    gtc_mma3<X3>(hi[NT - 1], lo[NT - 1], ab, as, bb, bs);
                 }
             }
 #pragma unroll
@@ -301,7 +454,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 for (int i = 0; i < 4; i++) {
                     int r = sm0 + g + (i >> 1) * 8, col = nt * 8 + 2 * tg + (i & 1);
                     sacc[nt][i] = fmaf(el, sacc[nt][i], hi[nt][i] + lo[nt][i]);
-                    Ss[r * LDV + col] = sacc[nt][i];
+                    St[col * lds + r] = gtc_store_op<X3>(sacc[nt][i]);
                 }
             }
         }
@@ -309,8 +462,10 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
         __syncthreads();  // ... and the new S visible; M and K tiles free
         if (more) {
             int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
-            gtc_tile(Mt, LDM, M + ((idx_t)rn * hv + h) * GDN_C, ldmg, nn, GDN_C, GDN_C, vecb);
-            gtc_tile(Kt, ldk, Kg + (idx_t)rn * ld, ld, nn, dk, dkp, vecb);
+            if (vecb) gtc_tile_full<GDN_C>(Mt, LDM, M + ((idx_t)rn * hv + h) * GDN_C, ldmg, nn);
+            else gtc_tile(Mt, LDM, M + ((idx_t)rn * hv + h) * GDN_C, ldmg, nn, GDN_C, GDN_C, vecb);
+            if (full) gtc_tile_full<128>(Kt, ldk, Kg + (idx_t)rn * ld, ld, nn);
+            else gtc_tile(Kt, ldk, Kg + (idx_t)rn * ld, ld, nn, dk, dkp, vecb);
         }
         tc_commit();
     }
@@ -325,6 +480,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
         }
     }
 }
+#undef GTC_LDT
 
 // State pass on tensor cores, BV value columns per block. grid (hv, ceil(dv / BV), nseg), block 256, dynamic shared
 // memory from gdn_tc_smem (gdn_tc.rs). Arguments as gdn_wy_state's, plus init (init[s]: where segment s's state is
