@@ -20,23 +20,29 @@
 //   permuted (logical t <-> token 2t, t+4 <-> 2t+1) and the B operand, read from shared memory, uses the same
 //   permutation (then b0, b1 are adjacent floats: one 64-bit load). No shared-memory round trip, no barrier.
 //   Against a full (I + A)^-1 this keeps the substitution's structure (closer rounding) at the same product count.
-// - More blocks on short inputs: grid.z = hv x slices of the 16-column tiles of [U | W]; every slice recomputes
-//   the cheap A (one K tile load and a few hundred mma), slice 0 also does M and E. The launcher picks one
-//   tile per warp (2 slices at dk = dv = 128) when the grid is small (a prefix, a few suffixes: latency), one
-//   slice when it is large (throughput: no recomputation).
-// - Q, K, V of the chunk arrive in one cp.async phase (no registers, everything in flight at once) while the
-//   cumulative decays are summed. Chunks shorter than 64 skip the 16-token blocks past their end.
+// - Persistent blocks of 16 warps, one per multiprocessor: block b takes work items b, b + blocks, ... of the
+//   (chunk, segment, column slice, value head) items in order (a table of chunks per segment, built in shared memory
+//   at the start, maps an item to its rows), and with two tile buffers the next item's Q, K, V, g and beta copies
+//   (cp.async, one group per item) are in flight while the current item computes. Before, two independent blocks
+//   of 8 warps shared a multiprocessor, each waiting out its own loads between its products (ncu, 0.8B heads, one
+//   H100: 134 µs a layer, 44% of DRAM throughput, latency-bound). With 16 warps the 16 column tiles of [U | W] at
+//   dk = dv = 128 are one per warp (the former short-input split into column slices is then only needed past 16
+//   tiles), and K·Kᵀ / Q·Kᵀ take two n8 tiles per warp instead of four. Not yet measured on a GPU in this form.
+// - Every product, sum and exp of an output value is the one of the former one-item-per-block kernel, in the same
+//   order (the cumulative sums per thread, the k loops per accumulator, the 16-step substitutions, the solve per
+//   tile): only which warp computes a tile and when the tiles arrive changed, so the outputs are the same bits.
+// - Chunks shorter than 64 skip the 16-token blocks past their end.
 // Kept as in gdn_wy_prep: the cumulative decay summed g_0..g_t in order (the CPU's order), every exp taken of a
 // difference (e^(gam_a - gam_b), never e^gam_a e^-gam_b: strong decays underflow the same way).
 //
-// Block 256 threads (8 warps). Registers (ptxas, sm_90): capped at 128 for two blocks per multiprocessor (124 bytes
-// spilled, 188 in the 1xTF32 twin; 183 registers and one block per multiprocessor uncapped). The solve's 16-token
-// steps overlap (a step's diagonal product runs under the previous step's updates of later blocks), but one
-// block's 8 warps left the multiprocessor mostly waiting (ncu, a System One tree: 12.5% occupancy, 21% SM
-// throughput), so two blocks share it; the launcher's split keeps short inputs to one wave of blocks. Dynamic
-// shared memory (floats): K [64, dk16+4] | Q [64, dk16+4] (later the solve matrix S [64, 72]) | V [64, dv16+4] |
-// g, gam, beta, e^gam [64 each], with x16 = x rounded up to 16; the row pitch = 4 mod 16 makes every fragment
-// load conflict-free. S holds -A in its strictly lower 16x16 blocks and T_ii in its diagonal blocks.
+// Block 512 threads (16 warps), one per multiprocessor: registers capped at 128 (ptxas, sm_90a: 118 in the 1xTF32
+// twin, 119 in the 3xTF32 one, no spills; the former 8-warp blocks with four K·Kᵀ tiles a warp spilled 188 and 128
+// bytes at the same cap). Dynamic shared memory (floats), per tile buffer (one or two): K [64, dk16+4] | Q [64,
+// dk16+4] (later the solve matrix S [64, 72]) | V [64, dv16+4] | g, gam, beta, e^gam [64 each], with x16 = x rounded
+// up to 16; then the item table (3 nseg + 1 ints) and 16 ints of scan scratch. The row pitch = 4 mod 16 makes every
+// fragment load conflict-free. S holds -A in its strictly lower 16x16 blocks and T_ii in its diagonal blocks. At
+// dk = dv = 128 two buffers take 204,800 bytes, which leaves room for the table of about 6,900 segments (one buffer
+// past that; the launcher reports Unsupported, and the caller falls back to gdn_wy_prep, when not even that fits).
 // ---------------------------------------------------------------------------------------------------------------
 
 // 3xTF32 (X3) c += a · b, with a given as (big, small) and b as two f32 values split here: small products first.
@@ -52,8 +58,11 @@ __device__ __forceinline__ void gtp_split4(const float* x, unsigned* big, unsign
 #pragma unroll
     for (int i = 0; i < 4; i++) tc_split(x[i], big[i], small[i]);
 }
+// Warps per block.
+#define GTP_NW 16
+
 // dst[t * ldd + c] = src[t * lds + c] for t < n, c < w; zero for n <= t < rows, w <= c < wp. Warp w takes rows
-// w, w + 8, ...; lanes take columns (coalesced, no division); all copies asynchronous (cp.async). vec: 16-byte
+// w, w + GTP_NW, ...; lanes take columns (coalesced, no division); all copies asynchronous (cp.async). vec: 16-byte
 // copies (src, lds, ldd and the destination 16-byte aligned, wp a multiple of 4), zero-filled past n and w; else
 // 4-byte copies and plain zero stores. 16-byte copies issue a quarter of the copy instructions; measured on an H200
 // (0.8B heads, 3xTF32, µs): 1 x 175 tokens 27.7 -> 26.3, 7 x 33 28.2 -> 27.2, 1 x 3,400 158.4 -> 150.5,
@@ -61,7 +70,7 @@ __device__ __forceinline__ void gtp_split4(const float* x, unsigned* big, unsign
 __device__ __forceinline__ void gtp_load(float* dst, int ldd, const float* __restrict__ src, idx_t lds, int n,
                                          int rows, int w, int wp, bool vec) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int t = warp; t < rows; t += 8) {
+    for (int t = warp; t < rows; t += GTP_NW) {
         const float* s = src + (idx_t)t * lds;
         float* d = dst + t * ldd;
         if (vec) {
@@ -81,18 +90,80 @@ __device__ __forceinline__ void gtp_load(float* dst, int ldd, const float* __res
 // Pitch of the solve matrix S: 72 = 8 mod 32, so the 64-bit B-fragment loads (rows g, columns 2t) are
 // conflict-free per half warp.
 #define GTP_LS 72
+// One work item: chunk ci of segment s, value head h, column slice sl (item = ((pair * nslice) + sl) * hv + h, pairs
+// (s, ci) in segment order). Rows r0 .. r0 + n - 1; the 16-column tiles mlo .. mhi - 1 of [U | W].
+struct GtpItem {
+    int r0, n, h, kh, mlo, mhi;
+    bool doq, dov;
+};
+// cum [nseg + 1]: chunks before segment s; st, ln [nseg]: its start and length (the table the kernel builds).
+__device__ __forceinline__ GtpItem gtp_item(const int* cum, const int* st, const int* ln, int nseg, int it, int hk,
+                                            int hv, int nslice, int mtu, int mtall) {
+    GtpItem w;
+    w.h = it % hv;
+    const int rest = it / hv, sl = rest % nslice, p = rest / nslice;
+    int lo = 0, hi = nseg;  // cum[lo] <= p < cum[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (cum[mid] <= p) lo = mid;
+        else hi = mid;
+    }
+    const int c0 = (p - cum[lo]) * GDN_C;
+    w.r0 = st[lo] + c0;
+    w.n = min(GDN_C, ln[lo] - c0);
+    w.kh = w.h / (hv / hk);
+    const int per = (mtall + nslice - 1) / nslice;
+    w.mlo = sl * per;
+    w.mhi = min(w.mlo + per, mtall);
+    w.doq = sl == 0;
+    w.dov = w.mlo < mtu;
+    return w;
+}
 
-// grid (max chunks per segment, nseg, hv * nslice), block 256. Slice sl of value head h solves the 16-column tiles
-// sl*per .. sl*per + per - 1 of [U | W] (tiles 0..ceil(dv/16)-1 are U's, the rest W's; per = ceil(tiles /
-// nslice)); slice 0 also writes M and E. X3: 3xTF32 products (gdn_tc_prep), else 1xTF32 (gdn_tc_prep_tf32).
-template <bool X3>
-__device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int ld, const float* __restrict__ g,
-                                              const float* __restrict__ beta, const int* seg, int hk, int hv, int dk,
-                                              int dv, int nslice, float* __restrict__ U, float* __restrict__ W,
-                                              float* __restrict__ M, float* __restrict__ E, float* sm) {
+// Buffer layout (floats): K [64, lk] | Q [64, max(lk, GTP_LS)] (later S) | V [64, lv] | g, gam, beta, e^gam [64].
+__device__ __forceinline__ int gtp_buf_floats(int lk, int lv) { return GDN_C * (lk + max(lk, GTP_LS) + lv + 4); }
+
+// Starts the copies of item w into buffer b (one cp.async group): K, Q (slice 0), V (slices with U tiles), g, beta.
+__device__ __forceinline__ void gtp_issue(float* b, const GtpItem& w, const float* __restrict__ qkv, int ld,
+                                          const float* __restrict__ g, const float* __restrict__ beta, int hk, int hv,
+                                          int dk, int dv) {
     const int dkp = (dk + 15) & ~15, dvp = (dv + 15) & ~15;
     const int lk = dkp + 4, lv = dvp + 4;
-    float* Ks = sm;                           // [64, lk]
+    float* Ks = b;
+    float* Qs = Ks + GDN_C * lk;
+    float* Vs = Qs + GDN_C * max(lk, GTP_LS);
+    float* gs = Vs + GDN_C * lv;
+    float* bet = gs + 2 * GDN_C;
+    const int rows = ((w.n + 15) >> 4) * 16;
+    const float* row0 = qkv + (idx_t)w.r0 * ld;
+    const bool vec = (ld & 3) == 0 && (dk & 3) == 0 && (dv & 3) == 0 && ((size_t)qkv & 15) == 0;
+    if (w.mlo < w.mhi) {
+        gtp_load(Ks, lk, row0 + hk * dk + w.kh * dk, ld, w.n, rows, dk, dkp, vec);
+        if (w.doq) gtp_load(Qs, lk, row0 + w.kh * dk, ld, w.n, rows, dk, dkp, vec);
+        if (w.dov) gtp_load(Vs, lv, row0 + 2 * hk * dk + w.h * dv, ld, w.n, rows, dv, dvp, vec);
+    }
+    const int tid = threadIdx.x;
+    if (tid < GDN_C) {
+        if (tid < w.n) {
+            const idx_t r = (idx_t)(w.r0 + tid) * hv + w.h;
+            tc_cp4(gs + tid, g + r, 4);
+            tc_cp4(bet + tid, beta + r, 4);
+        } else {
+            gs[tid] = 0.0f;
+            bet[tid] = 0.0f;
+        }
+    }
+    tc_commit();
+}
+
+// One item from buffer b, its copies complete and visible (the caller waited and synchronised).
+template <bool X3>
+__device__ __forceinline__ void gtp_compute(float* b, const GtpItem& w, int hv, int dk, int dv,
+                                            float* __restrict__ U, float* __restrict__ W, float* __restrict__ M,
+                                            float* __restrict__ E) {
+    const int dkp = (dk + 15) & ~15, dvp = (dv + 15) & ~15;
+    const int lk = dkp + 4, lv = dvp + 4;
+    float* Ks = b;                            // [64, lk]
     float* Qs = Ks + GDN_C * lk;              // [64, lk], then S [64, GTP_LS]
     float* Vs = Qs + GDN_C * max(lk, GTP_LS); // [64, lv]
     float* gs = Vs + GDN_C * lv;              // g, then nothing
@@ -101,40 +172,13 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
     float* eg = bet + GDN_C;
     float* Sm = Qs;
 
-    const int ci = blockIdx.x, s = blockIdx.y, h = blockIdx.z / nslice, sl = blockIdx.z % nslice;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int start = seg[3 * s], len = seg[3 * s + 1];
-    const int c0 = ci * GDN_C;
-    if (c0 >= len) return;
-    const int n = min(GDN_C, len - c0), r0 = start + c0;
+    const int n = w.n, r0 = w.r0, h = w.h;
     const int nb = (n + 15) >> 4;  // 16-token blocks in play; rows past n are zeros
-    const int rows = nb * 16;
-    const int kh = h / (hv / hk);
-    const int mtu = dvp >> 4, mtall = mtu + (dkp >> 4);
-    const int per = (mtall + nslice - 1) / nslice;
-    const int mlo = sl * per, mhi = min(mlo + per, mtall);
-    if (mlo >= mtall) return;  // an empty slice (the launcher avoids them)
-    const bool doq = sl == 0, dov = mlo < mtu;
+    const int mtu = dvp >> 4;
+    const bool doq = w.doq;
 
-    // Q, K, V of the chunk: every copy in flight at once.
-    const float* row0 = qkv + (idx_t)r0 * ld;
-    const bool vec = (ld & 3) == 0 && (dk & 3) == 0 && (dv & 3) == 0 && ((size_t)qkv & 15) == 0;
-    gtp_load(Ks, lk, row0 + hk * dk + kh * dk, ld, n, rows, dk, dkp, vec);
-    if (doq) gtp_load(Qs, lk, row0 + kh * dk, ld, n, rows, dk, dkp, vec);
-    if (dov) gtp_load(Vs, lv, row0 + 2 * hk * dk + h * dv, ld, n, rows, dv, dvp, vec);
-    tc_commit();
-    if (tid < GDN_C) {
-        float gv = 0.0f, bv = 0.0f;
-        if (tid < n) {
-            idx_t r = (idx_t)(r0 + tid) * hv + h;
-            gv = g[r];
-            bv = beta[r];
-        }
-        gs[tid] = gv;
-        bet[tid] = bv;
-    }
-    __syncthreads();
-    // Cumulative log decay, thread t summing g_0..g_t in order (gdn_wy_prep's and the CPU's order), under the loads.
+    // Cumulative log decay, thread t summing g_0..g_t in order (gdn_wy_prep's and the CPU's order).
     if (tid < GDN_C) {
         float cum = 0.0f;
 #pragma unroll
@@ -145,22 +189,21 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
         eg[tid] = e;
         if (doq && tid < n) E[2 * ((idx_t)(r0 + tid) * hv + h)] = e;
     }
-    tc_wait<0>();
     __syncthreads();
     if (doq && tid < n) {
         idx_t r = (idx_t)(r0 + tid) * hv + h;
         E[2 * r + 1] = expf(gam[n - 1] - gam[tid]);
     }
 
-    // K·Kᵀ (and Q·Kᵀ): warp (rb, half) owns rows 16rb..16rb+15, columns 32half..32half+31 as four n8 tiles; only
-    // the tiles on or below the diagonal block and left of token n are multiplied.
-    const int rb = warp >> 1, half = warp & 1;
-    float ak[4][4], aq[4][4];
+    // K·Kᵀ (and Q·Kᵀ): warp (rb, qt) owns rows 16rb..16rb+15, columns 16qt..16qt+15 as two n8 tiles; only the
+    // tiles on or below the diagonal block and left of token n are multiplied (10 of the 16 warps).
+    const int rb = warp >> 2, qt = warp & 3;
+    float ak[2][4], aq[2][4];
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) ak[j][e] = aq[j][e] = 0.0f;
-    if (rb < nb) {
+    if (rb < nb && qt <= rb) {
         const int ks = (dk + 7) >> 3;
         const int ra = (16 * rb + gq) * lk + tq;
         for (int k = 0; k < ks; k++) {
@@ -173,9 +216,9 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
                 gtp_split4(y, qb, ql);
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int nt = 4 * half + j;
-                if (nt <= 2 * rb + 1 && 8 * nt < n) {
+            for (int j = 0; j < 2; j++) {
+                const int nt = 2 * qt + j;
+                if (8 * nt < n) {
                     const int rbk = (8 * nt + gq) * lk + k0 + tq;
                     const float b0 = Ks[rbk], b1 = Ks[rbk + 4];
                     gtp_mma3<X3>(ak[j], kb, kl, b0, b1);
@@ -186,26 +229,22 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
     }
     // Masks and decays: -A into registers (S overwrites Q, which other warps may still read), M to the scratch.
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int a = 16 * rb + gq + 8 * (e >> 1), b = 8 * (4 * half + j) + 2 * tq + (e & 1);
-            const bool low = a < n && b <= a;
-            const float dcy = low ? expf(gam[a] - gam[b]) : 0.0f;
-            if (doq && a < n) M[((idx_t)(r0 + a) * hv + h) * GDN_C + b] = low ? aq[j][e] * dcy : 0.0f;
-            ak[j][e] = (low && b < a) ? -(bet[a] * ak[j][e] * dcy) : 0.0f;
+            const int a = 16 * rb + gq + 8 * (e >> 1), bc = 8 * (2 * qt + j) + 2 * tq + (e & 1);
+            const bool low = a < n && bc <= a;
+            const float dcy = low ? expf(gam[a] - gam[bc]) : 0.0f;
+            if (doq && a < n) M[((idx_t)(r0 + a) * hv + h) * GDN_C + bc] = low ? aq[j][e] * dcy : 0.0f;
+            ak[j][e] = (low && bc < a) ? -(bet[a] * ak[j][e] * dcy) : 0.0f;
         }
     __syncthreads();
-    if (rb < nb) {
+    if (rb < nb && qt <= rb) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int nt = 4 * half + j;
-            if (nt <= 2 * rb + 1) {
+        for (int j = 0; j < 2; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    Sm[(16 * rb + gq + 8 * (e >> 1)) * GTP_LS + 8 * nt + 2 * tq + (e & 1)] = ak[j][e];
-            }
-        }
+            for (int e = 0; e < 4; e++)
+                Sm[(16 * rb + gq + 8 * (e >> 1)) * GTP_LS + 8 * (2 * qt + j) + 2 * tq + (e & 1)] = ak[j][e];
     }
     __syncthreads();
     // T_ii = (I + A_ii)^-1 column by column: x_r = [r == j] + sum_{s<r} (-A)[r][s] x_s (thread (i, j)).
@@ -232,7 +271,7 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
     // The solve, one 16-column tile of [U | W] per warp at a time, on Y = Xᵀ. Y[i][nt] is the C fragment of
     // columns (c0 + g, c0 + g + 8) x tokens 16i + 8nt + (2t, 2t+1); as the A operand of k step nt over block i,
     // (a0, a1, a2, a3) = (Y[i][nt][0], [2], [1], [3]) with logical k t <-> token 2t, t+4 <-> 2t+1.
-    for (int mt = mlo + warp; mt < mhi; mt += 8) {
+    for (int mt = w.mlo + warp; mt < w.mhi; mt += GTP_NW) {
         const bool isu = mt < mtu;
         const int cbase = 16 * (isu ? mt : mt - mtu);
         const int width = isu ? dv : dk;
@@ -265,9 +304,9 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
                     for (int e = 0; e < 4; e++) out[nt][e] = 0.0f;
 #pragma unroll
                     for (int ks = 0; ks < 2; ks++) {
-                        const float2 b =
+                        const float2 bb =
                             *(const float2*)&Sm[(16 * k + 8 * nt + gq) * GTP_LS + 16 * k + 8 * ks + 2 * tq];
-                        gtp_mma3<X3>(out[nt], yb[ks], ys[ks], b.x, b.y);
+                        gtp_mma3<X3>(out[nt], yb[ks], ys[ks], bb.x, bb.y);
                     }
                 }
                 // Block k is final: to the scratch now (its registers die here but for the split copies).
@@ -293,9 +332,9 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
                         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                             for (int ks = 0; ks < 2; ks++) {
-                                const float2 b =
+                                const float2 bb =
                                     *(const float2*)&Sm[(16 * i + 8 * nt + gq) * GTP_LS + 16 * k + 8 * ks + 2 * tq];
-                                gtp_mma3<X3>(Y[i][nt], yb[ks], ys[ks], b.x, b.y);
+                                gtp_mma3<X3>(Y[i][nt], yb[ks], ys[ks], bb.x, bb.y);
                             }
                     }
                 }
@@ -304,15 +343,93 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
     }
 }
 
+// grid (blocks), block 512 (GTP_NW warps), persistent: block b takes items b, b + blocks, ... (GtpItem), the copies
+// of the next one in flight while it computes the current one when nbuf is 2 (one buffer: no overlap). Dynamic
+// shared memory: nbuf buffers (gtp_buf_floats) | the item table: cum [nseg + 1], start [nseg], length [nseg],
+// GTP_NW ints of scan scratch. Slice sl of a (chunk, head) solves the 16-column tiles sl*per .. sl*per + per - 1 of
+// [U | W] (tiles 0..ceil(dv/16)-1 are U's, the rest W's; per = ceil(tiles / nslice)); slice 0 also writes M and E.
+// X3: 3xTF32 products (gdn_tc_prep), else 1xTF32 (gdn_tc_prep_tf32).
+template <bool X3>
+__device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int ld, const float* __restrict__ g,
+                                              const float* __restrict__ beta, const int* seg, int nseg, int hk,
+                                              int hv, int dk, int dv, int nslice, int nbuf, float* __restrict__ U,
+                                              float* __restrict__ W, float* __restrict__ M, float* __restrict__ E,
+                                              float* sm) {
+    const int dkp = (dk + 15) & ~15, dvp = (dv + 15) & ~15;
+    const int bufsz = gtp_buf_floats(dkp + 4, dvp + 4);
+    int* cum = (int*)(sm + nbuf * bufsz);
+    int* st = cum + nseg + 1;
+    int* ln = st + nseg;
+    int* part = ln + nseg;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int mtu = dvp >> 4, mtall = mtu + (dkp >> 4);
+
+    // The item table: each thread takes a run of segments, an exclusive scan of the runs' chunk counts.
+    const int per = (nseg + GTP_NW * 32 - 1) / (GTP_NW * 32);
+    const int s0 = min(tid * per, nseg), s1 = min(s0 + per, nseg);
+    int mine = 0;
+    for (int s = s0; s < s1; s++) {
+        const int a = seg[3 * s], l = seg[3 * s + 1];
+        st[s] = a;
+        ln[s] = l;
+        mine += (l + GDN_C - 1) / GDN_C;
+    }
+    int inc = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += v;
+    }
+    if (lane == 31) part[warp] = inc;
+    __syncthreads();
+    int off = inc - mine;
+    for (int v = 0; v < warp; v++) off += part[v];
+    for (int s = s0; s < s1; s++) {
+        cum[s] = off;
+        off += (ln[s] + GDN_C - 1) / GDN_C;
+    }
+    if (s0 < s1 && s1 == nseg) cum[nseg] = off;
+    __syncthreads();
+    const int total = cum[nseg] * hv * nslice;
+
+    int it = blockIdx.x;
+    if (it >= total) return;
+    // Item it computes from buffer j & 1 (two buffers) or 0. The copy calls stay at three sites: folded into one
+    // loop over (current, next) ptxas kept more values live across the products (128 registers and 232 / 276 bytes
+    // spilled instead of 118 / 119 registers and none).
+    GtpItem w = gtp_item(cum, st, ln, nseg, it, hk, hv, nslice, mtu, mtall);
+    gtp_issue(sm, w, qkv, ld, g, beta, hk, hv, dk, dv);
+    for (int j = 0; it < total; j++) {
+        const int nx = it + gridDim.x;
+        float* cur = sm + (nbuf == 2 ? (j & 1) : 0) * bufsz;
+        GtpItem wn = w;
+        if (nx < total) wn = gtp_item(cum, st, ln, nseg, nx, hk, hv, nslice, mtu, mtall);
+        if (nbuf == 2 && nx < total) {
+            // The other buffer's last reader (the item before this one) passed the barrier below.
+            gtp_issue(sm + ((j + 1) & 1) * bufsz, wn, qkv, ld, g, beta, hk, hv, dk, dv);
+            tc_wait<1>();
+        } else {
+            tc_wait<0>();
+        }
+        __syncthreads();
+        if (w.mlo < w.mhi) gtp_compute<X3>(cur, w, hv, dk, dv, U, W, M, E);  // (no empty slices: the launcher)
+        __syncthreads();
+        it = nx;
+        w = wn;
+        if (nbuf == 1 && it < total) gtp_issue(sm, w, qkv, ld, g, beta, hk, hv, dk, dv);
+    }
+}
+
 #define GDN_TC_PREP(NAME, X3)                                                                                        \
-    KERNEL(NAME) void __launch_bounds__(256, 2)                                                                      \
+    KERNEL(NAME) void __launch_bounds__(GTP_NW * 32, 1)                                                              \
         NAME(const float* __restrict__ qkv, int ld, const float* __restrict__ g, const float* __restrict__ beta,     \
-             const int* seg, int hk, int hv, int dk, int dv, int nslice, float* __restrict__ U,                      \
-             float* __restrict__ W, float* __restrict__ M, float* __restrict__ E) {                                  \
+             const int* seg, int nseg, int hk, int hv, int dk, int dv, int nslice, int nbuf,                         \
+             float* __restrict__ U, float* __restrict__ W, float* __restrict__ M, float* __restrict__ E) {           \
         extern __shared__ float sm[];                                                                                \
-        gdn_tc_prep_t<X3>(qkv, ld, g, beta, seg, hk, hv, dk, dv, nslice, U, W, M, E, sm);                            \
+        gdn_tc_prep_t<X3>(qkv, ld, g, beta, seg, nseg, hk, hv, dk, dv, nslice, nbuf, U, W, M, E, sm);                \
     }
 GDN_TC_PREP(gdn_tc_prep, true)
 GDN_TC_PREP(gdn_tc_prep_tf32, false)
 #undef GDN_TC_PREP
 #undef GTP_LS
+#undef GTP_NW

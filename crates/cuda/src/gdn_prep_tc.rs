@@ -5,21 +5,22 @@
 //! matrix M and the solution [U | W] of `(I + A)[U | W] = [diag(β) V | diag(β e^γ) K]`, with K·Kᵀ, Q·Kᵀ and the
 //! blocked triangular solve (16×16 diagonal inverses, then 16-token steps) as mma.sync TF32 products in 3xTF32
 //! form, so the result stays within f32 rounding of `gdn_wy_prep` (`Arith::Tf32`: the 1xTF32 twin, one product
-//! per step). The 16-column tiles of [U | W] can be split
-//! over several blocks per chunk (each recomputing the cheap A), which the launcher does when the grid would
-//! otherwise leave multiprocessors idle (a prefix, a few suffixes).
+//! per step). The kernel is persistent: at most one block of 16 warps per multiprocessor, each taking every
+//! `blocks`-th (chunk, segment, head, column slice) work item and loading the next item's tiles while it computes
+//! the current one (two tile buffers in shared memory). Not yet measured on a GPU in this form.
 
 use crate::launch;
 use crate::ops::{self, GdnDims, GDN_CHUNK};
-use crate::runtime::{cfg3, Arith, Gpu};
+use crate::runtime::{cfg, Arith, Gpu};
 use crate::CudaError;
 
-/// Threads per block (8 warps). Two blocks are resident per multiprocessor (`__launch_bounds__(256, 2)` in
-/// gdn_prep_tc.cu: at most 128 registers, 144 bytes spilled then (124 since the TF32 rounding became integer ops; 188
-/// in the 1xTF32 twin),
-/// instead of 183 and one block; measured on an H200, 0.8B heads: 1 × 3,400 tokens 199.8 → 158.9 µs, 224 × 33
-/// 656 → 458 µs, 1 × 175 26.1 → 27.6 µs).
-const THREADS: u32 = 256;
+/// Threads per block (16 warps, `GTP_NW` in gdn_prep_tc.cu): one block per multiprocessor
+/// (`__launch_bounds__(512, 1)`: at most 128 registers, as the former two blocks of 8 warps had), so that one
+/// 16-column tile of [U | W] per warp covers the 16 tiles of dk = dv = 128 and the 16 warps share one item's
+/// phases instead of two blocks each waiting out its own loads.
+const THREADS: u32 = 512;
+/// Warps per block.
+const WARPS: usize = THREADS as usize / 32;
 /// Row pitch of the solve matrix in shared memory (`GTP_LS` in gdn_prep_tc.cu).
 const SOLVE_PITCH: usize = 72;
 
@@ -28,32 +29,56 @@ pub fn gdn_tc_prep_tiles(d: GdnDims) -> usize {
     d.dv.div_ceil(16) + d.dk.div_ceil(16)
 }
 
-/// Dynamic shared memory (bytes) of one block: K [64, dk16 + 4] | Q or the solve matrix | V [64, dv16 + 4] |
-/// g, γ, β, e^γ [64 each] (x16: x rounded up to 16).
-pub fn gdn_tc_prep_smem(d: GdnDims) -> usize {
+/// Dynamic shared memory (bytes) of one block with `nbuf` (1 or 2) tile buffers, each K [64, dk16 + 4] | Q or the
+/// solve matrix | V [64, dv16 + 4] | g, γ, β, e^γ [64 each] (x16: x rounded up to 16), then the item table of
+/// `nseg` segments (chunks before each, start, length: 3 nseg + 1 ints) and 16 ints of scan scratch.
+pub fn gdn_tc_prep_smem(d: GdnDims, nbuf: usize, nseg: usize) -> usize {
     let lk = d.dk.next_multiple_of(16) + 4;
     let lv = d.dv.next_multiple_of(16) + 4;
-    4 * GDN_CHUNK * (lk + lk.max(SOLVE_PITCH) + lv + 4)
+    4 * (nbuf * GDN_CHUNK * (lk + lk.max(SOLVE_PITCH) + lv + 4) + 3 * nseg + 1 + WARPS)
 }
 
-/// Column slices per (chunk, value head) for a grid of `blocks` (chunk, segment, head) triples on `sms`
-/// multiprocessors: one 16-column tile per warp (`ceil(tiles / 8)` slices) while the grid still fits one block per
-/// multiprocessor, fewer otherwise, down to 1 (no recomputation of A when the grid is large anyway). Normalised so
-/// that no slice is empty. Counting both resident blocks instead split 7 × 33 tokens of the 0.8B heads too: 29.9 µs
-/// (H200), against 25.7 µs unsplit with one resident block.
-pub fn gdn_tc_prep_slices(d: GdnDims, blocks: usize, sms: usize) -> usize {
+/// Column slices per (chunk, value head) for `items` (chunk, segment, head) triples on `sms` multiprocessors: one
+/// 16-column tile per warp (`ceil(tiles / 16)` slices, 1 up to dk + dv = 256) while the items still fit one block per
+/// multiprocessor, fewer otherwise, down to 1 (no recomputation of A when there is work enough anyway). Normalised
+/// so that no slice is empty.
+pub fn gdn_tc_prep_slices(d: GdnDims, items: usize, sms: usize) -> usize {
     let tiles = gdn_tc_prep_tiles(d).max(1);
-    let mut s = tiles.div_ceil(8).max(1);
-    while s > 1 && blocks * s > sms {
+    let mut s = tiles.div_ceil(WARPS).max(1);
+    while s > 1 && items * s > sms {
         s -= 1;
     }
     tiles.div_ceil(tiles.div_ceil(s))
 }
 
+/// The launch shape of [`gdn_tc_prep`]: (column slices, blocks, tile buffers). Work items: at most
+/// `min(chunks of max_len * nseg, rows / 64 + nseg)` (chunk, segment) pairs times `hv` heads times the slices; one
+/// block per multiprocessor, or one per item when there are fewer; two buffers (the next item's loads under the
+/// current one's products) when a block has more than one item and they fit in shared memory.
+pub fn gdn_tc_prep_shape(
+    g: &Gpu,
+    d: GdnDims,
+    rows: usize,
+    nseg: usize,
+    max_len: usize,
+) -> (usize, usize, usize) {
+    let pairs =
+        (max_len.div_ceil(GDN_CHUNK).max(1) * nseg.max(1)).min(rows.div_ceil(GDN_CHUNK) + nseg);
+    let items = pairs.max(1) * d.hv;
+    let nslice = gdn_tc_prep_slices(d, items, g.sms);
+    let blocks = (items * nslice).min(g.sms.max(1));
+    let nbuf = if items * nslice > blocks && gdn_tc_prep_smem(d, 2, nseg) <= g.max_smem {
+        2
+    } else {
+        1
+    };
+    (nslice, blocks, nbuf)
+}
+
 /// The WY pre-pass on tensor cores, a drop-in for [`crate::ops::gdn_wy_prep`]: qkv [N, ld] (q | k | v, q and k
 /// L2-normalised), gg, beta [N, HV], segs [S, 3]; fills U, W, M, E of every token row of every segment in
-/// `scratch` (room for `rows * ops::gdn_wy_scratch(d)` f32). `max_len`: the longest segment. The column slices
-/// per chunk come from [`gdn_tc_prep_slices`].
+/// `scratch` (room for `rows * ops::gdn_wy_scratch(d)` f32). `max_len`: the longest segment. The launch shape
+/// comes from [`gdn_tc_prep_shape`].
 pub fn gdn_tc_prep(
     g: &Gpu,
     arith: Arith,
@@ -68,15 +93,15 @@ pub fn gdn_tc_prep(
     max_len: usize,
     scratch: u64,
 ) -> Result<(), CudaError> {
-    let blocks = max_len.div_ceil(GDN_CHUNK).max(1) * nseg.max(1) * d.hv;
-    let nslice = gdn_tc_prep_slices(d, blocks, g.sms);
+    let shape = gdn_tc_prep_shape(g, d, rows, nseg, max_len);
     gdn_tc_prep_sliced(
-        g, arith, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch, nslice,
+        g, arith, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch, shape,
     )
 }
 
-/// [`gdn_tc_prep`] with `nslice` column slices per chunk (1 ..= [`gdn_tc_prep_tiles`]; the tests run every
-/// split on the same inputs).
+/// [`gdn_tc_prep`] with the launch shape given: (`nslice` column slices per chunk, 1 ..= [`gdn_tc_prep_tiles`];
+/// `blocks` persistent blocks, at least 1; `nbuf` tile buffers, 1 or 2). The tests run several shapes on the same
+/// inputs (every split; one block taking every item; an odd block count; one buffer).
 pub fn gdn_tc_prep_sliced(
     g: &Gpu,
     arith: Arith,
@@ -90,7 +115,7 @@ pub fn gdn_tc_prep_sliced(
     rows: usize,
     max_len: usize,
     scratch: u64,
-    nslice: usize,
+    (nslice, blocks, nbuf): (usize, usize, usize),
 ) -> Result<(), CudaError> {
     if d.hk == 0 || !d.hv.is_multiple_of(d.hk) {
         return Err(CudaError::Unsupported(format!(
@@ -99,15 +124,15 @@ pub fn gdn_tc_prep_sliced(
         )));
     }
     let tiles = gdn_tc_prep_tiles(d);
-    if nslice == 0 || nslice > tiles {
+    if nslice == 0 || nslice > tiles || blocks == 0 || !(1..=2).contains(&nbuf) {
         return Err(CudaError::Unsupported(format!(
-            "gdn_tc_prep: {nslice} column slices for {tiles} tiles"
+            "gdn_tc_prep: {nslice} column slices for {tiles} tiles, {blocks} blocks, {nbuf} buffers"
         )));
     }
-    let smem = gdn_tc_prep_smem(d);
+    let smem = gdn_tc_prep_smem(d, nbuf, nseg);
     if smem > g.max_smem {
         return Err(CudaError::Unsupported(format!(
-            "gated delta head dims {}x{} do not fit gdn_tc_prep's shared memory ({smem} bytes)",
+            "gated delta head dims {}x{} and {nseg} segments do not fit gdn_tc_prep's shared memory ({smem} bytes)",
             d.dk, d.dv
         )));
     }
@@ -115,18 +140,10 @@ pub fn gdn_tc_prep_sliced(
         return Ok(());
     }
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
-    let lc = cfg3(
-        (
-            ops::blocks(max_len, GDN_CHUNK),
-            nseg as u32,
-            (d.hv * nslice) as u32,
-        ),
-        THREADS,
-        smem as u32,
-    );
+    let lc = cfg((blocks as u32, 1), THREADS, smem as u32);
     launch!(g, g.k.gdn_tc_prep[arith as usize], lc;
-        qkv, ld as i32, gg, beta, segs, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32, nslice as i32,
-        u, w, m, e)
+        qkv, ld as i32, gg, beta, segs, nseg as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32,
+        nslice as i32, nbuf as i32, u, w, m, e)
 }
 
 #[cfg(test)]
@@ -186,18 +203,18 @@ mod tests {
             .collect()
     }
 
-    /// K·Kᵀ tiles as the kernel's warps compute them (warp (rb, half), n8 tiles 4 half + j, k steps of 8 over
-    /// a zero-padded dk) against the plain product.
+    /// K·Kᵀ tiles as the kernel's 16 warps compute them (warp (rb, qt), n8 tiles 2 qt + j, k steps of 8 over a
+    /// zero-padded dk) against the plain product.
     #[test]
     fn kkt_fragments_match_plain_product() {
         let (n, dk) = (64usize, 60usize);
         let dkp = dk.next_multiple_of(16);
         let k = rnd(n * dk, 3);
         let at = |t: usize, c: usize| if c < dk { k[t * dk + c] } else { 0.0 };
-        for warp in 0..8 {
-            let (rb, half) = (warp >> 1, warp & 1);
-            for j in 0..4 {
-                let nt = 4 * half + j;
+        for warp in 0..WARPS {
+            let (rb, qt) = (warp >> 2, warp & 3);
+            for j in 0..2 {
+                let nt = 2 * qt + j;
                 let mut c: Frag<4> = [[0.0; 4]; 32];
                 for k0 in (0..dkp).step_by(8) {
                     let mut a: Frag<4> = [[0.0; 4]; 32];
@@ -358,9 +375,11 @@ mod tests {
             dv: 128,
         };
         assert_eq!(gdn_tc_prep_tiles(d), 16);
-        assert_eq!(gdn_tc_prep_slices(d, 3 * 16, 132), 2);
-        assert_eq!(gdn_tc_prep_slices(d, 7 * 16, 132), 1);
+        assert_eq!(gdn_tc_prep_slices(d, 3 * 16, 132), 1);
         assert_eq!(gdn_tc_prep_slices(d, 54 * 16, 132), 1);
+        let wide = GdnDims { dv: 256, ..d };
+        assert_eq!(gdn_tc_prep_slices(wide, 3 * 16, 132), 2);
+        assert_eq!(gdn_tc_prep_slices(wide, 7 * 16, 132), 1);
         let small = GdnDims {
             hk: 2,
             hv: 4,
@@ -376,7 +395,9 @@ mod tests {
                 .sum();
             assert_eq!(covered, tiles, "nslice {nslice}");
         }
-        // 0.8B dims: 102,400 bytes of shared memory (under the 227 KB opt-in limit).
-        assert_eq!(gdn_tc_prep_smem(d), 102_400);
+        // 0.8B dims: 102,400 bytes a tile buffer; two and the table of 11 segments under the 227 KB opt-in limit.
+        assert_eq!(gdn_tc_prep_smem(d, 1, 0), 102_400 + 4 * 17);
+        assert_eq!(gdn_tc_prep_smem(d, 2, 11), 204_800 + 4 * (34 + 16));
+        assert!(gdn_tc_prep_smem(d, 2, 2_000) <= 232_448);
     }
 }

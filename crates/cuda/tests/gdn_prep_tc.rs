@@ -36,8 +36,8 @@ enum Prep {
     Wy,
     /// gdn_tc_prep with the launcher's split.
     Tc(Arith),
-    /// gdn_tc_prep with this many column slices.
-    TcSliced(usize, Arith),
+    /// gdn_tc_prep with this launch shape: (column slices, persistent blocks, tile buffers).
+    TcShape((usize, usize, usize), Arith),
 }
 
 /// Runs `prep` on the case's inputs; returns the whole scratch and, when `state` is set, the outputs and final
@@ -60,7 +60,7 @@ fn run(
     match prep {
         Prep::Wy => ops::gdn_wy_prep(g, x, cd, gp, bp, sp, ns, d, n, ml, wy).unwrap(),
         Prep::Tc(a) => gdn_tc_prep(g, a, x, cd, gp, bp, sp, ns, d, n, ml, wy).unwrap(),
-        Prep::TcSliced(k, a) => {
+        Prep::TcShape(k, a) => {
             gdn_tc_prep_sliced(g, a, x, cd, gp, bp, sp, ns, d, n, ml, wy, k).unwrap()
         }
     }
@@ -92,8 +92,10 @@ fn check_parts(tag: &str, d: GdnDims, n: usize, got: &[f32], want: &[f32], tol: 
 
 /// The shapes of tests/ops.rs's WY test (`wy_cases`): T = 1, 63, 65, 130, 200 in one batch; HV != HK; DK != DV
 /// both ways and not multiples of 16 (60/24, 16/40, 36/100); the 0.8B head shape (128/128); strong decays (g x20:
-/// e^gam underflows). Every column split of the tiles, then the state pass on the launcher's split against the CPU;
-/// the 3xTF32 kernel and the 1xTF32 one (to its own bound).
+/// e^gam underflows). Every column split of the tiles (a block per item, one buffer); persistent blocks taking many
+/// items each (one block for all, 3 blocks: an odd count, both with the next item's tiles loading under the current
+/// one; 5 blocks with one buffer; more blocks than items); then the state pass on the launcher's shape against the
+/// CPU; the 3xTF32 kernel and the 1xTF32 one (to its own bound).
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gdn_tc_prep_matches_wy_prep_and_cpu() {
@@ -111,12 +113,22 @@ fn gdn_tc_prep_matches_wy_prep_and_cpu() {
         let tag = format!("{d:?} {lens:?} g x{gscale} {arith:?}");
         let (want, _) = run(&g, &c, Prep::Wy, false);
         let tiles = gdn_tc_prep_tiles(d);
-        for k in [1, 2, 3, tiles.div_ceil(8), tiles] {
-            if k > tiles {
-                continue;
-            }
-            let (got, _) = run(&g, &c, Prep::TcSliced(k, arith), false);
-            check_parts(&format!("{tag} slices {k}"), d, n, &got, &want, prep_tol);
+        let items = lens.iter().map(|l| l.div_ceil(GDN_CHUNK)).sum::<usize>() * d.hv;
+        let shapes = [1, 2, 3, tiles.div_ceil(16), tiles]
+            .into_iter()
+            .filter(|&k| k <= tiles)
+            .map(|k| (k, items * k, 1))
+            .chain([(1, 1, 2), (1, 3, 2), (1, 5, 1), (1, 4 * items + 7, 2)]);
+        for shape in shapes {
+            let (got, _) = run(&g, &c, Prep::TcShape(shape, arith), false);
+            check_parts(
+                &format!("{tag} shape {shape:?}"),
+                d,
+                n,
+                &got,
+                &want,
+                prep_tol,
+            );
         }
         let (got, st) = run(&g, &c, Prep::Tc(arith), true);
         check_parts(
