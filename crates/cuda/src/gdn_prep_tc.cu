@@ -41,8 +41,9 @@
 // dk16+4] (later the solve matrix S [64, 72]) | V [64, dv16+4] | g, gam, beta, e^gam [64 each], with x16 = x rounded
 // up to 16; then the item table (3 nseg + 1 ints) and 16 ints of scan scratch. The row pitch = 4 mod 16 makes every
 // fragment load conflict-free. S holds -A in its strictly lower 16x16 blocks and T_ii in its diagonal blocks. At
-// dk = dv = 128 two buffers take 204,800 bytes, which leaves room for the table of about 6,900 segments (one buffer
-// past that; the launcher reports Unsupported, and the caller falls back to gdn_wy_prep, when not even that fits).
+// dk = dv = 128 two buffers take 204,800 bytes, which leaves room (227 KB opt-in) for the table of about 2,300
+// segments; one buffer (no overlap) past that, up to about 10,800; beyond, the launcher reports Unsupported and the
+// caller falls back to gdn_wy_prep.
 // ---------------------------------------------------------------------------------------------------------------
 
 // 3xTF32 (X3) c += a · b, with a given as (big, small) and b as two f32 values split here: small products first.
