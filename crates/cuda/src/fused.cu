@@ -55,7 +55,8 @@ __device__ __forceinline__ bool conv_group(int grp, int hk, int dk, int cd, int&
 // One row's conv outputs v to o, v[4 i + e] being channel 128 i + 4 lane + e of the group (NC chunks of 128): a q
 // or k head (grp < 2 hk) L2-normalised (shuffle reduction, whole warp), q also times scale. Every caller holds the
 // channels the same way and sums the squares in the same order (chunk, then channel), so a row's result does not
-// depend on which path computed it. V4: one 16-byte store per chunk (o 16-byte aligned, size a multiple of 4).
+// depend on which path computed it. V4: one 16-byte store per chunk (o 16-byte aligned, size a multiple of 4, and v
+// 0 on a lane past size: its squares summed without the channel test, the same sum).
 template <int NC, bool V4>
 __device__ __forceinline__ void conv_store(const float (&v)[4 * NC], int grp, int hk, int size, float scale, float* o,
                                            int lane) {
@@ -65,7 +66,7 @@ __device__ __forceinline__ void conv_store(const float (&v)[4 * NC], int grp, in
         float ss = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4 * NC; i++)
-            if (128 * (i / 4) + 4 * lane + i % 4 < size) ss += v[i] * v[i];
+            if (V4 || 128 * (i / 4) + 4 * lane + i % 4 < size) ss += v[i] * v[i];
         ss = warp_sum(ss);
         mul = 1.0f / sqrtf(ss + 1e-6f);
         if (grp < hk) mul *= scale;
@@ -99,31 +100,35 @@ __device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, 
     const float* st = (const float*)states[s];
     // The row each tap reads: this token's own rows, the parent's or the conv state's (found once per token: the
     // one-token-per-warp kernel was bound by issuing that index arithmetic per channel, ncu: 62% SM throughput).
+    // Addressed from the lane's first channel cl, each channel at a constant offset ci from it: one pointer a tap
+    // row and one for the weights, not one a channel (which the compiler had kept live across the whole run).
+    const int cl = c0 + 4 * lane;
     const float* tap[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         int tau = t - (K - 1) + j;
-        tap[j] = conv_input_row(x, ld, st, cd, K, start, pend, tau);
+        tap[j] = conv_input_row(x, ld, st, cd, K, start, pend, tau) + cl;
     }
     const bool w4 = K == 4 && ((u64)w & 15) == 0;  // the usual kernel: one 16-byte load of a channel's taps
+    const float* wl = w + 4 * cl;
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        int cc = 128 * (i / 4) + 4 * lane + i % 4;
+        const int ci = 128 * (i / 4) + i % 4, cc = 4 * lane + ci;
         v[i] = 0.0f;
         if (cc < size) {
             int c = c0 + cc;
             float acc = 0.0f;
             if (w4) {
-                float4 wc = *(const float4*)(w + 4 * c);
-                acc += wc.x * tap[0][c];
-                acc += wc.y * tap[1][c];
-                acc += wc.z * tap[2][c];
-                acc += wc.w * tap[3][c];
+                float4 wc = *(const float4*)(wl + 4 * ci);
+                acc += wc.x * tap[0][ci];
+                acc += wc.y * tap[1][ci];
+                acc += wc.z * tap[2][ci];
+                acc += wc.w * tap[3][ci];
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    if (j < K) acc += w[c * K + j] * tap[j][c];
+                    if (j < K) acc += w[c * K + j] * tap[j][ci];
             }
             v[i] = silu_f(acc);
         }
@@ -132,30 +137,22 @@ __device__ __forceinline__ void conv_token(const float* __restrict__ x, int ld, 
 }
 
 #define CONV_RUN 8
-// Rows n0 .. n0 + m - 1 (m <= CONV_RUN, all of one segment: `start`, parent end `pend`, conv state `st`) of channel
-// group grp (size <= 128, a multiple of 4), K = 4: lane owns channels 4 lane .. 4 lane + 3 (one 16-byte load of each
-// of the m + 3 window rows, four of the taps, one 16-byte store per output row). The window's rows before the
-// segment come from its parent's rows or its conv state, as conv_token's taps; the same sums in the same order.
-__device__ __forceinline__ void conv_rows4(const float* __restrict__ x, int ld, float* __restrict__ out,
-                                           const float* __restrict__ w, int cd, int start, int pend,
-                                           const float* st, int hk, float scale, int n0, int m, int grp, int c0,
-                                           int size, int lane) {
-    const int c = c0 + 4 * lane;
+// Output rows n0 .. n0 + m - 1 (m <= R) of channel group grp (size <= 128, a multiple of 4), K = 4, from the window
+// xr (row jr: the input of row n0 - 3 + jr, channels 4 lane .. 4 lane + 3; zero on a lane that owns none): four taps
+// in order, SiLU, conv_store. With m a constant R (conv_run4) the loop unrolls without exits.
+template <int R>
+__device__ __forceinline__ void conv_rows4_out(const float4 (&xr)[R + 3], const float* __restrict__ w,
+                                               float* __restrict__ out, int cd, int hk, float scale, int n0, int m,
+                                               int grp, int c0, int size, int lane) {
     const bool own = 4 * lane < size;
-    float4 xr[CONV_RUN + 3];  // window row jr: segment time t0 - 3 + jr
-#pragma unroll
-    for (int jr = 0; jr < CONV_RUN + 3; jr++) {
-        const int tau = n0 - start - 3 + jr;
-        const float* row = conv_input_row(x, ld, st, cd, 4, start, pend, tau);
-        xr[jr] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (own && jr < m + 3) xr[jr] = __ldg((const float4*)(row + c));
-    }
-    float4 wc[4];  // the taps of channels c .. c + 3
+    const float* wl = w + 4 * (c0 + 4 * lane);
+    float4 wc[4];  // the taps of channels c0 + 4 lane .. c0 + 4 lane + 3
 #pragma unroll
     for (int e = 0; e < 4; e++)
-        wc[e] = own ? __ldg((const float4*)(w + 4 * (c + e))) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        wc[e] = own ? __ldg((const float4*)(wl + 4 * e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float* o = out + (idx_t)n0 * cd + c0;
 #pragma unroll
-    for (int j = 0; j < CONV_RUN; j++) {
+    for (int j = 0; j < R; j++) {
         if (j >= m) break;
         const float4 x0 = xr[j], x1 = xr[j + 1], x2 = xr[j + 2], x3 = xr[j + 3];
         const float a0[4] = {x0.x, x0.y, x0.z, x0.w}, a1[4] = {x1.x, x1.y, x1.z, x1.w};
@@ -168,10 +165,51 @@ __device__ __forceinline__ void conv_rows4(const float* __restrict__ x, int ld, 
             acc += wc[e].y * a1[e];
             acc += wc[e].z * a2[e];
             acc += wc[e].w * a3[e];
-            v[e] = own ? silu_f(acc) : 0.0f;
+            // A lane without channels: taps and inputs 0, so acc = 0 and v = silu(0) = 0 (never stored nor summed);
+            // no select around the SiLU (which had cost a branch and a convergence barrier a channel).
+            v[e] = silu_f(acc);
         }
-        conv_store<1, true>(v, grp, hk, size, scale, out + (idx_t)(n0 + j) * cd + c0, lane);
+        conv_store<1, true>(v, grp, hk, size, scale, o, lane);
+        o += cd;
     }
+}
+
+// Rows n0 .. n0 + m - 1 (m <= R, all of one segment: `start`, parent end `pend`, conv state `st`) of channel group grp
+// (size <= 128, a multiple of 4), K = 4: lane owns channels 4 lane .. 4 lane + 3 (one 16-byte load of each of the
+// m + 3 window rows, four of the taps, one 16-byte store per output row). The window's rows before the segment come
+// from its parent's rows or its conv state, as conv_token's taps; the same sums in the same order.
+template <int R>
+__device__ __forceinline__ void conv_rows4(const float* __restrict__ x, int ld, float* __restrict__ out,
+                                           const float* __restrict__ w, int cd, int start, int pend,
+                                           const float* st, int hk, float scale, int n0, int m, int grp, int c0,
+                                           int size, int lane) {
+    const int c = c0 + 4 * lane;
+    const bool own = 4 * lane < size;
+    float4 xr[R + 3];  // window row jr: segment time t0 - 3 + jr
+#pragma unroll
+    for (int jr = 0; jr < R + 3; jr++) {
+        const int tau = n0 - start - 3 + jr;
+        const float* row = conv_input_row(x, ld, st, cd, 4, start, pend, tau);
+        xr[jr] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (own && jr < m + 3) xr[jr] = __ldg((const float4*)(row + c));
+    }
+    conv_rows4_out<R>(xr, w, out, cd, hk, scale, n0, m, grp, c0, size, lane);
+}
+
+// conv_rows4 of a full run whose window lies in its segment's own rows (rows n0 - 3 .. n0 + CONV_RUN - 1 of x): the
+// same loads (one row pointer stepped by ld, no segment lookup) and the same conv_rows4_out, for all CONV_RUN rows.
+__device__ __forceinline__ void conv_run4(const float* __restrict__ x, int ld, float* __restrict__ out,
+                                          const float* __restrict__ w, int cd, int hk, float scale, int n0, int grp,
+                                          int c0, int size, int lane) {
+    const bool own = 4 * lane < size;
+    const float* row = x + (idx_t)(n0 - 3) * ld + c0 + 4 * lane;
+    float4 xr[CONV_RUN + 3];
+#pragma unroll
+    for (int jr = 0; jr < CONV_RUN + 3; jr++) {
+        xr[jr] = own ? __ldg((const float4*)row) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        row += ld;
+    }
+    conv_rows4_out<CONV_RUN>(xr, w, out, cd, hk, scale, n0, CONV_RUN, grp, c0, size, lane);
 }
 
 // The Gated DeltaNet mixer inputs, one warp per channel group and run of CONV_RUN consecutive token rows: the q and
@@ -184,18 +222,23 @@ __device__ __forceinline__ void conv_rows4(const float* __restrict__ x, int ld, 
 // gone 2.30 -> 2.61); 122 us a layer on a 3,691-token request, about 2x off the H100's bandwidth. Now: lane owns 4
 // consecutive channels (16-byte loads and stores, conv_rows4), runs of 8 (11 row loads for 8 outputs), each
 // segment's part of a run in that path, its rows before the segment from the parent or the conv state (H100, the
-// same request: 87 us a layer, 57% of DRAM bandwidth at 118 registers; the conv op 2.21 -> 1.73 ms). It needs K =
-// 4, groups of at most 128 channels (dk <= 128) and 16-byte aligned rows (x, ld, out, cd, w, dk; a segment's state
+// same request: 87 us a layer, 57% of DRAM bandwidth at 118 registers; the conv op 2.21 -> 1.73 ms). Then, not yet
+// measured on a GPU: a full run (CONV_RUN rows of a segment that started at least 3 rows before them, found by one
+// check of tok) loads its window from x's rows with one stepped pointer, before any segment lookup, and unrolls
+// without exits (conv_run4); the SiLU runs on every lane (no branch around it) and the V4 norm sums without channel
+// tests; other runs take windows of 4 rows (conv_rows4<4>, 7 loads for 4 outputs) and conv_token addresses its
+// channels from one pointer, so that 96 registers hold the kernel without spills (ptxas: 118 before; 5 blocks of
+// 128 an SM instead of 4). The same sums in the same order on every path: no output bit changes. It needs K = 4,
+// groups of at most 128 channels (dk <= 128) and 16-byte aligned rows (x, ld, out, cd, w, dk; a segment's state
 // when the window reads it); otherwise token by token (conv_token). Both hold the channels the same way, so the
 // result does not depend on the path (batch invariance); it equals gdn_conv_prep's up to the order of the norm's
 // sum. grid (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows. gdn_conv_state then
 // advances the states.
-KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* __restrict__ out,
-                                    const float* __restrict__ w, int K, int cd, const int* seg,
-                                    const int* tok, const u64* states, const int* par, int hk, int dk,
-                                    float scale,
-                                    int off_a, int off_b, const float* neg_a, const float* dt_bias, int hv,
-                                    float* g, float* beta, int n) {
+KERNEL(simt) void __launch_bounds__(128, 5)
+    gdn_conv_prep_run(const float* __restrict__ x, int ld, float* __restrict__ out, const float* __restrict__ w, int K,
+                      int cd, const int* seg, const int* tok, const u64* states, const int* par, int hk, int dk,
+                      float scale, int off_a, int off_b, const float* neg_a, const float* dt_bias, int hv, float* g,
+                      float* beta, int n) {
     pdl_wait();
     pdl_launch();
     const int n0 = CONV_RUN * blockIdx.x, nt = min(CONV_RUN, n - n0);
@@ -206,12 +249,21 @@ KERNEL(simt) void gdn_conv_prep_run(const float* __restrict__ x, int ld, float* 
     if (!conv_group(grp, hk, dk, cd, c0, size)) return;
     const bool vec = K == 4 && dk <= 128 && dk % 4 == 0 && cd % 4 == 0 && ld % 4 == 0 &&
                      (((u64)x | (u64)out | (u64)w) & 15) == 0;
+    // The usual run: CONV_RUN rows of a segment that started at least 3 rows before them (rows n0 - 3 and n0 +
+    // CONV_RUN - 1 of one segment, whose rows are consecutive): one check of tok, not the segment's start, parent
+    // and state, before the window's loads.
+    if (vec && nt == CONV_RUN && n0 >= 3 && tok[2 * (n0 - 3)] == tok[2 * (n0 + CONV_RUN - 1)]) {
+        conv_run4(x, ld, out, w, cd, hk, scale, n0, grp, c0, size, lane);
+        return;
+    }
     for (int j0 = 0; j0 < nt;) {
         const int s = tok[2 * (n0 + j0)], start = seg[3 * s], pend = conv_parent_end(seg, par, s);
         const int j1 = min(nt, start + seg[3 * s + 1] - n0);  // the run's rows j0 .. j1 - 1 are segment s's
         const float* st = (const float*)states[s];
         if (vec && (n0 + j0 - start >= 3 || pend >= 0 || ((u64)st & 15) == 0))
-            conv_rows4(x, ld, out, w, cd, start, pend, st, hk, scale, n0 + j0, j1 - j0, grp, c0, size, lane);
+            for (int j = j0; j < j1; j += 4)
+                conv_rows4<4>(x, ld, out, w, cd, start, pend, st, hk, scale, n0 + j, min(4, j1 - j), grp, c0, size,
+                              lane);
         else
             for (int j = j0; j < j1; j++)
                 conv_token(x, ld, out, w, K, cd, seg, tok, states, par, hk, scale, n0 + j, grp, c0, size, lane);
