@@ -102,10 +102,6 @@ pub struct CudaArgs {
     /// bf16 halves instead of f16, and the input ones read f16 whatever this names (default: none).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_split_gemms: Option<String>,
-    /// Half precision only: the MLP's gate|up projection writes f32 outputs instead of f16 (for comparing the two;
-    /// by default f16 wherever many rows are multiplied).
-    #[arg(long, help_heading = EXPERT)]
-    pub gpu_f32_mlp_outputs: bool,
     /// Kernels of the gated delta rule: tc (tensor cores, the default), tc-no-leaf (tree children take the
     /// full state pass), simt (f32 SIMT kernels, no one-forward trees).
     #[arg(long, value_enum, default_value_t = GdnArg::Tc, help_heading = EXPERT)]
@@ -166,19 +162,12 @@ impl CudaArgs {
                 precision.name()
             );
         }
-        if self.gpu_f32_mlp_outputs && precision != onepass_cuda::Precision::Half {
-            bail!(
-                "--gpu-f32-mlp-outputs applies to --gpu-precision half, not {}",
-                precision.name()
-            );
-        }
         Ok(onepass_cuda::CudaOptions {
             device: 0,
             precision,
             memory_budget_bytes: self.gpu_memory_mb << 20,
             kernels,
             split_gemms,
-            f16_mlp_outputs: !self.gpu_f32_mlp_outputs,
             gdn: match self.gpu_gdn {
                 GdnArg::Tc => GdnKernels::TensorCore,
                 GdnArg::TcNoLeaf => GdnKernels::TensorCoreNoLeaf,
@@ -273,7 +262,6 @@ mod tests {
             },
             gpu_kernels: kernels.map(str::to_string),
             gpu_split_gemms: None,
-            gpu_f32_mlp_outputs: false,
             gpu_gdn: GdnArg::Tc,
             gpu_attention: AttnArg::Tc,
             gpu_no_trees: false,
@@ -365,7 +353,6 @@ mod tests {
         for flag in [
             "--gpu-kernels",
             "--gpu-split-gemms",
-            "--gpu-f32-mlp-outputs",
             "--gpu-gdn",
             "--gpu-attention",
             "--gpu-no-trees",
@@ -405,9 +392,8 @@ mod tests {
         assert_eq!(o.gdn, onepass_cuda::GdnKernels::Simt);
         assert_eq!(o.attention, onepass_cuda::AttnKernels::Tiled);
         assert!(!o.trees && !o.graphs && o.pdl && !o.wgmma && !o.keep_freed_memory);
-        assert!(!o.batch_invariant && o.f16_mlp_outputs);
+        assert!(!o.batch_invariant);
         assert!(options(&["t", "--gpu-batch-invariant"]).batch_invariant);
-        assert!(!options(&["t", "--gpu-f32-mlp-outputs"]).f16_mlp_outputs);
         let o = options(&["t", "--gpu-gdn", "tc-no-leaf"]);
         assert_eq!(o.gdn, onepass_cuda::GdnKernels::TensorCoreNoLeaf);
         assert_eq!(o.attention, onepass_cuda::AttnKernels::TensorCore);
@@ -449,24 +435,6 @@ mod tests {
         let e = with("bf16", "all").options().unwrap_err().to_string();
         assert!(
             e.contains("applies to --gpu-precision half, mixed or split, not bf16"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn gpu_f32_mlp_outputs_need_half_precision() {
-        assert!(
-            args("half", None).options().unwrap().f16_mlp_outputs,
-            "default: f16"
-        );
-        let with = |precision: &str| CudaArgs {
-            gpu_f32_mlp_outputs: true,
-            ..args(precision, None)
-        };
-        assert!(!with("half").options().unwrap().f16_mlp_outputs);
-        let e = with("mixed").options().unwrap_err().to_string();
-        assert!(
-            e.contains("--gpu-f32-mlp-outputs applies to --gpu-precision half, not mixed"),
             "{e}"
         );
     }

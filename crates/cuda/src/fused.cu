@@ -1,5 +1,5 @@
-// Kernels added after kernels.cu: the profiler's spin_wait, the split-mode residual fold (add2_rms_norm), the
-// warp-per-channel-group conv (gdn_conv_prep_run) and SwiGLU on f32 or f16 inputs (swiglu, swiglu_h).
+// Kernels added after kernels.cu: the profiler's spin_wait, the split-mode residual fold (add2_rms_norm) and the
+// warp-per-channel-group conv (gdn_conv_prep_run).
 
 // Keeps the stream busy for about `cycles` clock cycles (one thread), so that the host can queue a whole
 // forward before the GPU starts it: the profiler's events then time the GPU's work, not the host's launches.
@@ -269,60 +269,4 @@ KERNEL(simt) void __launch_bounds__(128, 5)
                 conv_token(x, ld, out, w, K, cd, seg, tok, states, par, hk, scale, n0 + j, grp, c0, size, lane);
         j0 = j1;
     }
-}
-
-// One value of SwiGLU's input at i: f32, or (H16) f16 times s.
-template <bool H16>
-__device__ __forceinline__ float gu_load(const void* __restrict__ p, idx_t i, float s) {
-    if constexpr (H16) return h2f(((const unsigned short*)p)[i]) * s;
-    else return ((const float*)p)[i];
-}
-// gu_load of 4 consecutive values at i: i % 4 == 0, p 16-byte (f32) or 8-byte (f16) aligned.
-template <bool H16>
-__device__ __forceinline__ void gu_load4(const void* __restrict__ p, idx_t i, float s, float* v) {
-    if constexpr (H16) {
-        const uint2 u = *(const uint2*)((const unsigned short*)p + i);
-        v[0] = h2f((unsigned short)(u.x & 0xffffu)) * s;
-        v[1] = h2f((unsigned short)(u.x >> 16)) * s;
-        v[2] = h2f((unsigned short)(u.y & 0xffffu)) * s;
-        v[3] = h2f((unsigned short)(u.y >> 16)) * s;
-    } else {
-        const float4 t = *(const float4*)((const float*)p + i);
-        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
-    }
-}
-
-// SwiGLU: out[n][c] = silu(gate) * up with gate = gu[n][c] and up = gu[n][inter + c]. gu: [rows, 2 inter], f32
-// (swiglu) or, H16 (swiglu_h), f16 of each value times 2^e (the half precision's gate|up GEMM output over many rows,
-// gemm_half_out) read back times s = 2^-e (exact; the form fixed per kernel, so the f32 path reads as before); out:
-// [rows, inter] as `store_act` with `mode`. grid (ceil(inter / (VW * blockDim.x)), up to 65535 rows, walked by
-// stride), VW = 4 (vec: inter % 4 == 0, gu aligned for gu_load4 and out for store_act_vec) or 1: no division per
-// value (the one-thread-per-value kernel spent its time on 64-bit divisions).
-template <bool H16>
-__device__ __forceinline__ void swiglu_t(const void* __restrict__ gu, float s, int inter, int rows, void* out,
-                                         int mode, int vec) {
-    const int vw = vec ? 4 : 1;
-    const int c = vw * (blockIdx.x * blockDim.x + threadIdx.x);
-    if (c >= inter) return;
-    for (int n = blockIdx.y; n < rows; n += gridDim.y) {
-        const idx_t r = (idx_t)n * 2 * inter + c;
-        const idx_t o = (idx_t)n * inter + c;
-        if (vec) {
-            float gt[4], up[4];
-            gu_load4<H16>(gu, r, s, gt);
-            gu_load4<H16>(gu, r + inter, s, up);
-            const float v[4] = {silu_f(gt[0]) * up[0], silu_f(gt[1]) * up[1], silu_f(gt[2]) * up[2],
-                                silu_f(gt[3]) * up[3]};
-            store_act_vec<4>(out, o, v, mode);
-        } else {
-            store_act(out, o, silu_f(gu_load<H16>(gu, r, s)) * gu_load<H16>(gu, r + inter, s), mode);
-        }
-    }
-}
-KERNEL(simt) void swiglu(const float* __restrict__ gu, int inter, int rows, void* out, int mode, int vec) {
-    swiglu_t<false>(gu, 1.0f, inter, rows, out, mode, vec);
-}
-KERNEL(simt) void swiglu_h(const unsigned short* __restrict__ gu, float s, int inter, int rows, void* out, int mode,
-                           int vec) {
-    swiglu_t<true>(gu, s, inter, rows, out, mode, vec);
 }

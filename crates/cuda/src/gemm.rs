@@ -4,8 +4,7 @@
 //! `CUBLAS_COMPUTE_32F_PEDANTIC` (never TF32).
 //!
 //! The half precision's projections ([`W::Half`]): f16 weights scaled by a power of two and f16 inputs (a residual
-//! projection's scaled by another), `CUBLAS_COMPUTE_32F` on tensor cores (f32 accumulation), alpha undoing both;
-//! the MLP's gate|up over many rows may store its output as f16 scaled by a third power of two ([`gemm_half_out`]).
+//! projection's scaled by another), `CUBLAS_COMPUTE_32F` on tensor cores (f32 accumulation), alpha undoing both.
 //!
 //! A per-shape cuBLASLt autotuner was measured against this and removed (H200, 2026-11-30): at the System One token
 //! counts no candidate beat GemmEx by more than 2% on any 0.8B projection, and tuning cost 5–50 ms per new shape on a
@@ -311,80 +310,6 @@ pub fn gemm_ld_as(
             ))
         }
     };
-    let f32_out = blas_sys::cudaDataType::CUDA_R_32F;
-    gemm_ex(
-        g,
-        (w, ldw),
-        (x, ldx),
-        dt,
-        (t, k, n),
-        (alpha, beta),
-        (y, ldy, f32_out),
-        compute,
-    )
-    .map_err(|err| CudaError::Blas { op: "gemm", err })
-}
-
-/// The half precision's gate|up over many rows with an f16 output: `y[T, N]` (row stride `ldy`, f16) = 2^`out_exp` ·
-/// x[T, K] · w[N, K]ᵀ, x f16 (row stride `ldx`), `w` a [`W::Half`] weight (row stride `ldw`). One `cublasGemmEx`
-/// (f32 accumulation, alpha = 2^(out_exp - shift), exact, then one rounding to f16), so SwiGLU reads half the bytes
-/// of an f32 output; `out_exp` puts the output's bound from the weights inside f16's range (`half_exps` in the
-/// model's bounds). Not batch-invariant (GemmEx's algorithm may change with T) and never the few-row GEMV: the
-/// caller keeps f32 outputs for those (`CudaModel::f16_out`).
-pub fn gemm_half_out(
-    g: &Gpu,
-    (x, ldx): (u64, usize),
-    t: usize,
-    k: usize,
-    (w, ldw): (W, usize),
-    n: usize,
-    (y, ldy): (u64, usize),
-    out_exp: i32,
-) -> Result<(), CudaError> {
-    let W::Half { w, shift } = w else {
-        return Err(CudaError::Unsupported(
-            "an f16 GEMM output from a weight that is not the half precision's".into(),
-        ));
-    };
-    if t == 0 || n == 0 {
-        return Ok(());
-    }
-    if ldx < k || ldw < k || ldy < n {
-        return Err(CudaError::Unsupported(format!(
-            "gemm strides: ldx {ldx}, ldw {ldw} below K {k}, or ldy {ldy} below N {n}"
-        )));
-    }
-    let alpha = 2f32.powi(out_exp - shift);
-    let f16 = blas_sys::cudaDataType::CUDA_R_16F;
-    let compute = blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
-    gemm_ex(
-        g,
-        (w, ldw),
-        (x, ldx),
-        f16,
-        (t, k, n),
-        (alpha, 0.0),
-        (y, ldy, f16),
-        compute,
-    )
-    .map_err(|err| CudaError::Blas {
-        op: "gemm (f16 output)",
-        err,
-    })
-}
-
-/// One `cublasGemmEx` in cuBLAS's column-major view (module docs): y[T, N] (row stride `ldy`, type `yt`) = alpha ·
-/// x[T, K] · w[N, K]ᵀ + beta · y, w and x of type `dt`, `CUBLAS_GEMM_DEFAULT`.
-fn gemm_ex(
-    g: &Gpu,
-    (w, ldw): (u64, usize),
-    (x, ldx): (u64, usize),
-    dt: blas_sys::cudaDataType,
-    (t, k, n): (usize, usize, usize),
-    (alpha, beta): (f32, f32),
-    (y, ldy, yt): (u64, usize, blas_sys::cudaDataType),
-    compute: blas_sys::cublasComputeType_t,
-) -> Result<(), cudarc::cublas::result::CublasError> {
     // SAFETY: pointers are live device buffers of the stated shapes.
     unsafe {
         blas_result::gemm_ex(
@@ -403,12 +328,13 @@ fn gemm_ex(
             ldx as i32,
             &beta as *const f32 as *const _,
             y as *mut _,
-            yt,
+            blas_sys::cudaDataType::CUDA_R_32F,
             ldy as i32,
             compute,
             blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
+    .map_err(|err| CudaError::Blas { op: "gemm", err })
 }
 
 #[cfg(test)]

@@ -788,6 +788,27 @@ KERNEL(attention_tiled) void __launch_bounds__(256) attention_tiled(const float*
     else attention_tiled_t<8>(q, proj, ld, seg, kv, H, HKV, D, scale, out, mode, sm);
 }
 
+// SwiGLU: out[n][c] = silu(gate) * up with gate = gu[n][c] and up = gu[n][inter + c]. gu: [rows, 2 inter] f32;
+// out: [rows, inter] as `store_act` with `mode`. grid (ceil(inter / (VW * blockDim.x)), up to 65535 rows, walked by
+// stride), VW = 4 (vec: inter % 4 == 0, gu and out aligned for 16-byte loads and store_act_vec) or 1: no division
+// per value (the one-thread-per-value kernel spent its time on 64-bit divisions).
+KERNEL(simt) void swiglu(const float* __restrict__ gu, int inter, int rows, void* out, int mode, int vec) {
+    const int vw = vec ? 4 : 1;
+    const int c = vw * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= inter) return;
+    for (int n = blockIdx.y; n < rows; n += gridDim.y) {
+        const float* r = gu + (idx_t)n * 2 * inter + c;
+        const idx_t o = (idx_t)n * inter + c;
+        if (vec) {
+            float4 gt = *(const float4*)r, up = *(const float4*)(r + inter);
+            const float v[4] = {silu_f(gt.x) * up.x, silu_f(gt.y) * up.y, silu_f(gt.z) * up.z, silu_f(gt.w) * up.w};
+            store_act_vec<4>(out, o, v, mode);
+        } else {
+            store_act(out, o, silu_f(r[0]) * r[inter], mode);
+        }
+    }
+}
+
 // f32 to bf16 (n values).
 KERNEL(simt) void to_bf16(const float* x, bf16_t* y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -507,46 +507,19 @@ pub fn attention_tiled(
         q, proj, ld as i32, segs, kv, a.heads as i32, a.kv_heads as i32, a.head_dim as i32, scale, o, mode)
 }
 
-/// out [N, I] = silu(gu[:, :I]) * gu[:, I:], gu f32.
+/// out [N, I] = silu(gu[:, :I]) * gu[:, I:].
 pub fn swiglu(g: &Gpu, gu: u64, inter: usize, n: usize, out: Out) -> Result<(), CudaError> {
     let (o, mode) = out.parts();
-    let (lc, vec) = swiglu_cfg((gu, 16), inter, n, o, mode);
+    let (lc, vec) = swiglu_cfg(gu, inter, n, o, mode);
     launch!(g, g.k.swiglu, lc; gu, inter as i32, n as i32, o, mode, vec as i32)
 }
 
-/// [`swiglu`] of the half precision's f16 gate|up output ([`crate::gemm::gemm_half_out`]): gu [N, 2I] holds f16 of
-/// each value times 2^`exp`, read back times 2^-exp (exact), `exp` in [-60, 60].
-pub fn swiglu_f16(
-    g: &Gpu,
-    gu: u64,
-    exp: i32,
-    inter: usize,
-    n: usize,
-    out: Out,
-) -> Result<(), CudaError> {
-    if !(-60..=60).contains(&exp) {
-        return Err(CudaError::Unsupported(format!(
-            "SwiGLU inputs scaled by 2^{exp} (at most 2^60 either way)"
-        )));
-    }
-    let (o, mode) = out.parts();
-    let (lc, vec) = swiglu_cfg((gu, 8), inter, n, o, mode);
-    let s = 2f32.powi(-exp);
-    launch!(g, g.k.swiglu_h, lc; gu, s, inter as i32, n as i32, o, mode, vec as i32)
-}
-
-/// Grid of `swiglu` and `swiglu_h`, and whether their 4-wide path applies: inter a multiple of 4, gu aligned to
-/// `align` bytes (16 for f32, 8 for f16), out (and its lo plane, `-mode` values on) aligned for `store_act_vec`.
-fn swiglu_cfg(
-    (gu, align): (u64, u64),
-    inter: usize,
-    n: usize,
-    o: u64,
-    mode: i32,
-) -> (LaunchConfig, bool) {
+/// Grid of `swiglu`, and whether its 4-wide path applies: inter a multiple of 4, gu 16-byte aligned, out (and its lo
+/// plane, `-mode` values on) aligned for `store_act_vec`.
+fn swiglu_cfg(gu: u64, inter: usize, n: usize, o: u64, mode: i32) -> (LaunchConfig, bool) {
     let out_align = if mode == 1 { 16 } else { 8 };
     let vec = inter.is_multiple_of(4)
-        && gu.is_multiple_of(align)
+        && gu.is_multiple_of(16)
         && o.is_multiple_of(out_align)
         && (mode >= 0 || (mode % 4) == 0);
     let per = if vec { inter / 4 } else { inter };

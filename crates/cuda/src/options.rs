@@ -41,9 +41,6 @@ pub struct CudaOptions {
     /// precision: the residual projections stored to multiply both bf16 planes instead of f16 (`None`: none;
     /// ignored where half falls back to mixed, which then splits all).
     pub split_gemms: Option<SplitGemms>,
-    /// Half precision: the MLP's gate|up stores its output as f16 times a power of two where cuBLAS multiplies many
-    /// rows, and SwiGLU reads that (`CudaModel::f16_out`). Off: f32 outputs everywhere (for comparing the two).
-    pub f16_mlp_outputs: bool,
     pub gdn: GdnKernels,
     pub attention: AttnKernels,
     /// Prefixes and suffixes in one forward where the shapes allow (else always the two-pass path).
@@ -73,7 +70,6 @@ impl Default for CudaOptions {
             memory_budget_bytes: 16 << 30,
             kernels: None,
             split_gemms: None,
-            f16_mlp_outputs: true,
             gdn: GdnKernels::default(),
             attention: AttnKernels::default(),
             trees: true,

@@ -67,13 +67,11 @@ pub struct Kernels {
     pub attn_prep: CudaFunction,
     /// attn_prep writing f16 KV caches (for `attention_h`).
     pub attn_prep_h: CudaFunction,
+    pub swiglu: CudaFunction,
     pub to_bf16: CudaFunction,
     pub rows_dot: CudaFunction,
     // fused.cu
     pub add2_rms_norm: CudaFunction,
-    pub swiglu: CudaFunction,
-    /// swiglu reading the half precision's f16 gate|up output (`gemm::gemm_half_out`).
-    pub swiglu_h: CudaFunction,
     pub gdn_conv_prep_run: CudaFunction,
     pub spin_wait: CudaFunction,
     // The tensor-core files: one kernel per [`Arith`], indexed by `Arith as usize`.
@@ -419,9 +417,9 @@ impl Gpu {
         }
         let k = by_name! {
             embed_gather, rms_norm, rms_norm_lean, rms_norm_gated, gdn_conv_prep, gdn_conv_state, gdn_step, argmax_rows,
-            head_argmax_bf16, gemv_norm_bf16, gemv_norm_half, attn_prep, attn_prep_h, to_bf16, rows_dot,
-            add2_rms_norm, swiglu, swiglu_h, gdn_conv_prep_run, spin_wait, dequant_rows, qmma_quant, hadamard_rows,
-            gated_norm_rotate, qmma_split_sum;
+            head_argmax_bf16, gemv_norm_bf16, gemv_norm_half, attn_prep, attn_prep_h, swiglu, to_bf16, rows_dot,
+            add2_rms_norm, gdn_conv_prep_run, spin_wait, dequant_rows, qmma_quant, hadamard_rows, gated_norm_rotate,
+            qmma_split_sum;
             qmma_pq2: [big_smem_shared(f("qmma_pq2")?, max_smem)?, big("qmma_pq2_16")?],
             qmma_q8: big("qmma_q8")?,
             qwg_pq2: big_smem_shared(f("qwg_pq2")?, max_smem)?,

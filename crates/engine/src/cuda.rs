@@ -67,23 +67,14 @@ impl Backend for CudaBackend {
             p @ (Precision::Bf16Split | Precision::Mixed) => {
                 split(p, "bf16 weights, split bf16 GEMM inputs")
             }
-            p @ Precision::Half => {
-                let outputs = if self.model.f16_mlp_outputs() {
-                    "f16 gate|up outputs"
-                } else {
-                    "f32 GEMM outputs"
-                };
-                match self.model.half_planes() {
-                    SplitGemms::NONE => {
-                        format!("{}: f16 GEMM inputs and weights, {outputs}", p.name())
-                    }
-                    k => format!(
-                        "{}: f16 GEMM inputs and weights ({} on split bf16 inputs), {outputs}",
-                        p.name(),
-                        k.describe()
-                    ),
-                }
-            }
+            p @ Precision::Half => match self.model.half_planes() {
+                SplitGemms::NONE => format!("{}: f16 GEMM inputs and weights", p.name()),
+                k => format!(
+                    "{}: f16 GEMM inputs and weights ({} on split bf16 inputs)",
+                    p.name(),
+                    k.describe()
+                ),
+            },
             Precision::Bf16 => "bf16".into(),
             Precision::F32 => "f32".into(),
         };

@@ -1,7 +1,6 @@
 //! Bounds on values the f16 forms must hold, known from the weights alone: the half precision's fit to a model
-//! (`half_misfit`), its residual projections' input exponents and gate|up's output exponent (`half_exps`) and the
-//! f16 KV caches' bound (`kv_bound`), with the weight statistics they are built from (largest row 2-norm, largest
-//! |gain|).
+//! (`half_misfit`), its residual projections' input exponents (`half_residual_exps`) and the f16 KV caches'
+//! bound (`kv_bound`), with the weight statistics they are built from (largest row 2-norm, largest |gain|).
 
 use super::*;
 
@@ -89,30 +88,17 @@ fn half_exp(bound: f64) -> Option<i32> {
         .find(|e| *e >= -60 && bound * 2f64.powi(*e) <= HALF_NORM_BOUND)
 }
 
-/// One layer's powers of two in the half precision ([`half_exps`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct HalfExps {
-    /// The residual projections' inputs are stored times 2^e: the mixer's output projection's, the MLP's down's.
-    pub(super) residual: [i32; 2],
-    /// The MLP's gate|up output, stored f16 times 2^e where many rows are multiplied (`Linear::out_exp`); `None`
-    /// where no power of two holds its bound (it stays f32).
-    pub(super) gate_up: Option<i32>,
-}
-
-/// Per layer, the powers of two the half precision scales its f16 activations by, each from a bound on the values
-/// known from the weights alone. Each input projection's output is at most sqrt(K) times its norm's largest gain
-/// times its weight row's 2-norm (the normed row's 2-norm is at most sqrt(K) times the gain): that bounds gate|up's
-/// output, stored f16 where many rows are multiplied. The residual projections' inputs (the mixer's output
-/// projection's, the MLP's down projection's): the gated norm's output (Gated DeltaNet) is at most sqrt(DV) (a
-/// head's normed value) times the norm's largest weight times the bound of silu(z); attention's output is a convex
-/// mix of V rows times a sigmoid gate, at most V's bound; SwiGLU's output is at most the bound of silu(gate) times
-/// up's. (|silu(z)| ≤ max(|z|, 0.2785).) Loose (Cauchy-Schwarz is tight only for a hidden row aligned with a weight
-/// row), which f16's range absorbs: with the bound scaled into (2^14, 2^15], every value down to 2^-28 of it stays
-/// normal, 11 significant bits. SwiGLU's scale holds on gate|up's f16 form too: rounding a value of at most 2^15
-/// (scaled) to f16 moves it by at most 2^4 (half a step there), 2^-10 of a bound in (2^14, 2^15], so SwiGLU's
-/// output passes its bound by at most about 2^-9 relative, far inside the factor of two left below f16's largest
-/// value. `Err`: why a residual bound is out of reach (a non-finite weight or gain).
-pub(super) fn half_exps(m: &Model) -> Result<Result<Vec<HalfExps>, String>, CudaError> {
+/// Per layer, the powers of two the half precision stores its residual projections' inputs times (the mixer's
+/// output projection's, the MLP's down projection's), each from a bound on that input known from the weights
+/// alone. Each input projection's output is at most sqrt(K) times its norm's largest gain times its weight row's
+/// 2-norm (the normed row's 2-norm is at most sqrt(K) times the gain). So: the gated norm's output (Gated
+/// DeltaNet) is at most sqrt(DV) (a head's normed value) times the norm's largest weight times the bound of
+/// silu(z); attention's output is a convex mix of V rows times a sigmoid gate, at most V's bound; SwiGLU's
+/// output is at most the bound of silu(gate) times up's. (|silu(z)| ≤ max(|z|, 0.2785).) Loose (Cauchy-Schwarz is
+/// tight only for a hidden row aligned with a weight row), which f16's range absorbs: with the bound scaled into
+/// (2^14, 2^15], every value down to 2^-28 of it stays normal, 11 significant bits. `Err`: why a bound is out of
+/// reach (a non-finite weight or gain).
+pub(super) fn half_residual_exps(m: &Model) -> Result<Result<Vec<[i32; 2]>, String>, CudaError> {
     let c = m.text_config();
     let root_k = (c.hidden_size as f64).sqrt();
     let mut exps = Vec::with_capacity(c.layer_types.len());
@@ -128,17 +114,13 @@ pub(super) fn half_exps(m: &Model) -> Result<Result<Vec<HalfExps>, String>, Cuda
             LayerKind::Attention => attn_v_bound(m, l)?,
         };
         let gu = m.linear(l, Projection::MlpIn)?;
-        let (gate, up) = (h_post * max_row_norm(gu[0])?, h_post * max_row_norm(gu[1])?);
-        let mlp = gate.max(SILU_NEG_MAX) * up;
+        let mlp = (h_post * max_row_norm(gu[0])?).max(SILU_NEG_MAX) * h_post * max_row_norm(gu[1])?;
         let (Some(a), Some(b)) = (half_exp(mixer), half_exp(mlp)) else {
             return Ok(Err(format!(
                 "layer {l}'s residual projections' inputs have no bound inside f16's range"
             )));
         };
-        exps.push(HalfExps {
-            residual: [a, b],
-            gate_up: half_exp(gate.max(up)),
-        });
+        exps.push([a, b]);
     }
     Ok(Ok(exps))
 }
@@ -179,7 +161,7 @@ pub(super) fn kv_bound(m: &Model) -> Result<Option<f64>, CudaError> {
 
 /// Why the half precision does not fit `m` (it then runs in mixed), or `None`: no rotated site, every input
 /// projection float, every float projection held by f16 (bf16 values, or an F16 file's), and every norm that feeds
-/// one bounded inside f16's range. (The residual projections' inputs need their bounds too: `half_exps`.)
+/// one bounded inside f16's range. (The residual projections' inputs need their bounds too: `half_residual_exps`.)
 pub(super) fn half_misfit(m: &Model) -> Result<Option<String>, CudaError> {
     let c = m.text_config();
     if m.embedding_signs().is_some() || m.head_signs().is_some() {
@@ -294,16 +276,15 @@ mod tests {
             .collect()
     }
 
-    /// The values the half precision stores in f16 times a power of two, computed directly (f64) over random hidden
-    /// rows and over the rows that make one factor of a bound tight (each weight row itself as the hidden row): the
-    /// residual projections' inputs and gate|up's outputs. Scaled by the upload's power of two, every one stays
-    /// within 2^15, half of f16's range (the bound the exponents promise), and the largest comes within 2^16 of it
-    /// (a bound loose past that would push small values into subnormals).
+    /// The residual projections' inputs the half precision scales, computed directly (f64) over random hidden rows
+    /// and over the rows that make one factor of a bound tight (each weight row itself as the hidden row): scaled by
+    /// the upload's power of two, every one stays within 2^15, half of f16's range (the bound the exponents promise),
+    /// and the largest comes within 2^16 of it (a bound loose past that would push small values into subnormals).
     #[test]
     fn half_residual_bounds_hold_the_values_the_model_takes() {
         for preset in TINY {
             let (_dir, m) = tiny_model(preset);
-            let exps = half_exps(&m).expect("weights").expect("bounds");
+            let exps = half_residual_exps(&m).expect("weights").expect("bounds");
             let c = m.text_config();
             let (k, eps) = (c.hidden_size, f64::from(c.rms_norm_eps));
             let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15);
@@ -325,7 +306,7 @@ mod tests {
                 hidden.extend(rows(mixer_w));
                 hidden.extend(rows(gu[0]));
                 hidden.extend(rows(gu[1]));
-                let (mut mixer, mut mlp, mut gate_up) = (0f64, 0f64, 0f64);
+                let (mut mixer, mut mlp) = (0f64, 0f64);
                 for x in &hidden {
                     let h = normed(x, in_gain, eps);
                     let v = product(mixer_w, &h);
@@ -345,17 +326,14 @@ mod tests {
                     });
                     let h = normed(x, post_gain, eps);
                     let (g, u) = (product(gu[0], &h), product(gu[1], &h));
-                    gate_up = g.iter().chain(&u).fold(gate_up, |a, x| a.max(x.abs()));
                     mlp = g
                         .iter()
                         .zip(&u)
                         .fold(mlp, |a, (g, u)| a.max((silu(*g) * u).abs()));
                 }
-                let gate_up_exp = exps[l].gate_up.expect("a bound for gate|up");
                 for (what, top, e) in [
-                    ("mixer output", mixer, exps[l].residual[0]),
-                    ("SwiGLU", mlp, exps[l].residual[1]),
-                    ("gate|up", gate_up, gate_up_exp),
+                    ("mixer output", mixer, exps[l][0]),
+                    ("SwiGLU", mlp, exps[l][1]),
                 ] {
                     let scaled = top * scale(e);
                     // The bound times 2^e lies in (2^14, 2^15]: it is between half this and this times the value.

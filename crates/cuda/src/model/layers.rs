@@ -86,17 +86,16 @@ impl CudaModel {
     /// [`CudaModel::act_in`] laid it out, at `p.act` (a rotated part, or any part of an unrotated site) or `p.actu`
     /// (the normed input as it is, beside its rotation); in split mode both planes (`both`: a float part's one GEMM
     /// over 2K) or the hi plane alone. `invariant`: a float part batch-invariant ([`CudaModel::invariant_gemms`]).
-    /// `out_exp`: y is f16 times 2^e ([`CudaModel::f16_out`]), else f32.
     pub(super) fn gemm_in(
         &self,
         p: &FwdPtrs,
         t: usize,
         k: usize,
         lin: &Linear,
-        (y, ldy): (u64, usize),
+        y: u64,
+        ldy: usize,
         both: bool,
         invariant: bool,
-        out_exp: Option<i32>,
     ) -> Result<(), CudaError> {
         let inv = self.invariant_gemms(invariant, t);
         for part in &lin.parts {
@@ -106,13 +105,7 @@ impl CudaModel {
                 p.actu
             };
             let (_, ldx) = self.act_in(x, k);
-            let w = &part.w;
-            if let Some(e) = out_exp {
-                let (yp, rows) = ((y + 2 * part.row0 as u64, ldy), part.rows);
-                crate::gemm::gemm_half_out(&self.gpu, (x, ldx), t, k, (w.w, w.ld), rows, yp, e)?;
-                continue;
-            }
-            let yp = y + 4 * part.row0 as u64;
+            let (w, yp) = (&part.w, y + 4 * part.row0 as u64);
             if w.w.is_block() {
                 let a = self.act_in_q(x, k, both)?;
                 self.gemm_q(a, t, k, w.w, part.rows, (yp, ldy), 0.0)?;
@@ -134,15 +127,6 @@ impl CudaModel {
             }
         }
         Ok(())
-    }
-
-    /// The power of two of gate|up's f16 output over `t` rows ([`Linear::out_exp`]), or `None`: f32. f16 only where
-    /// cuBLAS's GEMM runs it: more rows than the few-row GEMV takes (a decode step keeps f32, written by the GEMV or
-    /// the norm fused into it), and not batch-invariant (that path keeps f32 for every row count, so a row's result
-    /// does not depend on which path its batch took).
-    pub(super) fn f16_out(&self, lin: &Linear, t: usize, invariant: bool) -> Option<i32> {
-        lin.out_exp
-            .filter(|_| t > crate::gemm::GEMV_ROWS && !self.invariant_gemms(invariant, t))
     }
 
     /// Whether a forward's float product over `t` rows runs batch-invariant: the forward does (`invariant`, its
@@ -322,7 +306,6 @@ impl CudaModel {
             deferred: None,
             table: 0,
             next_table: 0,
-            gu_exp: None,
         };
         layer_ops::run_layers(&kinds, &mut ops)
     }
@@ -518,8 +501,6 @@ struct Launches<'a> {
     /// next layer's.
     table: usize,
     next_table: usize,
-    /// The form of gate|up's output in `proj` ([`CudaModel::f16_out`]): f16 times 2^e, or f32.
-    gu_exp: Option<i32>,
 }
 
 impl<'a> Launches<'a> {
@@ -689,39 +670,19 @@ impl LayerOps for Launches<'_> {
             _ => unreachable!("{proj:?} is an output projection"),
         };
         let both = m.both_planes(self.s.split, proj, lin);
-        // SwiGLU reads gate|up's output as f16 or f32; every other input projection writes f32.
-        let out_exp = match proj {
-            Projection::MlpIn if !both => m.f16_out(lin, n, self.s.invariant),
-            _ => None,
-        };
-        if proj == Projection::MlpIn {
-            self.gu_exp = out_exp;
-        }
         if let Some(gain) = self.deferred.take() {
             // Both planes in split mode where the projection multiplies both, else the one bf16 (or f16) plane.
             let planes = if both { 2 } else { 1 };
             let w = &lin.parts[0].w;
             let x = (p.x, gain, m.eps);
-            // The GEMV writes f32 (an f16 output is never asked of so few rows).
-            if out_exp.is_none()
-                && crate::gemm::gemv_norm(&m.gpu, x, planes, m.hid, (w.w, w.ld), pw, p.proj)?
-            {
+            if crate::gemm::gemv_norm(&m.gpu, x, planes, m.hid, (w.w, w.ld), pw, p.proj)? {
                 self.next_entries(proj);
                 return m.mark("norm + input projection");
             }
             m.norm(p, n, gain, false, m.act_in(p.act, m.hid))?;
         }
         self.next_entries(proj);
-        m.gemm_in(
-            p,
-            n,
-            m.hid,
-            lin,
-            (p.proj, pw),
-            both,
-            self.s.invariant,
-            out_exp,
-        )?;
+        m.gemm_in(p, n, m.hid, lin, p.proj, pw, both, self.s.invariant)?;
         m.mark(name)
     }
 
@@ -903,23 +864,13 @@ impl LayerOps for Launches<'_> {
     fn swiglu(&mut self, l: usize) -> Result<(), CudaError> {
         let (m, p, n) = (self.m, self.p, self.s.n);
         let down = &self.layer(l).w_down;
-        let out = m.act(p.act, n, m.inter, down);
         if let Some(signs) = &down.rot {
-            // The half precision, whose gate|up alone writes f16, refuses rotated packs.
-            if self.gu_exp.is_some() {
-                return Err(CudaError::Unsupported(
-                    "a rotated SwiGLU reading f16 inputs".into(),
-                ));
-            }
             // The down projection's site: the SwiGLU and its rotation in one launch.
-            ops::swiglu_rotate(&m.gpu, p.proj, m.inter, n, signs.ptr, (out, m.inter))?;
+            let out = (m.act(p.act, n, m.inter, down), m.inter);
+            ops::swiglu_rotate(&m.gpu, p.proj, m.inter, n, signs.ptr, out)?;
             return m.mark("swiglu + rotation");
         }
-        match self.gu_exp {
-            // gate|up's f16 output ([`CudaModel::f16_out`]).
-            Some(e) => ops::swiglu_f16(&m.gpu, p.proj, e, m.inter, n, out)?,
-            None => ops::swiglu(&m.gpu, p.proj, m.inter, n, out)?,
-        }
+        ops::swiglu(&m.gpu, p.proj, m.inter, n, m.act(p.act, n, m.inter, down))?;
         m.mark("swiglu")
     }
 

@@ -100,11 +100,6 @@ struct Linear {
     /// [`crate::ops::W::Half`] whose shift includes e, so the GEMM's alpha undoes both. `None`: the input is the
     /// precision's other form (a residual projection of the half precision on both bf16 planes).
     f16_exp: Option<i32>,
-    /// The half precision's f16 output of the MLP's gate|up: over many rows the GEMM stores each value times 2^e
-    /// ([`crate::gemm::gemm_half_out`]; e puts the output's bound from the weights inside f16's range), so SwiGLU
-    /// reads half the bytes; f32 where [`CudaModel::f16_out`] says not. `None`: always f32 (every other projection,
-    /// and gate|up without the option [`crate::CudaOptions::f16_mlp_outputs`] or a bound that fits).
-    out_exp: Option<i32>,
 }
 
 struct GdnLayer {
@@ -556,12 +551,6 @@ impl CudaModel {
             .map(|(p, _)| p)
             .collect();
         SplitGemms::of(&kept)
-    }
-
-    /// Whether the MLP's gate|up stores f16 outputs where many rows are multiplied ([`Linear::out_exp`]: the half
-    /// precision, unless [`crate::CudaOptions::f16_mlp_outputs`] was off or no bound held), for the device line.
-    pub fn f16_mlp_outputs(&self) -> bool {
-        self.layers.iter().any(|l| l.w_gu.out_exp.is_some())
     }
 
     /// Every layer's residual projections (the mixer's output projection, the MLP's down) with their weights.

@@ -4,7 +4,7 @@
 //! blocks with their scales moved out, PTQ1_0 transcoded to PQ2_0 words; quant.cu's layout), a rotated pack's sign
 //! vectors per site; the per-layer device weights, and the constructors.
 
-use super::bounds::{self, half_misfit, kv_bound, HALF_NORM_BOUND};
+use super::bounds::{half_misfit, half_residual_exps, kv_bound, HALF_NORM_BOUND};
 use super::*;
 
 impl<T: cudarc::driver::DeviceRepr> Dev<T> {
@@ -201,20 +201,7 @@ fn upload_linear(
         parts,
         rot,
         f16_exp,
-        out_exp: None,
     })
-}
-
-/// The power of two the half precision's gate|up stores its f16 output times ([`Linear::out_exp`]): `exp`, the
-/// bound's ([`super::bounds::HalfExps::gate_up`]), where every part is an unrotated [`W::Half`] weight whose GEMM alpha
-/// 2^(exp - shift) is a normal f32; else `None` (f32 output).
-fn gate_up_out_exp(lin: &Linear, exp: Option<i32>) -> Option<i32> {
-    let e = exp?;
-    let fits = |p: &Part| match p.w.w {
-        W::Half { shift, .. } => (-126..=127).contains(&(e - shift)),
-        _ => false,
-    };
-    (lin.rot.is_none() && lin.parts.iter().all(|p| !p.rot && fits(p))).then_some(e)
 }
 
 /// The device memory a [`Weight`]'s `w` points into.
@@ -388,7 +375,7 @@ impl CudaModel {
         if prec == Precision::Half {
             let why = match half_misfit(m)? {
                 Some(why) => Some(why),
-                None => match bounds::half_exps(m)? {
+                None => match half_residual_exps(m)? {
                     Ok(e) => {
                         half_exps = e;
                         None
@@ -431,17 +418,11 @@ impl CudaModel {
                 (false, GemmInputs::Half)
                     if !split.has(p) && ts.iter().all(|t| t.dtype().is_float()) =>
                 {
-                    InLayout::Half(half_exps[l].residual[usize::from(p == Projection::MlpOut)])
+                    InLayout::Half(half_exps[l][usize::from(p == Projection::MlpOut)])
                 }
                 _ => InLayout::Plain,
             };
-            let mut lin = upload_linear(g, &ts, m.rotation(l, p)?, prec, layout)?;
-            if p == Projection::MlpIn && o.f16_mlp_outputs && prec.inputs() == GemmInputs::Half {
-                lin.out_exp = half_exps
-                    .get(l)
-                    .and_then(|e| gate_up_out_exp(&lin, e.gate_up));
-            }
-            Ok::<_, CudaError>(lin)
+            upload_linear(g, &ts, m.rotation(l, p)?, prec, layout)
         };
         let param = |l: usize, p: Param| upload_f32(g, m.param(l, p)?);
         let embed = up(m.embedding())?;
