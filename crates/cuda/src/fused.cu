@@ -212,28 +212,27 @@ __device__ __forceinline__ void conv_run4(const float* __restrict__ x, int ld, f
     conv_rows4_out<CONV_RUN>(xr, w, out, cd, hk, scale, n0, CONV_RUN, grp, c0, size, lane);
 }
 
-// The Gated DeltaNet mixer inputs, one warp per channel group and run of CONV_RUN consecutive token rows: the q and
-// k heads (dk channels each, L2-normalised; q also times `scale`) and the v channels in groups of 128; depthwise
-// causal conv1d + SiLU as gdn_conv_prep, and the gates (block y 0, warp 0). Many small blocks instead of one block
-// per token: every load of a warp in flight at once. History: with CONV_RUN 4, lane owning channels lane + 32 i
-// (4-byte loads), a warp loading a run's 7 input rows once for its 4 outputs (16 loads token by token) when the run
-// was one segment's, past its first K - 1, other runs token by token: workload 3's conv op 2.32 -> 2.13 ms, run
-// s11e, against one token per warp (a sliding window of 8 rows per warp, each output waiting for its row's load, had
-// gone 2.30 -> 2.61); 122 us a layer on a 3,691-token request, about 2x off the H100's bandwidth. Now: lane owns 4
-// consecutive channels (16-byte loads and stores, conv_rows4), runs of 8 (11 row loads for 8 outputs), each
-// segment's part of a run in that path, its rows before the segment from the parent or the conv state (H100, the
-// same request: 87 us a layer, 57% of DRAM bandwidth at 118 registers; the conv op 2.21 -> 1.73 ms). Then, not yet
-// measured on a GPU: a full run (CONV_RUN rows of a segment that started at least 3 rows before them, found by one
-// check of tok) loads its window from x's rows with one stepped pointer, before any segment lookup, and unrolls
-// without exits (conv_run4); the SiLU runs on every lane (no branch around it) and the V4 norm sums without channel
-// tests; other runs take windows of 4 rows (conv_rows4<4>, 7 loads for 4 outputs) and conv_token addresses its
-// channels from one pointer, so that 96 registers hold the kernel without spills (ptxas: 118 before; 5 blocks of
-// 128 an SM instead of 4). The same sums in the same order on every path: no output bit changes. It needs K = 4,
-// groups of at most 128 channels (dk <= 128) and 16-byte aligned rows (x, ld, out, cd, w, dk; a segment's state
-// when the window reads it); otherwise token by token (conv_token). Both hold the channels the same way, so the
-// result does not depend on the path (batch invariance); it equals gdn_conv_prep's up to the order of the norm's
-// sum. grid (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows. gdn_conv_state then
-// advances the states.
+// The Gated DeltaNet mixer inputs, one warp per channel group and run of CONV_RUN consecutive token rows: the q and k
+// heads (dk channels each, L2-normalised; q also times `scale`) and the v channels in groups of 128; depthwise causal
+// conv1d + SiLU as gdn_conv_prep, and the gates (block y 0, warp 0). Many small blocks instead of one block per token:
+// every load of a warp in flight at once. History: with CONV_RUN 4, lane owning channels lane + 32 i (4-byte loads), a
+// warp loading a run's 7 input rows once for its 4 outputs (16 loads token by token) when the run was one segment's,
+// past its first K - 1, other runs token by token: workload 3's conv op 2.32 -> 2.13 ms, run s11e, against one token
+// per warp (a sliding window of 8 rows per warp, each output waiting for its row's load, had gone 2.30 -> 2.61); 122 us
+// a layer on a 3,691-token request, about 2x off the H100's bandwidth. Now: lane owns 4 consecutive channels (16-byte
+// loads and stores, conv_rows4), runs of 8 (11 row loads for 8 outputs), each segment's part of a run in that path, its
+// rows before the segment from the parent or the conv state (H100, the same request: 87 us a layer, 57% of DRAM
+// bandwidth at 118 registers; the conv op 2.21 -> 1.73 ms). Then (H100, the same request: 87.3 -> 72.7 us a layer, 68%
+// of DRAM bandwidth; the conv op 1.72 -> 1.49 ms): a full run (CONV_RUN rows of a segment that started at least 3 rows
+// before them, found by one check of tok) loads its window from x's rows with one stepped pointer, before any segment
+// lookup, and unrolls without exits (conv_run4); the SiLU runs on every lane (no branch around it) and the V4 norm sums
+// without channel tests; other runs take windows of 4 rows (conv_rows4<4>, 7 loads for 4 outputs) and conv_token
+// addresses its channels from one pointer, so that 96 registers hold the kernel without spills (ptxas: 118 before; 5
+// blocks of 128 an SM instead of 4). The same sums in the same order on every path: no output bit changes. It needs K =
+// 4, groups of at most 128 channels (dk <= 128) and 16-byte aligned rows (x, ld, out, cd, w, dk; a segment's state when
+// the window reads it); otherwise token by token (conv_token). Both hold the channels the same way, so the result does
+// not depend on the path (batch invariance); it equals gdn_conv_prep's up to the order of the norm's sum. grid (ceil(N
+// / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows. gdn_conv_state then advances the states.
 KERNEL(simt) void __launch_bounds__(128, 5)
     gdn_conv_prep_run(const float* __restrict__ x, int ld, float* __restrict__ out, const float* __restrict__ w, int K,
                       int cd, const int* seg, const int* tok, const u64* states, const int* par, int hk, int dk,

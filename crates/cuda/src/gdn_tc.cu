@@ -33,7 +33,9 @@
 //   and K during the next W S / Q S. The update accumulates K^T v' from zero and adds e^gam_last S in f32 (no long
 //   accumulation chains inside the tensor cores' adder).
 // - The same products in the same order, on the same TF32 values, as the form with plain fragment loads and
-//   row-major tiles it replaced (so the same bits). Not yet measured on a GPU.
+//   row-major tiles it replaced (so the same bits). Measured on an H100 (0.8B heads, 1xTF32, the
+//   launcher's slice): 1 x 3,400 tokens 235.4 -> 217.2 µs, 1 x 175 17.5 -> 15.7; Nsight Compute on a 3,691-row
+//   request: 4.23 -> 6.60 cycles between a warp's instructions, so the pass waits on latencies more than it issues.
 // - Grid (hv, ceil(dv / BV), nseg), BV in {8, 16, 32, 64} chosen by the launcher (gdn_tc.rs) so small batches
 //   still fill the multiprocessors; one block per multiprocessor (134 KB of shared memory at dk = 128, BV = 16; 184 KB
 //   at BV = 64).
