@@ -228,11 +228,12 @@ __device__ __forceinline__ void conv_run4(const float* __restrict__ x, int ld, f
 // lookup, and unrolls without exits (conv_run4); the SiLU runs on every lane (no branch around it) and the V4 norm sums
 // without channel tests; other runs take windows of 4 rows (conv_rows4<4>, 7 loads for 4 outputs) and conv_token
 // addresses its channels from one pointer, so that 96 registers hold the kernel without spills (ptxas: 118 before; 5
-// blocks of 128 an SM instead of 4). The same sums in the same order on every path: no output bit changes. It needs K =
-// 4, groups of at most 128 channels (dk <= 128) and 16-byte aligned rows (x, ld, out, cd, w, dk; a segment's state when
-// the window reads it); otherwise token by token (conv_token). Both hold the channels the same way, so the result does
-// not depend on the path (batch invariance); it equals gdn_conv_prep's up to the order of the norm's sum. grid (ceil(N
-// / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows. gdn_conv_state then advances the states.
+// blocks of 128 an SM instead of 4). The same sums in the same order on every path: no output bit changes. It needs
+// K = 4, groups of at most 128 channels (dk <= 128) and 16-byte aligned rows (x, ld, out, cd, w, dk; a segment's state
+// when the window reads it); otherwise token by token (conv_token). Both hold the channels the same way, so the result
+// does not depend on the path (batch invariance); it equals gdn_conv_prep's up to the order of the norm's sum. grid
+// (ceil(N / CONV_RUN), ceil(groups / 4)), block 128; needs dk <= 256; n: the rows. gdn_conv_state then advances the
+// states.
 KERNEL(simt) void __launch_bounds__(128, 5)
     gdn_conv_prep_run(const float* __restrict__ x, int ld, float* __restrict__ out, const float* __restrict__ w, int K,
                       int cd, const int* seg, const int* tok, const u64* states, const int* par, int hk, int dk,
