@@ -174,13 +174,34 @@ __device__ __forceinline__ void gtc_mma_pair(float (&h0)[4], float (&l0)[4], flo
     gtc_mma3<X3>(h1, l1, ab, as, b1, s1);
 }
 
+// The products of one k step (kk) with A's fragments (ab, as) given and B from its TRANSPOSE ([n][k], row pitch
+// ldt floats): one ldmatrix.x4 at this lane's address bt (row (lane & 7) + 8 (lane >> 4), column 4 ((lane >> 3) &
+// 1)) gives b0 and b1 of two n tiles; an odd last tile is read by plain loads from tb, the transpose at this lane's
+// (n g, k t). B's values are stored as gtc_store_op left them.
+template <int NT, bool X3>
+__device__ __forceinline__ void gtc_step_bt(float (&hi)[NT][4], float (&lo)[NT][4], const unsigned (&ab)[4],
+                                            const unsigned (&as)[4], unsigned bt, const float* tb, int ldt, int kk) {
+#pragma unroll
+    for (int p = 0; p < NT / 2; p++) {
+        unsigned br[4], bb[4], bs[4];
+        tc_ldsm4<false>(bt + (unsigned)(p * 16 * ldt + kk) * 4u, br);
+#pragma unroll
+        for (int i = 0; i < 4; i++) gtc_op<X3, true>(br[i], bb[i], bs[i]);
+        gtc_mma_pair<X3>(hi[2 * p], lo[2 * p], hi[2 * p + 1], lo[2 * p + 1], ab, as, bb, bs);
+    }
+    if (NT % 2) {
+        const float* q = tb + (NT - 1) * 8 * ldt + kk;
+        unsigned bb[2], bs[2];
+        gtc_op<X3, true>(__float_as_uint(q[0]), bb[0], bs[0]);
+        gtc_op<X3, true>(__float_as_uint(q[4]), bb[1], bs[1]);
+        gtc_mma3<X3>(hi[NT - 1], lo[NT - 1], ab, as, bb, bs);
+    }
+}
+
 // (hi, lo) += A B over the k steps 0, 8, .. below kend, both operands by ldmatrix: A the 16 rows of a row-major
 // tile at this lane's address aa (bytes: row (lane & 7) + 8 ((lane >> 3) & 1), column 4 (lane >> 4) of the
-// rows' first 8 columns; one ldmatrix.x4 gives a0..a3), B from the TRANSPOSE of B ([n][k], row pitch ldt floats)
-// at this lane's address bt (row (lane & 7) + 8 (lane >> 4), column 4 ((lane >> 3) & 1): one ldmatrix.x4 gives b0
-// and b1 of two n tiles; an odd last tile is read by plain loads from tb, the transpose at this lane's (n g, k t)).
-// B's values are stored as gtc_store_op left them. The k loop unrolled U times; the same products in the same
-// order as gtc_rows_mma on the untransposed tiles.
+// rows' first 8 columns; one ldmatrix.x4 gives a0..a3), B from its transpose as gtc_step_bt reads it. The k loop
+// unrolled U times; the same products in the same order as gtc_rows_mma on the untransposed tiles.
 template <int NT, int U, bool X3>
 __device__ __forceinline__ void gtc_rows_mma_ld(float (&hi)[NT][4], float (&lo)[NT][4], unsigned aa, unsigned bt,
                                                 const float* tb, int ldt, int kend) {
@@ -190,21 +211,7 @@ __device__ __forceinline__ void gtc_rows_mma_ld(float (&hi)[NT][4], float (&lo)[
         tc_ldsm4<false>(aa + kk * 4u, ar);
 #pragma unroll
         for (int i = 0; i < 4; i++) gtc_op<X3, false>(ar[i], ab[i], as[i]);
-#pragma unroll
-        for (int p = 0; p < NT / 2; p++) {
-            unsigned br[4], bb[4], bs[4];
-            tc_ldsm4<false>(bt + (unsigned)(p * 16 * ldt + kk) * 4u, br);
-#pragma unroll
-            for (int i = 0; i < 4; i++) gtc_op<X3, true>(br[i], bb[i], bs[i]);
-            gtc_mma_pair<X3>(hi[2 * p], lo[2 * p], hi[2 * p + 1], lo[2 * p + 1], ab, as, bb, bs);
-        }
-        if (NT % 2) {
-            const float* q = tb + (NT - 1) * 8 * ldt + kk;
-            unsigned bb[2], bs[2];
-            gtc_op<X3, true>(__float_as_uint(q[0]), bb[0], bs[0]);
-            gtc_op<X3, true>(__float_as_uint(q[4]), bb[1], bs[1]);
-            gtc_mma3<X3>(hi[NT - 1], lo[NT - 1], ab, as, bb, bs);
-        }
+        gtc_step_bt<NT, X3>(hi, lo, ab, as, bt, tb, ldt, kk);
     }
 }
 
@@ -434,21 +441,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 tc_split(p[8], ab[1], as[1]);
                 tc_split(p[4 * ldk], ab[2], as[2]);
                 tc_split(p[4 * ldk + 8], ab[3], as[3]);
-#pragma unroll
-                for (int pp = 0; pp < NT / 2; pp++) {
-                    unsigned br[4], bb[4], bs[4];
-                    tc_ldsm4<false>(ebt + (unsigned)(pp * 16 * GTC_LDT + kk) * 4u, br);
-#pragma unroll
-                    for (int i = 0; i < 4; i++) gtc_op<X3, true>(br[i], bb[i], bs[i]);
-                    gtc_mma_pair<X3>(hi[2 * pp], lo[2 * pp], hi[2 * pp + 1], lo[2 * pp + 1], ab, as, bb, bs);
-                }
-                if (NT % 2) {
-                    const float* q = et + (NT - 1) * 8 * GTC_LDT + kk;
-                    unsigned bb[2], bs[2];
-                    gtc_op<X3, true>(__float_as_uint(q[0]), bb[0], bs[0]);
-                    gtc_op<X3, true>(__float_as_uint(q[4]), bb[1], bs[1]);
-                    gtc_mma3<X3>(hi[NT - 1], lo[NT - 1], ab, as, bb, bs);
-                }
+                gtc_step_bt<NT, X3>(hi, lo, ab, as, ebt, et, GTC_LDT, kk);
             }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
