@@ -124,20 +124,35 @@ __device__ __forceinline__ GtpItem gtp_item(const int* cum, const int* st, const
     return w;
 }
 
-// Buffer layout (floats): K [64, lk] | Q [64, max(lk, GTP_LS)] (later S) | V [64, lv] | g, gam, beta, e^gam [64].
-__device__ __forceinline__ int gtp_buf_floats(int lk, int lv) { return GDN_C * (lk + max(lk, GTP_LS) + lv + 4); }
+// One tile buffer (floats): K [64, lk] | Q [64, max(lk, GTP_LS)] (later the solve matrix S) | V [64, lv] | g, gam,
+// beta, e^gam [64 each], with lk = dk16 + 4, lv = dv16 + 4 (x16: x rounded up to 16). `floats`: its size.
+struct GtpBuf {
+    float *Ks, *Qs, *Vs, *gs, *gam, *bet, *eg;
+    int lk, lv, floats;
+};
+__device__ __forceinline__ GtpBuf gtp_buf(float* b, int dk, int dv) {
+    GtpBuf t;
+    t.lk = ((dk + 15) & ~15) + 4;
+    t.lv = ((dv + 15) & ~15) + 4;
+    t.Ks = b;
+    t.Qs = t.Ks + GDN_C * t.lk;
+    t.Vs = t.Qs + GDN_C * max(t.lk, GTP_LS);
+    t.gs = t.Vs + GDN_C * t.lv;
+    t.gam = t.gs + GDN_C;
+    t.bet = t.gam + GDN_C;
+    t.eg = t.bet + GDN_C;
+    t.floats = GDN_C * (t.lk + max(t.lk, GTP_LS) + t.lv + 4);
+    return t;
+}
 
 // Starts the copies of item w into buffer b (one cp.async group): K, Q (slice 0), V (slices with U tiles), g, beta.
 __device__ __forceinline__ void gtp_issue(float* b, const GtpItem& w, const float* __restrict__ qkv, int ld,
                                           const float* __restrict__ g, const float* __restrict__ beta, int hk, int hv,
                                           int dk, int dv) {
     const int dkp = (dk + 15) & ~15, dvp = (dv + 15) & ~15;
-    const int lk = dkp + 4, lv = dvp + 4;
-    float* Ks = b;
-    float* Qs = Ks + GDN_C * lk;
-    float* Vs = Qs + GDN_C * max(lk, GTP_LS);
-    float* gs = Vs + GDN_C * lv;
-    float* bet = gs + 2 * GDN_C;
+    const GtpBuf bf = gtp_buf(b, dk, dv);
+    const int lk = bf.lk, lv = bf.lv;
+    float *Ks = bf.Ks, *Qs = bf.Qs, *Vs = bf.Vs, *gs = bf.gs, *bet = bf.bet;
     const int rows = ((w.n + 15) >> 4) * 16;
     const float* row0 = qkv + (idx_t)w.r0 * ld;
     const bool vec = (ld & 3) == 0 && (dk & 3) == 0 && (dv & 3) == 0 && ((size_t)qkv & 15) == 0;
@@ -165,15 +180,10 @@ template <bool X3>
 __device__ __forceinline__ void gtp_compute(float* b, const GtpItem& w, int hv, int dk, int dv,
                                             float* __restrict__ U, float* __restrict__ W, float* __restrict__ M,
                                             float* __restrict__ E) {
-    const int dkp = (dk + 15) & ~15, dvp = (dv + 15) & ~15;
-    const int lk = dkp + 4, lv = dvp + 4;
-    float* Ks = b;                            // [64, lk]
-    float* Qs = Ks + GDN_C * lk;              // [64, lk], then S [64, GTP_LS]
-    float* Vs = Qs + GDN_C * max(lk, GTP_LS); // [64, lv]
-    float* gs = Vs + GDN_C * lv;              // g, then nothing
-    float* gam = gs + GDN_C;
-    float* bet = gam + GDN_C;
-    float* eg = bet + GDN_C;
+    const int dvp = (dv + 15) & ~15;
+    const GtpBuf bf = gtp_buf(b, dk, dv);  // g read once (the decay sums), then nothing; Q, then the solve matrix
+    const int lk = bf.lk, lv = bf.lv;
+    float *Ks = bf.Ks, *Qs = bf.Qs, *Vs = bf.Vs, *gs = bf.gs, *gam = bf.gam, *bet = bf.bet, *eg = bf.eg;
     float* Sm = Qs;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -349,7 +359,7 @@ __device__ __forceinline__ void gtp_compute(float* b, const GtpItem& w, int hv, 
 
 // grid (blocks), block 512 (GTP_NW warps), persistent: block b takes items b, b + blocks, ... (GtpItem), the copies
 // of the next one in flight while it computes the current one when nbuf is 2 (one buffer: no overlap). Dynamic
-// shared memory: nbuf buffers (gtp_buf_floats) | the item table: cum [nseg + 1], start [nseg], length [nseg],
+// shared memory: nbuf buffers (GtpBuf) | the item table: cum [nseg + 1], start [nseg], length [nseg],
 // GTP_NW ints of scan scratch. Slice sl of a (chunk, head) solves the 16-column tiles sl*per .. sl*per + per - 1 of
 // [U | W] (tiles 0..ceil(dv/16)-1 are U's, the rest W's; per = ceil(tiles / nslice)); slice 0 also writes M and E.
 // X3: 3xTF32 products (gdn_tc_prep), else 1xTF32 (gdn_tc_prep_tf32).
@@ -360,7 +370,7 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
                                               float* __restrict__ W, float* __restrict__ M, float* __restrict__ E,
                                               float* sm) {
     const int dkp = (dk + 15) & ~15, dvp = (dv + 15) & ~15;
-    const int bufsz = gtp_buf_floats(dkp + 4, dvp + 4);
+    const int bufsz = gtp_buf(sm, dk, dv).floats;
     int* cum = (int*)(sm + nbuf * bufsz);
     int* st = cum + nseg + 1;
     int* ln = st + nseg;
