@@ -5,6 +5,7 @@
 mod common;
 
 use common::attn::{attn_prepped, ATTN_08B, ATTN_ODD, BASES, SEGS};
+use common::conv::{conv_prep_gpu, ConvLaunch};
 use common::delta::{
     bench_lens, cols, delta_case, delta_cpu, dims, lens_label, wy_cases, DeltaCase, DeltaDev,
     HEADS_08B,
@@ -682,13 +683,6 @@ fn gdn_conv_prep_matches_cpu() {
         } else {
             vec![-1; lens.len()]
         };
-        let (mut segs, mut tok) = (Vec::new(), Vec::new());
-        for (s, &len) in lens.iter().enumerate() {
-            segs.extend([starts[s] as i32, len as i32, 5]);
-            for i in 0..len {
-                tok.extend([s as i32, (5 + i) as i32]);
-            }
-        }
         let st0: Vec<Vec<f32>> = (0..lens.len())
             .map(|s| rnd((k - 1) * cd, 100 + s as u64))
             .collect();
@@ -701,59 +695,23 @@ fn gdn_conv_prep_matches_cpu() {
                 Err(_) => st0[s].clone(),
             })
             .collect();
-        let (xd, wd, sd, td) = (
-            g.upload(&x).unwrap(),
-            g.upload(&w).unwrap(),
-            g.upload(&segs).unwrap(),
-            g.upload(&tok).unwrap(),
-        );
-        let (nad, dtd, pard) = (
-            g.upload(&neg_a).unwrap(),
-            g.upload(&dt).unwrap(),
-            g.upload(&par).unwrap(),
-        );
-        let scale = 1.0 / (d.dk as f32).sqrt();
         // skew: each state one float past its allocation's start
-        let lead = usize::from(skew);
-        let states: Vec<_> = st0
-            .iter()
-            .map(|s| g.upload(&[&vec![0.0; lead][..], s].concat()).unwrap())
-            .collect();
-        let ptrs: Vec<u64> = states.iter().map(|s| g.ptr(s) + 4 * lead as u64).collect();
-        let pd = g.upload(&ptrs).unwrap();
-        let od = g.alloc::<f32>(n * cd).unwrap();
-        let gd = g.alloc::<f32>(n * d.hv).unwrap();
-        let bd = g.alloc::<f32>(n * d.hv).unwrap();
-        ops::gdn_conv_prep(
+        let got = conv_prep_gpu(
             &g,
-            g.ptr(&xd),
-            ld,
-            g.ptr(&od),
-            g.ptr(&wd),
-            k,
-            cd,
-            g.ptr(&sd),
-            g.ptr(&td),
-            g.ptr(&pd),
-            if parents { g.ptr(&pard) } else { 0 },
-            lens.len(),
-            n,
-            d,
-            scale,
-            (off_a, off_b, g.ptr(&nad), g.ptr(&dtd)),
-            g.ptr(&gd),
-            g.ptr(&bd),
-        )
-        .unwrap();
-        let s1: Vec<Vec<f32>> = states
-            .iter()
-            .map(|s| g.download(s, lead + (k - 1) * cd).unwrap()[lead..].to_vec())
-            .collect();
-        let (o1, g1, b1) = (
-            g.download(&od, n * cd).unwrap(),
-            g.download(&gd, n * d.hv).unwrap(),
-            g.download(&bd, n * d.hv).unwrap(),
+            &ConvLaunch {
+                d,
+                k,
+                x: &x,
+                ld,
+                w: &w,
+                lens: &lens,
+                par: parents.then_some(&par[..]),
+                states: &st0,
+                skew: usize::from(skew),
+                gates: (off_a, off_b, &neg_a, &dt),
+            },
         );
+        let (o1, g1, b1, s1) = (got.out, got.g, got.beta, got.states);
         let (o0, g0, b0, s0) = conv_prep_cpu(
             &x,
             ld,

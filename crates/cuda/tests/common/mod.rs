@@ -1,9 +1,10 @@
 //! Shared helpers of the GPU tests: the device, random data, tolerances, timing; the gated delta
-//! inputs ([`delta`]), the attention setup ([`attn`]) and the whole-forward check ([`forward_check`]) several test
-//! files run.
+//! inputs ([`delta`]), the attention setup ([`attn`]), the conv kernel's launch ([`conv`]) and the whole-forward
+//! check ([`forward_check`]) several test files run.
 #![allow(dead_code)]
 
 pub mod attn;
+pub mod conv;
 pub mod delta;
 pub mod forward_check;
 
