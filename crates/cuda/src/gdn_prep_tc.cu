@@ -29,8 +29,8 @@
 //   dk = dv = 128 are one per warp (the former short-input split into column slices is then only needed past 16
 //   tiles), and K·Kᵀ / Q·Kᵀ take two n8 tiles per warp instead of four. Measured on an
 //   H100 against the 8-warp form (1xTF32, µs): 1 x 175 tokens 21.4 -> 19.6, 7 x 33 23.5 -> 16.9, 7 x 23..66 31.9 ->
-//   19.9, 1 x 3,400 129.1 -> 122.5; but 224 x 33 362.1 -> 396.4, where two independent blocks overlapped one's
-//   serial phases (decay sums, 16x16 inverses on 64 threads) with the other's products.
+//   19.9, 1 x 3,400 129.1 -> 122.5; but 224 x 33 362.1 -> 396.4 (not profiled; likely two independent blocks had
+//   overlapped one's serial phases, the decay sums and 16x16 inverses on 64 threads, with the other's products).
 // - Every product, sum and exp of an output value is the one of the former one-item-per-block kernel, in the same
 //   order (the cumulative sums per thread, the k loops per accumulator, the 16-step substitutions, the solve per
 //   tile): only which warp computes a tile and when the tiles arrive changed, so the outputs are the same bits.
