@@ -56,7 +56,8 @@ fn tile_ld(bv: usize) -> usize {
 }
 
 /// The chunk, dk rounded up to 8 and to 16, and [`tile_ld`] of `bv`: the shared-memory tile sizes of the state and
-/// leaf passes (`kp8`, `dkp`, `LDV` in gdn_tc.cu).
+/// leaf passes (`kp8`, `dkp` in gdn_tc.cu; `LDV`, the row-major [*, bv] tiles' pitch, the leaf pass's only: the
+/// state pass stores its [*, bv] tiles transposed).
 fn tile_dims(d: GdnDims, bv: usize) -> (usize, usize, usize, usize) {
     (
         GDN_CHUNK,
