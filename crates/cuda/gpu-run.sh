@@ -111,8 +111,7 @@ if [[ $WHAT == *profile* ]]; then
   else echo "no ncu" | tee -a "$OUT/profile.log"; fi
   if [[ -n $NCU && -n ${PROFILE_SASS:-} ]]; then
     timeout 300 $NCU --clock-control none -k "regex:$PROFILE_SASS" --launch-count 1 --section SourceCounters \
-      --page source \
-      --print-source sass --csv "${one[@]}" >/tmp/sass.csv 2>>"$OUT/profile.log"
+      --page source --print-source sass --csv "${one[@]}" >/tmp/sass.csv 2>>"$OUT/profile.log"
     python3 tools/cuda/sass-summary.py /tmp/sass.csv >"$OUT/sass.txt" 2>>"$OUT/profile.log"
   fi
   ls -la "$OUT" | tail -5
