@@ -29,16 +29,18 @@
 //   e v' and S rounded to TF32 (they are read only as B operands; S itself stays f32 in the update's registers),
 //   so their fragments need no rounding. U and the decays go from global memory into registers, pairs of columns
 //   per 8-byte load where aligned.
-// - Two barriers per chunk, loads overlapped: the next chunk's W and Q stream in during M v' and the update, its M
-//   and K during the next W S / Q S. The update accumulates K^T v' from zero and adds e^gam_last S in f32 (no long
+// - Two barriers per chunk, loads overlapped: a chunk's M and K stream in during the W S / Q S products before
+//   they are needed; its W and Q during the whole chunk before it (BV <= 16, two W, Q buffers: 1 x 3,400 tokens
+//   at 1xTF32 217.9 -> 202.2 µs on an H100) or during the M v' and update products before it (wider slices, whose
+//   shared memory holds one pair). The update accumulates K^T v' from zero and adds e^gam_last S in f32 (no long
 //   accumulation chains inside the tensor cores' adder).
 // - The same products in the same order, on the same TF32 values, as the form with plain fragment loads and
 //   row-major tiles it replaced (so the same bits). Measured on an H100 (0.8B heads, 1xTF32, the
 //   launcher's slice): 1 x 3,400 tokens 235.4 -> 217.2 µs, 1 x 175 17.5 -> 15.7; Nsight Compute on a 3,691-row
 //   request: 4.23 -> 6.60 cycles between a warp's instructions, so the pass waits on latencies more than it issues.
 // - Grid (hv, ceil(dv / BV), nseg), BV in {8, 16, 32, 64} chosen by the launcher (gdn_tc.rs) so small batches
-//   still fill the multiprocessors; one block per multiprocessor (134 KB of shared memory at dk = 128, BV = 16; 184 KB
-//   at BV = 64).
+//   still fill the multiprocessors; one block per multiprocessor (200 KB of shared memory at dk = 128, BV = 16, with
+//   its two W, Q buffers; 184 KB at BV = 64).
 // Needs dk <= 128 (the launcher returns Unsupported otherwise). dk, dv, chunk lengths: anything (padding).
 
 static_assert(GDN_C == 64, "gdn_tc_state assumes chunks of 64 tokens");
@@ -220,8 +222,8 @@ __device__ __forceinline__ void gtc_rows_mma_ld(float (&hi)[NT][4], float (&lo)[
 #define GTC_LDT (GDN_C + 4)
 
 // Shared memory (floats), in this order: W, Q [64][kp8 + 4]; K [64][dkp + 8]; M [64][68]; v'ᵀ, (e v')ᵀ [BV][68];
-// Sᵀ [BV][dkp + 4] (kp8, dkp: dk rounded up to 8, 16); the state slice arrives row-major [dkp][BV] over v'ᵀ
-// onwards. Must match gdn_tc_smem in gdn_tc.rs.
+// Sᵀ [BV][dkp + 4] (kp8, dkp: dk rounded up to 8, 16); at BV <= 16 a second W, Q pair [64][kp8 + 4] (the odd
+// chunks'). The state slice arrives row-major [dkp][BV] over v'ᵀ onwards. Must match gdn_tc_smem in gdn_tc.rs.
 template <int BV, bool X3>
 __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, int ld, const float* __restrict__ U,
                                                const float* __restrict__ W, const float* __restrict__ M,
@@ -234,6 +236,9 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     // under this step's mma (H200, 0.8B heads: 3,400 tokens at BV 16 326.5 -> 307.5 µs, 175 tokens 22.7 -> 21.1;
     // at BV 32 and 64, whose wider accumulators already give each step independent mma, it gained nothing).
     constexpr int UNROLL = BV <= 16 ? 4 : 1;
+    // Two W and Q buffers where shared memory allows them (BV <= 16: 191 / 200 KB at dk = 128): the next chunk's W
+    // and Q then stream in during a whole chunk instead of during M v' and the update only.
+    constexpr bool DB = BV <= 16;
     const int kp8 = (dk + 7) & ~7, dkp = (dk + 15) & ~15;
     const int ldx = kp8 + 4, ldk = dkp + 8, lds = dkp + 4;
     float* Wt = sm;                  // [C, ldx]   W of the chunk
@@ -244,6 +249,8 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     float* Et = Vt + BV * GTC_LDT;   // [BV, LDT]  (e^(gam_last - gam) v')ᵀ
     float* St = Et + BV * GTC_LDT;   // [BV, lds]  Sᵀ (k columns past dk and rows past w stay zero)
     float* Ss = Vt;                  // [dkp, BV]  the state slice as it arrives, before the loop
+    float* Wt1 = St + BV * lds;      // [C, ldx]   W of the odd chunks (DB)
+    float* Qt1 = Wt1 + GDN_C * ldx;  // [C, ldx]   Q of the odd chunks (DB)
 
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     // Segment-major blocks (a segment's slices launched together): a tree's longer child, two chunks among
@@ -265,30 +272,35 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     const float* Qg = qkv + kh * dk;
     const float* Kg = qkv + hk * dk + kh * dk;
     const idx_t ldw = (idx_t)hv * dk, ldmg = (idx_t)hv * GDN_C;
+    // The W and Q tiles of the chunk of nr rows from row r into Wb and Qb (the caller commits).
+    const auto wq_tiles = [&](float* Wb, float* Qb, int r, int nr) {
+        if (full) {
+            gtc_tile_full<128>(Wb, ldx, W + ((idx_t)r * hv + h) * dk, ldw, nr);
+            gtc_tile_full<128>(Qb, ldx, Qg + (idx_t)r * ld, ld, nr);
+        } else {
+            gtc_tile(Wb, ldx, W + ((idx_t)r * hv + h) * dk, ldw, nr, dk, kp8, vecb);
+            gtc_tile(Qb, ldx, Qg + (idx_t)r * ld, ld, nr, dk, kp8, vecb);
+        }
+    };
 
     // The state slice, asynchronously with the first W and Q tiles (a plain copy loop waited out one global load
     // per iteration: several µs per block, most of a one-chunk segment's time). 16-byte copies when the rows
     // allow, zero-filled past dk rows and w columns.
     gtc_state_slice<BV, BV>(Ss, Si, dk, dkp, dv, j0, w);
-    if (len > 0) {
-        int n = min(GDN_C, len);
-        if (full) {
-            gtc_tile_full<128>(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n);
-            gtc_tile_full<128>(Qt, ldx, Qg + (idx_t)start * ld, ld, n);
-        } else {
-            gtc_tile(Wt, ldx, W + ((idx_t)start * hv + h) * dk, ldw, n, dk, kp8, vecb);
-            gtc_tile(Qt, ldx, Qg + (idx_t)start * ld, ld, n, dk, kp8, vecb);
-        }
-    }
+    if (len > 0) wq_tiles(Wt, Qt, start, min(GDN_C, len));
     tc_commit();  // S (and W, Q)
     if (len > 0) {
         int n = min(GDN_C, len);
+        if (DB) {
+            if (len > GDN_C) wq_tiles(Wt1, Qt1, start + GDN_C, min(GDN_C, len - GDN_C));
+            tc_commit();  // the second chunk's W and Q
+        }
         if (vecb) gtc_tile_full<GDN_C>(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, ldmg, n);
         else gtc_tile(Mt, LDM, M + ((idx_t)start * hv + h) * GDN_C, ldmg, n, GDN_C, GDN_C, vecb);
         if (full) gtc_tile_full<128>(Kt, ldk, Kg + (idx_t)start * ld, ld, n);
         else gtc_tile(Kt, ldk, Kg + (idx_t)start * ld, ld, n, dk, dkp, vecb);
         tc_commit();
-        tc_wait<1>();  // S, W, Q
+        tc_wait<DB ? 2 : 1>();  // S, W, Q
     } else {
         tc_wait<0>();  // S
     }
@@ -321,7 +333,8 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     // This lane's ldmatrix addresses (bytes): A rows of W or Q and of M, B rows of Sᵀ, v'ᵀ, (e v')ᵀ.
     const int arow = m0 + (lane & 7) + ((lane >> 3) & 1) * 8, acol = (lane >> 4) * 4;
     const int brow = (lane & 7) + (lane >> 4) * 8, bcol = ((lane >> 3) & 1) * 4;
-    const unsigned xa = tc_smem_addr((vwarp ? Wt : Qt) + arow * ldx + acol);
+    const unsigned xa0 = tc_smem_addr((vwarp ? Wt : Qt) + arow * ldx + acol);
+    const unsigned xa1 = tc_smem_addr((vwarp ? Wt1 : Qt1) + arow * ldx + acol);
     const unsigned ma = tc_smem_addr(Mt + arow * LDM + acol);
     const unsigned sbt = tc_smem_addr(St + brow * lds + bcol);
     const unsigned vbt = tc_smem_addr(Vt + brow * GTC_LDT + bcol);
@@ -329,6 +342,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
     for (int c0 = 0; c0 < len; c0 += GDN_C) {
         const int n = min(GDN_C, len - c0), r0 = start + c0;
         const bool more = c0 + GDN_C < len;
+        const bool odd = DB && ((c0 / GDN_C) & 1);  // this chunk's W and Q in the second buffer
         // From global memory, before the products: e^(gam_last - gam) (v' warps) or e^gam (o warps) of rows ra, rb,
         // e^gam_last, and U (v' warps). Zero past n rows and w columns.
         const int esel = vwarp ? 1 : 0;
@@ -361,7 +375,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 #pragma unroll
             for (int i = 0; i < 4; i++) hi[nt][i] = lo[nt][i] = 0.0f;
         // W S (warps 0-3) and Q S (warps 4-7), k over dk.
-        if (m0 < n) gtc_rows_mma_ld<NT, UNROLL, X3>(hi, lo, xa, sbt, St + g * lds + tg, lds, kp8);
+        if (m0 < n) gtc_rows_mma_ld<NT, UNROLL, X3>(hi, lo, odd ? xa1 : xa0, sbt, St + g * lds + tg, lds, kp8);
         if (vwarp) {
             // v' = U - W S (rows past n: exactly zero, as W and U are zero there), and e^(gam_last - gam) v', both
             // transposed.
@@ -382,17 +396,13 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
 #pragma unroll
                 for (int i = 0; i < 4; i++) u[nt][i] = (i < 2 ? ea : eb) * (hi[nt][i] + lo[nt][i]);
         }
-        tc_wait<0>();     // this chunk's M and K
+        tc_wait<0>();     // this chunk's M and K (and with two buffers the next chunk's W and Q, issued earlier)
         __syncthreads();  // v' visible; W and Q tiles free
-        if (more) {
-            int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
-            if (full) {
-                gtc_tile_full<128>(Wt, ldx, W + ((idx_t)rn * hv + h) * dk, ldw, nn);
-                gtc_tile_full<128>(Qt, ldx, Qg + (idx_t)rn * ld, ld, nn);
-            } else {
-                gtc_tile(Wt, ldx, W + ((idx_t)rn * hv + h) * dk, ldw, nn, dk, kp8, vecb);
-                gtc_tile(Qt, ldx, Qg + (idx_t)rn * ld, ld, nn, dk, kp8, vecb);
-            }
+        // The W and Q tiles of the chunk after the next (two buffers: into the one this chunk's products freed), or
+        // of the next one.
+        const int ahead = DB ? 2 * GDN_C : GDN_C;
+        if (c0 + ahead < len) {
+            wq_tiles(odd ? Wt1 : Wt, odd ? Qt1 : Qt, r0 + ahead, min(GDN_C, len - c0 - ahead));
         }
         tc_commit();
         // o = e^gam Q S + M v' (warps 4-7): M[t][b] is zero for b > t, so k stops at the tile's last row.
@@ -453,7 +463,7 @@ __device__ __forceinline__ void gdn_tc_state_t(const float* __restrict__ qkv, in
                 }
             }
         }
-        tc_wait<0>();     // the next chunk's W and Q
+        tc_wait<DB ? 1 : 0>();  // the next chunk's W and Q (two buffers: the ones issued in the chunk before)
         __syncthreads();  // ... and the new S visible; M and K tiles free
         if (more) {
             int nn = min(GDN_C, len - c0 - GDN_C), rn = r0 + GDN_C;
@@ -607,7 +617,8 @@ __device__ __forceinline__ void gdn_tc_leaf_t(const float* __restrict__ qkv, int
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = i < 2 ? ra : rb, col = cw + nt * 8 + 2 * tg + (i & 1);
-            if (r < n && col < w) out[((idx_t)(start + r) * hv + h) * dv + j0 + col] = hq[nt][i] + (hw[nt][i] + lw[nt][i]);
+            if (r < n && col < w)
+                out[((idx_t)(start + r) * hv + h) * dv + j0 + col] = hq[nt][i] + (hw[nt][i] + lw[nt][i]);
         }
 }
 

@@ -81,10 +81,12 @@ pub const GDN_TC_MAX_DK: usize = 128;
 
 /// Shared memory (bytes) of [`gdn_tc_state`] with `bv` value columns per block; mirrors the layout in
 /// `gdn_tc.cu`: W, Q [64, kp8 + 4]; K [64, dkp + 8]; M [64, 68]; v'ᵀ, (e v')ᵀ [bv, 68]; Sᵀ [bv, dkp + 4], with
-/// kp8, dkp = dk rounded up to 8, 16 (the state slice arrives as [dkp, bv] over the last three, which hold more).
+/// kp8, dkp = dk rounded up to 8, 16 (the state slice arrives as [dkp, bv] over the last three, which hold more);
+/// at bv <= 16 a second W, Q pair after them (the odd chunks': `DB` in gdn_tc.cu).
 pub fn gdn_tc_smem(d: GdnDims, bv: usize) -> usize {
     let (c, kp8, dkp, _) = tile_dims(d, bv);
-    4 * (2 * c * (kp8 + 4) + c * (dkp + 8) + c * (c + 4) + 2 * bv * (c + 4) + bv * (dkp + 4))
+    let wq = if bv <= 16 { 2 } else { 1 };
+    4 * (wq * 2 * c * (kp8 + 4) + c * (dkp + 8) + c * (c + 4) + 2 * bv * (c + 4) + bv * (dkp + 4))
 }
 
 /// Whether [`gdn_tc_state`] runs these dims with `bv` value columns per block (else it returns
