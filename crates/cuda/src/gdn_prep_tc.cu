@@ -65,16 +65,17 @@ __device__ __forceinline__ void gtp_split4(const float* x, unsigned* big, unsign
 // Warps per block.
 #define GTP_NW 16
 
-// dst[t * ldd + c] = src[t * lds + c] for t < n, c < w; zero for n <= t < rows, w <= c < wp. Warp w takes rows
-// w, w + GTP_NW, ...; lanes take columns (coalesced, no division); all copies asynchronous (cp.async). vec: 16-byte
+// dst[t * ldd + c] = src[t * lds + c] for t < n, c < w; zero for n <= t < rows, w <= c < wp. Warp w of the NW
+// takes rows w, w + NW, ...; lanes take columns (coalesced, no division); all copies asynchronous (cp.async). vec: 16-byte
 // copies (src, lds, ldd and the destination 16-byte aligned, wp a multiple of 4), zero-filled past n and w; else
 // 4-byte copies and plain zero stores. 16-byte copies issue a quarter of the copy instructions; measured on an H200
 // (0.8B heads, 3xTF32, µs): 1 x 175 tokens 27.7 -> 26.3, 7 x 33 28.2 -> 27.2, 1 x 3,400 158.4 -> 150.5,
 // 224 x 33 457.6 -> 431.3.
+template <int NW>
 __device__ __forceinline__ void gtp_load(float* dst, int ldd, const float* __restrict__ src, idx_t lds, int n,
                                          int rows, int w, int wp, bool vec) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int t = warp; t < rows; t += GTP_NW) {
+    for (int t = warp; t < rows; t += NW) {
         const float* s = src + (idx_t)t * lds;
         float* d = dst + t * ldd;
         if (vec) {
@@ -146,6 +147,7 @@ __device__ __forceinline__ GtpBuf gtp_buf(float* b, int dk, int dv) {
 }
 
 // Starts the copies of item w into buffer b (one cp.async group): K, Q (slice 0), V (slices with U tiles), g, beta.
+template <int NW>
 __device__ __forceinline__ void gtp_issue(float* b, const GtpItem& w, const float* __restrict__ qkv, int ld,
                                           const float* __restrict__ g, const float* __restrict__ beta, int hk, int hv,
                                           int dk, int dv) {
@@ -157,9 +159,9 @@ __device__ __forceinline__ void gtp_issue(float* b, const GtpItem& w, const floa
     const float* row0 = qkv + (idx_t)w.r0 * ld;
     const bool vec = (ld & 3) == 0 && (dk & 3) == 0 && (dv & 3) == 0 && ((size_t)qkv & 15) == 0;
     if (w.mlo < w.mhi) {
-        gtp_load(Ks, lk, row0 + hk * dk + w.kh * dk, ld, w.n, rows, dk, dkp, vec);
-        if (w.doq) gtp_load(Qs, lk, row0 + w.kh * dk, ld, w.n, rows, dk, dkp, vec);
-        if (w.dov) gtp_load(Vs, lv, row0 + 2 * hk * dk + w.h * dv, ld, w.n, rows, dv, dvp, vec);
+        gtp_load<NW>(Ks, lk, row0 + hk * dk + w.kh * dk, ld, w.n, rows, dk, dkp, vec);
+        if (w.doq) gtp_load<NW>(Qs, lk, row0 + w.kh * dk, ld, w.n, rows, dk, dkp, vec);
+        if (w.dov) gtp_load<NW>(Vs, lv, row0 + 2 * hk * dk + w.h * dv, ld, w.n, rows, dv, dvp, vec);
     }
     const int tid = threadIdx.x;
     if (tid < GDN_C) {
@@ -175,8 +177,8 @@ __device__ __forceinline__ void gtp_issue(float* b, const GtpItem& w, const floa
     tc_commit();
 }
 
-// One item from buffer b, its copies complete and visible (the caller waited and synchronised).
-template <bool X3>
+// One item from buffer b, its copies complete and visible (the caller waited and synchronised); NW warps.
+template <bool X3, int NW>
 __device__ __forceinline__ void gtp_compute(float* b, const GtpItem& w, int hv, int dk, int dv,
                                             float* __restrict__ U, float* __restrict__ W, float* __restrict__ M,
                                             float* __restrict__ E) {
@@ -209,56 +211,66 @@ __device__ __forceinline__ void gtp_compute(float* b, const GtpItem& w, int hv, 
         E[2 * r + 1] = expf(gam[n - 1] - gam[tid]);
     }
 
-    // K·Kᵀ (and Q·Kᵀ): warp (rb, qt) owns rows 16rb..16rb+15, columns 16qt..16qt+15 as two n8 tiles; only the
-    // tiles on or below the diagonal block and left of token n are multiplied (10 of the 16 warps).
-    const int rb = warp >> 2, qt = warp & 3;
-    float ak[2][4], aq[2][4];
+    // K·Kᵀ (and Q·Kᵀ): warp tile i = (rb, qt) = (i / 4, i % 4) owns rows 16rb..16rb+15, columns 16qt..16qt+15 as
+    // two n8 tiles; only the tiles on or below the diagonal block and left of token n are multiplied (10 of the
+    // 16). Warp w takes tile w (16 warps), or tiles w and w + 8 (8 warps: KP passes). Masks and decays: -A into
+    // registers (S overwrites Q, which other warps may still read), M to the scratch (zeros above the diagonal).
+    constexpr int KP = 16 / NW;
+    float nak[KP][2][4];
 #pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) ak[j][e] = aq[j][e] = 0.0f;
-    if (rb < nb && qt <= rb) {
-        const int ks = (dk + 7) >> 3;
-        const int ra = (16 * rb + gq) * lk + tq;
-        for (int k = 0; k < ks; k++) {
-            const int k0 = 8 * k;
-            float x[4] = {Ks[ra + k0], Ks[ra + 8 * lk + k0], Ks[ra + k0 + 4], Ks[ra + 8 * lk + k0 + 4]};
-            unsigned kb[4], kl[4], qb[4], ql[4];
-            gtp_split4(x, kb, kl);
-            if (doq) {
-                float y[4] = {Qs[ra + k0], Qs[ra + 8 * lk + k0], Qs[ra + k0 + 4], Qs[ra + 8 * lk + k0 + 4]};
-                gtp_split4(y, qb, ql);
-            }
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int nt = 2 * qt + j;
-                if (8 * nt < n) {
-                    const int rbk = (8 * nt + gq) * lk + k0 + tq;
-                    const float b0 = Ks[rbk], b1 = Ks[rbk + 4];
-                    gtp_mma3<X3>(ak[j], kb, kl, b0, b1);
-                    if (doq) gtp_mma3<X3>(aq[j], qb, ql, b0, b1);
-                }
-            }
-        }
-    }
-    // Masks and decays: -A into registers (S overwrites Q, which other warps may still read), M to the scratch.
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int a = 16 * rb + gq + 8 * (e >> 1), bc = 8 * (2 * qt + j) + 2 * tq + (e & 1);
-            const bool low = a < n && bc <= a;
-            const float dcy = low ? expf(gam[a] - gam[bc]) : 0.0f;
-            if (doq && a < n) M[((idx_t)(r0 + a) * hv + h) * GDN_C + bc] = low ? aq[j][e] * dcy : 0.0f;
-            ak[j][e] = (low && bc < a) ? -(bet[a] * ak[j][e] * dcy) : 0.0f;
-        }
-    __syncthreads();
-    if (rb < nb && qt <= rb) {
+    for (int kp = 0; kp < KP; kp++) {
+        const int ti = warp + NW * kp, rb = ti >> 2, qt = ti & 3;
+        float ak[2][4], aq[2][4];
 #pragma unroll
         for (int j = 0; j < 2; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                Sm[(16 * rb + gq + 8 * (e >> 1)) * GTP_LS + 8 * (2 * qt + j) + 2 * tq + (e & 1)] = ak[j][e];
+            for (int e = 0; e < 4; e++) ak[j][e] = aq[j][e] = 0.0f;
+        if (rb < nb && qt <= rb) {
+            const int ks = (dk + 7) >> 3;
+            const int ra = (16 * rb + gq) * lk + tq;
+            for (int k = 0; k < ks; k++) {
+                const int k0 = 8 * k;
+                float x[4] = {Ks[ra + k0], Ks[ra + 8 * lk + k0], Ks[ra + k0 + 4], Ks[ra + 8 * lk + k0 + 4]};
+                unsigned kb[4], kl[4], qb[4], ql[4];
+                gtp_split4(x, kb, kl);
+                if (doq) {
+                    float y[4] = {Qs[ra + k0], Qs[ra + 8 * lk + k0], Qs[ra + k0 + 4], Qs[ra + 8 * lk + k0 + 4]};
+                    gtp_split4(y, qb, ql);
+                }
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int nt = 2 * qt + j;
+                    if (8 * nt < n) {
+                        const int rbk = (8 * nt + gq) * lk + k0 + tq;
+                        const float b0 = Ks[rbk], b1 = Ks[rbk + 4];
+                        gtp_mma3<X3>(ak[j], kb, kl, b0, b1);
+                        if (doq) gtp_mma3<X3>(aq[j], qb, ql, b0, b1);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int a = 16 * rb + gq + 8 * (e >> 1), bc = 8 * (2 * qt + j) + 2 * tq + (e & 1);
+                const bool low = a < n && bc <= a;
+                const float dcy = low ? expf(gam[a] - gam[bc]) : 0.0f;
+                if (doq && a < n) M[((idx_t)(r0 + a) * hv + h) * GDN_C + bc] = low ? aq[j][e] * dcy : 0.0f;
+                nak[kp][j][e] = (low && bc < a) ? -(bet[a] * ak[j][e] * dcy) : 0.0f;
+            }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kp = 0; kp < KP; kp++) {
+        const int ti = warp + NW * kp, rb = ti >> 2, qt = ti & 3;
+        if (rb < nb && qt <= rb) {
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    Sm[(16 * rb + gq + 8 * (e >> 1)) * GTP_LS + 8 * (2 * qt + j) + 2 * tq + (e & 1)] = nak[kp][j][e];
+        }
     }
     __syncthreads();
     // T_ii = (I + A_ii)^-1 column by column: x_r = [r == j] + sum_{s<r} (-A)[r][s] x_s (thread (i, j)).
@@ -285,7 +297,7 @@ __device__ __forceinline__ void gtp_compute(float* b, const GtpItem& w, int hv, 
     // The solve, one 16-column tile of [U | W] per warp at a time, on Y = Xᵀ. Y[i][nt] is the C fragment of
     // columns (c0 + g, c0 + g + 8) x tokens 16i + 8nt + (2t, 2t+1); as the A operand of k step nt over block i,
     // (a0, a1, a2, a3) = (Y[i][nt][0], [2], [1], [3]) with logical k t <-> token 2t, t+4 <-> 2t+1.
-    for (int mt = w.mlo + warp; mt < w.mhi; mt += GTP_NW) {
+    for (int mt = w.mlo + warp; mt < w.mhi; mt += NW) {
         const bool isu = mt < mtu;
         const int cbase = 16 * (isu ? mt : mt - mtu);
         const int width = isu ? dv : dk;
@@ -363,7 +375,7 @@ __device__ __forceinline__ void gtp_compute(float* b, const GtpItem& w, int hv, 
 // GTP_NW ints of scan scratch. Slice sl of a (chunk, head) solves the 16-column tiles sl*per .. sl*per + per - 1 of
 // [U | W] (tiles 0..ceil(dv/16)-1 are U's, the rest W's; per = ceil(tiles / nslice)); slice 0 also writes M and E.
 // X3: 3xTF32 products (gdn_tc_prep), else 1xTF32 (gdn_tc_prep_tf32).
-template <bool X3>
+template <bool X3, int NW>
 __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int ld, const float* __restrict__ g,
                                               const float* __restrict__ beta, const int* seg, int nseg, int hk,
                                               int hv, int dk, int dv, int nslice, int nbuf, float* __restrict__ U,
@@ -379,7 +391,7 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
     const int mtu = dvp >> 4, mtall = mtu + (dkp >> 4);
 
     // The item table: each thread takes a run of segments, an exclusive scan of the runs' chunk counts.
-    const int per = (nseg + GTP_NW * 32 - 1) / (GTP_NW * 32);
+    const int per = (nseg + NW * 32 - 1) / (NW * 32);
     const int s0 = min(tid * per, nseg), s1 = min(s0 + per, nseg);
     int mine = 0;
     for (int s = s0; s < s1; s++) {
@@ -412,7 +424,7 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
     // loop over (current, next) ptxas kept more values live across the products (128 registers and 232 / 276 bytes
     // spilled instead of 118 / 119 registers and none).
     GtpItem w = gtp_item(cum, st, ln, nseg, it, hk, hv, nslice, mtu, mtall);
-    gtp_issue(sm, w, qkv, ld, g, beta, hk, hv, dk, dv);
+    gtp_issue<NW>(sm, w, qkv, ld, g, beta, hk, hv, dk, dv);
     for (int j = 0; it < total; j++) {
         const int nx = it + gridDim.x;
         float* cur = sm + (nbuf == 2 ? (j & 1) : 0) * bufsz;
@@ -420,30 +432,32 @@ __device__ __forceinline__ void gdn_tc_prep_t(const float* __restrict__ qkv, int
         if (nx < total) wn = gtp_item(cum, st, ln, nseg, nx, hk, hv, nslice, mtu, mtall);
         if (nbuf == 2 && nx < total) {
             // The other buffer's last reader (the item before this one) passed the barrier below.
-            gtp_issue(sm + ((j + 1) & 1) * bufsz, wn, qkv, ld, g, beta, hk, hv, dk, dv);
+            gtp_issue<NW>(sm + ((j + 1) & 1) * bufsz, wn, qkv, ld, g, beta, hk, hv, dk, dv);
             tc_wait<1>();
         } else {
             tc_wait<0>();
         }
         __syncthreads();
-        if (w.mlo < w.mhi) gtp_compute<X3>(cur, w, hv, dk, dv, U, W, M, E);  // (no empty slices: the launcher)
+        if (w.mlo < w.mhi) gtp_compute<X3, NW>(cur, w, hv, dk, dv, U, W, M, E);  // (no empty slices: the launcher)
         __syncthreads();
         it = nx;
         w = wn;
-        if (nbuf == 1 && it < total) gtp_issue(sm, w, qkv, ld, g, beta, hk, hv, dk, dv);
+        if (nbuf == 1 && it < total) gtp_issue<NW>(sm, w, qkv, ld, g, beta, hk, hv, dk, dv);
     }
 }
 
-#define GDN_TC_PREP(NAME, X3)                                                                                        \
-    KERNEL(NAME) void __launch_bounds__(GTP_NW * 32, 1)                                                              \
+#define GDN_TC_PREP(NAME, X3, NW)                                                                                    \
+    KERNEL(NAME) void __launch_bounds__(NW * 32, GTP_NW / NW)                                                        \
         NAME(const float* __restrict__ qkv, int ld, const float* __restrict__ g, const float* __restrict__ beta,     \
              const int* seg, int nseg, int hk, int hv, int dk, int dv, int nslice, int nbuf,                         \
              float* __restrict__ U, float* __restrict__ W, float* __restrict__ M, float* __restrict__ E) {           \
         extern __shared__ float sm[];                                                                                \
-        gdn_tc_prep_t<X3>(qkv, ld, g, beta, seg, nseg, hk, hv, dk, dv, nslice, nbuf, U, W, M, E, sm);                \
+        gdn_tc_prep_t<X3, NW>(qkv, ld, g, beta, seg, nseg, hk, hv, dk, dv, nslice, nbuf, U, W, M, E, sm);            \
     }
-GDN_TC_PREP(gdn_tc_prep, true)
-GDN_TC_PREP(gdn_tc_prep_tf32, false)
+GDN_TC_PREP(gdn_tc_prep, true, GTP_NW)
+GDN_TC_PREP(gdn_tc_prep_tf32, false, GTP_NW)
+GDN_TC_PREP(gdn_tc_prep8, true, 8)
+GDN_TC_PREP(gdn_tc_prep8_tf32, false, 8)
 #undef GDN_TC_PREP
 #undef GTP_LS
 #undef GTP_NW

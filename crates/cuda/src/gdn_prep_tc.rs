@@ -8,7 +8,10 @@
 //! per step). The kernel is persistent: at most one block of 16 warps per multiprocessor, each taking every
 //! `blocks`-th (chunk, segment, head, column slice) work item and loading the next item's tiles while it computes
 //! the current one (two tile buffers in shared memory): faster than the former two 8-warp blocks per multiprocessor
-//! on every System One shape, slower on grids of thousands of short items (gdn_prep_tc.cu's header).
+//! on every System One shape, slower on grids of thousands of short items (gdn_prep_tc.cu's header). Where the
+//! items are more than one block a multiprocessor takes in one round but no more than two blocks do, the launcher
+//! takes the 8-warp twin (`gdn_tc_prep8*`, two blocks a multiprocessor, one buffer each): every item at once
+//! instead of two rounds.
 
 use crate::launch;
 use crate::ops::{self, GdnDims, GDN_CHUNK};
@@ -22,6 +25,8 @@ use crate::CudaError;
 const THREADS: u32 = 512;
 /// Warps per block.
 const WARPS: usize = THREADS as usize / 32;
+/// Warps per block of the twin that runs two blocks a multiprocessor (`gdn_tc_prep8*`).
+pub const WARPS_PAIRED: usize = 8;
 /// Row pitch of the solve matrix in shared memory (`GTP_LS` in gdn_prep_tc.cu).
 const SOLVE_PITCH: usize = 72;
 
@@ -52,28 +57,37 @@ pub fn gdn_tc_prep_slices(d: GdnDims, items: usize, sms: usize) -> usize {
     tiles.div_ceil(tiles.div_ceil(s))
 }
 
-/// The launch shape of [`gdn_tc_prep`]: (column slices, blocks, tile buffers). Work items: at most
-/// `min(chunks of max_len * nseg, rows / 64 + nseg)` (chunk, segment) pairs times `hv` heads times the slices; one
-/// block per multiprocessor, or one per item when there are fewer; two buffers (the next item's loads under the
-/// current one's products) when a block has more than one item and they fit in shared memory.
+/// The launch shape of [`gdn_tc_prep`]: (column slices, blocks, tile buffers, warps per block). Work items: at
+/// most `min(chunks of max_len * nseg, rows / 64 + nseg)` (chunk, segment) pairs times `hv` heads times the
+/// slices; blocks of 16 warps, one per multiprocessor, or one per item when there are fewer; two buffers (the next
+/// item's loads under the current one's products) when a block has more than one item and they fit in shared
+/// memory. Where the items need more than one round of those blocks but fit in one round of blocks of 8 warps, two
+/// a multiprocessor (one buffer each), those.
 pub fn gdn_tc_prep_shape(
     g: &Gpu,
     d: GdnDims,
     rows: usize,
     nseg: usize,
     max_len: usize,
-) -> (usize, usize, usize) {
+) -> (usize, usize, usize, usize) {
     let pairs =
         (max_len.div_ceil(GDN_CHUNK).max(1) * nseg.max(1)).min(rows.div_ceil(GDN_CHUNK) + nseg);
     let items = pairs.max(1) * d.hv;
     let nslice = gdn_tc_prep_slices(d, items, g.sms);
-    let blocks = (items * nslice).min(g.sms.max(1));
+    let sms = g.sms.max(1);
+    if items * nslice > sms
+        && items * nslice <= 2 * sms
+        && 2 * (gdn_tc_prep_smem(d, 1, nseg) + 1024) <= g.sm_smem
+    {
+        return (nslice, items * nslice, 1, WARPS_PAIRED);
+    }
+    let blocks = (items * nslice).min(sms);
     let nbuf = if items * nslice > blocks && gdn_tc_prep_smem(d, 2, nseg) <= g.max_smem {
         2
     } else {
         1
     };
-    (nslice, blocks, nbuf)
+    (nslice, blocks, nbuf, WARPS)
 }
 
 /// The WY pre-pass on tensor cores, a drop-in for [`crate::ops::gdn_wy_prep`]: qkv [N, ld] (q | k | v, q and k
@@ -101,8 +115,9 @@ pub fn gdn_tc_prep(
 }
 
 /// [`gdn_tc_prep`] with the launch shape given: (`nslice` column slices per chunk, 1 ..= [`gdn_tc_prep_tiles`];
-/// `blocks` persistent blocks, at least 1; `nbuf` tile buffers, 1 or 2). The tests run several shapes on the same
-/// inputs (every split; one block taking every item; an odd block count; one buffer).
+/// `blocks` persistent blocks, at least 1; `nbuf` tile buffers, 1 or 2; `warps` per block, 16 or
+/// [`WARPS_PAIRED`]). The tests run several shapes on the same inputs (every split; one block taking every item;
+/// an odd block count; one buffer; both block sizes).
 pub fn gdn_tc_prep_sliced(
     g: &Gpu,
     arith: Arith,
@@ -116,7 +131,7 @@ pub fn gdn_tc_prep_sliced(
     rows: usize,
     max_len: usize,
     scratch: u64,
-    (nslice, blocks, nbuf): (usize, usize, usize),
+    (nslice, blocks, nbuf, warps): (usize, usize, usize, usize),
 ) -> Result<(), CudaError> {
     if d.hk == 0 || !d.hv.is_multiple_of(d.hk) {
         return Err(CudaError::Unsupported(format!(
@@ -125,9 +140,14 @@ pub fn gdn_tc_prep_sliced(
         )));
     }
     let tiles = gdn_tc_prep_tiles(d);
-    if nslice == 0 || nslice > tiles || blocks == 0 || !(1..=2).contains(&nbuf) {
+    if nslice == 0
+        || nslice > tiles
+        || blocks == 0
+        || !(1..=2).contains(&nbuf)
+        || ![WARPS, WARPS_PAIRED].contains(&warps)
+    {
         return Err(CudaError::Unsupported(format!(
-            "gdn_tc_prep: {nslice} column slices for {tiles} tiles, {blocks} blocks, {nbuf} buffers"
+            "gdn_tc_prep: {nslice} column slices for {tiles} tiles, {blocks} blocks, {nbuf} buffers, {warps} warps"
         )));
     }
     let smem = gdn_tc_prep_smem(d, nbuf, nseg);
@@ -141,8 +161,13 @@ pub fn gdn_tc_prep_sliced(
         return Ok(());
     }
     let (u, w, m, e) = ops::gdn_wy_parts(d, rows, scratch);
-    let lc = cfg((blocks as u32, 1), THREADS, smem as u32);
-    launch!(g, g.k.gdn_tc_prep[arith as usize], lc;
+    let lc = cfg((blocks as u32, 1), 32 * warps as u32, smem as u32);
+    let k = if warps == WARPS {
+        &g.k.gdn_tc_prep[arith as usize]
+    } else {
+        &g.k.gdn_tc_prep8[arith as usize]
+    };
+    launch!(g, *k, lc;
         qkv, ld as i32, gg, beta, segs, nseg as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32,
         nslice as i32, nbuf as i32, u, w, m, e)
 }

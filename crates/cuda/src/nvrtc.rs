@@ -94,7 +94,12 @@ pub const PROGRAMS: &[&[&str]] = &[
     &["attention_bf1"],
     &["attention_h"],
     &["simt"],
-    &["gdn_tc_prep", "gdn_tc_prep_tf32"],
+    &[
+        "gdn_tc_prep",
+        "gdn_tc_prep_tf32",
+        "gdn_tc_prep8",
+        "gdn_tc_prep8_tf32",
+    ],
     &["qmma_pq2", "qmma_pq2_16", "qmma_q8"],
     &["qwg_pq2"],
 ];

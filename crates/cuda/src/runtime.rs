@@ -76,6 +76,8 @@ pub struct Kernels {
     pub spin_wait: CudaFunction,
     // The tensor-core files: one kernel per [`Arith`], indexed by `Arith as usize`.
     pub gdn_tc_prep: [CudaFunction; 2],
+    /// `gdn_tc_prep8[_tf32]`: the pre-pass in blocks of 8 warps, two a multiprocessor.
+    pub gdn_tc_prep8: [CudaFunction; 2],
     /// `gdn_tc_state_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_SLICES`], in that order.
     pub gdn_tc_state: [[CudaFunction; 4]; 2],
     /// `gdn_tc_leaf_<BV>[_tf32]`, one per slice width of [`crate::gdn_tc::GDN_TC_LEAF_SLICES`], in that order.
@@ -247,6 +249,9 @@ pub struct Gpu {
     pub name: String,
     /// Largest dynamic shared memory one block may opt into (bytes).
     pub max_smem: usize,
+    /// Shared memory of one multiprocessor (bytes), which the blocks resident on it share (each block also
+    /// reserves 1 KiB of it).
+    pub sm_smem: usize,
     /// Multiprocessors (grid sizing of the launchers).
     pub sms: usize,
     /// Rows one wave of the `rms_norm` kernel takes on the whole device ([`crate::ops::rms_norm`] runs
@@ -398,6 +403,9 @@ impl Gpu {
         let max_smem = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .op("shared memory limit")? as usize;
+        let sm_smem = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+            .op("shared memory per multiprocessor")? as usize;
         let sms = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .op("multiprocessor count")?
@@ -426,6 +434,11 @@ impl Gpu {
             gdn_tc_prep: [
                 big(&format!("gdn_tc_prep{x3}"))?,
                 big(&format!("gdn_tc_prep{tf}"))?,
+            ],
+            // Two blocks of about 100 KB a multiprocessor: the whole of shared memory carved out for them.
+            gdn_tc_prep8: [
+                big_smem_shared(f(&format!("gdn_tc_prep8{x3}"))?, max_smem)?,
+                big_smem_shared(f(&format!("gdn_tc_prep8{tf}"))?, max_smem)?,
             ],
             gdn_tc_state: [
                 per_slice(states, "gdn_tc_state", x3, &big)?,
@@ -484,6 +497,7 @@ impl Gpu {
             k,
             name,
             max_smem,
+            sm_smem,
             sms,
             norm_wave_rows,
             cc: (maj, min),

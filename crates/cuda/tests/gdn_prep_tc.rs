@@ -9,7 +9,9 @@ use common::delta::{
     bench_lens, cols, delta_case, delta_cpu, lens_label, wy_cases, DeltaCase, DeltaDev, HEADS_08B,
 };
 use common::*;
-use onepass_cuda::gdn_prep_tc::{gdn_tc_prep, gdn_tc_prep_sliced, gdn_tc_prep_tiles};
+use onepass_cuda::gdn_prep_tc::{
+    gdn_tc_prep, gdn_tc_prep_shape, gdn_tc_prep_sliced, gdn_tc_prep_tiles, WARPS_PAIRED,
+};
 use onepass_cuda::ops::{self, GdnDims, GDN_CHUNK};
 use onepass_cuda::{Arith, Gpu};
 
@@ -36,8 +38,8 @@ enum Prep {
     Wy,
     /// gdn_tc_prep with the launcher's split.
     Tc(Arith),
-    /// gdn_tc_prep with this launch shape: (column slices, persistent blocks, tile buffers).
-    TcShape((usize, usize, usize), Arith),
+    /// gdn_tc_prep with this launch shape: (column slices, persistent blocks, tile buffers, warps per block).
+    TcShape((usize, usize, usize, usize), Arith),
 }
 
 /// Runs `prep` on the case's inputs; returns the whole scratch and, when `state` is set, the outputs and final
@@ -94,8 +96,9 @@ fn check_parts(tag: &str, d: GdnDims, n: usize, got: &[f32], want: &[f32], tol: 
 /// both ways and not multiples of 16 (60/24, 16/40, 36/100); the 0.8B head shape (128/128); strong decays (g x20:
 /// e^gam underflows). Every column split of the tiles (a block per item, one buffer); persistent blocks taking many
 /// items each (one block for all, 3 blocks: an odd count, both with the next item's tiles loading under the current
-/// one; 5 blocks with one buffer; more blocks than items); then the state pass on the launcher's shape against the
-/// CPU; the 3xTF32 kernel and the 1xTF32 one (to its own bound).
+/// one; 5 blocks with one buffer; more blocks than items); the 8-warp blocks likewise, each shape the same bits as
+/// the 16-warp blocks' (the same products in the same order); then the state pass on the launcher's shape against
+/// the CPU; the 3xTF32 kernel and the 1xTF32 one (to its own bound).
 #[test]
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gdn_tc_prep_matches_wy_prep_and_cpu() {
@@ -119,15 +122,25 @@ fn gdn_tc_prep_matches_wy_prep_and_cpu() {
             .filter(|&k| k <= tiles)
             .map(|k| (k, items * k, 1))
             .chain([(1, 1, 2), (1, 3, 2), (1, 5, 1), (1, 4 * items + 7, 2)]);
-        for shape in shapes {
-            let (got, _) = run(&g, &c, Prep::TcShape(shape, arith), false);
+        for (k, blocks, nbuf) in shapes {
+            let (got16, _) = run(&g, &c, Prep::TcShape((k, blocks, nbuf, 16), arith), false);
             check_parts(
-                &format!("{tag} shape {shape:?}"),
+                &format!("{tag} shape {:?}", (k, blocks, nbuf)),
                 d,
                 n,
-                &got,
+                &got16,
                 &want,
                 prep_tol,
+            );
+            let shape8 = (k, blocks, nbuf, WARPS_PAIRED);
+            let (got8, _) = run(&g, &c, Prep::TcShape(shape8, arith), false);
+            let same = got8
+                .iter()
+                .zip(&got16)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{tag} shape {shape8:?}: 8-warp blocks differ from 16-warp blocks"
             );
         }
         let (got, st) = run(&g, &c, Prep::Tc(arith), true);
@@ -160,7 +173,8 @@ fn gdn_tc_prep_matches_wy_prep_and_cpu() {
 
 /// Not a check (ignored like the GPU tests): µs per call of gdn_wy_prep against
 /// gdn_tc_prep on the Qwen3.5-0.8B head shape (hk = hv = 16, dk = dv = 128) for the System One segment shapes
-/// (warm-up, then 20 launches, one sync, host timer); each pair's scratches also compared.
+/// (warm-up, then 20 launches, one sync, host timer), and the 1xTF32 kernel in blocks of 16 and of 8 warps with
+/// the form the launcher picks; each pair's scratches also compared.
 #[test]
 #[ignore = "a timing table on a CUDA GPU, not a check (run with --include-ignored on a GPU machine)"]
 fn gdn_tc_prep_timings() {
@@ -168,10 +182,14 @@ fn gdn_tc_prep_timings() {
     let d = HEADS_08B;
     eprintln!("gdn pre-pass, 0.8B heads 16 x 128 x 128: µs per call (20 launches)");
     eprintln!(
-        "{:>12} {:>10} {:>10} {:>8} {:>10}",
-        "segments", "wy_prep", "tc_prep", "speedup", "tc 1xTF32"
+        "{:>12} {:>10} {:>10} {:>8} {:>10} {:>10} {:>10} {:>9}",
+        "segments", "wy_prep", "tc_prep", "speedup", "tc 1xTF32", "16 warps", "8 warps", "launcher"
     );
-    for lens in bench_lens() {
+    // Also the one-forward trees of the first two workloads (a 166- or 691-token prefix and the seven suffixes): the
+    // pre-pass takes a tree's segments alike, 11 and 19 chunks of 16 heads.
+    let suffixes = [30, 24, 66, 23, 31, 31, 31];
+    let trees = [166, 691].map(|p| std::iter::once(p).chain(suffixes).collect::<Vec<_>>());
+    for lens in bench_lens().into_iter().chain(trees) {
         let c = delta_case(d, &lens, 80);
         let (n, ns, ml, cd) = (c.rows(), lens.len(), c.max_len(), cols(d));
         let dev = DeltaDev::upload(&g, &c);
@@ -185,10 +203,23 @@ fn gdn_tc_prep_timings() {
             time(&|| gdn_tc_prep(&g, Arith::Tf32, x, cd, gp, bp, sp, ns, d, n, ml, w2).unwrap());
         let new =
             time(&|| gdn_tc_prep(&g, Arith::X3, x, cd, gp, bp, sp, ns, d, n, ml, w2).unwrap());
+        // 1xTF32 in each block size, whatever the launcher picks: the 16-warp blocks as the launcher shapes them
+        // without the 8-warp rule, the 8-warp ones two a multiprocessor, one buffer.
+        let items = lens.iter().map(|l| l.div_ceil(GDN_CHUNK)).sum::<usize>() * d.hv;
+        let picked = gdn_tc_prep_shape(&g, d, n, ns, ml);
+        let s16 = (1, items.min(g.sms), if items > g.sms { 2 } else { 1 }, 16);
+        let s8 = (1, items.min(2 * g.sms), 1, WARPS_PAIRED);
+        let form = |k| {
+            time(&|| {
+                gdn_tc_prep_sliced(&g, Arith::Tf32, x, cd, gp, bp, sp, ns, d, n, ml, w2, k).unwrap()
+            })
+        };
+        let (t16, t8) = (form(s16), form(s8));
         let shape = lens_label(&lens);
         eprintln!(
-            "{shape:>12} {old:>10.1} {new:>10.1} {:>7.2}x {tf:>10.1}",
-            old / new
+            "{shape:>12} {old:>10.1} {new:>10.1} {:>7.2}x {tf:>10.1} {t16:>10.1} {t8:>10.1} {:>6} w",
+            old / new,
+            picked.3
         );
         let (a, b) = (g.download(&s2, len).unwrap(), g.download(&s1, len).unwrap());
         check_parts(&shape, d, n, &a, &b, PREP_TOL);
