@@ -38,6 +38,10 @@
 // Kept as in gdn_wy_prep: the cumulative decay summed g_0..g_t in order (the CPU's order), every exp taken of a
 // difference (e^(gam_a - gam_b), never e^gam_a e^-gam_b: strong decays underflow the same way).
 //
+// gdn_tc_prep8*: the same kernel in blocks of 8 warps, two a multiprocessor (one tile buffer each, 123 / 124
+// registers, no spills), each warp taking two of the K·Kᵀ tiles and two of the [U | W] tiles in turn: the same
+// products in the same order, so the same bits. The launcher takes it where the items need more than one round of
+// the 16-warp blocks but fit one round of these (the 402-token request's 176 items on 132 multiprocessors).
 // Block 512 threads (16 warps), one per multiprocessor: registers capped at 128 (ptxas, sm_90a: 118 in the 1xTF32
 // twin, 119 in the 3xTF32 one, no spills; the former 8-warp blocks with four K·Kᵀ tiles a warp spilled 188 and 128
 // bytes at the same cap). Dynamic shared memory (floats), per tile buffer (one or two): K [64, dk16+4] | Q [64,
@@ -369,10 +373,10 @@ __device__ __forceinline__ void gtp_compute(float* b, const GtpItem& w, int hv, 
     }
 }
 
-// grid (blocks), block 512 (GTP_NW warps), persistent: block b takes items b, b + blocks, ... (GtpItem), the copies
+// grid (blocks), block 32 NW threads (NW warps: GTP_NW, or 8 for gdn_tc_prep8*), persistent: block b takes items b, b + blocks, ... (GtpItem), the copies
 // of the next one in flight while it computes the current one when nbuf is 2 (one buffer: no overlap). Dynamic
 // shared memory: nbuf buffers (GtpBuf) | the item table: cum [nseg + 1], start [nseg], length [nseg],
-// GTP_NW ints of scan scratch. Slice sl of a (chunk, head) solves the 16-column tiles sl*per .. sl*per + per - 1 of
+// NW ints of scan scratch. Slice sl of a (chunk, head) solves the 16-column tiles sl*per .. sl*per + per - 1 of
 // [U | W] (tiles 0..ceil(dv/16)-1 are U's, the rest W's; per = ceil(tiles / nslice)); slice 0 also writes M and E.
 // X3: 3xTF32 products (gdn_tc_prep), else 1xTF32 (gdn_tc_prep_tf32).
 template <bool X3, int NW>
