@@ -70,9 +70,9 @@ __device__ __forceinline__ void gtp_split4(const float* x, unsigned* big, unsign
 #define GTP_NW 16
 
 // dst[t * ldd + c] = src[t * lds + c] for t < n, c < w; zero for n <= t < rows, w <= c < wp. Warp w of the NW
-// takes rows w, w + NW, ...; lanes take columns (coalesced, no division); all copies asynchronous (cp.async). vec: 16-byte
-// copies (src, lds, ldd and the destination 16-byte aligned, wp a multiple of 4), zero-filled past n and w; else
-// 4-byte copies and plain zero stores. 16-byte copies issue a quarter of the copy instructions; measured on an H200
+// takes rows w, w + NW, ...; lanes take columns (coalesced, no division); all copies asynchronous (cp.async).
+// vec: 16-byte copies (src, lds, ldd and the destination 16-byte aligned, wp a multiple of 4), zero-filled past n
+// and w; else 4-byte copies and plain zero stores. 16-byte copies issue a quarter of the copy instructions; measured on an H200
 // (0.8B heads, 3xTF32, µs): 1 x 175 tokens 27.7 -> 26.3, 7 x 33 28.2 -> 27.2, 1 x 3,400 158.4 -> 150.5,
 // 224 x 33 457.6 -> 431.3.
 template <int NW>
@@ -373,8 +373,9 @@ __device__ __forceinline__ void gtp_compute(float* b, const GtpItem& w, int hv, 
     }
 }
 
-// grid (blocks), block 32 NW threads (NW warps: GTP_NW, or 8 for gdn_tc_prep8*), persistent: block b takes items b, b + blocks, ... (GtpItem), the copies
-// of the next one in flight while it computes the current one when nbuf is 2 (one buffer: no overlap). Dynamic
+// grid (blocks), block 32 NW threads (NW warps: GTP_NW, or 8 for gdn_tc_prep8*), persistent: block b takes items
+// b, b + blocks, ... (GtpItem), the copies of the next one in flight while it computes the current one when nbuf
+// is 2 (one buffer: no overlap). Dynamic
 // shared memory: nbuf buffers (GtpBuf) | the item table: cum [nseg + 1], start [nseg], length [nseg],
 // NW ints of scan scratch. Slice sl of a (chunk, head) solves the 16-column tiles sl*per .. sl*per + per - 1 of
 // [U | W] (tiles 0..ceil(dv/16)-1 are U's, the rest W's; per = ceil(tiles / nslice)); slice 0 also writes M and E.
