@@ -29,6 +29,9 @@ pub struct SegStates {
     /// ...and some of them are longer: those then take the second state pass (the leaf pass skips them, the state
     /// pass skips the short ones).
     pub long_children: bool,
+    /// The segments' chunks of [`GDN_CHUNK`] tokens (each length rounded up, summed), which shape the pre-pass's
+    /// launch ([`crate::gdn_prep_tc::gdn_tc_prep_shape`]); 0: not known, bounded from the rows and longest segment.
+    pub chunks: usize,
 }
 
 impl SegStates {
@@ -41,6 +44,7 @@ impl SegStates {
             keep_children: true,
             leaf_children: false,
             long_children: false,
+            chunks: 0,
         }
     }
 }
@@ -320,8 +324,9 @@ pub fn gdn_tc_chunked(
             g, qkv, ld, gg, beta, out, segs, states, nseg, d, rows, max_len, scratch,
         );
     }
-    match crate::gdn_prep_tc::gdn_tc_prep(
-        g, tc.prep, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch,
+    let shape = crate::gdn_prep_tc::gdn_tc_prep_shape(g, d, rows, nseg, max_len, st.chunks);
+    match crate::gdn_prep_tc::gdn_tc_prep_sliced(
+        g, tc.prep, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch, shape,
     ) {
         Err(CudaError::Unsupported(_)) => {
             ops::gdn_wy_prep(g, qkv, ld, gg, beta, segs, nseg, d, rows, max_len, scratch)?

@@ -201,12 +201,11 @@ fn gdn_tc_prep_timings() {
         let old = time(&|| ops::gdn_wy_prep(&g, x, cd, gp, bp, sp, ns, d, n, ml, w1).unwrap());
         let tf =
             time(&|| gdn_tc_prep(&g, Arith::Tf32, x, cd, gp, bp, sp, ns, d, n, ml, w2).unwrap());
-        let new =
-            time(&|| gdn_tc_prep(&g, Arith::X3, x, cd, gp, bp, sp, ns, d, n, ml, w2).unwrap());
         // 1xTF32 in each block size, whatever the launcher picks: the 16-warp blocks as the launcher shapes them
         // without the 8-warp rule, the 8-warp ones two a multiprocessor, one buffer.
         let items = lens.iter().map(|l| l.div_ceil(GDN_CHUNK)).sum::<usize>() * d.hv;
-        let picked = gdn_tc_prep_shape(&g, d, n, ns, ml);
+        let chunks = lens.iter().map(|l| l.div_ceil(GDN_CHUNK)).sum::<usize>();
+        let picked = gdn_tc_prep_shape(&g, d, n, ns, ml, chunks);
         let s16 = (1, items.min(g.sms), if items > g.sms { 2 } else { 1 }, 16);
         let s8 = (1, items.min(2 * g.sms), 1, WARPS_PAIRED);
         let form = |k| {
@@ -215,6 +214,9 @@ fn gdn_tc_prep_timings() {
             })
         };
         let (t16, t8) = (form(s16), form(s8));
+        // Last into w2: the 3xTF32 scratch compared with gdn_wy_prep's below.
+        let new =
+            time(&|| gdn_tc_prep(&g, Arith::X3, x, cd, gp, bp, sp, ns, d, n, ml, w2).unwrap());
         let shape = lens_label(&lens);
         eprintln!(
             "{shape:>12} {old:>10.1} {new:>10.1} {:>7.2}x {tf:>10.1} {t16:>10.1} {t8:>10.1} {:>6} w",

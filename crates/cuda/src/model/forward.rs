@@ -194,6 +194,7 @@ impl CudaModel {
             },
             long_children: invariant && children.iter().any(|&l| l > ops::GDN_CHUNK),
             max_len: lens.iter().copied().max().unwrap_or(0),
+            chunks: lens.iter().map(|l| l.div_ceil(ops::GDN_CHUNK)).sum(),
             split: self.split_gemms(),
             attn_splits: self.attn_tc_dims().map_or(1, |a| {
                 if invariant {

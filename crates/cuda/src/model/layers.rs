@@ -748,6 +748,7 @@ impl LayerOps for Launches<'_> {
                     keep_children: s.keep_children,
                     leaf_children: s.short_children && m.gdn_leaf,
                     long_children: s.long_children,
+                    chunks: s.chunks,
                 },
                 s.nseg,
                 d,

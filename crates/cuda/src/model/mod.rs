@@ -227,6 +227,8 @@ struct Shape {
     long_children: bool,
     /// The longest segment (1: every segment one token, the decode step).
     max_len: usize,
+    /// Gated delta chunks over all segments (each segment's length in chunks of 64 tokens, rounded up, summed).
+    chunks: usize,
     /// Key splits per tile of the tensor-core attention ([`crate::attn_tc::attention_tc_plan`] of the segments; 1
     /// when no layer runs it).
     attn_splits: usize,
