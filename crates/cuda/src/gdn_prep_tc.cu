@@ -72,9 +72,9 @@ __device__ __forceinline__ void gtp_split4(const float* x, unsigned* big, unsign
 // dst[t * ldd + c] = src[t * lds + c] for t < n, c < w; zero for n <= t < rows, w <= c < wp. Warp w of the NW
 // takes rows w, w + NW, ...; lanes take columns (coalesced, no division); all copies asynchronous (cp.async).
 // vec: 16-byte copies (src, lds, ldd and the destination 16-byte aligned, wp a multiple of 4), zero-filled past n
-// and w; else 4-byte copies and plain zero stores. 16-byte copies issue a quarter of the copy instructions; measured on an H200
-// (0.8B heads, 3xTF32, µs): 1 x 175 tokens 27.7 -> 26.3, 7 x 33 28.2 -> 27.2, 1 x 3,400 158.4 -> 150.5,
-// 224 x 33 457.6 -> 431.3.
+// and w; else 4-byte copies and plain zero stores. 16-byte copies issue a quarter of the copy instructions;
+// measured on an H200 (0.8B heads, 3xTF32, µs): 1 x 175 tokens 27.7 -> 26.3, 7 x 33 28.2 -> 27.2, 1 x 3,400
+// 158.4 -> 150.5, 224 x 33 457.6 -> 431.3.
 template <int NW>
 __device__ __forceinline__ void gtp_load(float* dst, int ldd, const float* __restrict__ src, idx_t lds, int n,
                                          int rows, int w, int wp, bool vec) {
