@@ -545,21 +545,12 @@ KERNEL(simt) void gdn_conv_state(const float* x, int ld, int K, int cd, const in
     if (c >= cd) return;
     int start = seg[3 * s], len = seg[3 * s + 1], pend = conv_parent_end(seg, par, s);
     float* st = (float*)states[s];
-    // Eight rows' loads before their stores (one after the other, each load waited for the store before it: st
-    // may alias x as far as the compiler knows). A state row read, len + j > j, is one no earlier store wrote.
-    for (int j0 = 0; j0 < K - 1; j0 += 8) {
-        float v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            int j = j0 + u, tau = len - (K - 1) + j;
-            v[u] = j >= K - 1   ? 0.0f
-                   : tau >= 0   ? x[(idx_t)(start + tau) * ld + c]
-                   : pend >= 0  ? x[(idx_t)(pend + tau) * ld + c]
-                                : st[(idx_t)(len + j) * cd + c];
-        }
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            if (j0 + u < K - 1) st[(idx_t)(j0 + u) * cd + c] = v[u];
+    for (int j = 0; j < K - 1; j++) {
+        int tau = len - (K - 1) + j;
+        // reads row len + j > j: not yet overwritten (rows advance in increasing j)
+        st[(idx_t)j * cd + c] = tau >= 0    ? x[(idx_t)(start + tau) * ld + c]
+                                : pend >= 0 ? x[(idx_t)(pend + tau) * ld + c]
+                                            : st[(idx_t)(len + j) * cd + c];
     }
 }
 
