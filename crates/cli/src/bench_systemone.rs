@@ -42,6 +42,11 @@ pub struct BenchSystemoneArgs {
     /// cache on each repeat starts from its kept context (warm); 0 times every request computing its context.
     #[arg(long, default_value_t = 1024)]
     prefix_cache_mb: usize,
+    /// Also time this many requests per workload that the engine has not seen, one at a time: each has a few more
+    /// words in its state than the one before, so none repeats an earlier request's shape (on the GPU: no CUDA
+    /// graph to replay) or context (no prefix-cache hit), as in a stream of distinct users' requests. 0: none.
+    #[arg(long, default_value_t = 0)]
+    unseen: usize,
 }
 
 /// The state of the System One workloads: `n` events of a customer (as benches/systemone_cpu.py).
@@ -79,6 +84,53 @@ fn plan_shape(p: &onepass_decide::Plan) -> (usize, usize, usize) {
         rows.len(),
         lcp + total - lcp * rows.len(),
         total / rows.len().max(1),
+    )
+}
+
+/// Variant `i` of a workload's request: its state's note (bench_state's) followed by `i` more words, so its
+/// prefix has more tokens than variant `i - 1`'s.
+fn unseen_body(body: &[u8], i: usize) -> Result<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(body)?;
+    let note = v["state"]["note"]
+        .as_str()
+        .context("the workload's state has no note")?
+        .to_string();
+    v["state"]["note"] = json!(format!("{note}{}", " Again.".repeat(i)));
+    Ok(serde_json::to_vec(&v)?)
+}
+
+/// `n` requests of a workload (`body`) the engine has not seen, timed one at a time (unseen_body's variants 1..=n;
+/// planned first, untimed, to count their distinct shapes). Prints the line; → its JSON.
+fn time_unseen<B: onepass_decide::engine::Backend>(
+    e: &onepass_decide::Engine<B>,
+    body: &[u8],
+    n: usize,
+) -> Result<serde_json::Value> {
+    let bodies: Vec<Vec<u8>> = (1..=n)
+        .map(|i| unseen_body(body, i))
+        .collect::<Result<_>>()?;
+    let mut shapes = std::collections::BTreeSet::new();
+    for b in &bodies {
+        let p = plan_body(e, b)?;
+        shapes.insert(p.rows.iter().map(|r| r.ids.len()).collect::<Vec<_>>());
+    }
+    let mut t = Vec::with_capacity(n);
+    for b in &bodies {
+        let t0 = Instant::now();
+        e.system_one(b)?;
+        t.push(t0.elapsed().as_secs_f64());
+    }
+    t.sort_by(f64::total_cmp);
+    let (p50, p95) = (pct(&t, 0.5), pct(&t, 0.95));
+    eprintln!(
+        "  {n:>3} unseen requests, one at a time {:>9.2} {:>9.2}   ({} distinct row lengths; each request new to the \
+         engine)",
+        p50 * 1e3,
+        p95 * 1e3,
+        shapes.len()
+    );
+    Ok(
+        json!({"requests": n, "distinct_row_lengths": shapes.len(), "p50_ms": p50 * 1e3, "p95_ms": p95 * 1e3}),
     )
 }
 
@@ -315,6 +367,11 @@ fn bench_engine<B: onepass_decide::engine::Backend>(
             1.0 / mean_s,
             decisions as f64 / mean_s
         );
+        let unseen = if a.unseen > 0 {
+            time_unseen(e, body, a.unseen)?
+        } else {
+            serde_json::Value::Null
+        };
         // Saturating load: `b` copies of the planned request per engine call (the engine alone: no parse or plan).
         let mut sat = Vec::new();
         for &b in a.batch.iter().filter(|&&b| b > 0) {
@@ -336,7 +393,7 @@ fn bench_engine<B: onepass_decide::engine::Backend>(
         }
         report.push(json!({"workload": name, "rows": rows, "unique_tokens": unique, "mean_row_tokens": mean,
             "decisions": decisions, "plan_ms": plan_ms, "p50_ms": p50 * 1e3, "p95_ms": p95 * 1e3, "requests_per_s": 1.0 / mean_s,
-            "decisions_per_s": decisions as f64 / mean_s, "saturating": sat}));
+            "decisions_per_s": decisions as f64 / mean_s, "unseen": unseen, "saturating": sat}));
     }
     Ok(report)
 }

@@ -141,8 +141,8 @@ fn bad_input_is_a_message_and_a_non_zero_exit() {
 
 /// `bench-systemone` on the CPU, a synthetic checkpoint with the real Qwen3.5 tokenizer (tools/setup-testdata.sh):
 /// only the workloads asked for are timed (the first: 7 rows, the unique token count closest to 406 the state sizes
-/// reach), `--batch 0` runs no saturating load, and a workload or profiled workload out of 1..3 is an error before
-/// anything loads.
+/// reach), `--batch 0` runs no saturating load, `--unseen 3` times three requests of distinct lengths, and a workload
+/// or profiled workload out of 1..3 is an error before anything loads.
 #[test]
 fn bench_systemone_times_the_workloads_asked_for() {
     let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/qwen3_5-tokenizer");
@@ -172,6 +172,8 @@ fn bench_systemone_times_the_workloads_asked_for() {
         "1",
         "--profile-workload",
         "0",
+        "--unseen",
+        "3",
     ];
     let v = run_ok(&args, d.path());
     let w = v["workloads"].as_array().expect("workloads");
@@ -181,6 +183,10 @@ fn bench_systemone_times_the_workloads_asked_for() {
     assert!(unique.abs_diff(406) <= 20, "{unique} unique tokens");
     assert!(w[0]["p50_ms"].as_f64().expect("p50") > 0.0);
     assert_eq!(w[0]["saturating"], serde_json::json!([]), "{v}");
+    let unseen = &w[0]["unseen"];
+    assert_eq!(unseen["requests"], 3, "{v}");
+    assert_eq!(unseen["distinct_row_lengths"], 3, "{v}");
+    assert!(unseen["p50_ms"].as_f64().expect("unseen p50") > 0.0, "{v}");
     let m = d.path().to_str().expect("path");
     for (flag, value, want) in [
         ("--workloads", "4", "the workloads are 1 to 3"),
