@@ -192,50 +192,26 @@ KERNEL(simt) void gemv_half_8(const bf16_t* __restrict__ x, int ldx, int rows, i
 // (PLANES 2, split precision), in dynamic shared memory (2 * PLANES * K bytes); then as gemv_bf16 over those rows.
 // Every block forms the norm itself (x is read by every block, from L2), so no launch writes it. grid and wpr as
 // gemv_bf16, 256 threads; K a multiple of 8.
-// HALF (PLANES 1): the normed row rounded to f16 and w f16, the sums times alpha. GEMV_NORM_KEEP: values of the row
-// a thread holds in registers (rows to 8 x 256 = 2,048 values; longer ones are read in loops).
-#define GEMV_NORM_KEEP 8
+// HALF (PLANES 1): the normed row rounded to f16 and w f16, the sums times alpha.
 template <int PLANES, bool HALF = false>
 __device__ __forceinline__ void gemv_norm(const float* __restrict__ x, const float* __restrict__ gain, float eps,
                                           int K, const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y,
                                           int wpr, float alpha = 1.0f) {
     extern __shared__ float sm[];
     bf16_t* xs = (bf16_t*)sm;
-    const auto put = [&](int c, float v) {
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < K; c += blockDim.x) s += x[c] * x[c];
+    s = block_sum(s);
+    float inv = 1.0f / sqrtf(s / K + eps);
+    for (int c = threadIdx.x; c < K; c += blockDim.x) {
+        float v = x[c] * inv * gain[c];
         if (HALF) {
             xs[c] = f2h(v);
-            return;
+            continue;
         }
         bf16_t h = f2bf(v);
         xs[c] = h;
         if (PLANES == 2) xs[K + c] = f2bf(v - bf2f(h));
-    };
-    float s = 0.0f;
-    if (K <= GEMV_NORM_KEEP * (int)blockDim.x) {
-        // The row's values and gains in registers, every load issued before any is used (one round trip; the loops
-        // below wait for each value in turn, twice). The same sums and products in the same order.
-        float xv[GEMV_NORM_KEEP], gv[GEMV_NORM_KEEP];
-#pragma unroll
-        for (int u = 0; u < GEMV_NORM_KEEP; u++) {
-            const int c = threadIdx.x + u * blockDim.x;
-            xv[u] = c < K ? x[c] : 0.0f;
-            gv[u] = c < K ? gain[c] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_NORM_KEEP; u++)
-            if (threadIdx.x + u * blockDim.x < K) s += xv[u] * xv[u];
-        s = block_sum(s);
-        float inv = 1.0f / sqrtf(s / K + eps);
-#pragma unroll
-        for (int u = 0; u < GEMV_NORM_KEEP; u++) {
-            const int c = threadIdx.x + u * blockDim.x;
-            if (c < K) put(c, xv[u] * inv * gv[u]);
-        }
-    } else {
-        for (int c = threadIdx.x; c < K; c += blockDim.x) s += x[c] * x[c];
-        s = block_sum(s);
-        float inv = 1.0f / sqrtf(s / K + eps);
-        for (int c = threadIdx.x; c < K; c += blockDim.x) put(c, x[c] * inv * gain[c]);
     }
     __syncthreads();
     gemv_rows<2, 8, HALF>(xs, K, PLANES, PLANES, K, w, ldw, N, y, N, 0.0f, wpr, alpha);
