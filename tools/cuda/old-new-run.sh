@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One device run that holds a change to "same GPU behaviour, same speed": every GPU test of the NEW pack (with
 # --include-ignored: the GPU tests are #[ignore]d), then `bench-systemone` of the OLD and NEW binaries interleaved
-# (old, new, old, new, ...) on one synthetic Qwen3.5-0.8B checkpoint, split precision, so that both see the same
-# machine state. Packs are crates/cuda/gpu-pack.sh's pack.tar.gz of each build, carried as .devcarry/old-pack.tar.gz
-# and .devcarry/new-pack.tar.gz. Logs: $OUT/tests.log, $OUT/bench.log, $OUT/bench.jsonl (one JSON line per bench,
-# in run order), $OUT/summary.txt (the p50 table). ROUNDS: bench pairs (default 2); TESTS=0 skips the tests;
-# BENCH_ARGS: more bench-systemone arguments; PACKS: the packs benched in each round (default "old new";
-# .devcarry/NAME-pack.tar.gz each), the tests run from the last one's.
+# (old, new, old, new, ...) on one synthetic Qwen3.5-0.8B checkpoint, in precision PREC (default half, the default
+# mode), so that both see the same machine state. Packs are crates/cuda/gpu-pack.sh's pack.tar.gz of each build,
+# carried as .devcarry/old-pack.tar.gz and .devcarry/new-pack.tar.gz. Logs: $OUT/tests.log, $OUT/bench.log,
+# $OUT/bench.jsonl (one JSON line per bench, in run order), $OUT/timings.log, $OUT/summary.txt (the p50 table).
+# ROUNDS: bench pairs (default 2); TESTS=0 skips the tests (TESTS="a b": only those executables); BENCH_ARGS: more
+# bench-systemone arguments (e.g. "--unseen 20 --prefix-cache-mb 0"); TIMINGS: test executables whose timing tables
+# (their *_timings tests) run from every pack, before the bench (e.g. "attn_tc"); PACKS: the packs benched in each
+# round (default "old new"; .devcarry/NAME-pack.tar.gz each), the tests run from the last one's.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -19,8 +21,10 @@ done
 TOK=/tmp/$LAST/tokenizer
 mkdir -p testdata && ln -sfn $TOK testdata/qwen3_5-tokenizer
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/summary.txt"
-if [[ ${TESTS:-1} == 1 ]]; then
-  for t in $(ls /tmp/$LAST/bin | grep -v '^onepass$'); do
+if [[ ${TESTS:-1} != 0 ]]; then
+  list=${TESTS:-1}
+  [[ $list == 1 ]] && list=$(ls /tmp/$LAST/bin | grep -v '^onepass$')
+  for t in $list; do
     echo "== $t" | tee -a "$OUT/tests.log"
     timeout ${TEST_TIMEOUT:-240} /tmp/$LAST/bin/$t --include-ignored --skip timings --test-threads=1 --nocapture \
       >>"$OUT/tests.log" 2>&1
@@ -28,12 +32,21 @@ if [[ ${TESTS:-1} == 1 ]]; then
   done
   grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tee -a "$OUT/summary.txt"
 fi
+for t in ${TIMINGS:-}; do
+  for v in $PACKS; do
+    echo "== $v $t timings" | tee -a "$OUT/timings.log"
+    ONEPASS_CUDA_BENCH=1 timeout ${TEST_TIMEOUT:-240} /tmp/$v/bin/$t --include-ignored timings --test-threads=1 \
+      --nocapture >>"$OUT/timings.log" 2>&1
+    echo "== $v $t exit $?" | tee -a "$OUT/timings.log"
+  done
+done
 /tmp/$LAST/bin/onepass synth --preset qwen3.5-0.8b --out /tmp/q08 --tokenizer $TOK 2>&1 | tail -1
 echo '{"isolated_levels": true, "neutralize_none": false, "version": "bench"}' >/tmp/q08/decider_config.json
 for r in $(seq ${ROUNDS:-2}); do
   for v in $PACKS; do
-    echo "== round $r $v: bench-systemone --device cuda --gpu-precision split --reps 30 --batch-reps 2" | tee -a "$OUT/bench.log"
-    timeout ${BENCH_TIMEOUT:-150} /tmp/$v/bin/onepass bench-systemone --device cuda --gpu-precision split --model /tmp/q08 \
+    echo "== round $r $v: bench-systemone --device cuda --gpu-precision ${PREC:-half} --reps 30 --batch-reps 2" \
+      | tee -a "$OUT/bench.log"
+    timeout ${BENCH_TIMEOUT:-150} /tmp/$v/bin/onepass bench-systemone --device cuda --gpu-precision ${PREC:-half} --model /tmp/q08 \
       --reps 30 --batch-reps 2 ${BENCH_ARGS:-} 2>>"$OUT/bench.log" | sed "s/^/{\"binary\": \"$v\", \"round\": $r, \"report\": /; s/\$/}/" >>"$OUT/bench.jsonl"
     echo "== round $r $v exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
   done
@@ -41,9 +54,12 @@ done
 python3 - "$OUT/bench.jsonl" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print(f"{'binary':6} {'round':>5}  " + "  ".join(f"w{i + 1} p50 ms" for i in range(3)) + "   w1 8/call ms")
+print(f"{'binary':6} {'round':>5}  " + "  ".join(f"w{i + 1} p50 ms" for i in range(3)) + "   w1 8/call ms"
+      + "   unseen p50 ms (w1 w2 w3)")
 for r in rows:
     w = r["report"]["workloads"]
     sat = w[0]["saturating"][0]["ms_per_call"] if w and w[0]["saturating"] else float("nan")
-    print(f"{r['binary']:6} {r['round']:>5}  " + "  ".join(f"{x['p50_ms']:9.2f}" for x in w) + f"   {sat:11.2f}")
+    unseen = "  ".join(f"{x['unseen']['p50_ms']:7.2f}" for x in w if x.get("unseen"))
+    print(f"{r['binary']:6} {r['round']:>5}  " + "  ".join(f"{x['p50_ms']:9.2f}" for x in w) + f"   {sat:11.2f}"
+          + f"   {unseen}")
 EOF
