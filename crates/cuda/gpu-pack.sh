@@ -14,7 +14,7 @@ for l in sys.stdin:
         print(m["target"]["name"] + " " + m["executable"])')
 (( ${#TESTS[@]} )) || { echo "gpu-pack: no GPU test executables built (see the cargo output above)" >&2; exit 1; }
 rm -rf .devcarry/pack && mkdir -p .devcarry/pack/bin
-cp target/release/onepass .devcarry/pack/bin/onepass
+cp "${CARGO_TARGET_DIR:-target}/release/onepass" .devcarry/pack/bin/onepass
 for t in "${TESTS[@]}"; do
   set -- $t
   cp "$2" ".devcarry/pack/bin/$1"  # ONLY="ops forward": cargo built just these
