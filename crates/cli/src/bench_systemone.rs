@@ -100,7 +100,7 @@ fn unseen_body(body: &[u8], i: usize) -> Result<Vec<u8>> {
 }
 
 /// `n` requests of a workload (`body`) the engine has not seen, timed one at a time (unseen_body's variants 1..=n;
-/// planned first, untimed, to count their distinct shapes). Prints the line; → its JSON.
+/// planned first, untimed, to count their distinct row lengths). Prints the line; → its JSON.
 fn time_unseen<B: onepass_decide::engine::Backend>(
     e: &onepass_decide::Engine<B>,
     body: &[u8],
