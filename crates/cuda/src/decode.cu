@@ -109,30 +109,15 @@ __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx,
     for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
     if (live) {
         const bf16_t* wr = w + (idx_t)n * ldw;
-        const int step = 256 * wpr;
-        // UNROLL weight loads issued before any is used (a loop unrolled by the compiler kept one in flight: each
-        // copy's load waited behind the bound check and the products of the copy before). The sums as before: each
-        // row's in order of c.
-        for (int c0 = (slice * 32 + lane) * 8; c0 < K; c0 += UNROLL * step) {
-            uint4 wv[UNROLL];
+#pragma unroll UNROLL
+        for (int c = (slice * 32 + lane) * 8; c < K; c += 256 * wpr) {
+            uint4 wv = __ldg((const uint4*)(wr + c));
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++) {
-                const int c = c0 + u * step;
-                wv[u] = c < K ? __ldg((const uint4*)(wr + c)) : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int u = 0; u < UNROLL; u++) {
-                const int c = c0 + u * step;
-                if (c < K) {
-                    uint4 xv[ROWS];  // the rows' values at c, loaded together (then each row's product)
-#pragma unroll
-                    for (int r = 0; r < ROWS; r++)
-                        xv[r] = r < rows ? *(const uint4*)(x + (idx_t)r * ldx + c) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-                    for (int r = 0; r < ROWS; r++)
-                        if (r < rows) acc[r] += dot8<HALF>(wv[u], xv[r]);
+            for (int r = 0; r < ROWS; r++)
+                if (r < rows) {
+                    uint4 xv = *(const uint4*)(x + (idx_t)r * ldx + c);
+                    acc[r] += dot8<HALF>(wv, xv);
                 }
-            }
         }
     }
 #pragma unroll
