@@ -35,7 +35,7 @@ fi
 for t in ${TIMINGS:-}; do
   for v in $PACKS; do
     echo "== $v $t timings" | tee -a "$OUT/timings.log"
-    ONEPASS_CUDA_BENCH=1 timeout ${TEST_TIMEOUT:-240} /tmp/$v/bin/$t --include-ignored timings --test-threads=1 \
+    timeout ${TEST_TIMEOUT:-240} /tmp/$v/bin/$t --include-ignored timings --test-threads=1 \
       --nocapture >>"$OUT/timings.log" 2>&1
     echo "== $v $t exit $?" | tee -a "$OUT/timings.log"
   done
