@@ -15,7 +15,7 @@
 
 use crate::launch;
 use crate::ops::{self, GdnDims, GDN_CHUNK};
-use crate::runtime::{cfg, Arith, Gpu};
+use crate::runtime::{cfg, Arith, Gpu, BLOCK_RESERVED_SMEM};
 use crate::CudaError;
 
 /// Threads per block (16 warps, `GTP_NW` in gdn_prep_tc.cu): one block per multiprocessor
@@ -82,7 +82,7 @@ pub fn gdn_tc_prep_shape(
     let items = pairs.max(1) * d.hv;
     let nslice = gdn_tc_prep_slices(d, items, g.sms);
     let sms = g.sms.max(1);
-    let paired_fits = 2 * (gdn_tc_prep_smem(d, 1, nseg) + 1024) <= g.sm_smem;
+    let paired_fits = 2 * (gdn_tc_prep_smem(d, 1, nseg) + BLOCK_RESERVED_SMEM) <= g.sm_smem;
     let one_round = items * nslice > sms && items * nslice <= 2 * sms;
     let many_short = items * nslice > 8 * sms && rows < 48 * pairs;
     if paired_fits && (one_round || many_short) {

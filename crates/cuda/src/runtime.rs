@@ -240,6 +240,10 @@ impl Arith {
     }
 }
 
+/// Shared memory (bytes) the driver reserves for each resident block on compute capability 8.0 and later, beside its
+/// dynamic shared memory: what [`Gpu::sm_smem`] must hold per block when several share a multiprocessor.
+pub const BLOCK_RESERVED_SMEM: usize = 1024;
+
 /// A device with the onepass kernels loaded.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -250,7 +254,7 @@ pub struct Gpu {
     /// Largest dynamic shared memory one block may opt into (bytes).
     pub max_smem: usize,
     /// Shared memory of one multiprocessor (bytes), which the blocks resident on it share (each block also
-    /// reserves 1 KiB of it).
+    /// reserves [`BLOCK_RESERVED_SMEM`] of it).
     pub sm_smem: usize,
     /// Multiprocessors (grid sizing of the launchers).
     pub sms: usize,
