@@ -203,8 +203,8 @@ fn gdn_tc_prep_timings() {
             time(&|| gdn_tc_prep(&g, Arith::Tf32, x, cd, gp, bp, sp, ns, d, n, ml, w2).unwrap());
         // 1xTF32 in each block size, whatever the launcher picks: the 16-warp blocks as the launcher shapes them
         // without the 8-warp rule, the 8-warp ones two a multiprocessor, one buffer.
-        let items = lens.iter().map(|l| l.div_ceil(GDN_CHUNK)).sum::<usize>() * d.hv;
         let chunks = lens.iter().map(|l| l.div_ceil(GDN_CHUNK)).sum::<usize>();
+        let items = chunks * d.hv;
         let picked = gdn_tc_prep_shape(&g, d, n, ns, ml, chunks);
         let s16 = (1, items.min(g.sms), if items > g.sms { 2 } else { 1 }, 16);
         let s8 = (1, items.min(2 * g.sms), 1, WARPS_PAIRED);
