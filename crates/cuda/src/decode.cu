@@ -21,39 +21,29 @@ KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float
     int jj = threadIdx.x % STEP_COLS, rg = threadIdx.x / STEP_COLS;
     int j = blockIdx.y * STEP_COLS + jj;
     bool col = j < dv;
-    // Two round trips of loads: the row and the state's address, then everything else (q, k, the gates, this
-    // column's v and its state rows) before any is used (loaded where first used, about 20: ptxas waited for each
-    // of the 16 state rows before loading the next).
     int row = seg[3 * s];
-    float* S = (float*)states[s] + (idx_t)h * dk * dv;
     int kh = h / (hv / hk);
     const float* xr = qkv + (idx_t)row * ld;
-    const float gr = g[(idx_t)row * hv + h], b = beta[(idx_t)row * hv + h];
-    const float vj = col ? xr[2 * hk * dk + h * dv + j] : 0.0f;
-    float sv[STEP_ROWS];
-#pragma unroll
-    for (int i = 0; i < STEP_ROWS; i++) {
-        int c = rg + STEP_GROUPS * i;
-        sv[i] = (col && c < dk) ? S[(idx_t)c * dv + j] : 0.0f;
-    }
     for (int c = threadIdx.x; c < dk; c += blockDim.x) {
         q[c] = xr[kh * dk + c];
         k[c] = xr[hk * dk + kh * dk + c];
     }
     __syncthreads();
-    float decay = expf(gr);
+    float decay = expf(g[(idx_t)row * hv + h]), b = beta[(idx_t)row * hv + h];
+    float* S = (float*)states[s] + (idx_t)h * dk * dv;
+    float sv[STEP_ROWS];
     float kv = 0.0f;
 #pragma unroll
     for (int i = 0; i < STEP_ROWS; i++) {
         int c = rg + STEP_GROUPS * i;
-        sv[i] = (col && c < dk) ? sv[i] * decay : 0.0f;
+        sv[i] = (col && c < dk) ? S[(idx_t)c * dv + j] * decay : 0.0f;
         if (c < dk) kv += sv[i] * k[c];
     }
     red[rg][jj] = kv;
     __syncthreads();
     float total = 0.0f;
     for (int r = 0; r < STEP_GROUPS; r++) total += red[r][jj];
-    float d = col ? (vj - total) * b : 0.0f;
+    float d = col ? (xr[2 * hk * dk + h * dv + j] - total) * b : 0.0f;
     __syncthreads();
     float o = 0.0f;
 #pragma unroll
@@ -119,30 +109,15 @@ __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ x, int ldx,
     for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
     if (live) {
         const bf16_t* wr = w + (idx_t)n * ldw;
-        const int step = 256 * wpr;
-        // UNROLL weight loads issued before any is used (a loop unrolled by the compiler kept one in flight: each
-        // copy's load waited behind the bound check and the products of the copy before). The sums as before: each
-        // row's in order of c.
-        for (int c0 = (slice * 32 + lane) * 8; c0 < K; c0 += UNROLL * step) {
-            uint4 wv[UNROLL];
+#pragma unroll UNROLL
+        for (int c = (slice * 32 + lane) * 8; c < K; c += 256 * wpr) {
+            uint4 wv = __ldg((const uint4*)(wr + c));
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++) {
-                const int c = c0 + u * step;
-                wv[u] = c < K ? __ldg((const uint4*)(wr + c)) : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int u = 0; u < UNROLL; u++) {
-                const int c = c0 + u * step;
-                if (c < K) {
-                    uint4 xv[ROWS];  // the rows' values at c, loaded together (then each row's product)
-#pragma unroll
-                    for (int r = 0; r < ROWS; r++)
-                        xv[r] = r < rows ? *(const uint4*)(x + (idx_t)r * ldx + c) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-                    for (int r = 0; r < ROWS; r++)
-                        if (r < rows) acc[r] += dot8<HALF>(wv[u], xv[r]);
+            for (int r = 0; r < ROWS; r++)
+                if (r < rows) {
+                    uint4 xv = *(const uint4*)(x + (idx_t)r * ldx + c);
+                    acc[r] += dot8<HALF>(wv, xv);
                 }
-            }
         }
     }
 #pragma unroll
@@ -217,50 +192,26 @@ KERNEL(simt) void gemv_half_8(const bf16_t* __restrict__ x, int ldx, int rows, i
 // (PLANES 2, split precision), in dynamic shared memory (2 * PLANES * K bytes); then as gemv_bf16 over those rows.
 // Every block forms the norm itself (x is read by every block, from L2), so no launch writes it. grid and wpr as
 // gemv_bf16, 256 threads; K a multiple of 8.
-// HALF (PLANES 1): the normed row rounded to f16 and w f16, the sums times alpha. GEMV_NORM_KEEP: values of the row
-// a thread holds in registers (rows to 8 x 256 = 2,048 values; longer ones are read in loops).
-#define GEMV_NORM_KEEP 8
+// HALF (PLANES 1): the normed row rounded to f16 and w f16, the sums times alpha.
 template <int PLANES, bool HALF = false>
 __device__ __forceinline__ void gemv_norm(const float* __restrict__ x, const float* __restrict__ gain, float eps,
                                           int K, const bf16_t* __restrict__ w, int ldw, int N, float* __restrict__ y,
                                           int wpr, float alpha = 1.0f) {
     extern __shared__ float sm[];
     bf16_t* xs = (bf16_t*)sm;
-    const auto put = [&](int c, float v) {
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < K; c += blockDim.x) s += x[c] * x[c];
+    s = block_sum(s);
+    float inv = 1.0f / sqrtf(s / K + eps);
+    for (int c = threadIdx.x; c < K; c += blockDim.x) {
+        float v = x[c] * inv * gain[c];
         if (HALF) {
             xs[c] = f2h(v);
-            return;
+            continue;
         }
         bf16_t h = f2bf(v);
         xs[c] = h;
         if (PLANES == 2) xs[K + c] = f2bf(v - bf2f(h));
-    };
-    float s = 0.0f;
-    if (K <= GEMV_NORM_KEEP * (int)blockDim.x) {
-        // The row's values and gains in registers, every load issued before any is used (one round trip; the loops
-        // below wait for each value in turn, twice). The same sums and products in the same order.
-        float xv[GEMV_NORM_KEEP], gv[GEMV_NORM_KEEP];
-#pragma unroll
-        for (int u = 0; u < GEMV_NORM_KEEP; u++) {
-            const int c = threadIdx.x + u * blockDim.x;
-            xv[u] = c < K ? x[c] : 0.0f;
-            gv[u] = c < K ? gain[c] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_NORM_KEEP; u++)
-            if (threadIdx.x + u * blockDim.x < K) s += xv[u] * xv[u];
-        s = block_sum(s);
-        float inv = 1.0f / sqrtf(s / K + eps);
-#pragma unroll
-        for (int u = 0; u < GEMV_NORM_KEEP; u++) {
-            const int c = threadIdx.x + u * blockDim.x;
-            if (c < K) put(c, xv[u] * inv * gv[u]);
-        }
-    } else {
-        for (int c = threadIdx.x; c < K; c += blockDim.x) s += x[c] * x[c];
-        s = block_sum(s);
-        float inv = 1.0f / sqrtf(s / K + eps);
-        for (int c = threadIdx.x; c < K; c += blockDim.x) put(c, x[c] * inv * gain[c]);
     }
     __syncthreads();
     gemv_rows<2, 8, HALF>(xs, K, PLANES, PLANES, K, w, ldw, N, y, N, 0.0f, wpr, alpha);
