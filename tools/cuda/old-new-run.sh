@@ -8,7 +8,9 @@
 # ROUNDS: bench pairs (default 2); TESTS=0 skips the tests (TESTS="a b": only those executables); BENCH_ARGS: more
 # bench-systemone arguments (e.g. "--unseen 20 --prefix-cache-mb 0"); TIMINGS: test executables whose timing tables
 # (their *_timings tests) run from every pack, before the bench (e.g. "attn_tc"); PACKS: the packs benched in each
-# round (default "old new"; .devcarry/NAME-pack.tar.gz each), the tests run from the last one's.
+# round (default "old new"; .devcarry/NAME-pack.tar.gz each), the tests run from the last one's. TESTS_PAR: test
+# executables run at once (default 1; their logs are joined in list order); PHASES: what runs, in order (default
+# "tests timings bench"; "timings tests bench" takes the timing tables before anything else has warmed the GPU).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -21,37 +23,48 @@ done
 TOK=/tmp/$LAST/tokenizer
 mkdir -p testdata && ln -sfn $TOK testdata/qwen3_5-tokenizer
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/summary.txt"
-if [[ ${TESTS:-1} != 0 ]]; then
-  list=${TESTS:-1}
+run_tests() {
+  [[ ${TESTS:-1} != 0 ]] || return 0
+  local list=${TESTS:-1} t n=0
   [[ $list == 1 ]] && list=$(ls /tmp/$LAST/bin | grep -v '^onepass$')
   for t in $list; do
-    echo "== $t" | tee -a "$OUT/tests.log"
-    timeout ${TEST_TIMEOUT:-240} /tmp/$LAST/bin/$t --include-ignored --skip timings --test-threads=1 --nocapture \
-      >>"$OUT/tests.log" 2>&1
-    echo "== $t exit $?" | tee -a "$OUT/tests.log"
+    (timeout ${TEST_TIMEOUT:-240} /tmp/$LAST/bin/$t --include-ignored --skip timings --test-threads=1 --nocapture \
+      >"/tmp/test-$t.log" 2>&1; echo "== $t exit $?" >>"/tmp/test-$t.log") &
+    (( ++n % ${TESTS_PAR:-1} )) || wait
+  done
+  wait
+  for t in $list; do
+    { echo "== $t"; cat "/tmp/test-$t.log"; } >>"$OUT/tests.log"
+    tail -1 "/tmp/test-$t.log"
   done
   grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tee -a "$OUT/summary.txt"
-fi
-for t in ${TIMINGS:-}; do
-  for v in $PACKS; do
-    echo "== $v $t timings" | tee -a "$OUT/timings.log"
-    timeout ${TEST_TIMEOUT:-240} /tmp/$v/bin/$t --include-ignored timings --test-threads=1 \
-      --nocapture >>"$OUT/timings.log" 2>&1
-    echo "== $v $t exit $?" | tee -a "$OUT/timings.log"
+}
+run_timings() {
+  local t v
+  for t in ${TIMINGS:-}; do
+    for v in $PACKS; do
+      echo "== $v $t timings" | tee -a "$OUT/timings.log"
+      timeout ${TEST_TIMEOUT:-240} /tmp/$v/bin/$t --include-ignored timings --test-threads=1 --nocapture \
+        >>"$OUT/timings.log" 2>&1
+      echo "== $v $t exit $?" | tee -a "$OUT/timings.log"
+    done
   done
-done
-/tmp/$LAST/bin/onepass synth --preset qwen3.5-0.8b --out /tmp/q08 --tokenizer $TOK 2>&1 | tail -1
-echo '{"isolated_levels": true, "neutralize_none": false, "version": "bench"}' >/tmp/q08/decider_config.json
-for r in $(seq ${ROUNDS:-2}); do
-  for v in $PACKS; do
-    echo "== round $r $v: bench-systemone --device cuda --gpu-precision ${PREC:-half} --reps 30 --batch-reps 2" \
-      | tee -a "$OUT/bench.log"
-    timeout ${BENCH_TIMEOUT:-150} /tmp/$v/bin/onepass bench-systemone --device cuda --gpu-precision ${PREC:-half} --model /tmp/q08 \
-      --reps 30 --batch-reps 2 ${BENCH_ARGS:-} 2>>"$OUT/bench.log" | sed "s/^/{\"binary\": \"$v\", \"round\": $r, \"report\": /; s/\$/}/" >>"$OUT/bench.jsonl"
-    echo "== round $r $v exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+}
+run_bench() {
+  local r v
+  /tmp/$LAST/bin/onepass synth --preset qwen3.5-0.8b --out /tmp/q08 --tokenizer $TOK 2>&1 | tail -1
+  echo '{"isolated_levels": true, "neutralize_none": false, "version": "bench"}' >/tmp/q08/decider_config.json
+  for r in $(seq ${ROUNDS:-2}); do
+    for v in $PACKS; do
+      echo "== round $r $v: bench-systemone --device cuda --gpu-precision ${PREC:-half} --reps 30 --batch-reps 2" \
+        | tee -a "$OUT/bench.log"
+      timeout ${BENCH_TIMEOUT:-150} /tmp/$v/bin/onepass bench-systemone --device cuda --gpu-precision ${PREC:-half} \
+        --model /tmp/q08 --reps 30 --batch-reps 2 ${BENCH_ARGS:-} 2>>"$OUT/bench.log" |
+        sed "s/^/{\"binary\": \"$v\", \"round\": $r, \"report\": /; s/\$/}/" >>"$OUT/bench.jsonl"
+      echo "== round $r $v exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+    done
   done
-done
-python3 - "$OUT/bench.jsonl" <<'EOF' | tee -a "$OUT/summary.txt"
+  python3 - "$OUT/bench.jsonl" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print(f"{'binary':6} {'round':>5}  " + "  ".join(f"w{i + 1} p50 ms" for i in range(3)) + "   w1 8/call ms"
@@ -63,3 +76,7 @@ for r in rows:
     print(f"{r['binary']:6} {r['round']:>5}  " + "  ".join(f"{x['p50_ms']:9.2f}" for x in w) + f"   {sat:11.2f}"
           + f"   {unseen}")
 EOF
+}
+for phase in ${PHASES:-tests timings bench}; do
+  run_$phase
+done
