@@ -369,8 +369,8 @@ impl CudaModel {
     }
 
     /// Runs `f` (one forward's launches of shape `s`, over the persistent scratch) through a CUDA graph when this shape
-    /// was seen before (the first sight runs them directly, so one-off shapes never pay a capture; GEMM tuning also
-    /// happens on that first run).
+    /// was seen before (the first sight runs them directly, so one-off shapes never pay a capture; the second captures
+    /// and instantiates the graph, then launches it).
     pub(super) fn graphed(
         &self,
         s: Shape,
