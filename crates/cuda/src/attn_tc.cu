@@ -49,10 +49,17 @@ __device__ __forceinline__ bool atc_work(AtcWork& w, const int* seg, const u64* 
     w.kh = (int)blockIdx.x % HKV;
     int bx = (int)blockIdx.x / HKV;
     int s = nseg - 1 - (int)blockIdx.y;
+    // The segment's row of `seg` and its KV table entries, loaded together before the exits below: one round trip.
     w.start = seg[3 * s];
     int len = seg[3 * s + 1];
     w.pos0 = seg[3 * s + 2];
-    if (len <= 0) return false;
+    const u64* kvs = kv + KV_ENTRIES * s;
+    u64 e[KV_ENTRIES];
+#pragma unroll
+    for (int i = 0; i < KV_ENTRIES; i++) e[i] = kvs[i];
+    // len <= 0, in one test that also reads start, pos0 and the base length (never negative): it keeps their loads
+    // with the others (a load nothing reads before an exit was issued after it, another round trip).
+    if (min(len - 1, w.start | w.pos0 | (int)e[KV_ENTRIES - 1]) < 0) return false;
     int sns = atc_seg_splits(len, TQ, HKV, ns, target), tiles = (len + TQ - 1) / TQ;
     if (bx >= tiles * sns) return false;
     int tile = tiles - 1 - bx / sns;
@@ -65,12 +72,11 @@ __device__ __forceinline__ bool atc_work(AtcWork& w, const int* seg, const u64* 
     if (w.split >= w.used) return false;
     w.kbeg = w.split * chunk;
     w.kend = min(nkeys, w.kbeg + chunk);
-    const u64* kvs = kv + KV_ENTRIES * s;
-    w.ko = (const float*)kvs[0];
-    w.vo = (const float*)kvs[1];
-    w.kb = (const float*)kvs[2];
-    w.vb = (const float*)kvs[3];
-    w.base = (int)kvs[4];
+    w.ko = (const float*)e[0];
+    w.vo = (const float*)e[1];
+    w.kb = (const float*)e[2];
+    w.vb = (const float*)e[3];
+    w.base = (int)e[4];
     return true;
 }
 
@@ -195,11 +201,59 @@ __device__ __forceinline__ void atc_softmax(float (&sc)[NJ][4], float (&o)[NT][4
 // The block's result: o[nt][e] is (row e < 2 ? r0 : r1, column 8nt + 2tg + (e & 1)). With one split, the gated,
 // normalised output; else the partial row ((split, token row), head): output [.., D], and (max in base-2 units,
 // sum) after all outputs. D % 4 == 0, so c < D means c + 1 < D.
+// The gated store reads the gate (one value per output) in groups of ATC_GATE column tiles, every load of a group
+// issued before any is used: element by element, each load waited for the sigmoid's division (its slow path a
+// call) of the one before, so a one-split block spent one L2 round trip per output value of its lane (128 at
+// D = 256; likely the fixed cost of short attention, read from the disassembly, not profiled). The products are
+// the same, in the same order.
+#define ATC_GATE 8
 template <int NT>
 __device__ __forceinline__ void atc_store(const float (&o)[NT][4], const AtcWork& w, int r0, int p0, int p1,
                                           float m0, float m1, float l0, float l1, const float* __restrict__ proj,
                                           int ld, int H, int G, int D, void* out, int mode, int ns, int nrows,
                                           float* __restrict__ scratch, int tg) {
+    if (w.used == 1) {
+        const float* gate[2];
+        idx_t ob[2];
+        float inv[2];
+        bool ok[2];
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int r = r0 + 8 * half, t = r / G, h = w.kh * G + (r - t * G);
+            idx_t n = w.start + w.t0 + t;
+            ok[half] = (half ? p1 : p0) >= 0;
+            gate[half] = proj + n * ld + h * 2 * D + D;
+            ob[half] = n * H * D + h * D;
+            inv[half] = ok[half] ? 1.0f / (half ? l1 : l0) : 0.0f;
+        }
+        constexpr int GN = NT < ATC_GATE ? NT : ATC_GATE;
+#pragma unroll
+        for (int n0 = 0; n0 < NT; n0 += GN) {
+            float gv[2][GN][2];
+#pragma unroll
+            for (int half = 0; half < 2; half++)
+#pragma unroll
+                for (int j = 0; j < GN; j++) {
+                    int c = (n0 + j) * 8 + 2 * tg;
+                    bool in = ok[half] && c < D;
+                    gv[half][j][0] = in ? gate[half][c] : 0.0f;
+                    gv[half][j][1] = in ? gate[half][c + 1] : 0.0f;
+                }
+#pragma unroll
+            for (int half = 0; half < 2; half++)
+#pragma unroll
+                for (int j = 0; j < GN; j++) {
+                    int c = (n0 + j) * 8 + 2 * tg;
+                    if (ok[half] && c < D) {
+                        store_act(out, ob[half] + c, o[n0 + j][2 * half] * inv[half] * sigmoid_f(gv[half][j][0]),
+                                  mode);
+                        store_act(out, ob[half] + c + 1,
+                                  o[n0 + j][2 * half + 1] * inv[half] * sigmoid_f(gv[half][j][1]), mode);
+                    }
+                }
+        }
+        return;
+    }
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         int r = r0 + 8 * half;
@@ -207,34 +261,17 @@ __device__ __forceinline__ void atc_store(const float (&o)[NT][4], const AtcWork
         float m = half ? m1 : m0, l = half ? l1 : l0;
         int t = r / G, h = w.kh * G + (r - t * G);
         idx_t n = w.start + w.t0 + t;
-        if (w.used == 1) {
-            const float* gate = proj + n * ld + h * 2 * D + D;
-            float inv = 1.0f / l;
+        idx_t pr = ((idx_t)w.split * nrows + n) * H + h;
+        float* po = scratch + pr * D;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                int c = nt * 8 + 2 * tg;
-                if (c < D) {
-                    idx_t oi = n * H * D + h * D + c;
-                    store_act(out, oi, o[nt][2 * half] * inv * sigmoid_f(gate[c]), mode);
-                    store_act(out, oi + 1, o[nt][2 * half + 1] * inv * sigmoid_f(gate[c + 1]), mode);
-                }
-            }
-        } else {
-            idx_t pr = ((idx_t)w.split * nrows + n) * H + h;
-            float* po = scratch + pr * D;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                int c = nt * 8 + 2 * tg;
-                if (c < D) {
-                    po[c] = o[nt][2 * half];
-                    po[c + 1] = o[nt][2 * half + 1];
-                }
-            }
-            if (tg == 0) {
-                float* ml = scratch + (idx_t)ns * nrows * H * D + pr * 2;
-                ml[0] = m;
-                ml[1] = l;
-            }
+        for (int nt = 0; nt < NT; nt++) {
+            int c = nt * 8 + 2 * tg;
+            if (c < D) *(float2*)(po + c) = make_float2(o[nt][2 * half], o[nt][2 * half + 1]);  // D, c even
+        }
+        if (tg == 0) {
+            float* ml = scratch + (idx_t)ns * nrows * H * D + pr * 2;
+            ml[0] = m;
+            ml[1] = l;
         }
     }
 }
@@ -563,16 +600,17 @@ __device__ __forceinline__ void ath_load_keys(unsigned dst, u64 bas, u64 own, un
 }
 
 // The Q tile (f32, [N, H, D]) into Qh [ATC_M][LDH] as f16: the same thread columns as ath_load_keys, rows past the
-// tile and columns >= D zeros. Four rows' loads in flight at a time.
+// tile and columns >= D zeros. Up to eight rows' loads in flight at a time (two round trips at Dp = 256, where four
+// rows at a time took four).
 template <int NT, int LDH>
 __device__ __forceinline__ void ath_load_q(unsigned short* Qh, const float* q, const AtcWork& w, int H, int G, int D,
                                            int r0, int c8) {
-    constexpr int STEP = 128 / NT;
+    constexpr int STEP = 128 / NT, QB = ATC_M / STEP < 8 ? ATC_M / STEP : 8;
 #pragma unroll 1
-    for (int j0 = 0; j0 < ATC_M / STEP; j0 += 4) {
-        float4 v[4][2];
+    for (int j0 = 0; j0 < ATC_M / STEP; j0 += QB) {
+        float4 v[QB][2];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < QB; j++) {
             const int r = r0 + (j0 + j) * STEP, t = r / G, hg = r - t * G;
             v[j][0] = v[j][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (t < w.nq && c8 < D) {
@@ -582,7 +620,7 @@ __device__ __forceinline__ void ath_load_q(unsigned short* Qh, const float* q, c
             }
         }
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < QB; j++) {
             const int r = r0 + (j0 + j) * STEP;
             *(uint4*)(Qh + r * LDH + c8) = make_uint4(tc_f16x2(v[j][0].x, v[j][0].y), tc_f16x2(v[j][0].z, v[j][0].w),
                                                       tc_f16x2(v[j][1].x, v[j][1].y), tc_f16x2(v[j][1].z, v[j][1].w));
@@ -723,7 +761,8 @@ KERNEL(simt) void __launch_bounds__(256)
     int pair = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31, s = blockIdx.y;
     int t = pair / H, h = pair - t * H;
     int start = seg[3 * s], len = seg[3 * s + 1], pos0 = seg[3 * s + 2];
-    if (t >= len) return;  // the whole warp
+    // t >= len (the whole warp), in one test that also reads start and pos0 (never negative): one round trip.
+    if (min(len - 1 - t, start | pos0) < 0) return;
     int TQ = ATC_M / (H / HKV);
     int t0 = t / TQ * TQ;
     int nkeys = pos0 + t0 + min(TQ, len - t0);
@@ -733,6 +772,17 @@ KERNEL(simt) void __launch_bounds__(256)
     idx_t stride = (idx_t)nrows * H;             // partial rows between splits
     idx_t row = ((idx_t)start + t) * H + h;      // partial row of (split 0, this token, this head)
     const float* ml = scratch + (idx_t)ns * stride * D;
+    const idx_t n = start + t;
+    // The gate's values, loaded with the maxima and sums below (one round trip, not one per value: atc_store).
+    const float* gate = proj + n * ld + h * 2 * D + D;
+    float gv[2][4];
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int c = 4 * lane + 128 * k + i;
+            gv[k][i] = c < D ? gate[c] : 0.0f;
+        }
     float w[ATC_MAX_SPLITS], lj[ATC_MAX_SPLITS];
     float mx = __int_as_float(0xff800000);
 #pragma unroll
@@ -749,7 +799,6 @@ KERNEL(simt) void __launch_bounds__(256)
         l += w[j] * lj[j];
     }
     const float inv = 1.0f / l;
-    const idx_t n = start + t;
 #pragma unroll
     for (int k = 0; k < 2; k++) {  // D <= 256
         const int c = 4 * lane + 128 * k;
@@ -765,11 +814,10 @@ KERNEL(simt) void __launch_bounds__(256)
                 acc.w += w[j] * v.w;
             }
         }
-        const float* gate = proj + n * ld + h * 2 * D + D + c;
         idx_t oi = n * H * D + h * D + c;
-        store_act(out, oi, acc.x * inv * sigmoid_f(gate[0]), mode);
-        store_act(out, oi + 1, acc.y * inv * sigmoid_f(gate[1]), mode);
-        store_act(out, oi + 2, acc.z * inv * sigmoid_f(gate[2]), mode);
-        store_act(out, oi + 3, acc.w * inv * sigmoid_f(gate[3]), mode);
+        store_act(out, oi, acc.x * inv * sigmoid_f(gv[k][0]), mode);
+        store_act(out, oi + 1, acc.y * inv * sigmoid_f(gv[k][1]), mode);
+        store_act(out, oi + 2, acc.z * inv * sigmoid_f(gv[k][2]), mode);
+        store_act(out, oi + 3, acc.w * inv * sigmoid_f(gv[k][3]), mode);
     }
 }

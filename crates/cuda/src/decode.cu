@@ -21,29 +21,39 @@ KERNEL(simt) void gdn_step(const float* qkv, int ld, const float* g, const float
     int jj = threadIdx.x % STEP_COLS, rg = threadIdx.x / STEP_COLS;
     int j = blockIdx.y * STEP_COLS + jj;
     bool col = j < dv;
+    // Two round trips of loads: the row and the state's address, then everything else (q, k, the gates, this
+    // column's v and its state rows) before any is used (loaded where first used, about 20: ptxas waited for each
+    // of the 16 state rows before loading the next).
     int row = seg[3 * s];
+    float* S = (float*)states[s] + (idx_t)h * dk * dv;
     int kh = h / (hv / hk);
     const float* xr = qkv + (idx_t)row * ld;
+    const float gr = g[(idx_t)row * hv + h], b = beta[(idx_t)row * hv + h];
+    const float vj = col ? xr[2 * hk * dk + h * dv + j] : 0.0f;
+    float sv[STEP_ROWS];
+#pragma unroll
+    for (int i = 0; i < STEP_ROWS; i++) {
+        int c = rg + STEP_GROUPS * i;
+        sv[i] = (col && c < dk) ? S[(idx_t)c * dv + j] : 0.0f;
+    }
     for (int c = threadIdx.x; c < dk; c += blockDim.x) {
         q[c] = xr[kh * dk + c];
         k[c] = xr[hk * dk + kh * dk + c];
     }
     __syncthreads();
-    float decay = expf(g[(idx_t)row * hv + h]), b = beta[(idx_t)row * hv + h];
-    float* S = (float*)states[s] + (idx_t)h * dk * dv;
-    float sv[STEP_ROWS];
+    float decay = expf(gr);
     float kv = 0.0f;
 #pragma unroll
     for (int i = 0; i < STEP_ROWS; i++) {
         int c = rg + STEP_GROUPS * i;
-        sv[i] = (col && c < dk) ? S[(idx_t)c * dv + j] * decay : 0.0f;
+        sv[i] = (col && c < dk) ? sv[i] * decay : 0.0f;
         if (c < dk) kv += sv[i] * k[c];
     }
     red[rg][jj] = kv;
     __syncthreads();
     float total = 0.0f;
     for (int r = 0; r < STEP_GROUPS; r++) total += red[r][jj];
-    float d = col ? (xr[2 * hk * dk + h * dv + j] - total) * b : 0.0f;
+    float d = col ? (vj - total) * b : 0.0f;
     __syncthreads();
     float o = 0.0f;
 #pragma unroll

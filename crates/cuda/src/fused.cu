@@ -22,20 +22,37 @@ KERNEL(simt) void add2_rms_norm(float* x, int ldx, const float* __restrict__ f, 
 }
 
 // The gates of rows n0 .. n0 + nt - 1: g = neg_a * softplus(a + dt_bias), beta = sigmoid(b), one (row, head) per
-// lane and step (the rows' loads in flight together, not one row's after another's).
+// lane and step, four steps' loads issued before any is used (in one loop each step's loads waited for the step
+// before: its stores and the sigmoid's division, whose slow path is a call, came first).
+#define GATE_STEPS 4
 __device__ __forceinline__ void gdn_gates_rows(const float* __restrict__ x, int ld, int n0, int nt, int off_a,
                                                int off_b, const float* __restrict__ neg_a,
                                                const float* __restrict__ dt_bias, int hv, float* __restrict__ g,
                                                float* __restrict__ beta, int lane) {
-#pragma unroll 4
-    for (int i = lane; i < nt * hv; i += 32) {
-        const int n = n0 + i / hv, h = i % hv;
-        float a = x[(idx_t)n * ld + off_a + h] + dt_bias[h];
-        float sp = a > 20.0f ? a : log1pf(expf(a));
-        g[(idx_t)n * hv + h] = neg_a[h] * sp;
-        beta[(idx_t)n * hv + h] = sigmoid_f(x[(idx_t)n * ld + off_b + h]);
+    for (int i0 = lane; i0 < nt * hv; i0 += 32 * GATE_STEPS) {
+        float a[GATE_STEPS], b[GATE_STEPS], dt[GATE_STEPS], na[GATE_STEPS];
+#pragma unroll
+        for (int u = 0; u < GATE_STEPS; u++) {
+            const int i = i0 + 32 * u, n = n0 + i / hv, h = i % hv;
+            const bool in = i < nt * hv;
+            a[u] = in ? x[(idx_t)n * ld + off_a + h] : 0.0f;
+            b[u] = in ? x[(idx_t)n * ld + off_b + h] : 0.0f;
+            dt[u] = in ? dt_bias[h] : 0.0f;
+            na[u] = in ? neg_a[h] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < GATE_STEPS; u++) {
+            const int i = i0 + 32 * u, n = n0 + i / hv, h = i % hv;
+            if (i < nt * hv) {
+                const float av = a[u] + dt[u];
+                const float sp = av > 20.0f ? av : log1pf(expf(av));
+                g[(idx_t)n * hv + h] = na[u] * sp;
+                beta[(idx_t)n * hv + h] = sigmoid_f(b[u]);
+            }
+        }
     }
 }
+#undef GATE_STEPS
 
 // The channels of conv warp group `grp`: a q or k head (grp < 2 hk, dk channels: L2-normalised) or 128 v channels.
 // → whether the group exists (c0, size: its first channel and count).

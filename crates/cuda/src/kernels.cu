@@ -545,12 +545,21 @@ KERNEL(simt) void gdn_conv_state(const float* x, int ld, int K, int cd, const in
     if (c >= cd) return;
     int start = seg[3 * s], len = seg[3 * s + 1], pend = conv_parent_end(seg, par, s);
     float* st = (float*)states[s];
-    for (int j = 0; j < K - 1; j++) {
-        int tau = len - (K - 1) + j;
-        // reads row len + j > j: not yet overwritten (rows advance in increasing j)
-        st[(idx_t)j * cd + c] = tau >= 0    ? x[(idx_t)(start + tau) * ld + c]
-                                : pend >= 0 ? x[(idx_t)(pend + tau) * ld + c]
-                                            : st[(idx_t)(len + j) * cd + c];
+    // Eight rows' loads before their stores (one after the other, each load waited for the store before it: st
+    // may alias x as far as the compiler knows). A state row read, len + j > j, is one no earlier store wrote.
+    for (int j0 = 0; j0 < K - 1; j0 += 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int j = j0 + u, tau = len - (K - 1) + j;
+            v[u] = j >= K - 1   ? 0.0f
+                   : tau >= 0   ? x[(idx_t)(start + tau) * ld + c]
+                   : pend >= 0  ? x[(idx_t)(pend + tau) * ld + c]
+                                : st[(idx_t)(len + j) * cd + c];
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (j0 + u < K - 1) st[(idx_t)(j0 + u) * cd + c] = v[u];
     }
 }
 
@@ -562,19 +571,17 @@ KERNEL(simt) void gdn_conv_state(const float* x, int ld, int K, int cd, const in
 // base v (a forked-from cache, read-only), base length. Position p < base lives at base row p, else at own
 // row p - base. grid (N, H + HKV); D <= 1024.
 #define KV_ENTRIES 5
-// H16: the caches hold f16 (attn_prep_h, for attention_h), else f32 (attn_prep).
+// H16: the caches hold f16 (attn_prep_h, for attention_h), else f32 (attn_prep). ATP_MAX: columns a thread holds
+// in registers (head dims to ATP_MAX x 128; larger ones take attn_prep_wide).
+#define ATP_MAX 4
+// The general path, for head dims past ATP_MAX x blockDim.x: each value loaded where it is first used.
 template <bool H16>
-__device__ __forceinline__ void attn_prep_t(const float* proj, int ld, const float* qn, const float* kn, float eps,
-                                            const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
-                                            const u64* kv, float* q_out, float* xs) {
-    pdl_wait();
-    pdl_launch();
-    int n = blockIdx.x, j = blockIdx.y;
-    int s = tok[2 * n], pos = tok[2 * n + 1];
-    bool isq = j < H;
-    int kh = j - H;
-    const float* src = proj + (idx_t)n * ld + (isq ? j * 2 * D : H * 2 * D + kh * D);
-    const float* gain = isq ? qn : kn;
+__device__ __forceinline__ void attn_prep_wide(const float* src, const float* gain, const float* vs,
+                                               const float* inv_freq, float eps, int half, int H, int HKV, int D,
+                                               int n, int j, int s, int pos, const u64* kv, float* q_out,
+                                               float* xs) {
+    const bool isq = j < H;
+    const int kh = j - H;
     float ss = 0.0f;
     for (int c = threadIdx.x; c < D; c += blockDim.x) ss += src[c] * src[c];
     ss = block_sum(ss);
@@ -597,10 +604,90 @@ __device__ __forceinline__ void attn_prep_t(const float* proj, int ld, const flo
         else ((float*)kvs[0])[at + c] = v;
     }
     if (!isq) {
-        const float* vs = proj + (idx_t)n * ld + H * 2 * D + HKV * D + kh * D;
         for (int c = threadIdx.x; c < D; c += blockDim.x) {
             if (H16) ((unsigned short*)kvs[1])[at + c] = f2h(vs[c]);
             else ((float*)kvs[1])[at + c] = vs[c];
+        }
+    }
+}
+template <bool H16>
+__device__ __forceinline__ void attn_prep_t(const float* proj, int ld, const float* qn, const float* kn, float eps,
+                                            const float* inv_freq, int half, int H, int HKV, int D, const int* tok,
+                                            const u64* kv, float* q_out, float* xs) {
+    pdl_wait();
+    pdl_launch();
+    int n = blockIdx.x, j = blockIdx.y;
+    int s = tok[2 * n], pos = tok[2 * n + 1];
+    bool isq = j < H;
+    int kh = j - H;
+    const float* src = proj + (idx_t)n * ld + (isq ? j * 2 * D : H * 2 * D + kh * D);
+    const float* gain = isq ? qn : kn;
+    const float* vs = proj + (idx_t)n * ld + H * 2 * D + HKV * D + kh * D;
+    if (D > ATP_MAX * (int)blockDim.x) {
+        attn_prep_wide<H16>(src, gain, vs, inv_freq, eps, half, H, HKV, D, n, j, s, pos, kv, q_out, xs);
+        return;
+    }
+    // Every load before any use: two round trips (the row's segment and position, then the rest) where loading each
+    // value at its first use (attn_prep_wide) took six. A thread's columns c = threadIdx.x + u blockDim.x, u <
+    // ATP_MAX; the sums and products as attn_prep_wide's, in the same order.
+    const u64* kvs = kv + KV_ENTRIES * s;
+    const u64 base = kvs[4], kdst = kvs[0], vdst = isq ? 0 : kvs[1];
+    float sv[ATP_MAX], gv[ATP_MAX], fv[ATP_MAX], vv[ATP_MAX];
+#pragma unroll
+    for (int u = 0; u < ATP_MAX; u++) {
+        const int c = threadIdx.x + u * blockDim.x;
+        const bool in = c < D;
+        sv[u] = in ? src[c] : 0.0f;
+        gv[u] = in ? gain[c] : 0.0f;
+        fv[u] = in && c < 2 * half ? inv_freq[c < half ? c : c - half] : 0.0f;
+        vv[u] = in && !isq ? vs[c] : 0.0f;
+    }
+    // The rotary angles' cosines and sines here, before the reduction (later, ptxas moved inv_freq's loads down
+    // to them, one round trip each).
+    float cs[ATP_MAX], sn[ATP_MAX];
+#pragma unroll
+    for (int u = 0; u < ATP_MAX; u++) {
+        const int c = threadIdx.x + u * blockDim.x;
+        cs[u] = 1.0f;
+        sn[u] = 0.0f;
+        if (c < D && c < 2 * half) {
+            float ang = (float)pos * fv[u];
+            cs[u] = cosf(ang);
+            sn[u] = sinf(ang);
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < ATP_MAX; u++)
+        if (threadIdx.x + u * blockDim.x < D) ss += sv[u] * sv[u];
+    ss = block_sum(ss);
+    float inv = 1.0f / sqrtf(ss / D + eps);
+#pragma unroll
+    for (int u = 0; u < ATP_MAX; u++) {
+        const int c = threadIdx.x + u * blockDim.x;
+        if (c < D) xs[c] = sv[u] * inv * gv[u];
+    }
+    __syncthreads();
+    int own = pos - (int)base;
+    idx_t at = isq ? ((idx_t)n * H + j) * D : ((idx_t)own * HKV + kh) * D;
+#pragma unroll
+    for (int u = 0; u < ATP_MAX; u++) {
+        const int c = threadIdx.x + u * blockDim.x;
+        if (c >= D) break;
+        float v = xs[c];
+        if (c < 2 * half)
+            v = c < half ? xs[c] * cs[u] - xs[c + half] * sn[u] : xs[c] * cs[u] + xs[c - half] * sn[u];
+        if (isq) q_out[at + c] = v;
+        else if (H16) ((unsigned short*)kdst)[at + c] = f2h(v);
+        else ((float*)kdst)[at + c] = v;
+    }
+    if (!isq) {
+#pragma unroll
+        for (int u = 0; u < ATP_MAX; u++) {
+            const int c = threadIdx.x + u * blockDim.x;
+            if (c >= D) break;
+            if (H16) ((unsigned short*)vdst)[at + c] = f2h(vv[u]);
+            else ((float*)vdst)[at + c] = vv[u];
         }
     }
 }

@@ -695,14 +695,31 @@ KERNEL(simt) void hadamard_rows(const float* x, int ldx, const float* __restrict
         ss = block_sum(ss);
         inv = 1.0f / sqrtf(ss / K + eps);
     }
-    for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
-        int c = c0 + i;
-        float v = swiglu ? silu_f(row[c]) * row[K + c] : row[c];
-        if (gain) {
-            v = v * inv * gain[c];
-            if (raw) store_act(raw, r * ldr + c, v, raw_mode);
+    // Four steps' loads (the row's values, the up half, the signs, the gains) before any is used: one round trip,
+    // where each step's loads had waited for the step before (its SiLU's division has a slow path behind a call).
+    for (int i0 = threadIdx.x; i0 < 1024; i0 += 4 * blockDim.x) {
+        float a[4], b[4], sg[4], gn[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = i0 + u * blockDim.x, c = c0 + i;
+            const bool in = i < 1024;
+            a[u] = in ? row[c] : 0.0f;
+            b[u] = in && swiglu ? row[K + c] : 0.0f;
+            sg[u] = in && !inverse ? signs[c] : 0.0f;
+            gn[u] = in && gain ? gain[c] : 0.0f;
         }
-        s[i] = inverse ? v : v * signs[c];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = i0 + u * blockDim.x, c = c0 + i;
+            if (i < 1024) {
+                float v = swiglu ? silu_f(a[u]) * b[u] : a[u];
+                if (gain) {
+                    v = v * inv * gn[u];
+                    if (raw) store_act(raw, r * ldr + c, v, raw_mode);
+                }
+                s[i] = inverse ? v : v * sg[u];
+            }
+        }
     }
     fwht1024_store(s, r * ldo, c0, signs, inverse, out, mode);
 }
@@ -787,12 +804,18 @@ KERNEL(simt) void gated_norm_rotate(const float* __restrict__ x, const float* __
     __shared__ float wsum[8];
     idx_t r = blockIdx.x;
     int c0 = blockIdx.y * 1024, i0 = 4 * threadIdx.x, c = c0 + i0;
-    float v[4], ss = 0.0f;
+    // Every load first (one round trip): the values, and the gain, z and signs they are multiplied by (loaded after
+    // the reduction, each waited for the SiLU before it).
+    float v[4], wv[4], zv[4], sg[4], ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         v[j] = x[r * K + c + j];
-        ss += v[j] * v[j];
+        wv[j] = w[(c + j) % dv];
+        zv[j] = z[r * ldz + c + j];
+        sg[j] = signs[c + j];
     }
+#pragma unroll
+    for (int j = 0; j < 4; j++) ss += v[j] * v[j];
     int seg = min(dv / 4, 32);
     for (int o = seg / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (dv > 128) {
@@ -805,8 +828,8 @@ KERNEL(simt) void gated_norm_rotate(const float* __restrict__ x, const float* __
     float inv = 1.0f / sqrtf(ss / dv + eps);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        float g = v[j] * inv * w[(c + j) % dv] * silu_f(z[r * ldz + c + j]);
-        s[i0 + j] = g * signs[c + j];
+        float g = v[j] * inv * wv[j] * silu_f(zv[j]);
+        s[i0 + j] = g * sg[j];
     }
     fwht1024_store(s, r * ldo, c0, signs, 0, out, mode);
 }
