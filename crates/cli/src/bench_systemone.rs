@@ -44,7 +44,9 @@ pub struct BenchSystemoneArgs {
     prefix_cache_mb: usize,
     /// Also time this many requests per workload that the engine has not seen, one at a time: each has a few more
     /// words in its state than the one before, so none repeats an earlier request's shape (on the GPU: no CUDA
-    /// graph to replay) or context (no prefix-cache hit), as in a stream of distinct users' requests. 0: none.
+    /// graph to replay) or context (no prefix-cache hit), as in a stream of distinct users' requests. On the GPU,
+    /// with --profile-workload, as many more of that workload split their time into the host's launches and the
+    /// GPU's span. 0: none.
     #[arg(long, default_value_t = 0)]
     unseen: usize,
 }
@@ -227,16 +229,20 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
     let report = bench_engine(&any, &a, &timed)?;
     // Where the time goes: CUDA events after every op of 10 requests of the profiled workload.
     // Where the time goes (the profiled workload: GPU time by op, then host time against GPU time).
-    let (mut profile, mut host) = (Vec::new(), serde_json::Value::Null);
+    let (mut profile, mut host, mut host_unseen) =
+        (Vec::new(), serde_json::Value::Null, serde_json::Value::Null);
     let pw = a.profile_workload;
     if let (Some(m), true) = (any.model().as_cuda(), pw > 0) {
         let body = &workloads[pw - 1].1;
         profile = ops_report(&any, m.model(), body, pw)?;
         host = host_report(&any, m.model(), body, pw)?;
+        if a.unseen > 0 {
+            host_unseen = unseen_host_report(&any, m.model(), body, pw, a.unseen)?;
+        }
     }
     println!(
         "{}",
-        json!({"device": device, "model": dir.display().to_string(), "prefix_cache_mb": a.prefix_cache_mb, "workloads": report, "profile": profile, "host": host})
+        json!({"device": device, "model": dir.display().to_string(), "prefix_cache_mb": a.prefix_cache_mb, "workloads": report, "profile": profile, "host": host, "host_unseen": host_unseen})
     );
     Ok(())
 }
@@ -317,6 +323,57 @@ fn host_report(e: &AnyEngine, m: &CudaModel, body: &[u8], pw: usize) -> Result<s
         json!({"workload": pw, "wall_ms_per_request": wall, "host_queue_ms_per_request": queue,
         "host_phases_ms": phases.iter().map(|(n, ms)| json!({"phase": n, "ms_per_request": ms})).collect::<Vec<_>>(),
         "gpu_span_ms_per_request": gpu, "gpu_span_ms_range": [lo, hi]}),
+    )
+}
+
+/// The same split for `n` requests of workload `pw` that the engine has not seen (unseen_body's variants n + 1 ..=
+/// 2n, longer than the ones `--unseen` timed), each timed alone: its wall time, the host's time queueing its
+/// forwards (by phase) and their GPU span, and whether any forward replayed a graph. A new shape runs its forward
+/// kernel by kernel, so this says whether such a request waits on the host's launches or on the GPU. Prints the
+/// line; → its JSON.
+fn unseen_host_report(
+    e: &AnyEngine,
+    m: &CudaModel,
+    body: &[u8],
+    pw: usize,
+    n: usize,
+) -> Result<serde_json::Value> {
+    let bodies: Vec<Vec<u8>> = (n + 1..=2 * n)
+        .map(|i| unseen_body(body, i))
+        .collect::<Result<_>>()?;
+    let graphs0 = m.graph_launches();
+    let (mut wall, mut queue, mut launch, mut gpu) = (vec![], vec![], vec![], vec![]);
+    for b in &bodies {
+        let (h0, p0) = (m.host_enqueue_ns(), m.host_phases());
+        m.span_start();
+        let t0 = Instant::now();
+        e.system_one(b)?;
+        wall.push(t0.elapsed().as_secs_f64() * 1e3);
+        gpu.push(m.span_take()?.iter().sum::<f64>());
+        queue.push((m.host_enqueue_ns() - h0) as f64 / 1e6);
+        let p1 = m.host_phases();
+        let li = p1
+            .iter()
+            .position(|&(name, _)| name == "launch")
+            .unwrap_or(0);
+        launch.push((p1[li].1 - p0[li].1) as f64 / 1e6);
+    }
+    let replays = m.graph_launches() - graphs0;
+    let mid_max = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (pct(v, 0.5), v.last().copied().unwrap_or(0.0))
+    };
+    let [(w50, wmax), (q50, qmax), (l50, lmax), (g50, gmax)] =
+        [&mut wall, &mut queue, &mut launch, &mut gpu].map(mid_max);
+    eprintln!(
+        "workload {pw}, {n} requests new to the engine, each alone: {w50:.3} ms p50 ({wmax:.3} the slowest), of which \
+         {q50:.3} ms queueing forwards on the host ({qmax:.3} the most; the launch phase {l50:.3}, {lmax:.3} the \
+         most); the GPU span {g50:.3} ms ({gmax:.3} the most); graph launches {replays}"
+    );
+    Ok(
+        json!({"workload": pw, "requests": n, "graph_launches": replays,
+        "wall_ms": {"p50": w50, "max": wmax}, "host_queue_ms": {"p50": q50, "max": qmax},
+        "host_launch_ms": {"p50": l50, "max": lmax}, "gpu_span_ms": {"p50": g50, "max": gmax}}),
     )
 }
 
