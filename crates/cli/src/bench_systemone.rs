@@ -227,7 +227,6 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
         .map(|(_, w)| w.clone())
         .collect();
     let report = bench_engine(&any, &a, &timed)?;
-    // Where the time goes: CUDA events after every op of 10 requests of the profiled workload.
     // Where the time goes (the profiled workload: GPU time by op, then host time against GPU time).
     let (mut profile, mut host, mut host_unseen) =
         (Vec::new(), serde_json::Value::Null, serde_json::Value::Null);
@@ -302,11 +301,9 @@ fn host_report(e: &AnyEngine, m: &CudaModel, body: &[u8], pw: usize) -> Result<s
         .iter()
         .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
     let queue = (m.host_enqueue_ns() - h0) as f64 / 1e6 / 10.0;
-    let phases: Vec<(&str, f64)> = m
-        .host_phases()
-        .iter()
-        .zip(p0)
-        .map(|(&(name, ns), (_, ns0))| (name, (ns - ns0) as f64 / 1e6 / 10.0))
+    let phases: Vec<(&str, f64)> = phases_since(m, p0)
+        .into_iter()
+        .map(|(name, ms)| (name, ms / 10.0))
         .collect();
     let parts: Vec<String> = phases
         .iter()
@@ -326,6 +323,15 @@ fn host_report(e: &AnyEngine, m: &CudaModel, body: &[u8], pw: usize) -> Result<s
     )
 }
 
+/// The host's time in each queueing phase since `p0` (an earlier [`CudaModel::host_phases`]), ms.
+fn phases_since(m: &CudaModel, p0: [(&'static str, u64); 4]) -> Vec<(&'static str, f64)> {
+    m.host_phases()
+        .iter()
+        .zip(p0)
+        .map(|(&(name, ns), (_, ns0))| (name, (ns - ns0) as f64 / 1e6))
+        .collect()
+}
+
 /// The same split for `n` requests of workload `pw` that the engine has not seen (unseen_body's variants n + 1 ..=
 /// 2n, longer than the ones `--unseen` timed), each timed alone: its wall time, the host's time queueing its
 /// forwards (by phase) and their GPU span, and whether any forward replayed a graph. A new shape runs its forward
@@ -342,7 +348,9 @@ fn unseen_host_report(
         .map(|i| unseen_body(body, i))
         .collect::<Result<_>>()?;
     let graphs0 = m.graph_launches();
-    let (mut wall, mut queue, mut launch, mut gpu) = (vec![], vec![], vec![], vec![]);
+    // Per request: wall, host queueing, GPU span, and the host's time in each phase (host_phases' order).
+    let (mut wall, mut queue, mut gpu) = (vec![], vec![], vec![]);
+    let mut phase = m.host_phases().map(|_| Vec::with_capacity(n));
     for b in &bodies {
         let (h0, p0) = (m.host_enqueue_ns(), m.host_phases());
         m.span_start();
@@ -351,29 +359,35 @@ fn unseen_host_report(
         wall.push(t0.elapsed().as_secs_f64() * 1e3);
         gpu.push(m.span_take()?.iter().sum::<f64>());
         queue.push((m.host_enqueue_ns() - h0) as f64 / 1e6);
-        let p1 = m.host_phases();
-        let li = p1
-            .iter()
-            .position(|&(name, _)| name == "launch")
-            .unwrap_or(0);
-        launch.push((p1[li].1 - p0[li].1) as f64 / 1e6);
+        for (v, (_, ms)) in phase.iter_mut().zip(phases_since(m, p0)) {
+            v.push(ms);
+        }
     }
     let replays = m.graph_launches() - graphs0;
-    let mid_max = |v: &mut Vec<f64>| {
+    let p50_max = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         (pct(v, 0.5), v.last().copied().unwrap_or(0.0))
     };
-    let [(w50, wmax), (q50, qmax), (l50, lmax), (g50, gmax)] =
-        [&mut wall, &mut queue, &mut launch, &mut gpu].map(mid_max);
+    let [(w50, wmax), (q50, qmax), (g50, gmax)] = [&mut wall, &mut queue, &mut gpu].map(p50_max);
+    let phase = phase.each_mut().map(p50_max);
+    let names = m.host_phases().map(|(name, _)| name);
+    let phases: Vec<String> = names
+        .iter()
+        .zip(&phase)
+        .map(|(name, (p50, max))| format!("{name} {p50:.3} / {max:.3}"))
+        .collect();
     eprintln!(
         "workload {pw}, {n} requests new to the engine, each alone: {w50:.3} ms p50 ({wmax:.3} the slowest), of which \
-         {q50:.3} ms queueing forwards on the host ({qmax:.3} the most; the launch phase {l50:.3}, {lmax:.3} the \
-         most); the GPU span {g50:.3} ms ({gmax:.3} the most); graph launches {replays}"
+         {q50:.3} ms queueing forwards on the host ({qmax:.3} the most; by phase, p50 / most: {}); the GPU span \
+         {g50:.3} ms ({gmax:.3} the most); graph launches {replays}",
+        phases.join(", ")
     );
     Ok(
         json!({"workload": pw, "requests": n, "graph_launches": replays,
         "wall_ms": {"p50": w50, "max": wmax}, "host_queue_ms": {"p50": q50, "max": qmax},
-        "host_launch_ms": {"p50": l50, "max": lmax}, "gpu_span_ms": {"p50": g50, "max": gmax}}),
+        "host_phases_ms": names.iter().zip(&phase)
+            .map(|(name, (p50, max))| json!({"phase": name, "p50": p50, "max": max})).collect::<Vec<_>>(),
+        "gpu_span_ms": {"p50": g50, "max": gmax}}),
     )
 }
 
