@@ -16,8 +16,7 @@ export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}" XDG_CACHE_HO
 PACKS=${PACKS:-old new}
 LAST=${PACKS##* }
 for v in $PACKS; do
-  [[ -x /tmp/$v/bin/onepass ]] || { rm -rf /tmp/$v && mkdir -p /tmp/$v &&
-    tar -C /tmp/$v -xzf .devcarry/$v-pack.tar.gz --strip-components=1; }
+  rm -rf /tmp/$v && mkdir -p /tmp/$v && tar -C /tmp/$v -xzf .devcarry/$v-pack.tar.gz --strip-components=1
 done
 exec > >(tee -a "$OUT/decode.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
