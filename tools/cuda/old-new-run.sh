@@ -11,13 +11,16 @@
 # round (default "old new"; .devcarry/NAME-pack.tar.gz each), the tests run from the last one's. TESTS_PAR: test
 # executables run at once (default 1; their logs are joined in list order); PHASES: what runs, in order (default
 # "tests timings bench"; "timings tests bench" takes the timing tables before anything else has warmed the GPU).
+# A PACKS entry LABEL=PACK benches pack PACK under the name LABEL with the bench arguments BENCH_ARGS_LABEL added
+# (e.g. PACKS="plain=new buckets=new" BENCH_ARGS_buckets=--gpu-shape-buckets: one build, two settings).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export XDG_CACHE_HOME=/tmp/xdg
 PACKS=${PACKS:-old new}
 LAST=${PACKS##* }
-for v in $PACKS; do
+LAST=${LAST#*=}
+for v in $(for e in $PACKS; do echo "${e#*=}"; done | sort -u); do
   rm -rf /tmp/$v && mkdir -p /tmp/$v && tar -C /tmp/$v -xzf .devcarry/$v-pack.tar.gz --strip-components=1
 done
 TOK=/tmp/$LAST/tokenizer
@@ -42,7 +45,7 @@ run_tests() {
 run_timings() {
   local t v
   for t in ${TIMINGS:-}; do
-    for v in $PACKS; do
+    for v in $(for e in $PACKS; do echo "${e#*=}"; done | sort -u); do
       echo "== $v $t timings" | tee -a "$OUT/timings.log"
       timeout ${TEST_TIMEOUT:-240} /tmp/$v/bin/$t --include-ignored timings --test-threads=1 --nocapture \
         >>"$OUT/timings.log" 2>&1
@@ -54,20 +57,24 @@ run_bench() {
   local r v
   /tmp/$LAST/bin/onepass synth --preset qwen3.5-0.8b --out /tmp/q08 --tokenizer $TOK 2>&1 | tail -1
   echo '{"isolated_levels": true, "neutralize_none": false, "version": "bench"}' >/tmp/q08/decider_config.json
+  local e label extra
   for r in $(seq ${ROUNDS:-2}); do
-    for v in $PACKS; do
-      echo "== round $r $v: bench-systemone --device cuda --gpu-precision ${PREC:-half} --reps 30 --batch-reps 2" \
-        | tee -a "$OUT/bench.log"
+    for e in $PACKS; do
+      label=${e%%=*} v=${e#*=}
+      extra=BENCH_ARGS_$label
+      extra=${!extra:-}
+      echo "== round $r $label: bench-systemone --device cuda --gpu-precision ${PREC:-half} --reps 30 --batch-reps 2" \
+        "${BENCH_ARGS:-} $extra ($v's binary)" | tee -a "$OUT/bench.log"
       timeout ${BENCH_TIMEOUT:-150} /tmp/$v/bin/onepass bench-systemone --device cuda --gpu-precision ${PREC:-half} \
-        --model /tmp/q08 --reps 30 --batch-reps 2 ${BENCH_ARGS:-} 2>>"$OUT/bench.log" |
-        sed "s/^/{\"binary\": \"$v\", \"round\": $r, \"report\": /; s/\$/}/" >>"$OUT/bench.jsonl"
-      echo "== round $r $v exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+        --model /tmp/q08 --reps 30 --batch-reps 2 ${BENCH_ARGS:-} $extra 2>>"$OUT/bench.log" |
+        sed "s/^/{\"binary\": \"$label\", \"round\": $r, \"report\": /; s/\$/}/" >>"$OUT/bench.jsonl"
+      echo "== round $r $label exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
     done
   done
   python3 - "$OUT/bench.jsonl" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print(f"{'binary':6} {'round':>5}  " + "  ".join(f"w{i + 1} p50 ms" for i in range(3)) + "   w1 8/call ms"
+print(f"{'binary':6} {'round':>5}  " + "  ".join(f"w{i + 1} p50 ms" for i in range(3)) + "   w1 batch ms/call"
       + "   unseen p50 ms (w1 w2 w3)")
 for r in rows:
     w = r["report"]["workloads"]
@@ -75,6 +82,12 @@ for r in rows:
     unseen = "  ".join(f"{x['unseen']['p50_ms']:7.2f}" for x in w if x.get("unseen"))
     print(f"{r['binary']:6} {r['round']:>5}  " + "  ".join(f"{x['p50_ms']:9.2f}" for x in w) + f"   {sat:11.2f}"
           + f"   {unseen}")
+for r in rows:
+    h = r["report"].get("host_unseen")
+    if h:
+        print(f"{r['binary']:6} {r['round']:>5}  workload {h['workload']}, {h['requests']} more new requests: wall p50 "
+              f"{h['wall_ms']['p50']:.2f} ms (max {h['wall_ms']['max']:.2f}), GPU span p50 {h['gpu_span_ms']['p50']:.2f}, "
+              f"host queue p50 {h['host_queue_ms']['p50']:.2f}, graph launches {h['graph_launches']}")
 EOF
 }
 for phase in ${PHASES:-tests timings bench}; do

@@ -115,6 +115,10 @@ pub struct CudaArgs {
     /// Launch every forward kernel by kernel (no CUDA graphs).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_no_graphs: bool,
+    /// Pad each forward to a bucket of rows (at most 64 more), so that requests of lengths not seen before replay
+    /// the CUDA graph of their bucket instead of launching every kernel (not yet measured on a GPU).
+    #[arg(long, help_heading = EXPERT)]
+    pub gpu_shape_buckets: bool,
     /// Let a kernel start while the one before it finishes (programmatic dependent launch, compute capability 9.0
     /// and later; measured slower on the decode step so far).
     #[arg(long, help_heading = EXPERT)]
@@ -180,6 +184,7 @@ impl CudaArgs {
             },
             trees: !self.gpu_no_trees,
             graphs: !self.gpu_no_graphs,
+            shape_buckets: self.gpu_shape_buckets,
             pdl: self.gpu_pdl,
             wgmma: !self.gpu_no_wgmma,
             keep_freed_memory: !self.gpu_release_memory,
@@ -266,6 +271,7 @@ mod tests {
             gpu_attention: AttnArg::Tc,
             gpu_no_trees: false,
             gpu_no_graphs: false,
+            gpu_shape_buckets: false,
             gpu_pdl: false,
             gpu_no_wgmma: false,
             gpu_release_memory: false,

@@ -47,6 +47,9 @@ pub struct CudaOptions {
     pub trees: bool,
     /// CUDA graphs for repeated forward shapes.
     pub graphs: bool,
+    /// Forwards padded to buckets of rows, so that requests of lengths not seen before replay a graph of their
+    /// bucket ([`crate::CudaModel::set_shape_buckets`]); off by default until measured on a GPU (docs/cuda.md).
+    pub shape_buckets: bool,
     /// Programmatic dependent launch where the device has it (compute capability 9.0 and later): a kernel's launch
     /// and its weight prefetch overlap the tail of the kernel before ([`crate::pdl`]); off by default (the 27B
     /// decode step measured slower with it, docs/benchmarks/ternary-gpu.md). A setting of the opened
@@ -74,6 +77,7 @@ impl Default for CudaOptions {
             attention: AttnKernels::default(),
             trees: true,
             graphs: true,
+            shape_buckets: false,
             pdl: false,
             wgmma: true,
             keep_freed_memory: true,

@@ -3,7 +3,8 @@
 //! sizes (tests/common/invariance.rs), in mixed, split and bf16 precision, on both synthetic checkpoints of
 //! tests/fixtures/systemone/answers and their bf16 twins (one forward per call: the requests' prefixes and suffixes
 //! in one tree). Without it (the default), the same comparison is printed, not asserted: how far batching moves an
-//! answer there. GPU tests: `#[ignore]`d, run with `--include-ignored` on a GPU machine.
+//! answer there. With shape buckets on (every forward padded to its bucket of rows), the invariant runs are held to
+//! the same bits. GPU tests: `#[ignore]`d, run with `--include-ignored` on a GPU machine.
 //!
 //! The prefix-state LRU is off: a context kept by the request's alone run would send its batched run down the
 //! two-pass route (from the kept state), another route rather than another batch.
@@ -31,13 +32,19 @@ fn plans(e: &Engine<CudaBackend>, preset: &str) -> Vec<Plan> {
         .collect()
 }
 
-fn gpu_engine(dir: &std::path::Path, precision: Precision, invariant: bool) -> Engine<CudaBackend> {
+fn gpu_engine(
+    dir: &std::path::Path,
+    precision: Precision,
+    invariant: bool,
+    shape_buckets: bool,
+) -> Engine<CudaBackend> {
     let m = Model::load(dir).unwrap();
     let model_type = m.config().model_type.clone();
     let cuda = CudaOptions {
         precision,
         memory_budget_bytes: 4 << 30,
         batch_invariant: invariant,
+        shape_buckets,
         ..CudaOptions::default()
     };
     let backend = CudaBackend::new(&m, &cuda).expect("GPU engine");
@@ -62,13 +69,14 @@ fn gpu_alone_equals_batched() {
                 Precision::Half,
                 Precision::Bf16,
             ] {
-                for invariant in [true, false] {
-                    let e = gpu_engine(dir, precision, invariant);
+                // Shape buckets on: each forward padded to its bucket of rows, alone and batched alike.
+                for (invariant, buckets) in [(true, false), (true, true), (false, false)] {
+                    let e = gpu_engine(dir, precision, invariant, buckets);
                     let m = e.model().model();
                     let ps = plans(&e, preset);
                     let trees = m.tree_forwards();
                     let tag = format!(
-                        "{preset} {} {precision:?} batch_invariant={invariant}",
+                        "{preset} {} {precision:?} batch_invariant={invariant} shape_buckets={buckets}",
                         if dtype.is_some() { "bf16 twin" } else { "f32" }
                     );
                     let r = invariance::check(&tag, &e, &ps);

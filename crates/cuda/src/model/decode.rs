@@ -339,7 +339,7 @@ impl GreedyRun<'_> {
         if let Some(t) = feed {
             g.upload_into(&[t as i32], &b.tok)?;
         }
-        let mut shape = m.shape_of(&[1], 1, true);
+        let mut shape = m.shape_of(&[1], 1, true, false);
         shape.step = step;
         let table_len = TableLayout::new(&m.layers, 1, 1).len;
         let mut arena = m.arena_for(shape, table_len)?;

@@ -175,13 +175,82 @@ impl CudaModel {
         })
     }
 
+    /// Whether a forward over `items` (states and ids; `par` as [`CudaModel::forward_queue`]) of `rows` rows is
+    /// padded to its bucket ([`bucket_rows`]), and how: `Some((root, pad))`, `pad` more rows as one more child of
+    /// `items[root]` whose state is dropped (the child after every other, so the caller's rows keep their places;
+    /// its rows are computed and never read). Forwards of a bucket then share one shape (the bucket's rows, one
+    /// more segment, the longest counted in whole chunks: [`CudaModel::shape_of`]), so that requests of lengths not
+    /// seen before replay a captured graph instead of launching each kernel. Padded: forwards that take the tree
+    /// (roots, or roots and children without states) and fit the persistent scratch, whose longest segment is
+    /// more than one id (not a decode step), when some root may take a child (as [`CudaModel::forward_tree`]
+    /// requires: at least `tree_min_root` ids, not itself a fork, the child's positions within the model's). The
+    /// root taken is the one with the fewest positions (its keys are what the pad rows' attention reads).
+    pub(super) fn pad_for(
+        &self,
+        items: &[(&mut CudaState, &[u32])],
+        par: &[i32],
+        rows: usize,
+    ) -> Option<(usize, usize)> {
+        if !self.shape_buckets() {
+            return None;
+        }
+        let min_root = self
+            .tree_min_root
+            .filter(|_| self.tree_on.load(Ordering::Relaxed))?;
+        let bucket = bucket_rows(rows);
+        // Children with states of their own (written by the forward) take no dropped child beside them.
+        let roots = par.iter().take_while(|&&p| p < 0).count();
+        if bucket > ARENA_ROWS || roots < items.len() || items.iter().all(|(_, ids)| ids.len() <= 1)
+        {
+            return None;
+        }
+        let pad = bucket - rows;
+        (0..items.len())
+            .filter(|&r| {
+                let (st, ids) = &items[r];
+                ids.len() >= min_root
+                    && st.base.is_none()
+                    && st.pos + ids.len() + pad <= self.max_pos
+            })
+            .min_by_key(|&r| items[r].0.pos + items[r].1.len())
+            .map(|r| (r, pad))
+    }
+
     /// The graph key of a forward over segments of `lens` ids, the first `roots` of them roots (see
-    /// [`CudaModel::forward_queue`]), the children's states written when `keep_children`.
-    pub(super) fn shape_of(&self, lens: &[usize], roots: usize, keep_children: bool) -> Shape {
+    /// [`CudaModel::forward_queue`]), the children's states written when `keep_children`. `padded`: the forward
+    /// was padded to its bucket ([`CudaModel::pad_for`]; the pad child is the last segment): the longest segment is
+    /// counted at its length rounded up to whole gated delta chunks (every launch bounded by it exits past a
+    /// segment's own length), and attention's key splits are planned from that and the most pad rows
+    /// (batch-invariant: at the most any segment may take, which each segment's own plan then caps), so that the
+    /// forwards of a bucket share one key.
+    pub(super) fn shape_of(
+        &self,
+        lens: &[usize],
+        roots: usize,
+        keep_children: bool,
+        padded: bool,
+    ) -> Shape {
         let invariant = self.batch_invariant();
         let children = &lens[roots.min(lens.len())..];
+        let n: usize = lens.iter().sum();
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        let max_len = if padded {
+            longest.next_multiple_of(ops::GDN_CHUNK).min(n)
+        } else {
+            longest
+        };
+        // The lengths attention's plan counts: padded, the longest at `max_len` and the pad child (the last segment)
+        // at the most pad rows, so that the plan does not move within a bucket.
+        let counted = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| match (padded, l == longest) {
+                (true, true) => max_len,
+                (true, false) if i + 1 == lens.len() => PAD_MAX,
+                _ => l,
+            });
         Shape {
-            n: lens.iter().sum(),
+            n,
             nseg: lens.len(),
             roots,
             keep_children,
@@ -193,17 +262,21 @@ impl CudaModel {
                 children.iter().all(|&l| l <= ops::GDN_CHUNK)
             },
             long_children: invariant && children.iter().any(|&l| l > ops::GDN_CHUNK),
-            max_len: lens.iter().copied().max().unwrap_or(0),
+            max_len,
             chunks: lens.iter().map(|l| l.div_ceil(ops::GDN_CHUNK)).sum(),
             split: self.split_gemms(),
             attn_splits: self.attn_tc_dims().map_or(1, |a| {
-                if invariant {
+                let sms = self.gpu.sms;
+                if invariant && padded {
+                    // A segment's own plan is non-increasing in its length: one row's is the most any takes.
+                    crate::attn_tc::attention_tc_segment_splits(1, a, sms)
+                } else if invariant {
                     lens.iter()
-                        .map(|&l| crate::attn_tc::attention_tc_segment_splits(l, a, self.gpu.sms))
+                        .map(|&l| crate::attn_tc::attention_tc_segment_splits(l, a, sms))
                         .max()
                         .unwrap_or(1)
                 } else {
-                    crate::attn_tc::attention_tc_plan(lens.iter().copied(), a, self.gpu.sms)
+                    crate::attn_tc::attention_tc_plan(counted, a, sms)
                 }
             }),
             step: Step::Forward,
@@ -223,11 +296,35 @@ impl CudaModel {
     ) -> Result<CudaHidden, CudaError> {
         let g = &*self.gpu;
         let hid = self.hid;
-        let lens: Vec<usize> = items
-            .iter()
-            .map(|(_, s)| s.len())
-            .chain(dropped.iter().map(|(_, s)| s.len()))
-            .collect();
+        let seg_lens = |dropped: &[(usize, &[u32])]| -> Vec<usize> {
+            items
+                .iter()
+                .map(|(_, s)| s.len())
+                .chain(dropped.iter().map(|(_, s)| s.len()))
+                .collect()
+        };
+        let rows = seg_lens(dropped).iter().sum::<usize>();
+        if rows == 0 {
+            return Err(CudaError::Model(ModelError::Input("empty batch".into())));
+        }
+        // Padded to its bucket: one more dropped child of `root` (ids 0, rows after every other).
+        let pad = self.pad_for(items, par, rows);
+        let (dropped, par) = match pad {
+            Some((root, pad)) => {
+                let mut d = dropped.to_vec();
+                d.push((root, &PAD_IDS[..pad]));
+                (
+                    std::borrow::Cow::Owned(d),
+                    [par, &[root as i32]].concat().into(),
+                )
+            }
+            None => (
+                std::borrow::Cow::Borrowed(dropped),
+                std::borrow::Cow::Borrowed(par),
+            ),
+        };
+        let (dropped, par): (&[(usize, &[u32])], &[i32]) = (&dropped, &par);
+        let lens = seg_lens(dropped);
         let nseg = lens.len();
         let roots = par.iter().take_while(|&&p| p < 0).count();
         if self.profiling() {
@@ -236,10 +333,7 @@ impl CudaModel {
         }
         self.mark("start")?;
         let n: usize = lens.iter().sum();
-        if n == 0 {
-            return Err(CudaError::Model(ModelError::Input("empty batch".into())));
-        }
-        let shape = self.shape_of(&lens, roots, dropped.is_empty());
+        let shape = self.shape_of(&lens, roots, dropped.is_empty(), pad.is_some());
         let table_len = TableLayout::new(&self.layers, n, nseg).len;
         // Positions of KV rows the dropped children write into the scratch.
         let kv_rows: usize = dropped.iter().map(|(_, s)| s.len()).sum();
@@ -291,8 +385,53 @@ impl CudaModel {
         }
         Ok(CudaHidden {
             buf: out,
-            rows: n,
+            // The pad rows come after every other: the caller's rows are the first ones.
+            rows,
             hid,
         })
+    }
+}
+
+/// The most pad rows a forward takes ([`bucket_rows`]): one gated delta chunk, so the pad child is a short one.
+const PAD_MAX: usize = ops::GDN_CHUNK;
+/// The pad child's ids.
+static PAD_IDS: [u32; PAD_MAX] = [0; PAD_MAX];
+
+/// The rows a forward of `rows` rows is padded to ([`CudaModel::pad_for`]): the next multiple of 16 above it below
+/// 256 rows, of 32 below 1,024, of 64 from there (so at most 6%, 3% and 6% more rows, and at least one pad row, so
+/// that every forward of a bucket has the same segments).
+pub(super) fn bucket_rows(rows: usize) -> usize {
+    let step = match rows {
+        0..256 => 16,
+        256..1024 => 32,
+        _ => PAD_MAX,
+    };
+    (rows / step + 1) * step
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_pad_by_one_to_one_chunk_and_share_their_rows() {
+        for rows in 1..=super::ARENA_ROWS {
+            let b = bucket_rows(rows);
+            assert!(b > rows && b - rows <= PAD_MAX, "{rows} rows -> {b}");
+            // Every row count between the bucket below and this one lands in it.
+            let step = if rows < 256 {
+                16
+            } else if rows < 1024 {
+                32
+            } else {
+                64
+            };
+            assert_eq!(b % step, 0, "{rows} rows -> {b}");
+            assert_eq!(bucket_rows(b - 1), b, "{rows} rows");
+            assert!(b - step <= rows, "{rows} rows -> {b}: a bucket skipped");
+        }
+        assert_eq!(bucket_rows(402), 416);
+        assert_eq!((bucket_rows(255), bucket_rows(256)), (256, 288));
+        assert_eq!(bucket_rows(3691), 3712);
     }
 }

@@ -415,6 +415,8 @@ pub struct CudaModel {
     tree_on: std::sync::atomic::AtomicBool,
     /// CUDA graphs for repeated shapes ([`CudaOptions::graphs`] turns them off; a failed capture too).
     use_graphs: std::sync::atomic::AtomicBool,
+    /// Forwards padded to buckets of rows ([`CudaOptions::shape_buckets`], [`CudaModel::pad_for`]).
+    buckets: std::sync::atomic::AtomicBool,
     /// How the tensor-core kernels multiply ([`CudaModel::set_tc_arith`]; the precision's default).
     tc: Mutex<TcArith>,
     /// The projections that multiply both planes in split mode ([`CudaModel::set_split_gemms`]).
@@ -570,6 +572,19 @@ impl CudaModel {
     pub fn set_graphs(&self, on: bool) {
         self.use_graphs.store(on, Ordering::Relaxed);
         self.drop_graphs();
+    }
+
+    /// Pads forwards to buckets of rows from the next forward on, or stops (at first: [`CudaOptions::shape_buckets`]):
+    /// a forward that takes the tree and fits the persistent scratch runs at its bucket's rows with one more child
+    /// whose rows are never read ([`CudaModel::pad_for`]), so forwards of lengths not seen before share a bucket's
+    /// graph. Whether or not graphs are on, so that a replay and a direct run of a forward give the same bits.
+    pub fn set_shape_buckets(&self, on: bool) {
+        self.buckets.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether forwards are padded to buckets of rows ([`CudaModel::set_shape_buckets`]).
+    pub fn shape_buckets(&self) -> bool {
+        self.buckets.load(Ordering::Relaxed)
     }
 
     /// Forgets every captured graph (their scratch addresses changed, or graphs were switched).

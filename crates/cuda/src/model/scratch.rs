@@ -6,8 +6,9 @@ use super::*;
 /// Forwards of at most this many token rows run in the persistent scratch (and may replay CUDA graphs); larger
 /// ones allocate their scratch per call (launch costs are small next to their work).
 pub(super) const ARENA_ROWS: usize = 4096;
-/// Captured graphs kept (least recently captured dropped first).
-pub(super) const GRAPHS_KEPT: usize = 64;
+/// Captured graphs kept (least recently used dropped first): a stream of requests of many lengths meets one shape
+/// per bucket of rows ([`super::forward::bucket_rows`]: 88 up to 4,096 rows) times the segment counts it sends.
+pub(super) const GRAPHS_KEPT: usize = 256;
 /// Addresses per segment of a GDN layer in the forward's table: conv state, recurrent state, and the recurrent state
 /// the segment starts from (its own, or its parent's in [`CudaModel::forward_tree`]).
 pub(super) const GDN_ENTRIES: usize = 3;
@@ -106,8 +107,12 @@ pub(super) struct Graph(pub(super) cudarc::driver::CudaGraph);
 unsafe impl Send for Graph {}
 
 impl GraphCache {
-    pub(super) fn get(&self, s: &Shape) -> Option<&cudarc::driver::CudaGraph> {
-        self.graphs.iter().find(|(k, _)| k == s).map(|(_, g)| &g.0)
+    /// The graph of `s`, now the most recently used.
+    pub(super) fn get(&mut self, s: &Shape) -> Option<&cudarc::driver::CudaGraph> {
+        let i = self.graphs.iter().position(|(k, _)| k == s)?;
+        let hit = self.graphs.remove(i);
+        self.graphs.push(hit);
+        self.graphs.last().map(|(_, g)| &g.0)
     }
 
     /// Counts one more sight of `s`. → sights so far

@@ -588,6 +588,7 @@ impl CudaModel {
             tree_min_root,
             tree_on: std::sync::atomic::AtomicBool::new(o.trees),
             use_graphs: std::sync::atomic::AtomicBool::new(o.graphs),
+            buckets: std::sync::atomic::AtomicBool::new(o.shape_buckets),
             tc: Mutex::new(tc),
             split: Mutex::new(split),
             invariant: std::sync::atomic::AtomicBool::new(false),
