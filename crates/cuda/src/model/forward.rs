@@ -175,36 +175,43 @@ impl CudaModel {
         })
     }
 
-    /// Whether a forward over `items` (states and ids; `par` as [`CudaModel::forward_queue`]) of `rows` rows is
-    /// padded to its bucket ([`bucket_rows`]), and how: `Some((root, pad))`, `pad` more rows as one more child of
-    /// `items[root]` whose state is dropped (the child after every other, so the caller's rows keep their places;
-    /// its rows are computed and never read). Forwards of a bucket then share one shape (the bucket's rows, one
-    /// more segment, the longest counted in whole chunks: [`CudaModel::shape_of`]), so that requests of lengths not
-    /// seen before replay a captured graph instead of launching each kernel. Padded: forwards that take the tree
-    /// (roots, or roots and children without states) and fit the persistent scratch, whose longest segment is
-    /// more than one id (not a decode step), when some root may take a child (as [`CudaModel::forward_tree`]
-    /// requires: at least `tree_min_root` ids, not itself a fork, the child's positions within the model's). The
-    /// root taken is the one with the fewest positions (its keys are what the pad rows' attention reads).
+    /// Whether a forward over `items` then `dropped` (as [`CudaModel::forward_queue`]) of `rows` rows is padded to
+    /// its bucket ([`bucket_rows`]), and how ([`Pad`]): the pad rows are one more segment after every other, so the
+    /// caller's rows keep their places; they are computed and never read. Forwards of a bucket then share one shape
+    /// (the bucket's rows, one more segment, the longest counted in whole chunks: [`CudaModel::shape_of`]), so that
+    /// requests of lengths not seen before replay a captured graph instead of launching each kernel. Padded, with
+    /// shape buckets on, forwards that fit the persistent scratch and whose longest segment is more than one id (not
+    /// a decode step): plain ones (every segment a root) by one more root ([`Pad::Root`]); trees whose children's
+    /// states are dropped by one more such child ([`Pad::Child`]) where a root may take one (as
+    /// [`CudaModel::forward_tree`] requires: at least `tree_min_root` ids, not itself a fork, the child's positions
+    /// within the model's; the one with the fewest positions, whose keys are what the pad rows' attention reads).
+    /// Not padded: trees whose children keep states.
     pub(super) fn pad_for(
         &self,
         items: &[(&mut CudaState, &[u32])],
-        par: &[i32],
+        dropped: &[(usize, &[u32])],
         rows: usize,
-    ) -> Option<(usize, usize)> {
-        if !self.shape_buckets() {
-            return None;
-        }
-        let min_root = self
-            .tree_min_root
-            .filter(|_| self.tree_on.load(Ordering::Relaxed))?;
+    ) -> Option<Pad> {
         let bucket = bucket_rows(rows);
-        // Children with states of their own (written by the forward) take no dropped child beside them.
-        let roots = par.iter().take_while(|&&p| p < 0).count();
-        if bucket > ARENA_ROWS || roots < items.len() || items.iter().all(|(_, ids)| ids.len() <= 1)
+        if !self.shape_buckets()
+            || bucket > ARENA_ROWS
+            || items
+                .iter()
+                .map(|(_, ids)| ids.len())
+                .chain(dropped.iter().map(|(_, ids)| ids.len()))
+                .all(|l| l <= 1)
         {
             return None;
         }
         let pad = bucket - rows;
+        if dropped.is_empty() {
+            // Plain, or a tree whose children keep their states (their parents named in `par`): the caller knows
+            // which; forward_queue asks only for plain ones.
+            return (pad <= self.max_pos).then_some(Pad::Root(pad));
+        }
+        let min_root = self
+            .tree_min_root
+            .filter(|_| self.tree_on.load(Ordering::Relaxed))?;
         (0..items.len())
             .filter(|&r| {
                 let (st, ids) = &items[r];
@@ -213,7 +220,7 @@ impl CudaModel {
                     && st.pos + ids.len() + pad <= self.max_pos
             })
             .min_by_key(|&r| items[r].0.pos + items[r].1.len())
-            .map(|r| (r, pad))
+            .map(|root| Pad::Child { root, pad })
     }
 
     /// The graph key of a forward over segments of `lens` ids, the first `roots` of them roots (see
@@ -294,37 +301,59 @@ impl CudaModel {
         dropped: &[(usize, &[u32])],
         par: &[i32],
     ) -> Result<CudaHidden, CudaError> {
-        let g = &*self.gpu;
-        let hid = self.hid;
-        let seg_lens = |dropped: &[(usize, &[u32])]| -> Vec<usize> {
-            items
-                .iter()
-                .map(|(_, s)| s.len())
-                .chain(dropped.iter().map(|(_, s)| s.len()))
-                .collect()
-        };
-        let rows = seg_lens(dropped).iter().sum::<usize>();
+        let rows: usize = items.iter().map(|(_, s)| s.len()).sum::<usize>()
+            + dropped.iter().map(|(_, s)| s.len()).sum::<usize>();
         if rows == 0 {
             return Err(CudaError::Model(ModelError::Input("empty batch".into())));
         }
-        // Padded to its bucket: one more dropped child of `root` (ids 0, rows after every other).
-        let pad = self.pad_for(items, par, rows);
-        let (dropped, par) = match pad {
-            Some((root, pad)) => {
-                let mut d = dropped.to_vec();
-                d.push((root, &PAD_IDS[..pad]));
-                (
-                    std::borrow::Cow::Owned(d),
-                    [par, &[root as i32]].concat().into(),
-                )
+        // Padded to its bucket: one more segment of ids 0, after every other.
+        let plain = par.iter().all(|&p| p < 0);
+        let pad = self
+            .pad_for(items, dropped, rows)
+            .filter(|p| plain || matches!(p, Pad::Child { .. }));
+        match pad {
+            None => self.run_forward(items, dropped, par, rows, false),
+            Some(Pad::Child { root, pad }) => {
+                let dropped = [dropped, &[(root, &PAD_IDS[..pad])]].concat();
+                let par = [par, &[root as i32]].concat();
+                self.run_forward(items, &dropped, &par, rows, true)
             }
-            None => (
-                std::borrow::Cow::Borrowed(dropped),
-                std::borrow::Cow::Borrowed(par),
-            ),
-        };
-        let (dropped, par): (&[(usize, &[u32])], &[i32]) = (&dropped, &par);
-        let lens = seg_lens(dropped);
+            Some(Pad::Root(pad)) => {
+                // Without room for the pad state (the memory budget), unpadded.
+                let Ok(mut st) = self.take_pad_state() else {
+                    return self.run_forward(items, dropped, par, rows, false);
+                };
+                let mut padded: Vec<(&mut CudaState, &[u32])> = items
+                    .iter_mut()
+                    .map(|(st, ids)| (&mut **st, *ids))
+                    .collect();
+                padded.push((&mut st, &PAD_IDS[..pad]));
+                let par = [par, &[-1]].concat();
+                let r = self.run_forward(&mut padded, dropped, &par, rows, true);
+                drop(padded);
+                self.put_pad_state(st);
+                r
+            }
+        }
+    }
+
+    /// [`CudaModel::forward_queue`] once padded (`padded`: the last segment is the pad, [`CudaModel::pad_for`]),
+    /// the caller's segments holding the first `rows` rows.
+    fn run_forward(
+        &self,
+        items: &mut [(&mut CudaState, &[u32])],
+        dropped: &[(usize, &[u32])],
+        par: &[i32],
+        rows: usize,
+        padded: bool,
+    ) -> Result<CudaHidden, CudaError> {
+        let g = &*self.gpu;
+        let hid = self.hid;
+        let lens: Vec<usize> = items
+            .iter()
+            .map(|(_, s)| s.len())
+            .chain(dropped.iter().map(|(_, s)| s.len()))
+            .collect();
         let nseg = lens.len();
         let roots = par.iter().take_while(|&&p| p < 0).count();
         if self.profiling() {
@@ -333,7 +362,7 @@ impl CudaModel {
         }
         self.mark("start")?;
         let n: usize = lens.iter().sum();
-        let shape = self.shape_of(&lens, roots, dropped.is_empty(), pad.is_some());
+        let shape = self.shape_of(&lens, roots, dropped.is_empty(), padded);
         let table_len = TableLayout::new(&self.layers, n, nseg).len;
         // Positions of KV rows the dropped children write into the scratch.
         let kv_rows: usize = dropped.iter().map(|(_, s)| s.len()).sum();
@@ -392,8 +421,17 @@ impl CudaModel {
     }
 }
 
+/// How a forward is padded to its bucket ([`CudaModel::pad_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pad {
+    /// A plain forward: one more root of this many ids, on the model's pad state ([`CudaModel::take_pad_state`]).
+    Root(usize),
+    /// A tree whose children's states are dropped: one more such child of `items[root]`, of `pad` ids.
+    Child { root: usize, pad: usize },
+}
+
 /// The most pad rows a forward takes ([`bucket_rows`]): one gated delta chunk, so the pad child is a short one.
-const PAD_MAX: usize = ops::GDN_CHUNK;
+pub(super) const PAD_MAX: usize = ops::GDN_CHUNK;
 /// The pad child's ids.
 static PAD_IDS: [u32; PAD_MAX] = [0; PAD_MAX];
 

@@ -417,6 +417,8 @@ pub struct CudaModel {
     use_graphs: std::sync::atomic::AtomicBool,
     /// Forwards padded to buckets of rows ([`CudaOptions::shape_buckets`], [`CudaModel::pad_for`]).
     buckets: std::sync::atomic::AtomicBool,
+    /// The pad root's state between plain padded forwards ([`CudaModel::take_pad_state`]).
+    pad_state: Mutex<Option<CudaState>>,
     /// How the tensor-core kernels multiply ([`CudaModel::set_tc_arith`]; the precision's default).
     tc: Mutex<TcArith>,
     /// The projections that multiply both planes in split mode ([`CudaModel::set_split_gemms`]).

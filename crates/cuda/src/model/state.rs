@@ -129,6 +129,32 @@ impl CudaModel {
         })
     }
 
+    /// The pad root's state of a plain forward padded to its bucket (`forward::Pad::Root`), at position 0: the one
+    /// kept from the last such forward, or a new one with KV rows for the most pad rows. Its conv and recurrent
+    /// state hold whatever that forward left (finite: its own rows' inputs and updates); only its own rows read them.
+    pub(super) fn take_pad_state(&self) -> Result<CudaState, CudaError> {
+        let kept = self
+            .pad_state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let mut st = match kept {
+            Some(st) => st,
+            None => {
+                let mut st = self.new_state()?;
+                self.reserve(&mut st, super::forward::PAD_MAX)?;
+                st
+            }
+        };
+        st.pos = 0;
+        Ok(st)
+    }
+
+    /// Keeps `st` for the next plain forward padded to its bucket ([`CudaModel::take_pad_state`]).
+    pub(super) fn put_pad_state(&self, st: CudaState) {
+        *self.pad_state.lock().unwrap_or_else(|e| e.into_inner()) = Some(st);
+    }
+
     /// `n` independent device-side continuations of `st`: the recurrent state copied (one copy per fork),
     /// the KV caches shared read-only (a fork appends to its own rows). Neither side sees the other's later
     /// tokens.

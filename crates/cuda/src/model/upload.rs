@@ -589,6 +589,7 @@ impl CudaModel {
             tree_on: std::sync::atomic::AtomicBool::new(o.trees),
             use_graphs: std::sync::atomic::AtomicBool::new(o.graphs),
             buckets: std::sync::atomic::AtomicBool::new(o.shape_buckets),
+            pad_state: Mutex::new(None),
             tc: Mutex::new(tc),
             split: Mutex::new(split),
             invariant: std::sync::atomic::AtomicBool::new(false),
