@@ -240,22 +240,7 @@ impl CudaModel {
         let invariant = self.batch_invariant();
         let children = &lens[roots.min(lens.len())..];
         let n: usize = lens.iter().sum();
-        let longest = lens.iter().copied().max().unwrap_or(0);
-        let max_len = if padded {
-            longest.next_multiple_of(ops::GDN_CHUNK).min(n)
-        } else {
-            longest
-        };
-        // The lengths attention's plan counts: padded, the longest at `max_len` and the pad child (the last segment)
-        // at the most pad rows, so that the plan does not move within a bucket.
-        let counted = lens
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| match (padded, l == longest) {
-                (true, true) => max_len,
-                (true, false) if i + 1 == lens.len() => PAD_MAX,
-                _ => l,
-            });
+        let (max_len, counted) = counted_lens(lens, padded);
         Shape {
             n,
             nseg: lens.len(),
@@ -283,7 +268,7 @@ impl CudaModel {
                         .max()
                         .unwrap_or(1)
                 } else {
-                    crate::attn_tc::attention_tc_plan(counted, a, sms)
+                    crate::attn_tc::attention_tc_plan(counted.iter().copied(), a, sms)
                 }
             }),
             step: Step::Forward,
@@ -435,6 +420,29 @@ pub(super) const PAD_MAX: usize = ops::GDN_CHUNK;
 /// The pad child's ids.
 static PAD_IDS: [u32; PAD_MAX] = [0; PAD_MAX];
 
+/// The longest segment as a forward's launches count it, and the segment lengths attention's key-split plan counts
+/// ([`CudaModel::shape_of`]). Padded ([`CudaModel::pad_for`], the pad the last segment): the longest at its length
+/// rounded up to whole gated delta chunks (at most the forward's rows) and the pad at the most pad rows, so that
+/// neither moves within a bucket; else as they are.
+fn counted_lens(lens: &[usize], padded: bool) -> (usize, Vec<usize>) {
+    let n: usize = lens.iter().sum();
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    if !padded {
+        return (longest, lens.to_vec());
+    }
+    let max_len = longest.next_multiple_of(ops::GDN_CHUNK).min(n);
+    let counted = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| match (l == longest, i + 1 == lens.len()) {
+            (true, _) => max_len,
+            (false, true) => PAD_MAX,
+            (false, false) => l,
+        })
+        .collect();
+    (max_len, counted)
+}
+
 /// The rows a forward of `rows` rows is padded to ([`CudaModel::pad_for`]): the next multiple of 16 above it below
 /// 256 rows, of 32 below 1,024, of 64 from there (so at most 6%, 3% and 6% more rows, and at least one pad row, so
 /// that every forward of a bucket has the same segments).
@@ -471,5 +479,60 @@ mod tests {
         assert_eq!(bucket_rows(402), 416);
         assert_eq!((bucket_rows(255), bucket_rows(256)), (256, 288));
         assert_eq!(bucket_rows(3691), 3712);
+    }
+
+    /// What a padded forward's graph key takes from its segment lengths (rows, segments, the longest as counted, the
+    /// gated delta chunks, attention's counted lengths), over System One's cold trees: a context of 100 to 3,900
+    /// ids with 7 suffixes of 29 ids (the pad child last), as a stream of new users sends them. Within a bucket,
+    /// contexts whose last chunk is the same share one key, so the keys are at most the buckets plus the chunk
+    /// counts (here 131 keys over 72 buckets for 3,801 lengths; unpadded, one key per length), and a key's rows
+    /// hold its forward's.
+    #[test]
+    fn a_bucket_of_system_one_trees_shares_one_key() {
+        let kids = 7 * 29;
+        let key = |ctx: usize| {
+            let rows = ctx + kids;
+            let pad = bucket_rows(rows) - rows;
+            let lens: Vec<usize> = [ctx].into_iter().chain([29; 7]).chain([pad]).collect();
+            let (max_len, counted) = counted_lens(&lens, true);
+            let chunks: usize = lens.iter().map(|l| l.div_ceil(ops::GDN_CHUNK)).sum();
+            (
+                lens.iter().sum::<usize>(),
+                lens.len(),
+                max_len,
+                chunks,
+                counted,
+            )
+        };
+        let contexts = 100..=3900;
+        let keys: std::collections::BTreeSet<_> = contexts.clone().map(key).collect();
+        let buckets: std::collections::BTreeSet<_> =
+            contexts.clone().map(|c| bucket_rows(c + kids)).collect();
+        let chunk_counts: std::collections::BTreeSet<_> =
+            contexts.clone().map(|c| c.div_ceil(64)).collect();
+        assert!(
+            keys.len() <= buckets.len() + chunk_counts.len(),
+            "{} keys for {} buckets and {} chunk counts",
+            keys.len(),
+            buckets.len(),
+            chunk_counts.len()
+        );
+        for c in contexts.clone().skip(1) {
+            let (a, b) = (key(c - 1), key(c));
+            let same_bucket = bucket_rows(c - 1 + kids) == bucket_rows(c + kids);
+            if same_bucket && (c - 1).div_ceil(64) == c.div_ceil(64) {
+                assert_eq!(a, b, "contexts of {} and {c} ids", c - 1);
+            }
+            assert!(
+                a.0 >= c - 1 + kids && b.0 >= c + kids,
+                "a key's rows below its forward's"
+            );
+        }
+        // Unpadded, every length is a key of its own.
+        let exact: std::collections::BTreeSet<_> = contexts
+            .clone()
+            .map(|c| counted_lens(&[&[c][..], &[29; 7]].concat(), false))
+            .collect();
+        assert_eq!(exact.len(), contexts.count());
     }
 }
