@@ -102,11 +102,14 @@ fn unseen_body(body: &[u8], i: usize) -> Result<Vec<u8>> {
 }
 
 /// `n` requests of a workload (`body`) the engine has not seen, timed one at a time (unseen_body's variants 1..=n;
-/// planned first, untimed, to count their distinct row lengths). Prints the line; → its JSON.
+/// planned first, untimed, to count their distinct row lengths), and how many CUDA graphs their forwards launched
+/// (`graphs`: the count so far; with shape buckets, requests whose rows share a bucket replay one). Prints the line;
+/// → its JSON.
 fn time_unseen<B: onepass_decide::engine::Backend>(
     e: &onepass_decide::Engine<B>,
     body: &[u8],
     n: usize,
+    graphs: &dyn Fn() -> u64,
 ) -> Result<serde_json::Value> {
     let bodies: Vec<Vec<u8>> = (1..=n)
         .map(|i| unseen_body(body, i))
@@ -117,22 +120,25 @@ fn time_unseen<B: onepass_decide::engine::Backend>(
         shapes.insert(p.rows.iter().map(|r| r.ids.len()).collect::<Vec<_>>());
     }
     let mut t = Vec::with_capacity(n);
+    let graphs0 = graphs();
     for b in &bodies {
         let t0 = Instant::now();
         e.system_one(b)?;
         t.push(t0.elapsed().as_secs_f64());
     }
+    let launched = graphs() - graphs0;
     t.sort_by(f64::total_cmp);
     let (p50, p95) = (pct(&t, 0.5), pct(&t, 0.95));
     eprintln!(
         "  {n:>3} unseen requests, one at a time {:>9.2} {:>9.2}   ({} distinct row lengths; each request new to the \
-         engine)",
+         engine; {launched} graph launches)",
         p50 * 1e3,
         p95 * 1e3,
         shapes.len()
     );
     Ok(
-        json!({"requests": n, "distinct_row_lengths": shapes.len(), "p50_ms": p50 * 1e3, "p95_ms": p95 * 1e3}),
+        json!({"requests": n, "distinct_row_lengths": shapes.len(), "p50_ms": p50 * 1e3, "p95_ms": p95 * 1e3,
+        "graph_launches": launched}),
     )
 }
 
@@ -226,7 +232,13 @@ pub fn bench_systemone(a: BenchSystemoneArgs) -> Result<()> {
         .filter(|(i, _)| a.workloads.contains(&(i + 1)))
         .map(|(_, w)| w.clone())
         .collect();
-    let report = bench_engine(&any, &a, &timed)?;
+    // Graph launches so far (the GPU's; none on the CPU), for the new requests' line.
+    let graphs = || {
+        any.model()
+            .as_cuda()
+            .map_or(0, |m| m.model().graph_launches())
+    };
+    let report = bench_engine(&any, &a, &timed, &graphs)?;
     // Where the time goes (the profiled workload: GPU time by op, then host time against GPU time).
     let (mut profile, mut host, mut host_unseen) =
         (Vec::new(), serde_json::Value::Null, serde_json::Value::Null);
@@ -395,6 +407,7 @@ fn bench_engine<B: onepass_decide::engine::Backend>(
     e: &onepass_decide::Engine<B>,
     a: &BenchSystemoneArgs,
     workloads: &[Workload],
+    graphs: &dyn Fn() -> u64,
 ) -> Result<Vec<serde_json::Value>> {
     let mut report = Vec::new();
     let answer = |body: &[u8]| -> Result<()> { Ok(e.system_one(body).map(|_| ())?) };
@@ -439,7 +452,7 @@ fn bench_engine<B: onepass_decide::engine::Backend>(
             decisions as f64 / mean_s
         );
         let unseen = if a.unseen > 0 {
-            time_unseen(e, body, a.unseen)?
+            time_unseen(e, body, a.unseen, graphs)?
         } else {
             serde_json::Value::Null
         };
