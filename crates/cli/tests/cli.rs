@@ -186,7 +186,10 @@ fn bench_systemone_times_the_workloads_asked_for() {
     let unseen = &w[0]["unseen"];
     assert_eq!(unseen["requests"], 3, "{v}");
     assert_eq!(unseen["distinct_row_lengths"], 3, "{v}");
-    assert_eq!(unseen["graph_launches"], 0, "the CPU launches no CUDA graph: {v}");
+    assert_eq!(
+        unseen["graph_launches"], 0,
+        "the CPU launches no CUDA graph: {v}"
+    );
     assert!(unseen["p50_ms"].as_f64().expect("unseen p50") > 0.0, "{v}");
     let m = d.path().to_str().expect("path");
     for (flag, value, want) in [

@@ -81,9 +81,10 @@ impl CudaModel {
     /// read-only); without it none, and nothing is allocated for them: their recurrent states are never written (the
     /// state pass skips its last update) and their KV rows live in the forward scratch.
     ///
-    /// `Ok(None)`, with nothing run: this model does not take the tree ([`GdnKernels::Simt`], a GDN layer the tensor-core
-    /// state pass does not take, trees turned off), or a root with children has fewer ids than `tree_min_root` or is
-    /// itself a fork (its KV caches shared). The caller then runs the roots, forks them and runs the children.
+    /// `Ok(None)`, with nothing run: this model does not take the tree ([`GdnKernels::Simt`], a GDN layer the
+    /// tensor-core state pass does not take, trees turned off), or a root with children has fewer ids than
+    /// `tree_min_root` or is itself a fork (its KV caches shared). The caller then runs the roots, forks them and runs
+    /// the children.
     pub fn forward_tree(
         &self,
         roots: &mut [(&mut CudaState, &[u32])],
