@@ -193,35 +193,22 @@ impl CudaModel {
         dropped: &[(usize, &[u32])],
         rows: usize,
     ) -> Option<Pad> {
-        let bucket = bucket_rows(rows);
-        if !self.shape_buckets()
-            || bucket > ARENA_ROWS
-            || items
-                .iter()
-                .map(|(_, ids)| ids.len())
-                .chain(dropped.iter().map(|(_, ids)| ids.len()))
-                .all(|l| l <= 1)
-        {
+        if !self.shape_buckets() {
             return None;
         }
-        let pad = bucket - rows;
-        if dropped.is_empty() {
-            // Plain, or a tree whose children keep their states (their parents named in `par`): the caller knows
-            // which; forward_queue asks only for plain ones.
-            return (pad <= self.max_pos).then_some(Pad::Root(pad));
-        }
+        let roots: Vec<RootInfo> = items
+            .iter()
+            .map(|(st, ids)| RootInfo {
+                ids: ids.len(),
+                pos: st.pos,
+                forked: st.base.is_some(),
+            })
+            .collect();
+        let lens: Vec<usize> = dropped.iter().map(|(_, ids)| ids.len()).collect();
         let min_root = self
             .tree_min_root
-            .filter(|_| self.tree_on.load(Ordering::Relaxed))?;
-        (0..items.len())
-            .filter(|&r| {
-                let (st, ids) = &items[r];
-                ids.len() >= min_root
-                    && st.base.is_none()
-                    && st.pos + ids.len() + pad <= self.max_pos
-            })
-            .min_by_key(|&r| items[r].0.pos + items[r].1.len())
-            .map(|root| Pad::Child { root, pad })
+            .filter(|_| self.tree_on.load(Ordering::Relaxed));
+        choose_pad(&roots, &lens, rows, min_root, self.max_pos)
     }
 
     /// The graph key of a forward over segments of `lens` ids, the first `roots` of them roots (see
@@ -416,6 +403,50 @@ pub(super) enum Pad {
     Child { root: usize, pad: usize },
 }
 
+/// What [`choose_pad`] needs of a segment with a state: its ids, the position it starts at, and whether it is a fork
+/// (its KV rows partly another state's).
+#[derive(Clone, Copy, Debug)]
+struct RootInfo {
+    ids: usize,
+    pos: usize,
+    forked: bool,
+}
+
+/// [`CudaModel::pad_for`]'s choice, from the segments with states (`items`), the dropped children's lengths, the
+/// forward's `rows`, the tree's shortest root (`None`: no trees) and the model's positions.
+fn choose_pad(
+    items: &[RootInfo],
+    dropped: &[usize],
+    rows: usize,
+    min_root: Option<usize>,
+    max_pos: usize,
+) -> Option<Pad> {
+    let bucket = bucket_rows(rows);
+    if bucket > ARENA_ROWS
+        || items
+            .iter()
+            .map(|r| r.ids)
+            .chain(dropped.iter().copied())
+            .all(|l| l <= 1)
+    {
+        return None;
+    }
+    let pad = bucket - rows;
+    if dropped.is_empty() {
+        // Plain, or a tree whose children keep their states (their parents named in `par`): the caller knows which;
+        // forward_queue asks only for plain ones.
+        return (pad <= max_pos).then_some(Pad::Root(pad));
+    }
+    let min_root = min_root?;
+    (0..items.len())
+        .filter(|&r| {
+            let x = items[r];
+            x.ids >= min_root && !x.forked && x.pos + x.ids + pad <= max_pos
+        })
+        .min_by_key(|&r| items[r].pos + items[r].ids)
+        .map(|root| Pad::Child { root, pad })
+}
+
 /// The most pad rows a forward takes ([`bucket_rows`]): one gated delta chunk, so the pad child is a short one.
 pub(super) const PAD_MAX: usize = ops::GDN_CHUNK;
 /// The pad child's ids.
@@ -480,6 +511,79 @@ mod tests {
         assert_eq!(bucket_rows(402), 416);
         assert_eq!((bucket_rows(255), bucket_rows(256)), (256, 288));
         assert_eq!(bucket_rows(3691), 3712);
+    }
+
+    #[test]
+    fn the_pad_goes_where_the_tree_allows() {
+        let root = |ids, pos, forked| RootInfo { ids, pos, forked };
+        let max_pos = 4096;
+        // A plain forward: one more root, whatever its segments (forks included).
+        let plain = [root(40, 0, false), root(9, 17, true)];
+        assert_eq!(
+            choose_pad(&plain, &[], 49, Some(3), max_pos),
+            Some(Pad::Root(15))
+        );
+        assert_eq!(
+            choose_pad(&plain, &[], 49, None, max_pos),
+            Some(Pad::Root(15))
+        );
+        // Decode steps (every segment one id) and forwards past the scratch are not padded.
+        assert_eq!(
+            choose_pad(
+                &[root(1, 5, false), root(1, 9, false)],
+                &[],
+                2,
+                Some(3),
+                max_pos
+            ),
+            None
+        );
+        assert_eq!(
+            choose_pad(&[root(4096, 0, false)], &[], 4096, Some(3), max_pos),
+            None
+        );
+        assert_eq!(
+            choose_pad(&[root(4000, 0, false)], &[], 4000, Some(3), max_pos),
+            Some(Pad::Root(32))
+        );
+        // A tree: the child goes to the root with the fewest positions that may take one (enough ids, not a fork,
+        // room for the pad's positions).
+        let roots = [
+            root(300, 0, false),
+            root(50, 100, false),
+            root(60, 0, false),
+            root(2, 0, false),
+            root(40, 0, true),
+        ];
+        let rows = 452 + 29;
+        assert_eq!(
+            choose_pad(&roots, &[29], rows, Some(3), max_pos),
+            Some(Pad::Child {
+                root: 2,
+                pad: 512 - rows
+            })
+        );
+        assert_eq!(
+            choose_pad(&roots, &[29], rows, None, max_pos),
+            None,
+            "no trees: no child"
+        );
+        // Where no root may take one, no pad.
+        assert_eq!(
+            choose_pad(
+                &[root(2, 0, false), root(40, 0, true)],
+                &[29],
+                71,
+                Some(3),
+                max_pos
+            ),
+            None
+        );
+        assert_eq!(
+            choose_pad(&[root(60, 4080, false)], &[5], 65, Some(3), max_pos),
+            None,
+            "past the positions"
+        );
     }
 
     /// What a padded forward's graph key takes from its segment lengths (rows, segments, the longest as counted, the
