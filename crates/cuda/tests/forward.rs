@@ -221,8 +221,7 @@ fn graph_replays_equal_direct_runs() {
 /// With shape buckets on, forwards of lengths not seen before replay one captured graph when their rows fall in one
 /// bucket (each padded to it: a tree by one more dropped child, a plain forward by one more root, of pad ids): trees
 /// of a root of 40 to 48 ids and children of 9 and 5 (54 to 62 rows, the bucket of 64), then prefills of 33 to 45
-/// ids (the bucket of 48). The first of each runs kernel by kernel, the
-/// second captures, the rest replay; every forward's rows equal those of the same model without graphs bit for bit
+/// ids (the bucket of 48). The first of each runs kernel by kernel, the second captures, the rest replay; every forward's rows equal those of the same model without graphs bit for bit
 /// (the padding does not depend on graphs), and agree with the exact CPU model within the exact mode's bound, the
 /// prefills' states too (3 more ids on each: the pad root, a state of the model's own, must leave the prefill's
 /// conv, recurrent and KV state alone).

@@ -191,6 +191,7 @@ impl CudaModel {
         &self,
         items: &[(&mut CudaState, &[u32])],
         dropped: &[(usize, &[u32])],
+        par: &[i32],
         rows: usize,
     ) -> Option<Pad> {
         if !self.shape_buckets() {
@@ -208,7 +209,8 @@ impl CudaModel {
         let min_root = self
             .tree_min_root
             .filter(|_| self.tree_on.load(Ordering::Relaxed));
-        choose_pad(&roots, &lens, rows, min_root, self.max_pos)
+        let kept_children = par.iter().any(|&p| p >= 0) && dropped.is_empty();
+        choose_pad(&roots, &lens, kept_children, rows, min_root, self.max_pos)
     }
 
     /// The graph key of a forward over segments of `lens` ids, the first `roots` of them roots (see
@@ -280,11 +282,7 @@ impl CudaModel {
             return Err(CudaError::Model(ModelError::Input("empty batch".into())));
         }
         // Padded to its bucket: one more segment of ids 0, after every other.
-        let plain = par.iter().all(|&p| p < 0);
-        let pad = self
-            .pad_for(items, dropped, rows)
-            .filter(|p| plain || matches!(p, Pad::Child { .. }));
-        match pad {
+        match self.pad_for(items, dropped, par, rows) {
             None => self.run_forward(items, dropped, par, rows, false),
             Some(Pad::Child { root, pad }) => {
                 let dropped = [dropped, &[(root, &PAD_IDS[..pad])]].concat();
@@ -412,17 +410,20 @@ struct RootInfo {
     forked: bool,
 }
 
-/// [`CudaModel::pad_for`]'s choice, from the segments with states (`items`), the dropped children's lengths, the
-/// forward's `rows`, the tree's shortest root (`None`: no trees) and the model's positions.
+/// [`CudaModel::pad_for`]'s choice, from the segments with states (`items`), the dropped children's lengths, whether
+/// some of `items` are children keeping their states, the forward's `rows`, the tree's shortest root (`None`: no
+/// trees) and the model's positions.
 fn choose_pad(
     items: &[RootInfo],
     dropped: &[usize],
+    kept_children: bool,
     rows: usize,
     min_root: Option<usize>,
     max_pos: usize,
 ) -> Option<Pad> {
     let bucket = bucket_rows(rows);
     if bucket > ARENA_ROWS
+        || kept_children
         || items
             .iter()
             .map(|r| r.ids)
@@ -433,8 +434,6 @@ fn choose_pad(
     }
     let pad = bucket - rows;
     if dropped.is_empty() {
-        // Plain, or a tree whose children keep their states (their parents named in `par`): the caller knows which;
-        // forward_queue asks only for plain ones.
         return (pad <= max_pos).then_some(Pad::Root(pad));
     }
     let min_root = min_root?;
@@ -456,13 +455,14 @@ static PAD_IDS: [u32; PAD_MAX] = [0; PAD_MAX];
 /// ([`CudaModel::shape_of`]). Padded ([`CudaModel::pad_for`], the pad the last segment): the longest at its length
 /// rounded up to whole gated delta chunks (at most the forward's rows) and the pad at the most pad rows, so that
 /// neither moves within a bucket; else as they are.
-fn counted_lens(lens: &[usize], padded: bool) -> (usize, Vec<usize>) {
-    let n: usize = lens.iter().sum();
+fn counted_lens(lens: &[usize], padded: bool) -> (usize, std::borrow::Cow<'_, [usize]>) {
     let longest = lens.iter().copied().max().unwrap_or(0);
     if !padded {
-        return (longest, lens.to_vec());
+        return (longest, lens.into());
     }
-    let max_len = longest.next_multiple_of(ops::GDN_CHUNK).min(n);
+    let max_len = longest
+        .next_multiple_of(ops::GDN_CHUNK)
+        .min(lens.iter().sum());
     let counted = lens
         .iter()
         .enumerate()
@@ -471,8 +471,8 @@ fn counted_lens(lens: &[usize], padded: bool) -> (usize, Vec<usize>) {
             (false, true) => PAD_MAX,
             (false, false) => l,
         })
-        .collect();
-    (max_len, counted)
+        .collect::<Vec<_>>();
+    (max_len, counted.into())
 }
 
 /// The rows a forward of `rows` rows is padded to ([`CudaModel::pad_for`]): the next multiple of 16 above it below
@@ -520,11 +520,11 @@ mod tests {
         // A plain forward: one more root, whatever its segments (forks included).
         let plain = [root(40, 0, false), root(9, 17, true)];
         assert_eq!(
-            choose_pad(&plain, &[], 49, Some(3), max_pos),
+            choose_pad(&plain, &[], false, 49, Some(3), max_pos),
             Some(Pad::Root(15))
         );
         assert_eq!(
-            choose_pad(&plain, &[], 49, None, max_pos),
+            choose_pad(&plain, &[], false, 49, None, max_pos),
             Some(Pad::Root(15))
         );
         // Decode steps (every segment one id) and forwards past the scratch are not padded.
@@ -532,6 +532,7 @@ mod tests {
             choose_pad(
                 &[root(1, 5, false), root(1, 9, false)],
                 &[],
+                false,
                 2,
                 Some(3),
                 max_pos
@@ -539,11 +540,11 @@ mod tests {
             None
         );
         assert_eq!(
-            choose_pad(&[root(4096, 0, false)], &[], 4096, Some(3), max_pos),
+            choose_pad(&[root(4096, 0, false)], &[], false, 4096, Some(3), max_pos),
             None
         );
         assert_eq!(
-            choose_pad(&[root(4000, 0, false)], &[], 4000, Some(3), max_pos),
+            choose_pad(&[root(4000, 0, false)], &[], false, 4000, Some(3), max_pos),
             Some(Pad::Root(32))
         );
         // A tree: the child goes to the root with the fewest positions that may take one (enough ids, not a fork,
@@ -557,22 +558,25 @@ mod tests {
         ];
         let rows = 452 + 29;
         assert_eq!(
-            choose_pad(&roots, &[29], rows, Some(3), max_pos),
+            choose_pad(&roots, &[29], false, rows, Some(3), max_pos),
             Some(Pad::Child {
                 root: 2,
                 pad: 512 - rows
             })
         );
         assert_eq!(
-            choose_pad(&roots, &[29], rows, None, max_pos),
+            choose_pad(&roots, &[29], false, rows, None, max_pos),
             None,
             "no trees: no child"
         );
+        // A tree whose children keep their states takes no pad (a dropped child beside them would drop theirs).
+        assert_eq!(choose_pad(&plain, &[], true, 49, Some(3), max_pos), None);
         // Where no root may take one, no pad.
         assert_eq!(
             choose_pad(
                 &[root(2, 0, false), root(40, 0, true)],
                 &[29],
+                false,
                 71,
                 Some(3),
                 max_pos
@@ -580,7 +584,7 @@ mod tests {
             None
         );
         assert_eq!(
-            choose_pad(&[root(60, 4080, false)], &[5], 65, Some(3), max_pos),
+            choose_pad(&[root(60, 4080, false)], &[5], false, 65, Some(3), max_pos),
             None,
             "past the positions"
         );
@@ -590,8 +594,8 @@ mod tests {
     /// gated delta chunks, attention's counted lengths), over System One's cold trees: a context of 100 to 3,900
     /// ids with 7 suffixes of 29 ids (the pad child last), as a stream of new users sends them. Within a bucket,
     /// contexts whose last chunk is the same share one key, so the keys are at most the buckets plus the chunk
-    /// counts (here 131 keys over 72 buckets for 3,801 lengths; unpadded, one key per length), and a key's rows
-    /// hold its forward's.
+    /// counts (printed: 131 keys over 72 buckets for 3,801 lengths on 2026-12-07; unpadded, one key per length),
+    /// and a key's rows hold its forward's.
     #[test]
     fn a_bucket_of_system_one_trees_shares_one_key() {
         let kids = 7 * 29;
@@ -606,7 +610,7 @@ mod tests {
                 lens.len(),
                 max_len,
                 chunks,
-                counted,
+                counted.into_owned(),
             )
         };
         let contexts = 100..=3900;
@@ -615,6 +619,13 @@ mod tests {
             contexts.clone().map(|c| bucket_rows(c + kids)).collect();
         let chunk_counts: std::collections::BTreeSet<_> =
             contexts.clone().map(|c| c.div_ceil(64)).collect();
+        eprintln!(
+            "{} keys, {} buckets, {} chunk counts for {} context lengths",
+            keys.len(),
+            buckets.len(),
+            chunk_counts.len(),
+            contexts.clone().count()
+        );
         assert!(
             keys.len() <= buckets.len() + chunk_counts.len(),
             "{} keys for {} buckets and {} chunk counts",
@@ -636,7 +647,11 @@ mod tests {
         // Unpadded, every length is a key of its own.
         let exact: std::collections::BTreeSet<_> = contexts
             .clone()
-            .map(|c| counted_lens(&[&[c][..], &[29; 7]].concat(), false))
+            .map(|c| {
+                let lens = [&[c][..], &[29; 7]].concat();
+                let (max_len, counted) = counted_lens(&lens, false);
+                (max_len, counted.into_owned())
+            })
             .collect();
         assert_eq!(exact.len(), contexts.count());
     }

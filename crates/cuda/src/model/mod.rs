@@ -577,9 +577,10 @@ impl CudaModel {
     }
 
     /// Pads forwards to buckets of rows from the next forward on, or stops (at first: [`CudaOptions::shape_buckets`]):
-    /// a forward that takes the tree and fits the persistent scratch runs at its bucket's rows with one more child
-    /// whose rows are never read ([`CudaModel::pad_for`]), so forwards of lengths not seen before share a bucket's
-    /// graph. Whether or not graphs are on, so that a replay and a direct run of a forward give the same bits.
+    /// a forward that fits the persistent scratch runs at its bucket's rows with one more segment whose rows are
+    /// never read (a root, or a tree's dropped child: [`CudaModel::pad_for`]), so forwards of lengths not seen
+    /// before share a bucket's graph. Whether or not graphs are on, so that a replay and a direct run of a forward
+    /// give the same bits.
     pub fn set_shape_buckets(&self, on: bool) {
         self.buckets.store(on, Ordering::Relaxed);
     }
