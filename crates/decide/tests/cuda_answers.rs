@@ -120,6 +120,80 @@ impl Diff {
     fn mean(&self) -> f64 {
         self.sum / self.n.max(1) as f64
     }
+
+    /// `got` against `want`.
+    fn of(got: &[Vec<Vec<f32>>], want: &[Vec<Vec<f32>>]) -> Diff {
+        let mut d = Diff::default();
+        d.add(got, want);
+        d
+    }
+}
+
+/// An answer checkpoint (f32, or its bf16 twin) with its requests planned and the CPU engine's answers to each alone.
+struct Reference {
+    dir: &'static Path,
+    bf16: bool,
+    /// The preset and which of the two.
+    label: String,
+    plans: Vec<Plan>,
+    want: Vec<Vec<Vec<f32>>>,
+}
+
+/// Every answer checkpoint and its bf16 twin, each with the CPU's answers (computed as the iteration reaches it).
+fn references() -> impl Iterator<Item = Reference> {
+    PRESETS
+        .iter()
+        .flat_map(|p| [(*p, None), (*p, Some(onepass_tensor::DType::BF16))])
+        .map(|(preset, dtype)| {
+            let dir = answer_checkpoint_in(preset, dtype);
+            let cpu = Engine::load(dir, no_lru()).unwrap();
+            let plans = plans(&cpu, &bodies(preset));
+            let want = alone(&cpu, &plans);
+            let which = if dtype.is_some() { "bf16 twin" } else { "f32" };
+            Reference {
+                dir,
+                bf16: dtype.is_some(),
+                label: format!("{preset} ({which})"),
+                plans,
+                want,
+            }
+        })
+}
+
+/// A GPU engine's answers (`got`: each request alone) against the CPU's, then on the GPU all requests in one call
+/// against each alone (batch invariance) and the two-pass route (prefix forward, forks, suffix forward) against the
+/// tree. → (vs the CPU, batched vs alone, two passes vs one)
+fn route_diffs(
+    gpu: &Engine<CudaBackend>,
+    r: &Reference,
+    got: &[Vec<Vec<f32>>],
+) -> (Diff, Diff, Diff) {
+    let m = gpu.model().model();
+    let d = Diff::of(got, &r.want);
+    let inv = Diff::of(&together(gpu, &r.plans), got);
+    m.set_tree(false);
+    let two = Diff::of(&alone(gpu, &r.plans), got);
+    m.set_tree(true);
+    (d, inv, two)
+}
+
+/// Records on `fails` what [`route_diffs`] found past the bars: against the CPU the max, mean and argmax; batched and
+/// two passes the max and argmax.
+fn check_routes(
+    fails: &mut Vec<String>,
+    tag: &str,
+    (d, inv, two): &(Diff, Diff, Diff),
+    max_tol: f32,
+    mean_tol: f64,
+) {
+    if d.max > max_tol || d.mean() > mean_tol || d.argmax_diff > 0 {
+        fails.push(format!("{tag} vs CPU: {d:?}"));
+    }
+    for (what, x) in [("batched vs alone", inv), ("two passes vs one", two)] {
+        if x.max > max_tol || x.argmax_diff > 0 {
+            fails.push(format!("{tag} {what}: {x:?}"));
+        }
+    }
 }
 
 /// `dir`'s System One engine with the model on the GPU.
@@ -180,20 +254,9 @@ fn gpu_answers_match_cpu_engine() {
         (Precision::Half, 0.02, 0.002),
         (Precision::Bf16, 0.2, 0.05),
     ];
-    for (preset, dtype) in PRESETS
-        .iter()
-        .flat_map(|p| [(*p, None), (*p, Some(onepass_tensor::DType::BF16))])
-    {
-        let dir = answer_checkpoint_in(preset, dtype);
-        let b = bodies(preset);
-        let cpu = Engine::load(dir, no_lru()).unwrap();
-        let ps = plans(&cpu, &b);
-        let want = alone(&cpu, &ps);
-        let preset = format!(
-            "{preset} ({})",
-            if dtype.is_some() { "bf16 twin" } else { "f32" }
-        );
-        if dtype.is_none() {
+    for r in references() {
+        let (dir, preset) = (r.dir, &r.label);
+        if !r.bf16 {
             let half = gpu_engine(dir, Precision::Half, 4 << 30);
             let got = half.model().model().precision();
             if got != Precision::Mixed || half.model().model().precision_fallback().is_none() {
@@ -202,7 +265,7 @@ fn gpu_answers_match_cpu_engine() {
                 ));
             }
         }
-        let runs = (if dtype.is_some() { &bf16_ck } else { &f32_ck })
+        let runs = (if r.bf16 { &bf16_ck } else { &f32_ck })
             .iter()
             .copied()
             .flat_map(|(prec, max_tol, mean_tol)| {
@@ -231,22 +294,14 @@ fn gpu_answers_match_cpu_engine() {
             }
             let tc = m.tc_arith();
             let trees = m.tree_forwards();
-            let got = alone(&gpu, &ps);
+            let got = alone(&gpu, &r.plans);
             let tag = format!("{preset} {prec:?} {}", tc.describe());
             // The one-forward tree ran (at least one request's prefix and suffixes in one forward).
             if m.tree_forwards() == trees {
                 fails.push(format!("{tag}: no request took the one-forward tree"));
             }
-            let mut d = Diff::default();
-            d.add(&got, &want);
-            // Batch invariance: all requests in one call against each alone, on the GPU.
-            let mut inv = Diff::default();
-            inv.add(&together(&gpu, &ps), &got);
-            // The two-pass path (prefix forward, forks, suffix forward) against the tree.
-            m.set_tree(false);
-            let mut two = Diff::default();
-            two.add(&alone(&gpu, &ps), &got);
-            m.set_tree(true);
+            let diffs = route_diffs(&gpu, &r, &got);
+            let (d, inv, two) = &diffs;
             eprintln!(
                 "{tag}: {} slots, max|dp| {:.3e} (bar {max_tol:.0e}), mean|dp| {:.3e} (bar {mean_tol:.0e}), \
                  argmax differs {} (+{} near-ties); batched vs alone: max|dp| {:.3e}, mean {:.3e}, argmax differs {}; \
@@ -254,21 +309,13 @@ fn gpu_answers_match_cpu_engine() {
                 d.slots, d.max, d.mean(), d.argmax_diff, d.near_ties, inv.max, inv.mean(), inv.argmax_diff,
                 two.max, two.mean(), two.argmax_diff
             );
-            if d.max > max_tol || d.mean() > mean_tol || d.argmax_diff > 0 {
-                fails.push(format!("{tag} vs CPU: {d:?}"));
-            }
-            if inv.max > max_tol || inv.argmax_diff > 0 {
-                fails.push(format!("{tag} batched vs alone: {inv:?}"));
-            }
-            if two.max > max_tol || two.argmax_diff > 0 {
-                fails.push(format!("{tag} two passes vs one: {two:?}"));
-            }
+            check_routes(&mut fails, &tag, &diffs, max_tol, mean_tol);
         }
     }
     assert!(fails.is_empty(), "{fails:?}");
 }
 
-/// With shape buckets on (every forward padded to its bucket of rows by a child whose rows are never read), in the
+/// With shape buckets on (every forward padded to its bucket of rows by a segment whose rows are never read), in the
 /// exact mode and the checkpoint's default one (half on the bf16 twins, mixed on the f32 checkpoints): the answers
 /// within the bars of the CPU engine, all requests in one call against each alone, the two-pass route against the
 /// tree, and against the same precision without buckets (the pad moves a row only by the GEMMs' rounding at another
@@ -278,29 +325,13 @@ fn gpu_answers_match_cpu_engine() {
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gpu_answers_in_shape_buckets_match_cpu_engine() {
     let mut fails = Vec::new();
-    for (preset, dtype) in PRESETS
-        .iter()
-        .flat_map(|p| [(*p, None), (*p, Some(onepass_tensor::DType::BF16))])
-    {
-        let dir = answer_checkpoint_in(preset, dtype);
-        let b = bodies(preset);
-        let cpu = Engine::load(dir, no_lru()).unwrap();
-        let ps = plans(&cpu, &b);
-        let want = alone(&cpu, &ps);
-        let preset = format!(
-            "{preset} ({})",
-            if dtype.is_some() { "bf16 twin" } else { "f32" }
-        );
-        let default = if dtype.is_some() {
+    for r in references() {
+        let default = if r.bf16 {
             Precision::Half
         } else {
             Precision::Mixed
         };
-        let (bar_max, bar_mean) = if dtype.is_some() {
-            (0.02, 0.002)
-        } else {
-            (0.2, 0.05)
-        };
+        let (bar_max, bar_mean) = if r.bf16 { (0.02, 0.002) } else { (0.2, 0.05) };
         for (prec, max_tol, mean_tol) in [
             (Precision::F32, 1e-4f32, 1e-5f64),
             (default, bar_max, bar_mean),
@@ -312,43 +343,29 @@ fn gpu_answers_in_shape_buckets_match_cpu_engine() {
                     shape_buckets: buckets,
                     ..CudaOptions::default()
                 };
-                load_engine(dir, no_lru(), &cuda).expect("GPU engine")
+                load_engine(r.dir, no_lru(), &cuda).expect("GPU engine")
             };
             let (gpu, plain) = (engine(true), engine(false));
             let m = gpu.model().model();
             let (trees, graphs) = (m.tree_forwards(), m.graph_launches());
-            let got = alone(&gpu, &ps);
-            let tag = format!("{preset} {prec:?} shape buckets");
+            let got = alone(&gpu, &r.plans);
+            let tag = format!("{} {prec:?} shape buckets", r.label);
             if m.tree_forwards() == trees {
                 fails.push(format!("{tag}: no request took the one-forward tree"));
             }
             let replays = m.graph_launches() - graphs;
-            let mut d = Diff::default();
-            d.add(&got, &want);
-            let mut inv = Diff::default();
-            inv.add(&together(&gpu, &ps), &got);
-            let mut unpadded = Diff::default();
-            unpadded.add(&alone(&plain, &ps), &got);
-            m.set_tree(false);
-            let mut two = Diff::default();
-            two.add(&alone(&gpu, &ps), &got);
-            m.set_tree(true);
+            let unpadded = Diff::of(&alone(&plain, &r.plans), &got);
+            let diffs = route_diffs(&gpu, &r, &got);
+            let (d, inv, two) = &diffs;
             eprintln!(
                 "{tag}: {} slots, max|dp| {:.3e} (bar {max_tol:.0e}), mean|dp| {:.3e} (bar {mean_tol:.0e}), \
                  argmax differs {} (+{} near-ties); batched vs alone: max|dp| {:.3e}, argmax differs {}; without \
                  buckets: max|dp| {:.3e}, argmax differs {}; two passes vs one: max|dp| {:.3e}; {replays} graph \
                  launches over {} requests",
                 d.slots, d.max, d.mean(), d.argmax_diff, d.near_ties, inv.max, inv.argmax_diff, unpadded.max,
-                unpadded.argmax_diff, two.max, ps.len()
+                unpadded.argmax_diff, two.max, r.plans.len()
             );
-            if d.max > max_tol || d.mean() > mean_tol || d.argmax_diff > 0 {
-                fails.push(format!("{tag} vs CPU: {d:?}"));
-            }
-            for (what, x) in [("batched vs alone", &inv), ("two passes vs one", &two)] {
-                if x.max > max_tol || x.argmax_diff > 0 {
-                    fails.push(format!("{tag} {what}: {x:?}"));
-                }
-            }
+            check_routes(&mut fails, &tag, &diffs, max_tol, mean_tol);
             if unpadded.max > max_tol.min(1e-4) || unpadded.argmax_diff > 0 {
                 fails.push(format!("{tag} against no buckets: {unpadded:?}"));
             }
