@@ -2,7 +2,8 @@
 # The shape buckets' device run (docs/cuda.md, "Shape buckets"): their GPU tests, then bench-systemone of one build
 # with and without --gpu-shape-buckets interleaved, requests new to the engine included (--unseen, and the host /
 # GPU split of 10 more for workload 1). Carry .devcarry with new-pack.tar.gz (crates/cuda/gpu-pack.sh with ONLY as
-# below, renamed). Logs and summary as tools/cuda/old-new-run.sh's, in $OUT. ~6 minutes on an H100.
+# below, renamed). Logs and summary as tools/cuda/old-new-run.sh's, in $OUT. Not run yet: an estimated 6 minutes
+# on an H100.
 #   ONLY="forward cuda_answers cuda_batch_invariance generate sequence quant_forward" bash crates/cuda/gpu-pack.sh
 #   mv .devcarry/pack.tar.gz .devcarry/new-pack.tar.gz
 set -uo pipefail
