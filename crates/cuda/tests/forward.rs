@@ -219,9 +219,12 @@ fn graph_replays_equal_direct_runs() {
 }
 
 /// With shape buckets on, forwards of lengths not seen before replay one captured graph when their rows fall in one
-/// bucket (each padded to it: a tree by one more dropped child, a plain forward by one more root, of pad ids): trees
-/// of a root of 40 to 48 ids and children of 9 and 5 (54 to 62 rows, the bucket of 64), then prefills of 33 to 45
-/// ids (the bucket of 48). The first of each runs kernel by kernel, the second captures, the rest replay; every forward's rows equal those of the same model without graphs bit for bit
+/// bucket (each padded to it with ids 0: a tree by its last child's going on within its chunk, or where that child
+/// fills its chunk by one more dropped child, a plain forward by one more root): trees of a root of 40 to 48 ids and
+/// children of 9 and 5 (54 to 62 rows, the bucket of 64; the child of 5 goes on), then of 9 and 64 (113 to 121 rows,
+/// the bucket of 128; a pad child), then prefills of 33 to 45 ids (the bucket of 48). The first of each runs kernel
+/// by kernel, the second captures, the rest replay; every forward's rows equal those of the same model without
+/// graphs bit for bit
 /// (the padding does not depend on graphs), and agree with the exact CPU model within the exact mode's bound, the
 /// prefills' states too (3 more ids on each: the pad root, a state of the model's own, must leave the prefill's
 /// conv, recurrent and KV state alone).
@@ -238,11 +241,16 @@ fn one_bucket_of_lengths_replays_one_graph() {
         m.set_shape_buckets(true);
     }
     let mut fails = Vec::new();
-    for (i, root_len) in [40usize, 42, 44, 46, 48].into_iter().enumerate() {
-        let s = 100 * i as u64;
+    for (kid_lens, i) in [[9usize, 5], [9, 64]]
+        .into_iter()
+        .flat_map(|k| (0..5).map(move |i| (k, i)))
+    {
+        let root_len = 40 + 2 * i;
+        let s = 100 * i as u64 + kid_lens[1] as u64;
         let root = [ids(root_len, v, s + 1)];
-        let kids = [ids(9, v, s + 2), ids(5, v, s + 3)];
+        let kids = kid_lens.map(|l| ids(l, v, s + 2 + l as u64));
         let children: Vec<(usize, &[u32])> = kids.iter().map(|k| (0, k.as_slice())).collect();
+        let rows = root_len + kid_lens.iter().sum::<usize>();
         let tree = |gm: &CudaModel| {
             let mut st = vec![gm.new_state().unwrap()];
             let (h, _) = gm
@@ -250,9 +258,8 @@ fn one_bucket_of_lengths_replays_one_graph() {
                 .unwrap()
                 .expect("this tree runs in one forward");
             assert_eq!(
-                h.rows,
-                root_len + 14,
-                "tree {i}: the pad rows are the caller's"
+                h.rows, rows,
+                "tree {i} {kid_lens:?}: the pad rows are not the caller's"
             );
             gm.logits(&h).unwrap()
         };
@@ -261,8 +268,7 @@ fn one_bucket_of_lengths_replays_one_graph() {
         assert_eq!(
             gm.graph_launches() > before,
             i > 0,
-            "tree {i} ({} rows): a graph ran only from the bucket's second forward on",
-            root_len + 14
+            "tree {i} {kid_lens:?} ({rows} rows): a graph ran only from the bucket's second forward on"
         );
         assert!(
             got == tree(&direct),

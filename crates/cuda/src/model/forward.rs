@@ -177,16 +177,17 @@ impl CudaModel {
     }
 
     /// Whether a forward over `items` then `dropped` (as [`CudaModel::forward_queue`]) of `rows` rows is padded to
-    /// its bucket ([`bucket_rows`]), and how ([`Pad`]): the pad rows are one more segment after every other, so the
-    /// caller's rows keep their places; they are computed and never read. Forwards of a bucket then share one shape
-    /// (the bucket's rows, one more segment, the longest counted in whole chunks: [`CudaModel::shape_of`]), so that
-    /// requests of lengths not seen before replay a captured graph instead of launching each kernel. Padded, with
-    /// shape buckets on, forwards that fit the persistent scratch and whose longest segment is more than one id (not
-    /// a decode step): plain ones (every segment a root) by one more root ([`Pad::Root`]); trees whose children's
-    /// states are dropped by one more such child ([`Pad::Child`]) where a root may take one (as
-    /// [`CudaModel::forward_tree`] requires: at least `tree_min_root` ids, not itself a fork, the child's positions
-    /// within the model's; the one with the fewest positions, whose keys are what the pad rows' attention reads).
-    /// Not padded: trees whose children keep states.
+    /// its bucket ([`bucket_rows`]), and how ([`Pad`]): the pad rows come after every other, so the caller's rows
+    /// keep their places; they are computed and never read. Forwards of a bucket then share one shape (the bucket's
+    /// rows, the longest segment counted in whole chunks: [`CudaModel::shape_of`]), so that requests of lengths not
+    /// seen before replay a captured graph instead of launching each kernel. Padded, with shape buckets on, forwards
+    /// that fit the persistent scratch and whose longest segment is more than one id (not a decode step): plain ones
+    /// (every segment a root) by one more root ([`Pad::Root`]); trees whose children's states are dropped by the
+    /// last child's ids going on within its last gated delta chunk ([`Pad::Extend`], not in batch-invariant mode),
+    /// else by one more such child ([`Pad::Child`]) where a root may take one (as [`CudaModel::forward_tree`]
+    /// requires: at least `tree_min_root` ids, not itself a fork, the child's positions within the model's; the one
+    /// with the fewest positions, whose keys are what the pad rows' attention reads). Not padded: trees whose
+    /// children keep states.
     pub(super) fn pad_for(
         &self,
         items: &[(&mut CudaState, &[u32])],
@@ -205,19 +206,26 @@ impl CudaModel {
                 forked: st.base.is_some(),
             })
             .collect();
-        let lens: Vec<usize> = dropped.iter().map(|(_, ids)| ids.len()).collect();
+        let children: Vec<(usize, usize)> =
+            dropped.iter().map(|&(r, ids)| (r, ids.len())).collect();
         let min_root = self
             .tree_min_root
             .filter(|_| self.tree_on.load(Ordering::Relaxed));
         let kept_children = par.iter().any(|&p| p >= 0) && dropped.is_empty();
-        choose_pad(&roots, &lens, kept_children, rows, min_root, self.max_pos)
+        let tree = TreeInfo {
+            children: &children,
+            kept_children,
+            min_root,
+            extend: !self.batch_invariant(),
+        };
+        choose_pad(&roots, tree, rows, self.max_pos)
     }
 
     /// The graph key of a forward over segments of `lens` ids, the first `roots` of them roots (see
     /// [`CudaModel::forward_queue`]), the children's states written when `keep_children`. `padded`: the forward
-    /// was padded to its bucket ([`CudaModel::pad_for`]; the pad child is the last segment): the longest segment is
+    /// was padded to its bucket ([`CudaModel::pad_for`]; the pad in the last segment): the longest segment is
     /// counted at its length rounded up to whole gated delta chunks (every launch bounded by it exits past a
-    /// segment's own length), and attention's key splits are planned from that and the most pad rows
+    /// segment's own length), and attention's key splits are planned from that and the last one's whole chunks
     /// (batch-invariant: at the most any segment may take, which each segment's own plan then caps), so that the
     /// forwards of a bucket share one key.
     pub(super) fn shape_of(
@@ -281,13 +289,22 @@ impl CudaModel {
         if rows == 0 {
             return Err(CudaError::Model(ModelError::Input("empty batch".into())));
         }
-        // Padded to its bucket: one more segment of ids 0, after every other.
+        // Padded to its bucket: ids 0 after every other row, as one more segment or the last child's.
         match self.pad_for(items, dropped, par, rows) {
             None => self.run_forward(items, dropped, par, rows, false),
             Some(Pad::Child { root, pad }) => {
                 let dropped = [dropped, &[(root, &PAD_IDS[..pad])]].concat();
                 let par = [par, &[root as i32]].concat();
                 self.run_forward(items, &dropped, &par, rows, true)
+            }
+            Some(Pad::Extend(pad)) => {
+                let mut dropped = dropped.to_vec();
+                let Some(last) = dropped.last_mut() else {
+                    return self.run_forward(items, &dropped, par, rows, false);
+                };
+                let ids = [last.1, &PAD_IDS[..pad]].concat();
+                last.1 = &ids;
+                self.run_forward(items, &dropped, par, rows, true)
             }
             Some(Pad::Root(pad)) => {
                 // Without room for the pad state (the memory budget), unpadded.
@@ -399,6 +416,11 @@ pub(super) enum Pad {
     Root(usize),
     /// A tree whose children's states are dropped: one more such child of `items[root]`, of `pad` ids.
     Child { root: usize, pad: usize },
+    /// A tree whose children's states are dropped: the last child's ids go on by this many ids 0 within its last
+    /// gated delta chunk, so no segment is added and none changes its kernels (the leaf pass or the state pass, the
+    /// chunk counts); the child's own rows come before them and, causal, never see them. Its last attention tile's
+    /// keys then reach further, which moves where that tile's key splits fall: not in batch-invariant mode.
+    Extend(usize),
 }
 
 /// What [`choose_pad`] needs of a segment with a state: its ids, the position it starts at, and whether it is a fork
@@ -410,33 +432,41 @@ struct RootInfo {
     forked: bool,
 }
 
-/// [`CudaModel::pad_for`]'s choice, from the segments with states (`items`), the dropped children's lengths, whether
-/// some of `items` are children keeping their states, the forward's `rows`, the tree's shortest root (`None`: no
-/// trees) and the model's positions.
-fn choose_pad(
-    items: &[RootInfo],
-    dropped: &[usize],
+/// What [`choose_pad`] needs of a forward's tree: the dropped children (their root's index in `items`, their ids),
+/// whether some of `items` are children keeping their states, the tree's shortest root (`None`: no trees), and
+/// whether the last child may be extended ([`Pad::Extend`]: outside batch-invariant mode).
+#[derive(Clone, Copy, Debug)]
+struct TreeInfo<'a> {
+    children: &'a [(usize, usize)],
     kept_children: bool,
-    rows: usize,
     min_root: Option<usize>,
-    max_pos: usize,
-) -> Option<Pad> {
+    extend: bool,
+}
+
+/// [`CudaModel::pad_for`]'s choice, from the segments with states (`items`), the tree, the forward's `rows` and the
+/// model's positions.
+fn choose_pad(items: &[RootInfo], tree: TreeInfo, rows: usize, max_pos: usize) -> Option<Pad> {
     let bucket = bucket_rows(rows);
     if bucket > ARENA_ROWS
-        || kept_children
+        || tree.kept_children
         || items
             .iter()
             .map(|r| r.ids)
-            .chain(dropped.iter().copied())
+            .chain(tree.children.iter().map(|c| c.1))
             .all(|l| l <= 1)
     {
         return None;
     }
     let pad = bucket - rows;
-    if dropped.is_empty() {
+    let Some(&(last_root, last)) = tree.children.last() else {
         return (pad <= max_pos).then_some(Pad::Root(pad));
+    };
+    let within_chunk = last % ops::GDN_CHUNK != 0 && last % ops::GDN_CHUNK + pad <= ops::GDN_CHUNK;
+    let fits = |r: &RootInfo| r.pos + r.ids + last + pad <= max_pos;
+    if tree.extend && within_chunk && items.get(last_root).is_some_and(fits) {
+        return Some(Pad::Extend(pad));
     }
-    let min_root = min_root?;
+    let min_root = tree.min_root?;
     (0..items.len())
         .filter(|&r| {
             let x = items[r];
@@ -452,9 +482,9 @@ pub(super) const PAD_MAX: usize = ops::GDN_CHUNK;
 static PAD_IDS: [u32; PAD_MAX] = [0; PAD_MAX];
 
 /// The longest segment as a forward's launches count it, and the segment lengths attention's key-split plan counts
-/// ([`CudaModel::shape_of`]). Padded ([`CudaModel::pad_for`], the pad the last segment): the longest at its length
-/// rounded up to whole gated delta chunks (at most the forward's rows) and the pad at the most pad rows, so that
-/// neither moves within a bucket; else as they are.
+/// ([`CudaModel::shape_of`]). Padded ([`CudaModel::pad_for`], the pad in the last segment): the longest and the last
+/// at their lengths rounded up to whole gated delta chunks (the longest at most the forward's rows; a pad segment at
+/// the most pad rows), so that neither moves within a bucket; else as they are.
 fn counted_lens(lens: &[usize], padded: bool) -> (usize, std::borrow::Cow<'_, [usize]>) {
     let longest = lens.iter().copied().max().unwrap_or(0);
     if !padded {
@@ -468,7 +498,7 @@ fn counted_lens(lens: &[usize], padded: bool) -> (usize, std::borrow::Cow<'_, [u
         .enumerate()
         .map(|(i, &l)| match (l == longest, i + 1 == lens.len()) {
             (true, _) => max_len,
-            (false, true) => PAD_MAX,
+            (false, true) => l.next_multiple_of(ops::GDN_CHUNK),
             (false, false) => l,
         })
         .collect::<Vec<_>>();
@@ -517,38 +547,41 @@ mod tests {
     fn the_pad_goes_where_the_tree_allows() {
         let root = |ids, pos, forked| RootInfo { ids, pos, forked };
         let max_pos = 4096;
+        // The choice for these children (root index, ids), children keeping states or not, the shortest root a tree
+        // takes (None: no trees) and whether the last child may be extended.
+        let choose =
+            |items: &[RootInfo], children: &[(usize, usize)], kept, rows, min_root, extend| {
+                let tree = TreeInfo {
+                    children,
+                    kept_children: kept,
+                    min_root,
+                    extend,
+                };
+                choose_pad(items, tree, rows, max_pos)
+            };
         // A plain forward: one more root, whatever its segments (forks included).
         let plain = [root(40, 0, false), root(9, 17, true)];
-        assert_eq!(
-            choose_pad(&plain, &[], false, 49, Some(3), max_pos),
-            Some(Pad::Root(15))
-        );
-        assert_eq!(
-            choose_pad(&plain, &[], false, 49, None, max_pos),
-            Some(Pad::Root(15))
-        );
+        for (min_root, extend) in [(Some(3), true), (Some(3), false), (None, true)] {
+            assert_eq!(
+                choose(&plain, &[], false, 49, min_root, extend),
+                Some(Pad::Root(15))
+            );
+        }
         // Decode steps (every segment one id) and forwards past the scratch are not padded.
+        let steps = [root(1, 5, false), root(1, 9, false)];
+        assert_eq!(choose(&steps, &[], false, 2, Some(3), true), None);
         assert_eq!(
-            choose_pad(
-                &[root(1, 5, false), root(1, 9, false)],
-                &[],
-                false,
-                2,
-                Some(3),
-                max_pos
-            ),
+            choose(&[root(4096, 0, false)], &[], false, 4096, Some(3), true),
             None
         );
         assert_eq!(
-            choose_pad(&[root(4096, 0, false)], &[], false, 4096, Some(3), max_pos),
-            None
-        );
-        assert_eq!(
-            choose_pad(&[root(4000, 0, false)], &[], false, 4000, Some(3), max_pos),
+            choose(&[root(4000, 0, false)], &[], false, 4000, Some(3), true),
             Some(Pad::Root(32))
         );
-        // A tree: the child goes to the root with the fewest positions that may take one (enough ids, not a fork,
-        // room for the pad's positions).
+        // A tree whose children's states are dropped: the last child goes on where its last chunk has room for the
+        // pad (31 ids after 29, 2 + 31 after 66, but not 31 after 40, nor any after a whole chunk of 64), and
+        // otherwise, or in batch-invariant mode, the pad is a child of the root with the fewest positions that may
+        // take one (enough ids, not a fork, room for the pad's positions).
         let roots = [
             root(300, 0, false),
             root(50, 100, false),
@@ -556,53 +589,113 @@ mod tests {
             root(2, 0, false),
             root(40, 0, true),
         ];
-        let rows = 452 + 29;
+        let tree_rows = 452;
+        for (last, extends) in [
+            (29, true),
+            (33, true),
+            (34, false),
+            (40, false),
+            (64, false),
+            (66, true),
+            (128, false),
+        ] {
+            // 993 rows: 31 pad rows.
+            let rows = tree_rows + 541;
+            let pad = bucket_rows(rows) - rows;
+            let children = [(1, 541 - last), (0, last)];
+            let child = Some(Pad::Child { root: 2, pad });
+            let want = if extends {
+                Some(Pad::Extend(pad))
+            } else {
+                child
+            };
+            assert_eq!(
+                choose(&roots, &children, false, rows, Some(3), true),
+                want,
+                "last child {last}, pad {pad}"
+            );
+            assert_eq!(
+                choose(&roots, &children, false, rows, Some(3), false),
+                child,
+                "batch-invariant, {last}"
+            );
+        }
+        let rows = tree_rows + 29;
         assert_eq!(
-            choose_pad(&roots, &[29], false, rows, Some(3), max_pos),
-            Some(Pad::Child {
-                root: 2,
-                pad: 512 - rows
-            })
-        );
-        assert_eq!(
-            choose_pad(&roots, &[29], false, rows, None, max_pos),
+            choose(&roots, &[(0, 29)], false, rows, None, false),
             None,
             "no trees: no child"
         );
         // A tree whose children keep their states takes no pad (a dropped child beside them would drop theirs).
-        assert_eq!(choose_pad(&plain, &[], true, 49, Some(3), max_pos), None);
-        // Where no root may take one, no pad.
+        assert_eq!(choose(&plain, &[], true, 49, Some(3), true), None);
+        // Where no root may take a child and the last child may not go on, no pad.
+        let unfit = [root(2, 0, false), root(40, 0, true)];
+        assert_eq!(choose(&unfit, &[(1, 29)], false, 71, Some(3), false), None);
         assert_eq!(
-            choose_pad(
-                &[root(2, 0, false), root(40, 0, true)],
-                &[29],
-                false,
-                71,
-                Some(3),
-                max_pos
-            ),
-            None
+            choose(&unfit, &[(1, 29)], false, 71, Some(3), true),
+            Some(Pad::Extend(9)),
+            "a fork's child goes on"
         );
+        for extend in [true, false] {
+            assert_eq!(
+                choose(
+                    &[root(60, 4030, false)],
+                    &[(0, 5)],
+                    false,
+                    65,
+                    Some(3),
+                    extend
+                ),
+                None,
+                "past the positions"
+            );
+        }
         assert_eq!(
-            choose_pad(&[root(60, 4080, false)], &[5], false, 65, Some(3), max_pos),
-            None,
-            "past the positions"
+            choose(
+                &[root(60, 4010, false)],
+                &[(0, 5)],
+                false,
+                65,
+                Some(3),
+                true
+            ),
+            Some(Pad::Extend(15)),
+            "the last position"
         );
     }
 
     /// What a padded forward's graph key takes from its segment lengths (rows, segments, the longest as counted, the
-    /// gated delta chunks, attention's counted lengths), over System One's cold trees: a context of 100 to 3,900
-    /// ids with 7 suffixes of 29 ids (the pad child last), as a stream of new users sends them. Within a bucket,
-    /// contexts whose last chunk is the same share one key, so the keys are at most the buckets plus the chunk
-    /// counts (printed: 131 keys over 72 buckets for 3,801 lengths on 2026-12-07; unpadded, one key per length),
-    /// and a key's rows hold its forward's.
+    /// gated delta chunks, attention's counted lengths), over System One's cold trees: a context of 100 to 3,890
+    /// ids with 7 suffixes of 29 ids (padded as [`choose_pad`] says: the last suffix going on, or a pad child), as a
+    /// stream of new users sends them. Within a bucket, contexts whose last chunk is the same and whose pad goes the
+    /// same way share one key, so the keys are at most twice the buckets plus the chunk counts (printed: 178 keys
+    /// over 71 buckets for 3,791 lengths on 2026-12-07; unpadded, one key per length), and a key's rows hold its
+    /// forward's.
     #[test]
     fn a_bucket_of_system_one_trees_shares_one_key() {
         let kids = 7 * 29;
+        let pad_of = |ctx: usize| {
+            let children = [(0, 29); 7];
+            let tree = TreeInfo {
+                children: &children,
+                kept_children: false,
+                min_root: Some(3),
+                extend: true,
+            };
+            let items = [RootInfo {
+                ids: ctx,
+                pos: 0,
+                forked: false,
+            }];
+            choose_pad(&items, tree, ctx + kids, 8192)
+        };
         let key = |ctx: usize| {
-            let rows = ctx + kids;
-            let pad = bucket_rows(rows) - rows;
-            let lens: Vec<usize> = [ctx].into_iter().chain([29; 7]).chain([pad]).collect();
+            let mut lens: Vec<usize> = [ctx].into_iter().chain([29; 7]).collect();
+            match pad_of(ctx) {
+                Some(Pad::Extend(pad)) => lens[7] += pad,
+                Some(Pad::Child { root: 0, pad }) => lens.push(pad),
+                p => panic!("context of {ctx}: {p:?}"),
+            }
             let (max_len, counted) = counted_lens(&lens, true);
             let chunks: usize = lens.iter().map(|l| l.div_ceil(ops::GDN_CHUNK)).sum();
             (
@@ -613,7 +706,7 @@ mod tests {
                 counted.into_owned(),
             )
         };
-        let contexts = 100..=3900;
+        let contexts = 100..=3890;
         let keys: std::collections::BTreeSet<_> = contexts.clone().map(key).collect();
         let buckets: std::collections::BTreeSet<_> =
             contexts.clone().map(|c| bucket_rows(c + kids)).collect();
@@ -627,7 +720,7 @@ mod tests {
             contexts.clone().count()
         );
         assert!(
-            keys.len() <= buckets.len() + chunk_counts.len(),
+            keys.len() <= 2 * buckets.len() + chunk_counts.len(),
             "{} keys for {} buckets and {} chunk counts",
             keys.len(),
             buckets.len(),
@@ -636,7 +729,14 @@ mod tests {
         for c in contexts.clone().skip(1) {
             let (a, b) = (key(c - 1), key(c));
             let same_bucket = bucket_rows(c - 1 + kids) == bucket_rows(c + kids);
-            if same_bucket && (c - 1).div_ceil(64) == c.div_ceil(64) {
+            let same_pad = matches!(
+                (pad_of(c - 1), pad_of(c)),
+                (Some(Pad::Extend(_)), Some(Pad::Extend(_)))
+            ) || matches!(
+                (pad_of(c - 1), pad_of(c)),
+                (Some(Pad::Child { .. }), Some(Pad::Child { .. }))
+            );
+            if same_bucket && same_pad && (c - 1).div_ceil(64) == c.div_ceil(64) {
                 assert_eq!(a, b, "contexts of {} and {c} ids", c - 1);
             }
             assert!(
