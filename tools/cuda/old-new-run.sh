@@ -9,7 +9,8 @@
 # bench-systemone arguments (e.g. "--unseen 20 --prefix-cache-mb 0"); TIMINGS: test executables whose timing tables
 # (their *_timings tests) run from every pack, before the bench (e.g. "attn_tc"); PACKS: the packs benched in each
 # round (default "old new"; .devcarry/NAME-pack.tar.gz each), the tests run from the last one's. TESTS_PAR: test
-# executables run at once (default 1; their logs are joined in list order); PHASES: what runs, in order (default
+# executables run at once (default 1; their logs are joined in list order); TEST_FILTER_name: a test name filter for
+# executable name (e.g. TEST_FILTER_cuda_answers=shape_buckets); PHASES: what runs, in order (default
 # "tests timings bench"; "timings tests bench" takes the timing tables before anything else has warmed the GPU).
 # A PACKS entry LABEL=PACK benches pack PACK under the name LABEL with the bench arguments BENCH_ARGS_LABEL added
 # (e.g. PACKS="plain=new buckets=new" BENCH_ARGS_buckets=--gpu-shape-buckets: one build, two settings).
@@ -31,8 +32,9 @@ run_tests() {
   local list=${TESTS:-1} t n=0
   [[ $list == 1 ]] && list=$(ls /tmp/$LAST/bin | grep -v '^onepass$')
   for t in $list; do
+    local filter=TEST_FILTER_$t
     (timeout ${TEST_TIMEOUT:-240} /tmp/$LAST/bin/$t --include-ignored --skip timings --test-threads=1 --nocapture \
-      >"/tmp/test-$t.log" 2>&1; echo "== $t exit $?" >>"/tmp/test-$t.log") &
+      ${!filter:-} >"/tmp/test-$t.log" 2>&1; echo "== $t exit $?" >>"/tmp/test-$t.log") &
     (( ++n % ${TESTS_PAR:-1} )) || wait
   done
   wait
