@@ -13,7 +13,7 @@
 # executable name (e.g. TEST_FILTER_cuda_answers=shape_buckets); PHASES: what runs, in order (default
 # "tests timings bench"; "timings tests bench" takes the timing tables before anything else has warmed the GPU).
 # A PACKS entry LABEL=PACK benches pack PACK under the name LABEL with the bench arguments BENCH_ARGS_LABEL added
-# (e.g. PACKS="plain=new buckets=new" BENCH_ARGS_buckets=--gpu-shape-buckets: one build, two settings).
+# (e.g. PACKS="exact=new buckets=new" BENCH_ARGS_exact=--gpu-no-shape-buckets: one build, two settings).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"

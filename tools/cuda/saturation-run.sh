@@ -2,8 +2,8 @@
 # Saturation of `onepass serve` on the GPU (benches/saturation.py): a synthetic Qwen3.5-0.8B checkpoint, POST
 # /v1/systemone from 1, 8, 32 and 64 concurrent clients with requests of mixed sizes, SECONDS per level, for each
 # configuration of CONFIGS (default "half half-invariant mixed mixed-invariant split split-invariant bf16
-# bf16-invariant": --gpu-precision, and with -invariant --gpu-batch-invariant, with -buckets --gpu-shape-buckets, e.g.
-# "half half-buckets half-invariant-buckets"; CONFIGS="" runs none). Needs
+# bf16-invariant": --gpu-precision, and with -invariant --gpu-batch-invariant, with -exact --gpu-no-shape-buckets, e.g.
+# "half half-exact half-invariant-exact"; CONFIGS="" runs none). Needs
 # crates/cuda/gpu-pack.sh's .devcarry/pack.tar.gz (carry .devcarry) and python3 (standard library). Optional,
 # before: TESTS="cuda_batch_invariance gemm" runs those
 # GPU test executables of the pack (--include-ignored; TIMINGS=1 keeps their timing tables, e.g. gemm_timings: GemmEx
@@ -45,7 +45,7 @@ fi
 for c in ${CONFIGS-half half-invariant mixed mixed-invariant split split-invariant bf16 bf16-invariant}; do
   args=(--device cuda --gpu-precision ${c%%-*})
   [[ $c == *-invariant* ]] && args+=(--gpu-batch-invariant)
-  [[ $c == *-buckets* ]] && args+=(--gpu-shape-buckets)
+  [[ $c == *-exact* ]] && args+=(--gpu-no-shape-buckets)
   echo "== $c: onepass serve ${args[*]} ${SERVE_ARGS:-}" | tee -a "$OUT/saturation.log"
   timeout ${RUN_TIMEOUT:-400} python3 benches/saturation.py --onepass $B/onepass --model /tmp/q08 --label "$c" \
     --concurrency ${CONCURRENCY:-1,8,32,64} --seconds ${SECONDS_PER_LEVEL:-8} --warmup ${WARMUP:-3} \

@@ -115,10 +115,11 @@ pub struct CudaArgs {
     /// Launch every forward kernel by kernel (no CUDA graphs).
     #[arg(long, help_heading = EXPERT)]
     pub gpu_no_graphs: bool,
-    /// Pad each forward to a bucket of rows (at most 64 more), so that requests of lengths not seen before replay
-    /// the CUDA graph of their bucket instead of launching every kernel (not yet measured on a GPU).
+    /// Run every forward at its exact number of rows. By default a forward is padded to a bucket of rows (at most 64
+    /// more), so that a request of a length not seen before replays its bucket's CUDA graph instead of launching
+    /// every kernel one by one.
     #[arg(long, help_heading = EXPERT)]
-    pub gpu_shape_buckets: bool,
+    pub gpu_no_shape_buckets: bool,
     /// Let a kernel start while the one before it finishes (programmatic dependent launch, compute capability 9.0
     /// and later; measured slower on the decode step so far).
     #[arg(long, help_heading = EXPERT)]
@@ -184,7 +185,7 @@ impl CudaArgs {
             },
             trees: !self.gpu_no_trees,
             graphs: !self.gpu_no_graphs,
-            shape_buckets: self.gpu_shape_buckets,
+            shape_buckets: !self.gpu_no_shape_buckets,
             pdl: self.gpu_pdl,
             wgmma: !self.gpu_no_wgmma,
             keep_freed_memory: !self.gpu_release_memory,
@@ -271,7 +272,7 @@ mod tests {
             gpu_attention: AttnArg::Tc,
             gpu_no_trees: false,
             gpu_no_graphs: false,
-            gpu_shape_buckets: false,
+            gpu_no_shape_buckets: false,
             gpu_pdl: false,
             gpu_no_wgmma: false,
             gpu_release_memory: false,
@@ -286,6 +287,22 @@ mod tests {
         assert_eq!(o.kernels, None, "unset: the precision's default");
         assert!(o.trees && o.graphs && !o.pdl && o.wgmma && o.keep_freed_memory);
         assert_eq!(o.memory_budget_bytes, 64 << 20);
+        // Shape buckets: on from the command line unless turned off (the library's default is off).
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            cuda: CudaArgs,
+        }
+        let parse = |a: &[&str]| {
+            <Flags as clap::Parser>::try_parse_from([&["onepass"], a].concat())
+                .unwrap()
+                .cuda
+                .options()
+                .unwrap()
+        };
+        assert!(parse(&[]).shape_buckets, "the command line's default");
+        assert!(!parse(&["--gpu-no-shape-buckets"]).shape_buckets);
+        assert!(!onepass_cuda::CudaOptions::default().shape_buckets);
         let o = args("split", Some("tf32")).options().unwrap();
         assert_eq!(o.precision, Precision::Bf16Split);
         assert_eq!(o.kernels, Some(TcArith::all(Arith::Tf32)));

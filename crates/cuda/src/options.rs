@@ -48,7 +48,8 @@ pub struct CudaOptions {
     /// CUDA graphs for repeated forward shapes.
     pub graphs: bool,
     /// Forwards padded to buckets of rows, so that requests of lengths not seen before replay a graph of their
-    /// bucket ([`crate::CudaModel::set_shape_buckets`]); off by default until measured on a GPU (docs/cuda.md).
+    /// bucket ([`crate::CudaModel::set_shape_buckets`]). Off by default here (exact shapes, as the GPU tests
+    /// assume); the command line turns it on unless `--gpu-no-shape-buckets` (docs/cuda.md, "Options").
     pub shape_buckets: bool,
     /// Programmatic dependent launch where the device has it (compute capability 9.0 and later): a kernel's launch
     /// and its weight prefetch overlap the tail of the kernel before ([`crate::pdl`]); off by default (the 27B
