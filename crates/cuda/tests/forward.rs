@@ -272,7 +272,7 @@ fn one_bucket_of_lengths_replays_one_graph() {
         );
         assert!(
             got == tree(&direct),
-            "tree {i}: the graph's rows differ from direct launches"
+            "tree {i} {kid_lens:?}: the graph's rows differ from direct launches"
         );
         let mut cs = m.new_state();
         let mut want = m.logits(&m.forward(&mut cs, &root[0]).unwrap());
@@ -280,7 +280,7 @@ fn one_bucket_of_lengths_replays_one_graph() {
         want.extend(m.logits(&m.forward_batch(&mut pairs(&mut forks, &kids)).unwrap()));
         soft(
             &mut fails,
-            &format!("tree {i} against the CPU"),
+            &format!("tree {i} {kid_lens:?} against the CPU"),
             &got,
             &want,
             F32_LOGIT_TOL,
