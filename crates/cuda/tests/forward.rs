@@ -426,8 +426,9 @@ fn tree_forward_equals_prefix_then_forks() {
             assert_eq!(h2.rows, h.rows, "{name}: the pad rows are the caller's");
             let (dropped, kept) = (gm.logits(&h2).unwrap(), gm.logits(&h).unwrap());
             if gm.shape_buckets() {
-                // Padded to its bucket (one more dropped child), the forward's GEMMs run at another row count: the
-                // same rows within rounding, where a wrong state or row is O(1).
+                // Padded to its bucket (the last dropped child's ids going on, or one more dropped child), the
+                // forward's GEMMs run at another row count: the same rows within rounding, where a wrong state or row
+                // is O(1).
                 let name = format!("{name}: children's states dropped");
                 soft(&mut fails, &name, &dropped, &kept, 1e-5);
             } else {

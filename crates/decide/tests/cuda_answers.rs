@@ -129,6 +129,30 @@ impl Diff {
     }
 }
 
+/// The precisions checked against the CPU engine on an f32 answer checkpoint or on its bf16 twin (`bf16`), with their
+/// bars (max |dp|, mean |dp|). The fixtures' checkpoints are f32: there the exact mode is held to 1e-4, while the bf16
+/// modes round every weight, which alone moves these random tiny models past the ship bar (measured, loose bounds).
+/// Their bf16 twins (the weights a bf16 engine runs, on both sides) hold the default mode to the ship bar. Half loads
+/// an f32 checkpoint (weights bf16 does not hold) as mixed, so it is not among the f32 checkpoint's.
+fn checks(bf16: bool) -> &'static [(Precision, f32, f64)] {
+    if bf16 {
+        &[
+            (Precision::F32, 1e-4, 1e-5),
+            (Precision::Mixed, 0.02, 0.002),
+            (Precision::Bf16Split, 0.02, 0.002),
+            (Precision::Half, 0.02, 0.002),
+            (Precision::Bf16, 0.2, 0.05),
+        ]
+    } else {
+        &[
+            (Precision::F32, 1e-4, 1e-5),
+            (Precision::Mixed, 0.2, 0.05),
+            (Precision::Bf16Split, 0.2, 0.05),
+            (Precision::Bf16, 0.2, 0.05),
+        ]
+    }
+}
+
 /// An answer checkpoint (f32, or its bf16 twin) with its requests planned and the CPU engine's answers to each alone.
 struct Reference {
     dir: &'static Path,
@@ -237,25 +261,9 @@ fn gpu_engine_with(
 #[ignore = "needs a CUDA GPU (run with --include-ignored on a GPU machine)"]
 fn gpu_answers_match_cpu_engine() {
     let mut fails = Vec::new();
-    // The fixtures' checkpoints are f32: there the exact mode is held to 1e-4, while the bf16 modes round every weight,
-    // which alone moves these random tiny models past the ship bar (measured, loose bounds). Their bf16 twins (the
-    // weights a bf16 engine runs, on both sides) hold the default mode to the ship bar.
-    // The half precision loads an f32 checkpoint (weights bf16 does not hold) as mixed: checked below, not run again.
-    let f32_ck = vec![
-        (Precision::F32, 1e-4f32, 1e-5f64),
-        (Precision::Mixed, 0.2, 0.05),
-        (Precision::Bf16Split, 0.2, 0.05),
-        (Precision::Bf16, 0.2, 0.05),
-    ];
-    let bf16_ck = vec![
-        (Precision::F32, 1e-4f32, 1e-5f64),
-        (Precision::Mixed, 0.02, 0.002),
-        (Precision::Bf16Split, 0.02, 0.002),
-        (Precision::Half, 0.02, 0.002),
-        (Precision::Bf16, 0.2, 0.05),
-    ];
     for r in references() {
         let (dir, preset) = (r.dir, &r.label);
+        // Half loads an f32 checkpoint as mixed (checked here, not run again).
         if !r.bf16 {
             let half = gpu_engine(dir, Precision::Half, 4 << 30);
             let got = half.model().model().precision();
@@ -265,7 +273,7 @@ fn gpu_answers_match_cpu_engine() {
                 ));
             }
         }
-        let runs = (if r.bf16 { &bf16_ck } else { &f32_ck })
+        let runs = checks(r.bf16)
             .iter()
             .copied()
             .flat_map(|(prec, max_tol, mean_tol)| {
@@ -315,7 +323,7 @@ fn gpu_answers_match_cpu_engine() {
     assert!(fails.is_empty(), "{fails:?}");
 }
 
-/// With shape buckets on (every forward padded to its bucket of rows by a segment whose rows are never read), in the
+/// With shape buckets on (every forward padded to its bucket of rows by rows after the caller's, never read), in the
 /// exact mode and the checkpoint's default one (half on the bf16 twins, mixed on the f32 checkpoints): the answers
 /// within the bars of the CPU engine, all requests in one call against each alone, the two-pass route against the
 /// tree, and against the same precision without buckets (the pad moves a row only by the GEMMs' rounding at another
@@ -331,11 +339,10 @@ fn gpu_answers_in_shape_buckets_match_cpu_engine() {
         } else {
             Precision::Mixed
         };
-        let (bar_max, bar_mean) = if r.bf16 { (0.02, 0.002) } else { (0.2, 0.05) };
-        for (prec, max_tol, mean_tol) in [
-            (Precision::F32, 1e-4f32, 1e-5f64),
-            (default, bar_max, bar_mean),
-        ] {
+        let runs = checks(r.bf16)
+            .iter()
+            .filter(|c| c.0 == Precision::F32 || c.0 == default);
+        for &(prec, max_tol, mean_tol) in runs {
             let engine = |buckets: bool| {
                 let cuda = CudaOptions {
                     precision: prec,

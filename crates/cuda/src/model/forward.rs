@@ -237,11 +237,16 @@ impl CudaModel {
     ) -> Shape {
         let invariant = self.batch_invariant();
         let children = &lens[roots.min(lens.len())..];
-        let n: usize = lens.iter().sum();
-        let (max_len, counted) = counted_lens(lens, padded);
+        let LensKey {
+            n,
+            nseg,
+            max_len,
+            chunks,
+            counted,
+        } = lens_key(lens, padded);
         Shape {
             n,
-            nseg: lens.len(),
+            nseg,
             roots,
             keep_children,
             // Batch-invariant: whichever children are short take the leaf pass (the others the state pass), so a
@@ -253,7 +258,7 @@ impl CudaModel {
             },
             long_children: invariant && children.iter().any(|&l| l > ops::GDN_CHUNK),
             max_len,
-            chunks: lens.iter().map(|l| l.div_ceil(ops::GDN_CHUNK)).sum(),
+            chunks,
             split: self.split_gemms(),
             attn_splits: self.attn_tc_dims().map_or(1, |a| {
                 let sms = self.gpu.sms;
@@ -481,6 +486,32 @@ pub(super) const PAD_MAX: usize = ops::GDN_CHUNK;
 /// The pad child's ids.
 static PAD_IDS: [u32; PAD_MAX] = [0; PAD_MAX];
 
+/// What a forward's graph key takes from its segment lengths alone ([`CudaModel::shape_of`]).
+struct LensKey<'a> {
+    /// Rows.
+    n: usize,
+    /// Segments.
+    nseg: usize,
+    /// The longest segment as the launches count it ([`counted_lens`]).
+    max_len: usize,
+    /// Gated delta chunks over all segments (each segment's length in chunks, rounded up, summed).
+    chunks: usize,
+    /// The lengths attention's key-split plan counts ([`counted_lens`]).
+    counted: std::borrow::Cow<'a, [usize]>,
+}
+
+/// [`LensKey`] of segments of `lens` ids, `padded` as in [`CudaModel::shape_of`].
+fn lens_key(lens: &[usize], padded: bool) -> LensKey<'_> {
+    let (max_len, counted) = counted_lens(lens, padded);
+    LensKey {
+        n: lens.iter().sum(),
+        nseg: lens.len(),
+        max_len,
+        chunks: lens.iter().map(|l| l.div_ceil(ops::GDN_CHUNK)).sum(),
+        counted,
+    }
+}
+
 /// The longest segment as a forward's launches count it, and the segment lengths attention's key-split plan counts
 /// ([`CudaModel::shape_of`]). Padded ([`CudaModel::pad_for`], the pad in the last segment): the longest and the last
 /// at their lengths rounded up to whole gated delta chunks (the longest at most the forward's rows; a pad segment at
@@ -696,15 +727,8 @@ mod tests {
                 Some(Pad::Child { root: 0, pad }) => lens.push(pad),
                 p => panic!("context of {ctx}: {p:?}"),
             }
-            let (max_len, counted) = counted_lens(&lens, true);
-            let chunks: usize = lens.iter().map(|l| l.div_ceil(ops::GDN_CHUNK)).sum();
-            (
-                lens.iter().sum::<usize>(),
-                lens.len(),
-                max_len,
-                chunks,
-                counted.into_owned(),
-            )
+            let k = lens_key(&lens, true);
+            (k.n, k.nseg, k.max_len, k.chunks, k.counted.into_owned())
         };
         let contexts = 100..=3890;
         let keys: std::collections::BTreeSet<_> = contexts.clone().map(key).collect();
@@ -726,16 +750,12 @@ mod tests {
             buckets.len(),
             chunk_counts.len()
         );
+        // Which way a context's pad goes (the last child, or a pad child).
+        let pad_kind = |ctx| pad_of(ctx).map(|p| std::mem::discriminant(&p));
         for c in contexts.clone().skip(1) {
             let (a, b) = (key(c - 1), key(c));
             let same_bucket = bucket_rows(c - 1 + kids) == bucket_rows(c + kids);
-            let same_pad = matches!(
-                (pad_of(c - 1), pad_of(c)),
-                (Some(Pad::Extend(_)), Some(Pad::Extend(_)))
-            ) || matches!(
-                (pad_of(c - 1), pad_of(c)),
-                (Some(Pad::Child { .. }), Some(Pad::Child { .. }))
-            );
+            let same_pad = pad_kind(c - 1) == pad_kind(c);
             if same_bucket && same_pad && (c - 1).div_ceil(64) == c.div_ceil(64) {
                 assert_eq!(a, b, "contexts of {} and {c} ids", c - 1);
             }
@@ -749,8 +769,8 @@ mod tests {
             .clone()
             .map(|c| {
                 let lens = [&[c][..], &[29; 7]].concat();
-                let (max_len, counted) = counted_lens(&lens, false);
-                (max_len, counted.into_owned())
+                let k = lens_key(&lens, false);
+                (k.max_len, k.counted.into_owned())
             })
             .collect();
         assert_eq!(exact.len(), contexts.count());
