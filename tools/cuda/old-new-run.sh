@@ -21,7 +21,9 @@ export XDG_CACHE_HOME=/tmp/xdg
 PACKS=${PACKS:-old new}
 LAST=${PACKS##* }
 LAST=${LAST#*=}
-for v in $(for e in $PACKS; do echo "${e#*=}"; done | sort -u); do
+# The builds (packs) the entries name, each once.
+BUILDS=$(for e in $PACKS; do echo "${e#*=}"; done | sort -u)
+for v in $BUILDS; do
   rm -rf /tmp/$v && mkdir -p /tmp/$v && tar -C /tmp/$v -xzf .devcarry/$v-pack.tar.gz --strip-components=1
 done
 TOK=/tmp/$LAST/tokenizer
@@ -47,7 +49,7 @@ run_tests() {
 run_timings() {
   local t v
   for t in ${TIMINGS:-}; do
-    for v in $(for e in $PACKS; do echo "${e#*=}"; done | sort -u); do
+    for v in $BUILDS; do
       echo "== $v $t timings" | tee -a "$OUT/timings.log"
       timeout ${TEST_TIMEOUT:-240} /tmp/$v/bin/$t --include-ignored timings --test-threads=1 --nocapture \
         >>"$OUT/timings.log" 2>&1
