@@ -13,6 +13,10 @@ nvidia-cuda-nvdisasm, 13.2 or later, unpacked under --root the same way) and pri
 instructions (the four smallest: the innermost), its static instruction count and the most frequent opcodes: how
 this project found that the attention kernels spent a third of each tile on address arithmetic (docs/benchmarks/history/cuda-notes-2026-11-30.md).
 --sass-out DIR keeps the disassembly there. --ptx-out FILE keeps the PTX (compare two builds with cmp or diff).
+--lines KERNEL: compiles again with line information and prints KERNEL's instruction count, then the source lines
+that the most of its instructions come from (--top N of them, default 25): where a kernel's code goes, e.g. index
+arithmetic repeated per store. Static counts (each instruction once), not executed ones: a loop body counts once.
+Needs nvdisasm, as --sass does.
 """
 import argparse, ctypes, os, pathlib, re, subprocess, sys, tempfile
 
@@ -22,6 +26,8 @@ ap.add_argument("--arch", default="90")
 ap.add_argument("--quiet", action="store_true", help="only errors, spills and the kernel count")
 ap.add_argument("--sass", nargs="*", default=[], help="kernels to disassemble and summarise (loops with mma)")
 ap.add_argument("--sass-out", help="folder for the disassembly (default: a temporary folder)")
+ap.add_argument("--lines", nargs="*", default=[], help="kernels whose instructions to attribute to source lines")
+ap.add_argument("--top", type=int, default=25, help="source lines printed per --lines kernel")
 ap.add_argument("--ptx-out", help="write the PTX there too: two builds' PTX compared show whether a source change that "
                 "should not change the code (a helper factored out) did not")
 a = ap.parse_args()
@@ -129,3 +135,60 @@ if a.sass:
             print(f"{k}: {total} instructions ({outdir / (k + '.sass')})")
             for n, mma, top in sorted(found)[:4]:  # the innermost (smallest) loops first
                 print(f"  loop of {n} instructions, {mma} mma: " + ", ".join(f"{o} {c}" for o, c in top))
+
+
+if a.lines:
+    import collections
+    bindir = pathlib.Path(a.root) / "nvidia/cu13/bin"
+    if not (bindir / "nvdisasm").is_file():
+        sys.exit(f"--lines needs nvdisasm under {bindir}: see this script's docstring")
+    # Where each .cu file starts in the concatenated source (NVRTC numbers the lines of the whole program).
+    starts, at = [], 0
+    for f in order:
+        starts.append((at, f))
+        at += (repo / "crates/cuda/src" / f).read_text().count("\n")
+    lines = src.splitlines()
+
+    def where(n):
+        for first, f in reversed(starts):
+            if n - 1 >= first:
+                return f"{f}:{n - first}"
+        return "?"
+
+    prog2 = ctypes.c_void_p()
+    assert nv.nvrtcCreateProgram(ctypes.byref(prog2), src.encode(), b"onepass_kernels.cu", 0, None, None) == 0
+    opts2 = opts + [b"-lineinfo"]
+    if nv.nvrtcCompileProgram(prog2, len(opts2), (ctypes.c_char_p * len(opts2))(*opts2)) != 0:
+        sys.exit("NVRTC failed with -lineinfo")
+    nv.nvrtcGetPTXSize(prog2, ctypes.byref(n))
+    ptx2 = ctypes.create_string_buffer(n.value)
+    nv.nvrtcGetPTX(prog2, ptx2)
+    with tempfile.TemporaryDirectory() as d:
+        p = pathlib.Path(d) / "k.ptx"
+        p.write_bytes(ptx2.value)
+        cubin = pathlib.Path(d) / "k.cubin"
+        subprocess.run([str(ptxas), f"-arch=sm_{a.arch}", "-lineinfo", str(p), "-o", str(cubin)], check=True)
+        dis = subprocess.run([str(bindir / "nvdisasm"), "-g", "-c", str(cubin)], capture_output=True, text=True,
+                             check=True).stdout
+    for k in a.lines:
+        count, line, inside = collections.Counter(), None, False
+        for l in dis.splitlines():
+            m = re.match(r"\s*\.text\.(\w+):", l)
+            if m:
+                inside, line = m.group(1) == k, None
+                continue
+            if not inside:
+                continue
+            m = re.search(r'//## File "[^"]+", line (\d+)', l)
+            if m:
+                line = int(m.group(1))
+            elif re.match(r"\s+/\*[0-9a-f]+\*/", l):
+                count[line] += 1
+        total = sum(count.values())
+        if not total:
+            print(f"{k}: no such kernel")
+            continue
+        print(f"{k}: {total} instructions; by source line (the innermost inlined one):")
+        for ln, c in count.most_common(a.top):
+            text = lines[ln - 1].strip()[:80] if ln and ln <= len(lines) else ""
+            print(f"  {c:6d}  {where(ln) if ln else '?':24s} {text}")
