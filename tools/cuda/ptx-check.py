@@ -13,10 +13,11 @@ nvidia-cuda-nvdisasm, 13.2 or later, unpacked under --root the same way) and pri
 instructions (the four smallest: the innermost), its static instruction count and the most frequent opcodes: how
 this project found that the attention kernels spent a third of each tile on address arithmetic (docs/benchmarks/history/cuda-notes-2026-11-30.md).
 --sass-out DIR keeps the disassembly there. --ptx-out FILE keeps the PTX (compare two builds with cmp or diff).
---lines KERNEL: compiles again with line information and prints KERNEL's instruction count, then the source lines
-that the most of its instructions come from (--top N of them, default 25): where a kernel's code goes, e.g. index
-arithmetic repeated per store. Static counts (each instruction once), not executed ones: a loop body counts once.
-Needs nvdisasm, as --sass does.
+--lines KERNEL: prints KERNEL's instruction count, then the source lines that the most of its instructions come from
+(--top N of them, default 25): where a kernel's code goes, e.g. index arithmetic repeated per store. Static counts
+(each instruction once), not executed ones: a loop body counts once. The program is then compiled with line
+information (which leaves the machine code as it is; the PTX of --ptx-out then carries it too). Needs nvdisasm, as
+--sass does.
 """
 import argparse, ctypes, os, pathlib, re, subprocess, sys, tempfile
 
@@ -47,7 +48,8 @@ src = "".join((repo / "crates/cuda/src" / f).read_text() for f in order)
 nv = ctypes.CDLL(str(lib))
 prog = ctypes.c_void_p()
 assert nv.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"onepass_kernels.cu", 0, None, None) == 0
-opts = [f"--gpu-architecture=compute_{a.arch}".encode(), b"--std=c++17"]
+# Line information (for --lines) adds no instruction: one compile serves every report.
+opts = [f"--gpu-architecture=compute_{a.arch}".encode(), b"--std=c++17"] + ([b"-lineinfo"] if a.lines else [])
 arr = (ctypes.c_char_p * len(opts))(*opts)
 rc = nv.nvrtcCompileProgram(prog, len(opts), arr)
 n = ctypes.c_size_t()
@@ -63,11 +65,12 @@ ptx = ctypes.create_string_buffer(n.value)
 nv.nvrtcGetPTX(prog, ptx)
 if a.ptx_out:
     pathlib.Path(a.ptx_out).write_bytes(ptx.value)
-with tempfile.TemporaryDirectory() as d:
-    p = pathlib.Path(d) / "k.ptx"
-    p.write_bytes(ptx.value)
-    r = subprocess.run([str(ptxas), f"-arch=sm_{a.arch}", "-v", str(p), "-o", str(pathlib.Path(d) / "k.cubin")],
-                       capture_output=True, text=True)
+# The assembled program, kept to the end for --sass and --lines.
+work = tempfile.TemporaryDirectory()
+ptx_file, cubin = pathlib.Path(work.name) / "k.ptx", pathlib.Path(work.name) / "k.cubin"
+ptx_file.write_bytes(ptx.value)
+r = subprocess.run([str(ptxas), f"-arch=sm_{a.arch}", "-v"] + (["-lineinfo"] if a.lines else [])
+                   + [str(ptx_file), "-o", str(cubin)], capture_output=True, text=True)
 out = r.stderr + r.stdout
 if r.returncode != 0:
     print(out)
@@ -119,22 +122,17 @@ if a.sass:
     env = dict(os.environ, PATH=f"{bindir}:{os.environ.get('PATH', '')}")
     outdir = pathlib.Path(a.sass_out or tempfile.mkdtemp())
     outdir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as d:
-        p = pathlib.Path(d) / "k.ptx"
-        p.write_bytes(ptx.value)
-        cubin = pathlib.Path(d) / "k.cubin"
-        subprocess.run([str(ptxas), f"-arch=sm_{a.arch}", str(p), "-o", str(cubin)], check=True)
-        for k in a.sass:
-            r = subprocess.run([str(bindir / "cuobjdump"), "-sass", "-fun", k, str(cubin)], capture_output=True,
-                               text=True, env=env)
-            if r.returncode != 0 or "Function" not in r.stdout:
-                print(f"{k}: no such kernel or no disassembly ({r.stderr.strip()[:200]})")
-                continue
-            (outdir / f"{k}.sass").write_text(r.stdout)
-            total, found = loops(r.stdout)
-            print(f"{k}: {total} instructions ({outdir / (k + '.sass')})")
-            for n, mma, top in sorted(found)[:4]:  # the innermost (smallest) loops first
-                print(f"  loop of {n} instructions, {mma} mma: " + ", ".join(f"{o} {c}" for o, c in top))
+    for k in a.sass:
+        r = subprocess.run([str(bindir / "cuobjdump"), "-sass", "-fun", k, str(cubin)], capture_output=True,
+                           text=True, env=env)
+        if r.returncode != 0 or "Function" not in r.stdout:
+            print(f"{k}: no such kernel or no disassembly ({r.stderr.strip()[:200]})")
+            continue
+        (outdir / f"{k}.sass").write_text(r.stdout)
+        total, found = loops(r.stdout)
+        print(f"{k}: {total} instructions ({outdir / (k + '.sass')})")
+        for n, mma, top in sorted(found)[:4]:  # the innermost (smallest) loops first
+            print(f"  loop of {n} instructions, {mma} mma: " + ", ".join(f"{o} {c}" for o, c in top))
 
 
 if a.lines:
@@ -155,21 +153,8 @@ if a.lines:
                 return f"{f}:{n - first}"
         return "?"
 
-    prog2 = ctypes.c_void_p()
-    assert nv.nvrtcCreateProgram(ctypes.byref(prog2), src.encode(), b"onepass_kernels.cu", 0, None, None) == 0
-    opts2 = opts + [b"-lineinfo"]
-    if nv.nvrtcCompileProgram(prog2, len(opts2), (ctypes.c_char_p * len(opts2))(*opts2)) != 0:
-        sys.exit("NVRTC failed with -lineinfo")
-    nv.nvrtcGetPTXSize(prog2, ctypes.byref(n))
-    ptx2 = ctypes.create_string_buffer(n.value)
-    nv.nvrtcGetPTX(prog2, ptx2)
-    with tempfile.TemporaryDirectory() as d:
-        p = pathlib.Path(d) / "k.ptx"
-        p.write_bytes(ptx2.value)
-        cubin = pathlib.Path(d) / "k.cubin"
-        subprocess.run([str(ptxas), f"-arch=sm_{a.arch}", "-lineinfo", str(p), "-o", str(cubin)], check=True)
-        dis = subprocess.run([str(bindir / "nvdisasm"), "-g", "-c", str(cubin)], capture_output=True, text=True,
-                             check=True).stdout
+    dis = subprocess.run([str(bindir / "nvdisasm"), "-g", "-c", str(cubin)], capture_output=True, text=True,
+                         check=True).stdout
     for k in a.lines:
         count, line, inside = collections.Counter(), None, False
         for l in dis.splitlines():
