@@ -667,29 +667,22 @@ mod tests {
             Some(Pad::Extend(9)),
             "a fork's child goes on"
         );
-        for extend in [true, false] {
-            assert_eq!(
-                choose(
-                    &[root(60, 4030, false)],
-                    &[(0, 5)],
-                    false,
-                    65,
-                    Some(3),
-                    extend
-                ),
-                None,
-                "past the positions"
-            );
-        }
-        assert_eq!(
+        // A root of 60 ids at `pos` and a child of 5 (65 rows, 15 pad rows): the pad's positions must fit.
+        let near_end = |pos, extend| {
             choose(
-                &[root(60, 4010, false)],
+                &[root(60, pos, false)],
                 &[(0, 5)],
                 false,
                 65,
                 Some(3),
-                true
-            ),
+                extend,
+            )
+        };
+        for extend in [true, false] {
+            assert_eq!(near_end(4030, extend), None, "past the positions");
+        }
+        assert_eq!(
+            near_end(4010, true),
             Some(Pad::Extend(15)),
             "the last position"
         );

@@ -579,8 +579,8 @@ impl CudaModel {
     /// Pads forwards to buckets of rows from the next forward on, or stops (at first: [`CudaOptions::shape_buckets`]):
     /// a forward that fits the persistent scratch runs at its bucket's rows, the pad rows after the caller's and
     /// never read (one more root, more ids of a tree's last dropped child, or one more such child:
-    /// [`CudaModel::pad_for`]), so forwards of lengths not seen before share a bucket's graph. Whether or not graphs are on, so that a replay and a direct run of a forward
-    /// give the same bits.
+    /// [`CudaModel::pad_for`]), so forwards of lengths not seen before share a bucket's graph. Whether or not graphs
+    /// are on, so that a replay and a direct run of a forward give the same bits.
     pub fn set_shape_buckets(&self, on: bool) {
         self.buckets.store(on, Ordering::Relaxed);
     }
